@@ -1,0 +1,134 @@
+"""Typed, validated configuration of every component, read from the environment.
+
+Each component has a frozen settings class (pydantic-settings): defaults → environment → validation,
+with every error reported at once and each naming its variable. Secrets are ``SecretStr`` and error
+messages never include input values, so a bad ``DATABASE_URL`` with a password in it is never
+printed. The variable names are a stable contract, documented in ``docs/operations.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+QueueName = Literal["images", "documents", "ocr", "media", "bulk"]
+QUEUES: tuple[QueueName, ...] = ("images", "documents", "ocr", "media", "bulk")
+
+
+class ConfigError(Exception):
+    """Configuration is invalid. ``str()`` lists every problem as ``VARIABLE: reason``, no values."""
+
+    exit_code = 78  # EX_CONFIG from sysexits.h
+
+
+class _Settings(BaseSettings):
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", case_sensitive=False)
+
+
+class InfraSettings(_Settings):
+    """Connections every service needs."""
+
+    database_url: SecretStr = Field(validation_alias="DATABASE_URL")
+    """asyncpg DSN of the system of record, e.g. ``postgresql://user:pw@host:5432/hypermedia``."""
+    nats_url: str = Field("nats://127.0.0.1:4222", validation_alias="NATS_URL")
+    """NATS server with JetStream."""
+    stream_prefix: str = Field("HM", validation_alias="HM_STREAM_PREFIX", pattern=r"^[A-Z][A-Z0-9_]{0,15}$")
+    """Prefix of JetStream stream and subject names, so two platforms can share one NATS server."""
+    credits_addr: str = Field("127.0.0.1:50061", validation_alias="HM_CREDITS_ADDR")
+    """host:port of the credits service."""
+    storage_addr: str = Field("127.0.0.1:50062", validation_alias="HM_STORAGE_ADDR")
+    """host:port of the storage service's gRPC API."""
+    log_level: str = Field("INFO", validation_alias="HM_LOG_LEVEL")
+
+
+class GatewaySettings(_Settings):
+    """The public REST and gRPC API."""
+
+    http_host: str = Field("127.0.0.1", validation_alias="HYPERMEDIA_HTTP_HOST")
+    http_port: int = Field(8080, ge=0, le=65535, validation_alias="HYPERMEDIA_HTTP_PORT")
+    grpc_host: str = Field("127.0.0.1", validation_alias="HYPERMEDIA_GRPC_HOST")
+    grpc_port: int = Field(50051, ge=0, le=65535, validation_alias="HYPERMEDIA_GRPC_PORT")
+    max_upload_bytes: int = Field(100 * 1024 * 1024, gt=0, validation_alias="HM_MAX_UPLOAD_BYTES")
+    """Largest original accepted by POST /v1/objects (bytes)."""
+    max_operations: int = Field(16, gt=0, le=100, validation_alias="HM_MAX_OPERATIONS")
+    """Most operations in one process request."""
+    relay_poll_seconds: float = Field(1.0, gt=0, validation_alias="HM_RELAY_POLL_SECONDS")
+
+
+class CreditsSettings(_Settings):
+    grpc_bind: str = Field("127.0.0.1:50061", validation_alias="HM_CREDITS_BIND")
+
+
+class StorageSettings(_Settings):
+    """Object storage: a local directory served over HTTP, or S3."""
+
+    grpc_bind: str = Field("127.0.0.1:50062", validation_alias="HM_STORAGE_BIND")
+    backend: Literal["local", "s3"] = Field("local", validation_alias="HM_STORAGE_BACKEND")
+    http_host: str = Field("127.0.0.1", validation_alias="HM_STORAGE_HTTP_HOST")
+    http_port: int = Field(50063, ge=0, le=65535, validation_alias="HM_STORAGE_HTTP_PORT")
+    public_url: str = Field("", validation_alias="HM_STORAGE_PUBLIC_URL")
+    """Base URL that presigned local URLs start with; default ``http://{http_host}:{http_port}``."""
+    local_dir: str = Field(".hypermedia/objects", validation_alias="HM_STORAGE_DIR")
+    signing_key: SecretStr = Field(SecretStr(""), validation_alias="HM_STORAGE_SIGNING_KEY")
+    """HMAC-SHA256 key of local presigned URLs (required for the local backend)."""
+    url_ttl_seconds: int = Field(900, gt=0, le=7 * 24 * 3600, validation_alias="HM_STORAGE_URL_TTL_SECONDS")
+    max_put_bytes: int = Field(1024 * 1024 * 1024, gt=0, validation_alias="HM_STORAGE_MAX_PUT_BYTES")
+    s3_bucket: str = Field("", validation_alias="HM_S3_BUCKET")
+    s3_endpoint_url: str = Field("", validation_alias="HM_S3_ENDPOINT_URL")
+    s3_region: str = Field("us-east-1", validation_alias="HM_S3_REGION")
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> StorageSettings:
+        if self.backend == "local" and len(self.signing_key.get_secret_value()) < 16:
+            raise ValueError("HM_STORAGE_SIGNING_KEY must be at least 16 characters for the local backend")
+        if self.backend == "s3" and not self.s3_bucket:
+            raise ValueError("HM_S3_BUCKET is required for the s3 backend")
+        return self
+
+
+class WorkerSettings(_Settings):
+    """A worker process of one queue."""
+
+    queue: QueueName = Field("images", validation_alias="HM_WORKER_QUEUE")
+    slots: int = Field(4, ge=1, le=64, validation_alias="HM_WORKER_SLOTS")
+    """Jobs run at once. The seed's profiles: images 4–8, documents 2–4, ocr 1–2, media 1."""
+    deployment: str = Field("local", validation_alias="HM_DEPLOYMENT")
+    generation: int = Field(0, ge=0, validation_alias="HM_WORKER_GENERATION")
+    work_dir: str = Field(".hypermedia/work", validation_alias="HM_WORK_DIR")
+    """Parent of the per-job sandbox directories ``jobs/{job_id}/``."""
+    status_bind: str = Field("127.0.0.1:0", validation_alias="HM_WORKER_STATUS_BIND")
+    heartbeat_seconds: float = Field(30.0, gt=0, validation_alias="HM_HEARTBEAT_SECONDS")
+    metrics_seconds: float = Field(60.0, gt=0, validation_alias="HM_METRICS_SECONDS")
+    drain_seconds: float = Field(35.0, gt=0, validation_alias="HM_DRAIN_SECONDS")
+    min_available_memory_mb: int = Field(512, ge=0, validation_alias="HM_MIN_AVAILABLE_MEMORY_MB")
+    """Admission closes while available memory is below this (MiB)."""
+    sandbox_uid: int = Field(-1, ge=-1, validation_alias="HM_SANDBOX_UID")
+    """uid sandboxed jobs run as when the worker runs as root; -1 picks 'nobody'."""
+
+
+class ReaperSettings(_Settings):
+    interval_seconds: float = Field(5.0, gt=0, validation_alias="HM_REAPER_INTERVAL_SECONDS")
+    requeue_stale_seconds: float = Field(60.0, gt=0, validation_alias="HM_REAPER_REQUEUE_STALE_SECONDS")
+    """A job `queued` this long without being claimed is published again."""
+    dead_worker_seconds: float = Field(120.0, gt=0, validation_alias="HM_REAPER_DEAD_WORKER_SECONDS")
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load(cls: type[S]) -> S:
+    """Read ``cls`` from the environment.
+
+    Raises:
+        ConfigError: listing every invalid or missing variable, without any value.
+    """
+    try:
+        return cls()
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_input=False, include_url=False):
+            where = ".".join(str(p) for p in err["loc"]) or cls.__name__
+            problems.append(f"{where.upper()}: {err['msg']}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -1,0 +1,50 @@
+"""Postgres access: the asyncpg pool every service uses, and schema migrations (yoyo).
+
+Migrations are plain SQL files in ``hypermedia/migrations/`` applied in order by yoyo-migrations
+under its lock, so several processes starting at once apply each migration exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import yoyo
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for typ in ("json", "jsonb"):
+        await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """An asyncpg pool with JSON/JSONB decoded to Python values.
+
+    Raises:
+        OSError, asyncpg.PostgresError: when the server cannot be reached.
+    """
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection, command_timeout=30
+    )
+    assert pool is not None
+    return pool
+
+
+def _yoyo_url(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    scheme = "postgresql+psycopg"
+    return urlunsplit((scheme, parts.netloc, parts.path, parts.query, parts.fragment))
+
+
+def migrate(dsn: str) -> int:
+    """Apply pending migrations to the database at ``dsn``; returns how many were applied."""
+    backend = yoyo.get_backend(_yoyo_url(dsn))
+    migrations = yoyo.read_migrations(str(MIGRATIONS_DIR))
+    with backend.lock():
+        pending = backend.to_apply(migrations)
+        backend.apply_migrations(pending)
+    return len(pending)

@@ -1,0 +1,153 @@
+"""One error model for every service.
+
+A :class:`DomainError` carries everything a caller and an operator need: a bounded ``error_code``
+(stable, documented, used on metrics and spans), a public message (safe to send), the gRPC status
+and HTTP status it maps to, and whether the failure may be retried. The cause stays in the logs:
+interceptors and REST handlers send ``public_message`` only.
+
+Shape after temporalio's ``ApplicationError(non_retryable=...)`` and gotenberg's ``errortype``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import grpc
+
+
+class DomainError(Exception):
+    """Base class. Subclasses fix ``grpc_code``, ``http_status`` and ``retryable``.
+
+    Args:
+        error_code: bounded identifier such as ``INPUT_TOO_LARGE_PIXELS``.
+        message: public message, safe to show to the caller. Never include paths, credentials
+            or stack traces.
+    """
+
+    grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+    http_status: ClassVar[int] = 500
+    retryable: ClassVar[bool] = False
+    default_code: ClassVar[str] = "INTERNAL"
+
+    def __init__(self, message: str, error_code: str | None = None) -> None:
+        super().__init__(message)
+        self.public_message = message
+        self.error_code = error_code or self.default_code
+
+
+class InvalidArgument(DomainError):
+    """The request itself is malformed: unknown operation, bad params (HTTP 422)."""
+
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    http_status = 422
+    default_code = "INVALID_ARGUMENT"
+
+
+class Unauthenticated(DomainError):
+    """No or an unknown API key (HTTP 401)."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
+    default_code = "UNAUTHENTICATED"
+
+
+class NotFound(DomainError):
+    """The thing does not exist or the caller may not see it; both answer the same (HTTP 404)."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+    default_code = "NOT_FOUND"
+
+
+class InsufficientCredits(DomainError):
+    """The account's available credits do not cover the estimate (HTTP 402)."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 402
+    default_code = "INSUFFICIENT_CREDITS"
+
+
+class Conflict(DomainError):
+    """The request conflicts with current state, e.g. reused Idempotency-Key (HTTP 409)."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 409
+    default_code = "CONFLICT"
+
+
+class PayloadTooLarge(DomainError):
+    """The input exceeds a size limit (HTTP 413)."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 413
+    default_code = "INPUT_TOO_LARGE"
+
+
+class UnsupportedInput(DomainError):
+    """The content is not something the operation can process (HTTP 415). Permanent."""
+
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    http_status = 415
+    default_code = "UNSUPPORTED_FORMAT"
+
+
+class PermanentJobError(DomainError):
+    """A job failed because of its input; retrying cannot help (e.g. ``CORRUPT_INPUT``)."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 422
+    default_code = "PERMANENT_FAILURE"
+
+
+class TransientError(DomainError):
+    """Infrastructure hiccup (storage, network, lost worker, timeout): retry with backoff."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    retryable = True
+    default_code = "TRANSIENT"
+
+
+# error_code values a job can end with; documented in docs/api.md. Bounded on purpose.
+JOB_ERROR_CODES = frozenset(
+    {
+        "UNSUPPORTED_FORMAT",
+        "CORRUPT_INPUT",
+        "INPUT_TOO_LARGE",
+        "INPUT_TOO_LARGE_PIXELS",
+        "INVALID_PARAMS",
+        "TIMEOUT",
+        "RESOURCE_LIMIT",
+        "SANDBOX_CRASHED",
+        "STORAGE_UNAVAILABLE",
+        "WORKER_LOST",
+        "TRANSIENT",
+        "INTERNAL",
+    }
+)
+
+_BY_GRPC_CODE: dict[grpc.StatusCode, type[DomainError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: PayloadTooLarge,
+    grpc.StatusCode.UNAVAILABLE: TransientError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: TransientError,
+}
+
+ERROR_CODE_METADATA_KEY = "hm-error-code"
+
+
+def from_rpc_error(err: grpc.aio.AioRpcError) -> DomainError:
+    """Rebuild the DomainError a peer service raised from its status and ``hm-error-code`` trailer."""
+    code = ""
+    for key, value in err.trailing_metadata() or ():
+        if key == ERROR_CODE_METADATA_KEY:
+            code = str(value)
+    details = err.details() or err.code().name
+    if code == "INSUFFICIENT_CREDITS":
+        return InsufficientCredits(details, code)
+    if code == "CONFLICT":
+        return Conflict(details, code)
+    cls = _BY_GRPC_CODE.get(err.code(), DomainError)
+    return cls(details, code or None)

@@ -1,0 +1,119 @@
+"""gRPC plumbing shared by every service: one server builder and one error interceptor.
+
+Every server built here serves the standard health service (``grpc.health.v1``) and server
+reflection, so ``grpcurl -plaintext HOST:PORT list`` and Kubernetes gRPC probes work against it.
+Domain errors become a status with the public message and an ``hm-error-code`` trailer; anything
+else becomes INTERNAL with a generic message while the cause is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest gRPC message accepted or sent (bytes); bounds UploadObject."""
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps exceptions raised by unary handlers onto gRPC statuses (see module docstring)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+        method = handler_call_details.method
+
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await inner(request, context)
+            except DomainError as exc:
+                if exc.grpc_code == grpc.StatusCode.INTERNAL:
+                    log.exception("internal error in %s", method)
+                context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
+                await context.abort(exc.grpc_code, exc.public_message)
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                log.exception("unhandled error in %s", method)
+                context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "INTERNAL"),))
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+
+        return grpc.unary_unary_rpc_method_handler(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class GrpcServer:
+    """An aio gRPC server with health, reflection and the error interceptor.
+
+    Args:
+        bind: ``host:port``; port 0 picks a free port (read it back from :attr:`port`).
+        services: pairs of (``add_XServicer_to_server`` function, servicer instance).
+        service_names: full names of the services (``pkg.Service``) for health and reflection.
+    """
+
+    def __init__(
+        self,
+        bind: str,
+        services: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
+        service_names: Iterable[str],
+    ) -> None:
+        self.server = grpc.aio.server(
+            interceptors=[ErrorInterceptor()],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        for add, servicer in services:
+            add(servicer, self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names = list(service_names)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        self.port = self.server.add_insecure_port(bind)
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC server to {bind}")
+
+    async def start(self) -> None:
+        """Start serving and report SERVING for the overall server and every service."""
+        await self.server.start()
+        for name in ["", *self.service_names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace_seconds: float = 5.0) -> None:
+        """Report NOT_SERVING, then stop with ``grace_seconds`` for in-flight calls."""
+        for name in ["", *self.service_names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace_seconds)
+
+
+def channel(target: str) -> grpc.aio.Channel:
+    """An insecure aio channel to an internal service with the platform's message size limits."""
+    return grpc.aio.insecure_channel(
+        target,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
