@@ -104,8 +104,9 @@ class WorkerSettings(_Settings):
     drain_seconds: float = Field(35.0, gt=0, validation_alias="HM_DRAIN_SECONDS")
     min_available_memory_mb: int = Field(512, ge=0, validation_alias="HM_MIN_AVAILABLE_MEMORY_MB")
     """Admission closes while available memory is below this (MiB)."""
-    sandbox_uid: int = Field(-1, ge=-1, validation_alias="HM_SANDBOX_UID")
-    """uid sandboxed jobs run as when the worker runs as root; -1 picks 'nobody'."""
+    sandbox_uid_base: int = Field(61000, ge=1, le=2**31 - 1 - 64, validation_alias="HM_SANDBOX_UID_BASE")
+    """When the worker runs as root, slot i's jobs run as uid ``base + i`` (no passwd entry
+    needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""
 
 
 class ReaperSettings(_Settings):

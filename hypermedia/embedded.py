@@ -85,9 +85,12 @@ class EmbeddedNats:
             )
             + "\n"
         )
-        log = open(self.store_dir / "nats.log", "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.store_dir / "nats.log", "ab")
         self.process = subprocess.Popen(
-            [nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [nats_server_binary(), "-c", str(conf)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         wait_for_port("127.0.0.1", self.port)
@@ -123,6 +126,14 @@ class EmbeddedPostgres:
 
     def dsn(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@/{database}?host={self.data_dir}"
+
+    def ensure_database(self, name: str) -> str:
+        """Create database ``name`` unless it exists; return its DSN."""
+        assert self._server is not None
+        exists = self._server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}';")  # type: ignore[attr-defined]
+        if "(1 row)" not in exists:
+            self._server.psql(f'CREATE DATABASE "{name}";')  # type: ignore[attr-defined]
+        return self.dsn(name)
 
     def create_database(self, name: str) -> str:
         """Create database ``name`` (dropping an old one) and return its DSN."""

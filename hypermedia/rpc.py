@@ -117,3 +117,25 @@ def channel(target: str) -> grpc.aio.Channel:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
     )
+
+
+async def call(method: Callable[..., Any], request: Any, *, timeout: float = 10.0) -> Any:
+    """Call a unary RPC of a peer service, turning its failure back into the DomainError it raised
+    (``hm-error-code`` trailer) or a TransientError when the peer is unreachable."""
+    from hypermedia.errors import from_rpc_error
+
+    try:
+        return await method(request, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc) from exc
+
+
+async def healthy(chan: grpc.aio.Channel, service: str = "", timeout: float = 2.0) -> bool:
+    """True when the peer's standard health service answers SERVING."""
+    try:
+        response = await health_pb2_grpc.HealthStub(chan).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+        )
+    except grpc.aio.AioRpcError:
+        return False
+    return bool(response.status == health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,56 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# Both create .venv/ at the repository root from the locked dependencies (uv.lock) first.
+
+PYTHON ?= python3
+VENV := .venv
+UV_VERSION := 0.13.8
+STAMP := $(VENV)/.synced
+
+.PHONY: demo test test-fast lint proto proto-check bench up clean help
+
+help:
+	@echo "make demo   - start the platform on embedded defaults and process the sample photos"
+	@echo "make test   - the whole test suite (real Postgres, NATS, libvips)"
+	@echo "make lint   - ruff, mypy, buf lint, stub drift, deploy linters"
+	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
+	@echo "make up     - run the platform until Ctrl-C"
+	@echo "make proto  - regenerate the gRPC stubs"
+
+$(STAMP): pyproject.toml uv.lock
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	@UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --frozen --inexact --quiet --python $(VENV)/bin/python
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/python scripts/demo.py
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/buf lint proto
+	$(MAKE) --no-print-directory proto-check
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash deploy/lint.sh
+
+proto: $(STAMP)
+	scripts/gen_protos.sh
+
+# Regenerate into a temporary tree and fail when the committed stubs differ.
+proto-check: $(STAMP)
+	@tmp=$$(mktemp -d) && scripts/gen_protos.sh $$tmp >/dev/null && \
+	  for f in $$(cd $$tmp && find hypermedia -name '*_pb2*' -o -name '*.pyi' | sort); do \
+	    cmp -s $$tmp/$$f $$f || { echo "stub drift: $$f (run make proto)"; rm -rf $$tmp; exit 1; }; \
+	  done; rm -rf $$tmp; echo "stubs up to date"
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/run.py
+
+up: $(STAMP)
+	$(VENV)/bin/hypermedia up
+
+clean:
+	rm -rf .hypermedia demo-output

@@ -1,0 +1,257 @@
+"""Policy checks of deploy/ that the schema linters cannot make (run by deploy/lint.sh).
+
+hadolint, ``docker compose config`` and kubernetes-validate say whether each file is well formed;
+this says whether the files keep the platform's rules and agree with each other:
+
+- every workload runs non-root with a read-only root filesystem, no privilege escalation, all
+  capabilities dropped, RuntimeDefault seccomp, no service-account token, and CPU/memory requests
+  and limits; every container that listens has readiness and liveness probes;
+- workers get a writable /work and a grace period longer than their 35 s drain;
+- Services select existing pods and name existing container ports; kustomizations list every
+  manifest beside them; ScaledObjects target a worker and sum one nats-jetstream trigger per
+  priority consumer ``{queue}-p{1..10}`` on stream ``HM_{QUEUE}``;
+- Secrets exist only as ``*.example.yaml`` with placeholders; ConfigMaps hold no secret;
+- every hypermedia service in compose.yaml is read-only, capability-free, has tmpfs /tmp and /work
+  and resource limits; every image name maps to a target of deploy/docker/Dockerfile.
+
+Usage: ``python deploy/check_policy.py [DEPLOY_DIR]``; prints one line per problem, exits 1 on any.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SERVICES = ("gateway", "credits", "storage", "imageworker", "reaper")
+"""Services that have an image today; each is a target of deploy/docker/Dockerfile."""
+PRIORITIES = range(1, 11)
+"""Priority bands of a queue: one JetStream consumer ``{queue}-p{n}`` each."""
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|_KEY$|KEY_ID$|^DATABASE_URL$)", re.IGNORECASE)
+MIN_WORKER_GRACE_SECONDS = 45
+"""Workers drain for 35 s after SIGTERM (HM_DRAIN_SECONDS); the kubelet must wait longer."""
+
+Doc = dict[str, Any]
+
+
+def load_manifests(k8s_dir: Path) -> Iterator[tuple[Path, Doc]]:
+    for path in sorted(k8s_dir.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict):
+                yield path, doc
+
+
+def _name(path: Path, doc: Doc) -> str:
+    return f"{path.name}: {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+
+
+def _env(container: Doc) -> dict[str, str]:
+    return {e["name"]: str(e.get("value", "")) for e in container.get("env", []) if "name" in e}
+
+
+def check_workload(where: str, doc: Doc) -> list[str]:
+    problems: list[str] = []
+    pod = doc["spec"]["template"]["spec"]
+    pod_sc = pod.get("securityContext", {})
+    if pod.get("automountServiceAccountToken") is not False:
+        problems.append(f"{where}: automountServiceAccountToken must be false")
+    if pod_sc.get("runAsUser") == 0:
+        problems.append(f"{where}: runAsUser 0")
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for container in pod.get("initContainers", []) + pod["containers"]:
+        cwhere = f"{where} container {container['name']}"
+        sc = container.get("securityContext", {})
+        image = container.get("image", "")
+        if ":" not in image or image.endswith(":latest"):
+            problems.append(f"{cwhere}: image {image!r} needs a pinned tag")
+        if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
+            problems.append(f"{cwhere}: runAsNonRoot must be true")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{cwhere}: readOnlyRootFilesystem must be true")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{cwhere}: allowPrivilegeEscalation must be false")
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+            problems.append(f"{cwhere}: capabilities must drop ALL")
+        seccomp = sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}
+        if seccomp.get("type") != "RuntimeDefault":
+            problems.append(f"{cwhere}: seccompProfile must be RuntimeDefault")
+        resources = container.get("resources", {})
+        for section in ("requests", "limits"):
+            for resource in ("cpu", "memory"):
+                if resource not in resources.get(section, {}):
+                    problems.append(f"{cwhere}: resources.{section}.{resource} missing")
+        mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+        if "/tmp" not in mounts:
+            problems.append(f"{cwhere}: no writable /tmp (the root filesystem is read-only)")
+        if doc["kind"] != "Job" and container.get("ports"):
+            for probe in ("readinessProbe", "livenessProbe"):
+                if probe not in container:
+                    problems.append(f"{cwhere}: {probe} missing")
+        env = _env(container)
+        if "HM_WORKER_QUEUE" in env:
+            grace = pod.get("terminationGracePeriodSeconds", 30)
+            if grace < MIN_WORKER_GRACE_SECONDS:
+                problems.append(
+                    f"{cwhere}: terminationGracePeriodSeconds {grace} < {MIN_WORKER_GRACE_SECONDS}"
+                )
+            work_dir = env.get("HM_WORK_DIR", "")
+            if "emptyDir" not in volumes.get(mounts.get(work_dir, ""), {}):
+                problems.append(f"{cwhere}: HM_WORK_DIR {work_dir!r} is not an emptyDir mount")
+    return problems
+
+
+def check_services(docs: list[tuple[Path, Doc]]) -> list[str]:
+    pods = [
+        (d["spec"]["template"]["metadata"].get("labels", {}), d["spec"]["template"]["spec"])
+        for _, d in docs
+        if d.get("kind") in WORKLOAD_KINDS - {"Job"}
+    ]
+    problems = []
+    for path, doc in docs:
+        if doc.get("kind") != "Service":
+            continue
+        selector = doc["spec"].get("selector", {})
+        matches = [spec for labels, spec in pods if selector.items() <= labels.items()]
+        if not matches:
+            problems.append(f"{_name(path, doc)}: selector {selector} matches no workload")
+            continue
+        port_names = {
+            p.get("name") for spec in matches for c in spec["containers"] for p in c.get("ports", [])
+        }
+        for port in doc["spec"]["ports"]:
+            target = port.get("targetPort")
+            if isinstance(target, str) and target not in port_names:
+                problems.append(f"{_name(path, doc)}: targetPort {target!r} is no container port")
+    return problems
+
+
+def check_scaled_object(where: str, doc: Doc, workers: dict[str, str]) -> list[str]:
+    problems = []
+    target = doc["spec"]["scaleTargetRef"]["name"]
+    queue = workers.get(target)
+    if queue is None:
+        return [f"{where}: scaleTargetRef {target!r} is no worker Deployment (with HM_WORKER_QUEUE)"]
+    triggers = doc["spec"].get("triggers", [])
+    names = [t.get("name") for t in triggers]
+    expected = {f"{queue}-p{n}" for n in PRIORITIES}
+    consumers = set()
+    for trigger in triggers:
+        meta = trigger.get("metadata", {})
+        if trigger.get("type") != "nats-jetstream":
+            continue
+        consumers.add(meta.get("consumer"))
+        if meta.get("stream") != f"HM_{queue.upper()}":
+            problems.append(f"{where}: trigger {trigger.get('name')} stream {meta.get('stream')!r}")
+    if consumers != expected:
+        missing, unexpected = sorted(expected - consumers), sorted(consumers - expected)
+        problems.append(f"{where}: consumers missing {missing}, unexpected {unexpected}")
+    formula = doc["spec"].get("advanced", {}).get("scalingModifiers", {}).get("formula", "")
+    if len(triggers) > 1 and set(re.findall(r"[A-Za-z_]\w*", formula)) != set(names):
+        problems.append(f"{where}: scalingModifiers.formula must use every trigger name {names}")
+    return problems
+
+
+def check_kustomizations(k8s_dir: Path) -> list[str]:
+    problems = []
+    for path in sorted(k8s_dir.rglob("kustomization.yaml")):
+        listed = yaml.safe_load(path.read_text()).get("resources", [])
+        for entry in listed:
+            if not (path.parent / entry).exists():
+                problems.append(f"{path}: resource {entry!r} does not exist")
+        for manifest in sorted(path.parent.glob("*.yaml")):
+            if manifest.name != "kustomization.yaml" and not manifest.name.endswith(".example.yaml"):
+                if manifest.name not in listed:
+                    problems.append(f"{path}: {manifest.name} is not listed in resources")
+    return problems
+
+
+def check_k8s(k8s_dir: Path) -> list[str]:
+    docs = list(load_manifests(k8s_dir))
+    problems = check_kustomizations(k8s_dir) + check_services(docs)
+    workers = {
+        d["metadata"]["name"]: _env(c)["HM_WORKER_QUEUE"]
+        for _, d in docs
+        if d.get("kind") == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if "HM_WORKER_QUEUE" in _env(c)
+    }
+    for path, doc in docs:
+        kind, where = doc.get("kind"), _name(path, doc)
+        if kind in WORKLOAD_KINDS:
+            problems += check_workload(where, doc)
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                image = c.get("image", "").rsplit(":", 1)[0]
+                if image.startswith("hypermedia/") and image.split("/", 1)[1] not in SERVICES:
+                    problems.append(f"{where}: image {image} is no Dockerfile target")
+        elif kind == "ScaledObject":
+            problems += check_scaled_object(where, doc, workers)
+        elif kind == "Secret":
+            if not path.name.endswith(".example.yaml"):
+                problems.append(f"{where}: Secrets are not committed; keep an *.example.yaml")
+            for key, value in doc.get("stringData", {}).items():
+                if "PLACEHOLDER" not in str(value):
+                    problems.append(f"{where}: {key} is not a PLACEHOLDER value")
+        elif kind == "ConfigMap":
+            for key in doc.get("data", {}):
+                if SECRET_NAME.search(key):
+                    problems.append(f"{where}: {key} looks secret; put it in a Secret")
+    return problems
+
+
+def check_compose(compose_file: Path, dockerfile: Path) -> list[str]:
+    targets = set(
+        re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", dockerfile.read_text(), re.MULTILINE | re.IGNORECASE)
+    )
+    problems = [f"{dockerfile}: no target {s}" for s in SERVICES if s not in targets]
+    for service in SERVICES:
+        block = re.search(
+            rf"^FROM runtime AS {service}\n(.*?)(?=^FROM |\Z)", dockerfile.read_text(), re.M | re.S
+        )
+        if block and f'CMD ["python", "-m", "services.{service}"]' not in block.group(1):
+            problems.append(f"{dockerfile}: target {service} does not run python -m services.{service}")
+    services = yaml.safe_load(compose_file.read_text())["services"]
+    for name, svc in services.items():
+        where = f"{compose_file.name}: service {name}"
+        limits = svc.get("deploy", {}).get("resources", {}).get("limits", {})
+        if not {"cpus", "memory"} <= limits.keys():
+            problems.append(f"{where}: deploy.resources.limits needs cpus and memory")
+        build = svc.get("build")
+        if build is None:
+            continue  # third-party image (postgres, nats)
+        if build.get("target") not in targets:
+            problems.append(f"{where}: build target {build.get('target')!r} is not in the Dockerfile")
+        if svc.get("read_only") is not True:
+            problems.append(f"{where}: read_only must be true")
+        if "ALL" not in svc.get("cap_drop", []):
+            problems.append(f"{where}: cap_drop must include ALL")
+        if "no-new-privileges:true" not in svc.get("security_opt", []):
+            problems.append(f"{where}: security_opt needs no-new-privileges:true")
+        mounts = {entry.split(":", 1)[0] for entry in svc.get("tmpfs", [])}
+        for path in ("/tmp", "/work"):
+            if path not in mounts:
+                problems.append(f"{where}: no tmpfs at {path}")
+        if "HM_WORKER_QUEUE" in svc.get("environment", {}):
+            grace = svc.get("stop_grace_period", "10s")
+            if int(str(grace).rstrip("s")) < MIN_WORKER_GRACE_SECONDS:
+                problems.append(f"{where}: stop_grace_period {grace} < {MIN_WORKER_GRACE_SECONDS}s")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    deploy = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent
+    problems = check_k8s(deploy / "k8s") + check_compose(
+        deploy / "compose.yaml", deploy / "docker" / "Dockerfile"
+    )
+    for problem in problems:
+        print(problem)
+    print(f"check_policy: {len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

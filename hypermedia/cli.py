@@ -1,0 +1,152 @@
+"""The ``hypermedia`` command: ``up`` (the whole platform), ``migrate``, and ``admin …``.
+
+``hypermedia admin …`` reads ``platform.json`` from the state directory (``./.hypermedia`` or
+``HM_STATE_DIR``) to reach the platform that ``hypermedia up`` started there; with
+``DATABASE_URL`` and ``HM_CREDITS_ADDR`` set it talks to those instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from typing import Annotated, Any
+
+import typer
+
+from hypermedia import config, db, platform, telemetry
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="hypermedia platform commands")
+admin = typer.Typer(no_args_is_help=True, help="administration of a running platform")
+app.add_typer(admin, name="admin")
+
+
+@app.command()
+def up(
+    services: Annotated[
+        str, typer.Option(help="comma-separated services to run", show_default=True)
+    ] = ",".join(platform.SERVICES),
+) -> None:
+    """Start every service as its own process (embedded Postgres/NATS/object store when DATABASE_URL,
+    NATS_URL and S3 settings are absent) and supervise them until Ctrl-C."""
+    telemetry.setup("up", os.environ.get("HM_LOG_LEVEL", "INFO"))
+    chosen = tuple(s.strip() for s in services.split(",") if s.strip())
+    unknown = set(chosen) - set(platform.SERVICES)
+    if unknown:
+        raise typer.BadParameter(f"unknown services: {', '.join(sorted(unknown))}")
+    plat = platform.Platform(platform.state_dir(), chosen)
+
+    def request_stop(*_: object) -> None:
+        plat.stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        info = plat.start()
+        public = {k: v for k, v in info.items() if k != "database_url"}
+        print(json.dumps({"event": "platform_ready", **public}), flush=True)
+        plat.supervise()
+    except Exception as exc:
+        print(f"hypermedia up: {exc}", file=sys.stderr)
+        plat.stop()
+        raise typer.Exit(1) from None
+    plat.stop()
+    print(json.dumps({"event": "platform_stopped"}), flush=True)
+
+
+def _database_url() -> str:
+    if os.environ.get("DATABASE_URL"):
+        return os.environ["DATABASE_URL"]
+    return str(platform.read_platform()["database_url"])
+
+
+def _credits_addr() -> str:
+    if os.environ.get("HM_CREDITS_ADDR"):
+        return os.environ["HM_CREDITS_ADDR"]
+    return str(platform.read_platform()["credits_addr"])
+
+
+@app.command()
+def migrate() -> None:
+    """Apply pending database migrations (DATABASE_URL, or the platform in this directory)."""
+    try:
+        applied = db.migrate(_database_url())
+    except FileNotFoundError as exc:
+        print(f"hypermedia migrate: {exc}", file=sys.stderr)
+        raise typer.Exit(config.ConfigError.exit_code) from None
+    print(json.dumps({"applied": applied}))
+
+
+async def _create_account(name: str, credits: float) -> dict[str, Any]:
+    from hypermedia import rpc
+    from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
+    from services.gateway.auth import create_account
+
+    pool = await db.create_pool(_database_url(), max_size=2)
+    try:
+        account_id, api_key, pool_id = await create_account(pool, name)
+    finally:
+        await pool.close()
+    millicredits = round(credits * 1000)
+    balance = 0
+    if millicredits > 0:
+        async with rpc.channel(_credits_addr()) as chan:
+            response = await rpc.call(
+                credits_pb2_grpc.CreditsServiceStub(chan).Grant,
+                credits_pb2.GrantRequest(
+                    account_id=account_id, millicredits=millicredits, grant_id=str(uuid.uuid4())
+                ),
+            )
+            balance = response.balance_millicredits
+    return {"account_id": account_id, "api_key": api_key, "pool_id": pool_id, "credits": balance / 1000}
+
+
+@admin.command("create-account")
+def create_account_cmd(
+    credits: Annotated[float, typer.Option(min=0, help="credits granted at creation")] = 0.0,
+    name: Annotated[str, typer.Option(help="display name")] = "account",
+) -> None:
+    """Create an account with a pool and an API key; prints JSON {account_id, api_key, pool_id, credits}."""
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        print(json.dumps(asyncio.run(_create_account(name, credits))))
+    except FileNotFoundError as exc:
+        print(f"hypermedia admin: {exc}", file=sys.stderr)
+        raise typer.Exit(config.ConfigError.exit_code) from None
+
+
+async def _grant(account_id: str, credits: float) -> dict[str, Any]:
+    from hypermedia import rpc
+    from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
+
+    async with rpc.channel(_credits_addr()) as chan:
+        response = await rpc.call(
+            credits_pb2_grpc.CreditsServiceStub(chan).Grant,
+            credits_pb2.GrantRequest(
+                account_id=account_id, millicredits=round(credits * 1000), grant_id=str(uuid.uuid4())
+            ),
+        )
+    return {"account_id": account_id, "balance": response.balance_millicredits / 1000}
+
+
+@admin.command("grant")
+def grant_cmd(
+    account_id: Annotated[str, typer.Argument(help="account to credit")],
+    credits: Annotated[float, typer.Option(min=0.001, help="credits to add")],
+) -> None:
+    """Add credits to an account; prints JSON {account_id, balance}."""
+    from hypermedia.errors import DomainError
+
+    try:
+        print(json.dumps(asyncio.run(_grant(account_id, credits))))
+    except (FileNotFoundError, DomainError) as exc:
+        print(f"hypermedia admin: {getattr(exc, 'public_message', exc)}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+if __name__ == "__main__":
+    app()

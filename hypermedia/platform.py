@@ -1,0 +1,244 @@
+"""``hypermedia up``: every service as its own process on one machine, supervised.
+
+On embedded defaults when ``DATABASE_URL`` / ``NATS_URL`` / S3 settings are absent: an embedded
+Postgres cluster and a pinned nats-server under the state directory (``./.hypermedia/`` by default,
+``HM_STATE_DIR``), and the local object store. Internal services get free ports, so two platforms
+run side by side; the choices are written to ``{state}/platform.json`` so that ``hypermedia admin …``
+run in the same directory talks to this platform.
+
+The supervisor restarts a service process that dies, with exponential backoff (1 s doubling to
+30 s); a service that dies five times within a minute is reported as crash-looping (logged at
+ERROR each time) and still retried at the slowest rate. Ctrl-C (SIGINT) or SIGTERM stops the
+services in reverse start order (each gets 45 s after SIGTERM), then NATS and Postgres.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypermedia import db
+from hypermedia.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_for_port
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("credits", "storage", "gateway", "imageworker", "reaper")
+"""Start order; stop order is the reverse."""
+STOP_GRACE_SECONDS = 45.0
+CRASH_LOOP_WINDOW_SECONDS = 60.0
+CRASH_LOOP_RESTARTS = 5
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("HM_STATE_DIR", ".hypermedia")).resolve()
+
+
+def read_platform(path: Path | None = None) -> dict[str, Any]:
+    """The ``platform.json`` of a running platform. Raises FileNotFoundError with a hint."""
+    file = (path or state_dir()) / "platform.json"
+    if not file.exists():
+        raise FileNotFoundError(f"no platform found at {file}: run `hypermedia up` in this directory first")
+    return dict(json.loads(file.read_text()))
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+    next_start: float = 0.0
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", f"services.{self.name}"],
+                env=self.env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=Path(__file__).resolve().parents[1],
+                start_new_session=True,
+            )
+
+    def backoff(self) -> float:
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < CRASH_LOOP_WINDOW_SECONDS] + [now]
+        return float(min(30, 2 ** (len(self.restarts) - 1)))
+
+
+class Platform:
+    """Starts the infrastructure and the services; :meth:`supervise` keeps them running.
+
+    Args:
+        root: state directory. services: which services to run (default all).
+        env: base environment (default ``os.environ``).
+    """
+
+    def __init__(
+        self, root: Path, services: tuple[str, ...] = SERVICES, env: dict[str, str] | None = None
+    ) -> None:
+        self.root = root
+        self.services = services
+        self.base_env = dict(os.environ if env is None else env)
+        self.nats: EmbeddedNats | None = None
+        self.postgres: EmbeddedPostgres | None = None
+        self.procs: list[ServiceProcess] = []
+        self.info: dict[str, Any] = {}
+        self.stop_requested = False
+        """Set by a signal handler; a plain flag because handlers must not take locks."""
+
+    def _infrastructure(self) -> tuple[str, str]:
+        database_url = self.base_env.get("DATABASE_URL", "")
+        if not database_url:
+            self.postgres = EmbeddedPostgres(self.root / "pg").start()
+            self.postgres.ensure_database("hypermedia")
+            database_url = self.postgres.dsn("hypermedia")
+        nats_url = self.base_env.get("NATS_URL", "")
+        if not nats_url:
+            self.nats = EmbeddedNats(self.root / "nats").start()
+            nats_url = self.nats.url
+        return database_url, nats_url
+
+    def _signing_key(self) -> str:
+        if self.base_env.get("HM_STORAGE_SIGNING_KEY"):
+            return self.base_env["HM_STORAGE_SIGNING_KEY"]
+        key_file = self.root / "signing.key"
+        if not key_file.exists():
+            key_file.write_text(secrets.token_hex(32))
+            key_file.chmod(0o600)
+        return key_file.read_text().strip()
+
+    def start(self) -> dict[str, Any]:
+        """Start infrastructure, migrate, start every service; returns the platform description."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "logs").mkdir(exist_ok=True)
+        database_url, nats_url = self._infrastructure()
+        applied = db.migrate(database_url)
+        log.info("migrations applied: %d", applied)
+        env = dict(self.base_env)
+        http_port = int(env.get("HYPERMEDIA_HTTP_PORT", "8080"))
+        grpc_port = int(env.get("HYPERMEDIA_GRPC_PORT", "50051"))
+        credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()
+        env.update(
+            {
+                "DATABASE_URL": database_url,
+                "NATS_URL": nats_url,
+                "HYPERMEDIA_HTTP_PORT": str(http_port),
+                "HYPERMEDIA_GRPC_PORT": str(grpc_port),
+                "HM_CREDITS_BIND": f"127.0.0.1:{credits_port}",
+                "HM_CREDITS_ADDR": f"127.0.0.1:{credits_port}",
+                "HM_STORAGE_BIND": f"127.0.0.1:{storage_port}",
+                "HM_STORAGE_ADDR": f"127.0.0.1:{storage_port}",
+                "HM_STORAGE_HTTP_PORT": str(storage_http_port),
+                "HM_STORAGE_SIGNING_KEY": self._signing_key(),
+                "HM_STORAGE_DIR": env.get("HM_STORAGE_DIR", str(self.root / "objects")),
+                "HM_WORK_DIR": env.get("HM_WORK_DIR", str(self.root / "work")),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        self.info = {
+            "database_url": database_url,
+            "nats_url": nats_url,
+            "stream_prefix": env.get("HM_STREAM_PREFIX", "HM"),
+            "rest_url": f"http://127.0.0.1:{http_port}",
+            "grpc_addr": f"127.0.0.1:{grpc_port}",
+            "credits_addr": env["HM_CREDITS_ADDR"],
+            "storage_addr": env["HM_STORAGE_ADDR"],
+            "storage_http": f"http://127.0.0.1:{storage_http_port}",
+            "objects_dir": env["HM_STORAGE_DIR"],
+            "logs_dir": str(self.root / "logs"),
+            "pid": os.getpid(),
+        }
+        platform_file = self.root / "platform.json"
+        platform_file.write_text(json.dumps(self.info, indent=2))
+        platform_file.chmod(0o600)
+        for name in self.services:
+            proc = ServiceProcess(name, env, self.root / "logs" / f"{name}.log")
+            proc.start()
+            self.procs.append(proc)
+            if name in ("credits", "storage"):
+                port = credits_port if name == "credits" else storage_port
+                self._wait_port(proc, port)
+        if "gateway" in self.services:
+            gateway = next(p for p in self.procs if p.name == "gateway")
+            self._wait_port(gateway, http_port, timeout=60)
+        return self.info
+
+    def _wait_port(self, proc: ServiceProcess, port: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.process is not None and proc.process.poll() is not None:
+                raise RuntimeError(
+                    f"service {proc.name} exited with code {proc.process.returncode} at start; see {proc.log_path}"
+                )
+            try:
+                wait_for_port("127.0.0.1", port, timeout=0.5)
+                return
+            except TimeoutError:
+                continue
+        raise RuntimeError(
+            f"service {proc.name} did not listen on port {port} within {timeout}s; see {proc.log_path}"
+        )
+
+    def supervise_once(self) -> list[str]:
+        """Restart services that died (after their backoff). Returns the names restarted now."""
+        restarted = []
+        now = time.monotonic()
+        for proc in self.procs:
+            if proc.process is None or proc.process.poll() is None:
+                continue
+            if proc.next_start == 0.0:
+                delay = proc.backoff()
+                proc.next_start = now + delay
+                level = logging.ERROR if len(proc.restarts) >= CRASH_LOOP_RESTARTS else logging.WARNING
+                log.log(
+                    level,
+                    "service %s exited with code %s; restarting in %.0fs%s",
+                    proc.name,
+                    proc.process.returncode,
+                    delay,
+                    " (crash-looping)" if level == logging.ERROR else "",
+                )
+            elif now >= proc.next_start:
+                proc.next_start = 0.0
+                proc.start()
+                restarted.append(proc.name)
+        return restarted
+
+    def supervise(self) -> None:
+        """Supervise until :attr:`stop_requested` is set (by a signal handler or a caller)."""
+        while not self.stop_requested:
+            time.sleep(0.2)
+            self.supervise_once()
+
+    def stop(self) -> None:
+        """Stop services in reverse order (SIGTERM, then SIGKILL after the grace), then infrastructure."""
+        self.stop_requested = True
+        for proc in reversed(self.procs):
+            if proc.process is not None and proc.process.poll() is None:
+                proc.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for proc in reversed(self.procs):
+            if proc.process is None:
+                continue
+            try:
+                proc.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("service %s did not stop in time; killing it", proc.name)
+                proc.process.kill()
+                proc.process.wait()
+        if self.nats is not None:
+            self.nats.stop()
+        if self.postgres is not None:
+            self.postgres.stop()
+        (self.root / "platform.json").unlink(missing_ok=True)

@@ -1,0 +1,467 @@
+"""The worker runtime shared by every worker service (images now; documents, ocr, media later).
+
+One :class:`WorkerRuntime` per worker process:
+
+- **identity**: ``{deployment}/{role}/{host}/{boot}/g{generation}/{pid}`` (deployment, boot id, role,
+  generation, as in the app:worker reference), registered in ``workers``;
+- **admission**: a fixed number of slots; admission also closes while available memory is below
+  ``HM_MIN_AVAILABLE_MEMORY_MB`` and reopens on a fresh sample;
+- **fetch → claim → ack**: messages come in priority order (:class:`queues.PriorityFetcher`); the
+  job is claimed in Postgres and the message acknowledged once the claim is decided (``term`` when
+  the job is no longer claimable). From then on the Postgres lease (``visibility_timeout``) guards
+  the job, not the message; see docs/adr/0003;
+- **execute**: presigned GET → fresh sandbox directory → pipeline in the sandboxed child →
+  presigned PUT → register outputs → complete (atomically) → commit credits → clean up;
+- **outcomes**: success, retry later (transient), failed at once (permanent) — each settled in one
+  place, :meth:`_settle_failure` / :meth:`_execute`;
+- **heartbeat** every 30 s (extends leases, notices cancellations), cancellation polled every
+  second, **metrics** every 60 s into ``worker_metrics``;
+- **drain** on SIGTERM: stop fetching, wait up to 35 s for running jobs, then hand them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import asyncpg
+import httpx
+import psutil
+from nats.aio.client import Client as NatsClient
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from hypermedia import lifecycle, queues
+from hypermedia.config import WorkerSettings
+from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.errors import DomainError, PermanentJobError, TransientError
+from hypermedia.rpc import call
+from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
+from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+CANCEL_POLL_SECONDS = 1.0
+FSIZE_LIMIT_BYTES = 10 * 1024**3
+"""RLIMIT_FSIZE of a sandboxed job: the seed's 10 GB of temp space."""
+
+
+class JobHandler(Protocol):
+    """What a worker service plugs into the runtime: the sandbox entry point and its arguments."""
+
+    entry: str
+    """``module:function`` run in the sandbox child as ``fn(operation, params, input_path, out_dir, **kwargs)``."""
+
+    def entry_kwargs(self, job: lifecycle.ClaimedJob) -> dict[str, Any]:
+        """Extra keyword arguments of the entry for this job (picklable; limits from the profile)."""
+        ...
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def worker_identity(settings: WorkerSettings, role: str) -> str:
+    """``{deployment}/{role}/{host}/{boot[:8]}/g{generation}/{pid}``: unique per process launch."""
+    return f"{settings.deployment}/{role}/{socket.gethostname()}/{boot_id()[:8]}/g{settings.generation}/{os.getpid()}"
+
+
+@dataclass
+class Admission:
+    """Slots plus a memory gate. ``reason`` says why admission is open or closed."""
+
+    slots: int
+    min_available_mb: int
+    busy: int = 0
+    reason: str = "ok"
+    sampled_at: float = field(default_factory=time.monotonic)
+    draining: bool = False
+
+    def sample(self) -> None:
+        available_mb = psutil.virtual_memory().available // (1024 * 1024)
+        self.sampled_at = time.monotonic()
+        if self.draining:
+            self.reason = "draining"
+        elif available_mb < self.min_available_mb:
+            self.reason = "memory_pressure"
+        elif self.busy >= self.slots:
+            self.reason = "slots_full"
+        else:
+            self.reason = "ok"
+
+    @property
+    def open(self) -> bool:
+        return self.reason == "ok"
+
+
+class WorkerRuntime:
+    """Runs jobs of one queue. See the module docstring for the loop.
+
+    Args:
+        settings: worker configuration.
+        role: service name, e.g. ``imageworker``.
+        pool: asyncpg pool. nc: NATS client. prefix: stream prefix.
+        storage, credits: gRPC stubs of the storage and credits services.
+        sandbox: started :class:`Sandbox`. handler: the service's :class:`JobHandler`.
+        http: client for presigned URL transfers (no credentials).
+    """
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        role: str,
+        pool: asyncpg.Pool,
+        nc: NatsClient,
+        prefix: str,
+        storage: storage_pb2_grpc.StorageServiceStub,
+        credits: credits_pb2_grpc.CreditsServiceStub,
+        sandbox: Sandbox,
+        handler: JobHandler,
+        http: httpx.AsyncClient,
+    ) -> None:
+        self.settings = settings
+        self.role = role
+        self.worker_id = worker_identity(settings, role)
+        self._pool = pool
+        self._nc = nc
+        self._prefix = prefix
+        self._storage = storage
+        self._credits = credits
+        self._sandbox = sandbox
+        self._handler = handler
+        self._http = http
+        self.admission = Admission(settings.slots, settings.min_available_memory_mb)
+        self.running: dict[str, lifecycle.ClaimedJob] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_free = asyncio.Event()
+        self.jobs_completed = 0
+        self.jobs_failed = 0
+        self.started_at = time.time()
+
+    # -- registration and background loops ------------------------------------------------
+
+    async def register(self) -> None:
+        deployment, role = self.settings.deployment, self.role
+        await self._pool.execute(
+            """
+            INSERT INTO workers (worker_id, deployment, boot_id, role, generation, queue, slots, hostname, pid, status)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running')
+            ON CONFLICT (worker_id) DO UPDATE SET status = 'running', last_heartbeat = now()
+            """,
+            self.worker_id,
+            deployment,
+            boot_id(),
+            role,
+            self.settings.generation,
+            self.settings.queue,
+            self.settings.slots,
+            socket.gethostname(),
+            os.getpid(),
+        )
+
+    async def heartbeat_once(self) -> None:
+        """Record liveness, extend the leases of running jobs, stop cancelled ones."""
+        await self._pool.execute(
+            "UPDATE workers SET last_heartbeat = now(), status = $2 WHERE worker_id = $1",
+            self.worker_id,
+            "draining" if self.admission.draining else "running",
+        )
+        for job_id in await lifecycle.extend_leases(self._pool, self.worker_id, list(self.running)):
+            self._sandbox.cancel(job_id)
+
+    async def metrics_once(self) -> None:
+        """One ``worker_metrics`` row: CPU, memory, disk, slots and throughput counters."""
+        vm = psutil.virtual_memory()
+        disk = await asyncio.to_thread(psutil.disk_usage, self.settings.work_dir)
+        await self._pool.execute(
+            """
+            INSERT INTO worker_metrics (worker_id, cpu_percent, memory_mb, memory_available_mb, disk_free_mb,
+                                        slots_busy, jobs_completed, jobs_failed)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING
+            """,
+            self.worker_id,
+            psutil.cpu_percent(interval=None),
+            int(psutil.Process().memory_info().rss // (1024 * 1024)),
+            int(vm.available // (1024 * 1024)),
+            int(disk.free // (1024 * 1024)),
+            self.admission.busy,
+            self.jobs_completed,
+            self.jobs_failed,
+        )
+
+    async def _every(self, seconds: float, fn: Any, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), seconds)
+            if stop.is_set():
+                return
+            try:
+                await fn()
+            except Exception:
+                log.exception("%s failed", getattr(fn, "__name__", "periodic task"))
+
+    async def _poll_cancellations(self) -> None:
+        for job_id in await lifecycle.cancel_requested(self._pool, list(self.running)):
+            self._sandbox.cancel(job_id)
+
+    # -- main loop -------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and execute until ``stop``; then drain (see :meth:`drain`)."""
+        await self.register()
+        fetcher = queues.PriorityFetcher(self._nc, self._prefix, self.settings.queue)
+        await fetcher.start()
+        loops_stop = asyncio.Event()
+        loops = [
+            asyncio.create_task(
+                self._every(self.settings.heartbeat_seconds, self.heartbeat_once, loops_stop)
+            ),
+            asyncio.create_task(self._every(self.settings.metrics_seconds, self.metrics_once, loops_stop)),
+            asyncio.create_task(self._every(CANCEL_POLL_SECONDS, self._poll_cancellations, loops_stop)),
+        ]
+        try:
+            while not stop.is_set():
+                self.admission.sample()
+                if not self.admission.open:
+                    self._slot_free.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wait_any(self._slot_free, stop), 1.0)
+                    continue
+                msg = await fetcher.next(stop)
+                if msg is None:
+                    break
+                await self._dispatch(msg)
+        finally:
+            await fetcher.stop()
+            await self.drain()
+            loops_stop.set()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._pool.execute(
+                "UPDATE workers SET status = 'stopped' WHERE worker_id = $1", self.worker_id
+            )
+
+    @staticmethod
+    async def _wait_any(*events: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _dispatch(self, msg: Any) -> None:
+        try:
+            message = queues.JobMessage.decode(msg.data)
+        except ValueError:
+            log.warning("dropping a malformed queue message")
+            await msg.term()
+            return
+        log.debug("delivery of job %s", message.job_id)
+        job = await lifecycle.claim(self._pool, message.job_id, self.worker_id)
+        log.debug("claim of job %s: %s", message.job_id, job is not None)
+        if job is None:
+            # Someone else has it, or it was cancelled or finished: this delivery is a duplicate.
+            await msg.term()
+            return
+        await msg.ack()
+        self.running[job.job_id] = job
+        self.admission.busy += 1
+        task = asyncio.create_task(self._execute(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Stop taking work; wait up to ``drain_seconds`` for running jobs; hand back the rest."""
+        self.admission.draining = True
+        if self._tasks:
+            log.info("draining %d running jobs", len(self._tasks))
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_seconds)
+            for job_id, job in list(self.running.items()):
+                self._sandbox.cancel(job_id)
+                await lifecycle.hand_back(self._pool, job, self.worker_id, self._prefix)
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+
+    # -- one job ---------------------------------------------------------------------------
+
+    async def _execute(self, job: lifecycle.ClaimedJob) -> None:
+        started = time.monotonic()
+        job_dir = self._sandbox.prepare(job.job_id)
+        result: SandboxResult | None = None
+        try:
+            source = (
+                await call(self._storage.GetObject, storage_pb2.GetObjectRequest(object_id=job.object_id))
+            ).object
+            input_path = job_dir / "input" / "source"
+            await self._download(source.key, input_path, job.max_input_bytes)
+            limits = SandboxLimits(
+                cpu_seconds=job.timeout_seconds,
+                wall_seconds=job.timeout_seconds * 1.5,
+                memory_bytes=job.memory_limit_mb * 1024 * 1024,
+                fsize_bytes=FSIZE_LIMIT_BYTES,
+            )
+            result = await self._sandbox.run(
+                job.job_id,
+                self._handler.entry,
+                job.operation,
+                job.params,
+                input_path,
+                limits,
+                entry_kwargs=self._handler.entry_kwargs(job),
+            )
+            if result.error_code == "CANCELLED" or job.job_id in await lifecycle.cancel_requested(
+                self._pool, [job.job_id]
+            ):
+                await lifecycle.mark_cancelled(self._pool, job, self.worker_id, _ms(started))
+                await self._release(job)
+                return
+            if result.error_code:
+                cls = TransientError if result.retryable else PermanentJobError
+                raise cls(result.error_message or "processing failed", result.error_code)
+            outputs = [
+                await self._upload(job, source, job_dir / "output" / o.filename, o) for o in result.outputs
+            ]
+            if not await lifecycle.complete(
+                self._pool,
+                job,
+                self.worker_id,
+                outputs,
+                job.estimated_credits,
+                result.duration_ms,
+                result.peak_memory_mb,
+            ):
+                log.warning("lease lost before completion", extra={"job_id": job.job_id})
+                return
+            await self._commit(job)
+            self.jobs_completed += 1
+        except DomainError as exc:
+            await self._settle_failure(job, exc, started, result)
+        except (httpx.HTTPError, OSError) as exc:
+            log.warning("transient failure: %s", type(exc).__name__, extra={"job_id": job.job_id})
+            await self._settle_failure(
+                job, TransientError("object storage transfer failed", "STORAGE_UNAVAILABLE"), started, result
+            )
+        except Exception:
+            log.exception("unexpected failure", extra={"job_id": job.job_id})
+            await self._settle_failure(job, TransientError("internal error", "INTERNAL"), started, result)
+        finally:
+            self._sandbox.cleanup(job.job_id)
+            self.running.pop(job.job_id, None)
+            self.admission.busy -= 1
+            self._slot_free.set()
+
+    async def _settle_failure(
+        self, job: lifecycle.ClaimedJob, exc: DomainError, started: float, result: SandboxResult | None
+    ) -> None:
+        """The one place a failed attempt is settled: job row, attempt row, credits."""
+        self.jobs_failed += 1
+        status = await lifecycle.fail(
+            self._pool,
+            job,
+            self.worker_id,
+            exc.error_code,
+            exc.public_message,
+            retryable=exc.retryable,
+            prefix=self._prefix,
+            duration_ms=result.duration_ms if result else _ms(started),
+            peak_memory_mb=result.peak_memory_mb if result else 0,
+        )
+        log.info("job attempt failed: %s → %s", exc.error_code, status, extra={"job_id": job.job_id})
+        if status == "failed":
+            await self._release(job)
+
+    async def _release(self, job: lifecycle.ClaimedJob) -> None:
+        async for attempt in _infra_retry():
+            with attempt:
+                await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job.job_id))
+
+    async def _commit(self, job: lifecycle.ClaimedJob) -> None:
+        async for attempt in _infra_retry():
+            with attempt:
+                await call(
+                    self._credits.Commit,
+                    credits_pb2.CommitRequest(job_id=job.job_id, actual_millicredits=job.estimated_credits),
+                )
+
+    async def _download(self, key: str, dest: Path, max_bytes: int) -> None:
+        """Fetch an object through a presigned GET into ``dest`` (at most ``max_bytes``)."""
+        async for attempt in _infra_retry():
+            with attempt:
+                presigned = await call(self._storage.PresignGet, storage_pb2.PresignGetRequest(key=key))
+                size = 0
+                with dest.open("wb") as fh:
+                    async with self._http.stream("GET", presigned.url) as response:
+                        if response.status_code != 200:
+                            raise TransientError(
+                                f"storage answered {response.status_code}", "STORAGE_UNAVAILABLE"
+                            )
+                        async for chunk in response.aiter_bytes(1 << 20):
+                            size += len(chunk)
+                            if size > max_bytes:
+                                raise PermanentJobError(
+                                    "the input exceeds the profile's size limit", "INPUT_TOO_LARGE"
+                                )
+                            fh.write(chunk)
+
+    async def _upload(self, job: lifecycle.ClaimedJob, source: Any, path: Path, out: Any) -> lifecycle.Output:
+        """Upload one output through a presigned PUT and register it with storage."""
+        data = await asyncio.to_thread(path.read_bytes)
+        digest = hashlib.sha256(data).hexdigest()
+        async for attempt in _infra_retry():
+            with attempt:
+                put = await call(
+                    self._storage.PresignOutputPut,
+                    storage_pb2.PresignOutputPutRequest(
+                        source_object_id=source.object_id,
+                        profile_version=job.profile_version,
+                        output_type=out.output_type,
+                        mime_type=out.mime_type,
+                    ),
+                )
+                response = await self._http.put(
+                    put.url, content=data, headers={"Content-Type": out.mime_type}
+                )
+                if response.status_code >= 300:
+                    raise TransientError(f"storage answered {response.status_code}", "STORAGE_UNAVAILABLE")
+                registered = await call(
+                    self._storage.RegisterOutput,
+                    storage_pb2.RegisterOutputRequest(
+                        source_object_id=source.object_id,
+                        key=put.key,
+                        mime_type=out.mime_type,
+                        size_bytes=len(data),
+                        sha256=digest,
+                    ),
+                )
+        return lifecycle.Output(
+            output_type=out.output_type,
+            object_id=registered.object.object_id,
+            key=put.key,
+            mime_type=out.mime_type,
+            size_bytes=len(data),
+            metadata=dict(out.metadata),
+        )
+
+
+def _infra_retry() -> AsyncRetrying:
+    """Bounded retries of infrastructure calls inside one attempt: 3 tries, 0.2–2 s backoff."""
+    return AsyncRetrying(
+        stop=stop_after_attempt(3),
+        wait=wait_exponential(multiplier=0.2, max=2),
+        retry=retry_if_exception_type((TransientError, httpx.TransportError)),
+        reraise=True,
+    )
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

@@ -1,0 +1,788 @@
+"""Per-job sandbox: one forked, rlimited, unprivileged process per job, started from a warm zygote.
+
+Shape::
+
+    worker (asyncio) ──stdin: pickled requests──▶ zygote ──fork()──▶ child (one per job)
+           ◀──stdout: JSON lines (started/exited)──   ◀──pipe: JSON report──
+
+* The **zygote** is a separate Python process started once by :meth:`Sandbox.start`. It imports
+  the preload modules (``pyvips``, ``hypermedia.imaging.ops``) and never runs a libvips operation,
+  so forking it is safe and cheap (a process that has *run* a libvips operation must not fork: the
+  child deadlocks in libvips' thread pool). The asyncio worker never forks and never runs libvips.
+  The zygote is single-threaded: a selector loop over its stdin, the children's report pipes and a
+  SIGCHLD self-pipe. It reaps children with ``wait4`` (exit status and ``ru_maxrss`` even for a
+  child killed by a signal), kills a job's process group only while the group leader is still
+  unreaped (no pid-reuse race), and is a child subreaper, so orphaned grandchildren are reaped too.
+  ``multiprocessing``'s forkserver was the alternative; it gives neither ``wait4`` rusage of the
+  child nor race-free group kills, and its context is global per process.
+* The **child** (see :func:`_child_main`) starts a new session (its own process group), optionally
+  a new network namespace, sets ``RLIMIT_CPU`` (soft = timeout, hard = timeout + 1 s),
+  ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` and ``RLIMIT_CORE`` = 0, drops to the sandbox
+  uid/gid with no supplementary groups, sets ``no_new_privs`` and a parent-death signal, ``umask
+  077``, ``chdir`` to the job dir, replaces the environment, keeps only stdin/stdout on
+  ``/dev/null``, stderr and its report pipe, then calls the entry.
+* **Threads and RLIMIT_NPROC**: the kernel counts every thread of every process of a uid against
+  ``RLIMIT_NPROC``, across all slots that share the uid. Children run with ``VIPS_CONCURRENCY=1``
+  (throughput comes from slots, one job per core; libheif/aom follow it too), which keeps an image
+  job at 4 threads at its peak (measured by ``tests/unit/sandbox_entries.py:image_threads``).
+  Under the default ``nproc=16``, one shared uid therefore fits 4 image jobs at once; give the
+  sandbox a pool of uids at least as large as the slots (``uid=range(...)``) for more, which
+  also keeps one job's threads from starving another's.
+* **Network**: with root, each child gets an empty network namespace (``unshare(CLONE_NEWNET)``);
+  measured cost about 1.5 ms per job, so it is on by default (``isolate_network``).
+* The **result** travels as JSON only (a child handles hostile input; its report is parsed as
+  data, never unpickled), at most :data:`MAX_REPORT_BYTES`. Outputs are rebuilt as
+  :class:`OutputFile` and must be regular files (not symlinks) directly inside ``output/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import errno
+import gc
+import importlib
+import json
+import logging
+import os
+import pickle
+import pwd
+import re
+import resource
+import selectors
+import shutil
+import signal
+import stat
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, NoReturn
+
+from opentelemetry import trace
+
+from hypermedia.errors import DomainError
+
+log = logging.getLogger(__name__)
+_tracer = trace.get_tracer(__name__)
+
+MAX_REPORT_BYTES: Final = 1 << 20
+"""Largest JSON report a child may send; a longer one is cut off and the job fails ``INTERNAL``."""
+
+DEFAULT_CHILD_ENV: Final[Mapping[str, str]] = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "VIPS_CONCURRENCY": "1",
+}
+"""Environment of the zygote and the children; ``HOME`` and ``TMPDIR`` are set to the job dir."""
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_LEN = struct.Struct(">I")
+
+# Linux constants (uapi/linux/prctl.h, uapi/linux/sched.h).
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
+_CLONE_NEWNET = 0x40000000
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One file an entry wrote into its ``output/`` directory.
+
+    Defined here because every worker's entry returns these; ``hypermedia.imaging.ops`` re-exports it.
+    """
+
+    output_type: str
+    """What the file is: ``thumbnail``, ``resized``, ``compressed``, ``converted``, …"""
+    filename: str
+    """Plain file name inside the output directory (no directories)."""
+    mime_type: str
+    """Content type, e.g. ``image/webp``."""
+    metadata: dict
+    """JSON-safe facts about the file, e.g. ``{"width": 256, "height": 171, "format": "webp"}``."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource bounds of one job's child process."""
+
+    cpu_seconds: int
+    """``RLIMIT_CPU`` soft limit (SIGXCPU → ``TIMEOUT``); the profile's timeout."""
+    wall_seconds: float
+    """Wall clock, enforced by the worker: the job's process group is killed (``TIMEOUT``). Usually
+    timeout × 1.5."""
+    memory_bytes: int
+    """``RLIMIT_AS``: address space, in bytes (2 GiB for images)."""
+    fsize_bytes: int
+    """``RLIMIT_FSIZE``: largest file the child may write, in bytes."""
+    nproc: int = 16
+    """``RLIMIT_NPROC``: processes *and threads* of the sandbox uid, counted across all slots."""
+
+
+@dataclass
+class SandboxResult:
+    """Outcome of one sandboxed job."""
+
+    outputs: list[OutputFile]
+    """What the entry returned; empty on failure."""
+    error_code: str | None
+    """``None`` on success; else a bounded code: the entry's ``DomainError.error_code``,
+    ``RESOURCE_LIMIT``, ``TIMEOUT``, ``SANDBOX_CRASHED``, ``CANCELLED`` or ``INTERNAL``."""
+    error_message: str | None
+    """Public message; never a path or a traceback."""
+    retryable: bool
+    """Whether another attempt may succeed (``TIMEOUT`` and a lost zygote are)."""
+    duration_ms: int
+    """Wall time of the child, fork to exit."""
+    peak_memory_mb: int
+    """Peak resident set of the child (``ru_maxrss``), MiB rounded up."""
+
+
+@dataclass
+class _Job:
+    job_id: str
+    output_dir: Path
+    limits: SandboxLimits
+    done: asyncio.Future[dict[str, Any]]
+    pid: int | None = None
+    cancelled: bool = False
+    timed_out: bool = False
+
+
+@dataclass
+class _Exit:
+    """What the zygote reports about a finished child (also the 'exited' JSON line)."""
+
+    status: int | None
+    maxrss_kib: int = 0
+    cpu_seconds: float = 0.0
+    duration_ms: int = 0
+    report: str | None = None
+    failure: str | None = None
+
+
+class Sandbox:
+    """Runs entries (``"module:function"``) in fresh, limited child processes of a warm zygote.
+
+    Args:
+        work_dir: parent of ``jobs/{job_id}/``. Every ancestor must be searchable by the sandbox
+            uid; :meth:`start` checks.
+        preload: modules the zygote imports once, so children start warm. They must not start
+            threads or run libvips operations at import.
+        uid: uid the children run as, or a pool of uids. Default: ``nobody`` when the worker runs
+            as root (euid 0), else none (children keep the worker's uid). Any other uid needs root.
+            With a pool, each prepared job leases the least-used uid until :meth:`cleanup`; a pool
+            at least as large as the worker's slots gives every running job ``RLIMIT_NPROC`` to
+            itself (the kernel counts threads per uid, across slots).
+        isolate_network: give each child an empty network namespace (root only). Costs a few
+            milliseconds per job; on failure the job runs anyway and a warning is logged once.
+        env: environment of the children (replaces, never extends, the worker's).
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        *,
+        preload: Sequence[str] = ("pyvips", "hypermedia.imaging.ops"),
+        uid: int | Sequence[int] | None = None,
+        isolate_network: bool = True,
+        env: Mapping[str, str] = DEFAULT_CHILD_ENV,
+    ) -> None:
+        self.work_dir = Path(work_dir).absolute()
+        self.preload = tuple(preload)
+        is_root = os.geteuid() == 0
+        if uid is None:
+            uids: tuple[int, ...] = (pwd.getpwnam("nobody").pw_uid,) if is_root else ()
+        else:
+            uids = (uid,) if isinstance(uid, int) else tuple(uid)
+        if not is_root and any(u != os.geteuid() for u in uids):
+            raise ValueError(f"sandbox uids {uids} need the worker to run as root")
+        self.uids = uids if is_root else ()
+        self.isolate_network = isolate_network and is_root
+        self.env = dict(env)
+        self._leases: dict[str, int] = {}
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._jobs: dict[str, _Job] = {}
+        self._warned_network = False
+        self._restart = asyncio.Lock()
+
+    @property
+    def uid(self) -> int | None:
+        """The first (or only) sandbox uid; ``None`` when children keep the worker's uid."""
+        return self.uids[0] if self.uids else None
+
+    def job_uid(self, job_id: str) -> tuple[int, int] | None:
+        """``(uid, gid)`` the job runs as, leased by :meth:`prepare`; ``None`` without privilege drop."""
+        if not self.uids:
+            return None
+        uid = self._leases.get(job_id)
+        if uid is None:
+            counts = {u: 0 for u in self.uids}
+            for leased in self._leases.values():
+                counts[leased] += 1
+            uid = min(self.uids, key=lambda u: counts[u])
+            self._leases[job_id] = uid
+        return uid, _primary_gid(uid)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Creates ``work_dir/jobs`` and starts the zygote; returns once it has imported the
+        preload modules.
+
+        Raises:
+            ValueError: the sandbox uid cannot reach ``work_dir``.
+            RuntimeError: the zygote failed to start (e.g. a preload module does not import).
+        """
+        jobs_root = self.work_dir / "jobs"
+        jobs_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(jobs_root, 0o711)
+        for uid in self.uids:
+            _check_reachable(jobs_root, uid)
+        zygote_env = dict(self.env)
+        zygote_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "from hypermedia.sandbox import _zygote_main; _zygote_main()",
+            json.dumps(list(self.preload)),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=zygote_env,
+            start_new_session=True,
+            limit=2 * MAX_REPORT_BYTES + 4096,
+        )
+        assert self._proc.stdout is not None
+        line = await self._proc.stdout.readline()
+        if json.loads(line or b"{}").get("event") != "ready":
+            await self.close()
+            raise RuntimeError("sandbox zygote failed to start; see its stderr")
+        self._reader = asyncio.create_task(self._read_events(self._proc.stdout), name="sandbox-zygote")
+
+    async def close(self) -> None:
+        """Stops the zygote; it SIGKILLs every running child first. Pending :meth:`run` calls return
+        ``SANDBOX_CRASHED`` (retryable)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        if self._reader is not None:
+            await self._reader
+            self._reader = None
+
+    # --- job directories ---------------------------------------------------------------------
+
+    def job_dir(self, job_id: str) -> Path:
+        """``work_dir/jobs/{job_id}``. Raises ValueError for an id that is not a plain name."""
+        if not _JOB_ID.fullmatch(job_id):
+            raise ValueError(f"invalid job id {job_id!r}")
+        return self.work_dir / "jobs" / job_id
+
+    def prepare(self, job_id: str) -> Path:
+        """Creates a fresh ``jobs/{job_id}/`` with ``input/`` and ``output/``, mode 0700, owned by
+        the sandbox uid; leftovers of an earlier attempt are removed first. Returns the job dir."""
+        job_dir = self.job_dir(job_id)
+        if job_dir.exists() or job_dir.is_symlink():
+            shutil.rmtree(job_dir)
+        owner = self.job_uid(job_id)
+        for path in (job_dir, job_dir / "input", job_dir / "output"):
+            path.mkdir(mode=0o700)
+            if owner is not None:
+                os.chown(path, *owner)
+        return job_dir
+
+    def cleanup(self, job_id: str) -> None:
+        """Removes ``jobs/{job_id}/`` and everything in it (symlinks are removed, not followed) and
+        returns the job's uid lease."""
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+        self._leases.pop(job_id, None)
+
+    # --- jobs --------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        job_id: str,
+        entry: str,
+        operation: str,
+        params: dict,
+        input_path: Path,
+        limits: SandboxLimits,
+        *,
+        entry_kwargs: Mapping[str, Any] | None = None,
+    ) -> SandboxResult:
+        """Runs ``entry(operation, params, input_path, job_dir / "output", **entry_kwargs)`` in a
+        fresh child of the zygote and waits for it, at most ``limits.wall_seconds``.
+
+        ``entry`` is ``"module:function"``; it returns a list of :class:`OutputFile`. The job dir
+        must come from :meth:`prepare`; an input inside it is handed to the sandbox uid.
+        ``entry_kwargs`` are pickled to the zygote (trusted direction), e.g.
+        ``{"limits": ImageLimits(...)}``. Never raises for a failed job: the failure is in the
+        result. Raises RuntimeError if the sandbox is not started, ValueError for a bad job id.
+        """
+        job_dir = self.job_dir(job_id)
+        if job_id in self._jobs:
+            raise ValueError(f"job {job_id} is already running")
+        with _tracer.start_as_current_span(
+            "sandbox.run", attributes={"job.id": job_id, "entry": entry}
+        ) as span:
+            async with self._restart:  # one restart even when several jobs find the zygote gone
+                if self._proc is None or self._proc.returncode is not None:
+                    await self.close()
+                    await self.start()
+            proc = self._proc
+            assert proc is not None and proc.stdin is not None
+            owner = self.job_uid(job_id)
+            input_path = self._hand_over_input(job_dir, Path(input_path), owner)
+            job = _Job(job_id, job_dir / "output", limits, asyncio.get_running_loop().create_future())
+            self._jobs[job_id] = job
+            request = {
+                "op": "run",
+                "job_id": job_id,
+                "entry": entry,
+                "args": (operation, params, input_path, job.output_dir),
+                "kwargs": dict(entry_kwargs or {}),
+                "job_dir": str(job_dir),
+                "limits": dataclasses.asdict(limits),
+                "uid": owner[0] if owner else None,
+                "gid": owner[1] if owner else None,
+                "isolate_network": self.isolate_network,
+                "env": {**self.env, "HOME": str(job_dir), "TMPDIR": str(job_dir)},
+            }
+            try:
+                self._send(request)
+                try:
+                    event = await asyncio.wait_for(asyncio.shield(job.done), limits.wall_seconds)
+                except TimeoutError:
+                    job.timed_out = True
+                    self._send({"op": "kill", "job_id": job_id})
+                    event = await asyncio.wait_for(job.done, 10)
+            except (TimeoutError, OSError, ConnectionError) as exc:
+                log.error("sandbox zygote lost during job %s: %r", job_id, exc)
+                event = {"status": None, "failure": "zygote lost"}
+            finally:
+                self._jobs.pop(job_id, None)
+            result = self._result(job, _exit_from_event(event))
+            span.set_attribute("error_code", result.error_code or "")
+            return result
+
+    @staticmethod
+    def _hand_over_input(job_dir: Path, input_path: Path, owner: tuple[int, int] | None) -> Path:
+        """Absolute input path; an input inside the job dir is chowned to the job's uid."""
+        input_path = input_path.absolute()
+        if owner is not None and input_path.is_relative_to(job_dir):
+            with contextlib.suppress(FileNotFoundError):
+                os.lchown(input_path, *owner)
+        return input_path
+
+    def cancel(self, job_id: str) -> bool:
+        """SIGKILLs the job's process group; its :meth:`run` returns ``CANCELLED``. False when the
+        job is not running here."""
+        job = self._jobs.get(job_id)
+        if job is None or job.done.done():
+            return False
+        job.cancelled = True
+        with contextlib.suppress(OSError, RuntimeError):
+            self._send({"op": "kill", "job_id": job_id})
+        return True
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._proc is None or self._proc.stdin is None or self._proc.stdin.is_closing():
+            raise ConnectionError("sandbox zygote is not running")
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._proc.stdin.write(_LEN.pack(len(payload)) + payload)
+
+    async def _read_events(self, stdout: asyncio.StreamReader) -> None:
+        try:
+            while line := await stdout.readline():
+                event = json.loads(line)
+                job = self._jobs.get(event.get("job_id", ""))
+                if job is None:
+                    continue
+                if event["event"] == "started":
+                    job.pid = event["pid"]
+                elif not job.done.done():
+                    job.done.set_result(event)
+        finally:
+            for job in self._jobs.values():
+                if not job.done.done():
+                    job.done.set_result({"status": None, "failure": "zygote lost"})
+
+    def _result(self, job: _Job, exit_: _Exit) -> SandboxResult:
+        def failed(code: str, message: str, retryable: bool) -> SandboxResult:
+            return SandboxResult([], code, message, retryable, exit_.duration_ms or 0, peak)
+
+        peak = -(-(exit_.maxrss_kib or 0) // 1024)
+        if job.cancelled:
+            return failed("CANCELLED", "The job was cancelled.", False)
+        if exit_.status is None:
+            return failed("SANDBOX_CRASHED", "The job's sandbox was lost; it will be retried.", True)
+        report = _parse_report(exit_.report)
+        if report is not None and report.get("netns") is False and not self._warned_network:
+            self._warned_network = True
+            log.warning("sandbox: network namespace isolation failed; jobs keep the host network")
+        if report is not None and report.get("ok") is True:
+            try:
+                outputs = [self._output(job, raw) for raw in report.get("outputs", [])]
+            except (TypeError, ValueError) as exc:
+                log.error("sandbox job %s returned invalid outputs: %s", job.job_id, exc)
+                return failed("INTERNAL", "Internal error.", False)
+            return SandboxResult(outputs, None, None, False, exit_.duration_ms or 0, peak)
+        if report is not None and report.get("ok") is False:
+            if report.get("traceback"):
+                log.error("sandbox job %s failed:\n%s", job.job_id, report["traceback"])
+            return failed(
+                str(report.get("error_code") or "INTERNAL"),
+                str(report.get("message") or "Internal error."),
+                bool(report.get("retryable", False)),
+            )
+        signum = -1
+        if os.WIFSIGNALED(exit_.status):
+            signum = os.WTERMSIG(exit_.status)
+        if job.timed_out:
+            return failed("TIMEOUT", "The job exceeded its time limit.", True)
+        if signum == signal.SIGXCPU or (
+            signum == signal.SIGKILL and (exit_.cpu_seconds or 0) >= job.limits.cpu_seconds
+        ):
+            return failed("TIMEOUT", "The job exceeded its CPU time limit.", True)
+        if signum == signal.SIGXFSZ:
+            return failed("RESOURCE_LIMIT", "The job exceeded its file size limit.", False)
+        log.error(
+            "sandbox job %s died without a report: status=%s signal=%s failure=%s",
+            job.job_id,
+            exit_.status,
+            signal.Signals(signum).name if signum > 0 else None,
+            exit_.failure,
+        )
+        return failed("SANDBOX_CRASHED", "The job's sandbox crashed.", False)
+
+    @staticmethod
+    def _output(job: _Job, raw: Any) -> OutputFile:
+        if not isinstance(raw, dict):
+            raise TypeError("output is not an object")
+        output = OutputFile(**raw)
+        name = output.filename
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+            raise ValueError(f"output filename {name!r} is not a plain name")
+        if not stat.S_ISREG(os.lstat(job.output_dir / name).st_mode):
+            raise ValueError(f"output {name!r} is not a regular file")
+        if not isinstance(output.metadata, dict):
+            raise TypeError("output metadata is not an object")
+        return output
+
+
+def _exit_from_event(event: dict[str, Any]) -> _Exit:
+    return _Exit(
+        status=event.get("status"),
+        maxrss_kib=int(event.get("maxrss_kib") or 0),
+        cpu_seconds=float(event.get("cpu_seconds") or 0.0),
+        duration_ms=int(event.get("duration_ms") or 0),
+        report=event.get("report"),
+        failure=event.get("failure"),
+    )
+
+
+def _parse_report(report: str | None) -> dict[str, Any] | None:
+    if not report:
+        return None
+    try:
+        parsed = json.loads(report)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _primary_gid(uid: int) -> int:
+    """The uid's group from passwd; a uid without an entry (a pool member) gets gid = uid."""
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
+
+
+def _check_reachable(path: Path, uid: int) -> None:
+    """Raises ValueError unless ``uid`` may search every directory from / down to ``path``."""
+    for directory in (path, *path.parents):
+        st = directory.stat()
+        if st.st_uid == uid or st.st_mode & stat.S_IXOTH:
+            continue
+        raise ValueError(
+            f"sandbox uid {uid} cannot reach {path}: {directory} is not searchable by others (chmod o+x)"
+        )
+
+
+# ================================================================================================
+# Zygote side: everything below runs in the zygote process or in its children.
+# ================================================================================================
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+@dataclass
+class _Child:
+    job_id: str
+    pid: int
+    report_fd: int
+    started: float
+    report: bytearray = field(default_factory=bytearray)
+    overflow: bool = False
+
+
+def _zygote_main() -> NoReturn:
+    """Entry point of the zygote process (``python -c``); argv[1] is a JSON list of modules."""
+    for module in json.loads(sys.argv[1]):
+        importlib.import_module(module)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    gc.freeze()  # keeps preloaded objects out of GC passes, so children share their pages longer
+    _Zygote().serve()
+
+
+class _Zygote:
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.children: dict[int, _Child] = {}
+        self.by_job: dict[str, _Child] = {}
+        self.inbox = bytearray()
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (0, self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector.register(0, selectors.EVENT_READ, "control")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "sigchld")
+
+    def emit(self, event: dict[str, Any]) -> None:
+        data = (json.dumps(event) + "\n").encode()
+        while data:
+            written = os.write(1, data)
+            data = data[written:]
+
+    def serve(self) -> NoReturn:
+        self.emit({"event": "ready", "pid": os.getpid()})
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "control":
+                    self.read_control()
+                elif key.data == "sigchld":
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self.wake_r, 4096):
+                            pass
+                    self.reap()
+                elif key.data.report_fd >= 0:  # not closed by a reap() earlier in this batch
+                    self.read_report(key.data)
+
+    def read_control(self) -> None:
+        try:
+            data = os.read(0, 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:  # the worker closed us (or died): take every job down with us
+            for child in self.children.values():
+                with contextlib.suppress(OSError):
+                    os.killpg(child.pid, signal.SIGKILL)
+            os._exit(0)
+        self.inbox += data
+        while len(self.inbox) >= _LEN.size:
+            (size,) = _LEN.unpack_from(self.inbox)
+            if len(self.inbox) < _LEN.size + size:
+                break
+            message = pickle.loads(self.inbox[_LEN.size : _LEN.size + size])
+            del self.inbox[: _LEN.size + size]
+            if message["op"] == "run":
+                self.start_child(message)
+            elif message["op"] == "kill" and message["job_id"] in self.by_job:
+                # The leader is not reaped yet (reap() drops it from by_job first), so its pid
+                # still names this job's group.
+                with contextlib.suppress(OSError):
+                    os.killpg(self.by_job[message["job_id"]].pid, signal.SIGKILL)
+
+    def start_child(self, request: dict[str, Any]) -> None:
+        report_r, report_w = os.pipe()
+        started = time.monotonic()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(report_r)
+            os.close(report_w)
+            self.emit({"event": "exited", "job_id": request["job_id"], "status": None, "failure": str(exc)})
+            return
+        if pid == 0:
+            try:
+                os.close(report_r)
+                _child_main(request, report_w)
+            finally:
+                os._exit(70)
+        os.close(report_w)
+        os.set_blocking(report_r, False)
+        child = _Child(request["job_id"], pid, report_r, started)
+        self.children[pid] = child
+        self.by_job[child.job_id] = child
+        self.selector.register(report_r, selectors.EVENT_READ, child)
+        self.emit({"event": "started", "job_id": child.job_id, "pid": pid})
+
+    def read_report(self, child: _Child) -> bool:
+        """Reads what is available; True at EOF (fd closed and unregistered)."""
+        while True:
+            try:
+                data = os.read(child.report_fd, 1 << 16)
+            except BlockingIOError:
+                return False
+            if not data:
+                self.selector.unregister(child.report_fd)
+                os.close(child.report_fd)
+                child.report_fd = -1
+                return True
+            if len(child.report) + len(data) > MAX_REPORT_BYTES:
+                child.overflow = True
+            else:
+                child.report += data
+
+    def reap(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            child = self.children.pop(pid, None)
+            if child is not None:
+                del self.by_job[child.job_id]
+                # Still a zombie: the group id cannot have been reused. Take down stragglers.
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            _, status, usage = os.wait4(pid, 0)
+            if child is None:
+                continue  # an orphaned grandchild handed to us as subreaper
+            if child.report_fd >= 0:
+                self.read_report(child)
+                if child.report_fd >= 0:  # a grandchild still holds the pipe: stop listening
+                    self.selector.unregister(child.report_fd)
+                    os.close(child.report_fd)
+            report = None if child.overflow else child.report.decode("utf-8", "replace")
+            self.emit(
+                {
+                    "event": "exited",
+                    "job_id": child.job_id,
+                    "status": status,
+                    "maxrss_kib": usage.ru_maxrss,
+                    "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                    "duration_ms": round((time.monotonic() - child.started) * 1000),
+                    "report": report,
+                    "failure": "report too large" if child.overflow else None,
+                }
+            )
+
+
+def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
+    """Runs in the forked child: confine, run the entry, write a JSON report, exit."""
+    report: dict[str, Any]
+    netns: bool | None = None
+    try:
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+        zygote_pid = os.getppid()
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(report_fd, 3)
+        os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+        report_fd = 3
+        if request["isolate_network"]:
+            netns = _libc.unshare(_CLONE_NEWNET) == 0
+        limits = request["limits"]
+        cpu = int(limits["cpu_seconds"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits["fsize_bytes"], limits["fsize_bytes"]))
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits["nproc"], limits["nproc"]))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if request["uid"] is not None:
+            os.setgroups([])
+            os.setgid(request["gid"])
+            os.setuid(request["uid"])
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by setuid, so set afterwards
+        if os.getppid() != zygote_pid:
+            os._exit(71)
+        os.umask(0o077)
+        os.chdir(request["job_dir"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+
+        module_name, _, function_name = request["entry"].partition(":")
+        function = getattr(importlib.import_module(module_name), function_name)
+        operation, params, input_path, output_dir = request["args"]
+        outputs = function(operation, params, Path(input_path), Path(output_dir), **request["kwargs"])
+        report = {"ok": True, "outputs": [_output_dict(o) for o in outputs]}
+    except DomainError as exc:
+        report = {
+            "ok": False,
+            "error_code": exc.error_code,
+            "message": exc.public_message,
+            "retryable": exc.retryable,
+        }
+    except MemoryError:
+        report = {
+            "ok": False,
+            "error_code": "RESOURCE_LIMIT",
+            "message": "The job exceeded its memory limit.",
+        }
+    except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            report = {
+                "ok": False,
+                "error_code": "RESOURCE_LIMIT",
+                "message": "The job exceeded its file size limit.",
+            }
+        else:
+            report = _internal_report()
+    except BaseException:
+        report = _internal_report()
+    report["netns"] = netns
+    try:
+        data = json.dumps(report, allow_nan=False).encode()
+    except (TypeError, ValueError):
+        data = json.dumps(_internal_report()).encode()
+    while data:
+        data = data[os.write(report_fd, data) :]
+    os._exit(0)
+
+
+def _internal_report() -> dict[str, Any]:
+    """An unexpected exception: the traceback goes to the worker's log, a generic message to the user."""
+    return {
+        "ok": False,
+        "error_code": "INTERNAL",
+        "message": "Internal error.",
+        "traceback": traceback.format_exc(),
+    }
+
+
+def _output_dict(output: Any) -> dict[str, Any]:
+    if not isinstance(output, OutputFile):
+        raise TypeError(f"entry returned {type(output).__name__}, not OutputFile")
+    return dataclasses.asdict(output)

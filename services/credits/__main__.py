@@ -1,0 +1,31 @@
+"""``python -m services.credits``: the credits gRPC service. Only wires; see service.py."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+
+from hypermedia import config, db
+from hypermedia.credits.v1 import credits_pb2_grpc
+from hypermedia.rpc import GrpcServer
+from hypermedia.service import run_service
+from services.credits.service import CreditsService
+
+
+async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> GrpcServer:
+    infra = config.load(config.InfraSettings)
+    settings = config.load(config.CreditsSettings)
+    pool = await db.create_pool(infra.database_url.get_secret_value())
+    stack.push_async_callback(pool.close)
+    server = GrpcServer(
+        settings.grpc_bind,
+        [(credits_pb2_grpc.add_CreditsServiceServicer_to_server, CreditsService(pool))],
+        ["hypermedia.credits.v1.CreditsService"],
+    )
+    await server.start()
+    stack.push_async_callback(server.stop)
+    return server
+
+
+if __name__ == "__main__":
+    run_service("credits", serve)

@@ -1,0 +1,209 @@
+"""The credits service: estimates, holds, commits, releases and balances.
+
+Amounts are integer millicredits. Every movement is a ``credit_ledger`` row; ``credit_holds`` has
+one row per job, and its status (held → committed | released) makes Commit and Release idempotent
+per job: the first one settles the hold, later ones report ``already_settled`` and change nothing.
+Price of one operation (the seed's formula): ``base_cost + per_mb × size_mb``, with
+``size_mb = size_bytes / 2^20`` rounded up to the next millicredit.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import asyncpg
+import grpc
+
+from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.errors import InsufficientCredits, InvalidArgument, NotFound
+
+
+def price(base_cost: int, per_mb: int, size_bytes: int) -> int:
+    """Millicredits for one operation on ``size_bytes`` of input."""
+    return base_cost + math.ceil(per_mb * size_bytes / (1024 * 1024))
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"{what} is not a valid id", "INVALID_ARGUMENT") from None
+
+
+class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
+    """gRPC servicer over the ``credit_*`` tables."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def Estimate(
+        self, request: credits_pb2.EstimateRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.EstimateResponse:
+        if request.size_bytes < 0:
+            raise InvalidArgument("size_bytes must not be negative")
+        rows = await self._pool.fetch(
+            "SELECT operation, version, base_cost, per_mb FROM processing_profiles "
+            "WHERE active AND operation = ANY($1::text[])",
+            list(request.operations),
+        )
+        by_op = {r["operation"]: r for r in rows}
+        response = credits_pb2.EstimateResponse()
+        for operation in request.operations:
+            row = by_op.get(operation)
+            if row is None:
+                raise NotFound(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
+            amount = price(row["base_cost"], row["per_mb"], request.size_bytes)
+            response.estimates.add(operation=operation, millicredits=amount, profile_version=row["version"])
+            response.total_millicredits += amount
+        return response
+
+    async def Hold(
+        self, request: credits_pb2.HoldRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.HoldResponse:
+        account_id = _uuid(request.account_id, "account_id")
+        holds = [(_uuid(h.job_id, "job_id"), h.millicredits) for h in request.holds]
+        if any(amount < 0 for _, amount in holds):
+            raise InvalidArgument("hold amounts must not be negative")
+        async with self._pool.acquire() as conn, conn.transaction():
+            account = await conn.fetchrow(
+                "SELECT balance, held FROM credit_accounts WHERE account_id = $1 FOR UPDATE", account_id
+            )
+            if account is None:
+                raise NotFound("no credit account", "ACCOUNT_NOT_FOUND")
+            existing = {
+                r["job_id"]
+                for r in await conn.fetch(
+                    "SELECT job_id FROM credit_holds WHERE job_id = ANY($1::uuid[])", [j for j, _ in holds]
+                )
+            }
+            new = [(j, a) for j, a in holds if j not in existing]
+            total = sum(a for _, a in new)
+            available = account["balance"] - account["held"]
+            if total > available:
+                raise InsufficientCredits(
+                    f"this request needs {total / 1000:.3f} credits; {available / 1000:.3f} are available",
+                    "INSUFFICIENT_CREDITS",
+                )
+            await conn.executemany(
+                "INSERT INTO credit_holds (job_id, account_id, amount, status) VALUES ($1, $2, $3, 'held')",
+                [(j, account_id, a) for j, a in new],
+            )
+            await conn.executemany(
+                "INSERT INTO credit_ledger (account_id, job_id, kind, amount) VALUES ($1, $2, 'hold', $3)",
+                [(account_id, j, a) for j, a in new],
+            )
+            row = await conn.fetchrow(
+                "UPDATE credit_accounts SET held = held + $2, updated_at = now() WHERE account_id = $1 "
+                "RETURNING balance, held",
+                account_id,
+                total,
+            )
+        return credits_pb2.HoldResponse(balance_millicredits=row["balance"], held_millicredits=row["held"])
+
+    async def Commit(
+        self, request: credits_pb2.CommitRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.CommitResponse:
+        job_id = _uuid(request.job_id, "job_id")
+        if request.actual_millicredits < 0:
+            raise InvalidArgument("actual_millicredits must not be negative")
+        async with self._pool.acquire() as conn, conn.transaction():
+            hold = await conn.fetchrow("SELECT * FROM credit_holds WHERE job_id = $1 FOR UPDATE", job_id)
+            if hold is None:
+                raise NotFound("no hold for this job", "HOLD_NOT_FOUND")
+            if hold["status"] != "held":
+                return credits_pb2.CommitResponse(
+                    charged_millicredits=hold["charged"] or 0, already_settled=True
+                )
+            charged = min(request.actual_millicredits, hold["amount"])
+            await conn.execute(
+                "UPDATE credit_holds SET status = 'committed', charged = $2, settled_at = now() WHERE job_id = $1",
+                job_id,
+                charged,
+            )
+            await conn.execute(
+                "INSERT INTO credit_ledger (account_id, job_id, kind, amount) VALUES ($1, $2, 'commit', $3)",
+                hold["account_id"],
+                job_id,
+                -charged,
+            )
+            await conn.execute(
+                "UPDATE credit_accounts SET balance = balance - $2, held = held - $3, updated_at = now() "
+                "WHERE account_id = $1",
+                hold["account_id"],
+                charged,
+                hold["amount"],
+            )
+        return credits_pb2.CommitResponse(charged_millicredits=charged, already_settled=False)
+
+    async def Release(
+        self, request: credits_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.ReleaseResponse:
+        job_id = _uuid(request.job_id, "job_id")
+        async with self._pool.acquire() as conn, conn.transaction():
+            hold = await conn.fetchrow("SELECT * FROM credit_holds WHERE job_id = $1 FOR UPDATE", job_id)
+            if hold is None:
+                return credits_pb2.ReleaseResponse(released_millicredits=0, already_settled=True)
+            if hold["status"] != "held":
+                return credits_pb2.ReleaseResponse(released_millicredits=0, already_settled=True)
+            await conn.execute(
+                "UPDATE credit_holds SET status = 'released', charged = 0, settled_at = now() WHERE job_id = $1",
+                job_id,
+            )
+            await conn.execute(
+                "INSERT INTO credit_ledger (account_id, job_id, kind, amount) VALUES ($1, $2, 'release', $3)",
+                hold["account_id"],
+                job_id,
+                hold["amount"],
+            )
+            await conn.execute(
+                "UPDATE credit_accounts SET held = held - $2, updated_at = now() WHERE account_id = $1",
+                hold["account_id"],
+                hold["amount"],
+            )
+        return credits_pb2.ReleaseResponse(released_millicredits=hold["amount"], already_settled=False)
+
+    async def GetBalance(
+        self, request: credits_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.GetBalanceResponse:
+        account_id = _uuid(request.account_id, "account_id")
+        row = await self._pool.fetchrow(
+            "SELECT balance, held FROM credit_accounts WHERE account_id = $1", account_id
+        )
+        if row is None:
+            raise NotFound("no credit account", "ACCOUNT_NOT_FOUND")
+        return credits_pb2.GetBalanceResponse(
+            balance_millicredits=row["balance"], held_millicredits=row["held"]
+        )
+
+    async def Grant(
+        self, request: credits_pb2.GrantRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.GrantResponse:
+        account_id = _uuid(request.account_id, "account_id")
+        if request.millicredits <= 0:
+            raise InvalidArgument("a grant must be positive")
+        grant_id = request.grant_id or str(uuid.uuid4())
+        async with self._pool.acquire() as conn, conn.transaction():
+            exists = await conn.fetchval("SELECT 1 FROM accounts WHERE account_id = $1", account_id)
+            if not exists:
+                raise NotFound("no such account", "ACCOUNT_NOT_FOUND")
+            await conn.execute(
+                "INSERT INTO credit_accounts (account_id) VALUES ($1) ON CONFLICT DO NOTHING", account_id
+            )
+            inserted = await conn.fetchval(
+                "INSERT INTO credit_ledger (account_id, grant_id, kind, amount) VALUES ($1, $2, 'grant', $3) "
+                "ON CONFLICT (grant_id) DO NOTHING RETURNING entry_id",
+                account_id,
+                grant_id,
+                request.millicredits,
+            )
+            if inserted is not None:
+                await conn.execute(
+                    "UPDATE credit_accounts SET balance = balance + $2, updated_at = now() WHERE account_id = $1",
+                    account_id,
+                    request.millicredits,
+                )
+            balance = await conn.fetchval(
+                "SELECT balance FROM credit_accounts WHERE account_id = $1", account_id
+            )
+        return credits_pb2.GrantResponse(balance_millicredits=balance)

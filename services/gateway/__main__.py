@@ -1,0 +1,86 @@
+"""``python -m services.gateway``: REST (uvicorn) and gRPC JobService, plus the outbox relay.
+Only wires; the use cases are in jobs.py."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from functools import partial
+
+import httpx
+
+from hypermedia import config, db, queues, rpc
+from hypermedia.credits.v1 import credits_pb2_grpc
+from hypermedia.httpserver import HttpServer
+from hypermedia.jobs.v1 import jobs_pb2_grpc
+from hypermedia.outbox import OutboxRelay
+from hypermedia.service import run_service
+from hypermedia.storage.v1 import storage_pb2_grpc
+from services.gateway import auth
+from services.gateway.grpc_api import JobService
+from services.gateway.jobs import JobsAPI
+from services.gateway.rest import build_app
+
+
+async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> None:
+    infra = config.load(config.InfraSettings)
+    settings = config.load(config.GatewaySettings)
+    pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=20)
+    stack.push_async_callback(pool.close)
+    nc, js = await queues.connect(infra.nats_url, "gateway")
+    stack.push_async_callback(nc.drain)
+    await queues.ensure_streams(js, infra.stream_prefix)
+    storage_channel = rpc.channel(infra.storage_addr)
+    credits_channel = rpc.channel(infra.credits_addr)
+    stack.push_async_callback(storage_channel.close)
+    stack.push_async_callback(credits_channel.close)
+    http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
+    stack.push_async_callback(http.aclose)
+
+    relay = OutboxRelay(pool, nc, js)
+    relay_stop = asyncio.Event()
+    relay_task = asyncio.create_task(relay.run(relay_stop, settings.relay_poll_seconds))
+
+    async def stop_relay() -> None:
+        relay_stop.set()
+        await relay_task
+
+    stack.push_async_callback(stop_relay)
+
+    api = JobsAPI(
+        pool,
+        storage_pb2_grpc.StorageServiceStub(storage_channel),
+        credits_pb2_grpc.CreditsServiceStub(credits_channel),
+        relay,
+        http,
+        stream_prefix=infra.stream_prefix,
+        max_upload_bytes=settings.max_upload_bytes,
+        max_operations=settings.max_operations,
+    )
+    authenticate = partial(auth.authenticate, pool)
+
+    async def readiness() -> dict[str, bool]:
+        checks = {"postgres": False, "nats": nc.is_connected, "credits": False, "storage": False}
+        try:
+            checks["postgres"] = await pool.fetchval("SELECT 1") == 1
+        except Exception:
+            pass
+        for name, chan in (("credits", credits_channel), ("storage", storage_channel)):
+            checks[name] = await rpc.healthy(chan)
+        return checks
+
+    grpc_server = rpc.GrpcServer(
+        f"{settings.grpc_host}:{settings.grpc_port}",
+        [(jobs_pb2_grpc.add_JobServiceServicer_to_server, JobService(api, authenticate))],
+        ["hypermedia.jobs.v1.JobService"],
+    )
+    await grpc_server.start()
+    stack.push_async_callback(grpc_server.stop)
+
+    http_server = HttpServer(settings.http_host, settings.http_port)
+    await http_server.start(build_app(api, authenticate, readiness))
+    stack.push_async_callback(http_server.stop)
+
+
+if __name__ == "__main__":
+    run_service("gateway", serve)

@@ -1,0 +1,127 @@
+"""gRPC ``hypermedia.jobs.v1.JobService``: the same use cases as REST, over :class:`JobsAPI`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from services.gateway.auth import Caller
+from services.gateway.jobs import JobsAPI
+
+
+def _struct(value: dict[str, Any] | None) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    if value:
+        out.update(value)
+    return out
+
+
+def _ts(value: str | None) -> timestamp_pb2.Timestamp | None:
+    if not value:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(datetime.fromisoformat(value))
+    return ts
+
+
+def _credits(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def job_message(job: dict[str, Any]) -> jobs_pb2.Job:
+    """A job dict of :meth:`JobsAPI.get_job` as a ``jobs.v1.Job``."""
+    message = jobs_pb2.Job(
+        job_id=job["job_id"],
+        object_id=job["object_id"],
+        operation=job["operation"],
+        params=_struct(job["params"]),
+        status=jobs_pb2.JobStatus.Value(f"JOB_STATUS_{job['status'].upper()}"),
+        priority=job["priority"],
+        attempt_count=job["attempt_count"],
+        max_attempts=job["max_attempts"],
+        error_code=job["error_code"] or "",
+        error_message=job["error_message"] or "",
+        estimated_credits=_credits(job["estimated_credits"]),
+        actual_credits=_credits(job["actual_credits"]),
+    )
+    for field in ("created_at", "started_at", "completed_at"):
+        ts = _ts(job[field])
+        if ts is not None:
+            getattr(message, field).CopyFrom(ts)
+    for out in job["outputs"]:
+        message.outputs.add(
+            output_type=out["output_type"],
+            key=out["key"],
+            mime_type=out["mime_type"],
+            size_bytes=out["size_bytes"],
+            url=out["url"],
+            metadata=_struct(out["metadata"]),
+        )
+    return message
+
+
+class JobService(jobs_pb2_grpc.JobServiceServicer):
+    """Authenticates each call from the ``authorization`` metadata entry, then delegates."""
+
+    def __init__(self, api: JobsAPI, authenticate: Callable[[str | None], Awaitable[Caller]]) -> None:
+        self._api = api
+        self._authenticate = authenticate
+
+    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        header = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                header = str(value)
+        return await self._authenticate(header)
+
+    async def UploadObject(
+        self, request: jobs_pb2.UploadObjectRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.UploadObjectResponse:
+        caller = await self._caller(context)
+        obj = await self._api.upload_object(caller, request.content, request.filename)
+        return jobs_pb2.UploadObjectResponse(**obj)
+
+    async def Process(
+        self, request: jobs_pb2.ProcessRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.ProcessResponse:
+        caller = await self._caller(context)
+        operations = self._api.parse_operations(
+            [{"name": op.name, "params": json_format.MessageToDict(op.params)} for op in request.operations]
+        )
+        result = await self._api.process(
+            caller,
+            request.object_id,
+            operations,
+            request.priority or None,
+            request.webhook_url or None,
+            request.idempotency_key or None,
+        )
+        return jobs_pb2.ProcessResponse(
+            job_ids=result["job_ids"], estimated_credits=_credits(result["estimated_credits"])
+        )
+
+    async def GetJob(
+        self, request: jobs_pb2.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.GetJobResponse:
+        caller = await self._caller(context)
+        return jobs_pb2.GetJobResponse(job=job_message(await self._api.get_job(caller, request.job_id)))
+
+    async def CancelJob(
+        self, request: jobs_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.CancelJobResponse:
+        caller = await self._caller(context)
+        return jobs_pb2.CancelJobResponse(job=job_message(await self._api.cancel_job(caller, request.job_id)))
+
+    async def GetBalance(
+        self, request: jobs_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.GetBalanceResponse:
+        caller = await self._caller(context)
+        balance = await self._api.balance(caller)
+        return jobs_pb2.GetBalanceResponse(
+            balance=_credits(balance["balance"]), held=_credits(balance["held"])
+        )

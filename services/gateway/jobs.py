@@ -1,0 +1,422 @@
+"""The gateway's application layer, shared by REST and gRPC: uploads, job creation (the seed's
+"Job Creation"), job status, cancellation and balances. Transport code only translates."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import httpx
+
+from hypermedia import contenttype, lifecycle
+from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.errors import (
+    Conflict,
+    DomainError,
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    TransientError,
+    UnsupportedInput,
+)
+from hypermedia.imaging import ops as image_ops
+from hypermedia.outbox import OutboxRelay
+from hypermedia.rpc import call
+from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from services.gateway.auth import Caller
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PRIORITY = 5
+PARAM_VALIDATORS = {"images": image_ops.validate_params}
+"""Per queue: the function that normalises an operation's params or raises InvalidArgument."""
+
+
+def credits_value(millicredits: int | None) -> float | None:
+    """Millicredits as credits for the API (1 credit = 1000 millicredits)."""
+    return None if millicredits is None else round(millicredits / 1000, 3)
+
+
+@dataclass(frozen=True)
+class OperationRequest:
+    name: str
+    params: dict[str, Any]
+
+
+def _parse_uuid(value: str, what: str) -> str:
+    try:
+        return str(uuid.UUID(str(value)))
+    except (ValueError, TypeError, AttributeError):
+        raise NotFound(f"{what} not found", "NOT_FOUND") from None
+
+
+def _iso(ts: Any) -> str | None:
+    return ts.isoformat() if ts is not None else None
+
+
+class JobsAPI:
+    """Use cases of the public API. Dependencies come in through the constructor."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        storage: storage_pb2_grpc.StorageServiceStub,
+        credits: credits_pb2_grpc.CreditsServiceStub,
+        relay: OutboxRelay,
+        http: httpx.AsyncClient,
+        *,
+        stream_prefix: str,
+        max_upload_bytes: int,
+        max_operations: int,
+    ) -> None:
+        self._pool = pool
+        self._storage = storage
+        self._credits = credits
+        self._relay = relay
+        self._http = http
+        self._prefix = stream_prefix
+        self.max_upload_bytes = max_upload_bytes
+        self._max_operations = max_operations
+
+    # -- objects ---------------------------------------------------------------------------
+
+    async def upload_object(self, caller: Caller, content: bytes, filename: str) -> dict[str, Any]:
+        """Store an original. Returns ``{object_id, pool_id, size_bytes, mime_type, sha256}``.
+
+        Raises:
+            InvalidArgument: empty content. PayloadTooLarge: above ``max_upload_bytes``.
+        """
+        if not content:
+            raise InvalidArgument("the file is empty", "EMPTY_FILE")
+        if len(content) > self.max_upload_bytes:
+            raise PayloadTooLarge(f"files are limited to {self.max_upload_bytes} bytes", "INPUT_TOO_LARGE")
+        mime = contenttype.detect(content[: contenttype.HEAD_BYTES])
+        digest = hashlib.sha256(content).hexdigest()
+        created = await call(
+            self._storage.CreateUpload,
+            storage_pb2.CreateUploadRequest(
+                account_id=caller.account_id,
+                pool_id=caller.pool_id,
+                size_bytes=len(content),
+                mime_type=mime,
+                sha256=digest,
+                filename=(filename or "")[:255],
+            ),
+        )
+        try:
+            response = await self._http.put(created.put_url, content=content, headers={"Content-Type": mime})
+        except httpx.HTTPError as exc:
+            raise TransientError("object storage is unavailable", "STORAGE_UNAVAILABLE") from exc
+        if response.status_code >= 300:
+            log.error("storage PUT answered %s", response.status_code)
+            raise TransientError("object storage rejected the upload", "STORAGE_UNAVAILABLE")
+        done = await call(
+            self._storage.CompleteUpload,
+            storage_pb2.CompleteUploadRequest(object_id=created.object.object_id),
+        )
+        obj = done.object
+        return {
+            "object_id": obj.object_id,
+            "pool_id": obj.pool_id,
+            "size_bytes": obj.size_bytes,
+            "mime_type": obj.mime_type,
+            "sha256": obj.sha256,
+        }
+
+    # -- job creation ----------------------------------------------------------------------
+
+    @staticmethod
+    def parse_operations(raw: Any) -> list[OperationRequest]:
+        """``operations`` of a request: names or ``{name, params}`` objects. Raises InvalidArgument."""
+        if not isinstance(raw, list) or not raw:
+            raise InvalidArgument("operations must be a non-empty list", "INVALID_REQUEST")
+        parsed = []
+        for item in raw:
+            if isinstance(item, str):
+                parsed.append(OperationRequest(item, {}))
+            elif isinstance(item, dict) and isinstance(item.get("name"), str):
+                params = item.get("params") or {}
+                if not isinstance(params, dict) or set(item) - {"name", "params"}:
+                    raise InvalidArgument("an operation is a name or {name, params}", "INVALID_REQUEST")
+                parsed.append(OperationRequest(item["name"], params))
+            else:
+                raise InvalidArgument("an operation is a name or {name, params}", "INVALID_REQUEST")
+        return parsed
+
+    async def process(
+        self,
+        caller: Caller,
+        object_id: str,
+        operations: list[OperationRequest],
+        priority: int | None,
+        webhook_url: str | None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Create one job per operation. Returns ``{job_ids, estimated_credits}``.
+
+        Order (the seed's): object exists and is the caller's → profile per operation → estimate →
+        hold credits (402 before anything is stored) → job rows + outbox rows in one transaction.
+
+        Raises:
+            NotFound: unknown object or not the caller's. InvalidArgument: unknown operation, bad
+            params, priority or webhook. UnsupportedInput: the object's type is not accepted by an
+            operation. PayloadTooLarge: the object exceeds a profile's max_input_bytes.
+            InsufficientCredits: the hold failed. Conflict: Idempotency-Key reused with another body.
+        """
+        object_id = _parse_uuid(object_id, "object")
+        if len(operations) > self._max_operations:
+            raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
+        priority = DEFAULT_PRIORITY if priority in (None, 0) else priority
+        if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
+            raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
+        if webhook_url:
+            parts = urlsplit(webhook_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or len(webhook_url) > 2048:
+                raise InvalidArgument("webhook_url must be an http(s) URL", "INVALID_WEBHOOK_URL")
+        request_hash = hashlib.sha256(
+            json.dumps(
+                [object_id, [[o.name, o.params] for o in operations], priority, webhook_url], sort_keys=True
+            ).encode()
+        ).hexdigest()
+        if idempotency_key:
+            existing = await self._replay(caller, idempotency_key, request_hash)
+            if existing is not None:
+                return existing
+
+        obj = (
+            await call(
+                self._storage.GetObject,
+                storage_pb2.GetObjectRequest(object_id=object_id, account_id=caller.account_id),
+            )
+        ).object
+        names = [o.name for o in operations]
+        profiles = {
+            r["operation"]: r
+            for r in await self._pool.fetch(
+                "SELECT * FROM processing_profiles WHERE active AND operation = ANY($1::text[])", names
+            )
+        }
+        input_kind = contenttype.kind(obj.mime_type)
+        normalised = []
+        for op in operations:
+            profile = profiles.get(op.name)
+            if profile is None:
+                raise InvalidArgument(f"unknown operation {op.name!r}", "UNKNOWN_OPERATION")
+            if input_kind not in profile["input_kinds"]:
+                raise UnsupportedInput(
+                    f"operation {op.name!r} does not accept {obj.mime_type} input", "UNSUPPORTED_FORMAT"
+                )
+            if obj.size_bytes > profile["max_input_bytes"]:
+                raise PayloadTooLarge(
+                    f"operation {op.name!r} accepts at most {profile['max_input_bytes']} bytes",
+                    "INPUT_TOO_LARGE",
+                )
+            validator = PARAM_VALIDATORS.get(profile["queue"])
+            params = validator(op.name, op.params) if validator else op.params
+            normalised.append((op.name, params, profile))
+
+        estimate = await call(
+            self._credits.Estimate, credits_pb2.EstimateRequest(operations=names, size_bytes=obj.size_bytes)
+        )
+        job_ids = [str(uuid.uuid4()) for _ in normalised]
+        amounts = [e.millicredits for e in estimate.estimates]
+        await call(
+            self._credits.Hold,
+            credits_pb2.HoldRequest(
+                account_id=caller.account_id,
+                holds=[
+                    credits_pb2.JobHold(job_id=j, millicredits=a)
+                    for j, a in zip(job_ids, amounts, strict=True)
+                ],
+            ),
+        )
+        request_id = uuid.uuid4()
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                if idempotency_key:
+                    inserted = await conn.fetchval(
+                        "INSERT INTO process_requests (account_id, idempotency_key, request_hash, request_id) "
+                        "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1",
+                        caller.account_id,
+                        idempotency_key,
+                        request_hash,
+                        request_id,
+                    )
+                    if inserted is None:
+                        raise _ReplayRace()
+                for job_id, (name, params, profile), amount in zip(job_ids, normalised, amounts, strict=True):
+                    await conn.execute(
+                        """
+                        INSERT INTO processing_jobs (job_id, account_id, object_id, request_id, operation,
+                            profile_version, queue, params, priority, status, max_attempts, estimated_credits,
+                            webhook_url, idempotency_key, queued_at)
+                        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'queued', $10, $11, $12, $13, now())
+                        """,
+                        job_id,
+                        caller.account_id,
+                        object_id,
+                        request_id,
+                        name,
+                        profile["version"],
+                        profile["queue"],
+                        params,
+                        priority,
+                        profile["max_attempts"],
+                        amount,
+                        webhook_url or None,
+                        idempotency_key,
+                    )
+                    await lifecycle.enqueue_outbox(conn, self._prefix, job_id, profile["queue"], priority)
+        except BaseException as exc:
+            for job_id in job_ids:
+                try:
+                    await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
+                except DomainError:
+                    log.exception("could not release the hold of an uncreated job")
+            if isinstance(exc, _ReplayRace) and idempotency_key:
+                replay = await self._replay(caller, idempotency_key, request_hash)
+                if replay is not None:
+                    return replay
+            raise
+        self._relay.wake.set()
+        return {"job_ids": job_ids, "estimated_credits": credits_value(estimate.total_millicredits)}
+
+    async def _replay(self, caller: Caller, key: str, request_hash: str) -> dict[str, Any] | None:
+        row = await self._pool.fetchrow(
+            "SELECT request_hash, request_id FROM process_requests WHERE account_id = $1 AND idempotency_key = $2",
+            caller.account_id,
+            key,
+        )
+        if row is None:
+            return None
+        if row["request_hash"] != request_hash:
+            raise Conflict("this Idempotency-Key was used with a different request", "IDEMPOTENCY_KEY_REUSED")
+        jobs = await self._pool.fetch(
+            "SELECT job_id, estimated_credits FROM processing_jobs WHERE request_id = $1 ORDER BY created_at, job_id",
+            row["request_id"],
+        )
+        return {
+            "job_ids": [str(j["job_id"]) for j in jobs],
+            "estimated_credits": credits_value(sum(j["estimated_credits"] for j in jobs)),
+        }
+
+    # -- job status ------------------------------------------------------------------------
+
+    async def get_job(self, caller: Caller, job_id: str) -> dict[str, Any]:
+        """A job with attempts and outputs (with presigned download URLs). Raises NotFound."""
+        job_id = _parse_uuid(job_id, "job")
+        job = await self._pool.fetchrow(
+            "SELECT * FROM processing_jobs WHERE job_id = $1 AND account_id = $2", job_id, caller.account_id
+        )
+        if job is None:
+            raise NotFound("job not found", "NOT_FOUND")
+        attempts = await self._pool.fetch(
+            "SELECT * FROM job_attempts WHERE job_id = $1 ORDER BY attempt_number", job_id
+        )
+        outputs = await self._pool.fetch(
+            "SELECT * FROM job_outputs WHERE job_id = $1 ORDER BY output_type", job_id
+        )
+        rendered_outputs = []
+        for out in outputs:
+            url = await call(self._storage.PresignGet, storage_pb2.PresignGetRequest(key=out["key"]))
+            rendered_outputs.append(
+                {
+                    "output_type": out["output_type"],
+                    "object_id": str(out["object_id"]),
+                    "key": out["key"],
+                    "mime_type": out["mime_type"],
+                    "size_bytes": out["size_bytes"],
+                    "metadata": out["metadata"],
+                    "url": url.url,
+                }
+            )
+        return {
+            "job_id": str(job["job_id"]),
+            "object_id": str(job["object_id"]),
+            "operation": job["operation"],
+            "profile_version": job["profile_version"],
+            "queue": job["queue"],
+            "params": job["params"],
+            "status": job["status"],
+            "priority": job["priority"],
+            "attempt_count": job["attempt_count"],
+            "max_attempts": job["max_attempts"],
+            "error_code": job["error_code"],
+            "error_message": job["error_message"],
+            "estimated_credits": credits_value(job["estimated_credits"]),
+            "actual_credits": credits_value(job["actual_credits"]),
+            "created_at": _iso(job["created_at"]),
+            "queued_at": _iso(job["queued_at"]),
+            "started_at": _iso(job["started_at"]),
+            "completed_at": _iso(job["completed_at"]),
+            "next_attempt_at": _iso(job["next_attempt_at"]),
+            "attempts": [
+                {
+                    "attempt_number": a["attempt_number"],
+                    "worker_id": a["worker_id"],
+                    "status": a["status"],
+                    "error_code": a["error_code"],
+                    "error_message": a["error_message"],
+                    "started_at": _iso(a["started_at"]),
+                    "finished_at": _iso(a["finished_at"]),
+                    "duration_ms": a["duration_ms"],
+                    "peak_memory_mb": a["peak_memory_mb"],
+                }
+                for a in attempts
+            ],
+            "outputs": rendered_outputs,
+        }
+
+    async def cancel_job(self, caller: Caller, job_id: str) -> dict[str, Any]:
+        """Cancel: ``queued``/``retry_wait`` → ``cancelled`` at once (hold released, never executed);
+        ``claimed``/``processing`` → ``cancel_requested`` (the worker stops it). Raises NotFound, or
+        Conflict (JOB_NOT_CANCELLABLE) for a job that already ended."""
+        job_id = _parse_uuid(job_id, "job")
+        status = await self._pool.fetchval(
+            """
+            UPDATE processing_jobs SET
+                status = CASE WHEN status IN ('created', 'queued', 'retry_wait') THEN 'cancelled'
+                              ELSE 'cancel_requested' END,
+                completed_at = CASE WHEN status IN ('created', 'queued', 'retry_wait') THEN now() END,
+                updated_at = now()
+            WHERE job_id = $1 AND account_id = $2
+              AND status IN ('created', 'queued', 'retry_wait', 'claimed', 'processing')
+            RETURNING status
+            """,
+            job_id,
+            caller.account_id,
+        )
+        if status is None:
+            current = await self._pool.fetchval(
+                "SELECT status FROM processing_jobs WHERE job_id = $1 AND account_id = $2",
+                job_id,
+                caller.account_id,
+            )
+            if current is None:
+                raise NotFound("job not found", "NOT_FOUND")
+            if current != "cancel_requested":
+                raise Conflict(f"the job is already {current}", "JOB_NOT_CANCELLABLE")
+        if status == "cancelled":
+            await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
+        return await self.get_job(caller, job_id)
+
+    async def balance(self, caller: Caller) -> dict[str, Any]:
+        """``{balance, held, available}`` in credits."""
+        response = await call(
+            self._credits.GetBalance, credits_pb2.GetBalanceRequest(account_id=caller.account_id)
+        )
+        return {
+            "balance": credits_value(response.balance_millicredits),
+            "held": credits_value(response.held_millicredits),
+            "available": credits_value(response.balance_millicredits - response.held_millicredits),
+        }
+
+
+class _ReplayRace(Exception):
+    """Another request with the same Idempotency-Key committed first."""

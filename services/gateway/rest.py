@@ -1,0 +1,166 @@
+"""The public REST API (JSON; OpenAPI at ``/openapi.json``). Errors are ``application/problem+json``
+(RFC 9457) with a stable ``error_code``; causes are logged, never sent."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, File, Header, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hypermedia.errors import DomainError, PayloadTooLarge
+from services.gateway.auth import Caller
+from services.gateway.jobs import JobsAPI
+
+log = logging.getLogger(__name__)
+
+PROBLEM = "application/problem+json"
+
+
+def problem(status: int, title: str, detail: str, error_code: str, **extra: Any) -> JSONResponse:
+    body = {
+        "type": "about:blank",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "error_code": error_code,
+    }
+    body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM)
+
+
+class Operation(BaseModel):
+    name: str = Field(description="Operation name: thumbnail, resize, compress, convert")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProcessBody(BaseModel):
+    object_id: str
+    operations: list[str | Operation] = Field(
+        description='Names or {name, params}: "thumbnail", {"name": "resize", "params": {"width": 800}}'
+    )
+    priority: int | None = Field(None, description="1 (highest) to 10; default 5")
+    webhook_url: str | None = None
+
+
+class ObjectOut(BaseModel):
+    object_id: str
+    pool_id: str
+    size_bytes: int
+    mime_type: str
+    sha256: str
+
+
+class ProcessOut(BaseModel):
+    job_ids: list[str]
+    estimated_credits: float
+
+
+class BalanceOut(BaseModel):
+    balance: float
+    held: float
+    available: float
+
+
+Readiness = Callable[[], Awaitable[dict[str, bool]]]
+
+
+def build_app(
+    api: JobsAPI,
+    authenticate: Callable[[str | None], Awaitable[Caller]],
+    readiness: Readiness,
+) -> FastAPI:
+    """The FastAPI application over ``api``; ``authenticate`` maps an Authorization header to a
+    caller; ``readiness`` reports each dependency for ``/readyz``."""
+    app = FastAPI(title="hypermedia", version="1.0", description="Queued, sandboxed, billed file processing.")
+
+    @app.exception_handler(DomainError)
+    async def _domain(_request: Request, exc: DomainError) -> JSONResponse:
+        if exc.http_status >= 500:
+            log.error("request failed: %s (%s)", exc.error_code, exc.public_message)
+        return problem(exc.http_status, type(exc).__name__, exc.public_message, exc.error_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        return problem(
+            422,
+            "Invalid request",
+            "the request body or parameters are invalid",
+            "INVALID_REQUEST",
+            errors=errors,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+        return problem(exc.status_code, "HTTP error", str(exc.detail), code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return problem(500, "Internal error", "internal error", "INTERNAL")
+
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+        length = request.headers.get("content-length")
+        limit = api.max_upload_bytes + 1024 * 1024
+        if length and length.isdigit() and int(length) > limit:
+            exc = PayloadTooLarge(f"files are limited to {api.max_upload_bytes} bytes", "INPUT_TOO_LARGE")
+            return problem(413, "PayloadTooLarge", exc.public_message, exc.error_code)
+        return await call_next(request)
+
+    async def caller(authorization: str | None = Header(None)) -> Caller:
+        return await authenticate(authorization)
+
+    @app.post("/v1/objects", status_code=201, response_model=ObjectOut)
+    async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:
+        """Upload an original (multipart field ``file``). The type is decided from the content."""
+        content = await file.read(api.max_upload_bytes + 1)
+        return await api.upload_object(who, content, file.filename or "")
+
+    @app.post("/v1/hypermedia/process", status_code=202, response_model=ProcessOut)
+    async def process(
+        body: ProcessBody,
+        who: Caller = Depends(caller),
+        idempotency_key: str | None = Header(None, max_length=200),
+    ) -> dict[str, Any]:
+        """Create one job per operation; 402 when credits are short (nothing is queued then)."""
+        ops = api.parse_operations([o if isinstance(o, str) else o.model_dump() for o in body.operations])
+        return await api.process(who, body.object_id, ops, body.priority, body.webhook_url, idempotency_key)
+
+    @app.get("/v1/jobs/{job_id}")
+    async def get_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """A job: status, attempts, errors, credits, timestamps, outputs with presigned URLs."""
+        return await api.get_job(who, job_id)
+
+    @app.post("/v1/jobs/{job_id}:cancel")
+    async def cancel_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """Cancel a queued job at once, or ask a running one to stop."""
+        return await api.cancel_job(who, job_id)
+
+    @app.get("/v1/credits", response_model=BalanceOut)
+    async def credits(who: Caller = Depends(caller)) -> dict[str, Any]:
+        """The caller's balance and the credits held by unfinished jobs."""
+        return await api.balance(who)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """Readiness: Postgres, NATS, credits and storage answer."""
+        checks = await readiness()
+        ok = all(checks.values())
+        return JSONResponse(
+            {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
+        )
+
+    return app

@@ -1,0 +1,64 @@
+"""``python -m services.reaper``: runs :meth:`Reaper.run_once` every ``HM_REAPER_INTERVAL_SECONDS``
+and an outbox relay for the messages it writes. Only wires."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from contextlib import AsyncExitStack
+
+from hypermedia import config, db, queues, rpc
+from hypermedia.credits.v1 import credits_pb2_grpc
+from hypermedia.outbox import OutboxRelay
+from hypermedia.service import run_service
+from services.reaper.reaper import Reaper
+
+log = logging.getLogger(__name__)
+
+
+async def _loop(reaper: Reaper, relay: OutboxRelay, interval: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            result = await reaper.run_once()
+            if result.anything:
+                relay.wake.set()
+        except Exception:
+            log.exception("reaper run failed; retrying")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
+async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> None:
+    infra = config.load(config.InfraSettings)
+    settings = config.load(config.ReaperSettings)
+    pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=4)
+    stack.push_async_callback(pool.close)
+    nc, js = await queues.connect(infra.nats_url, "reaper")
+    stack.push_async_callback(nc.drain)
+    await queues.ensure_streams(js, infra.stream_prefix)
+    credits_channel = rpc.channel(infra.credits_addr)
+    stack.push_async_callback(credits_channel.close)
+    reaper = Reaper(
+        pool,
+        credits_pb2_grpc.CreditsServiceStub(credits_channel),
+        infra.stream_prefix,
+        requeue_stale_seconds=settings.requeue_stale_seconds,
+        dead_worker_seconds=settings.dead_worker_seconds,
+    )
+    relay = OutboxRelay(pool, nc, js)
+    inner_stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(_loop(reaper, relay, settings.interval_seconds, inner_stop)),
+        asyncio.create_task(relay.run(inner_stop)),
+    ]
+
+    async def finish() -> None:
+        inner_stop.set()
+        await asyncio.gather(*tasks)
+
+    stack.push_async_callback(finish)
+
+
+if __name__ == "__main__":
+    run_service("reaper", serve)

@@ -1,0 +1,177 @@
+"""The reaper: the safety net under the job lifecycle. A loop around :meth:`Reaper.run_once`.
+
+Each run, in one transaction per step, with ``FOR UPDATE SKIP LOCKED`` so several replicas never
+requeue the same job twice:
+
+1. **expired leases**: jobs in ``claimed``/``processing``/``cancel_requested`` whose
+   ``visibility_timeout`` passed go back to ``queued`` (published again), or to ``failed`` with
+   ``WORKER_LOST`` when out of attempts (``cancelled`` when cancellation was requested);
+2. **retry promotion**: ``retry_wait`` jobs whose ``next_attempt_at`` passed go to ``queued``;
+3. **stale queued**: jobs ``queued`` longer than ``requeue_stale_seconds`` are published again, so
+   a message the broker lost never strands a job (claims are idempotent, duplicates are dropped);
+4. **dead workers**: workers whose heartbeat is older than ``dead_worker_seconds`` are marked dead.
+
+Credits of jobs it fails or cancels are released through the credits service.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import asyncpg
+
+from hypermedia import lifecycle
+from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.errors import DomainError
+from hypermedia.rpc import call
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """What one run did (job counts)."""
+
+    requeued_expired: int = 0
+    failed_expired: int = 0
+    promoted: int = 0
+    republished: int = 0
+    dead_workers: int = 0
+
+    @property
+    def anything(self) -> bool:
+        return any(vars(self).values())
+
+
+class Reaper:
+    """Args: pool; credits stub; stream prefix; thresholds in seconds."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        credits: credits_pb2_grpc.CreditsServiceStub,
+        prefix: str,
+        *,
+        requeue_stale_seconds: float = 60.0,
+        dead_worker_seconds: float = 120.0,
+        batch_size: int = 500,
+    ) -> None:
+        self._pool = pool
+        self._credits = credits
+        self._prefix = prefix
+        self._stale = requeue_stale_seconds
+        self._dead = dead_worker_seconds
+        self._batch = batch_size
+
+    async def run_once(self) -> ReapResult:
+        """One pass over the four steps; returns the counts. Logs only when it did something."""
+        requeued, failed, released = await self._expire_leases()
+        promoted = await self._promote_retries()
+        republished = await self._republish_stale()
+        dead = await self._mark_dead_workers()
+        for job_id in released:
+            try:
+                await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
+            except DomainError:
+                log.exception("could not release credits of a reaped job")
+        result = ReapResult(requeued, failed, promoted, republished, dead)
+        if result.anything:
+            log.info("reaper run: %s", result)
+        return result
+
+    async def _expire_leases(self) -> tuple[int, int, list[str]]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """
+                WITH expired AS (
+                    SELECT job_id FROM processing_jobs
+                    WHERE status IN ('claimed', 'processing', 'cancel_requested') AND visibility_timeout < now()
+                    ORDER BY visibility_timeout LIMIT $1 FOR UPDATE SKIP LOCKED
+                )
+                UPDATE processing_jobs j SET
+                    status = CASE WHEN j.status = 'cancel_requested' THEN 'cancelled'
+                                  WHEN j.attempt_count >= j.max_attempts THEN 'failed'
+                                  ELSE 'queued' END,
+                    error_code = CASE WHEN j.status <> 'cancel_requested' AND j.attempt_count >= j.max_attempts
+                                      THEN 'WORKER_LOST' ELSE j.error_code END,
+                    error_message = CASE WHEN j.status <> 'cancel_requested' AND j.attempt_count >= j.max_attempts
+                                         THEN 'the worker was lost on the last attempt' ELSE j.error_message END,
+                    completed_at = CASE WHEN j.status = 'cancel_requested' OR j.attempt_count >= j.max_attempts
+                                        THEN now() END,
+                    claimed_by = NULL, visibility_timeout = NULL, queued_at = now(), updated_at = now()
+                FROM expired WHERE j.job_id = expired.job_id
+                RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count
+                """,
+                self._batch,
+            )
+            await conn.executemany(
+                """
+                UPDATE job_attempts SET status = 'lost', error_code = 'WORKER_LOST',
+                       error_message = 'visibility timeout expired', finished_at = now()
+                WHERE job_id = $1 AND attempt_number = $2 AND status = 'processing'
+                """,
+                [(r["job_id"], r["attempt_count"]) for r in rows],
+            )
+            for r in rows:
+                if r["status"] == "queued":
+                    await lifecycle.enqueue_outbox(
+                        conn, self._prefix, str(r["job_id"]), r["queue"], r["priority"]
+                    )
+        requeued = sum(1 for r in rows if r["status"] == "queued")
+        released = [str(r["job_id"]) for r in rows if r["status"] != "queued"]
+        return requeued, len(rows) - requeued, released
+
+    async def _promote_retries(self) -> int:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """
+                WITH due AS (
+                    SELECT job_id FROM processing_jobs
+                    WHERE status = 'retry_wait' AND next_attempt_at <= now()
+                    ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED
+                )
+                UPDATE processing_jobs j SET status = 'queued', claimed_by = NULL, queued_at = now(),
+                       updated_at = now()
+                FROM due WHERE j.job_id = due.job_id
+                RETURNING j.job_id, j.queue, j.priority
+                """,
+                self._batch,
+            )
+            for r in rows:
+                await lifecycle.enqueue_outbox(
+                    conn, self._prefix, str(r["job_id"]), r["queue"], r["priority"]
+                )
+        return len(rows)
+
+    async def _republish_stale(self) -> int:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """
+                WITH stale AS (
+                    SELECT job_id FROM processing_jobs
+                    WHERE status = 'queued' AND queued_at < now() - make_interval(secs => $2)
+                    ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED
+                )
+                UPDATE processing_jobs j SET queued_at = now(), updated_at = now()
+                FROM stale WHERE j.job_id = stale.job_id
+                RETURNING j.job_id, j.queue, j.priority
+                """,
+                self._batch,
+                self._stale,
+            )
+            for r in rows:
+                await lifecycle.enqueue_outbox(
+                    conn, self._prefix, str(r["job_id"]), r["queue"], r["priority"]
+                )
+        return len(rows)
+
+    async def _mark_dead_workers(self) -> int:
+        result = await self._pool.execute(
+            """
+            UPDATE workers SET status = 'dead'
+            WHERE status IN ('running', 'draining') AND last_heartbeat < now() - make_interval(secs => $1)
+            """,
+            self._dead,
+        )
+        return int(result.split()[-1])

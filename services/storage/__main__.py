@@ -1,0 +1,66 @@
+"""Entry point of the storage service: ``python -m services.storage``. Only wiring lives here.
+
+Environment: ``DATABASE_URL`` and the ``HM_STORAGE_*`` / ``HM_S3_*`` variables of
+:class:`hypermedia.config.StorageSettings`. Exits 78 (EX_CONFIG) when they are invalid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from hypermedia.config import InfraSettings, StorageSettings, load
+from hypermedia.db import create_pool
+from hypermedia.httpserver import HttpServer
+from hypermedia.rpc import GrpcServer
+from hypermedia.service import run_service
+from hypermedia.storage.v1 import storage_pb2_grpc
+from services.storage.backends import ObjectBackend
+from services.storage.localstore import LocalStore, build_app
+from services.storage.s3store import S3Store
+from services.storage.service import SERVICE_NAME, StorageServicer
+
+GRPC_GRACE_SECONDS = 10.0
+"""How long in-flight RPCs may finish after SIGTERM (seconds)."""
+
+log = logging.getLogger("services.storage")
+
+
+async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> None:
+    """Open the pool, the backend (and for the local backend its HTTP server) and the gRPC server.
+    Unwound in reverse on stop: health NOT_SERVING and gRPC stop with grace → HTTP stop → pool."""
+    infra = load(InfraSettings)
+    settings = load(StorageSettings)
+    pool = await create_pool(infra.database_url.get_secret_value())
+    stack.push_async_callback(pool.close)
+
+    backend: ObjectBackend
+    if settings.backend == "local":
+        http = HttpServer(settings.http_host, settings.http_port)
+        stack.push_async_callback(http.stop)
+        public_url = settings.public_url or f"http://{settings.http_host}:{http.port}"
+        local = LocalStore(
+            Path(settings.local_dir), settings.signing_key.get_secret_value().encode(), public_url
+        )
+        await http.start(build_app(local, settings.max_put_bytes))
+        backend = local
+    else:
+        backend = S3Store(settings.s3_bucket, settings.s3_region, settings.s3_endpoint_url)
+
+    servicer = StorageServicer(
+        pool, backend, url_ttl_seconds=settings.url_ttl_seconds, max_put_bytes=settings.max_put_bytes
+    )
+    grpc_server = GrpcServer(
+        settings.grpc_bind,
+        [(storage_pb2_grpc.add_StorageServiceServicer_to_server, servicer)],
+        [SERVICE_NAME],
+    )
+    await grpc_server.start()
+    stack.push_async_callback(grpc_server.stop, GRPC_GRACE_SECONDS)
+    log.info("storage serving: grpc %s, backend %s", settings.grpc_bind, settings.backend)
+
+
+if __name__ == "__main__":
+    run_service("storage", serve)

@@ -1,0 +1,223 @@
+"""The embedded object store: a local directory, served over HTTP with expiring HMAC-signed URLs.
+
+URLs look like ``{public_url}/o/{key}?expires={unix_seconds}&sig={hex}[&ct={content_type}]`` where
+``sig = hex(HMAC-SHA256(signing_key, f"{METHOD}\\n{key}\\n{expires}\\n{content_type}"))``:
+
+- for ``PUT`` the content type is the request's ``Content-Type`` header, so an upload with another
+  type fails the signature (as with S3's signed ``Content-Type``);
+- for ``GET`` it is the ``ct`` query parameter (empty when absent), the type the file is served
+  with (``application/octet-stream`` by default).
+
+A PUT streams into a temporary file beside the target (``.{name}.*.part``, never a valid key), is
+fsynced and then renamed over the key, so a crash mid-upload never leaves a partial object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import quote, urlencode
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from hypermedia.errors import PayloadTooLarge
+from services.storage.backends import is_valid_key
+
+READ_CHUNK_BYTES = 1024 * 1024
+"""Read size when hashing a file and write batch size of an upload (bytes)."""
+"""Connections and tasks the HTTP server serves at once; beyond it answers 503."""
+DEFAULT_MIME = "application/octet-stream"
+
+
+def _sign(key: bytes, method: str, object_key: str, expires: int, content_type: str) -> str:
+    message = f"{method}\n{object_key}\n{expires}\n{content_type}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+class LocalStore:
+    """An :class:`~services.storage.backends.ObjectBackend` on a local directory.
+
+    Args:
+        root: directory holding the objects (created when missing); key ``a/b`` is ``root/a/b``.
+        signing_key: HMAC-SHA256 key of the URLs (the same one the HTTP app verifies with).
+        public_url: base URL the HTTP app is reachable at, e.g. ``http://127.0.0.1:50063``.
+    """
+
+    def __init__(self, root: Path, signing_key: bytes, public_url: str) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._signing_key = signing_key
+        self._public_url = public_url.rstrip("/")
+
+    def path(self, key: str) -> Path:
+        """File of ``key``. ``key`` must satisfy :func:`~services.storage.backends.is_valid_key`."""
+        if not is_valid_key(key):
+            raise ValueError("invalid object key")
+        return self.root / key
+
+    def _url(
+        self, method: str, key: str, ttl_seconds: int, content_type: str, *, ct_in_url: bool
+    ) -> tuple[str, datetime]:
+        expires = int(time.time()) + ttl_seconds
+        query = {"expires": str(expires), "sig": _sign(self._signing_key, method, key, expires, content_type)}
+        if ct_in_url and content_type:
+            query["ct"] = content_type
+        url = f"{self._public_url}/o/{quote(key, safe='/')}?{urlencode(query)}"
+        return url, datetime.fromtimestamp(expires, UTC)
+
+    async def presign_get(self, key: str, ttl_seconds: int, content_type: str = "") -> tuple[str, datetime]:
+        """See :meth:`ObjectBackend.presign_get`."""
+        self.path(key)
+        return self._url("GET", key, ttl_seconds, content_type, ct_in_url=True)
+
+    async def presign_put(self, key: str, ttl_seconds: int, content_type: str) -> tuple[str, datetime]:
+        """See :meth:`ObjectBackend.presign_put`."""
+        self.path(key)
+        return self._url("PUT", key, ttl_seconds, content_type, ct_in_url=False)
+
+    def verify(self, method: str, key: str, expires: str, sig: str, content_type: str) -> bool:
+        """Whether ``sig`` signs (method, key, expires, content_type) and ``expires`` (unix seconds)
+        has not passed."""
+        if not expires.isascii() or not expires.isdigit() or len(expires) > 12:
+            return False
+        if int(expires) < time.time():
+            return False
+        expected = _sign(self._signing_key, method, key, int(expires), content_type)
+        return hmac.compare_digest(expected.encode(), sig.encode("utf-8", "replace"))
+
+    async def stat(self, key: str) -> int | None:
+        """See :meth:`ObjectBackend.stat`."""
+        try:
+            st = await asyncio.to_thread(os.stat, self.path(key))
+        except FileNotFoundError:
+            return None
+        return st.st_size
+
+    async def sha256(self, key: str) -> str:
+        """See :meth:`ObjectBackend.sha256`."""
+        return await asyncio.to_thread(_hash_file, self.path(key))
+
+    async def delete(self, key: str) -> None:
+        """See :meth:`ObjectBackend.delete`."""
+        await asyncio.to_thread(self.path(key).unlink, missing_ok=True)
+
+    async def write(self, key: str, chunks: AsyncIterator[bytes], max_bytes: int) -> int:
+        """Store ``chunks`` at ``key`` atomically (temp file → fsync → rename); returns the size.
+
+        Raises:
+            PayloadTooLarge: more than ``max_bytes`` arrived; nothing is stored.
+            starlette.requests.ClientDisconnect: the client went away; nothing is stored.
+        """
+        path = self.path(key)
+        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+        fd, tmp = await asyncio.to_thread(
+            tempfile.mkstemp, dir=path.parent, prefix=f".{path.name}.", suffix=".part"
+        )
+        file = os.fdopen(fd, "wb")
+        try:
+            size = 0
+            batch = bytearray()
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PayloadTooLarge(f"upload exceeds {max_bytes} bytes")
+                batch += chunk
+                if len(batch) >= READ_CHUNK_BYTES:
+                    await asyncio.to_thread(file.write, bytes(batch))
+                    batch.clear()
+            await asyncio.to_thread(_finish, file, bytes(batch), tmp, path)
+        except BaseException:
+            file.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return size
+
+
+def _finish(file: BinaryIO, tail: bytes, tmp: str, path: Path) -> None:
+    file.write(tail)
+    file.flush()
+    os.fsync(file.fileno())
+    file.close()
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    # The rename is durable only once the directory entry is.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _problem(status: int, title: str, detail: str) -> JSONResponse:
+    return JSONResponse(
+        {"type": "about:blank", "title": title, "status": status, "detail": detail},
+        status_code=status,
+        media_type="application/problem+json",
+    )
+
+
+def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
+    """The HTTP app behind the local URLs: ``GET`` and ``PUT /o/{key}``.
+
+    Answers (``application/problem+json`` on error): 400 invalid key or Content-Length, 403 bad or
+    expired signature, 404 no such object, 413 body larger than ``max_put_bytes``.
+    """
+
+    async def handle(request: Request) -> Response:
+        key = request.path_params["key"]
+        if not is_valid_key(key):
+            return _problem(400, "Bad Request", "invalid object key")
+        method = "PUT" if request.method == "PUT" else "GET"
+        query = request.query_params
+        signed_type = request.headers.get("content-type", "") if method == "PUT" else query.get("ct", "")
+        if not store.verify(method, key, query.get("expires", ""), query.get("sig", ""), signed_type):
+            return _problem(403, "Forbidden", "the URL is expired or its signature does not match")
+        if method == "GET":
+            return await _get(key, signed_type)
+        return await _put(request, key)
+
+    async def _get(key: str, content_type: str) -> Response:
+        path = store.path(key)
+        try:
+            st = await asyncio.to_thread(os.stat, path)
+        except FileNotFoundError:
+            return _problem(404, "Not Found", "no such object")
+        return FileResponse(path, media_type=content_type or DEFAULT_MIME, stat_result=st)
+
+    async def _put(request: Request, key: str) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None:
+            if not length.isascii() or not length.isdigit():
+                return _problem(400, "Bad Request", "invalid Content-Length")
+            if int(length) > max_put_bytes:
+                return _problem(413, "Content Too Large", f"uploads are limited to {max_put_bytes} bytes")
+        try:
+            await store.write(key, request.stream(), max_put_bytes)
+        except PayloadTooLarge:
+            return _problem(413, "Content Too Large", f"uploads are limited to {max_put_bytes} bytes")
+        except ClientDisconnect:
+            return Response(status_code=400)
+        return Response(status_code=200)
+
+    return Starlette(routes=[Route("/o/{key:path}", handle, methods=["GET", "PUT"])])

@@ -1,0 +1,329 @@
+"""The StorageService servicer (``hypermedia.storage.v1``): object rows, ownership, presigned URLs.
+
+It owns the ``objects`` and ``object_ownership`` tables; the bytes live behind an
+:class:`~services.storage.backends.ObjectBackend`. Invalid UUIDs answer NOT_FOUND like unknown ones,
+and "does not exist" and "may not see it" answer the same, so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+
+import asyncpg
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from hypermedia.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge
+from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from services.storage.backends import (
+    OUTPUT_TYPE,
+    ObjectBackend,
+    is_output_key_of,
+    is_valid_key,
+    original_key,
+    output_key,
+)
+
+SERVICE_NAME = "hypermedia.storage.v1.StorageService"
+MAX_URL_TTL_SECONDS = 7 * 24 * 3600
+"""Longest lifetime of a presigned URL (seconds); SigV4 allows no more."""
+MAX_MIME_LENGTH = 255
+MAX_FILENAME_LENGTH = 1024
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*(;[ -~]*)?$")
+_OBJECT_COLUMNS = (
+    "object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id, created_at"
+)
+
+
+def _uuid(value: str, what: str = "object") -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise NotFound(f"{what} not found") from None
+
+
+def _timestamp(value: datetime) -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def _object(row: asyncpg.Record) -> storage_pb2.Object:
+    return storage_pb2.Object(
+        object_id=str(row["object_id"]),
+        pool_id=str(row["pool_id"]),
+        key=row["key"],
+        size_bytes=row["size_bytes"],
+        mime_type=row["mime_type"],
+        sha256=row["sha256"],
+        state=row["state"],
+        source_object_id=str(row["source_object_id"] or ""),
+        created_at=_timestamp(row["created_at"]),
+    )
+
+
+def _mime(value: str) -> str:
+    if len(value) > MAX_MIME_LENGTH or not _MIME.match(value):
+        raise InvalidArgument("mime_type must be a media type such as image/png")
+    return value
+
+
+def _sha256(value: str, *, required: bool) -> str:
+    value = value.lower()
+    if (value or required) and not _SHA256.match(value):
+        raise InvalidArgument("sha256 must be 64 hexadecimal digits")
+    return value
+
+
+def _mismatch(detail: str) -> Conflict:
+    return Conflict(f"the stored bytes do not match: {detail}", "UPLOAD_MISMATCH")
+
+
+class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
+    """Async implementation of ``StorageService``.
+
+    Args:
+        pool: asyncpg pool of the system of record.
+        backend: where the bytes live.
+        url_ttl_seconds: lifetime of URLs when a request asks for 0 (seconds).
+        max_put_bytes: largest object accepted (bytes); larger declared uploads are RESOURCE_EXHAUSTED.
+    """
+
+    def __init__(
+        self, pool: asyncpg.Pool, backend: ObjectBackend, *, url_ttl_seconds: int, max_put_bytes: int
+    ) -> None:
+        self._pool = pool
+        self._backend = backend
+        self._ttl = url_ttl_seconds
+        self._max_put_bytes = max_put_bytes
+
+    def _ttl_of(self, requested: int) -> int:
+        if requested == 0:
+            return self._ttl
+        if not 0 < requested <= MAX_URL_TTL_SECONDS:
+            raise InvalidArgument(f"expires_in_seconds must be between 1 and {MAX_URL_TTL_SECONDS}")
+        return requested
+
+    async def _available(self, object_id: uuid.UUID) -> asyncpg.Record:
+        row = await self._pool.fetchrow(
+            f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE object_id = $1 AND state = 'available'", object_id
+        )
+        if row is None:
+            raise NotFound("object not found")
+        return row
+
+    async def _verify(self, key: str, size_bytes: int, sha256: str) -> str:
+        """Check the bytes at ``key`` against the expected size (and SHA-256 when non-empty); return
+        their SHA-256. Raises Conflict(UPLOAD_MISMATCH)."""
+        stored = await self._backend.stat(key)
+        if stored is None:
+            raise _mismatch("nothing was uploaded")
+        if stored != size_bytes:
+            raise _mismatch(f"expected {size_bytes} bytes, found {stored}")
+        try:
+            actual = await self._backend.sha256(key)
+        except FileNotFoundError:
+            raise _mismatch("nothing was uploaded") from None
+        if sha256 and actual != sha256:
+            raise _mismatch("SHA-256 differs")
+        return actual
+
+    async def CreateUpload(
+        self, request: storage_pb2.CreateUploadRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.CreateUploadResponse:
+        """Reserve a `pending` original in a pool of the account and presign its PUT.
+
+        Errors: NOT_FOUND pool unknown or not the account's; INVALID_ARGUMENT bad size, mime type,
+        SHA-256 or file name; RESOURCE_EXHAUSTED size above ``max_put_bytes``.
+        """
+        account_id = _uuid(request.account_id, "pool")
+        pool_id = _uuid(request.pool_id, "pool")
+        if request.size_bytes < 0:
+            raise InvalidArgument("size_bytes must not be negative")
+        if request.size_bytes > self._max_put_bytes:
+            raise PayloadTooLarge(f"objects are limited to {self._max_put_bytes} bytes")
+        mime = _mime(request.mime_type)
+        sha256 = _sha256(request.sha256, required=True)
+        if len(request.filename) > MAX_FILENAME_LENGTH or "\x00" in request.filename:
+            raise InvalidArgument(f"filename must be at most {MAX_FILENAME_LENGTH} characters without NUL")
+        object_id = uuid.uuid4()
+        key = original_key(pool_id, object_id)
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval(
+                "SELECT 1 FROM pools WHERE pool_id = $1 AND account_id = $2", pool_id, account_id
+            ):
+                raise NotFound("pool not found")
+            row = await conn.fetchrow(
+                f"""INSERT INTO objects
+                        (object_id, pool_id, key, size_bytes, mime_type, sha256, state, filename)
+                    VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7) RETURNING {_OBJECT_COLUMNS}""",
+                object_id,
+                pool_id,
+                key,
+                request.size_bytes,
+                mime,
+                sha256,
+                request.filename or None,
+            )
+            assert row is not None  # INSERT … RETURNING yields the row
+            await conn.execute(
+                "INSERT INTO object_ownership (object_id, account_id, role) VALUES ($1, $2, 'owner')",
+                object_id,
+                account_id,
+            )
+        url, expires_at = await self._backend.presign_put(key, self._ttl, mime)
+        return storage_pb2.CreateUploadResponse(
+            object=_object(row), put_url=url, expires_at=_timestamp(expires_at)
+        )
+
+    async def CompleteUpload(
+        self, request: storage_pb2.CompleteUploadRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.CompleteUploadResponse:
+        """Verify the uploaded bytes and mark the object `available` (idempotent).
+
+        Errors: NOT_FOUND unknown object; FAILED_PRECONDITION ``UPLOAD_MISMATCH`` when nothing, or
+        bytes of another size or SHA-256 than declared, were uploaded (the object stays pending and
+        the PUT URL may be used again until it expires).
+        """
+        object_id = _uuid(request.object_id)
+        row = await self._pool.fetchrow(
+            f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE object_id = $1", object_id
+        )
+        if row is None:
+            raise NotFound("object not found")
+        if row["state"] == "pending":
+            await self._verify(row["key"], row["size_bytes"], row["sha256"])
+            updated = await self._pool.fetchrow(
+                f"UPDATE objects SET state = 'available' WHERE object_id = $1 RETURNING {_OBJECT_COLUMNS}",
+                object_id,
+            )
+            row = updated or row
+        return storage_pb2.CompleteUploadResponse(object=_object(row))
+
+    async def GetObject(
+        self, request: storage_pb2.GetObjectRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.GetObjectResponse:
+        """An `available` object's metadata; with ``account_id``, only when that account owns it.
+
+        Errors: NOT_FOUND for unknown, pending, and not-owned objects alike.
+        """
+        object_id = _uuid(request.object_id)
+        account_id = _uuid(request.account_id) if request.account_id else None
+        row = await self._pool.fetchrow(
+            f"""SELECT {_OBJECT_COLUMNS} FROM objects o
+                WHERE o.object_id = $1 AND o.state = 'available'
+                  AND ($2::uuid IS NULL OR EXISTS (
+                      SELECT 1 FROM object_ownership w
+                      WHERE w.object_id = o.object_id AND w.account_id = $2))""",
+            object_id,
+            account_id,
+        )
+        if row is None:
+            raise NotFound("object not found")
+        return storage_pb2.GetObjectResponse(object=_object(row))
+
+    async def PresignGet(
+        self, request: storage_pb2.PresignGetRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.PresignGetResponse:
+        """A GET URL for the `available` object at ``key``, served with its stored mime type.
+
+        Errors: NOT_FOUND unknown or pending key; INVALID_ARGUMENT bad ``expires_in_seconds``.
+        """
+        ttl = self._ttl_of(request.expires_in_seconds)
+        if not is_valid_key(request.key):
+            raise NotFound("object not found")
+        mime = await self._pool.fetchval(
+            "SELECT mime_type FROM objects WHERE key = $1 AND state = 'available'", request.key
+        )
+        if mime is None:
+            raise NotFound("object not found")
+        url, expires_at = await self._backend.presign_get(request.key, ttl, mime)
+        return storage_pb2.PresignGetResponse(url=url, expires_at=_timestamp(expires_at))
+
+    async def PresignOutputPut(
+        self, request: storage_pb2.PresignOutputPutRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.PresignOutputPutResponse:
+        """A PUT URL for ``derived/{pool_id}/{source_object_id}/{profile_version}/{output_type}``.
+
+        Errors: NOT_FOUND source unknown or pending; INVALID_ARGUMENT profile_version < 1, an
+        output_type that is not one lowercase key segment, a bad mime type or lifetime.
+        """
+        source = await self._available(_uuid(request.source_object_id))
+        if request.profile_version < 1:
+            raise InvalidArgument("profile_version must be at least 1")
+        if not OUTPUT_TYPE.match(request.output_type):
+            raise InvalidArgument("output_type must match [a-z0-9][a-z0-9_.-]{0,63}")
+        mime = _mime(request.mime_type)
+        ttl = self._ttl_of(request.expires_in_seconds)
+        key = output_key(source["pool_id"], source["object_id"], request.profile_version, request.output_type)
+        url, expires_at = await self._backend.presign_put(key, ttl, mime)
+        return storage_pb2.PresignOutputPutResponse(key=key, url=url, expires_at=_timestamp(expires_at))
+
+    async def RegisterOutput(
+        self, request: storage_pb2.RegisterOutputRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.RegisterOutputResponse:
+        """Record the uploaded output at ``key`` as an `available` object owned by the source's owners.
+
+        Idempotent per key: a repeat returns the same ``object_id`` with size, SHA-256 and mime type
+        refreshed from this call. The SHA-256 is computed from the stored bytes (and compared when
+        the request carries one).
+
+        Errors: NOT_FOUND source unknown; INVALID_ARGUMENT key not an output key of the source, bad
+        mime type or SHA-256; FAILED_PRECONDITION ``UPLOAD_MISMATCH`` when the stored bytes are
+        missing or differ.
+        """
+        source = await self._available(_uuid(request.source_object_id))
+        if not is_output_key_of(request.key, source["pool_id"], source["object_id"]):
+            raise InvalidArgument("key is not an output key of the source object")
+        mime = _mime(request.mime_type)
+        if request.size_bytes < 0:
+            raise InvalidArgument("size_bytes must not be negative")
+        sha256 = await self._verify(request.key, request.size_bytes, _sha256(request.sha256, required=False))
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"""INSERT INTO objects
+                        (object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id)
+                    VALUES ($1, $2, $3, $4, $5, $6, 'available', $7)
+                    ON CONFLICT (key) DO UPDATE SET size_bytes = EXCLUDED.size_bytes,
+                        sha256 = EXCLUDED.sha256, mime_type = EXCLUDED.mime_type
+                    RETURNING {_OBJECT_COLUMNS}""",
+                uuid.uuid4(),
+                source["pool_id"],
+                request.key,
+                request.size_bytes,
+                mime,
+                sha256,
+                source["object_id"],
+            )
+            assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING yields the row
+            await conn.execute(
+                """INSERT INTO object_ownership (object_id, account_id, role)
+                   SELECT $1, account_id, role FROM object_ownership WHERE object_id = $2
+                   ON CONFLICT DO NOTHING""",
+                row["object_id"],
+                source["object_id"],
+            )
+        return storage_pb2.RegisterOutputResponse(object=_object(row))
+
+    async def DeleteOutput(
+        self, request: storage_pb2.DeleteOutputRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.DeleteOutputResponse:
+        """Delete a derived object's row, then its bytes (so a failure leaves at worst unreferenced
+        bytes, removed by a retry). ``deleted`` is true when a row or bytes were there.
+
+        Errors: INVALID_ARGUMENT key outside ``derived/``; FAILED_PRECONDITION ``OUTPUT_REFERENCED``
+        when a job output or another derived object still refers to it.
+        """
+        key = request.key
+        if not key.startswith("derived/") or not is_valid_key(key):
+            raise InvalidArgument("only derived/ keys can be deleted")
+        try:
+            removed = await self._pool.fetchval("DELETE FROM objects WHERE key = $1 RETURNING object_id", key)
+        except asyncpg.ForeignKeyViolationError:
+            raise Conflict("the output is still referenced", "OUTPUT_REFERENCED") from None
+        had_bytes = await self._backend.stat(key) is not None
+        await self._backend.delete(key)
+        return storage_pb2.DeleteOutputResponse(deleted=removed is not None or had_bytes)

@@ -1,0 +1,160 @@
+"""End-to-end fixtures: the real platform (`hypermedia up` as a subprocess, every service its own
+process) on the session's Postgres database and NATS server, reached over REST and gRPC like a
+client would."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hypermedia.embedded import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RunningPlatform:
+    """A `hypermedia up` subprocess and what it wrote to platform.json."""
+
+    state_dir: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rest_url(self) -> str:
+        return str(self.info["rest_url"])
+
+    @property
+    def grpc_addr(self) -> str:
+        return str(self.info["grpc_addr"])
+
+    def service_env(self) -> dict[str, str]:
+        """Environment for starting one more service process against this platform."""
+        env = dict(self.env)
+        env.update(
+            {
+                "HM_CREDITS_ADDR": self.info["credits_addr"],
+                "HM_STORAGE_ADDR": self.info["storage_addr"],
+                "HM_WORK_DIR": str(self.state_dir / "work-extra"),
+            }
+        )
+        return env
+
+    def admin(self, *args: str) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "hypermedia.cli", "admin", *args],
+            env={k: v for k, v in self.env.items() if k not in ("DATABASE_URL", "HM_CREDITS_ADDR")},
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        return dict(json.loads(out.stdout))
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_platform(
+    tmp: Path, database_url: str, nats_url: str, services: str | None = None, **extra_env: str
+) -> RunningPlatform:
+    """Start `hypermedia up` in ``tmp`` with a private stream prefix and free ports; wait until ready."""
+    state = tmp / f"platform-{secrets.token_hex(3)}"
+    state.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "NATS_URL": nats_url,
+        "HM_STATE_DIR": str(state),
+        "HM_STREAM_PREFIX": f"T{secrets.token_hex(3).upper()}",
+        "HYPERMEDIA_HTTP_PORT": str(free_port()),
+        "HYPERMEDIA_GRPC_PORT": str(free_port()),
+        "HM_REAPER_INTERVAL_SECONDS": "1",
+        "HM_HEARTBEAT_SECONDS": "5",
+        **extra_env,
+    }
+    cmd = [sys.executable, "-m", "hypermedia.cli", "up"]
+    if services:
+        cmd += ["--services", services]
+    log = (state / "up.log").open("ab")
+    process = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    running = RunningPlatform(state, env, process)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"hypermedia up exited: {(state / 'up.log').read_text()[-3000:]}")
+        platform_file = state / "platform.json"
+        if platform_file.exists():
+            running.info = json.loads(platform_file.read_text())
+            if "gateway" not in (services or "gateway"):
+                return running
+            try:
+                if httpx.get(running.rest_url + "/readyz", timeout=2).status_code == 200:
+                    return running
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.2)
+    running.stop()
+    raise RuntimeError("platform not ready within 120 s")
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
+    running = start_platform(tmp_root, database_url, nats_url)
+    try:
+        yield running
+    finally:
+        code = running.stop()
+        assert code == 0, f"hypermedia up exited with {code}"
+
+
+@pytest.fixture
+def account(platform: RunningPlatform) -> dict[str, Any]:
+    """A fresh account with 1000 credits, created by `hypermedia admin create-account`."""
+    return platform.admin("create-account", "--credits", "1000")
+
+
+@pytest.fixture
+def client(platform: RunningPlatform, account: dict[str, Any]) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=30
+    ) as c:
+        yield c
+
+
+def wait_job(client: httpx.Client, job_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Poll GET /v1/jobs/{id} until the job ends; returns its JSON."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("completed", "failed", "cancelled"):
+            return dict(job)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s")
+        time.sleep(0.1)
+
+
+def upload(client: httpx.Client, path: Path, name: str | None = None) -> dict[str, Any]:
+    response = client.post("/v1/objects", files={"file": (name or path.name, path.read_bytes())})
+    assert response.status_code == 201, response.text
+    return dict(response.json())

@@ -1,0 +1,245 @@
+"""Image jobs end to end through REST on the real platform: upload → process → poll → download,
+checked by decoding the outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import pyvips
+
+from tests.e2e.conftest import RunningPlatform, upload, wait_job
+
+EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
+
+
+def _decode(client: httpx.Client, output: dict[str, Any]) -> pyvips.Image:
+    response = httpx.get(output["url"], timeout=30)
+    assert response.status_code == 200
+    assert len(response.content) == output["size_bytes"]
+    return pyvips.Image.new_from_buffer(response.content, "")
+
+
+def _signature(image: pyvips.Image) -> list[float]:
+    """A 16×11 grayscale version of the image, as a flat list of means: enough to tell upright from rotated."""
+    small = image.colourspace("b-w").resize(16 / image.width, vscale=11 / image.height).copy_memory()
+    return [small.crop(x, y, 1, 1).avg() for y in range(11) for x in range(16)]
+
+
+def _distance(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    """The upright picture: Landscape_1 (orientation 1 = stored upright)."""
+    return _signature(pyvips.Image.thumbnail(str(EXIF / "Landscape_1.jpg"), 256))
+
+
+@pytest.mark.parametrize("n", range(9))
+def test_thumbnail_of_every_exif_orientation_is_upright_256x171(
+    client: httpx.Client, reference: list[float], n: int
+) -> None:
+    obj = upload(client, EXIF / f"Landscape_{n}.jpg")
+    assert obj["mime_type"] == "image/jpeg"
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    )
+    assert created.status_code == 202, created.text
+    job = wait_job(client, created.json()["job_ids"][0])
+    assert job["status"] == "completed", job
+    assert job["attempt_count"] == 1
+    assert job["actual_credits"] == job["estimated_credits"] > 0
+    [output] = job["outputs"]
+    assert output["output_type"] == "thumbnail"
+    assert output["mime_type"] == "image/webp"
+    assert output["key"].startswith(f"derived/{obj['pool_id']}/{obj['object_id']}/1/")
+    image = _decode(client, output)
+    assert (image.width, image.height) == (256, 171)
+    assert image.get("vips-loader").startswith("webpload")
+    upright = _distance(_signature(image), reference)
+    flipped = _distance(_signature(image.rot180()), reference)
+    assert upright < 12 and flipped > upright * 2, (upright, flipped)
+
+
+def test_resize_compress_convert_decode_to_what_was_asked(client: httpx.Client) -> None:
+    obj = upload(client, EXIF / "Landscape_6.jpg")
+    ops = [
+        {"name": "resize", "params": {"width": 300, "height": 300, "fit": "cover"}},
+        {"name": "compress", "params": {"quality": 30}},
+        {"name": "convert", "params": {"format": "png"}},
+    ]
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops, "priority": 2}
+    )
+    assert created.status_code == 202, created.text
+    jobs = [wait_job(client, job_id) for job_id in created.json()["job_ids"]]
+    assert [j["status"] for j in jobs] == ["completed"] * 3, jobs
+    resized = _decode(client, jobs[0]["outputs"][0])
+    assert (resized.width, resized.height) == (300, 300)
+    compressed = _decode(client, jobs[1]["outputs"][0])
+    assert compressed.get("vips-loader").startswith("jpegload")
+    assert (compressed.width, compressed.height) == (1800, 1200)
+    assert jobs[1]["outputs"][0]["size_bytes"] < obj["size_bytes"]
+    converted = _decode(client, jobs[2]["outputs"][0])
+    assert converted.get("vips-loader").startswith("pngload")
+    assert (converted.width, converted.height) == (1800, 1200)
+    for image in (resized, compressed, converted):
+        assert "exif-data" not in image.get_fields()
+
+
+def test_convert_to_avif_and_webp(client: httpx.Client) -> None:
+    obj = upload(client, EXIF / "Landscape_3.jpg")
+    ops = [{"name": "convert", "params": {"format": "avif"}}, {"name": "thumbnail", "params": {"size": 100}}]
+    created = client.post("/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops})
+    jobs = [wait_job(client, job_id) for job_id in created.json()["job_ids"]]
+    avif = _decode(client, jobs[0]["outputs"][0])
+    assert avif.get("vips-loader").startswith("heifload")
+    assert jobs[0]["outputs"][0]["mime_type"] == "image/avif"
+    assert (avif.width, avif.height) == (1800, 1200)
+    thumb = _decode(client, jobs[1]["outputs"][0])
+    assert (thumb.width, thumb.height) == (100, 67)
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 64)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "error_code"),
+    [
+        ("truncated.jpg", (EXIF / "Landscape_1.jpg").read_bytes()[:20000], "CORRUPT_INPUT"),
+        ("bomb.png", _png_header_only(100_000, 100_000), "INPUT_TOO_LARGE_PIXELS"),
+    ],
+)
+def test_bad_images_fail_once_with_a_specific_code_and_cost_nothing(
+    platform: RunningPlatform, client: httpx.Client, name: str, content: bytes, error_code: str
+) -> None:
+    before = client.get("/v1/credits").json()
+    response = client.post("/v1/objects", files={"file": (name, content)})
+    assert response.status_code == 201, response.text
+    created = client.post(
+        "/v1/hypermedia/process",
+        json={"object_id": response.json()["object_id"], "operations": ["thumbnail"]},
+    )
+    assert created.status_code == 202, created.text
+    job = wait_job(client, created.json()["job_ids"][0])
+    assert job["status"] == "failed"
+    assert job["error_code"] == error_code
+    assert job["attempt_count"] == 1, "a permanent error is not retried"
+    assert job["outputs"] == []
+    assert job["actual_credits"] is None
+    after = client.get("/v1/credits").json()
+    assert after == before, "nothing charged, nothing left held"
+    work = Path(platform.state_dir) / "work" / "jobs"
+    assert not (work / job["job_id"]).exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "operations", "status", "error_code"),
+    [
+        (b"just some text, not an image", ["thumbnail"], 415, "UNSUPPORTED_FORMAT"),
+        (b"BM" + b"\x00" * 100, ["thumbnail"], 415, "UNSUPPORTED_FORMAT"),
+        (None, ["sharpen"], 422, "UNKNOWN_OPERATION"),
+        (None, [{"name": "thumbnail", "params": {"size": 0}}], 422, "INVALID_PARAMS"),
+        (None, [{"name": "resize", "params": {"fit": "cover"}}], 422, "INVALID_PARAMS"),
+        (None, [{"name": "convert", "params": {"format": "bmp"}}], 422, "INVALID_PARAMS"),
+        (None, [], 422, "INVALID_REQUEST"),
+    ],
+)
+def test_bad_requests_are_specific_4xx_problems(
+    client: httpx.Client, content: bytes | None, operations: list[Any], status: int, error_code: str
+) -> None:
+    data = content if content is not None else (EXIF / "Landscape_1.jpg").read_bytes()
+    obj = client.post("/v1/objects", files={"file": ("x.jpg", data)}).json()
+    response = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": operations}
+    )
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["error_code"] == error_code
+    assert "Traceback" not in response.text
+
+
+def test_objects_of_others_and_missing_ones_answer_the_same_404(
+    platform: RunningPlatform, client: httpx.Client
+) -> None:
+    other = platform.admin("create-account", "--credits", "10")
+    with httpx.Client(
+        base_url=platform.rest_url, headers={"Authorization": f"Bearer {other['api_key']}"}
+    ) as theirs:
+        their_obj = upload(theirs, EXIF / "Landscape_1.jpg")
+    answers = []
+    for object_id in (their_obj["object_id"], "00000000-0000-0000-0000-000000000000", "not-a-uuid"):
+        response = client.post(
+            "/v1/hypermedia/process", json={"object_id": object_id, "operations": ["thumbnail"]}
+        )
+        answers.append((response.status_code, response.json()["error_code"], response.json()["detail"]))
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0][0] == 404
+
+
+def test_requests_without_a_valid_key_are_401(platform: RunningPlatform) -> None:
+    for header in ({}, {"Authorization": "Bearer hm_nope_nope"}, {"Authorization": "Basic abc"}):
+        response = httpx.get(platform.rest_url + "/v1/credits", headers=header)
+        assert response.status_code == 401
+        assert response.json()["error_code"] == "UNAUTHENTICATED"
+
+
+def test_402_when_credits_are_short_leaves_no_job_no_outbox_no_output(
+    platform: RunningPlatform, database_url: str
+) -> None:
+    poor = platform.admin("create-account", "--credits", "0.5")
+    with httpx.Client(
+        base_url=platform.rest_url, headers={"Authorization": f"Bearer {poor['api_key']}"}
+    ) as c:
+        obj = upload(c, EXIF / "Landscape_1.jpg")
+        response = c.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+        )
+        assert response.status_code == 402
+        assert response.json()["error_code"] == "INSUFFICIENT_CREDITS"
+        assert c.get("/v1/credits").json() == {"balance": 0.5, "held": 0.0, "available": 0.5}
+
+    async def counts() -> tuple[int, int, int, int]:
+        conn = await asyncpg.connect(database_url)
+        try:
+            jobs = await conn.fetchval(
+                "SELECT count(*) FROM processing_jobs WHERE account_id = $1", poor["account_id"]
+            )
+            outbox = await conn.fetchval(
+                "SELECT count(*) FROM outbox o JOIN processing_jobs j ON j.job_id::text = o.payload->>'job_id' "
+                "WHERE j.account_id = $1",
+                poor["account_id"],
+            )
+            derived = await conn.fetchval(
+                "SELECT count(*) FROM objects WHERE source_object_id = $1", obj["object_id"]
+            )
+            holds = await conn.fetchval(
+                "SELECT count(*) FROM credit_holds WHERE account_id = $1", poor["account_id"]
+            )
+            return jobs, outbox, derived, holds
+        finally:
+            await conn.close()
+
+    assert asyncio.run(counts()) == (0, 0, 0, 0)
+
+
+def test_openapi_and_health(platform: RunningPlatform) -> None:
+    spec = httpx.get(platform.rest_url + "/openapi.json").json()
+    assert "/v1/hypermedia/process" in spec["paths"]
+    assert "/v1/jobs/{job_id}:cancel" in spec["paths"]
+    assert httpx.get(platform.rest_url + "/healthz").json() == {"status": "ok"}
+    ready = httpx.get(platform.rest_url + "/readyz").json()
+    assert ready["status"] == "ok" and all(ready["checks"].values())

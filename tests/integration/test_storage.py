@@ -1,0 +1,583 @@
+"""The storage service against a real Postgres, real HTTP, and a real (moto) S3 endpoint.
+
+Each test gets its own service: gRPC on 127.0.0.1:0, the local HTTP app on a free port, objects in
+a fresh directory; S3 tests get a private moto server and bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import asyncpg
+import boto3
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from hypermedia.embedded import free_port
+from hypermedia.errors import ERROR_CODE_METADATA_KEY
+from hypermedia.httpserver import HttpServer
+from hypermedia.rpc import GrpcServer, channel
+from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from services.storage.backends import ObjectBackend
+from services.storage.localstore import LocalStore, build_app
+from services.storage.s3store import S3Store
+from services.storage.service import SERVICE_NAME, StorageServicer
+
+REPO = Path(__file__).resolve().parents[2]
+SIGNING_KEY = b"test-signing-key-0123456789"
+MAX_PUT_BYTES = 1024 * 1024
+
+
+@dataclass
+class Running:
+    stub: storage_pb2_grpc.StorageServiceStub
+    grpc_target: str
+    backend: ObjectBackend
+
+
+@dataclass
+class Tenant:
+    account_id: str
+    pool_id: str
+
+
+async def _serve(pool: asyncpg.Pool, backend: ObjectBackend) -> AsyncIterator[Running]:
+    servicer = StorageServicer(pool, backend, url_ttl_seconds=300, max_put_bytes=MAX_PUT_BYTES)
+    server = GrpcServer(
+        "127.0.0.1:0", [(storage_pb2_grpc.add_StorageServiceServicer_to_server, servicer)], [SERVICE_NAME]
+    )
+    await server.start()
+    target = f"127.0.0.1:{server.port}"
+    chan = channel(target)
+    try:
+        yield Running(storage_pb2_grpc.StorageServiceStub(chan), target, backend)
+    finally:
+        await chan.close()
+        await server.stop(0)
+
+
+@pytest.fixture
+async def local(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[Running]:
+    http = HttpServer("127.0.0.1", free_port())
+    store = LocalStore(tmp_path / "objects", SIGNING_KEY, f"http://127.0.0.1:{http.port}")
+    await http.start(build_app(store, MAX_PUT_BYTES))
+    try:
+        async for running in _serve(pool, store):
+            yield running
+    finally:
+        await http.stop()
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """A private moto S3 server with one bucket: (endpoint_url, bucket)."""
+    from moto.server import ThreadedMotoServer
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint).create_bucket(Bucket="hm-test")
+        yield endpoint, "hm-test"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def s3(pool: asyncpg.Pool, s3_bucket: tuple[str, str]) -> AsyncIterator[Running]:
+    endpoint, bucket = s3_bucket
+    async for running in _serve(pool, S3Store(bucket, "us-east-1", endpoint)):
+        yield running
+
+
+async def _tenant(pool: asyncpg.Pool) -> Tenant:
+    account_id, pool_id = uuid.uuid4(), uuid.uuid4()
+    await pool.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'test')", account_id)
+    await pool.execute(
+        "INSERT INTO pools (pool_id, account_id, name) VALUES ($1, $2, 'p')", pool_id, account_id
+    )
+    return Tenant(str(account_id), str(pool_id))
+
+
+@pytest.fixture
+async def tenant(pool: asyncpg.Pool) -> Tenant:
+    return await _tenant(pool)
+
+
+def _error_code(err: grpc.aio.AioRpcError) -> str:
+    return dict(err.trailing_metadata() or ()).get(ERROR_CODE_METADATA_KEY, "")
+
+
+async def _create(
+    svc: Running, tenant: Tenant, data: bytes, mime: str = "image/png"
+) -> storage_pb2.CreateUploadResponse:
+    return await svc.stub.CreateUpload(
+        storage_pb2.CreateUploadRequest(
+            account_id=tenant.account_id,
+            pool_id=tenant.pool_id,
+            size_bytes=len(data),
+            mime_type=mime,
+            sha256=hashlib.sha256(data).hexdigest(),
+            filename="../../holiday photo.png",
+        )
+    )
+
+
+async def _upload(svc: Running, tenant: Tenant, data: bytes, mime: str = "image/png") -> storage_pb2.Object:
+    created = await _create(svc, tenant, data, mime)
+    async with httpx.AsyncClient() as http:
+        put = await http.put(created.put_url, content=data, headers={"Content-Type": mime})
+    assert put.status_code == 200, put.text
+    done = await svc.stub.CompleteUpload(
+        storage_pb2.CompleteUploadRequest(object_id=created.object.object_id)
+    )
+    return done.object
+
+
+async def _check_upload_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) -> storage_pb2.Object:
+    data = os.urandom(200_000)
+    created = await _create(svc, tenant, data)
+    obj = created.object
+    assert obj.state == "pending"
+    assert obj.key == f"originals/{tenant.pool_id}/{obj.object_id}"
+    assert created.expires_at.seconds > 0
+
+    async with httpx.AsyncClient() as http:
+        put = await http.put(created.put_url, content=data, headers={"Content-Type": "image/png"})
+        assert put.status_code == 200, put.text
+        done = await svc.stub.CompleteUpload(storage_pb2.CompleteUploadRequest(object_id=obj.object_id))
+        assert done.object.state == "available"
+
+        got = await svc.stub.GetObject(
+            storage_pb2.GetObjectRequest(object_id=obj.object_id, account_id=tenant.account_id)
+        )
+        assert got.object.state == "available"
+        assert got.object.size_bytes == len(data)
+        assert got.object.sha256 == hashlib.sha256(data).hexdigest()
+        assert got.object.mime_type == "image/png"
+        assert got.object.source_object_id == ""
+
+        presigned = await svc.stub.PresignGet(storage_pb2.PresignGetRequest(key=obj.key))
+        download = await http.get(presigned.url)
+        assert download.status_code == 200
+        assert download.content == data
+        assert download.headers["content-type"] == "image/png"
+
+    owners = await pool.fetch(
+        "SELECT account_id, role FROM object_ownership WHERE object_id = $1", uuid.UUID(obj.object_id)
+    )
+    assert [(str(r["account_id"]), r["role"]) for r in owners] == [(tenant.account_id, "owner")]
+    filename = await pool.fetchval(
+        "SELECT filename FROM objects WHERE object_id = $1", uuid.UUID(obj.object_id)
+    )
+    assert filename == "../../holiday photo.png"  # metadata only: the key ignores it
+    return got.object
+
+
+async def _check_output_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    source = await _upload(svc, tenant, b"source bytes")
+    output = b"\x89PNG derived" * 1000
+    presigned = await svc.stub.PresignOutputPut(
+        storage_pb2.PresignOutputPutRequest(
+            source_object_id=source.object_id,
+            profile_version=1,
+            output_type="thumbnail",
+            mime_type="image/webp",
+        )
+    )
+    assert presigned.key == f"derived/{tenant.pool_id}/{source.object_id}/1/thumbnail"
+    async with httpx.AsyncClient() as http:
+        put = await http.put(presigned.url, content=output, headers={"Content-Type": "image/webp"})
+        assert put.status_code == 200, put.text
+
+    register = storage_pb2.RegisterOutputRequest(
+        source_object_id=source.object_id,
+        key=presigned.key,
+        mime_type="image/webp",
+        size_bytes=len(output),
+        sha256=hashlib.sha256(output).hexdigest(),
+    )
+    first = (await svc.stub.RegisterOutput(register)).object
+    second = (await svc.stub.RegisterOutput(register)).object
+    assert first.object_id == second.object_id
+    assert first.state == "available"
+    assert first.source_object_id == source.object_id
+    assert first.pool_id == tenant.pool_id
+    assert await pool.fetchval("SELECT count(*) FROM objects WHERE key = $1", presigned.key) == 1
+    # Ownership is copied from the source, so the owner sees the output.
+    got = await svc.stub.GetObject(
+        storage_pb2.GetObjectRequest(object_id=first.object_id, account_id=tenant.account_id)
+    )
+    assert got.object.size_bytes == len(output)
+
+    with pytest.raises(grpc.aio.AioRpcError) as wrong:
+        await svc.stub.RegisterOutput(
+            storage_pb2.RegisterOutputRequest(
+                source_object_id=source.object_id, key=presigned.key, mime_type="image/webp", size_bytes=5
+            )
+        )
+    assert wrong.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert _error_code(wrong.value) == "UPLOAD_MISMATCH"
+
+    with pytest.raises(grpc.aio.AioRpcError) as foreign:
+        await svc.stub.RegisterOutput(
+            storage_pb2.RegisterOutputRequest(
+                source_object_id=source.object_id,
+                key=f"derived/{tenant.pool_id}/{uuid.uuid4()}/1/thumbnail",
+                mime_type="image/webp",
+                size_bytes=len(output),
+            )
+        )
+    assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    deleted = await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=presigned.key))
+    assert deleted.deleted
+    assert await svc.backend.stat(presigned.key) is None
+    assert await pool.fetchval("SELECT count(*) FROM objects WHERE key = $1", presigned.key) == 0
+    again = await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=presigned.key))
+    assert not again.deleted
+
+    with pytest.raises(grpc.aio.AioRpcError) as original:
+        await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=source.key))
+    assert original.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert await svc.backend.stat(source.key) == len(b"source bytes")
+
+
+async def _check_mismatch(svc: Running, tenant: Tenant) -> None:
+    data = b"the declared bytes"
+    created = await _create(svc, tenant, data)
+    request = storage_pb2.CompleteUploadRequest(object_id=created.object.object_id)
+
+    with pytest.raises(grpc.aio.AioRpcError) as nothing:
+        await svc.stub.CompleteUpload(request)
+    assert nothing.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert _error_code(nothing.value) == "UPLOAD_MISMATCH"
+
+    async with httpx.AsyncClient() as http:
+        put = await http.put(
+            created.put_url, content=b"other bytes, same len", headers={"Content-Type": "image/png"}
+        )
+        assert put.status_code == 200
+        with pytest.raises(grpc.aio.AioRpcError) as size:
+            await svc.stub.CompleteUpload(request)
+        assert _error_code(size.value) == "UPLOAD_MISMATCH"
+
+        put = await http.put(
+            created.put_url, content=b"THE DECLARED BYTES", headers={"Content-Type": "image/png"}
+        )
+        assert put.status_code == 200
+        with pytest.raises(grpc.aio.AioRpcError) as digest:
+            await svc.stub.CompleteUpload(request)
+        assert digest.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert _error_code(digest.value) == "UPLOAD_MISMATCH"
+
+        # Still pending, so invisible; the same URL can be used again.
+        with pytest.raises(grpc.aio.AioRpcError) as pending:
+            await svc.stub.GetObject(storage_pb2.GetObjectRequest(object_id=created.object.object_id))
+        assert pending.value.code() == grpc.StatusCode.NOT_FOUND
+        put = await http.put(created.put_url, content=data, headers={"Content-Type": "image/png"})
+        assert put.status_code == 200
+    done = await svc.stub.CompleteUpload(request)
+    assert done.object.state == "available"
+    assert (await svc.stub.CompleteUpload(request)).object.state == "available"  # idempotent
+
+
+# --- local backend ---------------------------------------------------------------------------------
+
+
+async def test_local_upload_flow(local: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    obj = await _check_upload_flow(local, tenant, pool)
+    assert isinstance(local.backend, LocalStore)
+    assert (local.backend.root / obj.key).read_bytes().__len__() == obj.size_bytes
+
+
+async def test_local_output_flow(local: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    await _check_output_flow(local, tenant, pool)
+
+
+async def test_local_complete_upload_mismatch(local: Running, tenant: Tenant) -> None:
+    await _check_mismatch(local, tenant)
+
+
+async def test_tampered_signature_and_wrong_content_type_are_403(local: Running, tenant: Tenant) -> None:
+    created = await _create(local, tenant, b"abc")
+    url = created.put_url
+    sig = parse_qs(urlsplit(url).query)["sig"][0]
+    tampered = url.replace(sig, ("0" if sig[0] != "0" else "1") + sig[1:])
+    async with httpx.AsyncClient() as http:
+        resp = await http.put(tampered, content=b"abc", headers={"Content-Type": "image/png"})
+        assert resp.status_code == 403
+        assert resp.headers["content-type"] == "application/problem+json"
+        assert resp.json()["status"] == 403
+        other_type = await http.put(url, content=b"abc", headers={"Content-Type": "text/html"})
+        assert other_type.status_code == 403
+        other_key = url.replace(created.object.object_id, str(uuid.uuid4()))
+        assert (
+            await http.put(other_key, content=b"abc", headers={"Content-Type": "image/png"})
+        ).status_code == 403
+        no_sig = url.split("?")[0]
+        assert (await http.get(no_sig)).status_code == 403
+
+
+async def test_expired_url_is_403(local: Running, tenant: Tenant) -> None:
+    obj = await _upload(local, tenant, b"abc")
+    expired, _ = await local.backend.presign_get(obj.key, -5)
+    fresh, _ = await local.backend.presign_get(obj.key, 60)
+    async with httpx.AsyncClient() as http:
+        resp = await http.get(expired)
+        assert resp.status_code == 403
+        assert resp.headers["content-type"] == "application/problem+json"
+        assert (await http.get(fresh)).content == b"abc"
+
+
+def _raw_get(port: int, target: str) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        head = sock.recv(4096).decode("latin-1")
+    return int(head.split(" ", 2)[1])
+
+
+async def test_traversal_keys_are_rejected(local: Running, tenant: Tenant) -> None:
+    obj = await _upload(local, tenant, b"abc")
+    url, _ = await local.backend.presign_get(obj.key, 60)
+    parts = urlsplit(url)
+    query = parts.query
+    port = parts.port
+    assert port is not None
+    for path in (
+        "/o/originals/../../../etc/passwd",
+        "/o/originals/%2e%2e/%2E%2E/etc/passwd",
+        "/o//etc/passwd",
+        "/o/originals\\..\\x",
+        f"/o/{obj.key}/.",
+    ):
+        status = await asyncio.to_thread(_raw_get, port, f"{path}?{query}")
+        assert status == 400, path
+    async with httpx.AsyncClient() as http:
+        resp = await http.get(f"{parts.scheme}://{parts.netloc}/o/originals/%2E%2E/secret?{query}")
+        assert resp.status_code == 400
+        assert resp.headers["content-type"] == "application/problem+json"
+
+
+async def test_put_over_limit_is_413_and_leaves_nothing(local: Running, tenant: Tenant) -> None:
+    assert isinstance(local.backend, LocalStore)
+    key = f"originals/{tenant.pool_id}/{uuid.uuid4()}"
+    url, _ = await local.backend.presign_put(key, 60, "application/octet-stream")
+
+    async def body():  # chunked: no Content-Length to reject early
+        for _ in range(17):
+            yield b"x" * 65536
+
+    headers = {"Content-Type": "application/octet-stream"}
+    async with httpx.AsyncClient() as http:
+        declared = await http.put(url, content=b"x" * (MAX_PUT_BYTES + 1), headers=headers)
+        assert declared.status_code == 413
+        streamed = await http.put(url, content=body(), headers=headers)
+        assert streamed.status_code == 413
+    assert await local.backend.stat(key) is None
+    leftovers = (
+        list((local.backend.root / "originals").rglob("*"))
+        if (local.backend.root / "originals").exists()
+        else []
+    )
+    assert [p for p in leftovers if p.is_file()] == []
+
+
+async def test_get_object_hides_other_accounts_and_bad_ids(
+    local: Running, tenant: Tenant, pool: asyncpg.Pool
+) -> None:
+    obj = await _upload(local, tenant, b"mine")
+    stranger = await _tenant(pool)
+    answers = []
+    for request in (
+        storage_pb2.GetObjectRequest(object_id=obj.object_id, account_id=stranger.account_id),
+        storage_pb2.GetObjectRequest(object_id=str(uuid.uuid4()), account_id=stranger.account_id),
+        storage_pb2.GetObjectRequest(object_id="not-a-uuid", account_id=stranger.account_id),
+        storage_pb2.GetObjectRequest(object_id=obj.object_id, account_id="also-not-a-uuid"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await local.stub.GetObject(request)
+        answers.append((err.value.code(), err.value.details(), _error_code(err.value)))
+    assert answers == [(grpc.StatusCode.NOT_FOUND, "object not found", "NOT_FOUND")] * 4
+    # Without account_id (internal callers) the object is visible.
+    assert (
+        await local.stub.GetObject(storage_pb2.GetObjectRequest(object_id=obj.object_id))
+    ).object.key == obj.key
+
+
+async def test_create_upload_checks_pool_owner_and_input(
+    local: Running, tenant: Tenant, pool: asyncpg.Pool
+) -> None:
+    stranger = await _tenant(pool)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _create(local, Tenant(stranger.account_id, tenant.pool_id), b"x")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _create(local, Tenant(tenant.account_id, "nope"), b"x")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await local.stub.CreateUpload(
+            storage_pb2.CreateUploadRequest(
+                account_id=tenant.account_id,
+                pool_id=tenant.pool_id,
+                size_bytes=MAX_PUT_BYTES + 1,
+                mime_type="image/png",
+                sha256="0" * 64,
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await local.stub.CreateUpload(
+            storage_pb2.CreateUploadRequest(
+                account_id=tenant.account_id,
+                pool_id=tenant.pool_id,
+                size_bytes=1,
+                mime_type="image/png",
+                sha256="xyz",
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await local.stub.PresignOutputPut(
+            storage_pb2.PresignOutputPutRequest(
+                source_object_id=str(uuid.uuid4()),
+                profile_version=1,
+                output_type="thumbnail",
+                mime_type="image/png",
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_health_and_reflection(local: Running) -> None:
+    async with channel(local.grpc_target) as chan:
+        health = health_pb2_grpc.HealthStub(chan)
+        for service in ("", SERVICE_NAME):
+            resp = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+    def reflected() -> tuple[list[str], list[str]]:
+        with grpc.insecure_channel(local.grpc_target) as sync_chan:
+            db = ProtoReflectionDescriptorDatabase(sync_chan)
+            services = list(db.get_services())
+            methods = [m.name for m in db.FindFileContainingSymbol(SERVICE_NAME).service[0].method]
+            return services, methods
+
+    services, methods = await asyncio.to_thread(reflected)
+    assert SERVICE_NAME in services
+    assert "RegisterOutput" in methods
+
+
+# --- S3 backend ------------------------------------------------------------------------------------
+
+
+async def test_s3_upload_flow(s3: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    await _check_upload_flow(s3, tenant, pool)
+
+
+async def test_s3_output_flow(s3: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    await _check_output_flow(s3, tenant, pool)
+
+
+async def test_s3_complete_upload_mismatch(s3: Running, tenant: Tenant) -> None:
+    await _check_mismatch(s3, tenant)
+
+
+async def test_s3_unreachable_is_unavailable(
+    pool: asyncpg.Pool, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    store = S3Store("hm-test", "us-east-1", f"http://127.0.0.1:{free_port()}")
+    async for svc in _serve(pool, store):
+        created = await _create(svc, tenant, b"abc")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await svc.stub.CompleteUpload(
+                storage_pb2.CompleteUploadRequest(object_id=created.object.object_id)
+            )
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert _error_code(err.value) == "STORAGE_UNAVAILABLE"
+
+
+# --- entry point -----------------------------------------------------------------------------------
+
+
+def test_main_exits_78_on_bad_config_without_printing_secrets() -> None:
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DATABASE_URL": "postgresql://hm:supersecretpw@db/hm",
+        "HM_STORAGE_SIGNING_KEY": "shortkey",
+        "HM_STORAGE_HTTP_PORT": "99999",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.storage"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 78
+    assert "HM_STORAGE_HTTP_PORT" in proc.stderr
+    assert "supersecretpw" not in proc.stderr and "shortkey" not in proc.stderr
+
+
+async def test_main_serves_and_stops_on_sigterm(database_url: str, tmp_path: Path) -> None:
+    grpc_port, http_port = free_port(), free_port()
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DATABASE_URL": database_url,
+        "HM_STORAGE_BIND": f"127.0.0.1:{grpc_port}",
+        "HM_STORAGE_HTTP_PORT": str(http_port),
+        "HM_STORAGE_DIR": str(tmp_path / "objects"),
+        "HM_STORAGE_SIGNING_KEY": "x" * 32,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.storage",
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with channel(f"127.0.0.1:{grpc_port}") as chan:
+            health = health_pb2_grpc.HealthStub(chan)
+            for _ in range(100):
+                try:
+                    resp = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=1)
+                    break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.1)
+            else:
+                pytest.fail("storage service did not become healthy")
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"http://127.0.0.1:{http_port}/o/a/b")).status_code == 403
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, stderr.decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

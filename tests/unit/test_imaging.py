@@ -1,0 +1,436 @@
+"""hypermedia.imaging.ops against real files and real libvips; outputs checked by decoded values."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+import pyvips
+
+from hypermedia.errors import InvalidArgument, PermanentJobError
+from hypermedia.imaging import ops
+
+EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
+LIMITS = ops.ImageLimits(max_pixels=50_000_000, max_input_bytes=50 * 1024 * 1024)
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "output"
+    path.mkdir()
+    return path
+
+
+def run_one(operation: str, params: dict, input_path: Path, out_dir: Path) -> tuple[ops.OutputFile, Path]:
+    (output,) = ops.run(operation, params, input_path, out_dir, LIMITS)
+    assert "/" not in output.filename
+    return output, out_dir / output.filename
+
+
+def load(path: Path) -> pyvips.Image:
+    return pyvips.Image.new_from_file(str(path))
+
+
+def small_gray(image: pyvips.Image) -> pyvips.Image:
+    """48×32 grayscale, for comparing orientation and content."""
+    gray = image.flatten(background=[255, 255, 255]) if image.hasalpha() else image
+    gray = gray.colourspace("b-w")
+    return gray.resize(48 / gray.width, vscale=32 / gray.height)
+
+
+def mean_abs_diff(a: pyvips.Image, b: pyvips.Image) -> float:
+    return float((small_gray(a) - small_gray(b)).abs().avg())
+
+
+def write_png_header(path: Path, width: int, height: int) -> None:
+    """A PNG whose IHDR (valid CRC) claims width × height; the pixel data is a stub."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+
+
+# --- orientation ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def upright_reference() -> pyvips.Image:
+    # Landscape_1.jpg has orientation 1: its pixels are already upright.
+    return pyvips.Image.thumbnail(str(EXIF / "Landscape_1.jpg"), 256).copy_memory()
+
+
+@pytest.mark.parametrize("n", range(9))
+def test_thumbnail_of_every_exif_orientation_is_upright_landscape(
+    n: int, out_dir: Path, upright_reference: pyvips.Image
+) -> None:
+    output, path = run_one("thumbnail", {"size": 256}, EXIF / f"Landscape_{n}.jpg", out_dir)
+
+    image = load(path)
+    assert image.get("vips-loader") == "webpload"
+    assert (image.width, image.height) == (256, 171)
+    assert output.mime_type == "image/webp"
+    assert output.metadata["width"] == 256 and output.metadata["height"] == 171
+    assert output.metadata["format"] == "webp"
+    assert mean_abs_diff(image, upright_reference) < 8
+    assert mean_abs_diff(image.rot180(), upright_reference) > 30
+    assert mean_abs_diff(image.flip("horizontal"), upright_reference) > 30
+
+
+def test_source_md_describes_the_corpus() -> None:
+    text = (EXIF / "SOURCE.md").read_text()
+    assert "recurser/exif-orientation-examples" in text and "256×171" in text
+    assert sorted(p.name for p in EXIF.glob("Landscape_*.jpg")) == [f"Landscape_{n}.jpg" for n in range(9)]
+
+
+def test_thumbnail_never_enlarges(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "small.png"
+    pyvips.Image.thumbnail(str(EXIF / "Landscape_1.jpg"), 90).pngsave(str(source))
+    output, path = run_one("thumbnail", {"size": 256}, source, out_dir)
+    assert (load(path).width, load(path).height) == (90, 60)
+    assert output.metadata["source_format"] == "png"
+
+
+def test_same_input_and_params_give_the_same_bytes(tmp_path: Path) -> None:
+    for index, (operation, params) in enumerate(
+        [
+            ("thumbnail", {"size": 128}),
+            ("convert", {"format": "avif"}),
+            ("convert", {"format": "png"}),
+            ("compress", {"quality": 40}),
+        ]
+    ):
+        first, second = tmp_path / f"{index}-a", tmp_path / f"{index}-b"
+        first.mkdir()
+        second.mkdir()
+        _, a = run_one(operation, params, EXIF / "Landscape_6.jpg", first)
+        _, b = run_one(operation, params, EXIF / "Landscape_6.jpg", second)
+        assert a.read_bytes() == b.read_bytes(), operation
+
+
+# --- resize -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "size"),
+    [
+        ({"width": 300, "height": 300}, (300, 200)),
+        ({"width": 900}, (900, 600)),
+        ({"height": 600}, (900, 600)),
+        ({"width": 3600, "height": 3600}, (3600, 2400)),
+        ({"width": 300, "height": 300, "fit": "cover"}, (300, 300)),
+        ({"width": 300, "height": 100, "fit": "fill"}, (300, 100)),
+    ],
+)
+def test_resize_sizes(params: dict, size: tuple[int, int], out_dir: Path) -> None:
+    # Landscape_6 is stored 1200×1800 with orientation 6: upright it is 1800×1200.
+    output, path = run_one("resize", params, EXIF / "Landscape_6.jpg", out_dir)
+    image = load(path)
+    assert (image.width, image.height) == size
+    assert image.get("vips-loader") == "jpegload"
+    assert output.mime_type == "image/jpeg" and output.output_type == "resized"
+
+
+def test_resize_cover_crops_the_centre_and_fill_stretches(tmp_path: Path) -> None:
+    reference = pyvips.Image.new_from_file(str(EXIF / "Landscape_1.jpg"))
+    cover_dir, fill_dir = tmp_path / "cover", tmp_path / "fill"
+    cover_dir.mkdir()
+    fill_dir.mkdir()
+
+    _, cover = run_one(
+        "resize", {"width": 400, "height": 400, "fit": "cover"}, EXIF / "Landscape_3.jpg", cover_dir
+    )
+    centre = reference.crop(300, 0, 1200, 1200)
+    assert mean_abs_diff(load(cover), centre) < 8
+
+    _, fill = run_one(
+        "resize", {"width": 200, "height": 400, "fit": "fill"}, EXIF / "Landscape_8.jpg", fill_dir
+    )
+    assert mean_abs_diff(load(fill), reference) < 8
+
+
+def test_resize_keeps_or_changes_the_format(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "in.gif"
+    pyvips.Image.thumbnail(str(EXIF / "Landscape_1.jpg"), 100).gifsave(str(source))
+    output, path = run_one("resize", {"width": 50}, source, out_dir)
+    assert output.mime_type == "image/png" and load(path).get("vips-loader") == "pngload"
+
+    output, path = run_one("resize", {"width": 50, "format": "webp"}, source, out_dir)
+    assert output.mime_type == "image/webp" and load(path).get("vips-loader") == "webpload"
+
+
+def test_resize_output_beyond_the_pixel_limit_is_refused(out_dir: Path) -> None:
+    limits = ops.ImageLimits(max_pixels=3_000_000, max_input_bytes=LIMITS.max_input_bytes)
+    with pytest.raises(PermanentJobError) as err:
+        ops.run("resize", {"width": 16384}, EXIF / "Landscape_1.jpg", out_dir, limits)
+    assert err.value.error_code == "INVALID_PARAMS"
+
+
+# --- compress and convert ----------------------------------------------------------------------------
+
+
+def test_compress_jpeg_quality(tmp_path: Path) -> None:
+    sizes = {}
+    for quality in (30, 90):
+        out = tmp_path / str(quality)
+        out.mkdir()
+        output, path = run_one("compress", {"quality": quality}, EXIF / "Landscape_5.jpg", out)
+        image = load(path)
+        assert image.get("vips-loader") == "jpegload"
+        assert (image.width, image.height) == (1800, 1200)
+        assert output.output_type == "compressed"
+        sizes[quality] = path.stat().st_size
+    assert sizes[30] < sizes[90]
+    assert sizes[30] < (EXIF / "Landscape_5.jpg").stat().st_size
+
+
+def test_compress_png_quantises_to_a_palette(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "in.png"
+    pyvips.Image.thumbnail(str(EXIF / "Landscape_1.jpg"), 600).pngsave(str(source))
+    output, path = run_one("compress", {"quality": 50}, source, out_dir)
+    image = load(path)
+    assert image.get("vips-loader") == "pngload" and output.mime_type == "image/png"
+    assert path.stat().st_size < source.stat().st_size / 2
+    assert mean_abs_diff(image, load(source)) < 4
+
+
+@pytest.mark.parametrize(
+    ("fmt", "loader", "mime"),
+    [
+        ("png", "pngload", "image/png"),
+        ("webp", "webpload", "image/webp"),
+        ("avif", "heifload", "image/avif"),
+        ("jpeg", "jpegload", "image/jpeg"),
+    ],
+)
+def test_convert_decodes_with_the_right_loader(fmt: str, loader: str, mime: str, out_dir: Path) -> None:
+    output, path = run_one("convert", {"format": fmt}, EXIF / "Landscape_7.jpg", out_dir)
+    image = load(path)
+    assert image.get("vips-loader") == loader
+    assert output.mime_type == mime and output.metadata["format"] == fmt
+    assert (image.width, image.height) == (1800, 1200)
+    assert ops.sniff_mime(path.read_bytes()[:64]) == mime
+    assert mean_abs_diff(image, load(EXIF / "Landscape_1.jpg")) < 8
+
+
+def test_convert_to_jpeg_flattens_alpha_onto_white(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "transparent.png"
+    pyvips.Image.black(64, 48, bands=4).cast("uchar").pngsave(str(source))  # black, alpha 0
+    _, path = run_one("convert", {"format": "jpeg"}, source, out_dir)
+    image = load(path)
+    assert image.bands == 3
+    assert image.getpoint(10, 10) == pytest.approx([255, 255, 255], abs=2)
+
+
+# --- colour and metadata --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("embed_profile", [True, False])
+def test_cmyk_jpeg_becomes_srgb(embed_profile: bool, tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "cmyk.jpg"
+    original = pyvips.Image.new_from_file(str(EXIF / "Landscape_1.jpg"))
+    cmyk = original.icc_transform("cmyk")
+    cmyk.jpegsave(str(source), keep="icc" if embed_profile else "none")
+    assert load(source).interpretation == "cmyk"
+
+    for operation, params in [("thumbnail", {"size": 256}), ("convert", {"format": "png"})]:
+        _, path = run_one(operation, params, source, out_dir)
+        image = load(path)
+        assert image.interpretation == "srgb" and image.bands == 3
+        assert abs(image.avg() - original.avg()) < 6
+        assert mean_abs_diff(image, original) < 8
+
+
+def test_metadata_is_stripped(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "gps.jpg"
+    image = pyvips.Image.new_from_file(str(EXIF / "Landscape_6.jpg")).copy()
+    image.set_type(pyvips.GValue.gstr_type, "exif-ifd3-GPSLatitudeRef", "N")
+    image.set_type(pyvips.GValue.gstr_type, "exif-ifd0-Artist", "Jane Doe")
+    image.set_type(pyvips.GValue.blob_type, "xmp-data", b'<x:xmpmeta xmlns:x="adobe:ns:meta/"/>')
+    image.jpegsave(str(source))
+    assert "exif-ifd3-GPSLatitudeRef" in load(source).get_fields()
+
+    for operation, params in [
+        ("thumbnail", {"size": 256}),
+        ("compress", {"quality": 50}),
+        ("convert", {"format": "png"}),
+        ("convert", {"format": "avif"}),
+        ("resize", {"width": 300, "format": "webp"}),
+    ]:
+        _, path = run_one(operation, params, source, out_dir)
+        fields = load(path).get_fields()
+        leaked = [f for f in fields if f.startswith(("exif", "xmp", "iptc", "icc")) or f == "orientation"]
+        assert leaked == [], (operation, leaked)
+        data = path.read_bytes()
+        assert b"Jane Doe" not in data and b"xmpmeta" not in data
+        assert load(path).width > load(path).height  # upright without an orientation tag
+
+
+def test_animated_gif_gives_the_first_frame(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "anim.gif"
+    frames = [
+        pyvips.Image.black(40, 30).new_from_image(colour).cast("uchar")
+        for colour in ([255, 0, 0], [0, 255, 0], [0, 0, 255])
+    ]
+    animation = pyvips.Image.arrayjoin(frames, across=1).copy()
+    animation.set_type(pyvips.GValue.gint_type, "page-height", 30)
+    animation.set_type(pyvips.GValue.array_int_type, "delay", [100, 100, 100])
+    animation.gifsave(str(source))
+    assert pyvips.Image.new_from_file(str(source), n=-1).get("n-pages") == 3
+
+    output, path = run_one("thumbnail", {"size": 256}, source, out_dir)
+    image = pyvips.Image.new_from_file(str(path), n=-1)
+    assert (image.width, image.height) == (40, 30)  # one frame, not enlarged
+    assert not image.get_typeof("n-pages") or image.get("n-pages") == 1
+    assert image.getpoint(20, 15)[:3] == pytest.approx([255, 0, 0], abs=8)
+    assert output.metadata["source_pages"] == 3
+
+    output, path = run_one("convert", {"format": "webp"}, source, out_dir)
+    assert (load(path).width, load(path).height) == (40, 30)
+
+
+# --- refused input ----------------------------------------------------------------------------------
+
+
+def run_error(input_path: Path, out_dir: Path, limits: ops.ImageLimits = LIMITS) -> PermanentJobError:
+    with pytest.raises(PermanentJobError) as err:
+        ops.run("thumbnail", {"size": 64}, input_path, out_dir, limits)
+    assert os.listdir(out_dir) == []
+    return err.value
+
+
+def test_random_bytes_are_unsupported(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "noise.jpg"
+    source.write_bytes(os.urandom(4096).replace(b"\xff\xd8", b"\x00\x00"))
+    assert run_error(source, out_dir).error_code == "UNSUPPORTED_FORMAT"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="10" height="10"/></svg>',
+        b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+        b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n",
+        b"P6\n10 10\n255\n" + b"\0" * 300,
+        b"1 2 3\n4 5 6\n",
+        b"",
+    ],
+)
+def test_formats_outside_the_allowlist_are_unsupported(content: bytes, tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "input.png"
+    source.write_bytes(content)
+    assert run_error(source, out_dir).error_code == "UNSUPPORTED_FORMAT"
+
+
+def test_truncated_jpeg_is_corrupt(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "truncated.jpg"
+    data = (EXIF / "Landscape_1.jpg").read_bytes()
+    source.write_bytes(data[: len(data) // 2])
+    error = run_error(source, out_dir)
+    assert error.error_code == "CORRUPT_INPUT"
+    assert str(tmp_path) not in error.public_message
+
+
+def test_png_magic_with_garbage_is_corrupt(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "garbage.png"
+    source.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(512))
+    assert run_error(source, out_dir).error_code == "CORRUPT_INPUT"
+
+
+def test_pixel_bomb_fails_fast_from_the_header(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "bomb.png"
+    write_png_header(source, 100_000, 100_000)
+    started = time.perf_counter()
+    assert run_error(source, out_dir).error_code == "INPUT_TOO_LARGE_PIXELS"
+    assert time.perf_counter() - started < 0.5
+
+
+def test_input_bigger_than_the_byte_limit(out_dir: Path) -> None:
+    limits = ops.ImageLimits(max_pixels=LIMITS.max_pixels, max_input_bytes=1000)
+    assert run_error(EXIF / "Landscape_1.jpg", out_dir, limits).error_code == "INPUT_TOO_LARGE"
+
+
+# --- params and sniffing ------------------------------------------------------------------------------
+
+
+def test_validate_params_fills_defaults() -> None:
+    assert ops.validate_params("thumbnail", None) == {"size": 256}
+    assert ops.validate_params("resize", {"width": 10}) == {"width": 10, "fit": "contain"}
+    assert ops.validate_params("resize", {"width": 10, "height": 5, "fit": "fill", "format": "png"}) == {
+        "width": 10,
+        "height": 5,
+        "fit": "fill",
+        "format": "png",
+    }
+    assert ops.validate_params("compress", {}) == {"quality": 75}
+    assert ops.validate_params("convert", {"format": "avif"}) == {"format": "avif"}
+    assert ops.validate_params("convert", {"format": "jpeg", "quality": 90}) == {
+        "format": "jpeg",
+        "quality": 90,
+    }
+
+
+@pytest.mark.parametrize(
+    ("operation", "params", "code"),
+    [
+        ("sharpen", {}, "UNKNOWN_OPERATION"),
+        ("thumbnail", {"size": 0}, "INVALID_PARAMS"),
+        ("thumbnail", {"size": 4097}, "INVALID_PARAMS"),
+        ("thumbnail", {"size": True}, "INVALID_PARAMS"),
+        ("thumbnail", {"size": 25.0}, "INVALID_PARAMS"),
+        ("thumbnail", {"size": "256"}, "INVALID_PARAMS"),
+        ("thumbnail", {"width": 10}, "INVALID_PARAMS"),
+        ("thumbnail", [], "INVALID_PARAMS"),
+        ("resize", {}, "INVALID_PARAMS"),
+        ("resize", {"width": 16385}, "INVALID_PARAMS"),
+        ("resize", {"width": 10, "fit": "cover"}, "INVALID_PARAMS"),
+        ("resize", {"height": 10, "fit": "fill"}, "INVALID_PARAMS"),
+        ("resize", {"width": 10, "fit": "stretch"}, "INVALID_PARAMS"),
+        ("resize", {"width": 10, "format": "gif"}, "INVALID_PARAMS"),
+        ("compress", {"quality": 101}, "INVALID_PARAMS"),
+        ("compress", {"quality": 0}, "INVALID_PARAMS"),
+        ("convert", {}, "INVALID_PARAMS"),
+        ("convert", {"format": "tiff"}, "INVALID_PARAMS"),
+        ("convert", {"format": "png", "quality": -1}, "INVALID_PARAMS"),
+    ],
+)
+def test_validate_params_rejects(operation: str, params: dict, code: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        ops.validate_params(operation, params)
+    assert err.value.error_code == code
+
+
+def test_run_validates_params_too(out_dir: Path) -> None:
+    with pytest.raises(InvalidArgument):
+        ops.run("thumbnail", {"size": -1}, EXIF / "Landscape_1.jpg", out_dir, LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("head", "mime"),
+    [
+        (b"\xff\xd8\xff\xe0\x00\x10JFIF", "image/jpeg"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "image/png"),
+        (b"RIFF\x24\x00\x00\x00WEBPVP8 ", "image/webp"),
+        (b"GIF89a\x01\x00", "image/gif"),
+        (b"GIF87a\x01\x00", "image/gif"),
+        (b"II*\x00\x08\x00\x00\x00", "image/tiff"),
+        (b"MM\x00*\x00\x00\x00\x08", "image/tiff"),
+        (b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1miaf", "image/avif"),
+        (b"\x00\x00\x00\x1cftypmif1\x00\x00\x00\x00mif1avifmiaf", "image/avif"),
+        (b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic", "image/heif"),
+        (b"\x00\x00\x00\x18ftypmif1\x00\x00\x00\x00mif1heic", "image/heif"),
+        (b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2", None),
+        (b"<svg xmlns=", None),
+        (b"%PDF-1.7", None),
+        (b"BM\x36\x00", None),
+        (b"", None),
+    ],
+)
+def test_sniff_mime(head: bytes, mime: str | None) -> None:
+    assert ops.sniff_mime(head) == mime

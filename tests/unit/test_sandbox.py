@@ -1,0 +1,367 @@
+"""hypermedia.sandbox with real forks, real rlimits and real libvips; entries in sandbox_entries.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pyvips
+
+from hypermedia.imaging import ops
+from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
+
+EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
+ENTRIES = "tests.unit.sandbox_entries"
+LIMITS = SandboxLimits(cpu_seconds=10, wall_seconds=15, memory_bytes=2 << 30, fsize_bytes=100 << 20)
+IMAGE_LIMITS = ops.ImageLimits(max_pixels=50_000_000, max_input_bytes=50 << 20)
+IS_ROOT = os.geteuid() == 0
+root_only = pytest.mark.skipif(not IS_ROOT, reason="privilege drop needs root")
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_root: Path) -> Path:
+    path = tmp_root / f"sandbox-{secrets.token_hex(4)}"
+    path.mkdir(mode=0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+async def sandbox(work_dir: Path) -> AsyncIterator[Sandbox]:
+    box = Sandbox(work_dir, preload=("pyvips", "hypermedia.imaging.ops", ENTRIES))
+    await box.start()
+    yield box
+    await box.close()
+
+
+def job_id() -> str:
+    return f"job-{secrets.token_hex(6)}"
+
+
+async def run_entry(
+    box: Sandbox,
+    name: str,
+    params: dict | None = None,
+    limits: SandboxLimits = LIMITS,
+    job: str | None = None,
+) -> tuple[str, SandboxResult]:
+    job = job or job_id()
+    job_dir = box.prepare(job)
+    result = await box.run(job, f"{ENTRIES}:{name}", "test", params or {}, job_dir / "input" / "none", limits)
+    return job, result
+
+
+def gone(pid: int) -> bool:
+    """True once the process has exited (a zombie waiting for an indifferent init counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+async def test_thumbnail_runs_in_the_sandbox_and_cleanup_removes_the_job(sandbox: Sandbox) -> None:
+    job = job_id()
+    job_dir = sandbox.prepare(job)
+    source = job_dir / "input" / "upload"
+    shutil.copy(EXIF / "Landscape_6.jpg", source)
+    os.chmod(source, 0o600)  # readable only once handed to the sandbox uid
+
+    result = await sandbox.run(
+        job,
+        "hypermedia.imaging.ops:run",
+        "thumbnail",
+        {"size": 256},
+        source,
+        LIMITS,
+        entry_kwargs={"limits": IMAGE_LIMITS},
+    )
+
+    assert result.error_code is None, result
+    (output,) = result.outputs
+    assert isinstance(output, ops.OutputFile)
+    assert (output.output_type, output.filename, output.mime_type) == (
+        "thumbnail",
+        "thumbnail.webp",
+        "image/webp",
+    )
+    image = pyvips.Image.new_from_file(str(job_dir / "output" / output.filename))
+    assert (image.width, image.height) == (256, 171) == (output.metadata["width"], output.metadata["height"])
+    assert result.duration_ms > 0 and 10 < result.peak_memory_mb < 2048
+    if IS_ROOT:
+        assert (job_dir / "output" / output.filename).stat().st_uid == sandbox.uid
+
+    sandbox.cleanup(job)
+    assert not job_dir.exists()
+
+
+async def test_imaging_errors_come_back_as_their_codes(sandbox: Sandbox) -> None:
+    job = job_id()
+    source = sandbox.prepare(job) / "input" / "upload"
+    source.write_bytes(b"<svg xmlns='http://www.w3.org/2000/svg'/>")
+    result = await sandbox.run(
+        job,
+        "hypermedia.imaging.ops:run",
+        "thumbnail",
+        {},
+        source,
+        LIMITS,
+        entry_kwargs={"limits": IMAGE_LIMITS},
+    )
+    assert (result.error_code, result.retryable, result.outputs) == ("UNSUPPORTED_FORMAT", False, [])
+    sandbox.cleanup(job)
+
+
+async def test_prepare_gives_a_fresh_private_directory(sandbox: Sandbox) -> None:
+    job = job_id()
+    job_dir = sandbox.prepare(job)
+    (job_dir / "output" / "stale.webp").write_bytes(b"old")
+    (job_dir / "escape").symlink_to("/etc")
+
+    job_dir = sandbox.prepare(job)
+
+    assert sorted(os.listdir(job_dir)) == ["input", "output"]
+    assert os.listdir(job_dir / "output") == []
+    assert os.stat("/etc/passwd").st_size > 0  # the symlink was removed, not followed
+    for path in (job_dir, job_dir / "input", job_dir / "output"):
+        st = path.stat()
+        assert st.st_mode & 0o777 == 0o700
+        if IS_ROOT:
+            assert st.st_uid == sandbox.uid
+    sandbox.cleanup(job)
+    with pytest.raises(ValueError):
+        sandbox.prepare("../escape")
+
+
+async def test_child_is_confined(sandbox: Sandbox) -> None:
+    job, result = await run_entry(sandbox, "identity")
+    assert result.error_code is None, result
+    seen = result.outputs[0].metadata
+
+    assert seen["cwd"] == str(sandbox.job_dir(job))
+    assert seen["umask"] == 0o077
+    assert seen["pgid"] == seen["pid"]  # own session and process group
+    assert seen["no_new_privs"] == "1"
+    assert set(seen["env"]) == {"PATH", "LANG", "VIPS_CONCURRENCY", "HOME", "TMPDIR"}
+    assert seen["env"]["VIPS_CONCURRENCY"] == "1"
+    assert {0, 1, 2, 3} <= set(seen["open_fds"]) <= {0, 1, 2, 3, 4}  # 4: listdir's own fd
+    if IS_ROOT:
+        assert seen["uid"] != 0 and seen["uid"] == sandbox.uid
+        assert seen["gid"] != 0 and seen["groups"] == []
+        assert seen["netns"] != os.readlink("/proc/self/ns/net")
+    sandbox.cleanup(job)
+
+
+async def test_wall_clock_timeout_kills_the_process_group(sandbox: Sandbox) -> None:
+    limits = SandboxLimits(cpu_seconds=10, wall_seconds=0.5, memory_bytes=2 << 30, fsize_bytes=1 << 20)
+    started = time.monotonic()
+    job, result = await run_entry(sandbox, "sleep_forever", limits=limits)
+
+    assert (result.error_code, result.retryable) == ("TIMEOUT", True)
+    assert time.monotonic() - started < 3
+    child, grandchild = map(int, (sandbox.job_dir(job) / "pids.txt").read_text().split())
+    assert gone(child)
+    for _ in range(100):  # the grandchild is reaped by the zygote (subreaper) shortly after
+        if gone(grandchild):
+            break
+        await asyncio.sleep(0.02)
+    assert gone(grandchild)
+    sandbox.cleanup(job)
+
+
+async def test_cpu_limit_is_a_timeout(sandbox: Sandbox) -> None:
+    limits = SandboxLimits(cpu_seconds=1, wall_seconds=10, memory_bytes=2 << 30, fsize_bytes=1 << 20)
+    job, result = await run_entry(sandbox, "spin", limits=limits)
+    assert (result.error_code, result.retryable) == ("TIMEOUT", True)
+    assert result.duration_ms < 5000
+    sandbox.cleanup(job)
+
+
+async def test_memory_limit_is_a_resource_limit(sandbox: Sandbox) -> None:
+    limits = SandboxLimits(cpu_seconds=10, wall_seconds=10, memory_bytes=512 << 20, fsize_bytes=1 << 20)
+    job, result = await run_entry(sandbox, "allocate", {"bytes": 1 << 30}, limits=limits)
+    assert (result.error_code, result.retryable) == ("RESOURCE_LIMIT", False)
+    assert result.peak_memory_mb < 512
+    sandbox.cleanup(job)
+
+    job, result = await run_entry(sandbox, "allocate", {"bytes": 64 << 20}, limits=limits)
+    assert result.error_code is None and result.outputs[0].metadata["len"] == 64 << 20
+    assert result.peak_memory_mb >= 64
+    sandbox.cleanup(job)
+
+
+async def test_file_size_limit_is_a_resource_limit(sandbox: Sandbox) -> None:
+    limits = SandboxLimits(cpu_seconds=10, wall_seconds=10, memory_bytes=2 << 30, fsize_bytes=1 << 20)
+    job, result = await run_entry(sandbox, "write_big", {"bytes": 2 << 20}, limits=limits)
+    assert (result.error_code, result.retryable) == ("RESOURCE_LIMIT", False)
+    sandbox.cleanup(job)
+
+
+async def test_crash_is_contained_and_the_next_job_runs(sandbox: Sandbox) -> None:
+    job, result = await run_entry(sandbox, "segfault")
+    assert (result.error_code, result.retryable, result.outputs) == ("SANDBOX_CRASHED", False, [])
+    sandbox.cleanup(job)
+
+    job, result = await run_entry(sandbox, "noop")
+    assert (result.error_code, result.outputs) == (None, [])
+    sandbox.cleanup(job)
+
+
+async def test_cancel_kills_a_running_job(sandbox: Sandbox) -> None:
+    job = job_id()
+    task = asyncio.create_task(run_entry(sandbox, "sleep_forever", job=job))
+    pids = sandbox.job_dir(job) / "pids.txt"
+    for _ in range(200):
+        if pids.exists() and pids.read_text():
+            break
+        await asyncio.sleep(0.01)
+
+    assert sandbox.cancel(job) is True
+    _, result = await asyncio.wait_for(task, 5)
+
+    assert (result.error_code, result.retryable) == ("CANCELLED", False)
+    assert gone(int(pids.read_text().split()[0]))
+    assert sandbox.cancel(job) is False
+    assert sandbox.cancel("never-started") is False
+    sandbox.cleanup(job)
+
+
+async def test_domain_error_passes_through_and_internal_error_is_generic(
+    sandbox: Sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    job, result = await run_entry(sandbox, "fail_permanent")
+    assert (result.error_code, result.error_message, result.retryable) == (
+        "CORRUPT_INPUT",
+        "The image is broken.",
+        False,
+    )
+    sandbox.cleanup(job)
+
+    with caplog.at_level(logging.ERROR, logger="hypermedia.sandbox"):
+        job, result = await run_entry(sandbox, "fail_internal")
+    assert (result.error_code, result.error_message) == ("INTERNAL", "Internal error.")
+    assert "secret detail" in caplog.text  # the traceback is logged, not returned
+    sandbox.cleanup(job)
+
+
+async def test_symlinked_output_is_refused(sandbox: Sandbox) -> None:
+    job, result = await run_entry(sandbox, "symlink_output")
+    assert (result.error_code, result.outputs) == ("INTERNAL", [])
+    sandbox.cleanup(job)
+
+
+async def test_concurrent_jobs(sandbox: Sandbox) -> None:
+    jobs = [job_id() for _ in range(4)]
+    for job in jobs:
+        shutil.copy(EXIF / "Landscape_3.jpg", sandbox.prepare(job) / "input" / "upload")
+    results = await asyncio.gather(
+        *(
+            sandbox.run(
+                job,
+                "hypermedia.imaging.ops:run",
+                "resize",
+                {"width": 300, "height": 300, "fit": "cover"},
+                sandbox.job_dir(job) / "input" / "upload",
+                LIMITS,
+                entry_kwargs={"limits": IMAGE_LIMITS},
+            )
+            for job in jobs
+        )
+    )
+    for job, result in zip(jobs, results, strict=True):
+        assert result.error_code is None, result
+        image = pyvips.Image.new_from_file(str(sandbox.job_dir(job) / "output" / result.outputs[0].filename))
+        assert (image.width, image.height) == (300, 300)
+        sandbox.cleanup(job)
+
+
+async def test_image_job_thread_count_fits_the_nproc_budget(sandbox: Sandbox) -> None:
+    job = job_id()
+    shutil.copy(EXIF / "Landscape_6.jpg", sandbox.prepare(job) / "input" / "upload")
+    result = await sandbox.run(
+        job,
+        f"{ENTRIES}:image_threads",
+        "convert",
+        {"format": "avif"},
+        sandbox.job_dir(job) / "input" / "upload",
+        LIMITS,
+        entry_kwargs={"limits": IMAGE_LIMITS},
+    )
+    assert result.error_code is None, result
+    assert result.outputs[-1].metadata["peak_threads_without_watcher"] <= 4
+    sandbox.cleanup(job)
+
+
+async def test_start_overhead_is_small(sandbox: Sandbox) -> None:
+    job = job_id()
+    sandbox.prepare(job)
+    times = []
+    for _ in range(30):
+        started = time.perf_counter()
+        result = await sandbox.run(job, f"{ENTRIES}:noop", "test", {}, Path("/nonexistent"), LIMITS)
+        times.append((time.perf_counter() - started) * 1000)
+        assert result.error_code is None
+    sandbox.cleanup(job)
+    print(f"sandbox round trip for an empty job: median {statistics.median(times):.1f} ms")
+    assert statistics.median(times) < 30
+
+
+@root_only
+async def test_uid_pool_gives_concurrent_jobs_their_own_uid(work_dir: Path) -> None:
+    box = Sandbox(work_dir, preload=(ENTRIES,), uid=(61001, 61002), isolate_network=False)
+    await box.start()
+    try:
+        first, second = job_id(), job_id()
+        box.prepare(first)
+        box.prepare(second)
+        results = await asyncio.gather(
+            *(
+                box.run(job, f"{ENTRIES}:identity", "test", {}, Path("/nonexistent"), LIMITS)
+                for job in (first, second)
+            )
+        )
+        assert sorted(r.outputs[0].metadata["uid"] for r in results) == [61001, 61002]
+        assert sorted(r.outputs[0].metadata["gid"] for r in results) == [61001, 61002]
+        box.cleanup(first)
+        box.cleanup(second)
+    finally:
+        await box.close()
+
+
+async def test_lost_zygote_fails_running_jobs_and_restarts(work_dir: Path) -> None:
+    box = Sandbox(work_dir, preload=(ENTRIES,))
+    await box.start()
+    try:
+        job = job_id()
+        task = asyncio.create_task(run_entry(box, "sleep_forever", job=job))
+        pids = box.job_dir(job) / "pids.txt"
+        for _ in range(200):
+            if pids.exists() and pids.read_text():
+                break
+            await asyncio.sleep(0.01)
+        assert box._proc is not None
+        os.kill(box._proc.pid, signal.SIGKILL)
+
+        _, result = await asyncio.wait_for(task, 5)
+        assert (result.error_code, result.retryable) == ("SANDBOX_CRASHED", True)
+        child = int(pids.read_text().split()[0])
+        for _ in range(100):  # parent-death signal
+            if gone(child):
+                break
+            await asyncio.sleep(0.02)
+        assert gone(child)
+        box.cleanup(job)
+
+        job, result = await run_entry(box, "noop")
+        assert result.error_code is None
+        box.cleanup(job)
+    finally:
+        await box.close()
