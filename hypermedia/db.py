@@ -12,8 +12,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import yoyo
+from asyncpg.pool import PoolConnectionProxy
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+Connection = asyncpg.Connection | PoolConnectionProxy
+"""A plain connection or one borrowed from a pool: what transaction-scoped helpers accept."""
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -32,6 +36,13 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
     )
     assert pool is not None
     return pool
+
+
+async def connect(dsn: str) -> asyncpg.Connection:
+    """One connection with the same JSON/JSONB codecs as :func:`create_pool` (scripts, tests)."""
+    conn = await asyncpg.connect(dsn)
+    await _init_connection(conn)
+    return conn
 
 
 def _yoyo_url(dsn: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from hypermedia import queues
+from hypermedia import db, queues
 
 LEASE_MARGIN_SECONDS = 60
 """Added to ``timeout_seconds × 1.5`` (the sandbox wall clock) to get the lease length."""
@@ -49,7 +49,7 @@ class ClaimedJob:
 
 
 async def enqueue_outbox(
-    conn: asyncpg.Connection, prefix: str, job_id: str, queue: str, priority: int
+    conn: db.Connection, prefix: str, job_id: str, queue: str, priority: int
 ) -> None:
     """Write the outbox row announcing that ``job_id`` is queued (call inside the job's transaction)."""
     message = queues.JobMessage(job_id=str(job_id), queue=queue, priority=priority)
@@ -308,7 +308,7 @@ async def cancel_requested(pool: asyncpg.Pool, job_ids: list[str]) -> list[str]:
 
 
 async def _finish_attempt(
-    conn: asyncpg.Connection,
+    conn: db.Connection,
     job: ClaimedJob,
     status: str,
     error_code: str | None,

@@ -21,6 +21,18 @@ def _struct(value: dict[str, Any] | None) -> struct_pb2.Struct:
     return out
 
 
+def _plain(value: Any) -> Any:
+    """Struct params as the JSON a REST client would send: protobuf's Struct has only doubles, so
+    integral numbers (``128.0``) become ints again."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _ts(value: str | None) -> timestamp_pb2.Timestamp | None:
     if not value:
         return None
@@ -91,7 +103,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.ProcessResponse:
         caller = await self._caller(context)
         operations = self._api.parse_operations(
-            [{"name": op.name, "params": json_format.MessageToDict(op.params)} for op in request.operations]
+            [{"name": op.name, "params": _plain(json_format.MessageToDict(op.params))} for op in request.operations]
         )
         result = await self._api.process(
             caller,

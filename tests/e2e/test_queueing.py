@@ -10,11 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
-from hypermedia import lifecycle
+from hypermedia import db, lifecycle
 from tests.e2e.conftest import REPO, RunningPlatform, start_platform, upload, wait_job
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
@@ -122,7 +121,7 @@ def test_the_same_job_delivered_twice_has_one_output_row_and_one_charge(
     prefix = platform.env["HM_STREAM_PREFIX"]
 
     async def redeliver(reset: bool) -> None:
-        conn = await asyncpg.connect(database_url)
+        conn = await db.connect(database_url)
         try:
             async with conn.transaction():
                 if reset:
@@ -149,7 +148,7 @@ def test_the_same_job_delivered_twice_has_one_output_row_and_one_charge(
     assert second["outputs"][0]["key"] == first["outputs"][0]["key"]
 
     async def rows() -> tuple[int, int, int]:
-        conn = await asyncpg.connect(database_url)
+        conn = await db.connect(database_url)
         try:
             outputs = await conn.fetchval("SELECT count(*) FROM job_outputs WHERE job_id = $1", job_id)
             commits = await conn.fetchval(

@@ -1,0 +1,168 @@
+"""`make demo`: start the platform on embedded defaults, process the sample photos through REST the
+way an app would, download the results into ./demo-output/, and shut everything down.
+
+Nothing here talks to a service directly: it runs `hypermedia up`, `hypermedia admin
+create-account`, and then only the public REST API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+PHOTOS = REPO / "tests" / "data" / "exif-orientation"
+OUT = REPO / "demo-output"
+STATE = REPO / ".hypermedia" / "demo"
+
+
+def _port(preferred: int) -> int:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+            return preferred
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+
+def _wait_ready(rest: str, up: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if up.poll() is not None:
+            sys.exit(f"hypermedia up exited early; its log:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{rest}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    sys.exit("the platform did not become ready within 180 s")
+
+
+def _wait_jobs(client: httpx.Client, job_ids: list[str]) -> list[dict[str, Any]]:
+    done: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 180
+    while len(done) < len(job_ids) and time.monotonic() < deadline:
+        for job_id in job_ids:
+            if job_id not in done:
+                job = client.get(f"/v1/jobs/{job_id}").json()
+                if job["status"] in ("completed", "failed", "cancelled"):
+                    done[job_id] = job
+        time.sleep(0.1)
+    return [done.get(j) or client.get(f"/v1/jobs/{j}").json() for j in job_ids]
+
+
+def main() -> int:
+    shutil.rmtree(STATE, ignore_errors=True)
+    shutil.rmtree(OUT, ignore_errors=True)
+    STATE.mkdir(parents=True)
+    OUT.mkdir()
+    http_port, grpc_port = _port(8080), _port(50051)
+    env = {
+        **os.environ,
+        "HM_STATE_DIR": str(STATE),
+        "HYPERMEDIA_HTTP_PORT": str(http_port),
+        "HYPERMEDIA_GRPC_PORT": str(grpc_port),
+    }
+    for var in ("DATABASE_URL", "NATS_URL"):
+        env.pop(var, None)  # the demo always runs on embedded defaults
+    log = STATE / "up.log"
+    hypermedia = [sys.executable, "-m", "hypermedia.cli"]
+    print(f"starting the platform (embedded Postgres and NATS, local object store in {STATE}) ...")
+    with log.open("ab") as log_file:
+        up = subprocess.Popen(
+            [*hypermedia, "up"], env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    rest = f"http://127.0.0.1:{http_port}"
+    try:
+        _wait_ready(rest, up, log)
+        print(f"platform ready: REST {rest}, gRPC 127.0.0.1:{grpc_port}, logs in {STATE / 'logs'}")
+        account = json.loads(
+            subprocess.run(
+                [*hypermedia, "admin", "create-account", "--credits", "100", "--name", "demo"],
+                env=env,
+                cwd=REPO,
+                capture_output=True,
+                check=True,
+            ).stdout
+        )
+        print(f"account {account['account_id']} with {account['credits']} credits")
+        rows = []
+        with httpx.Client(
+            base_url=rest, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=60
+        ) as c:
+            requests = []
+            for photo in sorted(PHOTOS.glob("Landscape_*.jpg")):
+                obj = c.post("/v1/objects", files={"file": (photo.name, photo.read_bytes())}).json()
+                ops: list[Any] = ["thumbnail"]
+                if photo.name == "Landscape_6.jpg":
+                    ops += [
+                        {"name": "resize", "params": {"width": 640, "height": 640, "fit": "cover"}},
+                        {"name": "compress", "params": {"quality": 40}},
+                        {"name": "convert", "params": {"format": "avif"}},
+                    ]
+                created = c.post(
+                    "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops}
+                )
+                created.raise_for_status()
+                requests.append((photo.name, created.json()["job_ids"]))
+            for name, job_ids in requests:
+                for job in _wait_jobs(c, job_ids):
+                    for output in job["outputs"]:
+                        ext = output["mime_type"].split("/")[-1].replace("jpeg", "jpg")
+                        target = OUT / f"{Path(name).stem}.{job['operation']}.{ext}"
+                        target.write_bytes(httpx.get(output["url"], timeout=60).content)
+                        meta = output["metadata"]
+                        rows.append(
+                            (
+                                name,
+                                job["operation"],
+                                job["status"],
+                                f"{meta.get('width')}×{meta.get('height')}",
+                                output["size_bytes"],
+                                target.relative_to(REPO),
+                            )
+                        )
+                    if not job["outputs"]:
+                        rows.append((name, job["operation"], job["status"], job["error_code"] or "", 0, ""))
+            bad = c.post("/v1/objects", files={"file": ("notes.jpg", b"this is not a photo")}).json()
+            refused = c.post(
+                "/v1/hypermedia/process", json={"object_id": bad["object_id"], "operations": ["thumbnail"]}
+            )
+            balance = c.get("/v1/credits").json()
+        print()
+        print(f"{'input':18} {'operation':10} {'status':10} {'size':>11} {'bytes':>8}  result")
+        for name, op, status, dims, size, path in rows:
+            print(f"{name:18} {op:10} {status:10} {dims:>11} {size:>8}  {path}")
+        print()
+        print(
+            f"a text file named notes.jpg: HTTP {refused.status_code} {refused.json()['error_code']}"
+            f" — {refused.json()['detail']}"
+        )
+        print(f"credits: balance {balance['balance']}, held {balance['held']}")
+        print(f"\nresults are in {OUT}/")
+        failed = [r for r in rows if r[2] != "completed"]
+        return 1 if failed else 0
+    finally:
+        print("stopping the platform ...")
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(90)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        print(f"stopped (exit code {up.returncode})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
