@@ -18,6 +18,7 @@ help:
 
 $(STAMP): pyproject.toml uv.lock
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/python -m pip --version >/dev/null 2>&1 || $(VENV)/bin/python -m ensurepip --upgrade >/dev/null
 	@$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 	@UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --frozen --inexact --quiet --python $(VENV)/bin/python
 	@touch $(STAMP)

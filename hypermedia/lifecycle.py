@@ -48,9 +48,7 @@ class ClaimedJob:
     backoff_base_seconds: int
 
 
-async def enqueue_outbox(
-    conn: db.Connection, prefix: str, job_id: str, queue: str, priority: int
-) -> None:
+async def enqueue_outbox(conn: db.Connection, prefix: str, job_id: str, queue: str, priority: int) -> None:
     """Write the outbox row announcing that ``job_id`` is queued (call inside the job's transaction)."""
     message = queues.JobMessage(job_id=str(job_id), queue=queue, priority=priority)
     await conn.execute(

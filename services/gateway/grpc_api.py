@@ -103,7 +103,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.ProcessResponse:
         caller = await self._caller(context)
         operations = self._api.parse_operations(
-            [{"name": op.name, "params": _plain(json_format.MessageToDict(op.params))} for op in request.operations]
+            [
+                {"name": op.name, "params": _plain(json_format.MessageToDict(op.params))}
+                for op in request.operations
+            ]
         )
         result = await self._api.process(
             caller,
