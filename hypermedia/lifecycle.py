@@ -197,15 +197,20 @@ async def fail(
 ) -> str | None:
     """Record a failed attempt. A retryable failure with attempts left goes to ``retry_wait`` with
     backoff ``backoff_base_seconds × 2^(attempt−1)`` (the seed's 1, 2, 4, 8 … minutes); otherwise the
-    job is ``failed``. Returns the new status, or None when the lease was lost."""
-    new_status = "retry_wait" if retryable and job.attempt < job.max_attempts else "failed"
+    job is ``failed``. A job whose cancellation was requested is never retried: it is ``failed`` (and
+    the caller releases its hold). Returns the new status, or None when the lease was lost."""
+    retry = retryable and job.attempt < job.max_attempts
     delay = job.backoff_base_seconds * (2 ** (job.attempt - 1))
     async with pool.acquire() as conn, conn.transaction():
+        # SET expressions see the old row, so every CASE below tests the status before this update.
         status = await conn.fetchval(
             """
-            UPDATE processing_jobs SET status = $4, error_code = $5, error_message = $6,
-                   next_attempt_at = CASE WHEN $4 = 'retry_wait' THEN now() + make_interval(secs => $7) END,
-                   completed_at = CASE WHEN $4 = 'failed' THEN now() END,
+            UPDATE processing_jobs SET
+                   status = CASE WHEN $4 AND status = 'processing' THEN 'retry_wait' ELSE 'failed' END,
+                   error_code = $5, error_message = $6,
+                   next_attempt_at = CASE WHEN $4 AND status = 'processing'
+                                          THEN now() + make_interval(secs => $7) END,
+                   completed_at = CASE WHEN $4 AND status = 'processing' THEN NULL ELSE now() END,
                    visibility_timeout = NULL, updated_at = now()
             WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3
               AND status IN ('processing', 'cancel_requested')
@@ -214,7 +219,7 @@ async def fail(
             job.job_id,
             worker_id,
             job.attempt,
-            new_status,
+            retry,
             error_code,
             error_message,
             float(delay),
@@ -256,6 +261,7 @@ async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix:
                 error_code = CASE WHEN attempt_count >= max_attempts THEN 'WORKER_LOST' END,
                 error_message = CASE WHEN attempt_count >= max_attempts
                                      THEN 'the worker stopped before the job finished' END,
+                completed_at = CASE WHEN attempt_count >= max_attempts THEN now() END,
                 claimed_by = NULL, visibility_timeout = NULL, queued_at = now(), updated_at = now()
             WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
             RETURNING status, queue, priority

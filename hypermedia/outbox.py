@@ -5,13 +5,17 @@ Rows are written in the same transaction as the job state they announce
 LOCKED`` (so several relays can run at once), publishes each row with ``Nats-Msg-Id = msg_id`` and
 waits for the JetStream ack, then marks the batch published in the same transaction. A crash between
 publish and mark publishes the rows again on the next run, and JetStream drops the copies inside its
-duplicate window. After a batch it rings the doorbell of every queue it touched.
+duplicate window. After a batch it rings the doorbell of every queue it touched. A row that could
+not be published (no stream for its subject, broker timeout) is left pending and skipped by this
+relay for ``FAILED_ROW_BACKOFF_SECONDS``, so a batch's worth of such rows cannot starve the rows
+behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import asyncpg
@@ -24,6 +28,9 @@ from nats.js.errors import NoStreamResponseError
 from hypermedia import queues
 
 log = logging.getLogger(__name__)
+
+FAILED_ROW_BACKOFF_SECONDS = 30.0
+"""How long a relay leaves a row alone after failing to publish it."""
 
 
 @dataclass(frozen=True)
@@ -57,17 +64,24 @@ class OutboxRelay:
         self._batch_size = batch_size
         self._retain_seconds = retain_seconds
         self.wake = asyncio.Event()
+        # outbox_id → monotonic time before which this relay does not try the row again. Holds at
+        # most the rows that failed within the last FAILED_ROW_BACKOFF_SECONDS.
+        self._retry_after: dict[int, float] = {}
 
     async def run_once(self) -> RelayResult:
         """Publish up to one batch; returns how many rows were published and purged."""
         rung: set[str] = set()
+        now = time.monotonic()
+        self._retry_after = {k: t for k, t in self._retry_after.items() if t > now}
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 """
                 SELECT outbox_id, subject, msg_id, payload FROM outbox
-                WHERE published_at IS NULL ORDER BY outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED
+                WHERE published_at IS NULL AND outbox_id <> ALL($2::bigint[])
+                ORDER BY outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED
                 """,
                 self._batch_size,
+                list(self._retry_after),
             )
             published = []
             for row in rows:
@@ -81,6 +95,7 @@ class OutboxRelay:
                 except (NoStreamResponseError, NoRespondersError, NatsTimeoutError):
                     # Left unpublished; the next run tries again. The rest of the batch goes on.
                     log.warning("could not publish outbox row %s to %s", row["outbox_id"], row["subject"])
+                    self._retry_after[row["outbox_id"]] = now + FAILED_ROW_BACKOFF_SECONDS
                     continue
                 published.append(row["outbox_id"])
                 rung.add(queues.doorbell_for(row["subject"]))

@@ -76,6 +76,20 @@ def worker_identity(settings: WorkerSettings, role: str) -> str:
     return f"{settings.deployment}/{role}/{socket.gethostname()}/{boot_id()[:8]}/g{settings.generation}/{os.getpid()}"
 
 
+def available_memory_mb() -> int:
+    """Memory this process's container may still use (MiB): the cgroup v2 limit minus usage when a
+    limit is set (in a container ``/proc/meminfo`` shows the node), else the host's available memory."""
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            current = int((cgroup / "memory.current").read_text())
+            return max(0, int(limit) - current) // (1024 * 1024)
+    except (OSError, ValueError):
+        pass
+    return int(psutil.virtual_memory().available // (1024 * 1024))
+
+
 @dataclass
 class Admission:
     """Slots plus a memory gate. ``reason`` says why admission is open or closed."""
@@ -88,7 +102,7 @@ class Admission:
     draining: bool = False
 
     def sample(self) -> None:
-        available_mb = psutil.virtual_memory().available // (1024 * 1024)
+        available_mb = available_memory_mb()
         self.sampled_at = time.monotonic()
         if self.draining:
             self.reason = "draining"

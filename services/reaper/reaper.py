@@ -9,9 +9,14 @@ requeue the same job twice:
 2. **retry promotion**: ``retry_wait`` jobs whose ``next_attempt_at`` passed go to ``queued``;
 3. **stale queued**: jobs ``queued`` longer than ``requeue_stale_seconds`` are published again, so
    a message the broker lost never strands a job (claims are idempotent, duplicates are dropped);
-4. **dead workers**: workers whose heartbeat is older than ``dead_worker_seconds`` are marked dead.
+4. **dead workers**: workers whose heartbeat is older than ``dead_worker_seconds`` are marked dead;
+5. **unsettled holds**: jobs whose credit hold is still ``held`` more than ``SETTLE_GRACE_SECONDS``
+   after they ended — a Release or Commit that failed or was never made (the credits service was
+   unreachable, or a process died between the job's transition and the call): ``failed`` and
+   ``cancelled`` jobs are released, ``completed`` ones charged their ``actual_credits``.
 
-Credits of jobs it fails or cancels are released through the credits service.
+Credits of jobs it fails or cancels are released through the credits service (Release is idempotent
+per job, so releasing a hold someone else is releasing at the same moment is harmless).
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ from hypermedia.rpc import call
 
 log = logging.getLogger(__name__)
 
+SETTLE_GRACE_SECONDS = 60.0
+"""How long after a job failed or was cancelled its hold may still be held before the reaper releases
+it: the path that ended the job releases it first; this only catches the releases that never happened."""
+
 
 @dataclass(frozen=True)
 class ReapResult:
@@ -38,6 +47,8 @@ class ReapResult:
     promoted: int = 0
     republished: int = 0
     dead_workers: int = 0
+    settled_holds: int = 0
+    """Holds of finished jobs released by step 5 (releases of jobs this run ended are not counted)."""
 
     @property
     def anything(self) -> bool:
@@ -70,12 +81,29 @@ class Reaper:
         promoted = await self._promote_retries()
         republished = await self._republish_stale()
         dead = await self._mark_dead_workers()
+        unsettled = await self._unsettled_holds()
+        settled_holds = 0
         for job_id in released:
             try:
                 await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
             except DomainError:
+                # The hold stays held; step 5 of a later run settles it.
                 log.exception("could not release credits of a reaped job")
-        result = ReapResult(requeued, failed, promoted, republished, dead)
+        for job_id, status, actual in unsettled:
+            try:
+                if status == "completed":
+                    response = await call(
+                        self._credits.Commit,
+                        credits_pb2.CommitRequest(job_id=job_id, actual_millicredits=actual or 0),
+                    )
+                else:
+                    response = await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
+            except DomainError:
+                log.exception("could not settle the credits of an ended job")
+                continue
+            if not response.already_settled:
+                settled_holds += 1
+        result = ReapResult(requeued, failed, promoted, republished, dead, settled_holds)
         if result.anything:
             log.info("reaper run: %s", result)
         return result
@@ -165,6 +193,20 @@ class Reaper:
                     conn, self._prefix, str(r["job_id"]), r["queue"], r["priority"]
                 )
         return len(rows)
+
+    async def _unsettled_holds(self) -> list[tuple[str, str, int | None]]:
+        rows = await self._pool.fetch(
+            """
+            SELECT h.job_id, j.status, j.actual_credits
+            FROM credit_holds h JOIN processing_jobs j ON j.job_id = h.job_id
+            WHERE h.status = 'held' AND j.status IN ('completed', 'failed', 'cancelled')
+              AND j.updated_at < now() - make_interval(secs => $2)
+            ORDER BY j.updated_at LIMIT $1
+            """,
+            self._batch,
+            SETTLE_GRACE_SECONDS,
+        )
+        return [(str(r["job_id"]), r["status"], r["actual_credits"]) for r in rows]
 
     async def _mark_dead_workers(self) -> int:
         result = await self._pool.execute(

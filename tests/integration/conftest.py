@@ -8,6 +8,7 @@ milliseconds) on the session's Postgres server. Counts returned by ``run_once()`
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +23,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from hypermedia import db, queues
+from hypermedia.config import QUEUES
 from hypermedia.credits.v1 import credits_pb2_grpc
 from hypermedia.rpc import GrpcServer, channel
 from services.credits.service import CreditsService
@@ -53,9 +55,7 @@ def template_database(database_url: str) -> Iterator[str]:
     db.migrate(_with_database(database_url, name))
     with psycopg.connect(database_url, autocommit=True) as conn:
         # yoyo may keep its connection open; a template must have no sessions when it is copied.
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
-        )
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
     yield name
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -98,11 +98,10 @@ async def broker(nats_url: str) -> AsyncIterator[Broker]:
         await queues.ensure_streams(js, prefix)
         yield Broker(nc, js, prefix)
     finally:
-        for queue in ("images", "documents", "ocr", "media", "bulk"):
-            try:
+        for queue in QUEUES:
+            # Best effort: the streams only take space on the session's private server.
+            with contextlib.suppress(Exception):
                 await js.delete_stream(queues.stream_name(prefix, queue))
-            except Exception:  # best effort: the server may already be gone
-                pass
         await nc.close()
 
 

@@ -1,0 +1,322 @@
+"""The credits service against a real Postgres: holds are all or nothing, settlements happen once per
+job, grants once per grant id. Methods are called directly (context None) unless the wire matters."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+import pytest
+
+from hypermedia.credits.v1 import credits_pb2
+from hypermedia.errors import InsufficientCredits, InvalidArgument, NotFound
+from hypermedia.rpc import call
+from services.credits.service import CreditsService
+from tests.integration.conftest import Credits, Seeder, Tenant
+
+MIB = 1024 * 1024
+THUMBNAIL_BASE, THUMBNAIL_PER_MB = 1000, 200
+"""Prices of the seeded ``thumbnail`` v1 profile (millicredits)."""
+
+
+def _hold_request(tenant: Tenant, *holds: tuple[uuid.UUID, int]) -> credits_pb2.HoldRequest:
+    request = credits_pb2.HoldRequest(account_id=str(tenant.account_id))
+    for job_id, amount in holds:
+        request.holds.add(job_id=str(job_id), millicredits=amount)
+    return request
+
+
+async def _account(pool: asyncpg.Pool, tenant: Tenant) -> tuple[int, int]:
+    row = await pool.fetchrow(
+        "SELECT balance, held FROM credit_accounts WHERE account_id = $1", tenant.account_id
+    )
+    return row["balance"], row["held"]
+
+
+async def _ledger(pool: asyncpg.Pool, tenant: Tenant) -> list[tuple[str, int]]:
+    rows = await pool.fetch(
+        "SELECT kind, amount FROM credit_ledger WHERE account_id = $1 ORDER BY entry_id", tenant.account_id
+    )
+    return [(r["kind"], r["amount"]) for r in rows]
+
+
+async def _held_job(credits: Credits, tenant: Tenant, amount: int) -> uuid.UUID:
+    job_id = uuid.uuid4()
+    await credits.service.Hold(_hold_request(tenant, (job_id, amount)), None)
+    return job_id
+
+
+# -- estimate -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size_bytes", "expected"),
+    [
+        (0, THUMBNAIL_BASE),
+        (1, THUMBNAIL_BASE + 1),  # any part of a MiB costs at least one millicredit
+        (MIB, THUMBNAIL_BASE + THUMBNAIL_PER_MB),
+        (MIB + 1, THUMBNAIL_BASE + THUMBNAIL_PER_MB + 1),
+        (MIB // 2, THUMBNAIL_BASE + THUMBNAIL_PER_MB // 2),
+        (50 * MIB, THUMBNAIL_BASE + 50 * THUMBNAIL_PER_MB),
+        (3 * MIB + 12345, THUMBNAIL_BASE + 600 + -(-THUMBNAIL_PER_MB * 12345 // MIB)),
+    ],
+)
+async def test_estimate_is_base_cost_plus_per_mb_rounded_up(
+    fresh_pool: asyncpg.Pool, size_bytes: int, expected: int
+) -> None:
+    response = await CreditsService(fresh_pool).Estimate(
+        credits_pb2.EstimateRequest(operations=["thumbnail"], size_bytes=size_bytes), None
+    )
+
+    assert [(e.operation, e.millicredits, e.profile_version) for e in response.estimates] == [
+        ("thumbnail", expected, 1)
+    ]
+    assert response.total_millicredits == expected
+
+
+async def test_estimate_of_several_operations_sums_them(fresh_pool: asyncpg.Pool) -> None:
+    response = await CreditsService(fresh_pool).Estimate(
+        credits_pb2.EstimateRequest(operations=["thumbnail", "compress"], size_bytes=2 * MIB), None
+    )
+
+    # compress v1: base 1500, 300 per MiB.
+    assert [e.millicredits for e in response.estimates] == [1400, 2100]
+    assert response.total_millicredits == 3500
+
+
+async def test_estimate_rejects_unknown_operations_and_negative_sizes(fresh_pool: asyncpg.Pool) -> None:
+    service = CreditsService(fresh_pool)
+    with pytest.raises(NotFound) as unknown:
+        await service.Estimate(credits_pb2.EstimateRequest(operations=["teleport"], size_bytes=1), None)
+    assert unknown.value.error_code == "UNKNOWN_OPERATION"
+    with pytest.raises(InvalidArgument):
+        await service.Estimate(credits_pb2.EstimateRequest(operations=["thumbnail"], size_bytes=-1), None)
+
+
+# -- hold -----------------------------------------------------------------------------------------
+
+
+async def test_hold_is_all_or_nothing(fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits) -> None:
+    tenant = await seed.tenant(balance=2000)
+    first, second = uuid.uuid4(), uuid.uuid4()
+
+    with pytest.raises(InsufficientCredits) as short:
+        await credits.service.Hold(_hold_request(tenant, (first, 1200), (second, 1200)), None)
+
+    assert short.value.error_code == "INSUFFICIENT_CREDITS"
+    assert await fresh_pool.fetchval("SELECT count(*) FROM credit_holds") == 0
+    assert await _ledger(fresh_pool, tenant) == []
+    assert await _account(fresh_pool, tenant) == (2000, 0)
+    # What does fit is held.
+    response = await credits.service.Hold(_hold_request(tenant, (first, 1200)), None)
+    assert (response.balance_millicredits, response.held_millicredits) == (2000, 1200)
+
+
+async def test_insufficient_credits_crosses_the_wire_with_its_error_code(
+    seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=500)
+
+    with pytest.raises(InsufficientCredits) as short:
+        await call(credits.stub.Hold, _hold_request(tenant, (uuid.uuid4(), 1000)))
+
+    assert short.value.error_code == "INSUFFICIENT_CREDITS"
+
+
+async def test_hold_counts_what_is_already_held(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=2000)
+    await _held_job(credits, tenant, 1500)
+
+    with pytest.raises(InsufficientCredits):
+        await credits.service.Hold(_hold_request(tenant, (uuid.uuid4(), 600)), None)
+
+    assert await _account(fresh_pool, tenant) == (2000, 1500)
+
+
+async def test_concurrent_holds_cannot_overspend(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=3000)
+
+    results = await asyncio.gather(
+        *(credits.service.Hold(_hold_request(tenant, (uuid.uuid4(), 1000)), None) for _ in range(5)),
+        return_exceptions=True,
+    )
+
+    assert sum(isinstance(r, credits_pb2.HoldResponse) for r in results) == 3
+    assert sum(isinstance(r, InsufficientCredits) for r in results) == 2
+    assert await _account(fresh_pool, tenant) == (3000, 3000)
+    assert await fresh_pool.fetchval("SELECT count(*) FROM credit_holds") == 3
+
+
+async def test_hold_is_idempotent_per_job(fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits) -> None:
+    tenant = await seed.tenant(balance=2000)
+    job_id = await _held_job(credits, tenant, 1500)
+
+    response = await credits.service.Hold(_hold_request(tenant, (job_id, 1500)), None)
+
+    assert (response.balance_millicredits, response.held_millicredits) == (2000, 1500)
+    assert await _ledger(fresh_pool, tenant) == [("hold", 1500)]
+
+
+async def test_hold_of_an_unknown_account_is_not_found(credits: Credits) -> None:
+    stranger = Tenant(uuid.uuid4(), uuid.uuid4(), uuid.uuid4())
+    with pytest.raises(NotFound):
+        await credits.service.Hold(_hold_request(stranger, (uuid.uuid4(), 1)), None)
+
+
+# -- commit / release -----------------------------------------------------------------------------
+
+
+async def test_commit_is_idempotent(fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits) -> None:
+    tenant = await seed.tenant(balance=5000)
+    job_id = await _held_job(credits, tenant, 1200)
+    request = credits_pb2.CommitRequest(job_id=str(job_id), actual_millicredits=1000)
+
+    first = await credits.service.Commit(request, None)
+    second = await credits.service.Commit(request, None)
+
+    assert (first.charged_millicredits, first.already_settled) == (1000, False)
+    assert (second.charged_millicredits, second.already_settled) == (1000, True)
+    assert await _ledger(fresh_pool, tenant) == [("hold", 1200), ("commit", -1000)]
+    assert await _account(fresh_pool, tenant) == (4000, 0)
+    hold = await fresh_pool.fetchrow("SELECT status, charged FROM credit_holds WHERE job_id = $1", job_id)
+    assert (hold["status"], hold["charged"]) == ("committed", 1000)
+
+
+async def test_concurrent_commits_charge_once(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=5000)
+    job_id = await _held_job(credits, tenant, 1200)
+    request = credits_pb2.CommitRequest(job_id=str(job_id), actual_millicredits=1200)
+
+    responses = await asyncio.gather(*(credits.service.Commit(request, None) for _ in range(4)))
+
+    assert sorted(r.already_settled for r in responses) == [False, True, True, True]
+    assert await _ledger(fresh_pool, tenant) == [("hold", 1200), ("commit", -1200)]
+    assert await _account(fresh_pool, tenant) == (3800, 0)
+
+
+async def test_commit_charges_at_most_the_hold(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=5000)
+    job_id = await _held_job(credits, tenant, 1200)
+
+    response = await credits.service.Commit(
+        credits_pb2.CommitRequest(job_id=str(job_id), actual_millicredits=4000), None
+    )
+
+    assert response.charged_millicredits == 1200
+    assert await _account(fresh_pool, tenant) == (3800, 0)
+
+
+async def test_commit_without_a_hold_is_not_found(credits: Credits) -> None:
+    with pytest.raises(NotFound) as missing:
+        await credits.service.Commit(
+            credits_pb2.CommitRequest(job_id=str(uuid.uuid4()), actual_millicredits=1), None
+        )
+    assert missing.value.error_code == "HOLD_NOT_FOUND"
+
+
+async def test_release_after_commit_does_nothing(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=5000)
+    job_id = await _held_job(credits, tenant, 1200)
+    await credits.service.Commit(
+        credits_pb2.CommitRequest(job_id=str(job_id), actual_millicredits=1200), None
+    )
+
+    response = await credits.service.Release(credits_pb2.ReleaseRequest(job_id=str(job_id)), None)
+
+    assert (response.released_millicredits, response.already_settled) == (0, True)
+    assert await _ledger(fresh_pool, tenant) == [("hold", 1200), ("commit", -1200)]
+    assert await _account(fresh_pool, tenant) == (3800, 0)
+    assert (
+        await fresh_pool.fetchval("SELECT status FROM credit_holds WHERE job_id = $1", job_id) == "committed"
+    )
+
+
+async def test_release_is_idempotent_and_commit_after_release_charges_nothing(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=5000)
+    job_id = await _held_job(credits, tenant, 1200)
+    release = credits_pb2.ReleaseRequest(job_id=str(job_id))
+
+    first = await credits.service.Release(release, None)
+    second = await credits.service.Release(release, None)
+    commit = await credits.service.Commit(
+        credits_pb2.CommitRequest(job_id=str(job_id), actual_millicredits=1200), None
+    )
+
+    assert (first.released_millicredits, first.already_settled) == (1200, False)
+    assert (second.released_millicredits, second.already_settled) == (0, True)
+    assert (commit.charged_millicredits, commit.already_settled) == (0, True)
+    assert await _ledger(fresh_pool, tenant) == [("hold", 1200), ("release", 1200)]
+    assert await _account(fresh_pool, tenant) == (5000, 0)
+
+
+async def test_release_of_an_unknown_job_is_already_settled(credits: Credits) -> None:
+    response = await credits.service.Release(credits_pb2.ReleaseRequest(job_id=str(uuid.uuid4())), None)
+    assert (response.released_millicredits, response.already_settled) == (0, True)
+
+
+# -- grant, balance -------------------------------------------------------------------------------
+
+
+async def test_grant_is_idempotent_per_grant_id(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=0)
+    grant = credits_pb2.GrantRequest(account_id=str(tenant.account_id), millicredits=5000, grant_id="topup-1")
+
+    first = await credits.service.Grant(grant, None)
+    again = await credits.service.Grant(grant, None)
+    other = await credits.service.Grant(
+        credits_pb2.GrantRequest(account_id=str(tenant.account_id), millicredits=700, grant_id="topup-2"),
+        None,
+    )
+
+    assert (first.balance_millicredits, again.balance_millicredits, other.balance_millicredits) == (
+        5000,
+        5000,
+        5700,
+    )
+    assert await _ledger(fresh_pool, tenant) == [("grant", 5000), ("grant", 700)]
+    balance = await credits.service.GetBalance(
+        credits_pb2.GetBalanceRequest(account_id=str(tenant.account_id)), None
+    )
+    assert (balance.balance_millicredits, balance.held_millicredits) == (5700, 0)
+
+
+async def test_grant_opens_the_credit_account_of_an_account_without_one(
+    fresh_pool: asyncpg.Pool, credits: Credits
+) -> None:
+    account_id = uuid.uuid4()
+    await fresh_pool.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'new')", account_id)
+
+    response = await credits.service.Grant(
+        credits_pb2.GrantRequest(account_id=str(account_id), millicredits=1000, grant_id="welcome"), None
+    )
+
+    assert response.balance_millicredits == 1000
+
+
+async def test_grant_rejects_unknown_accounts_and_non_positive_amounts(
+    seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant()
+    with pytest.raises(NotFound):
+        await credits.service.Grant(
+            credits_pb2.GrantRequest(account_id=str(uuid.uuid4()), millicredits=1, grant_id="g"), None
+        )
+    with pytest.raises(InvalidArgument):
+        await credits.service.Grant(
+            credits_pb2.GrantRequest(account_id=str(tenant.account_id), millicredits=0, grant_id="g"), None
+        )

@@ -1,0 +1,281 @@
+"""The outbox relay and priority delivery against a real Postgres and a real nats-server (JetStream).
+
+Each test has its own database (so the relay sees only its rows) and its own stream prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import asyncpg
+import pytest
+from nats.aio.subscription import Subscription
+
+from hypermedia import lifecycle, outbox, queues
+from hypermedia.outbox import OutboxRelay
+from tests.integration.conftest import Broker
+
+
+async def _enqueue(pool: asyncpg.Pool, prefix: str, count: int, priority: int = 5) -> list[str]:
+    """``count`` outbox rows announcing fresh job ids on the images queue; returns the ids in order."""
+    job_ids = [str(uuid.uuid4()) for _ in range(count)]
+    async with pool.acquire() as conn, conn.transaction():
+        for job_id in job_ids:
+            await lifecycle.enqueue_outbox(conn, prefix, job_id, "images", priority)
+    return job_ids
+
+
+async def _drain(sub: Subscription, quiet_seconds: float = 0.3) -> int:
+    """How many messages ``sub`` receives until it has been quiet for ``quiet_seconds``."""
+    received = 0
+    while True:
+        try:
+            await sub.next_msg(timeout=quiet_seconds)
+        except TimeoutError:
+            return received
+        received += 1
+
+
+async def _unpublished(pool: asyncpg.Pool) -> int:
+    return int(await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL"))
+
+
+# -- outbox relay ---------------------------------------------------------------------------------
+
+
+async def test_run_once_publishes_marks_and_rings_the_doorbell(
+    fresh_pool: asyncpg.Pool, broker: Broker
+) -> None:
+    doorbell = await broker.nc.subscribe(queues.doorbell_subject(broker.prefix, "images"))
+    await broker.nc.flush()
+    await _enqueue(fresh_pool, broker.prefix, 2, priority=5)
+    await _enqueue(fresh_pool, broker.prefix, 1, priority=1)
+    relay = OutboxRelay(fresh_pool, broker.nc, broker.js)
+
+    result = await relay.run_once()
+
+    assert result.published == 3
+    assert await _unpublished(fresh_pool) == 0
+    assert await broker.stream_messages("images") == 3
+    # One batch touching one queue rings that queue's doorbell once.
+    assert await _drain(doorbell) == 1
+    again = await relay.run_once()
+    assert again.published == 0
+    assert await broker.stream_messages("images") == 3
+    assert await _drain(doorbell) == 0
+
+
+async def test_crash_between_publish_and_mark_leaves_one_message(
+    fresh_pool: asyncpg.Pool, broker: Broker
+) -> None:
+    await _enqueue(fresh_pool, broker.prefix, 1)
+    wire = await broker.nc.subscribe(f"{broker.prefix.lower()}.jobs.>")
+    await broker.nc.flush()
+    relay = OutboxRelay(fresh_pool, broker.nc, broker.js)
+    assert (await relay.run_once()).published == 1
+    # The relay died after the JetStream ack but before its transaction committed.
+    await fresh_pool.execute("UPDATE outbox SET published_at = NULL")
+
+    assert (await relay.run_once()).published == 1
+
+    assert await _drain(wire) == 2, "the row went out twice"
+    assert await _unpublished(fresh_pool) == 0
+    assert await broker.stream_messages("images") == 1, "JetStream kept one copy (Nats-Msg-Id)"
+
+
+async def test_row_already_published_by_hand_is_deduplicated(
+    fresh_pool: asyncpg.Pool, broker: Broker
+) -> None:
+    await _enqueue(fresh_pool, broker.prefix, 1)
+    row = await fresh_pool.fetchrow("SELECT subject, msg_id, payload FROM outbox")
+    message = queues.JobMessage(row["payload"]["job_id"], "images", row["payload"]["priority"])
+    ack = await broker.js.publish(row["subject"], message.encode(), headers={"Nats-Msg-Id": row["msg_id"]})
+    assert not ack.duplicate
+
+    assert (await OutboxRelay(fresh_pool, broker.nc, broker.js).run_once()).published == 1
+
+    assert await broker.stream_messages("images") == 1
+
+
+async def test_concurrent_relays_publish_each_row_once(fresh_pool: asyncpg.Pool, broker: Broker) -> None:
+    rows = 60
+    await _enqueue(fresh_pool, broker.prefix, rows)
+    # A core subscriber sees every publish, including copies JetStream would drop as duplicates.
+    wire = await broker.nc.subscribe(f"{broker.prefix.lower()}.jobs.>")
+    await broker.nc.flush()
+    relays = [OutboxRelay(fresh_pool, broker.nc, broker.js, batch_size=7) for _ in range(2)]
+
+    published = 0
+    while True:
+        results = await asyncio.gather(*(r.run_once() for r in relays))
+        if not any(r.published for r in results):
+            break
+        published += sum(r.published for r in results)
+
+    assert published == rows
+    assert await _drain(wire) == rows
+    assert await _unpublished(fresh_pool) == 0
+    assert await broker.stream_messages("images") == rows
+
+
+async def test_row_without_a_stream_does_not_block_the_batch(
+    fresh_pool: asyncpg.Pool, broker: Broker
+) -> None:
+    await _enqueue(fresh_pool, broker.prefix, 1)
+    orphan = await fresh_pool.fetchval(
+        "INSERT INTO outbox (subject, msg_id, payload) VALUES ($1, $2, $3) RETURNING outbox_id",
+        "tnostream.jobs.images.p1",
+        "orphan-1",
+        {"job_id": str(uuid.uuid4()), "queue": "images", "priority": 1},
+    )
+    await _enqueue(fresh_pool, broker.prefix, 1)
+    relay = OutboxRelay(fresh_pool, broker.nc, broker.js)
+
+    started = time.monotonic()
+    result = await relay.run_once()
+
+    assert time.monotonic() - started < 5
+    assert result.published == 2
+    assert await broker.stream_messages("images") == 2
+    pending = await fresh_pool.fetch("SELECT outbox_id FROM outbox WHERE published_at IS NULL")
+    assert [r["outbox_id"] for r in pending] == [orphan]
+
+
+async def test_published_rows_are_purged_after_retention(fresh_pool: asyncpg.Pool, broker: Broker) -> None:
+    await _enqueue(fresh_pool, broker.prefix, 3)
+    relay = OutboxRelay(fresh_pool, broker.nc, broker.js, retain_seconds=60)
+    assert (await relay.run_once()).published == 3
+    await fresh_pool.execute(
+        "UPDATE outbox SET published_at = now() - interval '2 minutes' "
+        "WHERE outbox_id = (SELECT min(outbox_id) FROM outbox)"
+    )
+
+    result = await relay.run_once()
+
+    assert (result.published, result.purged) == (0, 1)
+    assert await fresh_pool.fetchval("SELECT count(*) FROM outbox") == 2
+
+
+# -- priority delivery ----------------------------------------------------------------------------
+
+
+async def _publish(broker: Broker, priority: int, count: int) -> list[str]:
+    job_ids = [str(uuid.uuid4()) for _ in range(count)]
+    for job_id in job_ids:
+        message = queues.JobMessage(job_id, "images", priority)
+        await broker.js.publish(queues.subject(broker.prefix, "images", priority), message.encode())
+    return job_ids
+
+
+async def test_fetcher_drains_priority_1_before_a_priority_8_backlog_fifo_within_each(
+    broker: Broker,
+) -> None:
+    backlog = await _publish(broker, 8, 5)
+    urgent = await _publish(broker, 1, 2)
+    fetcher = queues.PriorityFetcher(broker.nc, broker.prefix, "images")
+    await fetcher.start()
+    try:
+        order = []
+        for _ in range(7):
+            msg = await fetcher.sweep()
+            assert msg is not None
+            order.append(queues.JobMessage.decode(msg.data))
+            await msg.ack_sync()
+        assert await fetcher.sweep() is None
+    finally:
+        await fetcher.stop()
+
+    assert [m.job_id for m in order] == urgent + backlog
+    assert [m.priority for m in order] == [1, 1, 8, 8, 8, 8, 8]
+    # Work-queue retention: acknowledged messages are gone.
+    assert await broker.stream_messages("images") == 0
+
+
+async def test_ensure_streams_is_idempotent(broker: Broker) -> None:
+    await queues.ensure_streams(broker.js, broker.prefix)
+
+    for queue in ("images", "documents", "ocr", "media", "bulk"):
+        info = await broker.js.stream_info(broker.stream(queue))
+        assert info.config.subjects == [f"{broker.prefix.lower()}.jobs.{queue}.>"]
+        assert info.state.consumer_count == len(queues.PRIORITIES)
+
+
+async def test_empty_sweep_returns_none_quickly(broker: Broker) -> None:
+    fetcher = queues.PriorityFetcher(broker.nc, broker.prefix, "images")
+    await fetcher.start()
+    try:
+        started = time.monotonic()
+        assert await fetcher.sweep() is None
+        elapsed = time.monotonic() - started
+    finally:
+        await fetcher.stop()
+
+    assert elapsed < 1.0
+
+
+async def test_next_wakes_on_the_doorbell_rung_by_the_relay(fresh_pool: asyncpg.Pool, broker: Broker) -> None:
+    fetcher = queues.PriorityFetcher(broker.nc, broker.prefix, "images", idle_wait_seconds=30)
+    await fetcher.start()
+    stop = asyncio.Event()
+    try:
+        waiting = asyncio.create_task(fetcher.next(stop))
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), "an empty queue must make next() wait"
+        [job_id] = await _enqueue(fresh_pool, broker.prefix, 1, priority=3)
+        started = time.monotonic()
+        assert (await OutboxRelay(fresh_pool, broker.nc, broker.js).run_once()).published == 1
+
+        msg = await asyncio.wait_for(waiting, timeout=5)
+
+        # Far sooner than the 30-second idle wait: the doorbell woke it.
+        assert time.monotonic() - started < 5
+        assert msg is not None
+        assert queues.JobMessage.decode(msg.data).job_id == job_id
+        await msg.ack()
+
+        stopping = asyncio.create_task(fetcher.next(stop))
+        await asyncio.sleep(0.2)
+        stop.set()
+        assert await asyncio.wait_for(stopping, timeout=5) is None
+    finally:
+        await fetcher.stop()
+
+
+async def test_rows_without_a_stream_do_not_starve_later_batches(
+    fresh_pool: asyncpg.Pool, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full batch of rows that cannot be published must not hold back the rows behind it; they are
+    tried again after the backoff."""
+    monkeypatch.setattr(outbox, "FAILED_ROW_BACKOFF_SECONDS", 1.0)
+    orphan_prefix = broker.prefix.lower() + "x"
+    for n in range(3):
+        await fresh_pool.execute(
+            "INSERT INTO outbox (subject, msg_id, payload) VALUES ($1, $2, $3)",
+            f"{orphan_prefix}.jobs.images.p1",
+            f"orphan-{n}",
+            {"job_id": str(uuid.uuid4()), "queue": "images", "priority": 1},
+        )
+    [job_id] = await _enqueue(fresh_pool, broker.prefix, 1)
+    relay = OutboxRelay(fresh_pool, broker.nc, broker.js, batch_size=2)
+
+    published = sum([(await relay.run_once()).published for _ in range(3)])
+
+    assert published == 1
+    assert await broker.stream_messages("images") == 1
+    assert await fresh_pool.fetchval(
+        "SELECT published_at IS NOT NULL FROM outbox WHERE payload->>'job_id' = $1", job_id
+    )
+    assert await _unpublished(fresh_pool) == 3
+    # The stream appears; once the backoff has passed the rows go out.
+    orphan_stream = broker.prefix + "X_IMAGES"
+    await broker.js.add_stream(name=orphan_stream, subjects=[f"{orphan_prefix}.jobs.images.>"])
+    try:
+        assert (await relay.run_once()).published == 0, "still backing off"
+        await asyncio.sleep(1.2)
+        assert (await relay.run_once()).published == 2
+        assert (await relay.run_once()).published == 1
+        assert await _unpublished(fresh_pool) == 0
+    finally:
+        await broker.js.delete_stream(orphan_stream)
