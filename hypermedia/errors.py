@@ -131,6 +131,7 @@ _BY_GRPC_CODE: dict[grpc.StatusCode, type[DomainError]] = {
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.RESOURCE_EXHAUSTED: PayloadTooLarge,
+    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
     grpc.StatusCode.UNAVAILABLE: TransientError,
     grpc.StatusCode.DEADLINE_EXCEEDED: TransientError,
 }

@@ -9,7 +9,7 @@ run in the same directory talks to this platform.
 The supervisor restarts a service process that dies, with exponential backoff (1 s doubling to
 30 s); a service that dies five times within a minute is reported as crash-looping (logged at
 ERROR each time) and still retried at the slowest rate. Ctrl-C (SIGINT) or SIGTERM stops the
-services in reverse start order (each gets 45 s after SIGTERM), then NATS and Postgres.
+services one by one in reverse start order (each gets 45 s after SIGTERM), then NATS and Postgres.
 """
 
 from __future__ import annotations
@@ -222,19 +222,18 @@ class Platform:
             self.supervise_once()
 
     def stop(self) -> None:
-        """Stop services in reverse order (SIGTERM, then SIGKILL after the grace), then infrastructure."""
+        """Stop services one at a time in reverse start order — workers and the reaper drain while
+        gateway, storage and credits still answer — each with SIGTERM, then SIGKILL after
+        :data:`STOP_GRACE_SECONDS`; then NATS and Postgres."""
         self.stop_requested = True
         for proc in reversed(self.procs):
-            if proc.process is not None and proc.process.poll() is None:
-                proc.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for proc in reversed(self.procs):
-            if proc.process is None:
+            if proc.process is None or proc.process.poll() is not None:
                 continue
+            proc.process.send_signal(signal.SIGTERM)
             try:
-                proc.process.wait(max(0.1, deadline - time.monotonic()))
+                proc.process.wait(STOP_GRACE_SECONDS)
             except subprocess.TimeoutExpired:
-                log.error("service %s did not stop in time; killing it", proc.name)
+                log.error("service %s did not stop in %.0fs; killing it", proc.name, STOP_GRACE_SECONDS)
                 proc.process.kill()
                 proc.process.wait()
         if self.nats is not None:

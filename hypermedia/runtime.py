@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -297,6 +298,7 @@ class WorkerRuntime:
     async def drain(self) -> None:
         """Stop taking work; wait up to ``drain_seconds`` for running jobs; hand back the rest."""
         self.admission.draining = True
+        self.admission.sample()
         if self._tasks:
             log.info("draining %d running jobs", len(self._tasks))
             _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_seconds)
@@ -336,8 +338,10 @@ class WorkerRuntime:
             if result.error_code == "CANCELLED" or job.job_id in await lifecycle.cancel_requested(
                 self._pool, [job.job_id]
             ):
-                await lifecycle.mark_cancelled(self._pool, job, self.worker_id, _ms(started))
-                await self._release(job)
+                # Only a cancellation this worker carried out releases the hold: a job handed back
+                # at drain is queued again and will be charged when it completes.
+                if await lifecycle.mark_cancelled(self._pool, job, self.worker_id, _ms(started)):
+                    await self._release(job)
                 return
             if result.error_code:
                 cls = TransientError if result.retryable else PermanentJobError
@@ -438,7 +442,7 @@ class WorkerRuntime:
                     storage_pb2.PresignOutputPutRequest(
                         source_object_id=source.object_id,
                         profile_version=job.profile_version,
-                        output_type=out.output_type,
+                        output_type=rendition_name(job, out.output_type),
                         mime_type=out.mime_type,
                     ),
                 )
@@ -465,6 +469,15 @@ class WorkerRuntime:
             size_bytes=len(data),
             metadata=dict(out.metadata),
         )
+
+
+def rendition_name(job: lifecycle.ClaimedJob, output_type: str) -> str:
+    """The last segment of an output's key: ``{output_type}-{digest}``, the digest being the first
+    16 hex digits of SHA-256 over the operation and its normalised params. Deterministic (a re-run
+    writes the same key), and two renditions of one object with different params (two resize
+    widths) never share a key."""
+    canonical = json.dumps([job.operation, job.params], sort_keys=True, separators=(",", ":"))
+    return f"{output_type}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
 
 
 def _infra_retry() -> AsyncRetrying:

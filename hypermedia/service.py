@@ -4,9 +4,10 @@
 Exit codes (documented in docs/operations.md):
 
 ====  =====================================================================
-0     stopped on a signal after a clean shutdown
-69    a dependency (Postgres, NATS, a peer service) was unreachable at start (EX_UNAVAILABLE)
-70    an unexpected internal error (EX_SOFTWARE)
+0     stopped on a signal after a clean shutdown (also when the signal came during start-up)
+69    a dependency (Postgres, NATS, a peer service) was unreachable at start, or start-up took
+      longer than 30 s (EX_UNAVAILABLE)
+70    an unexpected internal error, or a background loop of the service died (EX_SOFTWARE)
 78    invalid configuration; the message names each variable, never a value (EX_CONFIG)
 ====  =====================================================================
 """
@@ -14,6 +15,7 @@ Exit codes (documented in docs/operations.md):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -31,29 +33,68 @@ EXIT_UNAVAILABLE = 69
 EXIT_SOFTWARE = 70
 EXIT_CONFIG = 78
 
-Serve = Callable[[AsyncExitStack, asyncio.Event], Awaitable[Any]]
+STARTUP_TIMEOUT_SECONDS = 30.0
+"""Longest a service may take to open its dependencies and start serving (the app:worker
+reference's startup admission deadline); past it the service exits 69."""
+
+
+class Lifetime(asyncio.Event):
+    """The stop signal handed to ``serve``: set by SIGTERM/SIGINT, or by :meth:`fail` when a
+    background loop of the service died, which makes the process exit 70 instead of 0."""
+
+    failure: str | None = None
+
+    def fail(self, reason: str) -> None:
+        self.failure = reason
+        self.set()
+
+
+Serve = Callable[[AsyncExitStack, Lifetime], Awaitable[Any]]
 
 
 async def _main(name: str, serve: Serve) -> int:
-    stop = asyncio.Event()
+    stop = Lifetime()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         async with AsyncExitStack() as stack:
+            starting = asyncio.ensure_future(serve(stack, stop))
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait(
+                [starting, stopped], timeout=STARTUP_TIMEOUT_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not starting.done():
+                # A signal during start-up, or dependencies that never answered: give up cleanly.
+                starting.cancel()
+                stopped.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+                if stop.is_set():
+                    log.info("%s stopped during start-up", name)
+                    return EXIT_OK
+                print(
+                    f"{name}: dependencies not reachable within {STARTUP_TIMEOUT_SECONDS:.0f}s",
+                    file=sys.stderr,
+                )
+                return EXIT_UNAVAILABLE
             try:
-                await serve(stack, stop)
+                starting.result()
             except (TimeoutError, OSError, ConnectionError) as exc:
+                stopped.cancel()
                 log.error("dependency unreachable at start: %s", type(exc).__name__)
                 print(f"{name}: a dependency is unreachable: {type(exc).__name__}: {exc}", file=sys.stderr)
                 return EXIT_UNAVAILABLE
             log.info("%s serving", name)
-            await stop.wait()
+            await stopped
             log.info("%s stopping", name)
     except ConfigError:
         raise
     except Exception:
         log.exception("%s failed", name)
+        return EXIT_SOFTWARE
+    if stop.failure:
+        log.error("%s stopped after a failure: %s", name, stop.failure)
         return EXIT_SOFTWARE
     log.info("%s stopped", name)
     return EXIT_OK

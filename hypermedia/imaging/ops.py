@@ -53,6 +53,8 @@ OPERATIONS: Final = ("thumbnail", "resize", "compress", "convert")
 ALLOWED_LOADERS: Final = frozenset({"jpegload", "pngload", "webpload", "gifload", "tiffload", "heifload"})
 """libvips loaders allowed to read untrusted input; ``vips-loader`` of every opened image is checked."""
 
+MAX_OUTPUT_PIXELS: Final = 100_000_000
+"""Largest output (width × height) a resize may ask for: the default profile pixel limit."""
 MAX_DIMENSION: Final = 16384
 """Largest width or height ``resize`` accepts, in pixels."""
 
@@ -222,6 +224,17 @@ def validate_params(operation: str, params: dict | None) -> dict:
             raise InvalidArgument("resize needs width, height or both", "INVALID_PARAMS")
         if fit != "contain" and (width is None or height is None):
             raise InvalidArgument(f"fit={fit} needs both width and height", "INVALID_PARAMS")
+        if (
+            fit != "contain"
+            and width is not None
+            and height is not None
+            and width * height > MAX_OUTPUT_PIXELS
+        ):
+            # cover/fill produce exactly width × height: refuse at creation what could only fail
+            # (or time out) in the worker.
+            raise InvalidArgument(
+                f"width × height may be at most {MAX_OUTPUT_PIXELS} pixels", "INVALID_PARAMS"
+            )
         result["fit"] = fit
         for key, value in (("width", width), ("height", height), ("format", output_format)):
             if value is not None:

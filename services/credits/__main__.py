@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import AsyncExitStack
 
 from hypermedia import config, db
 from hypermedia.credits.v1 import credits_pb2_grpc
 from hypermedia.rpc import GrpcServer
-from hypermedia.service import run_service
+from hypermedia.service import Lifetime, run_service
 from services.credits.service import CreditsService
 
 
-async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> GrpcServer:
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> GrpcServer:
     infra = config.load(config.InfraSettings)
     settings = config.load(config.CreditsSettings)
     pool = await db.create_pool(infra.database_url.get_secret_value())

@@ -14,7 +14,7 @@ from hypermedia.credits.v1 import credits_pb2_grpc
 from hypermedia.httpserver import HttpServer
 from hypermedia.jobs.v1 import jobs_pb2_grpc
 from hypermedia.outbox import OutboxRelay
-from hypermedia.service import run_service
+from hypermedia.service import Lifetime, run_service
 from hypermedia.storage.v1 import storage_pb2_grpc
 from services.gateway import auth
 from services.gateway.grpc_api import JobService
@@ -22,7 +22,7 @@ from services.gateway.jobs import JobsAPI
 from services.gateway.rest import build_app
 
 
-async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> None:
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
     settings = config.load(config.GatewaySettings)
     pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=20)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -83,7 +84,9 @@ def build_app(
     async def _domain(_request: Request, exc: DomainError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("request failed: %s (%s)", exc.error_code, exc.public_message)
-        return problem(exc.http_status, type(exc).__name__, exc.public_message, exc.error_code)
+        return problem(
+            exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -112,7 +115,7 @@ def build_app(
         limit = api.max_upload_bytes + 1024 * 1024
         if length and length.isdigit() and int(length) > limit:
             exc = PayloadTooLarge(f"files are limited to {api.max_upload_bytes} bytes", "INPUT_TOO_LARGE")
-            return problem(413, "PayloadTooLarge", exc.public_message, exc.error_code)
+            return problem(413, HTTPStatus(413).phrase, exc.public_message, exc.error_code)
         return await call_next(request)
 
     async def caller(authorization: str | None = Header(None)) -> Caller:

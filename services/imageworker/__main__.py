@@ -19,7 +19,7 @@ from hypermedia.imaging.ops import ImageLimits
 from hypermedia.lifecycle import ClaimedJob
 from hypermedia.runtime import WorkerRuntime
 from hypermedia.sandbox import Sandbox
-from hypermedia.service import run_service
+from hypermedia.service import Lifetime, run_service
 from hypermedia.storage.v1 import storage_pb2_grpc
 from hypermedia.worker.v1 import worker_pb2_grpc
 from services.imageworker.status import WorkerStatusService
@@ -36,7 +36,7 @@ class ImageHandler:
         return {"limits": ImageLimits(max_pixels=job.max_pixels, max_input_bytes=job.max_input_bytes)}
 
 
-async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> None:
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
     settings = config.load(config.WorkerSettings)
     # The warm parent is forked before anything else runs: it must never have run libvips.
@@ -85,7 +85,7 @@ async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> None:
     def crashed(done: asyncio.Task[None]) -> None:
         if not done.cancelled() and done.exception() is not None:
             log.error("worker loop crashed", exc_info=done.exception())
-            stop.set()
+            stop.fail("worker loop crashed")
 
     task.add_done_callback(crashed)
 

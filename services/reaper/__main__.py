@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 from hypermedia import config, db, queues, rpc
 from hypermedia.credits.v1 import credits_pb2_grpc
 from hypermedia.outbox import OutboxRelay
-from hypermedia.service import run_service
+from hypermedia.service import Lifetime, run_service
 from services.reaper.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ async def _loop(reaper: Reaper, relay: OutboxRelay, interval: float, stop: async
             await asyncio.wait_for(stop.wait(), interval)
 
 
-async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> None:
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
     settings = config.load(config.ReaperSettings)
     pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=4)

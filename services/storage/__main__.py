@@ -6,7 +6,6 @@ Environment: ``DATABASE_URL`` and the ``HM_STORAGE_*`` / ``HM_S3_*`` variables o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -15,7 +14,7 @@ from hypermedia.config import InfraSettings, StorageSettings, load
 from hypermedia.db import create_pool
 from hypermedia.httpserver import HttpServer
 from hypermedia.rpc import GrpcServer
-from hypermedia.service import run_service
+from hypermedia.service import Lifetime, run_service
 from hypermedia.storage.v1 import storage_pb2_grpc
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
@@ -28,7 +27,7 @@ GRPC_GRACE_SECONDS = 10.0
 log = logging.getLogger("services.storage")
 
 
-async def serve(stack: AsyncExitStack, stop: asyncio.Event) -> None:
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     """Open the pool, the backend (and for the local backend its HTTP server) and the gRPC server.
     Unwound in reverse on stop: health NOT_SERVING and gRPC stop with grace → HTTP stop → pool."""
     infra = load(InfraSettings)

@@ -243,3 +243,14 @@ def test_openapi_and_health(platform: RunningPlatform) -> None:
     assert httpx.get(platform.rest_url + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(platform.rest_url + "/readyz").json()
     assert ready["status"] == "ok" and all(ready["checks"].values())
+
+
+def test_two_renditions_of_one_object_do_not_overwrite_each_other(client: httpx.Client) -> None:
+    obj = upload(client, EXIF / "Landscape_2.jpg")
+    ops = [{"name": "resize", "params": {"width": 800}}, {"name": "resize", "params": {"width": 100}}]
+    created = client.post("/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops})
+    jobs = [wait_job(client, job_id) for job_id in created.json()["job_ids"]]
+    keys = [j["outputs"][0]["key"] for j in jobs]
+    assert keys[0] != keys[1]
+    widths = [_decode(client, j["outputs"][0]).width for j in jobs]
+    assert widths == [800, 100]
