@@ -25,8 +25,8 @@ CORPUS_PHOTO = REPO / "tests" / "data" / "exif-orientation" / "Landscape_1.jpg"
 def vips_pool(workers: int, vips_concurrency: int | None) -> ProcessPoolExecutor:
     """A pool of ``workers`` fresh (spawned) processes, each warmed by one tiny libvips operation.
 
-    ``vips_concurrency`` None leaves libvips' default (one thread per core); else it is set as
-    ``VIPS_CONCURRENCY`` in the workers before libvips starts, as the platform's sandbox does (1).
+    ``vips_concurrency`` None means libvips' default (one thread per core); the platform's sandbox
+    children run with 1.
     """
     return ProcessPoolExecutor(
         workers,
@@ -37,12 +37,11 @@ def vips_pool(workers: int, vips_concurrency: int | None) -> ProcessPoolExecutor
 
 
 def _init_worker(vips_concurrency: int | None) -> None:
-    if vips_concurrency is None:
-        os.environ.pop("VIPS_CONCURRENCY", None)
-    else:
-        os.environ["VIPS_CONCURRENCY"] = str(vips_concurrency)
     import pyvips
 
+    # Set explicitly: the spawned process re-imports the main module, which may import pyvips (and
+    # so initialise libvips) before this runs, after which VIPS_CONCURRENCY is no longer read.
+    pyvips.concurrency_set(vips_concurrency or os.cpu_count() or 1)
     pyvips.cache_set_max(0)  # as hypermedia.imaging.ops does: no operation cache
     # Warm-up, so the timed loop does not pay libvips' first-operation costs (type system, thread
     # pool, webp encoder set-up); the platform's zygote is warm in the same sense (imports only).
@@ -131,3 +130,15 @@ def per_op_times(path: str, out_dir: str, size: int, repeats: int) -> dict[str, 
         "bare_p99_ms": sorted(bare)[min(len(bare) - 1, int(len(bare) * 0.99))],
         "pipeline_p99_ms": sorted(pipeline)[min(len(pipeline) - 1, int(len(pipeline) * 0.99))],
     }
+
+
+def pause(seconds: float) -> int:
+    """Keeps a pool worker busy for a moment, so that submitting one per worker starts them all."""
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def concurrency() -> int:
+    import pyvips
+
+    return int(pyvips.concurrency_get())

@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import functools
 import gc
 import importlib
 import json
@@ -506,6 +507,7 @@ def _parse_report(report: str | None) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
+@functools.lru_cache(maxsize=256)
 def _primary_gid(uid: int) -> int:
     """The uid's group from passwd; a uid without an entry (a pool member) gets gid = uid."""
     try:
