@@ -155,9 +155,9 @@ def sniff_mime(head: bytes) -> str | None:
 
 
 def _int_param(params: Mapping[str, Any], key: str, low: int, high: int, default: int | None) -> int | None:
-    value = params.get(key, default)
-    if value is None:
-        return None
+    value = params.get(key)
+    if value is None:  # absent or an explicit null: the default
+        return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{key} must be an integer", "INVALID_PARAMS")
     if not low <= value <= high:
@@ -168,9 +168,9 @@ def _int_param(params: Mapping[str, Any], key: str, low: int, high: int, default
 def _choice_param(
     params: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str | None
 ) -> str | None:
-    value = params.get(key, default)
-    if value is None:
-        return None
+    value = params.get(key)
+    if value is None:  # absent or an explicit null: the default
+        return default
     if value not in choices:
         raise InvalidArgument(f"{key} must be one of {', '.join(choices)}", "INVALID_PARAMS")
     return str(value)

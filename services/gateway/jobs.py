@@ -172,7 +172,7 @@ class JobsAPI:
         object_id = _parse_uuid(object_id, "object")
         if len(operations) > self._max_operations:
             raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
-        priority = DEFAULT_PRIORITY if priority in (None, 0) else priority
+        priority = DEFAULT_PRIORITY if priority is None else priority
         if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
             raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
         if webhook_url:

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import logging
-from http import HTTPStatus
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Depends, FastAPI, File, Header, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hypermedia.errors import DomainError, PayloadTooLarge
@@ -21,6 +21,8 @@ from services.gateway.jobs import JobsAPI
 log = logging.getLogger(__name__)
 
 PROBLEM = "application/problem+json"
+MAX_JSON_BYTES = 64 * 1024
+"""Largest JSON request body (bytes); uploads have their own limit."""
 
 
 def problem(status: int, title: str, detail: str, error_code: str, **extra: Any) -> JSONResponse:
@@ -36,16 +38,20 @@ def problem(status: int, title: str, detail: str, error_code: str, **extra: Any)
 
 
 class Operation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: str = Field(description="Operation name: thumbnail, resize, compress, convert")
     params: dict[str, Any] = Field(default_factory=dict)
 
 
 class ProcessBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     object_id: str
     operations: list[str | Operation] = Field(
         description='Names or {name, params}: "thumbnail", {"name": "resize", "params": {"width": 800}}'
     )
-    priority: int | None = Field(None, description="1 (highest) to 10; default 5")
+    priority: StrictInt | None = Field(None, description="1 (highest) to 10; default 5")
     webhook_url: str | None = None
 
 
@@ -84,9 +90,12 @@ def build_app(
     async def _domain(_request: Request, exc: DomainError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("request failed: %s (%s)", exc.error_code, exc.public_message)
-        return problem(
+        response = problem(
             exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code
         )
+        if exc.http_status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="hypermedia"'
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -112,9 +121,11 @@ def build_app(
     @app.middleware("http")
     async def _limit_body(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
         length = request.headers.get("content-length")
-        limit = api.max_upload_bytes + 1024 * 1024
+        # Uploads may be large; every other body is a small JSON document.
+        limit = api.max_upload_bytes + 1024 * 1024 if request.url.path == "/v1/objects" else MAX_JSON_BYTES
         if length and length.isdigit() and int(length) > limit:
-            exc = PayloadTooLarge(f"files are limited to {api.max_upload_bytes} bytes", "INPUT_TOO_LARGE")
+            what = "files" if limit > MAX_JSON_BYTES else "request bodies"
+            exc = PayloadTooLarge(f"{what} are limited to {limit} bytes", "INPUT_TOO_LARGE")
             return problem(413, HTTPStatus(413).phrase, exc.public_message, exc.error_code)
         return await call_next(request)
 

@@ -254,3 +254,49 @@ def test_two_renditions_of_one_object_do_not_overwrite_each_other(client: httpx.
     assert keys[0] != keys[1]
     widths = [_decode(client, j["outputs"][0]).width for j in jobs]
     assert widths == [800, 100]
+
+
+@pytest.mark.parametrize(
+    ("body_extra", "status", "error_code"),
+    [
+        ({"priority": 0}, 422, "INVALID_PRIORITY"),
+        ({"priority": 11}, 422, "INVALID_PRIORITY"),
+        ({"priority": True}, 422, "INVALID_REQUEST"),
+        ({"priority": "high"}, 422, "INVALID_REQUEST"),
+        ({"colour": "blue"}, 422, "INVALID_REQUEST"),
+    ],
+)
+def test_process_request_fields_are_validated_strictly(
+    client: httpx.Client, body_extra: dict[str, Any], status: int, error_code: str
+) -> None:
+    obj = upload(client, EXIF / "Landscape_1.jpg")
+    body = {"object_id": obj["object_id"], "operations": ["thumbnail"], **body_extra}
+    response = client.post("/v1/hypermedia/process", json=body)
+    assert (response.status_code, response.json()["error_code"]) == (status, error_code), response.text
+
+
+def test_null_params_take_their_defaults(client: httpx.Client) -> None:
+    obj = upload(client, EXIF / "Landscape_1.jpg")
+    created = client.post(
+        "/v1/hypermedia/process",
+        json={"object_id": obj["object_id"], "operations": [{"name": "thumbnail", "params": {"size": None}}]},
+    )
+    assert created.status_code == 202, created.text
+    job = wait_job(client, created.json()["job_ids"][0])
+    assert job["status"] == "completed" and job["params"] == {"size": 256}
+    assert job["outputs"][0]["metadata"]["width"] == 256
+
+
+def test_large_json_bodies_and_lowercase_bearer(platform: RunningPlatform, account: dict[str, Any]) -> None:
+    lower = httpx.get(
+        platform.rest_url + "/v1/credits", headers={"Authorization": f"bearer {account['api_key']}"}
+    )
+    assert lower.status_code == 200
+    missing = httpx.get(platform.rest_url + "/v1/credits")
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    huge = httpx.post(
+        platform.rest_url + "/v1/hypermedia/process",
+        headers={"Authorization": f"Bearer {account['api_key']}", "Content-Type": "application/json"},
+        content=b'{"object_id": "' + b"x" * 200_000 + b'", "operations": ["thumbnail"]}',
+    )
+    assert huge.status_code == 413 and huge.json()["error_code"] == "INPUT_TOO_LARGE"

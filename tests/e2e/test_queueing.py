@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from hypermedia import db, lifecycle
@@ -36,11 +37,20 @@ def _client(platform: RunningPlatform, account: dict[str, Any]) -> httpx.Client:
 
 
 def _start_worker(platform: RunningPlatform, slots: int) -> subprocess.Popen[bytes]:
+    """Start one more imageworker and wait until it has registered (so it is past start-up)."""
     env = platform.service_env() | {"HM_WORKER_SLOTS": str(slots)}
     log = (platform.state_dir / "logs" / "extra-imageworker.log").open("ab")
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "services.imageworker"], env=env, cwd=REPO, stdout=log, stderr=log
     )
+    deadline = time.monotonic() + 60
+    with psycopg.connect(platform.env["DATABASE_URL"], autocommit=True) as conn:
+        query = "SELECT 1 FROM workers WHERE pid = %s AND status = 'running'"
+        while not conn.execute(query, (proc.pid,)).fetchone():
+            assert proc.poll() is None, "the worker exited at start"
+            assert time.monotonic() < deadline, "the worker did not register within 60 s"
+            time.sleep(0.1)
+    return proc
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:
