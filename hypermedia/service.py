@@ -21,10 +21,18 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
-from hypermedia import telemetry
-from hypermedia.config import ConfigError
+import asyncpg
+import grpc
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+
+from hypermedia import db, queues, rpc, telemetry
+from hypermedia.config import ConfigError, InfraSettings
+from hypermedia.credits.v1 import credits_pb2_grpc
+from hypermedia.storage.v1 import storage_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +119,44 @@ def run_service(name: str, serve: Serve) -> None:
         print(f"{name}: {exc}", file=sys.stderr)
         code = EXIT_CONFIG
     sys.exit(code)
+
+
+@dataclass(frozen=True)
+class Peers:
+    """gRPC channels and stubs of the storage and credits services."""
+
+    storage_channel: grpc.aio.Channel
+    credits_channel: grpc.aio.Channel
+    storage: storage_pb2_grpc.StorageServiceStub
+    credits: credits_pb2_grpc.CreditsServiceStub
+
+
+async def open_postgres(stack: AsyncExitStack, infra: InfraSettings, *, max_size: int) -> asyncpg.Pool:
+    """The service's asyncpg pool, closed when ``stack`` unwinds."""
+    pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=max_size)
+    stack.push_async_callback(pool.close)
+    return pool
+
+
+async def open_jetstream(
+    stack: AsyncExitStack, infra: InfraSettings, client_name: str
+) -> tuple[NatsClient, JetStreamContext]:
+    """A NATS connection (drained when ``stack`` unwinds) with the queue streams in place."""
+    nc, js = await queues.connect(infra.nats_url, client_name)
+    stack.push_async_callback(nc.drain)
+    await queues.ensure_streams(js, infra.stream_prefix)
+    return nc, js
+
+
+def open_peers(stack: AsyncExitStack, infra: InfraSettings) -> Peers:
+    """Channels to storage and credits (closed when ``stack`` unwinds) and their stubs."""
+    storage_channel = rpc.channel(infra.storage_addr)
+    credits_channel = rpc.channel(infra.credits_addr)
+    stack.push_async_callback(storage_channel.close)
+    stack.push_async_callback(credits_channel.close)
+    return Peers(
+        storage_channel,
+        credits_channel,
+        storage_pb2_grpc.StorageServiceStub(storage_channel),
+        credits_pb2_grpc.CreditsServiceStub(credits_channel),
+    )

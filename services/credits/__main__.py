@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from hypermedia import config, db
+from hypermedia import config
 from hypermedia.credits.v1 import credits_pb2_grpc
 from hypermedia.rpc import GrpcServer
-from hypermedia.service import Lifetime, run_service
+from hypermedia.service import Lifetime, open_postgres, run_service
 from services.credits.service import CreditsService
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> GrpcServer:
     infra = config.load(config.InfraSettings)
     settings = config.load(config.CreditsSettings)
-    pool = await db.create_pool(infra.database_url.get_secret_value())
-    stack.push_async_callback(pool.close)
+    pool = await open_postgres(stack, infra, max_size=10)
     server = GrpcServer(
         settings.grpc_bind,
         [(credits_pb2_grpc.add_CreditsServiceServicer_to_server, CreditsService(pool))],

@@ -9,13 +9,11 @@ from functools import partial
 
 import httpx
 
-from hypermedia import config, db, queues, rpc
-from hypermedia.credits.v1 import credits_pb2_grpc
+from hypermedia import config, rpc
 from hypermedia.httpserver import HttpServer
 from hypermedia.jobs.v1 import jobs_pb2_grpc
 from hypermedia.outbox import OutboxRelay
-from hypermedia.service import Lifetime, run_service
-from hypermedia.storage.v1 import storage_pb2_grpc
+from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
 from services.gateway import auth
 from services.gateway.grpc_api import JobService
 from services.gateway.jobs import JobsAPI
@@ -25,15 +23,9 @@ from services.gateway.rest import build_app
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
     settings = config.load(config.GatewaySettings)
-    pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=20)
-    stack.push_async_callback(pool.close)
-    nc, js = await queues.connect(infra.nats_url, "gateway")
-    stack.push_async_callback(nc.drain)
-    await queues.ensure_streams(js, infra.stream_prefix)
-    storage_channel = rpc.channel(infra.storage_addr)
-    credits_channel = rpc.channel(infra.credits_addr)
-    stack.push_async_callback(storage_channel.close)
-    stack.push_async_callback(credits_channel.close)
+    pool = await open_postgres(stack, infra, max_size=20)
+    nc, js = await open_jetstream(stack, infra, "gateway")
+    peers = open_peers(stack, infra)
     http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
     stack.push_async_callback(http.aclose)
 
@@ -49,8 +41,8 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
 
     api = JobsAPI(
         pool,
-        storage_pb2_grpc.StorageServiceStub(storage_channel),
-        credits_pb2_grpc.CreditsServiceStub(credits_channel),
+        peers.storage,
+        peers.credits,
         relay,
         http,
         stream_prefix=infra.stream_prefix,
@@ -65,7 +57,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             checks["postgres"] = await pool.fetchval("SELECT 1") == 1
         except Exception:
             pass
-        for name, chan in (("credits", credits_channel), ("storage", storage_channel)):
+        for name, chan in (("credits", peers.credits_channel), ("storage", peers.storage_channel)):
             checks[name] = await rpc.healthy(chan)
         return checks
 

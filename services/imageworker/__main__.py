@@ -13,14 +13,12 @@ from typing import Any
 
 import httpx
 
-from hypermedia import config, db, queues, rpc
-from hypermedia.credits.v1 import credits_pb2_grpc
+from hypermedia import config, rpc
 from hypermedia.imaging.ops import ImageLimits
 from hypermedia.lifecycle import ClaimedJob
 from hypermedia.runtime import WorkerRuntime
 from hypermedia.sandbox import Sandbox
-from hypermedia.service import Lifetime, run_service
-from hypermedia.storage.v1 import storage_pb2_grpc
+from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
 from hypermedia.worker.v1 import worker_pb2_grpc
 from services.imageworker.status import WorkerStatusService
 
@@ -49,15 +47,9 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     )
     await sandbox.start()
     stack.push_async_callback(sandbox.close)
-    pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=settings.slots + 4)
-    stack.push_async_callback(pool.close)
-    nc, js = await queues.connect(infra.nats_url, f"imageworker-{settings.deployment}")
-    stack.push_async_callback(nc.drain)
-    await queues.ensure_streams(js, infra.stream_prefix)
-    storage_channel = rpc.channel(infra.storage_addr)
-    credits_channel = rpc.channel(infra.credits_addr)
-    stack.push_async_callback(storage_channel.close)
-    stack.push_async_callback(credits_channel.close)
+    pool = await open_postgres(stack, infra, max_size=settings.slots + 4)
+    nc, _js = await open_jetstream(stack, infra, f"imageworker-{settings.deployment}")
+    peers = open_peers(stack, infra)
     http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
     stack.push_async_callback(http.aclose)
 
@@ -67,8 +59,8 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         pool,
         nc,
         infra.stream_prefix,
-        storage_pb2_grpc.StorageServiceStub(storage_channel),
-        credits_pb2_grpc.CreditsServiceStub(credits_channel),
+        peers.storage,
+        peers.credits,
         sandbox,
         ImageHandler(),
         http,

@@ -8,10 +8,9 @@ import contextlib
 import logging
 from contextlib import AsyncExitStack
 
-from hypermedia import config, db, queues, rpc
-from hypermedia.credits.v1 import credits_pb2_grpc
+from hypermedia import config
 from hypermedia.outbox import OutboxRelay
-from hypermedia.service import Lifetime, run_service
+from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
 from services.reaper.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -32,16 +31,12 @@ async def _loop(reaper: Reaper, relay: OutboxRelay, interval: float, stop: async
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
     settings = config.load(config.ReaperSettings)
-    pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=4)
-    stack.push_async_callback(pool.close)
-    nc, js = await queues.connect(infra.nats_url, "reaper")
-    stack.push_async_callback(nc.drain)
-    await queues.ensure_streams(js, infra.stream_prefix)
-    credits_channel = rpc.channel(infra.credits_addr)
-    stack.push_async_callback(credits_channel.close)
+    pool = await open_postgres(stack, infra, max_size=4)
+    nc, js = await open_jetstream(stack, infra, "reaper")
+    peers = open_peers(stack, infra)
     reaper = Reaper(
         pool,
-        credits_pb2_grpc.CreditsServiceStub(credits_channel),
+        peers.credits,
         infra.stream_prefix,
         requeue_stale_seconds=settings.requeue_stale_seconds,
         dead_worker_seconds=settings.dead_worker_seconds,

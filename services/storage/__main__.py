@@ -11,10 +11,9 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from hypermedia.config import InfraSettings, StorageSettings, load
-from hypermedia.db import create_pool
 from hypermedia.httpserver import HttpServer
 from hypermedia.rpc import GrpcServer
-from hypermedia.service import Lifetime, run_service
+from hypermedia.service import Lifetime, open_postgres, run_service
 from hypermedia.storage.v1 import storage_pb2_grpc
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
@@ -32,8 +31,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     Unwound in reverse on stop: health NOT_SERVING and gRPC stop with grace → HTTP stop → pool."""
     infra = load(InfraSettings)
     settings = load(StorageSettings)
-    pool = await create_pool(infra.database_url.get_secret_value())
-    stack.push_async_callback(pool.close)
+    pool = await open_postgres(stack, infra, max_size=10)
 
     backend: ObjectBackend
     if settings.backend == "local":
