@@ -281,9 +281,7 @@ class WorkerRuntime:
             log.warning("dropping a malformed queue message")
             await msg.term()
             return
-        log.debug("delivery of job %s", message.job_id)
         job = await lifecycle.claim(self._pool, message.job_id, self.worker_id)
-        log.debug("claim of job %s: %s", message.job_id, job is not None)
         if job is None:
             # Someone else has it, or it was cancelled or finished: this delivery is a duplicate.
             await msg.term()
