@@ -129,6 +129,7 @@ class Platform:
         http_port = int(env.get("HYPERMEDIA_HTTP_PORT", "8080"))
         grpc_port = int(env.get("HYPERMEDIA_GRPC_PORT", "50051"))
         credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()
+        worker_status_port = free_port()
         env.update(
             {
                 "DATABASE_URL": database_url,
@@ -143,6 +144,7 @@ class Platform:
                 "HM_STORAGE_SIGNING_KEY": self._signing_key(),
                 "HM_STORAGE_DIR": env.get("HM_STORAGE_DIR", str(self.root / "objects")),
                 "HM_WORK_DIR": env.get("HM_WORK_DIR", str(self.root / "work")),
+                "HM_WORKER_STATUS_BIND": f"127.0.0.1:{worker_status_port}",
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -155,6 +157,7 @@ class Platform:
             "credits_addr": env["HM_CREDITS_ADDR"],
             "storage_addr": env["HM_STORAGE_ADDR"],
             "storage_http": f"http://127.0.0.1:{storage_http_port}",
+            "imageworker_status_addr": env["HM_WORKER_STATUS_BIND"],
             "objects_dir": env["HM_STORAGE_DIR"],
             "logs_dir": str(self.root / "logs"),
             "pid": os.getpid(),

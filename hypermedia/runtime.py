@@ -226,6 +226,7 @@ class WorkerRuntime:
                 log.exception("%s failed", getattr(fn, "__name__", "periodic task"))
 
     async def _poll_cancellations(self) -> None:
+        self.admission.sample()  # keeps the status fresh while the fetch loop waits for work
         for job_id in await lifecycle.cancel_requested(self._pool, list(self.running)):
             self._sandbox.cancel(job_id)
 

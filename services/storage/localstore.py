@@ -23,11 +23,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote, urlencode
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -169,9 +171,9 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _problem(status: int, title: str, detail: str) -> JSONResponse:
+def _problem(status: int, title: str, detail: str, error_code: str) -> JSONResponse:
     return JSONResponse(
-        {"type": "about:blank", "title": title, "status": status, "detail": detail},
+        {"type": "about:blank", "title": title, "status": status, "detail": detail, "error_code": error_code},
         status_code=status,
         media_type="application/problem+json",
     )
@@ -187,12 +189,14 @@ def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
     async def handle(request: Request) -> Response:
         key = request.path_params["key"]
         if not is_valid_key(key):
-            return _problem(400, "Bad Request", "invalid object key")
+            return _problem(400, "Bad Request", "invalid object key", "INVALID_KEY")
         method = "PUT" if request.method == "PUT" else "GET"
         query = request.query_params
         signed_type = request.headers.get("content-type", "") if method == "PUT" else query.get("ct", "")
         if not store.verify(method, key, query.get("expires", ""), query.get("sig", ""), signed_type):
-            return _problem(403, "Forbidden", "the URL is expired or its signature does not match")
+            return _problem(
+                403, "Forbidden", "the URL is expired or its signature does not match", "URL_REJECTED"
+            )
         if method == "GET":
             return await _get(key, signed_type)
         return await _put(request, key)
@@ -202,22 +206,37 @@ def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
         try:
             st = await asyncio.to_thread(os.stat, path)
         except FileNotFoundError:
-            return _problem(404, "Not Found", "no such object")
+            return _problem(404, "Not Found", "no such object", "NOT_FOUND")
         return FileResponse(path, media_type=content_type or DEFAULT_MIME, stat_result=st)
 
     async def _put(request: Request, key: str) -> Response:
         length = request.headers.get("content-length")
         if length is not None:
             if not length.isascii() or not length.isdigit():
-                return _problem(400, "Bad Request", "invalid Content-Length")
+                return _problem(400, "Bad Request", "invalid Content-Length", "INVALID_REQUEST")
             if int(length) > max_put_bytes:
-                return _problem(413, "Content Too Large", f"uploads are limited to {max_put_bytes} bytes")
+                return _problem(
+                    413,
+                    "Content Too Large",
+                    f"uploads are limited to {max_put_bytes} bytes",
+                    "INPUT_TOO_LARGE",
+                )
         try:
             await store.write(key, request.stream(), max_put_bytes)
         except PayloadTooLarge:
-            return _problem(413, "Content Too Large", f"uploads are limited to {max_put_bytes} bytes")
+            return _problem(
+                413, "Content Too Large", f"uploads are limited to {max_put_bytes} bytes", "INPUT_TOO_LARGE"
+            )
         except ClientDisconnect:
-            return Response(status_code=400)
+            return _problem(400, "Bad Request", "the upload was cut off", "INCOMPLETE_UPLOAD")
         return Response(status_code=200)
 
-    return Starlette(routes=[Route("/o/{key:path}", handle, methods=["GET", "PUT"])])
+    async def _http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "HTTP_ERROR")
+        return _problem(status, HTTPStatus(status).phrase, HTTPStatus(status).description or code, code)
+
+    return Starlette(
+        routes=[Route("/o/{key:path}", handle, methods=["GET", "PUT"])],
+        exception_handlers={HTTPException: _http_error},
+    )

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import RunningPlatform
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
@@ -108,6 +109,7 @@ def test_reflection_only_client_lists_and_calls_every_service(
         platform.grpc_addr: "hypermedia.jobs.v1.JobService",
         platform.info["credits_addr"]: "hypermedia.credits.v1.CreditsService",
         platform.info["storage_addr"]: "hypermedia.storage.v1.StorageService",
+        platform.info["imageworker_status_addr"]: "hypermedia.worker.v1.WorkerService",
     }
     for address, service in addresses.items():
         with grpc.insecure_channel(address) as chan:
@@ -130,3 +132,13 @@ def test_reflection_only_client_lists_and_calls_every_service(
         )
         response = call(request_cls(), metadata=(("authorization", f"Bearer {account['api_key']}"),))
         assert json_format.MessageToDict(response) == {"balance": "1000.000", "held": "0.000"}
+
+
+def test_worker_status_shows_slots_and_admission(platform: RunningPlatform) -> None:
+    with grpc.insecure_channel(platform.info["imageworker_status_addr"]) as chan:
+        status = worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(worker_pb2.GetStatusRequest())
+    assert status.queue == "images"
+    assert status.slots_total == 4 and 0 <= status.slots_busy <= 4
+    assert status.reason in ("ok", "slots_full") and status.admission_open == (status.reason == "ok")
+    assert status.worker_id.startswith("local/imageworker/")
+    assert 0 <= status.sample_age_seconds < 5

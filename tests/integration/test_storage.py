@@ -328,6 +328,10 @@ async def test_tampered_signature_and_wrong_content_type_are_403(local: Running,
         assert resp.status_code == 403
         assert resp.headers["content-type"] == "application/problem+json"
         assert resp.json()["status"] == 403
+        assert resp.json()["error_code"] == "URL_REJECTED"
+        wrong_method = await http.delete(url)
+        assert wrong_method.status_code == 405
+        assert wrong_method.json()["error_code"] == "METHOD_NOT_ALLOWED"
         other_type = await http.put(url, content=b"abc", headers={"Content-Type": "text/html"})
         assert other_type.status_code == 403
         other_key = url.replace(created.object.object_id, str(uuid.uuid4()))
