@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from hypermedia import db, queues
+from hypermedia import db, queues, telemetry
 
 LEASE_MARGIN_SECONDS = 60
 """Added to ``timeout_seconds × 1.5`` (the sandbox wall clock) to get the lease length."""
@@ -49,13 +49,14 @@ class ClaimedJob:
 
 
 async def enqueue_outbox(conn: db.Connection, prefix: str, job_id: str, queue: str, priority: int) -> None:
-    """Write the outbox row announcing that ``job_id`` is queued (call inside the job's transaction)."""
+    """Write the outbox row announcing that ``job_id`` is queued (call inside the job's transaction).
+    The current trace context goes with it, so the worker's span continues the caller's trace."""
     message = queues.JobMessage(job_id=str(job_id), queue=queue, priority=priority)
     await conn.execute(
         "INSERT INTO outbox (subject, msg_id, payload) VALUES ($1, $2, $3)",
         queues.subject(prefix, queue, priority),
         f"{job_id}:{uuid.uuid4().hex[:16]}",
-        {"job_id": message.job_id, "queue": queue, "priority": priority},
+        {"job_id": message.job_id, "queue": queue, "priority": priority, "trace": telemetry.inject()},
     )
 
 

@@ -90,7 +90,9 @@ class OutboxRelay:
                 )
                 try:
                     await self._js.publish(
-                        row["subject"], message.encode(), headers={"Nats-Msg-Id": row["msg_id"]}
+                        row["subject"],
+                        message.encode(),
+                        headers={**row["payload"].get("trace", {}), "Nats-Msg-Id": row["msg_id"]},
                     )
                 except (NoStreamResponseError, NoRespondersError, NatsTimeoutError):
                     # Left unpublished; the next run tries again. The rest of the batch goes on.

@@ -15,10 +15,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
+from hypermedia import telemetry
 from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError
 
 log = logging.getLogger(__name__)
+_tracer = trace.get_tracer(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest gRPC message accepted or sent (bytes); bounds UploadObject."""
@@ -39,25 +43,31 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            try:
-                return await inner(request, context)
-            except DomainError as exc:
-                if exc.grpc_code == grpc.StatusCode.INTERNAL:
-                    log.exception("internal error in %s", method)
-                context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
-                await context.abort(exc.grpc_code, exc.public_message)
-            except grpc.aio.AbortError:
-                raise
-            except Exception:
-                log.exception("unhandled error in %s", method)
-                context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "INTERNAL"),))
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+            parent = telemetry.extract({k: str(v) for k, v in context.invocation_metadata() or ()})
+            with _tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER):
+                return await self._handle(inner, request, context, method)
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+    @staticmethod
+    async def _handle(inner: Any, request: Any, context: grpc.aio.ServicerContext, method: str) -> Any:
+        try:
+            return await inner(request, context)
+        except DomainError as exc:
+            if exc.grpc_code == grpc.StatusCode.INTERNAL:
+                log.exception("internal error in %s", method)
+            context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
+            await context.abort(exc.grpc_code, exc.public_message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("unhandled error in %s", method)
+            context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "INTERNAL"),))
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
 
 class GrpcServer:
@@ -124,10 +134,13 @@ async def call(method: Callable[..., Any], request: Any, *, timeout: float = 10.
     (``hm-error-code`` trailer) or a TransientError when the peer is unreachable."""
     from hypermedia.errors import from_rpc_error
 
-    try:
-        return await method(request, timeout=timeout)
-    except grpc.aio.AioRpcError as exc:
-        raise from_rpc_error(exc) from exc
+    name = getattr(method, "_method", b"rpc")
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    with _tracer.start_as_current_span(name, kind=SpanKind.CLIENT):
+        try:
+            return await method(request, timeout=timeout, metadata=tuple(telemetry.inject().items()))
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
 
 
 async def healthy(chan: grpc.aio.Channel, service: str = "", timeout: float = 2.0) -> bool:

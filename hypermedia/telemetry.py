@@ -1,5 +1,7 @@
 """Telemetry set up once per process: JSON logs that carry the trace id, and an OpenTelemetry
-tracer provider. Spans are exported to the console only when ``HM_TRACE_CONSOLE=1`` (an OTLP
+tracer provider. The trace context travels in W3C ``traceparent`` form: in gRPC metadata
+(:func:`hypermedia.rpc.call` and the server interceptor), in outbox rows and from there in the NATS
+message headers, so one trace follows a job from the REST request through the worker. Spans are exported to the console only when ``HM_TRACE_CONSOLE=1`` (an OTLP
 exporter can be added by deployment; the SDK reads the standard ``OTEL_*`` variables)."""
 
 from __future__ import annotations
@@ -7,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
@@ -43,3 +47,16 @@ def setup(service: str, level: str = "INFO") -> trace.Tracer:
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)
     return trace.get_tracer(f"hypermedia.{service}")
+
+
+def inject() -> dict[str, str]:
+    """The current trace context as W3C ``traceparent``/``tracestate`` entries, for gRPC metadata,
+    NATS headers and outbox rows. Empty when there is no active span."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def extract(carrier: Mapping[str, str] | None) -> Context:
+    """The trace context carried by ``carrier`` (headers or metadata); an empty context if none."""
+    return propagate.extract(dict(carrier or {}))

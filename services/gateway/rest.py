@@ -11,14 +11,18 @@ from typing import Any
 from fastapi import Depends, FastAPI, File, Header, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hypermedia import telemetry
 from hypermedia.errors import DomainError, PayloadTooLarge
 from services.gateway.auth import Caller
 from services.gateway.jobs import JobsAPI
 
 log = logging.getLogger(__name__)
+_tracer = trace.get_tracer(__name__)
 
 PROBLEM = "application/problem+json"
 MAX_JSON_BYTES = 64 * 1024
@@ -117,6 +121,18 @@ def build_app(
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return problem(500, "Internal error", "internal error", "INTERNAL")
+
+    @app.middleware("http")
+    async def _trace(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+        """One SERVER span per request, continuing a caller's ``traceparent`` when it sends one."""
+        with _tracer.start_as_current_span(
+            f"{request.method} {request.url.path}",
+            context=telemetry.extract(request.headers),
+            kind=SpanKind.SERVER,
+        ) as span:
+            response = await call_next(request)
+            span.set_attribute("http.status_code", response.status_code)
+            return response
 
     @app.middleware("http")
     async def _limit_body(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:

@@ -4,6 +4,8 @@ checked by decoding the outputs."""
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
 import struct
 import zlib
 from pathlib import Path
@@ -300,3 +302,22 @@ def test_large_json_bodies_and_lowercase_bearer(platform: RunningPlatform, accou
         content=b'{"object_id": "' + b"x" * 200_000 + b'", "operations": ["thumbnail"]}',
     )
     assert huge.status_code == 413 and huge.json()["error_code"] == "INPUT_TOO_LARGE"
+
+
+def test_a_callers_trace_reaches_the_worker(platform: RunningPlatform, client: httpx.Client) -> None:
+    """traceparent on the REST request → gateway span → outbox row → NATS header → worker span:
+    the worker's log lines about the job carry the caller's trace id."""
+    trace_id = secrets.token_hex(16)
+    response = client.post(
+        "/v1/objects", files={"file": ("t.jpg", (EXIF / "Landscape_1.jpg").read_bytes()[:5000])}
+    )
+    created = client.post(
+        "/v1/hypermedia/process",
+        json={"object_id": response.json()["object_id"], "operations": ["thumbnail"]},
+        headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
+    )
+    job = wait_job(client, created.json()["job_ids"][0])
+    assert job["error_code"] == "CORRUPT_INPUT"
+    log_lines = (platform.state_dir / "logs" / "imageworker.log").read_text().splitlines()
+    traced = [json.loads(line) for line in log_lines if trace_id in line]
+    assert any(line["message"].startswith("job attempt failed") for line in traced), traced

@@ -315,7 +315,7 @@ async def test_hand_back_requeues_with_an_outbox_row_or_fails_on_the_last_attemp
     assert (row["status"], row["claimed_by"], row["attempt_count"]) == ("queued", None, 1)
     [outbox] = await seed.outbox_rows(first)
     assert outbox["subject"] == "tlife.jobs.images.p4"
-    assert outbox["payload"] == {"job_id": str(first), "queue": "images", "priority": 4}
+    assert outbox["payload"] == {"job_id": str(first), "queue": "images", "priority": 4, "trace": {}}
     assert await _attempts(fresh_pool, first) == [(1, "w-a", "lost")]
     row = await seed.job_row(last)
     assert (row["status"], row["error_code"]) == ("failed", "WORKER_LOST")
