@@ -88,7 +88,7 @@ async def _create_account(name: str, credits: float) -> dict[str, Any]:
 
     pool = await db.create_pool(_database_url(), max_size=2)
     try:
-        account_id, api_key, pool_id = await create_account(pool, name)
+        account_id, api_key, pool_id, webhook_secret = await create_account(pool, name)
     finally:
         await pool.close()
     millicredits = round(credits * 1000)
@@ -102,7 +102,13 @@ async def _create_account(name: str, credits: float) -> dict[str, Any]:
                 ),
             )
             balance = response.balance_millicredits
-    return {"account_id": account_id, "api_key": api_key, "pool_id": pool_id, "credits": balance / 1000}
+    return {
+        "account_id": account_id,
+        "api_key": api_key,
+        "pool_id": pool_id,
+        "credits": balance / 1000,
+        "webhook_secret": webhook_secret,
+    }
 
 
 @admin.command("create-account")
@@ -110,7 +116,8 @@ def create_account_cmd(
     credits: Annotated[float, typer.Option(min=0, help="credits granted at creation")] = 0.0,
     name: Annotated[str, typer.Option(help="display name")] = "account",
 ) -> None:
-    """Create an account with a pool and an API key; prints JSON {account_id, api_key, pool_id, credits}."""
+    """Create an account with a pool and an API key; prints JSON {account_id, api_key, pool_id, credits,
+    webhook_secret} (the secret verifies webhook signatures)."""
     logging.basicConfig(level=logging.WARNING)
     try:
         print(json.dumps(asyncio.run(_create_account(name, credits))))

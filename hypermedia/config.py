@@ -114,6 +114,11 @@ class ReaperSettings(_Settings):
     requeue_stale_seconds: float = Field(60.0, gt=0, validation_alias="HM_REAPER_REQUEUE_STALE_SECONDS")
     """A job `queued` this long without being claimed is published again."""
     dead_worker_seconds: float = Field(120.0, gt=0, validation_alias="HM_REAPER_DEAD_WORKER_SECONDS")
+    webhook_poll_seconds: float = Field(1.0, gt=0, validation_alias="HM_WEBHOOK_POLL_SECONDS")
+    """How often the webhook dispatcher looks for due deliveries."""
+    webhook_max_attempts: int = Field(8, ge=1, le=50, validation_alias="HM_WEBHOOK_MAX_ATTEMPTS")
+    webhook_base_delay_seconds: float = Field(5.0, gt=0, validation_alias="HM_WEBHOOK_BASE_DELAY_SECONDS")
+    """First retry delay of a webhook; doubles per attempt, capped at an hour."""
 
 
 S = TypeVar("S", bound=BaseSettings)

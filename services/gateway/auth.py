@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from hypermedia.errors import Unauthenticated
+from hypermedia.webhooks import new_webhook_secret
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,19 @@ async def authenticate(pool: asyncpg.Pool, header: str | None) -> Caller:
     return Caller(account_id=str(row["account_id"]), pool_id=str(row["pool_id"]))
 
 
-async def create_account(pool: asyncpg.Pool, name: str) -> tuple[str, str, str]:
-    """Create an account with one pool and one API key. Returns (account_id, api_key, pool_id)."""
+async def create_account(pool: asyncpg.Pool, name: str) -> tuple[str, str, str, str]:
+    """Create an account with one pool, one API key and a webhook signing secret.
+    Returns (account_id, api_key, pool_id, webhook_secret)."""
     account_id, pool_id = uuid.uuid4(), uuid.uuid4()
     key, key_id, digest = new_key()
+    webhook_secret = new_webhook_secret()
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, $2)", account_id, name)
+        await conn.execute(
+            "INSERT INTO accounts (account_id, name, webhook_secret) VALUES ($1, $2, $3)",
+            account_id,
+            name,
+            webhook_secret,
+        )
         await conn.execute(
             "INSERT INTO pools (pool_id, account_id, name) VALUES ($1, $2, 'default')", pool_id, account_id
         )
@@ -75,4 +83,4 @@ async def create_account(pool: asyncpg.Pool, name: str) -> tuple[str, str, str]:
             digest,
         )
         await conn.execute("INSERT INTO credit_accounts (account_id) VALUES ($1)", account_id)
-    return str(account_id), key, str(pool_id)
+    return str(account_id), key, str(pool_id), webhook_secret

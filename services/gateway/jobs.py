@@ -29,6 +29,7 @@ from hypermedia.imaging import ops as image_ops
 from hypermedia.outbox import OutboxRelay
 from hypermedia.rpc import call
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.webhooks import new_webhook_secret
 from services.gateway.auth import Caller
 
 log = logging.getLogger(__name__)
@@ -405,6 +406,16 @@ class JobsAPI:
         if status == "cancelled":
             await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
         return await self.get_job(caller, job_id)
+
+    async def account(self, caller: Caller) -> dict[str, Any]:
+        """``{account_id, pool_id, webhook_secret}``: what an app needs to verify webhooks."""
+        secret = await self._pool.fetchval(
+            "UPDATE accounts SET webhook_secret = coalesce(webhook_secret, $2) WHERE account_id = $1 "
+            "RETURNING webhook_secret",
+            caller.account_id,
+            new_webhook_secret(),
+        )
+        return {"account_id": caller.account_id, "pool_id": caller.pool_id, "webhook_secret": secret}
 
     async def balance(self, caller: Caller) -> dict[str, Any]:
         """``{balance, held, available}`` in credits."""

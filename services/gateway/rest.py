@@ -72,6 +72,12 @@ class ProcessOut(BaseModel):
     estimated_credits: float
 
 
+class AccountOut(BaseModel):
+    account_id: str
+    pool_id: str
+    webhook_secret: str
+
+
 class BalanceOut(BaseModel):
     balance: float
     held: float
@@ -173,6 +179,11 @@ def build_app(
     async def cancel_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """Cancel a queued job at once, or ask a running one to stop."""
         return await api.cancel_job(who, job_id)
+
+    @app.get("/v1/account", response_model=AccountOut)
+    async def account(who: Caller = Depends(caller)) -> dict[str, Any]:
+        """The caller's account and pool, and the secret that signs its webhooks (Standard Webhooks)."""
+        return await api.account(who)
 
     @app.get("/v1/credits", response_model=BalanceOut)
     async def credits(who: Caller = Depends(caller)) -> dict[str, Any]:

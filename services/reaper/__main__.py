@@ -1,17 +1,21 @@
-"""``python -m services.reaper``: runs :meth:`Reaper.run_once` every ``HM_REAPER_INTERVAL_SECONDS``
-and an outbox relay for the messages it writes. Only wires."""
+"""``python -m services.reaper``: runs :meth:`Reaper.run_once` every ``HM_REAPER_INTERVAL_SECONDS``,
+an outbox relay for the messages it writes, and the webhook dispatcher. Only wires."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+
+import httpx
 
 from hypermedia import config
 from hypermedia.outbox import OutboxRelay
 from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
 from services.reaper.reaper import Reaper
+from services.reaper.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +28,16 @@ async def _loop(reaper: Reaper, relay: OutboxRelay, interval: float, stop: async
                 relay.wake.set()
         except Exception:
             log.exception("reaper run failed; retrying")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
+async def _every(run_once: Callable[[], Awaitable[object]], interval: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await run_once()
+        except Exception:
+            log.exception("periodic run failed; retrying")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
 
@@ -42,10 +56,19 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         dead_worker_seconds=settings.dead_worker_seconds,
     )
     relay = OutboxRelay(pool, nc, js)
+    http = httpx.AsyncClient()
+    stack.push_async_callback(http.aclose)
+    webhooks = WebhookDispatcher(
+        pool,
+        http,
+        max_attempts=settings.webhook_max_attempts,
+        base_delay_seconds=settings.webhook_base_delay_seconds,
+    )
     inner_stop = asyncio.Event()
     tasks = [
         asyncio.create_task(_loop(reaper, relay, settings.interval_seconds, inner_stop)),
         asyncio.create_task(relay.run(inner_stop)),
+        asyncio.create_task(_every(webhooks.run_once, settings.webhook_poll_seconds, inner_stop)),
     ]
 
     async def finish() -> None:

@@ -4,9 +4,12 @@ checked by decoding the outputs."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import secrets
 import struct
+import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import asyncpg
 import httpx
 import pytest
 import pyvips
+from standardwebhooks import Webhook
 
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
 
@@ -321,3 +325,42 @@ def test_a_callers_trace_reaches_the_worker(platform: RunningPlatform, client: h
     log_lines = (platform.state_dir / "logs" / "imageworker.log").read_text().splitlines()
     traced = [json.loads(line) for line in log_lines if trace_id in line]
     assert any(line["message"].startswith("job attempt failed") for line in traced), traced
+
+
+def test_webhook_of_a_completed_job_is_signed_and_delivered(
+    client: httpx.Client, account: dict[str, Any]
+) -> None:
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        obj = upload(client, EXIF / "Landscape_4.jpg")
+        url = f"http://127.0.0.1:{server.server_address[1]}/hooks"
+        created = client.post(
+            "/v1/hypermedia/process",
+            json={"object_id": obj["object_id"], "operations": ["thumbnail"], "webhook_url": url},
+        )
+        job = wait_job(client, created.json()["job_ids"][0])
+        deadline = time.monotonic() + 30
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        server.shutdown()
+    [(headers, body)] = received
+    assert client.get("/v1/account").json()["webhook_secret"] == account["webhook_secret"]
+    event = Webhook(account["webhook_secret"]).verify(body, headers)
+    assert event["type"] == "job.completed"
+    assert event["data"]["job_id"] == job["job_id"]
+    assert event["data"]["actual_credits"] == job["actual_credits"]

@@ -1,0 +1,168 @@
+"""Webhook delivery: a loop around :meth:`WebhookDispatcher.run_once`, run by the reaper service.
+
+Delivery rows are written by a trigger in the same transaction that moves a job to a terminal state
+(migration 0002), so every path that ends a job produces exactly one per event. The dispatcher
+takes due rows with ``FOR UPDATE SKIP LOCKED`` (several replicas never send the same row at once),
+leases them by pushing ``next_attempt_at`` past the send timeout, POSTs them, and records the
+outcome: 2xx → ``delivered``; anything else → retried after ``base_delay × 2^attempts`` (capped at
+an hour) until ``max_attempts``, then ``failed``. Delivery is at least once; receivers de-duplicate
+by the ``webhook-id`` header, which is the same on every retry.
+
+Format: Standard Webhooks (https://www.standardwebhooks.com/): headers ``webhook-id``,
+``webhook-timestamp`` (unix seconds) and ``webhook-signature`` = ``v1,`` + base64 HMAC-SHA256 over
+``{id}.{timestamp}.{body}`` with the account's ``whsec_`` secret, signed by the ``standardwebhooks``
+library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import httpx
+from standardwebhooks import Webhook
+
+from hypermedia.webhooks import new_webhook_secret
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_SECONDS = 10.0
+MAX_DELAY_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    delivered: int = 0
+    retried: int = 0
+    failed: int = 0
+
+    @property
+    def anything(self) -> bool:
+        return any(vars(self).values())
+
+
+class WebhookDispatcher:
+    """Sends due webhook deliveries.
+
+    Args:
+        pool: asyncpg pool. http: client used for the POSTs (no redirects are followed).
+        batch_size: deliveries per run. max_attempts: sends before a delivery is ``failed``.
+        base_delay_seconds: first retry delay; doubles per attempt, capped at an hour.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        http: httpx.AsyncClient,
+        *,
+        batch_size: int = 20,
+        max_attempts: int = 8,
+        base_delay_seconds: float = 5.0,
+    ) -> None:
+        self._pool = pool
+        self._http = http
+        self._batch = batch_size
+        self._max_attempts = max_attempts
+        self._base_delay = base_delay_seconds
+
+    async def run_once(self) -> DispatchResult:
+        """Send every due delivery (up to one batch) once; returns the outcomes."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """
+                SELECT d.delivery_id, d.account_id, d.url, d.payload, d.attempts, a.webhook_secret
+                FROM webhook_deliveries d JOIN accounts a ON a.account_id = d.account_id
+                WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+                ORDER BY d.next_attempt_at LIMIT $1 FOR UPDATE OF d SKIP LOCKED
+                """,
+                self._batch,
+            )
+            if rows:
+                # Lease: another dispatcher will not pick these up while this one is sending.
+                await conn.execute(
+                    "UPDATE webhook_deliveries SET next_attempt_at = now() + make_interval(secs => $2) "
+                    "WHERE delivery_id = ANY($1::uuid[])",
+                    [r["delivery_id"] for r in rows],
+                    SEND_TIMEOUT_SECONDS + 30,
+                )
+        outcomes = await asyncio.gather(*(self._deliver(row) for row in rows))
+        result = DispatchResult(
+            delivered=outcomes.count("delivered"),
+            retried=outcomes.count("pending"),
+            failed=outcomes.count("failed"),
+        )
+        if result.anything:
+            log.info("webhooks: %s", result)
+        return result
+
+    async def _secret(self, account_id: Any, current: str | None) -> str:
+        if current:
+            return current
+        return str(
+            await self._pool.fetchval(
+                "UPDATE accounts SET webhook_secret = coalesce(webhook_secret, $2) WHERE account_id = $1 "
+                "RETURNING webhook_secret",
+                account_id,
+                new_webhook_secret(),
+            )
+        )
+
+    async def _deliver(self, row: asyncpg.Record) -> str:
+        delivery_id = str(row["delivery_id"])
+        body = json.dumps(row["payload"], separators=(",", ":"))
+        now = datetime.now(UTC)
+        signature = Webhook(await self._secret(row["account_id"], row["webhook_secret"])).sign(
+            delivery_id, now, body
+        )
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "hypermedia-webhooks/1",
+            "webhook-id": delivery_id,
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": signature,
+        }
+        status_code: int | None = None
+        error: str | None = None
+        try:
+            response = await self._http.post(
+                row["url"],
+                content=body,
+                headers=headers,
+                timeout=SEND_TIMEOUT_SECONDS,
+                follow_redirects=False,
+            )
+            status_code = response.status_code
+            if 200 <= status_code < 300:
+                await self._pool.execute(
+                    "UPDATE webhook_deliveries SET status = 'delivered', attempts = attempts + 1, "
+                    "last_status_code = $2, last_error = NULL, delivered_at = now() WHERE delivery_id = $1",
+                    row["delivery_id"],
+                    status_code,
+                )
+                return "delivered"
+            error = f"receiver answered {status_code}"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}"
+        attempts = row["attempts"] + 1
+        final = attempts >= self._max_attempts
+        delay = min(MAX_DELAY_SECONDS, self._base_delay * 2 ** (attempts - 1))
+        await self._pool.execute(
+            """
+            UPDATE webhook_deliveries SET attempts = $2, last_status_code = $3, last_error = $4,
+                   status = CASE WHEN $5 THEN 'failed' ELSE 'pending' END,
+                   next_attempt_at = now() + make_interval(secs => $6)
+            WHERE delivery_id = $1
+            """,
+            row["delivery_id"],
+            attempts,
+            status_code,
+            error,
+            final,
+            delay,
+        )
+        return "failed" if final else "pending"

@@ -1,0 +1,178 @@
+"""Webhooks: one delivery per terminal state (written by the trigger in the state change's own
+transaction), signed in the Standard Webhooks format, retried after a receiver error, at least once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from standardwebhooks import Webhook
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from hypermedia.embedded import free_port
+from hypermedia.httpserver import HttpServer
+from hypermedia.webhooks import new_webhook_secret
+from services.reaper.webhooks import WebhookDispatcher
+from tests.integration.conftest import Seeder, Tenant
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver that answers with the next status of ``script`` (then 204)."""
+
+    url: str
+    script: list[int] = field(default_factory=list)
+    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    port = free_port()
+    rec = Receiver(f"http://127.0.0.1:{port}/hooks")
+
+    async def hook(request: Request) -> Response:
+        rec.received.append((dict(request.headers), await request.body()))
+        return Response(status_code=rec.script.pop(0) if rec.script else 204)
+
+    server = HttpServer("127.0.0.1", port)
+    await server.start(Starlette(routes=[Route("/hooks", hook, methods=["POST"])]))
+    try:
+        yield rec
+    finally:
+        await server.stop()
+
+
+async def _tenant_with_secret(seed: Seeder) -> tuple[Tenant, str]:
+    tenant = await seed.tenant()
+    secret = new_webhook_secret()
+    await seed.pool.execute(
+        "UPDATE accounts SET webhook_secret = $2 WHERE account_id = $1", tenant.account_id, secret
+    )
+    return tenant, secret
+
+
+async def _job_with_hook(seed: Seeder, tenant: Tenant, url: str) -> uuid.UUID:
+    job_id = await seed.job(tenant, status="processing", attempt_count=1, claimed_by="w", lease_in=60)
+    await seed.pool.execute("UPDATE processing_jobs SET webhook_url = $2 WHERE job_id = $1", job_id, url)
+    return job_id
+
+
+async def _deliveries(pool: asyncpg.Pool, job_id: uuid.UUID) -> list[asyncpg.Record]:
+    return await pool.fetch("SELECT * FROM webhook_deliveries WHERE job_id = $1 ORDER BY created_at", job_id)
+
+
+async def test_each_terminal_state_is_recorded_once_in_the_same_transaction(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    tenant, _ = await _tenant_with_secret(seed)
+    job_id = await _job_with_hook(seed, tenant, "http://127.0.0.1:9/hooks")
+    silent = await seed.job(tenant, status="processing", attempt_count=1, claimed_by="w", lease_in=60)
+    with pytest.raises(asyncpg.PostgresError):
+        async with fresh_pool.acquire() as conn, conn.transaction():
+            await conn.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", job_id)
+            raise asyncpg.PostgresError("rolled back")
+    assert await _deliveries(fresh_pool, job_id) == [], "a rolled-back transition announces nothing"
+
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET status = 'completed', actual_credits = 1200 WHERE job_id = ANY($1::uuid[])",
+        [job_id, silent],
+    )
+    await fresh_pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", job_id)
+    [delivery] = await _deliveries(fresh_pool, job_id)
+    assert delivery["event_type"] == "job.completed" and delivery["status"] == "pending"
+    payload = delivery["payload"]
+    assert payload["type"] == "job.completed"
+    assert payload["data"]["job_id"] == str(job_id)
+    assert payload["data"]["status"] == "completed"
+    assert payload["data"]["actual_credits"] == 1.2
+    assert await _deliveries(fresh_pool, silent) == [], "no webhook_url, no delivery"
+
+
+async def test_signed_delivery_retried_after_a_500_then_delivered(
+    fresh_pool: asyncpg.Pool, seed: Seeder, receiver: Receiver
+) -> None:
+    tenant, secret = await _tenant_with_secret(seed)
+    job_id = await _job_with_hook(seed, tenant, receiver.url)
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET status = 'failed', error_code = 'CORRUPT_INPUT' WHERE job_id = $1", job_id
+    )
+    receiver.script = [500]
+    async with httpx.AsyncClient() as http:
+        dispatcher = WebhookDispatcher(fresh_pool, http, base_delay_seconds=30)
+        first = await dispatcher.run_once()
+        assert (first.delivered, first.retried, first.failed) == (0, 1, 0)
+        [delivery] = await _deliveries(fresh_pool, job_id)
+        assert (delivery["status"], delivery["attempts"], delivery["last_status_code"]) == ("pending", 1, 500)
+        wait = await fresh_pool.fetchval(
+            "SELECT extract(epoch FROM next_attempt_at - now()) FROM webhook_deliveries WHERE job_id = $1",
+            job_id,
+        )
+        assert 25 < float(wait) <= 30, "first retry after base_delay"
+        assert (await dispatcher.run_once()).anything is False, "not due yet"
+
+        await fresh_pool.execute(
+            "UPDATE webhook_deliveries SET next_attempt_at = now() WHERE job_id = $1", job_id
+        )
+        second = await dispatcher.run_once()
+    assert (second.delivered, second.retried) == (1, 0)
+    [delivery] = await _deliveries(fresh_pool, job_id)
+    assert (delivery["status"], delivery["attempts"], delivery["last_status_code"]) == ("delivered", 2, 204)
+
+    assert len(receiver.received) == 2
+    ids = {headers["webhook-id"] for headers, _ in receiver.received}
+    assert ids == {str(delivery["delivery_id"])}, "the same webhook-id on every retry"
+    for headers, body in receiver.received:
+        verified: Any = Webhook(secret).verify(body, headers)
+        assert verified["type"] == "job.failed"
+        assert verified["data"]["error_code"] == "CORRUPT_INPUT"
+    headers, body = receiver.received[-1]
+    with pytest.raises(Exception):  # noqa: B017 - the library raises its own WebhookVerificationError
+        Webhook(new_webhook_secret()).verify(body, headers)
+    tampered = json.loads(body) | {"type": "job.completed"}
+    with pytest.raises(Exception):  # noqa: B017
+        Webhook(secret).verify(json.dumps(tampered), headers)
+
+
+async def test_a_receiver_that_never_answers_well_ends_failed_after_max_attempts(
+    fresh_pool: asyncpg.Pool, seed: Seeder, receiver: Receiver
+) -> None:
+    tenant, _ = await _tenant_with_secret(seed)
+    job_id = await _job_with_hook(seed, tenant, receiver.url)
+    await fresh_pool.execute("UPDATE processing_jobs SET status = 'cancelled' WHERE job_id = $1", job_id)
+    receiver.script = [503, 502, 500]
+    async with httpx.AsyncClient() as http:
+        dispatcher = WebhookDispatcher(fresh_pool, http, max_attempts=3, base_delay_seconds=1)
+        for _ in range(3):
+            await fresh_pool.execute(
+                "UPDATE webhook_deliveries SET next_attempt_at = now() WHERE job_id = $1", job_id
+            )
+            await dispatcher.run_once()
+    [delivery] = await _deliveries(fresh_pool, job_id)
+    assert (delivery["status"], delivery["attempts"], delivery["last_status_code"]) == ("failed", 3, 500)
+
+
+async def test_two_dispatchers_send_each_delivery_once(
+    fresh_pool: asyncpg.Pool, seed: Seeder, receiver: Receiver
+) -> None:
+    tenant, _ = await _tenant_with_secret(seed)
+    jobs = [await _job_with_hook(seed, tenant, receiver.url) for _ in range(12)]
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET status = 'completed' WHERE job_id = ANY($1::uuid[])", jobs
+    )
+    async with httpx.AsyncClient() as http:
+        a = WebhookDispatcher(fresh_pool, http, batch_size=5)
+        b = WebhookDispatcher(fresh_pool, http, batch_size=5)
+        for _ in range(3):
+            await asyncio.gather(a.run_once(), b.run_once())
+    assert len(receiver.received) == 12
+    assert len({h["webhook-id"] for h, _ in receiver.received}) == 12
