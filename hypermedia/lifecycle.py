@@ -279,6 +279,24 @@ async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix:
     return True
 
 
+async def progress(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, fraction: float, stage: str) -> bool:
+    """Record a progress event (``fraction`` 0..1, a short ``stage`` name) for watchers of the job;
+    fenced like every worker write. False when the lease was lost."""
+    result = await pool.execute(
+        """
+        INSERT INTO job_events (job_id, kind, status, progress, detail)
+        SELECT job_id, 'progress', status, $4, jsonb_build_object('stage', $5::text) FROM processing_jobs
+        WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
+        """,
+        job.job_id,
+        worker_id,
+        job.attempt,
+        min(1.0, max(0.0, fraction)),
+        stage,
+    )
+    return result.endswith(" 1")
+
+
 async def extend_leases(pool: asyncpg.Pool, worker_id: str, job_ids: list[str]) -> list[str]:
     """Heartbeat: push the visibility timeout of this worker's running jobs forward. Returns the ids
     whose cancellation was requested."""

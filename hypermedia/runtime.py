@@ -342,6 +342,7 @@ class WorkerRuntime:
             input_path = job_dir / "input" / "source"
             with _tracer.start_as_current_span("storage.download"):
                 await self._download(source.key, input_path, job.max_input_bytes)
+            await lifecycle.progress(self._pool, job, self.worker_id, 0.25, "downloaded")
             limits = SandboxLimits(
                 cpu_seconds=job.timeout_seconds,
                 wall_seconds=job.timeout_seconds * 1.5,
@@ -368,11 +369,13 @@ class WorkerRuntime:
             if result.error_code:
                 cls = TransientError if result.retryable else PermanentJobError
                 raise cls(result.error_message or "processing failed", result.error_code)
+            await lifecycle.progress(self._pool, job, self.worker_id, 0.75, "processed")
             with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
                 outputs = [
                     await self._upload(job, source, job_dir / "output" / o.filename, o)
                     for o in result.outputs
                 ]
+            await lifecycle.progress(self._pool, job, self.worker_id, 0.95, "uploaded")
             if not await lifecycle.complete(
                 self._pool,
                 job,

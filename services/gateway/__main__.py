@@ -10,6 +10,7 @@ from functools import partial
 import httpx
 
 from hypermedia import config, rpc
+from hypermedia.events import JobEventHub
 from hypermedia.httpserver import HttpServer
 from hypermedia.jobs.v1 import jobs_pb2_grpc
 from hypermedia.outbox import OutboxRelay
@@ -39,11 +40,16 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
 
     stack.push_async_callback(stop_relay)
 
+    events = JobEventHub(pool, infra.database_url.get_secret_value())
+    await events.start()
+    stack.push_async_callback(events.stop)
+
     api = JobsAPI(
         pool,
         peers.storage,
         peers.credits,
         relay,
+        events,
         http,
         stream_prefix=infra.stream_prefix,
         max_upload_bytes=settings.max_upload_bytes,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 import grpc
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError
 from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from services.gateway.auth import Caller
 from services.gateway.jobs import JobsAPI
@@ -131,6 +132,32 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.CancelJobResponse:
         caller = await self._caller(context)
         return jobs_pb2.CancelJobResponse(job=job_message(await self._api.cancel_job(caller, request.job_id)))
+
+    async def WatchJob(
+        self, request: jobs_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
+        # Streams bypass the unary error interceptor: map domain errors here.
+        try:
+            caller = await self._caller(context)
+            events = await self._api.watch_job(caller, request.job_id, request.after_event_id)
+        except DomainError as exc:
+            context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
+            await context.abort(exc.grpc_code, exc.public_message)
+            return
+        async for event in events:
+            if event is None:
+                continue
+            created = timestamp_pb2.Timestamp()
+            created.FromDatetime(event.created_at)
+            yield jobs_pb2.WatchJobResponse(
+                event_id=event.event_id,
+                job_id=event.job_id,
+                kind=event.kind,
+                status=jobs_pb2.JobStatus.Value(f"JOB_STATUS_{event.status.upper()}"),
+                progress=event.progress or 0.0,
+                detail=_struct(event.detail),
+                created_at=created,
+            )
 
     async def GetBalance(
         self, request: jobs_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ from hypermedia.errors import (
     TransientError,
     UnsupportedInput,
 )
+from hypermedia.events import JobEvent, JobEventHub
 from hypermedia.imaging import ops as image_ops
 from hypermedia.outbox import OutboxRelay
 from hypermedia.rpc import call
@@ -70,6 +72,7 @@ class JobsAPI:
         storage: storage_pb2_grpc.StorageServiceStub,
         credits: credits_pb2_grpc.CreditsServiceStub,
         relay: OutboxRelay,
+        events: JobEventHub,
         http: httpx.AsyncClient,
         *,
         stream_prefix: str,
@@ -80,6 +83,7 @@ class JobsAPI:
         self._storage = storage
         self._credits = credits
         self._relay = relay
+        self._events = events
         self._http = http
         self._prefix = stream_prefix
         self.max_upload_bytes = max_upload_bytes
@@ -373,6 +377,19 @@ class JobsAPI:
             ],
             "outputs": rendered_outputs,
         }
+
+    async def watch_job(
+        self, caller: Caller, job_id: str, after_event_id: int = 0
+    ) -> AsyncIterator[JobEvent | None]:
+        """The job's events as they happen (see :class:`hypermedia.events.JobEventHub`), ending after
+        its terminal status; ``None`` marks a keep-alive. Raises NotFound before the first event."""
+        job_id = _parse_uuid(job_id, "job")
+        owned = await self._pool.fetchval(
+            "SELECT 1 FROM processing_jobs WHERE job_id = $1 AND account_id = $2", job_id, caller.account_id
+        )
+        if owned is None:
+            raise NotFound("job not found", "NOT_FOUND")
+        return self._events.watch(job_id, max(0, after_event_id))
 
     async def cancel_job(self, caller: Caller, job_id: str) -> dict[str, Any]:
         """Cancel: ``queued``/``retry_wait`` → ``cancelled`` at once (hold released, never executed);

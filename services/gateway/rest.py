@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import Depends, FastAPI, File, Header, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
@@ -174,6 +175,30 @@ def build_app(
     async def get_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A job: status, attempts, errors, credits, timestamps, outputs with presigned URLs."""
         return await api.get_job(who, job_id)
+
+    @app.get("/v1/jobs/{job_id}/events")
+    async def job_events(
+        job_id: str, who: Caller = Depends(caller), last_event_id: str | None = Header(None)
+    ) -> StreamingResponse:
+        """Server-Sent Events: every status change and progress update of the job, from the start
+        (or after ``Last-Event-ID``), ending after its terminal status. Comment lines keep the
+        connection alive every 15 s."""
+        after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+        events = await api.watch_job(who, job_id, after)
+
+        async def stream() -> AsyncIterator[bytes]:
+            async for event in events:
+                if event is None:
+                    yield b": keep-alive\n\n"
+                    continue
+                data = json.dumps(event.as_json(), separators=(",", ":"))
+                yield f"id: {event.event_id}\nevent: {event.kind}\ndata: {data}\n\n".encode()
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     @app.post("/v1/jobs/{job_id}:cancel")
     async def cancel_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:

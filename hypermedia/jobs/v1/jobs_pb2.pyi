@@ -409,3 +409,67 @@ class GetBalanceResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetBalanceResponse: _TypeAlias = GetBalanceResponse  # noqa: Y015
+
+@_typing.final
+class WatchJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    AFTER_EVENT_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    after_event_id: _builtins.int
+    """Resume after this event (0: from the beginning)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        after_event_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_event_id", b"after_event_id", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchJobRequest: _TypeAlias = WatchJobRequest  # noqa: Y015
+
+@_typing.final
+class WatchJobResponse(_message.Message):
+    """One event of a job: `kind` is "status" (status set) or "progress" (progress set, 0..1)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.int
+    job_id: _builtins.str
+    kind: _builtins.str
+    status: Global___JobStatus.ValueType
+    progress: _builtins.float
+    @_builtins.property
+    def detail(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        event_id: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        status: Global___JobStatus.ValueType = ...,
+        progress: _builtins.float = ...,
+        detail: _struct_pb2.Struct | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "detail", b"detail"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "detail", b"detail", "event_id", b"event_id", "job_id", b"job_id", "kind", b"kind", "progress", b"progress", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchJobResponse: _TypeAlias = WatchJobResponse  # noqa: Y015

@@ -60,6 +60,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceResponse.FromString,
                 _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/hypermedia.jobs.v1.JobService/WatchJob',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -104,6 +109,14 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchJob(self, request, context):
+        """WatchJob streams the job's events — every status change and progress update — from the
+        first (or after `after_event_id`) and ends after the terminal status. NOT_FOUND for others' jobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +144,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetBalance,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceResponse.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +287,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/GetBalance',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/WatchJob',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,96 @@
+"""Job events from one source: REST Server-Sent Events and gRPC WatchJob."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.e2e.conftest import RunningPlatform, upload, wait_job
+
+EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
+
+
+def _sse(client: httpx.Client, job_id: str, last_event_id: int | None = None) -> list[dict[str, Any]]:
+    """Read the whole event stream of a job (it ends after the terminal status)."""
+    headers = {"Last-Event-ID": str(last_event_id)} if last_event_id else {}
+    events: list[dict[str, Any]] = []
+    with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in response.iter_lines():
+            if line == "":
+                if "data" in fields:
+                    event = json.loads(fields["data"])
+                    assert str(event["event_id"]) == fields["id"] and event["kind"] == fields["event"]
+                    events.append(event)
+                fields = {}
+            elif not line.startswith(":"):
+                name, _, value = line.partition(": ")
+                fields[name] = value
+    return events
+
+
+def test_sse_streams_every_status_and_progress_then_ends(client: httpx.Client) -> None:
+    obj = upload(client, EXIF / "Landscape_7.jpg")
+    job_id = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    ).json()["job_ids"][0]
+    events = _sse(client, job_id)
+    statuses = [e["status"] for e in events if e["kind"] == "status"]
+    assert statuses == ["queued", "claimed", "processing", "completed"]
+    progress = [(e["progress"], e["detail"]["stage"]) for e in events if e["kind"] == "progress"]
+    assert progress == [(0.25, "downloaded"), (0.75, "processed"), (0.95, "uploaded")]
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("progress") > statuses.index("processing") and kinds[-1] == "status"
+    ids = [e["event_id"] for e in events]
+    assert ids == sorted(ids)
+
+    resumed = _sse(client, job_id, last_event_id=ids[2])
+    assert [e["event_id"] for e in resumed] == ids[3:]
+
+
+def test_sse_of_a_failed_job_carries_its_error(client: httpx.Client) -> None:
+    response = client.post(
+        "/v1/objects", files={"file": ("x.jpg", (EXIF / "Landscape_1.jpg").read_bytes()[:3000])}
+    )
+    job_id = client.post(
+        "/v1/hypermedia/process",
+        json={"object_id": response.json()["object_id"], "operations": ["thumbnail"]},
+    ).json()["job_ids"][0]
+    last = _sse(client, job_id)[-1]
+    assert (last["status"], last["detail"]["error_code"]) == ("failed", "CORRUPT_INPUT")
+
+
+def test_watch_job_over_grpc_and_not_found_for_others(
+    platform: RunningPlatform, client: httpx.Client, account: dict[str, Any]
+) -> None:
+    obj = upload(client, EXIF / "Landscape_3.jpg")
+    job_id = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    ).json()["job_ids"][0]
+    other = platform.admin("create-account", "--credits", "1")
+
+    async def watch(key: str) -> list[jobs_pb2.WatchJobResponse]:
+        async with grpc.aio.insecure_channel(platform.grpc_addr) as chan:
+            stream = jobs_pb2_grpc.JobServiceStub(chan).WatchJob(
+                jobs_pb2.WatchJobRequest(job_id=job_id), metadata=(("authorization", f"Bearer {key}"),)
+            )
+            return [event async for event in stream]
+
+    events = asyncio.run(watch(account["api_key"]))
+    assert events[-1].status == jobs_pb2.JOB_STATUS_COMPLETED and events[-1].kind == "status"
+    assert [e.progress for e in events if e.kind == "progress"] == pytest.approx([0.25, 0.75, 0.95])
+    assert wait_job(client, job_id)["status"] == "completed"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        asyncio.run(watch(other["api_key"]))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    missing = client.get("/v1/jobs/00000000-0000-0000-0000-000000000000/events")
+    assert missing.status_code == 404 and missing.json()["error_code"] == "NOT_FOUND"
