@@ -111,6 +111,11 @@ class GrpcServer:
         for name in ["", *self.service_names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    async def not_serving(self) -> None:
+        """Report NOT_SERVING (the first step of a shutdown) while still answering."""
+        for name in ["", *self.service_names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
     async def stop(self, grace_seconds: float = 5.0) -> None:
         """Report NOT_SERVING, then stop with ``grace_seconds`` for in-flight calls."""
         for name in ["", *self.service_names]:

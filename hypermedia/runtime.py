@@ -238,6 +238,9 @@ class WorkerRuntime:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and execute until ``stop``; then drain (see :meth:`drain`)."""
+        leftovers = self._sandbox.remove_leftovers()
+        if leftovers:
+            log.warning("removed %d job directories a previous worker left behind", len(leftovers))
         await self.register()
         fetcher = queues.PriorityFetcher(self._nc, self._prefix, self.settings.queue)
         await fetcher.start()

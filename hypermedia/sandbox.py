@@ -311,6 +311,21 @@ class Sandbox:
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
         self._leases.pop(job_id, None)
 
+    def remove_leftovers(self) -> list[str]:
+        """Removes every job directory not of a job running here now: what a crashed worker left
+        behind under ``jobs/``. Call at start, before the first job. Returns the names removed."""
+        jobs = self.work_dir / "jobs"
+        removed = []
+        for entry in sorted(jobs.iterdir()) if jobs.is_dir() else ():
+            if entry.name in self._jobs or entry.name in self._leases:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+        return removed
+
     # --- jobs --------------------------------------------------------------------------------
 
     async def run(

@@ -72,7 +72,8 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     )
     await status_server.start()
     stack.push_async_callback(status_server.stop)
-    task = asyncio.create_task(runtime.run(stop))
+    draining = asyncio.Event()
+    task = asyncio.create_task(runtime.run(draining))
 
     def crashed(done: asyncio.Task[None]) -> None:
         if not done.cancelled() and done.exception() is not None:
@@ -81,8 +82,18 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
 
     task.add_done_callback(crashed)
 
+    async def shutdown_order() -> None:
+        # On SIGTERM: health NOT_SERVING first, then stop fetching and drain (35 s); the servers
+        # and connections unwind after that, in reverse order of opening.
+        await stop.wait()
+        await status_server.not_serving()
+        draining.set()
+
+    ordering = asyncio.create_task(shutdown_order())
+
     async def finish() -> None:
         stop.set()
+        await ordering
         await task
 
     stack.push_async_callback(finish)

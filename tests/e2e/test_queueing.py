@@ -173,3 +173,17 @@ def test_the_same_job_delivered_twice_has_one_output_row_and_one_charge(
 
     assert asyncio.run(rows()) == (1, 1, 1)
     assert client.get("/v1/credits").json() == balance_after_first
+
+
+def test_a_starting_worker_removes_job_directories_a_crashed_worker_left(
+    idle_platform: RunningPlatform,
+) -> None:
+    jobs = Path(idle_platform.service_env()["HM_WORK_DIR"]) / "jobs"
+    leftover = jobs / "0b5d7f0e-0000-4000-8000-000000000000"
+    (leftover / "input").mkdir(parents=True, exist_ok=True)
+    (leftover / "input" / "source").write_bytes(b"half a file")
+    worker = _start_worker(idle_platform, slots=1)
+    try:
+        assert not leftover.exists()
+    finally:
+        assert _stop(worker) == 0
