@@ -12,44 +12,62 @@ import puremagic
 HEAD_BYTES = 4096
 """How much of the start of a file detection reads."""
 
-_IMAGE_SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
-    (0, b"\xff\xd8\xff", "image/jpeg"),
-    (0, b"\x89PNG\r\n\x1a\n", "image/png"),
-    (0, b"GIF87a", "image/gif"),
-    (0, b"GIF89a", "image/gif"),
-    (0, b"II*\x00", "image/tiff"),
-    (0, b"MM\x00*", "image/tiff"),
-    (0, b"BM", "image/bmp"),
-)
+_HEVC_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx"})
+_AVIF_BRANDS = frozenset({b"avif", b"avis"})
+_GENERIC_HEIF_BRANDS = frozenset({b"mif1", b"msf1"})
 
 
-def _isobmff_brand(head: bytes) -> str | None:
-    if len(head) >= 12 and head[4:8] == b"ftyp":
+def image_mime(head: bytes) -> str | None:
+    """MIME type of image content from its magic bytes.
+
+    Args:
+        head: the first bytes of the file; 64 are enough (fewer work for every format but HEIF/AVIF
+            files whose ``ftyp`` box lists many brands).
+
+    Returns:
+        ``image/jpeg``, ``image/png``, ``image/webp``, ``image/gif``, ``image/tiff``, ``image/avif`` or
+        ``image/heif``; ``None`` for anything else, including SVG, PDF and BMP. Sources: the JPEG
+        SOI marker, the PNG signature, RIFF/WEBP, GIF87a/89a, TIFF and BigTIFF byte-order headers,
+        and ISO-BMFF ``ftyp`` brands (ISO/IEC 23008-12, AV1 Image File Format §9).
+    """
+    if head.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "image/tiff"
+    if head[4:8] == b"ftyp" and len(head) >= 12:
+        box_end = min(int.from_bytes(head[:4], "big"), len(head))
         major = head[8:12]
-        if major in (b"avif", b"avis"):
+        compatible = {head[i : i + 4] for i in range(16, box_end - 3, 4)}
+        # A specific major brand decides; a generic one (mif1) defers to the compatible brands.
+        if major in _AVIF_BRANDS or (major not in _HEVC_BRANDS and compatible & _AVIF_BRANDS):
             return "image/avif"
-        if major in (b"heic", b"heix", b"heim", b"heis", b"mif1", b"msf1"):
+        if major in _HEVC_BRANDS or compatible & (_HEVC_BRANDS | _GENERIC_HEIF_BRANDS):
             return "image/heif"
-        if major in (b"isom", b"iso2", b"mp41", b"mp42", b"avc1", b"dash", b"M4V "):
-            return "video/mp4"
-        if major == b"qt  ":
-            return "video/quicktime"
-        if major in (b"M4A ", b"M4B "):
-            return "audio/mp4"
     return None
 
 
 def detect(head: bytes) -> str:
     """MIME type of content starting with ``head`` (give at least :data:`HEAD_BYTES` when you have
     them); ``application/octet-stream`` when unknown."""
-    for offset, signature, mime in _IMAGE_SIGNATURES:
-        if head[offset : offset + len(signature)] == signature:
-            return mime
-    if len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "image/webp"
-    brand = _isobmff_brand(head)
-    if brand:
-        return brand
+    image = image_mime(head)
+    if image:
+        return image
+    if head.startswith(b"BM"):
+        return "image/bmp"  # recognised, not processed
+    if len(head) >= 12 and head[4:8] == b"ftyp":
+        major = head[8:12]
+        if major in (b"isom", b"iso2", b"mp41", b"mp42", b"avc1", b"dash", b"M4V "):
+            return "video/mp4"
+        if major == b"qt  ":
+            return "video/quicktime"
+        if major in (b"M4A ", b"M4B "):
+            return "audio/mp4"
     if head.startswith(b"%PDF-"):
         return "application/pdf"
     if head.startswith(b"PK\x03\x04") and head[30:38] == b"mimetype":

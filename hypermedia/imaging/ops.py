@@ -35,6 +35,7 @@ from typing import Any, Final
 
 import pyvips
 
+from hypermedia import contenttype
 from hypermedia.errors import InvalidArgument, PermanentJobError
 from hypermedia.sandbox import OutputFile
 
@@ -111,44 +112,8 @@ _MIME_BY_FORMAT: Final = {
 }
 _EXTENSION_BY_FORMAT: Final = {"jpeg": "jpg", "png": "png", "webp": "webp", "avif": "avif"}
 
-_HEVC_BRANDS: Final = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx"})
-_AVIF_BRANDS: Final = frozenset({b"avif", b"avis"})
-_GENERIC_HEIF_BRANDS: Final = frozenset({b"mif1", b"msf1"})
-
-
-def sniff_mime(head: bytes) -> str | None:
-    """MIME type of image content from its magic bytes.
-
-    Args:
-        head: the first bytes of the file; 64 are enough (fewer work for every format but HEIF/AVIF
-            files whose ``ftyp`` box lists many brands).
-
-    Returns:
-        ``image/jpeg``, ``image/png``, ``image/webp``, ``image/gif``, ``image/tiff``, ``image/avif`` or
-        ``image/heif``; ``None`` for anything else, including SVG, PDF and BMP. Sources: the JPEG
-        SOI marker, the PNG signature, RIFF/WEBP, GIF87a/89a, TIFF and BigTIFF byte-order headers,
-        and ISO-BMFF ``ftyp`` brands (ISO/IEC 23008-12, AV1 Image File Format §9).
-    """
-    if head.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "image/webp"
-    if head[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
-        return "image/tiff"
-    if head[4:8] == b"ftyp" and len(head) >= 12:
-        box_end = min(int.from_bytes(head[:4], "big"), len(head))
-        major = head[8:12]
-        compatible = {head[i : i + 4] for i in range(16, box_end - 3, 4)}
-        # A specific major brand decides; a generic one (mif1) defers to the compatible brands.
-        if major in _AVIF_BRANDS or (major not in _HEVC_BRANDS and compatible & _AVIF_BRANDS):
-            return "image/avif"
-        if major in _HEVC_BRANDS or compatible & (_HEVC_BRANDS | _GENERIC_HEIF_BRANDS):
-            return "image/heif"
-    return None
+# The image signatures live in hypermedia.contenttype (pure Python, shared with the gateway).
+sniff_mime = contenttype.image_mime
 
 
 # --- parameters ----------------------------------------------------------------------------------
