@@ -108,24 +108,6 @@ class TransientError(DomainError):
     default_code = "TRANSIENT"
 
 
-# error_code values a job can end with; documented in docs/api.md. Bounded on purpose.
-JOB_ERROR_CODES = frozenset(
-    {
-        "UNSUPPORTED_FORMAT",
-        "CORRUPT_INPUT",
-        "INPUT_TOO_LARGE",
-        "INPUT_TOO_LARGE_PIXELS",
-        "INVALID_PARAMS",
-        "TIMEOUT",
-        "RESOURCE_LIMIT",
-        "SANDBOX_CRASHED",
-        "STORAGE_UNAVAILABLE",
-        "WORKER_LOST",
-        "TRANSIENT",
-        "INTERNAL",
-    }
-)
-
 _BY_GRPC_CODE: dict[grpc.StatusCode, type[DomainError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,

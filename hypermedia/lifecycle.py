@@ -23,8 +23,6 @@ from hypermedia import db, queues, telemetry
 LEASE_MARGIN_SECONDS = 60
 """Added to ``timeout_seconds × 1.5`` (the sandbox wall clock) to get the lease length."""
 
-TERMINAL = ("completed", "failed", "cancelled")
-
 
 @dataclass(frozen=True)
 class ClaimedJob:

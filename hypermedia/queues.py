@@ -57,7 +57,7 @@ def doorbell_subject(prefix: str, queue: str) -> str:
 def doorbell_for(job_subject: str) -> str:
     """The doorbell of the queue a job subject belongs to (``hm.jobs.images.p1`` → ``hm.ready.images``)."""
     prefix, _jobs, queue, _band = job_subject.split(".")
-    return f"{prefix}.ready.{queue}"
+    return doorbell_subject(prefix, queue)
 
 
 def consumer_name(queue: str, priority: int) -> str:

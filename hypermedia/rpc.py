@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from hypermedia import telemetry
-from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError
+from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError, from_rpc_error
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
@@ -137,8 +137,6 @@ def channel(target: str) -> grpc.aio.Channel:
 async def call(method: Callable[..., Any], request: Any, *, timeout: float = 10.0) -> Any:
     """Call a unary RPC of a peer service, turning its failure back into the DomainError it raised
     (``hm-error-code`` trailer) or a TransientError when the peer is unreachable."""
-    from hypermedia.errors import from_rpc_error
-
     name = getattr(method, "_method", b"rpc")
     name = name.decode() if isinstance(name, bytes) else str(name)
     with _tracer.start_as_current_span(name, kind=SpanKind.CLIENT):

@@ -48,6 +48,7 @@ from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.rpc import call
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
+from hypermedia.service import every
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -218,17 +219,6 @@ class WorkerRuntime:
             self.jobs_failed,
         )
 
-    async def _every(self, seconds: float, fn: Any, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), seconds)
-            if stop.is_set():
-                return
-            try:
-                await fn()
-            except Exception:
-                log.exception("%s failed", getattr(fn, "__name__", "periodic task"))
-
     async def _poll_cancellations(self) -> None:
         self.admission.sample()  # keeps the status fresh while the fetch loop waits for work
         for job_id in await lifecycle.cancel_requested(self._pool, list(self.running)):
@@ -247,10 +237,14 @@ class WorkerRuntime:
         loops_stop = asyncio.Event()
         loops = [
             asyncio.create_task(
-                self._every(self.settings.heartbeat_seconds, self.heartbeat_once, loops_stop)
+                every(self.settings.heartbeat_seconds, self.heartbeat_once, loops_stop, first_after=True)
             ),
-            asyncio.create_task(self._every(self.settings.metrics_seconds, self.metrics_once, loops_stop)),
-            asyncio.create_task(self._every(CANCEL_POLL_SECONDS, self._poll_cancellations, loops_stop)),
+            asyncio.create_task(
+                every(self.settings.metrics_seconds, self.metrics_once, loops_stop, first_after=True)
+            ),
+            asyncio.create_task(
+                every(CANCEL_POLL_SECONDS, self._poll_cancellations, loops_stop, first_after=True)
+            ),
         ]
         try:
             while not stop.is_set():

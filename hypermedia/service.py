@@ -60,6 +60,30 @@ class Lifetime(asyncio.Event):
 Serve = Callable[[AsyncExitStack, Lifetime], Awaitable[Any]]
 
 
+async def every(
+    interval: float,
+    run_once: Callable[[], Awaitable[object]],
+    stop: asyncio.Event,
+    *,
+    first_after: bool = False,
+) -> None:
+    """Call ``run_once`` every ``interval`` seconds until ``stop`` (the thin loop around a
+    ``run_once()`` that STYLE asks for). A failing run is logged and the loop goes on. With
+    ``first_after`` the first run waits one interval."""
+    if first_after:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+    while not stop.is_set():
+        try:
+            await run_once()
+        except Exception:
+            log.exception(
+                "%s failed; the next run retries", getattr(run_once, "__qualname__", "periodic run")
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
 async def _main(name: str, serve: Serve) -> int:
     stop = Lifetime()
     loop = asyncio.get_running_loop()

@@ -31,7 +31,7 @@ from hypermedia.imaging import ops as image_ops
 from hypermedia.outbox import OutboxRelay
 from hypermedia.rpc import call
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
-from hypermedia.webhooks import new_webhook_secret
+from hypermedia.webhooks import account_secret
 from services.gateway.auth import Caller
 
 log = logging.getLogger(__name__)
@@ -426,12 +426,7 @@ class JobsAPI:
 
     async def account(self, caller: Caller) -> dict[str, Any]:
         """``{account_id, pool_id, webhook_secret}``: what an app needs to verify webhooks."""
-        secret = await self._pool.fetchval(
-            "UPDATE accounts SET webhook_secret = coalesce(webhook_secret, $2) WHERE account_id = $1 "
-            "RETURNING webhook_secret",
-            caller.account_id,
-            new_webhook_secret(),
-        )
+        secret = await account_secret(self._pool, caller.account_id)
         return {"account_id": caller.account_id, "pool_id": caller.pool_id, "webhook_secret": secret}
 
     async def balance(self, caller: Caller) -> dict[str, Any]:

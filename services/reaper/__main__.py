@@ -4,42 +4,18 @@ an outbox relay for the messages it writes, and the webhook dispatcher. Only wir
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
 import httpx
 
 from hypermedia import config
 from hypermedia.outbox import OutboxRelay
-from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
+from hypermedia.service import Lifetime, every, open_jetstream, open_peers, open_postgres, run_service
 from services.reaper.reaper import Reaper
 from services.reaper.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
-
-
-async def _loop(reaper: Reaper, relay: OutboxRelay, interval: float, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            result = await reaper.run_once()
-            if result.anything:
-                relay.wake.set()
-        except Exception:
-            log.exception("reaper run failed; retrying")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
-
-
-async def _every(run_once: Callable[[], Awaitable[object]], interval: float, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            await run_once()
-        except Exception:
-            log.exception("periodic run failed; retrying")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
@@ -64,11 +40,16 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         max_attempts=settings.webhook_max_attempts,
         base_delay_seconds=settings.webhook_base_delay_seconds,
     )
+
+    async def reap() -> None:
+        if (await reaper.run_once()).anything:
+            relay.wake.set()  # publish the requeued jobs now, not at the relay's next poll
+
     inner_stop = asyncio.Event()
     tasks = [
-        asyncio.create_task(_loop(reaper, relay, settings.interval_seconds, inner_stop)),
+        asyncio.create_task(every(settings.interval_seconds, reap, inner_stop)),
         asyncio.create_task(relay.run(inner_stop)),
-        asyncio.create_task(_every(webhooks.run_once, settings.webhook_poll_seconds, inner_stop)),
+        asyncio.create_task(every(settings.webhook_poll_seconds, webhooks.run_once, inner_stop)),
     ]
 
     async def finish() -> None:

@@ -21,13 +21,12 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import asyncpg
 import httpx
 from standardwebhooks import Webhook
 
-from hypermedia.webhooks import new_webhook_secret
+from hypermedia.webhooks import account_secret
 
 log = logging.getLogger(__name__)
 
@@ -100,25 +99,13 @@ class WebhookDispatcher:
             log.info("webhooks: %s", result)
         return result
 
-    async def _secret(self, account_id: Any, current: str | None) -> str:
-        if current:
-            return current
-        return str(
-            await self._pool.fetchval(
-                "UPDATE accounts SET webhook_secret = coalesce(webhook_secret, $2) WHERE account_id = $1 "
-                "RETURNING webhook_secret",
-                account_id,
-                new_webhook_secret(),
-            )
-        )
-
     async def _deliver(self, row: asyncpg.Record) -> str:
         delivery_id = str(row["delivery_id"])
         body = json.dumps(row["payload"], separators=(",", ":"))
         now = datetime.now(UTC)
-        signature = Webhook(await self._secret(row["account_id"], row["webhook_secret"])).sign(
-            delivery_id, now, body
-        )
+        signature = Webhook(
+            row["webhook_secret"] or await account_secret(self._pool, row["account_id"])
+        ).sign(delivery_id, now, body)
         headers = {
             "content-type": "application/json",
             "user-agent": "hypermedia-webhooks/1",
