@@ -1,0 +1,123 @@
+"""What every worker service runs: the ``WorkerService`` status API and :func:`serve_worker`, the
+wiring of :class:`hypermedia.runtime.WorkerRuntime` that a worker's ``__main__`` only configures."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import grpc
+import httpx
+from google.protobuf import timestamp_pb2
+
+from hypermedia import config, rpc
+from hypermedia.runtime import JobHandler, WorkerRuntime
+from hypermedia.sandbox import Sandbox
+from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres
+from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self._runtime = runtime
+
+    async def GetStatus(
+        self, request: worker_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetStatusResponse:
+        rt = self._runtime
+        started = timestamp_pb2.Timestamp()
+        started.FromSeconds(int(rt.started_at))
+        return worker_pb2.GetStatusResponse(
+            worker_id=rt.worker_id,
+            queue=rt.settings.queue,
+            slots_total=rt.admission.slots,
+            slots_busy=rt.admission.busy,
+            admission_open=rt.admission.open,
+            reason=rt.admission.reason,
+            sample_age_seconds=time.monotonic() - rt.admission.sampled_at,
+            jobs_completed=rt.jobs_completed,
+            jobs_failed=rt.jobs_failed,
+            started_at=started,
+        )
+
+
+async def serve_worker(
+    stack: AsyncExitStack, stop: Lifetime, *, role: str, handler: JobHandler, preload: Sequence[str]
+) -> None:
+    """Wire and run one worker service: the sandbox zygote (started first, before anything else
+    runs: it must never have run a native library such as libvips), Postgres, NATS, the peer
+    services, the :class:`WorkerRuntime` and its ``WorkerService`` status server. Shutdown order on
+    SIGTERM: status NOT_SERVING, stop fetching and drain (35 s), then everything unwinds in reverse.
+
+    Args:
+        role: service name, e.g. ``imageworker``. handler: the service's sandbox entry point.
+        preload: modules the zygote imports once so children start warm.
+    """
+    infra = config.load(config.InfraSettings)
+    settings = config.load(config.WorkerSettings)
+    sandbox = Sandbox(
+        Path(settings.work_dir),
+        preload=preload,
+        uid=range(settings.sandbox_uid_base, settings.sandbox_uid_base + settings.slots)
+        if os.geteuid() == 0
+        else None,
+    )
+    await sandbox.start()
+    stack.push_async_callback(sandbox.close)
+    pool = await open_postgres(stack, infra, max_size=settings.slots + 4)
+    nc, _js = await open_jetstream(stack, infra, f"{role}-{settings.deployment}")
+    peers = open_peers(stack, infra)
+    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
+    stack.push_async_callback(http.aclose)
+
+    runtime = WorkerRuntime(
+        settings,
+        role,
+        pool,
+        nc,
+        infra.stream_prefix,
+        peers.storage,
+        peers.credits,
+        sandbox,
+        handler,
+        http,
+    )
+    status_server = rpc.GrpcServer(
+        settings.status_bind,
+        [(worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerStatusService(runtime))],
+        ["hypermedia.worker.v1.WorkerService"],
+    )
+    await status_server.start()
+    stack.push_async_callback(status_server.stop)
+    draining = asyncio.Event()
+    task = asyncio.create_task(runtime.run(draining))
+
+    def crashed(done: asyncio.Task[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            log.error("worker loop crashed", exc_info=done.exception())
+            stop.fail("worker loop crashed")
+
+    task.add_done_callback(crashed)
+
+    async def shutdown_order() -> None:
+        # On SIGTERM: health NOT_SERVING first, then stop fetching and drain (35 s); the servers
+        # and connections unwind after that, in reverse order of opening.
+        await stop.wait()
+        await status_server.not_serving()
+        draining.set()
+
+    ordering = asyncio.create_task(shutdown_order())
+
+    async def finish() -> None:
+        stop.set()
+        await ordering
+        await task
+
+    stack.push_async_callback(finish)
