@@ -107,6 +107,10 @@ class JobEventHub:
             for r in rows
         ]
 
+    async def _ended(self, job_id: str) -> bool:
+        status = await self._pool.fetchval("SELECT status FROM processing_jobs WHERE job_id = $1", job_id)
+        return status in TERMINAL_STATUSES
+
     async def watch(self, job_id: str, after_event_id: int = 0) -> AsyncIterator[JobEvent | None]:
         """Every event of the job after ``after_event_id`` as it happens, ending after the terminal
         status; ``None`` after ``keepalive_seconds`` without an event."""
@@ -116,11 +120,14 @@ class JobEventHub:
         try:
             while True:
                 waiter.clear()  # before reading: a notification during the read is not lost
-                for event in await self.events(job_id, last):
+                batch = await self.events(job_id, last)
+                for event in batch:
                     last = event.event_id
                     yield event
                     if event.terminal:
                         return
+                if not batch and await self._ended(job_id):
+                    return  # resumed after the terminal event: nothing more will come
                 try:
                     await asyncio.wait_for(waiter.wait(), self._keepalive)
                 except TimeoutError:

@@ -59,6 +59,24 @@ def _parse_uuid(value: str, what: str) -> str:
         raise NotFound(f"{what} not found", "NOT_FOUND") from None
 
 
+def _check_webhook_url(url: str) -> None:
+    """Raises InvalidArgument (INVALID_WEBHOOK_URL) unless ``url`` is an absolute http(s) URL of at
+    most 2048 characters with a host, a valid port and no whitespace or control characters."""
+    if len(url) > 2048:
+        raise InvalidArgument("webhook_url may be at most 2048 characters", "INVALID_WEBHOOK_URL")
+    if any(ch <= " " or ch == "\x7f" for ch in url):
+        raise InvalidArgument(
+            "webhook_url must not contain spaces or control characters", "INVALID_WEBHOOK_URL"
+        )
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError:
+        raise InvalidArgument("webhook_url is not a valid URL", "INVALID_WEBHOOK_URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidArgument("webhook_url must be an http(s) URL", "INVALID_WEBHOOK_URL")
+
+
 def _iso(ts: Any) -> str | None:
     return ts.isoformat() if ts is not None else None
 
@@ -181,9 +199,7 @@ class JobsAPI:
         if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
             raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
         if webhook_url:
-            parts = urlsplit(webhook_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or len(webhook_url) > 2048:
-                raise InvalidArgument("webhook_url must be an http(s) URL", "INVALID_WEBHOOK_URL")
+            _check_webhook_url(webhook_url)
         request_hash = hashlib.sha256(
             json.dumps(
                 [object_id, [[o.name, o.params] for o in operations], priority, webhook_url], sort_keys=True

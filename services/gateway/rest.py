@@ -30,6 +30,15 @@ MAX_JSON_BYTES = 64 * 1024
 """Largest JSON request body (bytes); uploads have their own limit."""
 
 
+def _event_id(header: str | None) -> int:
+    """A ``Last-Event-ID`` as an event id; anything but a plain ASCII number that fits a bigint
+    counts as "from the start" (0), like a missing header."""
+    if not header or not header.isascii() or not header.isdigit() or len(header) > 19:
+        return 0
+    value = int(header)
+    return value if value < 2**63 else 0
+
+
 def problem(status: int, title: str, detail: str, error_code: str, **extra: Any) -> JSONResponse:
     body = {
         "type": "about:blank",
@@ -183,7 +192,7 @@ def build_app(
         """Server-Sent Events: every status change and progress update of the job, from the start
         (or after ``Last-Event-ID``), ending after its terminal status. Comment lines keep the
         connection alive every 15 s."""
-        after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+        after = _event_id(last_event_id)
         events = await api.watch_job(who, job_id, after)
 
         async def stream() -> AsyncIterator[bytes]:

@@ -133,7 +133,7 @@ class WebhookDispatcher:
                 )
                 return "delivered"
             error = f"receiver answered {status_code}"
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # httpx.HTTPError, but also InvalidURL and the like: never stuck
             error = f"{type(exc).__name__}"
         attempts = row["attempts"] + 1
         final = attempts >= self._max_attempts

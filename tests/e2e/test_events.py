@@ -94,3 +94,20 @@ def test_watch_job_over_grpc_and_not_found_for_others(
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
     missing = client.get("/v1/jobs/00000000-0000-0000-0000-000000000000/events")
     assert missing.status_code == 404 and missing.json()["error_code"] == "NOT_FOUND"
+
+
+def test_resuming_after_the_terminal_event_ends_and_odd_last_event_ids_start_over(
+    client: httpx.Client,
+) -> None:
+    obj = upload(client, EXIF / "Landscape_2.jpg")
+    job_id = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    ).json()["job_ids"][0]
+    everything = _sse(client, job_id)
+    assert _sse(client, job_id, last_event_id=everything[-1]["event_id"]) == []
+    odd_ids: list[str | bytes] = ["99999999999999999999", "9" * 60000, b"\xb2", b"1\xb9", "-5", "abc"]
+    for odd in odd_ids:
+        with client.stream("GET", f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": odd}) as response:
+            assert response.status_code == 200
+            body = response.read().decode()
+        assert body.count("event: status") == 4, odd

@@ -176,3 +176,17 @@ async def test_two_dispatchers_send_each_delivery_once(
             await asyncio.gather(a.run_once(), b.run_once())
     assert len(receiver.received) == 12
     assert len({h["webhook-id"] for h, _ in receiver.received}) == 12
+
+
+async def test_an_undeliverable_url_counts_as_a_failed_attempt_not_a_stuck_row(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    tenant, _ = await _tenant_with_secret(seed)
+    job_id = await _job_with_hook(seed, tenant, "http://x:abc/")  # written before URLs were validated
+    await fresh_pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", job_id)
+    async with httpx.AsyncClient() as http:
+        result = await WebhookDispatcher(fresh_pool, http).run_once()
+    assert (result.delivered, result.retried) == (0, 1)
+    [delivery] = await _deliveries(fresh_pool, job_id)
+    assert (delivery["status"], delivery["attempts"]) == ("pending", 1)
+    assert delivery["last_error"] == "InvalidURL"
