@@ -220,8 +220,8 @@ async def test_cancel_kills_a_running_job(sandbox: Sandbox) -> None:
     job = job_id()
     task = asyncio.create_task(run_entry(sandbox, "sleep_forever", job=job))
     pids = sandbox.job_dir(job) / "pids.txt"
-    for _ in range(200):
-        if pids.exists() and pids.read_text():
+    for _ in range(500):
+        if pids.exists() and len(pids.read_text().split()) == 2:
             break
         await asyncio.sleep(0.01)
 
