@@ -30,6 +30,12 @@ def up(
     services: Annotated[
         str, typer.Option(help="comma-separated services to run", show_default=True)
     ] = ",".join(platform.SERVICES),
+    scale: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="replicas of a worker service, e.g. imageworker=2 (repeatable)", metavar="SERVICE=N"
+        ),
+    ] = None,
 ) -> None:
     """Start every service as its own process (embedded Postgres/NATS/object store when DATABASE_URL,
     NATS_URL and S3 settings are absent) and supervise them until Ctrl-C."""
@@ -38,7 +44,16 @@ def up(
     unknown = set(chosen) - set(platform.SERVICES)
     if unknown:
         raise typer.BadParameter(f"unknown services: {', '.join(sorted(unknown))}")
-    plat = platform.Platform(platform.state_dir(), chosen)
+    replicas: dict[str, int] = {}
+    for item in scale or []:
+        name, _, count = item.partition("=")
+        if not count.isdigit():
+            raise typer.BadParameter(f"--scale takes SERVICE=N, not {item!r}")
+        replicas[name.strip()] = int(count)
+    try:
+        plat = platform.Platform(platform.state_dir(), chosen, scale=replicas)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
     def request_stop(*_: object) -> None:
         plat.stop_requested = True

@@ -98,6 +98,30 @@ async def claim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob |
             "updated_at = now() WHERE job_id = $1",
             job_id,
         )
+    return _claimed_job(row)
+
+
+async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:
+    """The job ``worker_id`` claimed in a call whose reply was lost (a retried :func:`claim` finds
+    it no longer queued): the row :func:`claim` would have returned, or None when the job is not
+    ``processing`` under this worker. Only for that retry: a worker must not adopt a job it is
+    already running."""
+    row = await pool.fetchrow(
+        """
+        SELECT j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue, j.params,
+               j.priority, j.attempt_count, j.max_attempts, j.estimated_credits, p.timeout_seconds,
+               p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds
+        FROM processing_jobs j
+        JOIN processing_profiles p ON p.operation = j.operation AND p.version = j.profile_version
+        WHERE j.job_id = $1 AND j.claimed_by = $2 AND j.status = 'processing'
+        """,
+        job_id,
+        worker_id,
+    )
+    return None if row is None else _claimed_job(row)
+
+
+def _claimed_job(row: asyncpg.Record) -> ClaimedJob:
     return ClaimedJob(
         job_id=str(row["job_id"]),
         account_id=str(row["account_id"]),
@@ -140,14 +164,19 @@ async def complete(
     peak_memory_mb: int,
 ) -> bool:
     """Record outputs (one row per (job, output type, profile version): ``uk_job_type_profile``) and
-    mark the job completed, atomically. False when the lease was lost (nothing written)."""
+    mark the job completed, atomically. Only a job still ``processing`` completes: once its
+    cancellation was requested it does not (the caller then deletes the outputs and cancels it).
+
+    Returns True when the job is completed by this attempt — also when an earlier call of this same
+    attempt committed and its reply was lost (so the call can be retried). False when nothing was
+    written: the lease was lost, or cancellation was requested (:func:`fenced_status` tells which).
+    """
     async with pool.acquire() as conn, conn.transaction():
         status = await conn.fetchval(
             """
             UPDATE processing_jobs SET status = 'completed', completed_at = now(), actual_credits = $4,
                    visibility_timeout = NULL, error_code = NULL, error_message = NULL, updated_at = now()
-            WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3
-              AND status IN ('processing', 'cancel_requested')
+            WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
             RETURNING status
             """,
             job.job_id,
@@ -156,7 +185,7 @@ async def complete(
             actual_credits,
         )
         if status is None:
-            return False
+            return await _fenced_status(conn, job, worker_id) == "completed"
         await conn.executemany(
             """
             INSERT INTO job_outputs (job_id, output_type, profile_version, object_id, key, mime_type,
@@ -197,7 +226,8 @@ async def fail(
     """Record a failed attempt. A retryable failure with attempts left goes to ``retry_wait`` with
     backoff ``backoff_base_seconds × 2^(attempt−1)`` (the seed's 1, 2, 4, 8 … minutes); otherwise the
     job is ``failed``. A job whose cancellation was requested is never retried: it is ``failed`` (and
-    the caller releases its hold). Returns the new status, or None when the lease was lost."""
+    the caller releases its hold). Returns the new status (also when an earlier call of this attempt
+    committed and its reply was lost), or None when the lease was lost."""
     retry = retryable and job.attempt < job.max_attempts
     delay = job.backoff_base_seconds * (2 ** (job.attempt - 1))
     async with pool.acquire() as conn, conn.transaction():
@@ -224,13 +254,17 @@ async def fail(
             float(delay),
         )
         if status is None:
-            return None
+            # A retried call whose first try committed finds its own outcome; anything else means
+            # the lease was lost.
+            status = await _fenced_status(conn, job, worker_id)
+            return str(status) if status in ("retry_wait", "failed") else None
         await _finish_attempt(conn, job, "failed", error_code, error_message, duration_ms, peak_memory_mb)
     return str(status)
 
 
 async def mark_cancelled(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, duration_ms: int) -> bool:
-    """A running job whose cancellation the worker carried out: ``cancel_requested → cancelled``."""
+    """A running job whose cancellation the worker carried out: ``cancel_requested → cancelled``.
+    True when cancelled by this attempt (also on a retry after a lost reply)."""
     async with pool.acquire() as conn, conn.transaction():
         status = await conn.fetchval(
             """
@@ -244,7 +278,7 @@ async def mark_cancelled(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, du
             job.attempt,
         )
         if status is None:
-            return False
+            return await _fenced_status(conn, job, worker_id) == "cancelled"
         await _finish_attempt(conn, job, "cancelled", "CANCELLED", "cancelled by the caller", duration_ms, 0)
     return True
 
@@ -326,6 +360,23 @@ async def cancel_requested(pool: asyncpg.Pool, job_ids: list[str]) -> list[str]:
         job_ids,
     )
     return [str(r["job_id"]) for r in rows]
+
+
+async def fenced_status(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str) -> str | None:
+    """The job's status while this worker's attempt still holds it (``claimed_by`` and
+    ``attempt_count`` match), else None (the lease was lost)."""
+    async with pool.acquire() as conn:
+        return await _fenced_status(conn, job, worker_id)
+
+
+async def _fenced_status(conn: db.Connection, job: ClaimedJob, worker_id: str) -> str | None:
+    status = await conn.fetchval(
+        "SELECT status FROM processing_jobs WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3",
+        job.job_id,
+        worker_id,
+        job.attempt,
+    )
+    return None if status is None else str(status)
 
 
 async def _finish_attempt(

@@ -6,6 +6,11 @@ Postgres cluster and a pinned nats-server under the state directory (``./.hyperm
 run side by side; the choices are written to ``{state}/platform.json`` so that ``hypermedia admin …``
 run in the same directory talks to this platform.
 
+Worker services can run as several replicas (``hypermedia up --scale imageworker=2``): replica
+``i`` is named ``imageworker-i`` (the first keeps the plain name) and gets its own work directory
+(``{HM_WORK_DIR}-i``), status port and range of sandbox uids. Each process's pid is in
+``{state}/run/{name}.pid`` while it runs (operators and the chaos test signal processes by it).
+
 The supervisor restarts a service process that dies, with exponential backoff (1 s doubling to
 30 s); a service that dies five times within a minute is reported as crash-looping (logged at
 ERROR each time) and still retried at the slowest rate. Ctrl-C (SIGINT) or SIGTERM stops the
@@ -50,11 +55,21 @@ def read_platform(path: Path | None = None) -> dict[str, Any]:
     return dict(json.loads(file.read_text()))
 
 
+SCALABLE = frozenset({"imageworker"})
+"""Services that may run as several replicas on one machine (no fixed port, own work directory)."""
+UID_RANGE_PER_REPLICA = 64
+"""Sandbox uids per worker replica (``HM_WORKER_SLOTS`` is at most 64)."""
+
+
 @dataclass
 class ServiceProcess:
+    """One supervised process: ``name`` (``imageworker-2``) runs ``python -m services.{module}``."""
+
     name: str
+    module: str
     env: dict[str, str]
     log_path: Path
+    pid_path: Path
     process: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)
     next_start: float = 0.0
@@ -62,13 +77,14 @@ class ServiceProcess:
     def start(self) -> None:
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", f"services.{self.name}"],
+                [sys.executable, "-m", f"services.{self.module}"],
                 env=self.env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 cwd=Path(__file__).resolve().parents[1],
                 start_new_session=True,
             )
+        self.pid_path.write_text(f"{self.process.pid}\n")
 
     def backoff(self) -> float:
         now = time.monotonic()
@@ -82,13 +98,27 @@ class Platform:
     Args:
         root: state directory. services: which services to run (default all).
         env: base environment (default ``os.environ``).
+        scale: replicas per service, for services in :data:`SCALABLE` (default 1 each).
+
+    Raises:
+        ValueError: a service in ``scale`` cannot be scaled or a count is below 1.
     """
 
     def __init__(
-        self, root: Path, services: tuple[str, ...] = SERVICES, env: dict[str, str] | None = None
+        self,
+        root: Path,
+        services: tuple[str, ...] = SERVICES,
+        env: dict[str, str] | None = None,
+        scale: dict[str, int] | None = None,
     ) -> None:
         self.root = root
         self.services = services
+        self.scale = dict(scale or {})
+        for name, count in self.scale.items():
+            if name not in SCALABLE:
+                raise ValueError(f"{name} cannot be scaled; only {', '.join(sorted(SCALABLE))}")
+            if not 1 <= count <= 16:
+                raise ValueError(f"replicas of {name} must be 1..16, not {count}")
         self.base_env = dict(os.environ if env is None else env)
         self.nats: EmbeddedNats | None = None
         self.postgres: EmbeddedPostgres | None = None
@@ -129,7 +159,22 @@ class Platform:
         http_port = int(env.get("HYPERMEDIA_HTTP_PORT", "8080"))
         grpc_port = int(env.get("HYPERMEDIA_GRPC_PORT", "50051"))
         credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()
-        worker_status_port = free_port()
+        work_dir = env.get("HM_WORK_DIR", str(self.root / "work"))
+        uid_base = int(env.get("HM_SANDBOX_UID_BASE", "61000"))
+        replicas = [
+            (name, i, name if i == 1 else f"{name}-{i}")
+            for name in self.services
+            for i in range(1, self.scale.get(name, 1) + 1)
+        ]
+        worker_env = {
+            proc_name: {
+                "HM_WORK_DIR": work_dir if i == 1 else f"{work_dir}-{i}",
+                "HM_WORKER_STATUS_BIND": f"127.0.0.1:{free_port()}",
+                "HM_SANDBOX_UID_BASE": str(uid_base + UID_RANGE_PER_REPLICA * (i - 1)),
+            }
+            for name, i, proc_name in replicas
+            if name.endswith("worker")
+        }
         env.update(
             {
                 "DATABASE_URL": database_url,
@@ -143,8 +188,7 @@ class Platform:
                 "HM_STORAGE_HTTP_PORT": str(storage_http_port),
                 "HM_STORAGE_SIGNING_KEY": self._signing_key(),
                 "HM_STORAGE_DIR": env.get("HM_STORAGE_DIR", str(self.root / "objects")),
-                "HM_WORK_DIR": env.get("HM_WORK_DIR", str(self.root / "work")),
-                "HM_WORKER_STATUS_BIND": f"127.0.0.1:{worker_status_port}",
+                "HM_REAPER_WORK_DIRS": os.pathsep.join(w["HM_WORK_DIR"] for w in worker_env.values()),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -157,7 +201,9 @@ class Platform:
             "credits_addr": env["HM_CREDITS_ADDR"],
             "storage_addr": env["HM_STORAGE_ADDR"],
             "storage_http": f"http://127.0.0.1:{storage_http_port}",
-            "imageworker_status_addr": env["HM_WORKER_STATUS_BIND"],
+            "imageworker_status_addr": worker_env.get("imageworker", {}).get("HM_WORKER_STATUS_BIND", ""),
+            "workers": {name: w["HM_WORKER_STATUS_BIND"] for name, w in worker_env.items()},
+            "run_dir": str(self.root / "run"),
             "objects_dir": env["HM_STORAGE_DIR"],
             "logs_dir": str(self.root / "logs"),
             "pid": os.getpid(),
@@ -165,11 +211,18 @@ class Platform:
         platform_file = self.root / "platform.json"
         platform_file.write_text(json.dumps(self.info, indent=2))
         platform_file.chmod(0o600)
-        for name in self.services:
-            proc = ServiceProcess(name, env, self.root / "logs" / f"{name}.log")
+        (self.root / "run").mkdir(exist_ok=True)
+        for name, _i, proc_name in replicas:
+            proc = ServiceProcess(
+                proc_name,
+                name,
+                env | worker_env.get(proc_name, {}),
+                self.root / "logs" / f"{proc_name}.log",
+                self.root / "run" / f"{proc_name}.pid",
+            )
             proc.start()
             self.procs.append(proc)
-            if name in ("credits", "storage"):
+            if proc_name in ("credits", "storage"):
                 port = credits_port if name == "credits" else storage_port
                 self._wait_port(proc, port)
         if "gateway" in self.services:
@@ -239,6 +292,7 @@ class Platform:
                 log.error("service %s did not stop in %.0fs; killing it", proc.name, STOP_GRACE_SECONDS)
                 proc.process.kill()
                 proc.process.wait()
+            proc.pid_path.unlink(missing_ok=True)
         if self.nats is not None:
             self.nats.stop()
         if self.postgres is not None:

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from hypermedia import telemetry
+from hypermedia import db, telemetry
 from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError, from_rpc_error
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(exc.grpc_code, exc.public_message)
         except grpc.aio.AbortError:
             raise
-        except Exception:
+        except Exception as exc:
+            if db.is_transient(exc):
+                # Postgres restarting or unreachable: the caller may retry (UNAVAILABLE → TransientError).
+                log.warning("database unavailable in %s: %s", method, type(exc).__name__)
+                context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "DATABASE_UNAVAILABLE"),))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "database temporarily unavailable")
             log.exception("unhandled error in %s", method)
             context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "INTERNAL"),))
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")

@@ -29,9 +29,10 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 import httpx
@@ -42,7 +43,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from hypermedia import lifecycle, queues, telemetry
+from hypermedia import db, lifecycle, queues, telemetry
 from hypermedia.config import WorkerSettings
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import DomainError, PermanentJobError, TransientError
@@ -53,6 +54,8 @@ from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
+
+T = TypeVar("T")
 
 CANCEL_POLL_SECONDS = 1.0
 FSIZE_LIMIT_BYTES = 10 * 1024**3
@@ -287,7 +290,16 @@ class WorkerRuntime:
         with _tracer.start_as_current_span(
             "job.claim", context=parent, attributes={"job.id": message.job_id}
         ):
-            job = await lifecycle.claim(self._pool, message.job_id, self.worker_id)
+            try:
+                job = await self._claim(message.job_id)
+            except Exception as exc:
+                if not db.is_transient(exc):
+                    raise
+                # Postgres stayed unreachable through the retries: the job is still queued there;
+                # let the message come back later rather than crash the worker.
+                log.warning("could not claim (Postgres unreachable); message returned", exc_info=True)
+                await msg.nak(delay=5)
+                return
         if job is None:
             # Someone else has it, or it was cancelled or finished: this delivery is a duplicate.
             await msg.term()
@@ -299,6 +311,42 @@ class WorkerRuntime:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _claim(self, job_id: str) -> lifecycle.ClaimedJob | None:
+        """:func:`lifecycle.claim`, retried across a Postgres restart. When a retry finds the job
+        already processing under this worker, the first try committed and only its reply was lost:
+        the job is taken (:func:`lifecycle.reclaim`) instead of waiting out its lease."""
+        retried = False
+
+        def note_retry() -> None:
+            nonlocal retried
+            retried = True
+
+        job: lifecycle.ClaimedJob | None = None
+        async for attempt in db.retrying(on_retry=note_retry):
+            with attempt:
+                job = await lifecycle.claim(self._pool, job_id, self.worker_id)
+        if job is None and retried and job_id not in self.running:
+            job = await self._db(lifecycle.reclaim, job_id, self.worker_id)
+        return job
+
+    async def _db(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(pool, *args)`` retried across a Postgres restart (:func:`db.retrying`): for the
+        lifecycle writes, which are conditional and find their own committed outcome on a retry.
+        Raises the last error when Postgres stays away longer than the retry budget."""
+        async for attempt in db.retrying():
+            with attempt:
+                return await fn(self._pool, *args)
+        raise AssertionError("unreachable: retrying() re-raises")
+
+    async def _progress(self, job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
+        """Best effort: a progress event lost to a Postgres outage does not fail the job."""
+        try:
+            await lifecycle.progress(self._pool, job, self.worker_id, fraction, stage)
+        except Exception as exc:
+            if not db.is_transient(exc):
+                raise
+            log.warning("progress event not recorded (Postgres unreachable)", extra={"job_id": job.job_id})
+
     async def drain(self) -> None:
         """Stop taking work; wait up to ``drain_seconds`` for running jobs; hand back the rest."""
         self.admission.draining = True
@@ -308,7 +356,7 @@ class WorkerRuntime:
             _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_seconds)
             for job_id, job in list(self.running.items()):
                 self._sandbox.cancel(job_id)
-                await lifecycle.hand_back(self._pool, job, self.worker_id, self._prefix)
+                await self._db(lifecycle.hand_back, job, self.worker_id, self._prefix)
             if pending:
                 await asyncio.wait(pending, timeout=5)
 
@@ -339,7 +387,7 @@ class WorkerRuntime:
             input_path = job_dir / "input" / "source"
             with _tracer.start_as_current_span("storage.download"):
                 await self._download(source.key, input_path, job.max_input_bytes)
-            await lifecycle.progress(self._pool, job, self.worker_id, 0.25, "downloaded")
+            await self._progress(job, 0.25, "downloaded")
             limits = SandboxLimits(
                 cpu_seconds=job.timeout_seconds,
                 wall_seconds=job.timeout_seconds * 1.5,
@@ -355,37 +403,44 @@ class WorkerRuntime:
                 limits,
                 entry_kwargs=self._handler.entry_kwargs(job),
             )
-            if result.error_code == "CANCELLED" or job.job_id in await lifecycle.cancel_requested(
-                self._pool, [job.job_id]
+            if result.error_code == "CANCELLED" or job.job_id in await self._db(
+                lifecycle.cancel_requested, [job.job_id]
             ):
-                # Only a cancellation this worker carried out releases the hold: a job handed back
-                # at drain is queued again and will be charged when it completes.
-                if await lifecycle.mark_cancelled(self._pool, job, self.worker_id, _ms(started)):
-                    await self._release(job)
+                await self._cancelled(job, started)
                 return
             if result.error_code:
                 cls = TransientError if result.retryable else PermanentJobError
                 raise cls(result.error_message or "processing failed", result.error_code)
-            await lifecycle.progress(self._pool, job, self.worker_id, 0.75, "processed")
+            await self._progress(job, 0.75, "processed")
             with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
                 outputs = [
                     await self._upload(job, source, job_dir / "output" / o.filename, o)
                     for o in result.outputs
                 ]
-            await lifecycle.progress(self._pool, job, self.worker_id, 0.95, "uploaded")
-            if not await lifecycle.complete(
-                self._pool,
+            await self._progress(job, 0.95, "uploaded")
+            completed = await self._db(
+                lifecycle.complete,
                 job,
                 self.worker_id,
                 outputs,
                 job.estimated_credits,
                 result.duration_ms,
                 result.peak_memory_mb,
-            ):
-                log.warning("lease lost before completion", extra={"job_id": job.job_id})
+            )
+            if not completed:
+                if await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
+                    # Cancelled while uploading: what was uploaded must not outlive the job.
+                    await self._delete_outputs(job, outputs)
+                    await self._cancelled(job, started)
+                else:
+                    log.warning("lease lost before completion", extra={"job_id": job.job_id})
                 return
-            await self._commit(job)
             self.jobs_completed += 1
+            try:
+                await self._commit(job)
+            except DomainError:
+                # The job is completed; its hold stays held and the reaper charges it later.
+                log.warning("credits commit failed; left to the reaper", extra={"job_id": job.job_id})
         except DomainError as exc:
             await self._settle_failure(job, exc, started, result)
         except (httpx.HTTPError, OSError) as exc:
@@ -402,22 +457,52 @@ class WorkerRuntime:
             self.admission.busy -= 1
             self._slot_free.set()
 
+    async def _cancelled(self, job: lifecycle.ClaimedJob, started: float) -> None:
+        """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only
+        this path (not a drain's hand-back, which queues the job again) releases the hold."""
+        if await self._db(lifecycle.mark_cancelled, job, self.worker_id, _ms(started)):
+            await self._release(job)
+
+    async def _delete_outputs(self, job: lifecycle.ClaimedJob, outputs: list[lifecycle.Output]) -> None:
+        """Delete the uploaded outputs of a job that will not complete. An output another job
+        refers to (the same rendition of the same object) stays: its bytes are identical."""
+        for output in outputs:
+            try:
+                async for attempt in _infra_retry():
+                    with attempt:
+                        await call(
+                            self._storage.DeleteOutput, storage_pb2.DeleteOutputRequest(key=output.key)
+                        )
+            except DomainError as exc:
+                log.info("output kept: %s", exc.error_code, extra={"job_id": job.job_id})
+
     async def _settle_failure(
         self, job: lifecycle.ClaimedJob, exc: DomainError, started: float, result: SandboxResult | None
     ) -> None:
         """The one place a failed attempt is settled: job row, attempt row, credits."""
         self.jobs_failed += 1
-        status = await lifecycle.fail(
-            self._pool,
-            job,
-            self.worker_id,
-            exc.error_code,
-            exc.public_message,
-            retryable=exc.retryable,
-            prefix=self._prefix,
-            duration_ms=result.duration_ms if result else _ms(started),
-            peak_memory_mb=result.peak_memory_mb if result else 0,
-        )
+        try:
+            status = await self._db(
+                lambda pool: lifecycle.fail(
+                    pool,
+                    job,
+                    self.worker_id,
+                    exc.error_code,
+                    exc.public_message,
+                    retryable=exc.retryable,
+                    prefix=self._prefix,
+                    duration_ms=result.duration_ms if result else _ms(started),
+                    peak_memory_mb=result.peak_memory_mb if result else 0,
+                )
+            )
+        except Exception as db_exc:
+            if not db.is_transient(db_exc):
+                raise
+            # The lease runs out and the reaper takes the job back; nothing is lost.
+            log.error(
+                "could not record the failed attempt (Postgres unreachable)", extra={"job_id": job.job_id}
+            )
+            return
         log.info("job attempt failed: %s → %s", exc.error_code, status, extra={"job_id": job.job_id})
         if status == "failed":
             await self._release(job)

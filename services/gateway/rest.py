@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypermedia import telemetry
+from hypermedia import db, telemetry
 from hypermedia.errors import DomainError, PayloadTooLarge
 from services.gateway.auth import Caller
 from services.gateway.jobs import JobsAPI
@@ -135,6 +135,13 @@ def build_app(
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        if db.is_transient(exc):
+            log.warning("database unavailable: %s", type(exc).__name__)
+            response = problem(
+                503, "Service Unavailable", "database temporarily unavailable", "DATABASE_UNAVAILABLE"
+            )
+            response.headers["Retry-After"] = "1"
+            return response
         log.exception("unhandled error")
         return problem(500, "Internal error", "internal error", "INTERNAL")
 

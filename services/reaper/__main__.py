@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import httpx
 
@@ -30,6 +32,9 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         infra.stream_prefix,
         requeue_stale_seconds=settings.requeue_stale_seconds,
         dead_worker_seconds=settings.dead_worker_seconds,
+        settle_grace_seconds=settings.settle_grace_seconds,
+        work_dirs=tuple(Path(d) for d in settings.work_dirs.split(os.pathsep) if d),
+        orphan_dir_seconds=settings.orphan_dir_seconds,
     )
     relay = OutboxRelay(pool, nc, js)
     http = httpx.AsyncClient()

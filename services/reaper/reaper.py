@@ -3,17 +3,22 @@
 Each run, in one transaction per step, with ``FOR UPDATE SKIP LOCKED`` so several replicas never
 requeue the same job twice:
 
-1. **expired leases**: jobs in ``claimed``/``processing``/``cancel_requested`` whose
-   ``visibility_timeout`` passed go back to ``queued`` (published again), or to ``failed`` with
-   ``WORKER_LOST`` when out of attempts (``cancelled`` when cancellation was requested);
-2. **retry promotion**: ``retry_wait`` jobs whose ``next_attempt_at`` passed go to ``queued``;
-3. **stale queued**: jobs ``queued`` longer than ``requeue_stale_seconds`` are published again, so
+1. **dead workers**: workers whose heartbeat is older than ``dead_worker_seconds`` are marked dead;
+2. **lost leases**: jobs in ``claimed``/``processing``/``cancel_requested`` whose
+   ``visibility_timeout`` passed, or whose worker is dead, go back to ``queued`` (published again),
+   or to ``failed`` with ``WORKER_LOST`` when out of attempts (``cancelled`` when cancellation was
+   requested). A dead worker's jobs are recovered at once, not when their leases run out;
+3. **retry promotion**: ``retry_wait`` jobs whose ``next_attempt_at`` passed go to ``queued``;
+4. **stale queued**: jobs ``queued`` longer than ``requeue_stale_seconds`` are published again, so
    a message the broker lost never strands a job (claims are idempotent, duplicates are dropped);
-4. **dead workers**: workers whose heartbeat is older than ``dead_worker_seconds`` are marked dead;
-5. **unsettled holds**: jobs whose credit hold is still ``held`` more than ``SETTLE_GRACE_SECONDS``
+5. **unsettled holds**: jobs whose credit hold is still ``held`` more than ``settle_grace_seconds``
    after they ended — a Release or Commit that failed or was never made (the credits service was
    unreachable, or a process died between the job's transition and the call): ``failed`` and
-   ``cancelled`` jobs are released, ``completed`` ones charged their ``actual_credits``.
+   ``cancelled`` jobs are released, ``completed`` ones charged their ``actual_credits``;
+6. **orphaned job directories** (when given ``work_dirs``, the workers' ``HM_WORK_DIR`` on this
+   machine): a ``jobs/{job_id}/`` directory older than ``orphan_dir_seconds`` whose job is not
+   running any more is removed — what a worker that died and never came back left behind. (A
+   worker also sweeps its own directory when it starts; on Kubernetes a pod's emptyDir goes with it.)
 
 Credits of jobs it fails or cancels are released through the credits service (Release is idempotent
 per job, so releasing a hold someone else is releasing at the same moment is harmless).
@@ -22,7 +27,11 @@ per job, so releasing a hold someone else is releasing at the same moment is har
 from __future__ import annotations
 
 import logging
+import shutil
+import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 
@@ -34,8 +43,10 @@ from hypermedia.rpc import call
 log = logging.getLogger(__name__)
 
 SETTLE_GRACE_SECONDS = 60.0
-"""How long after a job failed or was cancelled its hold may still be held before the reaper releases
-it: the path that ended the job releases it first; this only catches the releases that never happened."""
+"""Default of how long after a job ended its hold may still be held before the reaper settles it:
+the path that ended the job settles it first; this only catches the calls that never happened."""
+ORPHAN_DIR_SECONDS = 300.0
+"""Default age (by mtime) before a job directory of a job that is not running counts as orphaned."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,7 @@ class ReapResult:
     dead_workers: int = 0
     settled_holds: int = 0
     """Holds of finished jobs released by step 5 (releases of jobs this run ended are not counted)."""
+    removed_dirs: int = 0
 
     @property
     def anything(self) -> bool:
@@ -56,7 +68,8 @@ class ReapResult:
 
 
 class Reaper:
-    """Args: pool; credits stub; stream prefix; thresholds in seconds."""
+    """Args: pool; credits stub; stream prefix; thresholds in seconds; ``work_dirs``: worker work
+    directories on this machine whose orphaned job directories step 6 removes (none: step off)."""
 
     def __init__(
         self,
@@ -66,6 +79,9 @@ class Reaper:
         *,
         requeue_stale_seconds: float = 60.0,
         dead_worker_seconds: float = 120.0,
+        settle_grace_seconds: float = SETTLE_GRACE_SECONDS,
+        work_dirs: tuple[Path, ...] = (),
+        orphan_dir_seconds: float = ORPHAN_DIR_SECONDS,
         batch_size: int = 500,
     ) -> None:
         self._pool = pool
@@ -73,14 +89,17 @@ class Reaper:
         self._prefix = prefix
         self._stale = requeue_stale_seconds
         self._dead = dead_worker_seconds
+        self._settle_grace = settle_grace_seconds
+        self._work_dirs = work_dirs
+        self._orphan_age = orphan_dir_seconds
         self._batch = batch_size
 
     async def run_once(self) -> ReapResult:
-        """One pass over the four steps; returns the counts. Logs only when it did something."""
+        """One pass over the six steps; returns the counts. Logs only when it did something."""
+        dead = await self._mark_dead_workers()
         requeued, failed, released = await self._expire_leases()
         promoted = await self._promote_retries()
         republished = await self._republish_stale()
-        dead = await self._mark_dead_workers()
         unsettled = await self._unsettled_holds()
         settled_holds = 0
         for job_id in released:
@@ -103,7 +122,8 @@ class Reaper:
                 continue
             if not response.already_settled:
                 settled_holds += 1
-        result = ReapResult(requeued, failed, promoted, republished, dead, settled_holds)
+        removed_dirs = await self._remove_orphan_dirs()
+        result = ReapResult(requeued, failed, promoted, republished, dead, settled_holds, removed_dirs)
         if result.anything:
             log.info("reaper run: %s", result)
         return result
@@ -114,7 +134,9 @@ class Reaper:
                 """
                 WITH expired AS (
                     SELECT job_id FROM processing_jobs
-                    WHERE status IN ('claimed', 'processing', 'cancel_requested') AND visibility_timeout < now()
+                    WHERE status IN ('claimed', 'processing', 'cancel_requested')
+                      AND (visibility_timeout < now()
+                           OR claimed_by IN (SELECT worker_id FROM workers WHERE status = 'dead'))
                     ORDER BY visibility_timeout LIMIT $1 FOR UPDATE SKIP LOCKED
                 )
                 UPDATE processing_jobs j SET
@@ -136,7 +158,7 @@ class Reaper:
             await conn.executemany(
                 """
                 UPDATE job_attempts SET status = 'lost', error_code = 'WORKER_LOST',
-                       error_message = 'visibility timeout expired', finished_at = now()
+                       error_message = 'worker lost: lease expired or worker dead', finished_at = now()
                 WHERE job_id = $1 AND attempt_number = $2 AND status = 'processing'
                 """,
                 [(r["job_id"], r["attempt_count"]) for r in rows],
@@ -204,7 +226,7 @@ class Reaper:
             ORDER BY j.updated_at LIMIT $1
             """,
             self._batch,
-            SETTLE_GRACE_SECONDS,
+            self._settle_grace,
         )
         return [(str(r["job_id"]), r["status"], r["actual_credits"]) for r in rows]
 
@@ -217,3 +239,40 @@ class Reaper:
             self._dead,
         )
         return int(result.split()[-1])
+
+    async def _remove_orphan_dirs(self) -> int:
+        candidates: dict[str, list[Path]] = {}
+        cutoff = time.time() - self._orphan_age
+        for root in self._work_dirs:
+            jobs = root / "jobs"
+            for entry in jobs.iterdir() if jobs.is_dir() else ():
+                try:
+                    job_id = str(uuid.UUID(entry.name))
+                    if entry.lstat().st_mtime > cutoff:
+                        continue
+                except (ValueError, OSError):
+                    continue  # not a job directory, or gone already
+                candidates.setdefault(job_id, []).append(entry)
+        if not candidates:
+            return 0
+        running = {
+            str(r["job_id"])
+            for r in await self._pool.fetch(
+                """
+                SELECT job_id FROM processing_jobs
+                WHERE job_id = ANY($1::uuid[]) AND status IN ('claimed', 'processing', 'cancel_requested')
+                """,
+                list(candidates),
+            )
+        }
+        removed = 0
+        for job_id, entries in candidates.items():
+            if job_id in running:
+                continue
+            for entry in entries:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed += 1
+        return removed

@@ -162,6 +162,8 @@ async def test_stale_fencing_token_of_the_same_worker_cannot_complete(
 
 
 async def test_complete_twice_writes_one_output(fresh_pool: asyncpg.Pool, seed: Seeder) -> None:
+    """A retried complete (its first reply lost to a Postgres restart) reports the job completed by
+    this attempt and writes nothing more."""
     tenant = await seed.tenant()
     job_id = await seed.job(tenant)
     job = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
@@ -169,7 +171,8 @@ async def test_complete_twice_writes_one_output(fresh_pool: asyncpg.Pool, seed: 
     outputs = [await _output(seed, tenant)]
 
     assert await lifecycle.complete(fresh_pool, job, "w-a", outputs, 1100, 250, 40)
-    assert not await lifecycle.complete(fresh_pool, job, "w-a", [await _output(seed, tenant)], 1100, 250, 40)
+    assert await lifecycle.complete(fresh_pool, job, "w-a", [await _output(seed, tenant)], 1100, 250, 40)
+    assert not await lifecycle.complete(fresh_pool, job, "w-b", [await _output(seed, tenant)], 1100, 250, 40)
 
     rows = await fresh_pool.fetch("SELECT * FROM job_outputs WHERE job_id = $1", job_id)
     assert len(rows) == 1
