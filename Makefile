@@ -6,13 +6,14 @@ VENV := .venv
 UV_VERSION := 0.13.8
 STAMP := $(VENV)/.synced
 
-.PHONY: demo test test-fast lint proto proto-check bench up clean help
+.PHONY: demo test test-fast lint proto proto-check bench chaos up clean help
 
 help:
 	@echo "make demo   - start the platform on embedded defaults and process the sample photos"
 	@echo "make test   - the whole test suite (real Postgres, NATS, libvips)"
 	@echo "make lint   - ruff, mypy, buf lint, stub drift, deploy linters"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
+	@echo "make chaos  - 1,000 jobs while workers, the relay, NATS and Postgres are killed (JOBS=N)"
 	@echo "make up     - run the platform until Ctrl-C"
 	@echo "make proto  - regenerate the gRPC stubs"
 
@@ -49,6 +50,10 @@ proto-check: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/run.py
+
+JOBS ?= 1000
+chaos: $(STAMP)
+	$(VENV)/bin/python -m tests.chaos.harness --jobs $(JOBS)
 
 up: $(STAMP)
 	$(VENV)/bin/hypermedia up

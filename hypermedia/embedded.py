@@ -96,6 +96,14 @@ class EmbeddedNats:
         wait_for_port("127.0.0.1", self.port)
         return self
 
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no clean shutdown); :meth:`start` brings it back on the
+        same port with the same store."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.terminate()
@@ -140,6 +148,16 @@ class EmbeddedPostgres:
         assert self._server is not None
         self._server.psql(f'DROP DATABASE IF EXISTS "{name}"; CREATE DATABASE "{name}";')  # type: ignore[attr-defined]
         return self.dsn(name)
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m {mode}`` with the options of the running server: every connection
+        is dropped (``fast``: cleanly; ``immediate``: a crash, recovered from the WAL)."""
+        log = self.data_dir / "restart.log"
+        cmd = [_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "-l", str(log), "restart"]
+        # Not captured: the new postmaster would inherit the pipe and hold it open forever.
+        subprocess.run(
+            _as_pg_user(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=120
+        )
 
     def stop(self) -> None:
         """Stop the cluster with ``pg_ctl stop -m fast`` (pgserver is told not to manage it)."""

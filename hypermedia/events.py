@@ -6,6 +6,10 @@ notifies the Postgres channel ``job_events`` with the job id. A :class:`JobEvent
 ``LISTEN`` connection per process and wakes the watchers of that job, which then read the new rows
 — so a watcher never misses an event (it always reads from its last ``event_id``) and never polls
 faster than needed (it re-reads on notification, or every ``keepalive_seconds``).
+
+When the ``LISTEN`` connection drops (Postgres restarted), the hub reconnects with backoff and then
+wakes every watcher, since notifications sent while it was away are lost; meanwhile watchers still
+re-read every ``keepalive_seconds``.
 """
 
 from __future__ import annotations
@@ -72,12 +76,55 @@ class JobEventHub:
         self._keepalive = keepalive_seconds
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._stopping = False
+        self._reconnecting: asyncio.Task[None] | None = None
+        self.reconnects = 0
+        """How many times the LISTEN connection was re-established (for tests and metrics)."""
 
     async def start(self) -> None:
-        self._listener = await db.connect(self._dsn)
-        await self._listener.add_listener(CHANNEL, self._notified)
+        """Open the LISTEN connection. Raises asyncpg/OS errors when Postgres is unreachable."""
+        await self._listen()
+
+    async def _listen(self) -> None:
+        conn = await db.connect(self._dsn)
+        await conn.add_listener(CHANNEL, self._notified)
+        conn.add_termination_listener(self._lost)
+        self._listener = conn
+
+    def _lost(self, _conn: Any) -> None:
+        if self._stopping or self._reconnecting is not None:
+            return
+        log.warning("LISTEN connection lost; reconnecting")
+        self._listener = None
+        self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        delay = 0.2
+        try:
+            while not self._stopping:
+                try:
+                    await self._listen()
+                except Exception as exc:
+                    if not db.is_transient(exc):
+                        log.exception("could not reopen the LISTEN connection")
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                self.reconnects += 1
+                log.info("LISTEN connection re-established")
+                for waiters in list(self._waiters.values()):
+                    for waiter in waiters:
+                        waiter.set()
+                return
+        finally:
+            self._reconnecting = None
 
     async def stop(self) -> None:
+        self._stopping = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnecting
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 await self._listener.close()

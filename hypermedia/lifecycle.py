@@ -22,6 +22,12 @@ from hypermedia import db, queues, telemetry
 
 LEASE_MARGIN_SECONDS = 60
 """Added to ``timeout_seconds × 1.5`` (the sandbox wall clock) to get the lease length."""
+MAX_LOST_ATTEMPTS = 10
+"""Attempts a job may lose to the infrastructure (its worker killed or stuck, handed back at a
+drain) before it fails with ``WORKER_LOST``. Counted apart from ``max_attempts``, which bounds the
+attempts that failed on the job's own account, so that a rollout or a crashing node does not use
+up a job's retries (as Kubernetes' ``podFailurePolicy`` ignores disruptions); bounded all the same,
+so a job that somehow takes its worker down with it is not retried forever. ADR 0014."""
 
 
 @dataclass(frozen=True)
@@ -224,22 +230,29 @@ async def fail(
     peak_memory_mb: int = 0,
 ) -> str | None:
     """Record a failed attempt. A retryable failure with attempts left goes to ``retry_wait`` with
-    backoff ``backoff_base_seconds × 2^(attempt−1)`` (the seed's 1, 2, 4, 8 … minutes); otherwise the
-    job is ``failed``. A job whose cancellation was requested is never retried: it is ``failed`` (and
-    the caller releases its hold). Returns the new status (also when an earlier call of this attempt
+    backoff ``backoff_base_seconds × 2^(n−1)`` (the seed's 1, 2, 4, 8 … minutes), ``n`` being the
+    number of attempts that failed on the job's account (``attempt_count − lost_attempts``, this one
+    included), and so does the ``max_attempts`` check; otherwise the job is ``failed``. A job whose
+    cancellation was requested is never retried: it is ``failed`` (and the caller releases its hold). Returns the new status (also when an earlier call of this attempt
     committed and its reply was lost), or None when the lease was lost."""
-    retry = retryable and job.attempt < job.max_attempts
-    delay = job.backoff_base_seconds * (2 ** (job.attempt - 1))
     async with pool.acquire() as conn, conn.transaction():
-        # SET expressions see the old row, so every CASE below tests the status before this update.
+        # SET expressions see the old row — the latest committed version, re-read after waiting for
+        # a concurrent cancel's lock (so no CTE snapshot here) — so every CASE tests the status
+        # before this update.
         status = await conn.fetchval(
             """
             UPDATE processing_jobs SET
-                   status = CASE WHEN $4 AND status = 'processing' THEN 'retry_wait' ELSE 'failed' END,
+                   status = CASE WHEN $4 AND status = 'processing' AND attempt_count - lost_attempts < max_attempts
+                                 THEN 'retry_wait' ELSE 'failed' END,
                    error_code = $5, error_message = $6,
                    next_attempt_at = CASE WHEN $4 AND status = 'processing'
-                                          THEN now() + make_interval(secs => $7) END,
-                   completed_at = CASE WHEN $4 AND status = 'processing' THEN NULL ELSE now() END,
+                                               AND attempt_count - lost_attempts < max_attempts
+                                          THEN now() + make_interval(
+                                                   secs => $7 * power(2, attempt_count - lost_attempts - 1))
+                                     END,
+                   completed_at = CASE WHEN $4 AND status = 'processing'
+                                            AND attempt_count - lost_attempts < max_attempts
+                                       THEN NULL ELSE now() END,
                    visibility_timeout = NULL, updated_at = now()
             WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3
               AND status IN ('processing', 'cancel_requested')
@@ -248,10 +261,10 @@ async def fail(
             job.job_id,
             worker_id,
             job.attempt,
-            retry,
+            retryable,
             error_code,
             error_message,
-            float(delay),
+            float(job.backoff_base_seconds),
         )
         if status is None:
             # A retried call whose first try committed finds its own outcome; anything else means
@@ -285,16 +298,18 @@ async def mark_cancelled(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, du
 
 async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix: str) -> bool:
     """Return a job this worker will not finish (drain deadline passed) to ``queued`` and publish it
-    again; the attempt is recorded as ``lost`` and still counts against ``max_attempts``."""
+    again. The attempt is recorded as ``lost``: it counts against :data:`MAX_LOST_ATTEMPTS`, not
+    against ``max_attempts``."""
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(
             """
             UPDATE processing_jobs SET
-                status = CASE WHEN attempt_count >= max_attempts THEN 'failed' ELSE 'queued' END,
-                error_code = CASE WHEN attempt_count >= max_attempts THEN 'WORKER_LOST' END,
-                error_message = CASE WHEN attempt_count >= max_attempts
+                status = CASE WHEN lost_attempts + 1 >= $4 THEN 'failed' ELSE 'queued' END,
+                error_code = CASE WHEN lost_attempts + 1 >= $4 THEN 'WORKER_LOST' END,
+                error_message = CASE WHEN lost_attempts + 1 >= $4
                                      THEN 'the worker stopped before the job finished' END,
-                completed_at = CASE WHEN attempt_count >= max_attempts THEN now() END,
+                completed_at = CASE WHEN lost_attempts + 1 >= $4 THEN now() END,
+                lost_attempts = lost_attempts + 1,
                 claimed_by = NULL, visibility_timeout = NULL, queued_at = now(), updated_at = now()
             WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
             RETURNING status, queue, priority
@@ -302,6 +317,7 @@ async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix:
             job.job_id,
             worker_id,
             job.attempt,
+            MAX_LOST_ATTEMPTS,
         )
         if row is None:
             return False

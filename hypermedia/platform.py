@@ -11,9 +11,10 @@ Worker services can run as several replicas (``hypermedia up --scale imageworker
 (``{HM_WORK_DIR}-i``), status port and range of sandbox uids. Each process's pid is in
 ``{state}/run/{name}.pid`` while it runs (operators and the chaos test signal processes by it).
 
-The supervisor restarts a service process that dies, with exponential backoff (1 s doubling to
-30 s); a service that dies five times within a minute is reported as crash-looping (logged at
-ERROR each time) and still retried at the slowest rate. Ctrl-C (SIGINT) or SIGTERM stops the
+The supervisor restarts a service process that dies, with exponential backoff over its quick
+deaths (1 s doubling to 30 s; a process that had run for ``STABLE_SECONDS`` counts as started, as
+supervisord's ``startsecs``, and is restarted after 1 s); a service that dies five times within a
+minute is reported as crash-looping (logged at ERROR each time). Ctrl-C (SIGINT) or SIGTERM stops the
 services one by one in reverse start order (each gets 45 s after SIGTERM), then NATS and Postgres.
 """
 
@@ -41,6 +42,8 @@ SERVICES = ("credits", "storage", "gateway", "imageworker", "reaper")
 STOP_GRACE_SECONDS = 45.0
 CRASH_LOOP_WINDOW_SECONDS = 60.0
 CRASH_LOOP_RESTARTS = 5
+STABLE_SECONDS = 5.0
+"""A process that ran this long started fine: its next death restarts it after the shortest delay."""
 
 
 def state_dir() -> Path:
@@ -72,6 +75,8 @@ class ServiceProcess:
     pid_path: Path
     process: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)
+    quick_deaths: int = 0
+    started_at: float = 0.0
     next_start: float = 0.0
 
     def start(self) -> None:
@@ -84,12 +89,15 @@ class ServiceProcess:
                 cwd=Path(__file__).resolve().parents[1],
                 start_new_session=True,
             )
+        self.started_at = time.monotonic()
         self.pid_path.write_text(f"{self.process.pid}\n")
 
     def backoff(self) -> float:
+        """Seconds to wait before restarting the process that just died (and record the death)."""
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < CRASH_LOOP_WINDOW_SECONDS] + [now]
-        return float(min(30, 2 ** (len(self.restarts) - 1)))
+        self.quick_deaths = 0 if now - self.started_at >= STABLE_SECONDS else self.quick_deaths + 1
+        return float(min(30, 2 ** max(0, self.quick_deaths - 1)))
 
 
 class Platform:

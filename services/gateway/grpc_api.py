@@ -57,6 +57,7 @@ def job_message(job: dict[str, Any]) -> jobs_pb2.Job:
         priority=job["priority"],
         attempt_count=job["attempt_count"],
         max_attempts=job["max_attempts"],
+        lost_attempts=job["lost_attempts"],
         error_code=job["error_code"] or "",
         error_message=job["error_message"] or "",
         estimated_credits=_credits(job["estimated_credits"]),

@@ -368,6 +368,7 @@ class JobsAPI:
             "priority": job["priority"],
             "attempt_count": job["attempt_count"],
             "max_attempts": job["max_attempts"],
+            "lost_attempts": job["lost_attempts"],
             "error_code": job["error_code"],
             "error_message": job["error_message"],
             "estimated_credits": credits_value(job["estimated_credits"]),

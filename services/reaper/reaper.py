@@ -6,15 +6,17 @@ requeue the same job twice:
 1. **dead workers**: workers whose heartbeat is older than ``dead_worker_seconds`` are marked dead;
 2. **lost leases**: jobs in ``claimed``/``processing``/``cancel_requested`` whose
    ``visibility_timeout`` passed, or whose worker is dead, go back to ``queued`` (published again),
-   or to ``failed`` with ``WORKER_LOST`` when out of attempts (``cancelled`` when cancellation was
-   requested). A dead worker's jobs are recovered at once, not when their leases run out;
+   or to ``failed`` with ``WORKER_LOST`` once they lost :data:`lifecycle.MAX_LOST_ATTEMPTS`
+   attempts (``cancelled`` when cancellation was requested). A dead worker's jobs are recovered at once, not when their leases run out;
 3. **retry promotion**: ``retry_wait`` jobs whose ``next_attempt_at`` passed go to ``queued``;
 4. **stale queued**: jobs ``queued`` longer than ``requeue_stale_seconds`` are published again, so
    a message the broker lost never strands a job (claims are idempotent, duplicates are dropped);
 5. **unsettled holds**: jobs whose credit hold is still ``held`` more than ``settle_grace_seconds``
    after they ended — a Release or Commit that failed or was never made (the credits service was
    unreachable, or a process died between the job's transition and the call): ``failed`` and
-   ``cancelled`` jobs are released, ``completed`` ones charged their ``actual_credits``;
+   ``cancelled`` jobs are released, ``completed`` ones charged their ``actual_credits``; a hold
+   whose job was never created (the gateway died, or could not reach Postgres, between Hold and
+   the job's transaction, and its own Release failed too) is released;
 6. **orphaned job directories** (when given ``work_dirs``, the workers' ``HM_WORK_DIR`` on this
    machine): a ``jobs/{job_id}/`` directory older than ``orphan_dir_seconds`` whose job is not
    running any more is removed — what a worker that died and never came back left behind. (A
@@ -141,19 +143,21 @@ class Reaper:
                 )
                 UPDATE processing_jobs j SET
                     status = CASE WHEN j.status = 'cancel_requested' THEN 'cancelled'
-                                  WHEN j.attempt_count >= j.max_attempts THEN 'failed'
+                                  WHEN j.lost_attempts + 1 >= $2 THEN 'failed'
                                   ELSE 'queued' END,
-                    error_code = CASE WHEN j.status <> 'cancel_requested' AND j.attempt_count >= j.max_attempts
+                    error_code = CASE WHEN j.status <> 'cancel_requested' AND j.lost_attempts + 1 >= $2
                                       THEN 'WORKER_LOST' ELSE j.error_code END,
-                    error_message = CASE WHEN j.status <> 'cancel_requested' AND j.attempt_count >= j.max_attempts
-                                         THEN 'the worker was lost on the last attempt' ELSE j.error_message END,
-                    completed_at = CASE WHEN j.status = 'cancel_requested' OR j.attempt_count >= j.max_attempts
+                    error_message = CASE WHEN j.status <> 'cancel_requested' AND j.lost_attempts + 1 >= $2
+                                         THEN 'the job lost its worker too many times' ELSE j.error_message END,
+                    completed_at = CASE WHEN j.status = 'cancel_requested' OR j.lost_attempts + 1 >= $2
                                         THEN now() END,
+                    lost_attempts = j.lost_attempts + 1,
                     claimed_by = NULL, visibility_timeout = NULL, queued_at = now(), updated_at = now()
                 FROM expired WHERE j.job_id = expired.job_id
                 RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count
                 """,
                 self._batch,
+                lifecycle.MAX_LOST_ATTEMPTS,
             )
             await conn.executemany(
                 """
@@ -220,10 +224,12 @@ class Reaper:
         rows = await self._pool.fetch(
             """
             SELECT h.job_id, j.status, j.actual_credits
-            FROM credit_holds h JOIN processing_jobs j ON j.job_id = h.job_id
-            WHERE h.status = 'held' AND j.status IN ('completed', 'failed', 'cancelled')
-              AND j.updated_at < now() - make_interval(secs => $2)
-            ORDER BY j.updated_at LIMIT $1
+            FROM credit_holds h LEFT JOIN processing_jobs j ON j.job_id = h.job_id
+            WHERE h.status = 'held'
+              AND ((j.status IN ('completed', 'failed', 'cancelled')
+                    AND j.updated_at < now() - make_interval(secs => $2))
+                   OR (j.job_id IS NULL AND h.created_at < now() - make_interval(secs => $2)))
+            ORDER BY coalesce(j.updated_at, h.created_at) LIMIT $1
             """,
             self._batch,
             self._settle_grace,

@@ -56,6 +56,18 @@ async def _seconds_until_retry(pool: asyncpg.Pool, job_id: uuid.UUID) -> float:
 # -- claim ----------------------------------------------------------------------------------------
 
 
+async def _claimed_then_cancel_requested(
+    pool: asyncpg.Pool, seed: Seeder
+) -> tuple[uuid.UUID, lifecycle.ClaimedJob]:
+    """A job claimed by ``w-a`` whose cancellation was then requested."""
+    tenant = await seed.tenant()
+    job_id = await seed.job(tenant)
+    job = await lifecycle.claim(pool, str(job_id), "w-a")
+    assert job is not None
+    await pool.execute("UPDATE processing_jobs SET status = 'cancel_requested' WHERE job_id = $1", job_id)
+    return job_id, job
+
+
 async def test_concurrent_claims_of_one_job_have_exactly_one_winner(
     fresh_pool: asyncpg.Pool, seed: Seeder
 ) -> None:
@@ -281,13 +293,7 @@ async def test_failure_after_cancellation_was_requested_is_not_retried(
     fresh_pool: asyncpg.Pool, seed: Seeder
 ) -> None:
     """The caller asked to stop the job: a retryable failure must not put it back in line."""
-    tenant = await seed.tenant()
-    job_id = await seed.job(tenant)
-    job = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
-    assert job is not None
-    await fresh_pool.execute(
-        "UPDATE processing_jobs SET status = 'cancel_requested' WHERE job_id = $1", job_id
-    )
+    job_id, job = await _claimed_then_cancel_requested(fresh_pool, seed)
 
     status = await lifecycle.fail(
         fresh_pool, job, "w-a", "STORAGE_UNAVAILABLE", "storage hiccup", retryable=True, prefix=PREFIX
@@ -303,25 +309,41 @@ async def test_failure_after_cancellation_was_requested_is_not_retried(
 # -- hand back, heartbeat, cancellation ----------------------------------------------------------
 
 
-async def test_hand_back_requeues_with_an_outbox_row_or_fails_on_the_last_attempt(
+async def test_hand_back_requeues_with_an_outbox_row_or_fails_when_lost_too_often(
     fresh_pool: asyncpg.Pool, seed: Seeder
 ) -> None:
+    """A handed-back attempt counts as lost, not against max_attempts: a job on its last attempt is
+    queued again; only the MAX_LOST_ATTEMPTS-th lost attempt fails it."""
     tenant = await seed.tenant()
-    first = await seed.job(tenant, priority=4)
-    last = await seed.job(tenant, attempt_count=2, max_attempts=3)
+    first = await seed.job(tenant, priority=4, attempt_count=2, max_attempts=3)
+    last = await seed.job(tenant)
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET lost_attempts = $2 WHERE job_id = $1",
+        last,
+        lifecycle.MAX_LOST_ATTEMPTS - 1,
+    )
     jobs = [await lifecycle.claim(fresh_pool, str(j), "w-a") for j in (first, last)]
     assert all(jobs)
 
     assert all([await lifecycle.hand_back(fresh_pool, j, "w-a", PREFIX) for j in jobs if j])
 
     row = await seed.job_row(first)
-    assert (row["status"], row["claimed_by"], row["attempt_count"]) == ("queued", None, 1)
+    assert (row["status"], row["claimed_by"], row["attempt_count"], row["lost_attempts"]) == (
+        "queued",
+        None,
+        3,
+        1,
+    )
     [outbox] = await seed.outbox_rows(first)
     assert outbox["subject"] == "tlife.jobs.images.p4"
     assert outbox["payload"] == {"job_id": str(first), "queue": "images", "priority": 4, "trace": {}}
-    assert await _attempts(fresh_pool, first) == [(1, "w-a", "lost")]
+    assert await _attempts(fresh_pool, first) == [(3, "w-a", "lost")]
     row = await seed.job_row(last)
-    assert (row["status"], row["error_code"]) == ("failed", "WORKER_LOST")
+    assert (row["status"], row["error_code"], row["lost_attempts"]) == (
+        "failed",
+        "WORKER_LOST",
+        lifecycle.MAX_LOST_ATTEMPTS,
+    )
     assert row["completed_at"] is not None
     assert await seed.outbox_rows(last) == []
 
@@ -365,3 +387,224 @@ async def test_mark_cancelled_finishes_a_cancel_requested_job(fresh_pool: asyncp
     row = await seed.job_row(job_id)
     assert (row["status"], row["visibility_timeout"]) == ("cancelled", None)
     assert await _attempts(fresh_pool, job_id) == [(1, "w-a", "cancelled")]
+
+
+# -- answers after a lost reply, cancellation during completion, reclaim -------------------------
+
+
+async def _status_events(pool: asyncpg.Pool, job_id: uuid.UUID) -> list[str]:
+    rows = await pool.fetch(
+        "SELECT status FROM job_events WHERE job_id = $1 AND kind = 'status' ORDER BY event_id", job_id
+    )
+    return [r["status"] for r in rows]
+
+
+async def test_complete_of_a_cancel_requested_job_writes_nothing(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """The caller cancelled while the outputs were uploading: complete must not win, and
+    fenced_status tells the worker why (so it deletes the outputs and cancels)."""
+    job_id, job = await _claimed_then_cancel_requested(fresh_pool, seed)
+    before = await seed.job_row(job_id)
+    output = await _output(seed, await seed.tenant())
+
+    assert not await lifecycle.complete(fresh_pool, job, "w-a", [output], 1200, 9, 9)
+
+    assert await lifecycle.fenced_status(fresh_pool, job, "w-a") == "cancel_requested"
+    assert await fresh_pool.fetchval("SELECT count(*) FROM job_outputs WHERE job_id = $1", job_id) == 0
+    after = await seed.job_row(job_id)
+    assert dict(after) == dict(before), "not a single column of the job changed"
+    attempt = await fresh_pool.fetchrow("SELECT * FROM job_attempts WHERE job_id = $1", job_id)
+    assert (attempt["status"], attempt["finished_at"], attempt["duration_ms"]) == ("processing", None, None)
+    # The worker then finishes the cancellation it found.
+    assert await lifecycle.mark_cancelled(fresh_pool, job, "w-a", 9)
+    assert (await seed.job_row(job_id))["status"] == "cancelled"
+
+
+async def test_fenced_status_is_none_for_another_worker_or_an_old_attempt(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant()
+    job_id = await seed.job(tenant)
+    old = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
+    assert old is not None
+    assert await lifecycle.fenced_status(fresh_pool, old, "w-a") == "processing"
+    assert await lifecycle.fenced_status(fresh_pool, old, "w-b") is None
+
+    await _expire_lease(fresh_pool, job_id)
+    assert (await Reaper(fresh_pool, credits.stub, PREFIX).run_once()).requeued_expired == 1
+    assert await lifecycle.fenced_status(fresh_pool, old, "w-a") is None, "requeued: nobody holds it"
+    current = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
+    assert current is not None and current.attempt == 2
+
+    assert await lifecycle.fenced_status(fresh_pool, old, "w-a") is None, "same worker, old attempt"
+    assert await lifecycle.fenced_status(fresh_pool, current, "w-a") == "processing"
+    assert await lifecycle.fenced_status(fresh_pool, current, "w-b") is None
+
+
+async def test_fail_retried_after_a_lost_reply_returns_the_same_status_and_writes_once(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    tenant = await seed.tenant()
+    job_id = await seed.job(tenant)
+    job = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
+    assert job is not None
+
+    first = await lifecycle.fail(
+        fresh_pool,
+        job,
+        "w-a",
+        "STORAGE_UNAVAILABLE",
+        "first try",
+        retryable=True,
+        prefix=PREFIX,
+        duration_ms=7,
+    )
+    row = await seed.job_row(job_id)
+    attempt = await fresh_pool.fetchrow("SELECT * FROM job_attempts WHERE job_id = $1", job_id)
+    second = await lifecycle.fail(
+        fresh_pool, job, "w-a", "TIMEOUT", "the retry", retryable=True, prefix=PREFIX, duration_ms=99
+    )
+
+    assert first == second == "retry_wait"
+    assert dict(await seed.job_row(job_id)) == dict(row), "the retry changed nothing"
+    assert (row["error_code"], row["error_message"]) == ("STORAGE_UNAVAILABLE", "first try")
+    assert (row["next_attempt_at"] - attempt["finished_at"]).total_seconds() == BACKOFF_BASE_SECONDS
+    attempts = await fresh_pool.fetch("SELECT * FROM job_attempts WHERE job_id = $1", job_id)
+    assert [dict(a) for a in attempts] == [dict(attempt)]
+    assert (attempt["status"], attempt["error_code"], attempt["duration_ms"]) == (
+        "failed",
+        "STORAGE_UNAVAILABLE",
+        7,
+    )
+    assert await _status_events(fresh_pool, job_id) == ["queued", "claimed", "processing", "retry_wait"]
+
+
+async def test_fail_on_the_last_attempt_retried_after_a_lost_reply_stays_failed(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    tenant = await seed.tenant()
+    job_id = await seed.job(tenant, attempt_count=2, max_attempts=3)
+    job = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
+    assert job is not None and job.attempt == 3
+
+    first = await lifecycle.fail(fresh_pool, job, "w-a", "TIMEOUT", "too slow", retryable=True, prefix=PREFIX)
+    row = await seed.job_row(job_id)
+    second = await lifecycle.fail(
+        fresh_pool, job, "w-a", "CORRUPT_INPUT", "the retry", retryable=False, prefix=PREFIX
+    )
+
+    assert first == second == "failed"
+    assert dict(await seed.job_row(job_id)) == dict(row)
+    assert (row["status"], row["error_code"], row["next_attempt_at"]) == ("failed", "TIMEOUT", None)
+    assert await _attempts(fresh_pool, job_id) == [(3, "w-a", "failed")]
+    assert await fresh_pool.fetchval("SELECT error_code FROM job_attempts WHERE job_id = $1", job_id) == (
+        "TIMEOUT"
+    )
+    assert await _status_events(fresh_pool, job_id) == ["queued", "claimed", "processing", "failed"]
+    # Another worker's retry is told the lease is not its own.
+    assert await lifecycle.fail(fresh_pool, job, "w-b", "TIMEOUT", "x", retryable=True, prefix=PREFIX) is None
+
+
+async def test_mark_cancelled_retried_after_a_lost_reply_is_true_twice(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    job_id, job = await _claimed_then_cancel_requested(fresh_pool, seed)
+
+    assert await lifecycle.mark_cancelled(fresh_pool, job, "w-a", 5)
+    row = await seed.job_row(job_id)
+    assert await lifecycle.mark_cancelled(fresh_pool, job, "w-a", 50)
+
+    assert dict(await seed.job_row(job_id)) == dict(row)
+    assert row["status"] == "cancelled" and row["completed_at"] is not None
+    attempt = await fresh_pool.fetchrow("SELECT * FROM job_attempts WHERE job_id = $1", job_id)
+    assert (attempt["status"], attempt["error_code"], attempt["duration_ms"]) == ("cancelled", "CANCELLED", 5)
+    assert await _status_events(fresh_pool, job_id) == [
+        "queued",
+        "claimed",
+        "processing",
+        "cancel_requested",
+        "cancelled",
+    ]
+    assert not await lifecycle.mark_cancelled(fresh_pool, job, "w-b", 5), "not w-b's attempt"
+
+
+async def test_reclaim_returns_the_claim_to_its_worker_only(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant()
+    job_id = await seed.job(tenant, priority=3)
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET params = $2 WHERE job_id = $1", job_id, {"size": 128}
+    )
+    assert await lifecycle.reclaim(fresh_pool, str(job_id), "w-a") is None, "queued, nobody claimed it"
+    claimed = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
+    assert claimed is not None
+
+    reclaimed = await lifecycle.reclaim(fresh_pool, str(job_id), "w-a")
+
+    assert reclaimed == claimed
+    assert (reclaimed.attempt, reclaimed.params, reclaimed.priority) == (1, {"size": 128}, 3)
+    assert await lifecycle.reclaim(fresh_pool, str(job_id), "w-b") is None
+    assert await lifecycle.reclaim(fresh_pool, str(uuid.uuid4()), "w-a") is None
+    # Reclaim only reads: the attempt and the lease are those of the claim.
+    assert await _attempts(fresh_pool, job_id) == [(1, "w-a", "processing")]
+
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET status = 'cancel_requested' WHERE job_id = $1", job_id
+    )
+    assert await lifecycle.reclaim(fresh_pool, str(job_id), "w-a") is None, "cancel requested"
+    await fresh_pool.execute("UPDATE processing_jobs SET status = 'processing' WHERE job_id = $1", job_id)
+    await _expire_lease(fresh_pool, job_id)
+    assert (await Reaper(fresh_pool, credits.stub, PREFIX).run_once()).requeued_expired == 1
+    assert await lifecycle.reclaim(fresh_pool, str(job_id), "w-a") is None, "requeued by the reaper"
+
+    again = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
+    assert again is not None and again.attempt == 2
+    assert await lifecycle.reclaim(fresh_pool, str(job_id), "w-a") == again
+    assert await lifecycle.complete(fresh_pool, again, "w-a", [await _output(seed, tenant)], 1200, 1, 1)
+    assert await lifecycle.reclaim(fresh_pool, str(job_id), "w-a") is None, "completed"
+
+
+async def test_a_failure_racing_a_cancel_request_is_not_retried(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """The caller's cancel commits while the worker's ``fail`` waits for the row lock: ``fail``
+    must see ``cancel_requested`` (not the status of its snapshot) and end the job ``failed``."""
+    tenant = await seed.tenant()
+    job_id = await seed.job(tenant)
+    job = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
+    assert job is not None
+    async with fresh_pool.acquire() as gateway:
+        cancel = gateway.transaction()
+        await cancel.start()
+        await gateway.execute(
+            "UPDATE processing_jobs SET status = 'cancel_requested' WHERE job_id = $1", job_id
+        )
+        failing = asyncio.create_task(
+            lifecycle.fail(
+                fresh_pool, job, "w-a", "STORAGE_UNAVAILABLE", "hiccup", retryable=True, prefix=PREFIX
+            )
+        )
+        for _ in range(500):  # until fail's UPDATE waits for the cancel's row lock
+            if await fresh_pool.fetchval(  # not on `gateway`: a transaction sees one stats snapshot
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            ):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("fail did not wait for the row lock")
+        await cancel.commit()
+    status = await failing
+
+    assert status == "failed"
+    row = await seed.job_row(job_id)
+    assert (row["status"], row["next_attempt_at"]) == ("failed", None)
+    assert await _status_events(fresh_pool, job_id) == [
+        "queued",
+        "claimed",
+        "processing",
+        "cancel_requested",
+        "failed",
+    ]

@@ -6,7 +6,10 @@ Each test has a database of its own, so the counts ``run_once()`` returns are ex
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 import uuid
+from pathlib import Path
 
 import asyncpg
 
@@ -85,13 +88,21 @@ async def test_expired_lease_is_requeued_with_an_outbox_row(
     assert (await _attempt(fresh_pool, alive, 1))["status"] == "processing"
 
 
-async def test_expired_lease_on_the_last_attempt_fails_and_releases_the_hold(
+async def _lost_before(
+    pool: asyncpg.Pool, job_id: object, lost: int = lifecycle.MAX_LOST_ATTEMPTS - 1
+) -> None:
+    """Record that the job already lost ``lost`` attempts (by default: the next loss is its last)."""
+    await pool.execute("UPDATE processing_jobs SET lost_attempts = $2 WHERE job_id = $1", job_id, lost)
+
+
+async def test_expired_lease_on_the_last_allowed_loss_fails_and_releases_the_hold(
     fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
 ) -> None:
     tenant = await seed.tenant(balance=BALANCE)
     job_id = await seed.job(
         tenant, status="processing", attempt_count=3, max_attempts=3, claimed_by="w-a", lease_in=-5
     )
+    await _lost_before(fresh_pool, job_id)
     await _hold(credits, tenant, job_id)
     assert await _balance(fresh_pool, tenant) == (BALANCE, HOLD)
 
@@ -217,6 +228,8 @@ async def test_two_reapers_at_once_handle_each_expired_job_once(
         )
         for _ in range(10)
     ]
+    for job_id in finish:
+        await _lost_before(fresh_pool, job_id)
     await _hold(credits, tenant, *requeue, *finish)
     # Small batches make the two reapers interleave over several rounds.
     reapers = [Reaper(fresh_pool, credits.stub, PREFIX, batch_size=4) for _ in range(2)]
@@ -248,6 +261,7 @@ async def test_a_release_that_failed_is_made_by_a_later_run(
     the hold stays held, and once the grace period has passed a later run releases it."""
     tenant = await seed.tenant(balance=BALANCE)
     job_id = await seed.job(tenant, status="processing", attempt_count=3, claimed_by="w-a", lease_in=-5)
+    await _lost_before(fresh_pool, job_id)
     await _hold(credits, tenant, job_id)
     unreachable = channel(f"127.0.0.1:{free_port()}")
     try:
@@ -299,3 +313,130 @@ async def _age(pool: asyncpg.Pool, job_id: uuid.UUID, seconds: float) -> None:
         job_id,
         seconds,
     )
+
+
+async def test_a_dead_workers_job_is_requeued_at_once_not_when_its_lease_runs_out(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=BALANCE)
+    await seed.worker("w-dead", heartbeat_ago=121)
+    await seed.worker("w-alive", heartbeat_ago=1)
+    orphaned = await seed.job(
+        tenant, status="processing", attempt_count=1, claimed_by="w-dead", lease_in=3600, priority=3
+    )
+    alive = await seed.job(tenant, status="processing", attempt_count=1, claimed_by="w-alive", lease_in=3600)
+    await _hold(credits, tenant, orphaned, alive)
+
+    result = await Reaper(fresh_pool, credits.stub, PREFIX, dead_worker_seconds=120).run_once()
+
+    assert result == ReapResult(requeued_expired=1, dead_workers=1)
+    row = await seed.job_row(orphaned)
+    assert (row["status"], row["claimed_by"], row["visibility_timeout"], row["attempt_count"]) == (
+        "queued",
+        None,
+        None,
+        1,
+    )
+    assert (row["error_code"], row["completed_at"]) == (None, None)
+    [outbox] = await seed.outbox_rows(orphaned)
+    assert outbox["subject"] == "treap.jobs.images.p3"
+    assert outbox["payload"]["job_id"] == str(orphaned)
+    attempt = await _attempt(fresh_pool, orphaned, 1)
+    assert (attempt["status"], attempt["error_code"], attempt["worker_id"]) == (
+        "lost",
+        "WORKER_LOST",
+        "w-dead",
+    )
+    assert attempt["finished_at"] is not None
+    assert await _hold_status(fresh_pool, orphaned) == "held", "a requeued job keeps its hold"
+    # The live worker's job is left alone.
+    row = await seed.job_row(alive)
+    assert (row["status"], row["claimed_by"]) == ("processing", "w-alive")
+    assert await seed.outbox_rows(alive) == []
+    assert (await _attempt(fresh_pool, alive, 1))["status"] == "processing"
+    workers = await fresh_pool.fetch("SELECT worker_id, status FROM workers ORDER BY worker_id")
+    assert {r["worker_id"]: r["status"] for r in workers} == {"w-alive": "running", "w-dead": "dead"}
+    assert await _balance(fresh_pool, tenant) == (BALANCE, 2 * HOLD)
+    assert await Reaper(fresh_pool, credits.stub, PREFIX, dead_worker_seconds=120).run_once() == ReapResult()
+
+
+async def test_old_job_directories_of_finished_jobs_are_removed(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits, tmp_path: Path
+) -> None:
+    tenant = await seed.tenant()
+    completed = await seed.job(tenant, status="completed", attempt_count=1)
+    processing = await seed.job(tenant, status="processing", attempt_count=1, claimed_by="w-a", lease_in=300)
+    failed_recently = await seed.job(tenant, status="failed", attempt_count=3)
+    jobs = tmp_path / "w1" / "jobs"
+    old = time.time() - 3600
+    dirs = {}
+    for name in (str(completed), str(processing), str(failed_recently), "not-a-job"):
+        (jobs / name / "input").mkdir(parents=True)
+        (jobs / name / "input" / "source").write_bytes(b"half a file")
+        dirs[name] = jobs / name
+    for name in (str(completed), str(processing), "not-a-job"):
+        os.utime(dirs[name], (old, old))
+    reaper = Reaper(
+        fresh_pool,
+        credits.stub,
+        PREFIX,
+        work_dirs=(tmp_path / "w1", tmp_path / "missing"),
+        orphan_dir_seconds=600,
+    )
+
+    result = await reaper.run_once()
+
+    assert result == ReapResult(removed_dirs=1)
+    assert sorted(p.name for p in jobs.iterdir()) == sorted(
+        [str(processing), str(failed_recently), "not-a-job"]
+    )
+    assert (dirs[str(processing)] / "input" / "source").read_bytes() == b"half a file"
+    assert await reaper.run_once() == ReapResult()
+    # Once old, the finished job's directory goes too; the running one's stays.
+    os.utime(dirs[str(failed_recently)], (old, old))
+    assert await reaper.run_once() == ReapResult(removed_dirs=1)
+    assert sorted(p.name for p in jobs.iterdir()) == sorted([str(processing), "not-a-job"])
+
+
+async def test_a_lost_attempt_does_not_use_up_max_attempts(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """A job whose worker was lost on attempt max_attempts is queued again: the loss was not the
+    job's doing (a kill, a node going away), and it has its own budget, MAX_LOST_ATTEMPTS."""
+    tenant = await seed.tenant(balance=BALANCE)
+    job_id = await seed.job(
+        tenant, status="processing", attempt_count=3, max_attempts=3, claimed_by="w-a", lease_in=-5
+    )
+    await _hold(credits, tenant, job_id)
+
+    assert await Reaper(fresh_pool, credits.stub, PREFIX).run_once() == ReapResult(requeued_expired=1)
+
+    row = await seed.job_row(job_id)
+    assert (row["status"], row["attempt_count"], row["lost_attempts"], row["error_code"]) == (
+        "queued",
+        3,
+        1,
+        None,
+    )
+    assert len(await seed.outbox_rows(job_id)) == 1
+    assert await _hold_status(fresh_pool, job_id) == "held"
+
+
+async def test_a_hold_whose_job_was_never_created_is_released_after_the_grace(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """The gateway holds credits, then creates the jobs in its own transaction; when it dies in
+    between (or that transaction and its Release both fail), the hold has no job."""
+    tenant = await seed.tenant(balance=BALANCE)
+    orphan = uuid.uuid4()
+    await _hold(credits, tenant, orphan)
+    reaper = Reaper(fresh_pool, credits.stub, PREFIX, settle_grace_seconds=1)
+    assert await reaper.run_once() == ReapResult(), "a job may still be on its way"
+    await fresh_pool.execute(
+        "UPDATE credit_holds SET created_at = now() - interval '2 seconds' WHERE job_id = $1", orphan
+    )
+
+    assert await reaper.run_once() == ReapResult(settled_holds=1)
+
+    assert await _hold_status(fresh_pool, orphan) == "released"
+    assert await _balance(fresh_pool, tenant) == (BALANCE, 0)

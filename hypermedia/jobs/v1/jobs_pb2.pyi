@@ -246,17 +246,24 @@ class Job(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    LOST_ATTEMPTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     object_id: _builtins.str
     operation: _builtins.str
     status: Global___JobStatus.ValueType
     priority: _builtins.int
     attempt_count: _builtins.int
+    """Attempts started, including those lost to the infrastructure."""
     max_attempts: _builtins.int
+    """Most attempts that may fail on the job's own account (errors, timeouts)."""
     error_code: _builtins.str
     error_message: _builtins.str
     estimated_credits: _builtins.str
     actual_credits: _builtins.str
+    lost_attempts: _builtins.int
+    """Attempts lost to the infrastructure (worker killed or stuck, handed back at a drain); they do
+    not count against max_attempts.
+    """
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -286,10 +293,11 @@ class Job(_message.Message):
         started_at: _timestamp_pb2.Timestamp | None = ...,
         completed_at: _timestamp_pb2.Timestamp | None = ...,
         outputs: _abc.Iterable[Global___JobOutput] | None = ...,
+        lost_attempts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "params", b"params", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "priority", b"priority", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "priority", b"priority", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,73 @@
+"""The supervisor of ``hypermedia up`` restarting real processes that die."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from hypermedia import platform
+from hypermedia.platform import Platform, ServiceProcess
+
+
+def _crashing(tmp_path: Path) -> tuple[Platform, ServiceProcess]:
+    """A platform supervising one process that dies at once (its module does not exist)."""
+    plat = Platform(tmp_path, services=())
+    proc = ServiceProcess(
+        "broken", "does_not_exist", dict(os.environ), tmp_path / "broken.log", tmp_path / "broken.pid"
+    )
+    plat.procs.append(proc)
+    proc.start()
+    return plat, proc
+
+
+def _supervise(plat: Platform, seconds: float) -> list[float]:
+    """Run the supervisor for ``seconds``; returns the times (s from now) of each restart."""
+    started = time.monotonic()
+    restarts = []
+    while time.monotonic() - started < seconds:
+        if plat.supervise_once():
+            restarts.append(time.monotonic() - started)
+        time.sleep(0.05)
+    return restarts
+
+
+def test_a_process_dying_at_start_is_restarted_with_doubling_delays_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(platform, "CRASH_LOOP_RESTARTS", 3)
+    plat, proc = _crashing(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="hypermedia.platform"):
+        restarts = _supervise(plat, 7.8)
+    gaps = [b - a for a, b in zip([0.0, *restarts], restarts, strict=False)]
+    # Deaths come ~0.1 s after each start; the waits are 1, 2, 4 s.
+    assert len(restarts) == 3, restarts
+    assert [round(g) for g in gaps[1:]] == [2, 4], gaps
+    assert proc.process is not None and int(proc.pid_path.read_text()) == proc.process.pid
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("service broken exited with code 1; restarting in 1s" in m for m in messages), messages
+    assert any(
+        "(crash-looping)" in m and r.levelno == logging.ERROR
+        for m, r in zip(messages, caplog.records, strict=True)
+    )
+    assert "No module named services.does_not_exist" in proc.log_path.read_text()
+
+
+def test_a_process_that_had_started_fine_is_restarted_after_the_shortest_delay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(platform, "STABLE_SECONDS", 0.0)  # every run counts as a good start
+    plat, _proc = _crashing(tmp_path)
+    restarts = _supervise(plat, 4.6)
+    gaps = [b - a for a, b in zip([0.0, *restarts], restarts, strict=False)]
+    assert len(restarts) >= 3 and all(g < 1.6 for g in gaps), gaps
+
+
+def test_scale_is_only_for_worker_services(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="gateway cannot be scaled"):
+        Platform(tmp_path, scale={"gateway": 2})
+    with pytest.raises(ValueError, match=r"must be 1\.\.16"):
+        Platform(tmp_path, scale={"imageworker": 0})
