@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 
-from hypermedia import contenttype, lifecycle
+from hypermedia import contenttype, db, lifecycle
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import (
     Conflict,
@@ -185,6 +185,8 @@ class JobsAPI:
 
         Order (the seed's): object exists and is the caller's → profile per operation → estimate →
         hold credits (402 before anything is stored) → job rows + outbox rows in one transaction.
+        With an ``idempotency_key`` the transaction first takes an advisory lock on (account, key)
+        and replays an earlier request with the key, so concurrent duplicates hold credits once.
 
         Raises:
             NotFound: unknown object or not the caller's. InvalidArgument: unknown operation, bad
@@ -247,30 +249,41 @@ class JobsAPI:
         )
         job_ids = [str(uuid.uuid4()) for _ in normalised]
         amounts = [e.millicredits for e in estimate.estimates]
-        await call(
-            self._credits.Hold,
-            credits_pb2.HoldRequest(
-                account_id=caller.account_id,
-                holds=[
-                    credits_pb2.JobHold(job_id=j, millicredits=a)
-                    for j, a in zip(job_ids, amounts, strict=True)
-                ],
-            ),
-        )
         request_id = uuid.uuid4()
+        held = False
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 if idempotency_key:
-                    inserted = await conn.fetchval(
-                        "INSERT INTO process_requests (account_id, idempotency_key, request_hash, request_id) "
-                        "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1",
+                    # Duplicates of one key wait here for the first to commit, then replay it:
+                    # they must not hold credits of their own (a retrying client could get a 402).
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                        f"process-request:{caller.account_id}:{idempotency_key}",
+                    )
+                    replay = await self._replay(caller, idempotency_key, request_hash, conn)
+                    if replay is not None:
+                        return replay
+                await call(
+                    self._credits.Hold,
+                    credits_pb2.HoldRequest(
+                        account_id=caller.account_id,
+                        holds=[
+                            credits_pb2.JobHold(job_id=j, millicredits=a)
+                            for j, a in zip(job_ids, amounts, strict=True)
+                        ],
+                    ),
+                )
+                held = True
+                if idempotency_key:
+                    await conn.execute(
+                        "INSERT INTO process_requests (account_id, idempotency_key, request_hash, request_id, job_ids) "
+                        "VALUES ($1, $2, $3, $4, $5::uuid[])",
                         caller.account_id,
                         idempotency_key,
                         request_hash,
                         request_id,
+                        job_ids,
                     )
-                    if inserted is None:
-                        raise _ReplayRace()
                 for job_id, (name, params, profile), amount in zip(job_ids, normalised, amounts, strict=True):
                     await conn.execute(
                         """
@@ -294,23 +307,27 @@ class JobsAPI:
                         idempotency_key,
                     )
                     await lifecycle.enqueue_outbox(conn, self._prefix, job_id, profile["queue"], priority)
-        except BaseException as exc:
-            for job_id in job_ids:
-                try:
-                    await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
-                except DomainError:
-                    log.exception("could not release the hold of an uncreated job")
-            if isinstance(exc, _ReplayRace) and idempotency_key:
-                replay = await self._replay(caller, idempotency_key, request_hash)
-                if replay is not None:
-                    return replay
+        except BaseException:
+            if held:
+                for job_id in job_ids:
+                    try:
+                        await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
+                    except DomainError:
+                        # The reaper releases holds whose job was never created.
+                        log.exception("could not release the hold of an uncreated job")
             raise
         self._relay.wake.set()
         return {"job_ids": job_ids, "estimated_credits": credits_value(estimate.total_millicredits)}
 
-    async def _replay(self, caller: Caller, key: str, request_hash: str) -> dict[str, Any] | None:
-        row = await self._pool.fetchrow(
-            "SELECT request_hash, request_id FROM process_requests WHERE account_id = $1 AND idempotency_key = $2",
+    async def _replay(
+        self, caller: Caller, key: str, request_hash: str, conn: db.Connection | None = None
+    ) -> dict[str, Any] | None:
+        """The answer of the earlier request with this key (job ids in the order of its operations),
+        None when the key is new. Raises Conflict when the key came with another request."""
+        reader = conn if conn is not None else self._pool
+        row = await reader.fetchrow(
+            "SELECT request_hash, request_id, job_ids FROM process_requests"
+            " WHERE account_id = $1 AND idempotency_key = $2",
             caller.account_id,
             key,
         )
@@ -318,12 +335,13 @@ class JobsAPI:
             return None
         if row["request_hash"] != request_hash:
             raise Conflict("this Idempotency-Key was used with a different request", "IDEMPOTENCY_KEY_REUSED")
-        jobs = await self._pool.fetch(
+        jobs = await reader.fetch(
             "SELECT job_id, estimated_credits FROM processing_jobs WHERE request_id = $1 ORDER BY created_at, job_id",
             row["request_id"],
         )
+        order = [str(j) for j in row["job_ids"]] if row["job_ids"] else [str(j["job_id"]) for j in jobs]
         return {
-            "job_ids": [str(j["job_id"]) for j in jobs],
+            "job_ids": order,
             "estimated_credits": credits_value(sum(j["estimated_credits"] for j in jobs)),
         }
 
@@ -456,7 +474,3 @@ class JobsAPI:
             "held": credits_value(response.held_millicredits),
             "available": credits_value(response.balance_millicredits - response.held_millicredits),
         }
-
-
-class _ReplayRace(Exception):
-    """Another request with the same Idempotency-Key committed first."""

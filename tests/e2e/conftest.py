@@ -4,6 +4,7 @@ client would."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -15,8 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import psycopg
 import pytest
 
 from hypermedia.embedded import free_port
@@ -158,3 +161,18 @@ def upload(client: httpx.Client, path: Path, name: str | None = None) -> dict[st
     response = client.post("/v1/objects", files={"file": (name or path.name, path.read_bytes())})
     assert response.status_code == 201, response.text
     return dict(response.json())
+
+
+@contextlib.contextmanager
+def own_database(database_url: str, tag: str) -> Iterator[str]:
+    """A fresh database on the session's server (``hypermedia up`` migrates it), dropped afterwards:
+    for a module whose platform must not share jobs with another platform's reaper."""
+    name = f"hm_{tag}_{secrets.token_hex(4)}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    parts = urlsplit(database_url)
+    try:
+        yield urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -9,7 +9,6 @@ database would republish their jobs to its own workers.
 
 from __future__ import annotations
 
-import secrets
 import signal
 import socket
 import subprocess
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import httpx
@@ -30,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hypermedia.embedded import free_port
 from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import REPO, RunningPlatform, start_platform, upload, wait_job
+from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_job
 from tests.e2e.slowjob import make_slow_png
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
@@ -46,15 +44,8 @@ T = TypeVar("T")
 @pytest.fixture(scope="module")
 def faults_database_url(database_url: str) -> Iterator[str]:
     """A database of this module's own on the session's server (`hypermedia up` migrates it)."""
-    name = f"hm_faults_{secrets.token_hex(4)}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    parts = urlsplit(database_url)
-    try:
-        yield urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-    finally:
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with own_database(database_url, "faults") as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")
