@@ -104,6 +104,9 @@ class WorkerSettings(_Settings):
     drain_seconds: float = Field(35.0, gt=0, validation_alias="HM_DRAIN_SECONDS")
     min_available_memory_mb: int = Field(512, ge=0, validation_alias="HM_MIN_AVAILABLE_MEMORY_MB")
     """Admission closes while available memory is below this (MiB)."""
+    min_pid_headroom: int = Field(64, ge=0, validation_alias="HM_MIN_PID_HEADROOM")
+    """Admission closes while fewer processes/threads than this may still be started (the
+    cgroup's pids.max, else the kernel's limits): a job may use up to 16 (RLIMIT_NPROC)."""
     sandbox_uid_base: int = Field(61000, ge=1, le=2**31 - 1 - 64, validation_alias="HM_SANDBOX_UID_BASE")
     """When the worker runs as root, slot i's jobs run as uid ``base + i`` (no passwd entry
     needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""

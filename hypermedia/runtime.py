@@ -5,7 +5,8 @@ One :class:`WorkerRuntime` per worker process:
 - **identity**: ``{deployment}/{role}/{host}/{boot}/g{generation}/{pid}`` (deployment, boot id, role,
   generation, as in the app:worker reference), registered in ``workers``;
 - **admission**: a fixed number of slots; admission also closes while available memory is below
-  ``HM_MIN_AVAILABLE_MEMORY_MB`` and reopens on a fresh sample;
+  ``HM_MIN_AVAILABLE_MEMORY_MB`` or the PID headroom below ``HM_MIN_PID_HEADROOM``, and reopens on
+  a fresh sample;
 - **fetch → claim → ack**: messages come in priority order (:class:`queues.PriorityFetcher`); the
   job is claimed in Postgres and the message acknowledged once the claim is decided (``term`` when
   the job is no longer claimable). From then on the Postgres lease (``visibility_timeout``) guards
@@ -99,24 +100,51 @@ def available_memory_mb() -> int:
     return int(psutil.virtual_memory().available // (1024 * 1024))
 
 
+def pid_headroom() -> int:
+    """Processes and threads this worker may still start: ``pids.max − pids.current`` of its cgroup
+    v2 when the pids controller limits it (a container's ``pids-limit``), else the host's
+    ``min(kernel.pid_max, kernel.threads-max)`` minus the scheduling entities that exist now (the
+    total of ``/proc/loadavg``'s fourth field, see proc(5))."""
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "pids.max").read_text().strip()
+        if limit != "max":
+            return max(0, int(limit) - int((cgroup / "pids.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    kernel = Path("/proc/sys/kernel")
+    ceiling = min(int((kernel / "pid_max").read_text()), int((kernel / "threads-max").read_text()))
+    tasks = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    return max(0, ceiling - tasks)
+
+
 @dataclass
 class Admission:
-    """Slots plus a memory gate. ``reason`` says why admission is open or closed."""
+    """Slots plus memory and PID gates. ``reason`` says why admission is open or closed; the gates
+    reopen on the next fresh sample (every loop turn and every second while idle)."""
 
     slots: int
     min_available_mb: int
+    min_pid_headroom: int = 0
     busy: int = 0
     reason: str = "ok"
     sampled_at: float = field(default_factory=time.monotonic)
     draining: bool = False
+    available_mb: int = 0
+    """Memory available at the last sample (MiB)."""
+    pids_free: int = 0
+    """PID headroom at the last sample (:func:`pid_headroom`)."""
 
     def sample(self) -> None:
-        available_mb = available_memory_mb()
+        self.available_mb = available_memory_mb()
+        self.pids_free = pid_headroom()
         self.sampled_at = time.monotonic()
         if self.draining:
             self.reason = "draining"
-        elif available_mb < self.min_available_mb:
+        elif self.available_mb < self.min_available_mb:
             self.reason = "memory_pressure"
+        elif self.pids_free < self.min_pid_headroom:
+            self.reason = "pid_pressure"
         elif self.busy >= self.slots:
             self.reason = "slots_full"
         else:
@@ -163,7 +191,9 @@ class WorkerRuntime:
         self._sandbox = sandbox
         self._handler = handler
         self._http = http
-        self.admission = Admission(settings.slots, settings.min_available_memory_mb)
+        self.admission = Admission(
+            settings.slots, settings.min_available_memory_mb, settings.min_pid_headroom
+        )
         self.running: dict[str, lifecycle.ClaimedJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_free = asyncio.Event()

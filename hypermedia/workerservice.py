@@ -45,6 +45,8 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
             jobs_completed=rt.jobs_completed,
             jobs_failed=rt.jobs_failed,
             started_at=started,
+            available_memory_mb=rt.admission.available_mb,
+            pid_headroom=rt.admission.pids_free,
         )
 
 

@@ -142,3 +142,4 @@ def test_worker_status_shows_slots_and_admission(platform: RunningPlatform) -> N
     assert status.reason in ("ok", "slots_full") and status.admission_open == (status.reason == "ok")
     assert status.worker_id.startswith("local/imageworker/")
     assert 0 <= status.sample_age_seconds < 5
+    assert status.available_memory_mb > 512 and status.pid_headroom > 64

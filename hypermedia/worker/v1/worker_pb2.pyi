@@ -46,16 +46,22 @@ class GetStatusResponse(_message.Message):
     JOBS_COMPLETED_FIELD_NUMBER: _builtins.int
     JOBS_FAILED_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
+    AVAILABLE_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    PID_HEADROOM_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     queue: _builtins.str
     slots_total: _builtins.int
     slots_busy: _builtins.int
     admission_open: _builtins.bool
     reason: _builtins.str
-    """Why admission is open or closed, e.g. "ok", "memory_pressure", "draining"."""
+    """Why admission is open or closed: "ok", "slots_full", "memory_pressure", "pid_pressure", "draining"."""
     sample_age_seconds: _builtins.float
     jobs_completed: _builtins.int
     jobs_failed: _builtins.int
+    available_memory_mb: _builtins.int
+    """Memory available to the worker at the last sample, MiB (cgroup limit minus usage, else host)."""
+    pid_headroom: _builtins.int
+    """Processes/threads that may still be started at the last sample (cgroup pids.max, else kernel)."""
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -71,10 +77,12 @@ class GetStatusResponse(_message.Message):
         jobs_completed: _builtins.int = ...,
         jobs_failed: _builtins.int = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
+        available_memory_mb: _builtins.int = ...,
+        pid_headroom: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "queue", b"queue", "reason", b"reason", "sample_age_seconds", b"sample_age_seconds", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "started_at", b"started_at", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "available_memory_mb", b"available_memory_mb", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "pid_headroom", b"pid_headroom", "queue", b"queue", "reason", b"reason", "sample_age_seconds", b"sample_age_seconds", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "started_at", b"started_at", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
