@@ -30,6 +30,12 @@ Shape::
   also keeps one job's threads from starving another's.
 * **Network**: with root, each child gets an empty network namespace (``unshare(CLONE_NEWNET)``);
   measured cost about 1.5 ms per job, so it is on by default (``isolate_network``).
+* **Files**: the job dir is the only place the child can write. Its uid owns nothing else, and
+  with root each child also gets a mount namespace (``unshare(CLONE_NEWNS)``) in which the
+  world-writable directories (:data:`SHARED_WRITABLE_DIRS`: ``/tmp``, ``/var/tmp``, ``/dev/shm``,
+  …) are empty read-only tmpfs mounts — the job dir, when it lies under one of them, is
+  bind-mounted back in place. Without root (or where the namespace is refused) those directories
+  stay writable to the job; the report says so and the worker logs it once.
 * The **result** travels as JSON only (a child handles hostile input; its report is parsed as
   data, never unpickled), at most :data:`MAX_REPORT_BYTES`. Outputs are rebuilt as
   :class:`OutputFile` and must be regular files (not symlinks) directly inside ``output/``.
@@ -90,6 +96,13 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+# uapi/linux/mount.h
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+
+SHARED_WRITABLE_DIRS: Final = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
+"""Directories every user may write to (mode 1777 on Debian); hidden from jobs (see module doc)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +225,7 @@ class Sandbox:
         self._reader: asyncio.Task[None] | None = None
         self._jobs: dict[str, _Job] = {}
         self._warned_network = False
+        self._warned_files = False
         self._restart = asyncio.Lock()
 
     @property
@@ -451,6 +465,9 @@ class Sandbox:
         if report is not None and report.get("netns") is False and not self._warned_network:
             self._warned_network = True
             log.warning("sandbox: network namespace isolation failed; jobs keep the host network")
+        if report is not None and report.get("mountns") is False and not self._warned_files:
+            self._warned_files = True
+            log.warning("sandbox: mount namespace refused; jobs can write the shared temp directories")
         if report is not None and report.get("ok") is True:
             try:
                 outputs = [self._output(job, raw) for raw in report.get("outputs", [])]
@@ -712,10 +729,46 @@ class _Zygote:
             )
 
 
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def c(value: str | None) -> bytes | None:
+        return None if value is None else value.encode()
+
+    if _libc.mount(c(source), c(target), c(fstype), flags, c(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _confine_files(job_dir: str) -> bool:
+    """In a new mount namespace, cover each of :data:`SHARED_WRITABLE_DIRS` with an empty,
+    read-only, nosuid/nodev/noexec tmpfs; a job dir under one of them is bind-mounted back at its
+    path first. Needs CAP_SYS_ADMIN (root); False when the namespace is refused. Mount flags:
+    mount(2), mount_namespaces(7)."""
+    if _libc.unshare(_CLONE_NEWNS) != 0:
+        return False
+    job_fd = os.open(job_dir, os.O_PATH | os.O_DIRECTORY)
+    try:
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing leaks back to the host
+        hardening = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        for shared in SHARED_WRITABLE_DIRS:
+            if os.path.islink(shared) or not os.path.isdir(shared):
+                continue
+            _mount("tmpfs", shared, "tmpfs", hardening, "size=16k,mode=0755")
+            inside = os.path.relpath(job_dir, shared)
+            if not inside.startswith(".."):
+                target = os.path.join(shared, inside)
+                os.makedirs(target, mode=0o755, exist_ok=True)
+                _mount(f"/proc/self/fd/{job_fd}", target, None, _MS_BIND)
+            _mount(None, shared, None, _MS_REMOUNT | _MS_RDONLY | hardening, "size=16k,mode=0755")
+    finally:
+        os.close(job_fd)
+    return True
+
+
 def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
     """Runs in the forked child: confine, run the entry, write a JSON report, exit."""
     report: dict[str, Any]
     netns: bool | None = None
+    mountns: bool | None = None
     try:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
@@ -730,6 +783,8 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         report_fd = 3
         if request["isolate_network"]:
             netns = _libc.unshare(_CLONE_NEWNET) == 0
+        if request["uid"] is not None:
+            mountns = _confine_files(request["job_dir"])
         limits = request["limits"]
         cpu = int(limits["cpu_seconds"])
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -780,6 +835,7 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
     except BaseException:
         report = _internal_report()
     report["netns"] = netns
+    report["mountns"] = mountns
     try:
         data = json.dumps(report, allow_nan=False).encode()
     except (TypeError, ValueError):

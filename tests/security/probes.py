@@ -1,0 +1,76 @@
+"""Sandbox entries that attack their own sandbox (run by tests/security/test_sandbox_probes.py).
+
+Each reports what it managed to do as the metadata of one output file."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import socket
+import time
+from pathlib import Path
+
+from hypermedia.sandbox import OutputFile
+
+
+def _report(out_dir: Path, facts: dict) -> list[OutputFile]:
+    (out_dir / "report.txt").write_text("ok")
+    return [OutputFile("report", "report.txt", "text/plain", facts)]
+
+
+def fork_bomb(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Fork until refused; the children sleep (the sandbox must kill them with the job)."""
+    started, refused = 0, None
+    for _ in range(200):
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            refused = errno.errorcode.get(exc.errno, str(exc.errno))
+            break
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        started += 1
+    return _report(out_dir, {"started": started, "refused": refused})
+
+
+def connect(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Try a TCP connection to ``params["port"]`` on loopback and to a public address."""
+    results = {}
+    for host, port in (("127.0.0.1", params["port"]), ("1.1.1.1", 80)):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.settimeout(2)
+                sock.connect((host, port))  # a numeric address: no resolver involved
+                results[host] = "connected"
+        except OSError as exc:
+            results[host] = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    return _report(out_dir, results)
+
+
+def write_outside(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Try to create a file in each of ``params["paths"]``; returns path → outcome."""
+    outcome = {}
+    for directory in params["paths"]:
+        target = os.path.join(directory, "hm-probe-escape")
+        try:
+            with open(target, "x") as fh:
+                fh.write("escaped")
+            outcome[directory] = "written"
+        except OSError as exc:
+            outcome[directory] = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    own = Path.cwd() / "inside.txt"
+    own.write_text("fine")
+    outcome["job_dir"] = "written" if own.read_text() == "fine" else "failed"
+    return _report(out_dir, outcome)
+
+
+def limits(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """The rlimits the job runs under."""
+    names = ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NPROC", "RLIMIT_CORE")
+    facts = {name: list(resource.getrlimit(getattr(resource, name))) for name in names}
+    with contextlib.suppress(OSError):
+        facts["dumpable"] = Path("/proc/self/status").read_text().count("NoNewPrivs:\t1")
+    return _report(out_dir, facts)

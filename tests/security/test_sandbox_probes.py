@@ -1,0 +1,139 @@
+"""Code-level probes run inside the real sandbox: each tries to break out of one limit.
+
+What holds everywhere: rlimits, the process group kill, no core dumps. What needs root (and
+holds on this machine, which runs the suite as root): the unprivileged uid, the empty network
+namespace, the read-only shared temp directories. See docs/security.md."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hypermedia.sandbox import SHARED_WRITABLE_DIRS, Sandbox, SandboxLimits, SandboxResult
+from tests.security.conftest import Listener
+
+PROBES = "tests.security.probes"
+LIMITS = SandboxLimits(cpu_seconds=5, wall_seconds=10, memory_bytes=512 << 20, fsize_bytes=1 << 20)
+IS_ROOT = os.geteuid() == 0
+root_only = pytest.mark.skipif(not IS_ROOT, reason="uid drop and namespaces need root")
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_root: Path) -> Path:
+    """Under /tmp on purpose: the job dir must stay writable when /tmp is hidden from the job."""
+    path = tmp_root / f"probes-{secrets.token_hex(4)}"
+    path.mkdir(mode=0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+async def sandbox(work_dir: Path) -> AsyncIterator[Sandbox]:
+    box = Sandbox(work_dir, preload=(PROBES,), uid=(61100, 61101) if IS_ROOT else None)
+    await box.start()
+    yield box
+    await box.close()
+
+
+async def _run(
+    box: Sandbox, entry: str, params: dict | None = None, limits: SandboxLimits = LIMITS
+) -> SandboxResult:
+    job = f"probe-{secrets.token_hex(6)}"
+    job_dir = box.prepare(job)
+    try:
+        return await box.run(
+            job, f"{PROBES}:{entry}", "probe", params or {}, job_dir / "input" / "none", limits
+        )
+    finally:
+        box.cleanup(job)
+
+
+def _facts(result: SandboxResult) -> dict:
+    assert result.error_code is None, result
+    return dict(result.outputs[0].metadata)
+
+
+async def test_rlimits_and_no_core_dumps(sandbox: Sandbox) -> None:
+    facts = _facts(await _run(sandbox, "limits"))
+    assert facts["RLIMIT_CPU"] == [5, 6]
+    assert facts["RLIMIT_AS"] == [512 << 20, 512 << 20]
+    assert facts["RLIMIT_FSIZE"] == [1 << 20, 1 << 20]
+    assert facts["RLIMIT_NPROC"] == [16, 16]
+    assert facts["RLIMIT_CORE"] == [0, 0]
+
+
+@root_only
+async def test_fork_bomb_stops_at_the_process_limit_and_dies_with_the_job(sandbox: Sandbox) -> None:
+    facts = _facts(await _run(sandbox, "fork_bomb"))
+    assert facts["refused"] == "EAGAIN" and facts["started"] < 16
+    # The children slept; the job's process group was killed with the job (SIGKILL is
+    # asynchronous: give the kernel and the zygote, their subreaper, a moment to finish them).
+    deadline = time.monotonic() + 5
+    while stragglers := _alive_with_uids(61100, 61101):
+        assert time.monotonic() < deadline, stragglers
+        await asyncio.sleep(0.05)
+
+
+def _alive_with_uids(*uids: int) -> list[tuple[int, str]]:
+    found = []
+    for proc in psutil.process_iter(["uids", "status"]):
+        if (
+            proc.info["uids"]
+            and proc.info["uids"].real in uids
+            and proc.info["status"] != psutil.STATUS_ZOMBIE
+        ):
+            found.append((proc.pid, proc.info["status"]))
+    return found
+
+
+@root_only
+async def test_no_network_not_even_loopback(sandbox: Sandbox, listener: Listener) -> None:
+    facts = _facts(await _run(sandbox, "connect", {"port": listener.port}))
+    assert facts["127.0.0.1"] in ("ENETUNREACH", "ECONNREFUSED")
+    assert facts["1.1.1.1"] in ("ENETUNREACH", "EHOSTUNREACH")
+    assert listener.connections == []
+
+
+@root_only
+async def test_nothing_outside_the_job_dir_is_writable(sandbox: Sandbox, work_dir: Path) -> None:
+    targets = [*SHARED_WRITABLE_DIRS, str(work_dir), str(work_dir / "jobs"), str(Path.cwd()), "/etc", "/root"]
+    targets = [t for t in targets if Path(t).is_dir()]  # noqa: ASYNC240
+    before = {t: sorted(os.listdir(t)) for t in targets}
+    facts = _facts(await _run(sandbox, "write_outside", {"paths": targets}))
+    assert facts.pop("job_dir") == "written"
+    assert {t: facts[t] for t in targets if facts[t] == "written"} == {}
+    assert all(facts[t] in ("EROFS", "EACCES", "EPERM") for t in targets), facts
+    for t in targets:
+        assert not (Path(t) / "hm-probe-escape").exists()
+        if t != str(work_dir / "jobs"):  # the job's own dir came and went there
+            assert sorted(os.listdir(t)) == before[t]
+
+
+async def test_memory_cpu_and_file_size_probes_end_with_specific_codes(sandbox: Sandbox) -> None:
+    """Allocation, spinning and writing past the limits: RESOURCE_LIMIT / TIMEOUT, fast."""
+    entries = "tests.unit.sandbox_entries"
+    box = Sandbox(sandbox.work_dir, preload=(entries,), uid=(61102,) if IS_ROOT else None)
+    await box.start()
+    try:
+        for entry, params, code in (
+            ("allocate", {"bytes": 1 << 30}, "RESOURCE_LIMIT"),
+            ("write_big", {"bytes": 2 << 20}, "RESOURCE_LIMIT"),
+            ("spin", {}, "TIMEOUT"),
+        ):
+            job = f"probe-{secrets.token_hex(6)}"
+            job_dir = box.prepare(job)
+            limits = SandboxLimits(cpu_seconds=1, wall_seconds=5, memory_bytes=512 << 20, fsize_bytes=1 << 20)
+            result = await box.run(
+                job, f"{entries}:{entry}", "probe", params, job_dir / "input" / "none", limits
+            )
+            box.cleanup(job)
+            assert result.error_code == code, (entry, result)
+            assert result.duration_ms < 5000
+    finally:
+        await box.close()
