@@ -59,6 +59,7 @@ class HttpServer:
         config = uvicorn.Config(
             app,
             log_level="warning",
+            log_config=None,  # uvicorn's own handlers print plain text; ours write JSON lines
             access_log=False,
             lifespan="off",
             limit_concurrency=HTTP_MAX_CONCURRENCY,
