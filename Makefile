@@ -27,7 +27,12 @@ $(STAMP): pyproject.toml uv.lock
 demo: $(STAMP)
 	$(VENV)/bin/python scripts/demo.py
 
+# Debian packages the suite runs for real (clamd for the virus-scan tests); installed when
+# missing and running as root, otherwise the script says what to install.
+DEBIAN_TEST_PACKAGES := clamav-daemon
+
 test: $(STAMP)
+	@scripts/ensure_debian_packages.sh $(DEBIAN_TEST_PACKAGES)
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)

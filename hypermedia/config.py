@@ -55,6 +55,22 @@ class GatewaySettings(_Settings):
     max_operations: int = Field(16, gt=0, le=100, validation_alias="HM_MAX_OPERATIONS")
     """Most operations in one process request."""
     relay_poll_seconds: float = Field(1.0, gt=0, validation_alias="HM_RELAY_POLL_SECONDS")
+    clamd_url: str = Field("", validation_alias="CLAMD_URL")
+    """ClamAV daemon that scans every upload before it is stored: ``unix:///run/clamav/clamd.ctl``
+    or ``tcp://host:3310``. Empty (the default): no virus scan."""
+    clamd_timeout_seconds: float = Field(60.0, gt=0, le=3600, validation_alias="HM_CLAMD_TIMEOUT_SECONDS")
+    """Longest one scan may take, connecting, sending and clamd's verdict included (seconds)."""
+    clamd_max_stream_bytes: int = Field(100 * 1024 * 1024, gt=0, validation_alias="HM_CLAMD_MAX_STREAM_BYTES")
+    """Largest upload sent to clamd (bytes); larger ones are refused while scanning is on. At most
+    clamd's ``StreamMaxLength`` (100M by default)."""
+
+    @model_validator(mode="after")
+    def _clamd_url(self) -> GatewaySettings:
+        if self.clamd_url:
+            from hypermedia.clamav import ClamdAddress  # here: only a gateway that scans needs it
+
+            ClamdAddress.parse(self.clamd_url)  # ValueError naming CLAMD_URL, not its value
+        return self
 
 
 class CreditsSettings(_Settings):

@@ -34,6 +34,11 @@ class DomainError(Exception):
         self.public_message = message
         self.error_code = error_code or self.default_code
 
+    @property
+    def details(self) -> dict[str, str]:
+        """Extra public fields of the error (a REST problem's members), e.g. ``{"signature": …}``."""
+        return {}
+
 
 class InvalidArgument(DomainError):
     """The request itself is malformed: unknown operation, bad params (HTTP 422)."""

@@ -9,7 +9,7 @@ from functools import partial
 
 import httpx
 
-from hypermedia import config, rpc
+from hypermedia import clamav, config, rpc
 from hypermedia.events import JobEventHub
 from hypermedia.httpserver import HttpServer
 from hypermedia.jobs.v1 import jobs_pb2_grpc
@@ -44,6 +44,14 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     await events.start()
     stack.push_async_callback(events.stop)
 
+    scanner: clamav.ClamdScanner | None = None
+    if settings.clamd_url:
+        scanner = clamav.ClamdScanner(
+            clamav.ClamdAddress.parse(settings.clamd_url),
+            timeout_seconds=settings.clamd_timeout_seconds,
+            max_stream_bytes=settings.clamd_max_stream_bytes,
+        )
+
     api = JobsAPI(
         pool,
         peers.storage,
@@ -54,6 +62,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         stream_prefix=infra.stream_prefix,
         max_upload_bytes=settings.max_upload_bytes,
         max_operations=settings.max_operations,
+        scanner=scanner,
     )
     authenticate = partial(auth.authenticate, pool)
 
@@ -65,6 +74,8 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             pass
         for name, chan in (("credits", peers.credits_channel), ("storage", peers.storage_channel)):
             checks[name] = await rpc.healthy(chan)
+        if scanner is not None:
+            checks["clamd"] = await scanner.ping()
         return checks
 
     grpc_server = rpc.GrpcServer(

@@ -98,7 +98,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.UploadObjectResponse:
         caller = await self._caller(context)
         obj = await self._api.upload_object(caller, request.content, request.filename)
-        return jobs_pb2.UploadObjectResponse(**obj)
+        # The response carries the fields jobs.v1 declares (the REST answer has more).
+        fields = jobs_pb2.UploadObjectResponse.DESCRIPTOR.fields_by_name
+        return jobs_pb2.UploadObjectResponse(
+            **{k: v for k, v in obj.items() if k in fields and v is not None}
+        )
 
     async def Process(
         self, request: jobs_pb2.ProcessRequest, context: grpc.aio.ServicerContext

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ import asyncpg
 import httpx
 
 from hypermedia import contenttype, db, lifecycle
+from hypermedia.clamav import ClamdScanner
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import (
     Conflict,
@@ -77,6 +80,42 @@ def _check_webhook_url(url: str) -> None:
         raise InvalidArgument("webhook_url must be an http(s) URL", "INVALID_WEBHOOK_URL")
 
 
+MAX_DISPLAY_NAME_LENGTH = 255
+"""Longest display name kept from a client's file name (characters; the usual file-name limit).
+Longer names are cut, keeping an extension of up to 16 characters."""
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f"  # ALM, LRM, RLM
+    "\u202a\u202b\u202c\u202d\u202e"  # embeddings, PDF, overrides (LRO, RLO)
+    "\u2066\u2067\u2068\u2069"  # isolates
+)
+
+
+def display_name(filename: str | None) -> str:
+    """A client's file name made safe to store and show. It stays metadata: never a path, a key or
+    part of a command (keys are ``originals/{pool_id}/{object_id}``).
+
+    NFC-normalised; control characters (NUL, C0, DEL, C1), line and paragraph separators, lone
+    surrogates and bidi controls (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C: the
+    right-to-left override shows ``invoice<RLO>gpj.exe`` as ``invoiceexe.jpg``) removed; ``/`` and
+    ``\\`` replaced by ``_``; surrounding whitespace stripped; a name of dots only dropped; cut to
+    :data:`MAX_DISPLAY_NAME_LENGTH`. Returns ``""`` when nothing is left."""
+    name = unicodedata.normalize("NFC", filename or "")
+    name = "".join(
+        "_" if ch in "/\\" else ch
+        for ch in name
+        if ch not in _BIDI_CONTROLS and unicodedata.category(ch) not in ("Cc", "Cs", "Zl", "Zp")
+    ).strip()
+    if not name.strip("."):
+        return ""
+    if len(name) > MAX_DISPLAY_NAME_LENGTH:
+        stem, dot, extension = name.rpartition(".")
+        if dot and stem and 0 < len(extension) <= 16:
+            name = f"{stem[: MAX_DISPLAY_NAME_LENGTH - len(extension) - 1]}.{extension}"
+        else:
+            name = name[:MAX_DISPLAY_NAME_LENGTH]
+    return name
+
+
 def _iso(ts: Any) -> str | None:
     return ts.isoformat() if ts is not None else None
 
@@ -96,6 +135,7 @@ class JobsAPI:
         stream_prefix: str,
         max_upload_bytes: int,
         max_operations: int,
+        scanner: ClamdScanner | None = None,
     ) -> None:
         self._pool = pool
         self._storage = storage
@@ -106,20 +146,44 @@ class JobsAPI:
         self._prefix = stream_prefix
         self.max_upload_bytes = max_upload_bytes
         self._max_operations = max_operations
+        self._scanner = scanner  # None: uploads are not scanned (CLAMD_URL unset)
 
     # -- objects ---------------------------------------------------------------------------
 
-    async def upload_object(self, caller: Caller, content: bytes, filename: str) -> dict[str, Any]:
-        """Store an original. Returns ``{object_id, pool_id, size_bytes, mime_type, sha256}``.
+    async def upload_object(
+        self, caller: Caller, content: bytes, filename: str, claimed_type: str | None = None
+    ) -> dict[str, Any]:
+        """Store an original. Returns ``{object_id, pool_id, size_bytes, mime_type, sha256,
+        filename, claimed_mime_type, name_mime_type, type_mismatch}``.
+
+        The type is decided from the content (:func:`contenttype.identify`: magic bytes; zip
+        containers inspected from their central directory and typed from inside); what the client
+        claimed (``claimed_type``, the multipart part's Content-Type, and the extension of
+        ``filename``) is recorded beside it and logged. ``filename`` is kept as a sanitised display
+        name (:func:`display_name`). Every check runs before storage is asked for anything.
 
         Raises:
             InvalidArgument: empty content. PayloadTooLarge: above ``max_upload_bytes``.
+            ArchiveRejected (``ARCHIVE_*``, 422) and MacrosNotAllowed (415) from
+            :mod:`hypermedia.archives`: a zip container that failed inspection or carries macros.
+            VirusFound, TooLargeToScan, ScannerUnavailable (``hypermedia.clamav``): the virus scan,
+            when a scanner is configured; nothing is stored then.
         """
         if not content:
             raise InvalidArgument("the file is empty", "EMPTY_FILE")
         if len(content) > self.max_upload_bytes:
             raise PayloadTooLarge(f"files are limited to {self.max_upload_bytes} bytes", "INPUT_TOO_LARGE")
-        mime = contenttype.detect(content[: contenttype.HEAD_BYTES])
+        if self._scanner is not None:
+            await self._scanner.ensure_clean(content)
+        try:
+            mime = await asyncio.to_thread(contenttype.identify, content)
+        except DomainError as exc:
+            log.info("upload refused", extra={"error_code": exc.error_code, "size_bytes": len(content)})
+            raise
+        name = display_name(filename)
+        claimed = contenttype.claimed_mime(claimed_type)
+        implied = contenttype.name_mime(name)
+        mismatch = contenttype.type_mismatch(mime, claimed, implied)
         digest = hashlib.sha256(content).hexdigest()
         created = await call(
             self._storage.CreateUpload,
@@ -129,7 +193,10 @@ class JobsAPI:
                 size_bytes=len(content),
                 mime_type=mime,
                 sha256=digest,
-                filename=(filename or "")[:255],
+                filename=name,
+                claimed_mime_type=claimed or "",
+                name_mime_type=implied or "",
+                type_mismatch=mismatch,
             ),
         )
         try:
@@ -144,12 +211,27 @@ class JobsAPI:
             storage_pb2.CompleteUploadRequest(object_id=created.object.object_id),
         )
         obj = done.object
+        log.info(
+            "upload typed from its content",
+            extra={
+                "object_id": obj.object_id,
+                "mime_type": obj.mime_type,
+                "claimed_mime_type": obj.claimed_mime_type or None,
+                "name_mime_type": obj.name_mime_type or None,
+                "type_mismatch": obj.type_mismatch,
+                "display_name": obj.filename,
+            },
+        )
         return {
             "object_id": obj.object_id,
             "pool_id": obj.pool_id,
             "size_bytes": obj.size_bytes,
             "mime_type": obj.mime_type,
             "sha256": obj.sha256,
+            "filename": obj.filename,
+            "claimed_mime_type": obj.claimed_mime_type or None,
+            "name_mime_type": obj.name_mime_type or None,
+            "type_mismatch": obj.type_mismatch,
         }
 
     # -- job creation ----------------------------------------------------------------------

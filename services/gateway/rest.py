@@ -73,8 +73,12 @@ class ObjectOut(BaseModel):
     object_id: str
     pool_id: str
     size_bytes: int
-    mime_type: str
+    mime_type: str = Field(description="The type decided from the content (magic bytes); always wins")
     sha256: str
+    filename: str = Field(description="The file name as a sanitised display name; metadata only")
+    claimed_mime_type: str | None = Field(description="The part's Content-Type, normalised; null if none")
+    name_mime_type: str | None = Field(description="The type the file name's extension implies")
+    type_mismatch: bool = Field(description="A claimed type differs from mime_type")
 
 
 class ProcessOut(BaseModel):
@@ -111,7 +115,11 @@ def build_app(
         if exc.http_status >= 500:
             log.error("request failed: %s (%s)", exc.error_code, exc.public_message)
         response = problem(
-            exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code
+            exc.http_status,
+            HTTPStatus(exc.http_status).phrase,
+            exc.public_message,
+            exc.error_code,
+            **exc.details,
         )
         if exc.http_status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="hypermedia"'
@@ -173,9 +181,10 @@ def build_app(
 
     @app.post("/v1/objects", status_code=201, response_model=ObjectOut)
     async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:
-        """Upload an original (multipart field ``file``). The type is decided from the content."""
+        """Upload an original (multipart field ``file``). The type is decided from the content; the
+        part's Content-Type and the file name's extension are recorded as claims."""
         content = await file.read(api.max_upload_bytes + 1)
-        return await api.upload_object(who, content, file.filename or "")
+        return await api.upload_object(who, content, file.filename or "", file.content_type)
 
     @app.post("/v1/hypermedia/process", status_code=202, response_model=ProcessOut)
     async def process(

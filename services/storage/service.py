@@ -34,7 +34,8 @@ MAX_FILENAME_LENGTH = 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*(;[ -~]*)?$")
 _OBJECT_COLUMNS = (
-    "object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id, created_at"
+    "object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id, created_at,"
+    " filename, claimed_mime_type, name_mime_type, type_mismatch"
 )
 
 
@@ -62,6 +63,10 @@ def _object(row: asyncpg.Record) -> storage_pb2.Object:
         state=row["state"],
         source_object_id=str(row["source_object_id"] or ""),
         created_at=_timestamp(row["created_at"]),
+        filename=row["filename"] or "",
+        claimed_mime_type=row["claimed_mime_type"] or "",
+        name_mime_type=row["name_mime_type"] or "",
+        type_mismatch=row["type_mismatch"],
     )
 
 
@@ -136,8 +141,11 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     ) -> storage_pb2.CreateUploadResponse:
         """Reserve a `pending` original in a pool of the account and presign its PUT.
 
+        The key is ``originals/{pool_id}/{object_id}``: the file name and the claimed types are
+        stored as metadata only.
+
         Errors: NOT_FOUND pool unknown or not the account's; INVALID_ARGUMENT bad size, mime type,
-        SHA-256 or file name; RESOURCE_EXHAUSTED size above ``max_put_bytes``.
+        claimed type, SHA-256 or file name; RESOURCE_EXHAUSTED size above ``max_put_bytes``.
         """
         account_id = _uuid(request.account_id, "pool")
         pool_id = _uuid(request.pool_id, "pool")
@@ -149,6 +157,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         sha256 = _sha256(request.sha256, required=True)
         if len(request.filename) > MAX_FILENAME_LENGTH or "\x00" in request.filename:
             raise InvalidArgument(f"filename must be at most {MAX_FILENAME_LENGTH} characters without NUL")
+        claimed = _mime(request.claimed_mime_type) if request.claimed_mime_type else None
+        implied = _mime(request.name_mime_type) if request.name_mime_type else None
         object_id = uuid.uuid4()
         key = original_key(pool_id, object_id)
         async with self._pool.acquire() as conn, conn.transaction():
@@ -158,8 +168,10 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 raise NotFound("pool not found")
             row = await conn.fetchrow(
                 f"""INSERT INTO objects
-                        (object_id, pool_id, key, size_bytes, mime_type, sha256, state, filename)
-                    VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7) RETURNING {_OBJECT_COLUMNS}""",
+                        (object_id, pool_id, key, size_bytes, mime_type, sha256, state, filename,
+                         claimed_mime_type, name_mime_type, type_mismatch)
+                    VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $9, $10)
+                    RETURNING {_OBJECT_COLUMNS}""",
                 object_id,
                 pool_id,
                 key,
@@ -167,6 +179,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 mime,
                 sha256,
                 request.filename or None,
+                claimed,
+                implied,
+                request.type_mismatch,
             )
             assert row is not None  # INSERT … RETURNING yields the row
             await conn.execute(

@@ -176,3 +176,17 @@ def own_database(database_url: str, tag: str) -> Iterator[str]:
     finally:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def isolated_platform(
+    tmp: Path, database_url: str, nats_url: str, tag: str, services: str | None = None, **extra_env: str
+) -> Iterator[RunningPlatform]:
+    """``start_platform`` on a database of its own (:func:`own_database`); stopped at the end, which
+    must exit 0."""
+    with own_database(database_url, tag) as dsn:
+        running = start_platform(tmp, dsn, nats_url, services, **extra_env)
+        try:
+            yield running
+        finally:
+            assert running.stop() == 0

@@ -34,6 +34,8 @@ def test_upload_process_and_get_job_over_grpc(platform: RunningPlatform, account
                 metadata=metadata,
             )
             assert obj.mime_type == "image/jpeg"
+            # The name said PNG: recorded as metadata, the content decides.
+            assert (obj.filename, obj.name_mime_type, obj.type_mismatch) == ("x.png", "image/png", True)
             op = jobs_pb2.Operation(name="thumbnail")
             op.params.update({"size": 128})
             created = await stub.Process(

@@ -16,7 +16,13 @@ import pytest
 from hypermedia.embedded import free_port
 from hypermedia.runtime import Admission, available_memory_mb, pid_headroom
 from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_job
+from tests.e2e.conftest import (
+    REPO,
+    RunningPlatform,
+    isolated_platform,
+    upload,
+    wait_job,
+)
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_1.jpg"
 
@@ -41,12 +47,10 @@ def test_samples_close_and_reopen_the_gates() -> None:
 
 @pytest.fixture(scope="module")
 def idle_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
-    with own_database(database_url, "admission") as dsn:
-        running = start_platform(tmp_root, dsn, nats_url, services="credits,storage,gateway,reaper")
-        try:
-            yield running
-        finally:
-            assert running.stop() == 0
+    with isolated_platform(
+        tmp_root, database_url, nats_url, "admission", services="credits,storage,gateway,reaper"
+    ) as running:
+        yield running
 
 
 def _worker(platform: RunningPlatform, status_port: int, **env: str) -> subprocess.Popen[bytes]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import struct
 import time
@@ -272,6 +273,48 @@ def test_metadata_is_stripped(tmp_path: Path, out_dir: Path) -> None:
         assert load(path).width > load(path).height  # upright without an orientation tag
 
 
+# Marker bytes of metadata containers: JPEG APP1 Exif/XMP and APP2 ICC, PNG text/EXIF/ICC chunks,
+# WebP EXIF/XMP/ICCP chunks, HEIF Exif items and XMP packets.
+METADATA_MARKERS = (
+    b"Exif",
+    b"ICC_PROFILE",
+    b"iCCP",
+    b"tEXt",
+    b"zTXt",
+    b"iTXt",
+    b"eXIf",
+    b"EXIF",
+    b"ICCP",
+    b"XMP ",
+)
+
+
+@pytest.mark.parametrize("container", ["jpeg", "png"])
+def test_no_output_format_carries_metadata(container: str, tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / f"meta.{container}"
+    image = pyvips.Image.new_from_file(str(EXIF / "Landscape_1.jpg")).icc_transform("srgb").copy()
+    image.set_type(pyvips.GValue.gstr_type, "exif-ifd3-GPSLatitudeRef", "N")
+    image.set_type(pyvips.GValue.gstr_type, "exif-ifd3-GPSLatitude", "51/1 30/1 1234/100")
+    image.set_type(pyvips.GValue.gstr_type, "exif-ifd0-Artist", "Jane Doe")
+    image.set_type(pyvips.GValue.blob_type, "xmp-data", b'<x:xmpmeta xmlns:x="adobe:ns:meta/"/>')
+    image.set_type(pyvips.GValue.gstr_type, "png-comment-0-Comment", "Secret comment")
+    getattr(image, f"{container}save")(str(source), keep="all")
+    fields = load(source).get_fields()
+    assert {"exif-ifd3-GPSLatitude", "xmp-data", "icc-profile-data"} <= set(fields)
+    if container == "png":
+        assert any(f.startswith("png-comment-") for f in fields)
+
+    for fmt in ("jpeg", "png", "webp", "avif"):
+        _, path = run_one("convert", {"format": fmt}, source, out_dir)
+        leaked = [
+            f for f in load(path).get_fields() if f.startswith(("exif", "xmp", "iptc", "icc", "png-comment"))
+        ]
+        assert leaked == [], (fmt, leaked)
+        data = path.read_bytes()
+        assert [m for m in METADATA_MARKERS if m in data] == [], fmt
+        assert b"Jane Doe" not in data and b"xmpmeta" not in data and b"Secret" not in data
+
+
 def test_animated_gif_gives_the_first_frame(tmp_path: Path, out_dir: Path) -> None:
     source = tmp_path / "anim.gif"
     frames = [
@@ -295,6 +338,25 @@ def test_animated_gif_gives_the_first_frame(tmp_path: Path, out_dir: Path) -> No
     assert (load(path).width, load(path).height) == (40, 30)
 
 
+def test_frames_beyond_the_page_limit_are_refused_from_the_header(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "anim.gif"
+    frames = [
+        pyvips.Image.black(20, 10).new_from_image([level, 0, 0]).cast("uchar") for level in range(0, 250, 50)
+    ]
+    animation = pyvips.Image.arrayjoin(frames, across=1).copy()
+    animation.set_type(pyvips.GValue.gint_type, "page-height", 10)
+    animation.gifsave(str(source))
+    limits = ops.ImageLimits(
+        max_pixels=LIMITS.max_pixels, max_input_bytes=LIMITS.max_input_bytes, max_pages=4
+    )
+    assert run_error(source, out_dir, limits).error_code == "INPUT_TOO_MANY_PAGES"
+    limits = ops.ImageLimits(
+        max_pixels=LIMITS.max_pixels, max_input_bytes=LIMITS.max_input_bytes, max_pages=5
+    )
+    (output,) = ops.run("thumbnail", {"size": 64}, source, out_dir, limits)
+    assert output.metadata["source_pages"] == 5
+
+
 # --- refused input ----------------------------------------------------------------------------------
 
 
@@ -314,9 +376,8 @@ def test_random_bytes_are_unsupported(tmp_path: Path, out_dir: Path) -> None:
 @pytest.mark.parametrize(
     "content",
     [
-        b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="10" height="10"/></svg>',
-        b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
         b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n",
+        b'<svg:g xmlns:svg="http://www.w3.org/2000/svg"/>',
         b"P6\n10 10\n255\n" + b"\0" * 300,
         b"1 2 3\n4 5 6\n",
         b"",
@@ -337,6 +398,19 @@ def test_truncated_jpeg_is_corrupt(tmp_path: Path, out_dir: Path) -> None:
     assert str(tmp_path) not in error.public_message
 
 
+def test_truncated_png_is_corrupt_not_a_partial_image(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "truncated.png"
+    data = pyvips.Image.thumbnail(str(EXIF / "Landscape_1.jpg"), 400).pngsave_buffer()
+    source.write_bytes(data[: len(data) * 2 // 3])
+    for operation, params in [("thumbnail", {"size": 64}), ("convert", {"format": "webp"})]:
+        with pytest.raises(PermanentJobError) as err:
+            ops.run(operation, params, source, out_dir, LIMITS)
+        assert err.value.error_code == "CORRUPT_INPUT"
+    assert os.listdir(out_dir) == [] or all(
+        (out_dir / name).stat().st_size == 0 for name in os.listdir(out_dir)
+    )
+
+
 def test_png_magic_with_garbage_is_corrupt(tmp_path: Path, out_dir: Path) -> None:
     source = tmp_path / "garbage.png"
     source.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(512))
@@ -354,6 +428,192 @@ def test_pixel_bomb_fails_fast_from_the_header(tmp_path: Path, out_dir: Path) ->
 def test_input_bigger_than_the_byte_limit(out_dir: Path) -> None:
     limits = ops.ImageLimits(max_pixels=LIMITS.max_pixels, max_input_bytes=1000)
     assert run_error(EXIF / "Landscape_1.jpg", out_dir, limits).error_code == "INPUT_TOO_LARGE"
+
+
+# --- SVG ----------------------------------------------------------------------------------------------
+
+NS = 'xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"'
+
+
+def data_uri(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def blue_png(width: int = 8, height: int = 6) -> bytes:
+    return bytes(pyvips.Image.black(width, height).new_from_image([0, 0, 255]).cast("uchar").pngsave_buffer())
+
+
+def write_svg(tmp_path: Path, body: str, size: str = 'width="40" height="30"') -> Path:
+    source = tmp_path / "input.svg"
+    source.write_text(f"<svg {NS} {size}>{body}</svg>")
+    return source
+
+
+def test_svg_with_an_id_reference_and_a_data_png_renders(tmp_path: Path, out_dir: Path) -> None:
+    source = write_svg(
+        tmp_path,
+        '<defs><linearGradient id="g"><stop offset="0" stop-color="#f00"/><stop offset="1" stop-color="#f00"/>'
+        '</linearGradient><rect id="r" width="20" height="30"/></defs>'
+        '<use href="#r" style="fill: url(#g)"/>'
+        f'<image x="20" width="20" height="30" xlink:href="{data_uri("image/png", blue_png())}" '
+        'preserveAspectRatio="none"/>',
+    )
+    output, path = run_one("convert", {"format": "png"}, source, out_dir)
+    image = load(path)
+    assert (image.width, image.height) == (40, 30) == (output.metadata["width"], output.metadata["height"])
+    assert output.metadata["source_format"] == "svg" and output.metadata["source_pages"] == 1
+    assert image.getpoint(5, 15)[:3] == pytest.approx([255, 0, 0], abs=2)
+    assert image.getpoint(30, 15)[:3] == pytest.approx([0, 0, 255], abs=2)
+
+    output, path = run_one("resize", {"width": 80}, source, out_dir)
+    assert (load(path).width, load(path).height) == (80, 60) and output.mime_type == "image/png"
+    output, path = run_one("thumbnail", {"size": 256}, source, out_dir)
+    assert (load(path).width, load(path).height) == (40, 30)  # never enlarged
+
+
+def test_svgload_is_blocked_except_for_a_vetted_document(tmp_path: Path, out_dir: Path) -> None:
+    document = f'<svg {NS} width="4" height="3"><rect width="4" height="3"/></svg>'.encode()
+    source = tmp_path / "input.svg"
+    source.write_bytes(document)
+    run_one("thumbnail", {"size": 64}, source, out_dir)
+    for load_svg in (
+        lambda: pyvips.Image.new_from_buffer(document, ""),
+        lambda: pyvips.Image.svgload_buffer(document),
+        lambda: pyvips.Image.svgload(str(source)),
+    ):
+        with pytest.raises(pyvips.Error):
+            load_svg().avg()
+
+
+def test_svg_with_a_w3c_doctype_and_no_namespace_still_renders(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "input.svg"
+    source.write_text(
+        '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
+        '<!DOCTYPE svg PUBLIC "-//W3C//DTD SVG 1.1//EN" "http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd">\n'
+        '<!-- made by hand --><svg width="10mm" height="1in" viewBox="0 0 10 20"><rect width="10" height="20"/></svg>'
+    )
+    output, _ = run_one("convert", {"format": "png"}, source, out_dir)
+    assert (output.metadata["width"], output.metadata["height"]) == (28, 72)  # 72 dpi
+
+
+HOSTILE_SVG = {
+    "xxe": ('<!DOCTYPE svg [<!ENTITY x SYSTEM "file:///etc/passwd">]>', "<text>&x;</text>", "SVG_FORBIDDEN"),
+    "parameter entity": (
+        '<!DOCTYPE svg [<!ENTITY % p SYSTEM "http://127.0.0.1:9/x.dtd"> %p;]>',
+        "",
+        "SVG_FORBIDDEN",
+    ),
+    "billion laughs": (
+        '<!DOCTYPE svg [<!ENTITY a "aaaa"><!ENTITY b "&a;&a;&a;&a;">]>',
+        "<text>&b;</text>",
+        "SVG_FORBIDDEN",
+    ),
+    "attribute default": (
+        '<!DOCTYPE svg [<!ATTLIST image href CDATA "file:///etc/passwd">]>',
+        "<image/>",
+        "SVG_FORBIDDEN",
+    ),
+    "foreign dtd": ('<!DOCTYPE svg SYSTEM "http://127.0.0.1:9/x.dtd">', "", "SVG_EXTERNAL_REFERENCE"),
+    "xinclude": (
+        "",
+        '<text><xi:include xmlns:xi="http://www.w3.org/2001/XInclude" href="/etc/passwd" parse="text"/></text>',
+        "SVG_FORBIDDEN",
+    ),
+    "xinclude namespace": ("", '<g xmlns:xi="http://www.w3.org/2001/XInclude"/>', "SVG_FORBIDDEN"),
+    "http image": ("", '<image href="http://127.0.0.1:9/x.png"/>', "SVG_EXTERNAL_REFERENCE"),
+    "file image": ("", '<image xlink:href="file:///etc/passwd"/>', "SVG_EXTERNAL_REFERENCE"),
+    "character reference": ("", '<image href="&#x66;ile:///etc/passwd"/>', "SVG_EXTERNAL_REFERENCE"),
+    "relative use": ("", '<use href="other.svg#shape"/>', "SVG_EXTERNAL_REFERENCE"),
+    "empty href": ("", '<use href=""/>', "SVG_EXTERNAL_REFERENCE"),
+    "hyperlink": (
+        "",
+        '<a href="https://example.com/"><rect width="4" height="4"/></a>',
+        "SVG_EXTERNAL_REFERENCE",
+    ),
+    "xml:base": ("", '<g xml:base="file:///etc/"><use href="#passwd"/></g>', "SVG_EXTERNAL_REFERENCE"),
+    "css import": ("", "<style>@import url(http://127.0.0.1:9/a.css);</style>", "SVG_EXTERNAL_REFERENCE"),
+    "css import string": ("", '<style><![CDATA[@IMPORT "a.css";]]></style>', "SVG_EXTERNAL_REFERENCE"),
+    "css url": ("", '<style>rect { fill: URL( "http://127.0.0.1:9/#g" ) }</style>', "SVG_EXTERNAL_REFERENCE"),
+    "style attribute url": (
+        "",
+        "<rect style=\"fill:url('file:///etc/passwd#g')\"/>",
+        "SVG_EXTERNAL_REFERENCE",
+    ),
+    "presentation attribute url": ("", '<rect filter="url(f.svg#f)"/>', "SVG_EXTERNAL_REFERENCE"),
+    "unterminated url": ("", '<rect fill="url(#g"/>', "SVG_EXTERNAL_REFERENCE"),
+    "css escape": ("", '<rect fill="\\75 rl(http://127.0.0.1:9/#g)"/>', "SVG_FORBIDDEN"),
+    "xml-stylesheet": (
+        '<?xml-stylesheet type="text/css" href="http://127.0.0.1:9/s.css"?>',
+        "",
+        "SVG_EXTERNAL_REFERENCE",
+    ),
+    "processing instruction": ("<?render fast?>", "", "SVG_FORBIDDEN"),
+    "script": ("", "<script>alert(1)</script>", "SVG_FORBIDDEN"),
+    "foreignObject": (
+        "",
+        '<foreignObject><p xmlns="http://www.w3.org/1999/xhtml">x</p></foreignObject>',
+        "SVG_FORBIDDEN",
+    ),
+    "nested svg": ("", f'<image href="{data_uri("image/svg+xml", b"<svg/>")}"/>', "SVG_FORBIDDEN"),
+    "data gif": ("", '<image href="data:image/gif;base64,R0lGODlhAQABAAAAACw="/>', "SVG_FORBIDDEN"),
+    "data not base64": ("", '<image href="data:image/png,%89PNG"/>', "SVG_FORBIDDEN"),
+    "data mislabelled": (
+        "",
+        f'<image href="{data_uri("image/png", b"GIF89a" + bytes(20))}"/>',
+        "SVG_FORBIDDEN",
+    ),
+    "data bad base64": ("", '<image href="data:image/png;base64,@@@@"/>', "CORRUPT_INPUT"),
+    "latin-1": ('<?xml version="1.0" encoding="ISO-8859-1"?>', "", "SVG_FORBIDDEN"),
+    "malformed": ("", "<rect>", "CORRUPT_INPUT"),
+    "undefined entity": ("", "<text>&nbsp;</text>", "CORRUPT_INPUT"),
+}
+
+
+@pytest.mark.parametrize(("prolog", "body", "code"), HOSTILE_SVG.values(), ids=HOSTILE_SVG.keys())
+def test_svg_that_is_not_self_contained_is_refused(
+    prolog: str, body: str, code: str, tmp_path: Path, out_dir: Path
+) -> None:
+    source = tmp_path / "input.svg"
+    source.write_text(f'{prolog}<svg {NS} width="40" height="30">{body}</svg>')
+    error = run_error(source, out_dir)
+    assert error.error_code == code
+    assert "passwd" not in error.public_message and "127.0.0.1" not in error.public_message
+
+
+def test_svg_that_is_not_utf8_is_corrupt(tmp_path: Path, out_dir: Path) -> None:
+    source = tmp_path / "input.svg"
+    source.write_bytes(f"<svg {NS}><text>".encode() + b"\xff\xfe</text></svg>")
+    assert run_error(source, out_dir).error_code == "CORRUPT_INPUT"
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        'width="100000" height="100000"',
+        'width="2000in" height="2000in"',
+        'viewBox="0 0 100000 100000"',
+        'width="100%" viewBox="0,0,100000,100000"',
+        "",  # no size at all: librsvg measures the content, libvips' header is checked
+    ],
+)
+def test_svg_pixel_bomb_is_refused_before_rendering(size: str, tmp_path: Path, out_dir: Path) -> None:
+    source = write_svg(tmp_path, '<rect width="100000" height="100000" filter="url(#b)"/>', size)
+    started = time.perf_counter()
+    assert run_error(source, out_dir).error_code == "INPUT_TOO_LARGE_PIXELS"
+    assert time.perf_counter() - started < 0.5
+
+
+def test_svg_embedded_images_count_against_the_pixel_limit(tmp_path: Path, out_dir: Path) -> None:
+    bomb = tmp_path / "bomb.png"
+    write_png_header(bomb, 100_000, 100_000)
+    source = write_svg(
+        tmp_path, f'<image width="4" height="3" href="{data_uri("image/png", bomb.read_bytes())}"/>'
+    )
+    assert run_error(source, out_dir).error_code == "INPUT_TOO_LARGE_PIXELS"
+
+    big = data_uri("image/png", blue_png(6000, 5000))  # 30 MP each, 60 MP together
+    source = write_svg(tmp_path, f'<image href="{big}"/><image href="{big}"/>')
+    assert run_error(source, out_dir).error_code == "INPUT_TOO_LARGE_PIXELS"
 
 
 # --- params and sniffing ------------------------------------------------------------------------------
@@ -426,7 +686,9 @@ def test_run_validates_params_too(out_dir: Path) -> None:
         (b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic", "image/heif"),
         (b"\x00\x00\x00\x18ftypmif1\x00\x00\x00\x00mif1heic", "image/heif"),
         (b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2", None),
-        (b"<svg xmlns=", None),
+        (b"<svg xmlns=", "image/svg+xml"),
+        (b'<?xml version="1.0"?>\n<!-- x -->\n<svg width="1">', "image/svg+xml"),
+        (b"<svgx>", None),
         (b"%PDF-1.7", None),
         (b"BM\x36\x00", None),
         (b"", None),

@@ -107,7 +107,7 @@ async def test_thumbnail_runs_in_the_sandbox_and_cleanup_removes_the_job(sandbox
 async def test_imaging_errors_come_back_as_their_codes(sandbox: Sandbox) -> None:
     job = job_id()
     source = sandbox.prepare(job) / "input" / "upload"
-    source.write_bytes(b"<svg xmlns='http://www.w3.org/2000/svg'/>")
+    source.write_bytes(b"%PDF-1.4\n")
     result = await sandbox.run(
         job,
         "hypermedia.imaging.ops:run",

@@ -86,11 +86,23 @@ class UploadObjectResponse(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     MIME_TYPE_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
+    FILENAME_FIELD_NUMBER: _builtins.int
+    CLAIMED_MIME_TYPE_FIELD_NUMBER: _builtins.int
+    NAME_MIME_TYPE_FIELD_NUMBER: _builtins.int
+    TYPE_MISMATCH_FIELD_NUMBER: _builtins.int
     object_id: _builtins.str
     pool_id: _builtins.str
     size_bytes: _builtins.int
     mime_type: _builtins.str
+    """The type read from the content's magic bytes; the only one the platform acts on."""
     sha256: _builtins.str
+    filename: _builtins.str
+    """The file name as metadata: control, bidi and path characters removed, at most 255 characters."""
+    claimed_mime_type: _builtins.str
+    """The type the client claimed, and the type its file name's extension implies ("" when none)."""
+    name_mime_type: _builtins.str
+    type_mismatch: _builtins.bool
+    """True when a claimed or name-implied type differs from mime_type."""
     def __init__(
         self,
         *,
@@ -99,10 +111,14 @@ class UploadObjectResponse(_message.Message):
         size_bytes: _builtins.int = ...,
         mime_type: _builtins.str = ...,
         sha256: _builtins.str = ...,
+        filename: _builtins.str = ...,
+        claimed_mime_type: _builtins.str = ...,
+        name_mime_type: _builtins.str = ...,
+        type_mismatch: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mime_type", b"mime_type", "object_id", b"object_id", "pool_id", b"pool_id", "sha256", b"sha256", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed_mime_type", b"claimed_mime_type", "filename", b"filename", "mime_type", b"mime_type", "name_mime_type", b"name_mime_type", "object_id", b"object_id", "pool_id", b"pool_id", "sha256", b"sha256", "size_bytes", b"size_bytes", "type_mismatch", b"type_mismatch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

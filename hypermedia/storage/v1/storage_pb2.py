@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#hypermedia/storage/v1/storage.proto\x12\x15hypermedia.storage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x01\n\x06Object\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x11\n\tmime_type\x18\x05 \x01(\t\x12\x0e\n\x06sha256\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\x18\n\x10source_object_id\x18\x08 \x01(\t\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x83\x01\n\x13\x43reateUploadRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x10\n\x08\x66ilename\x18\x06 \x01(\t\"\x86\x01\n\x14\x43reateUploadResponse\x12-\n\x06object\x18\x01 \x01(\x0b\x32\x1d.hypermedia.storage.v1.Object\x12\x0f\n\x07put_url\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"*\n\x15\x43ompleteUploadRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\"G\n\x16\x43ompleteUploadResponse\x12-\n\x06object\x18\x01 \x01(\x0b\x32\x1d.hypermedia.storage.v1.Object\"9\n\x10GetObjectRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x12\n\naccount_id\x18\x02 \x01(\t\"B\n\x11GetObjectResponse\x12-\n\x06object\x18\x01 \x01(\x0b\x32\x1d.hypermedia.storage.v1.Object\"<\n\x11PresignGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1a\n\x12\x65xpires_in_seconds\x18\x02 \x01(\x05\"Q\n\x12PresignGetResponse\x12\x0b\n\x03url\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x90\x01\n\x17PresignOutputPutRequest\x12\x18\n\x10source_object_id\x18\x01 \x01(\t\x12\x17\n\x0fprofile_version\x18\x02 \x01(\x05\x12\x13\n\x0boutput_type\x18\x03 \x01(\t\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x1a\n\x12\x65xpires_in_seconds\x18\x05 \x01(\x05\"d\n\x18PresignOutputPutResponse\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"u\n\x15RegisterOutputRequest\x12\x18\n\x10source_object_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x0e\n\x06sha256\x18\x05 \x01(\t\"G\n\x16RegisterOutputResponse\x12-\n\x06object\x18\x01 \x01(\x0b\x32\x1d.hypermedia.storage.v1.Object\"\"\n\x13\x44\x65leteOutputRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\'\n\x14\x44\x65leteOutputResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x32\xf8\x05\n\x0eStorageService\x12g\n\x0c\x43reateUpload\x12*.hypermedia.storage.v1.CreateUploadRequest\x1a+.hypermedia.storage.v1.CreateUploadResponse\x12m\n\x0e\x43ompleteUpload\x12,.hypermedia.storage.v1.CompleteUploadRequest\x1a-.hypermedia.storage.v1.CompleteUploadResponse\x12^\n\tGetObject\x12\'.hypermedia.storage.v1.GetObjectRequest\x1a(.hypermedia.storage.v1.GetObjectResponse\x12\x61\n\nPresignGet\x12(.hypermedia.storage.v1.PresignGetRequest\x1a).hypermedia.storage.v1.PresignGetResponse\x12s\n\x10PresignOutputPut\x12..hypermedia.storage.v1.PresignOutputPutRequest\x1a/.hypermedia.storage.v1.PresignOutputPutResponse\x12m\n\x0eRegisterOutput\x12,.hypermedia.storage.v1.RegisterOutputRequest\x1a-.hypermedia.storage.v1.RegisterOutputResponse\x12g\n\x0c\x44\x65leteOutput\x12*.hypermedia.storage.v1.DeleteOutputRequest\x1a+.hypermedia.storage.v1.DeleteOutputResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#hypermedia/storage/v1/storage.proto\x12\x15hypermedia.storage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa5\x02\n\x06Object\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x11\n\tmime_type\x18\x05 \x01(\t\x12\x0e\n\x06sha256\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\x18\n\x10source_object_id\x18\x08 \x01(\t\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x66ilename\x18\n \x01(\t\x12\x19\n\x11\x63laimed_mime_type\x18\x0b \x01(\t\x12\x16\n\x0ename_mime_type\x18\x0c \x01(\t\x12\x15\n\rtype_mismatch\x18\r \x01(\x08\"\xcd\x01\n\x13\x43reateUploadRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x10\n\x08\x66ilename\x18\x06 \x01(\t\x12\x19\n\x11\x63laimed_mime_type\x18\x07 \x01(\t\x12\x16\n\x0ename_mime_type\x18\x08 \x01(\t\x12\x15\n\rtype_mismatch\x18\t \x01(\x08\"\x86\x01\n\x14\x43reateUploadResponse\x12-\n\x06object\x18\x01 \x01(\x0b\x32\x1d.hypermedia.storage.v1.Object\x12\x0f\n\x07put_url\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"*\n\x15\x43ompleteUploadRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\"G\n\x16\x43ompleteUploadResponse\x12-\n\x06object\x18\x01 \x01(\x0b\x32\x1d.hypermedia.storage.v1.Object\"9\n\x10GetObjectRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x12\n\naccount_id\x18\x02 \x01(\t\"B\n\x11GetObjectResponse\x12-\n\x06object\x18\x01 \x01(\x0b\x32\x1d.hypermedia.storage.v1.Object\"<\n\x11PresignGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1a\n\x12\x65xpires_in_seconds\x18\x02 \x01(\x05\"Q\n\x12PresignGetResponse\x12\x0b\n\x03url\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x90\x01\n\x17PresignOutputPutRequest\x12\x18\n\x10source_object_id\x18\x01 \x01(\t\x12\x17\n\x0fprofile_version\x18\x02 \x01(\x05\x12\x13\n\x0boutput_type\x18\x03 \x01(\t\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x1a\n\x12\x65xpires_in_seconds\x18\x05 \x01(\x05\"d\n\x18PresignOutputPutResponse\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"u\n\x15RegisterOutputRequest\x12\x18\n\x10source_object_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x0e\n\x06sha256\x18\x05 \x01(\t\"G\n\x16RegisterOutputResponse\x12-\n\x06object\x18\x01 \x01(\x0b\x32\x1d.hypermedia.storage.v1.Object\"\"\n\x13\x44\x65leteOutputRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\'\n\x14\x44\x65leteOutputResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x32\xf8\x05\n\x0eStorageService\x12g\n\x0c\x43reateUpload\x12*.hypermedia.storage.v1.CreateUploadRequest\x1a+.hypermedia.storage.v1.CreateUploadResponse\x12m\n\x0e\x43ompleteUpload\x12,.hypermedia.storage.v1.CompleteUploadRequest\x1a-.hypermedia.storage.v1.CompleteUploadResponse\x12^\n\tGetObject\x12\'.hypermedia.storage.v1.GetObjectRequest\x1a(.hypermedia.storage.v1.GetObjectResponse\x12\x61\n\nPresignGet\x12(.hypermedia.storage.v1.PresignGetRequest\x1a).hypermedia.storage.v1.PresignGetResponse\x12s\n\x10PresignOutputPut\x12..hypermedia.storage.v1.PresignOutputPutRequest\x1a/.hypermedia.storage.v1.PresignOutputPutResponse\x12m\n\x0eRegisterOutput\x12,.hypermedia.storage.v1.RegisterOutputRequest\x1a-.hypermedia.storage.v1.RegisterOutputResponse\x12g\n\x0c\x44\x65leteOutput\x12*.hypermedia.storage.v1.DeleteOutputRequest\x1a+.hypermedia.storage.v1.DeleteOutputResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,35 +33,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hypermedia.storage.v1.stora
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OBJECT']._serialized_start=96
-  _globals['_OBJECT']._serialized_end=297
-  _globals['_CREATEUPLOADREQUEST']._serialized_start=300
-  _globals['_CREATEUPLOADREQUEST']._serialized_end=431
-  _globals['_CREATEUPLOADRESPONSE']._serialized_start=434
-  _globals['_CREATEUPLOADRESPONSE']._serialized_end=568
-  _globals['_COMPLETEUPLOADREQUEST']._serialized_start=570
-  _globals['_COMPLETEUPLOADREQUEST']._serialized_end=612
-  _globals['_COMPLETEUPLOADRESPONSE']._serialized_start=614
-  _globals['_COMPLETEUPLOADRESPONSE']._serialized_end=685
-  _globals['_GETOBJECTREQUEST']._serialized_start=687
-  _globals['_GETOBJECTREQUEST']._serialized_end=744
-  _globals['_GETOBJECTRESPONSE']._serialized_start=746
-  _globals['_GETOBJECTRESPONSE']._serialized_end=812
-  _globals['_PRESIGNGETREQUEST']._serialized_start=814
-  _globals['_PRESIGNGETREQUEST']._serialized_end=874
-  _globals['_PRESIGNGETRESPONSE']._serialized_start=876
-  _globals['_PRESIGNGETRESPONSE']._serialized_end=957
-  _globals['_PRESIGNOUTPUTPUTREQUEST']._serialized_start=960
-  _globals['_PRESIGNOUTPUTPUTREQUEST']._serialized_end=1104
-  _globals['_PRESIGNOUTPUTPUTRESPONSE']._serialized_start=1106
-  _globals['_PRESIGNOUTPUTPUTRESPONSE']._serialized_end=1206
-  _globals['_REGISTEROUTPUTREQUEST']._serialized_start=1208
-  _globals['_REGISTEROUTPUTREQUEST']._serialized_end=1325
-  _globals['_REGISTEROUTPUTRESPONSE']._serialized_start=1327
-  _globals['_REGISTEROUTPUTRESPONSE']._serialized_end=1398
-  _globals['_DELETEOUTPUTREQUEST']._serialized_start=1400
-  _globals['_DELETEOUTPUTREQUEST']._serialized_end=1434
-  _globals['_DELETEOUTPUTRESPONSE']._serialized_start=1436
-  _globals['_DELETEOUTPUTRESPONSE']._serialized_end=1475
-  _globals['_STORAGESERVICE']._serialized_start=1478
-  _globals['_STORAGESERVICE']._serialized_end=2238
+  _globals['_OBJECT']._serialized_end=389
+  _globals['_CREATEUPLOADREQUEST']._serialized_start=392
+  _globals['_CREATEUPLOADREQUEST']._serialized_end=597
+  _globals['_CREATEUPLOADRESPONSE']._serialized_start=600
+  _globals['_CREATEUPLOADRESPONSE']._serialized_end=734
+  _globals['_COMPLETEUPLOADREQUEST']._serialized_start=736
+  _globals['_COMPLETEUPLOADREQUEST']._serialized_end=778
+  _globals['_COMPLETEUPLOADRESPONSE']._serialized_start=780
+  _globals['_COMPLETEUPLOADRESPONSE']._serialized_end=851
+  _globals['_GETOBJECTREQUEST']._serialized_start=853
+  _globals['_GETOBJECTREQUEST']._serialized_end=910
+  _globals['_GETOBJECTRESPONSE']._serialized_start=912
+  _globals['_GETOBJECTRESPONSE']._serialized_end=978
+  _globals['_PRESIGNGETREQUEST']._serialized_start=980
+  _globals['_PRESIGNGETREQUEST']._serialized_end=1040
+  _globals['_PRESIGNGETRESPONSE']._serialized_start=1042
+  _globals['_PRESIGNGETRESPONSE']._serialized_end=1123
+  _globals['_PRESIGNOUTPUTPUTREQUEST']._serialized_start=1126
+  _globals['_PRESIGNOUTPUTPUTREQUEST']._serialized_end=1270
+  _globals['_PRESIGNOUTPUTPUTRESPONSE']._serialized_start=1272
+  _globals['_PRESIGNOUTPUTPUTRESPONSE']._serialized_end=1372
+  _globals['_REGISTEROUTPUTREQUEST']._serialized_start=1374
+  _globals['_REGISTEROUTPUTREQUEST']._serialized_end=1491
+  _globals['_REGISTEROUTPUTRESPONSE']._serialized_start=1493
+  _globals['_REGISTEROUTPUTRESPONSE']._serialized_end=1564
+  _globals['_DELETEOUTPUTREQUEST']._serialized_start=1566
+  _globals['_DELETEOUTPUTREQUEST']._serialized_end=1600
+  _globals['_DELETEOUTPUTRESPONSE']._serialized_start=1602
+  _globals['_DELETEOUTPUTRESPONSE']._serialized_end=1641
+  _globals['_STORAGESERVICE']._serialized_start=1644
+  _globals['_STORAGESERVICE']._serialized_end=2404
 # @@protoc_insertion_point(module_scope)

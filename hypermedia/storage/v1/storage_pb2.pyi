@@ -34,6 +34,10 @@ class Object(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     SOURCE_OBJECT_ID_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    FILENAME_FIELD_NUMBER: _builtins.int
+    CLAIMED_MIME_TYPE_FIELD_NUMBER: _builtins.int
+    NAME_MIME_TYPE_FIELD_NUMBER: _builtins.int
+    TYPE_MISMATCH_FIELD_NUMBER: _builtins.int
     object_id: _builtins.str
     pool_id: _builtins.str
     key: _builtins.str
@@ -44,6 +48,18 @@ class Object(_message.Message):
     """"pending", "available"."""
     source_object_id: _builtins.str
     """Non-empty for derived objects: the object they were derived from."""
+    filename: _builtins.str
+    """Originals: the client's file name as a display name (sanitised by the gateway); metadata only,
+    never a path or part of a key. Empty when none was given.
+    """
+    claimed_mime_type: _builtins.str
+    """Originals: the type the client claimed (its multipart Content-Type), normalised; empty when
+    none or a generic one. `mime_type`, decided from the content, always wins.
+    """
+    name_mime_type: _builtins.str
+    """Originals: the type the file name's extension implies; empty when unknown."""
+    type_mismatch: _builtins.bool
+    """Originals: a claim names another type than `mime_type`."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -58,10 +74,14 @@ class Object(_message.Message):
         state: _builtins.str = ...,
         source_object_id: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        filename: _builtins.str = ...,
+        claimed_mime_type: _builtins.str = ...,
+        name_mime_type: _builtins.str = ...,
+        type_mismatch: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "key", b"key", "mime_type", b"mime_type", "object_id", b"object_id", "pool_id", b"pool_id", "sha256", b"sha256", "size_bytes", b"size_bytes", "source_object_id", b"source_object_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed_mime_type", b"claimed_mime_type", "created_at", b"created_at", "filename", b"filename", "key", b"key", "mime_type", b"mime_type", "name_mime_type", b"name_mime_type", "object_id", b"object_id", "pool_id", b"pool_id", "sha256", b"sha256", "size_bytes", b"size_bytes", "source_object_id", b"source_object_id", "state", b"state", "type_mismatch", b"type_mismatch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -77,6 +97,9 @@ class CreateUploadRequest(_message.Message):
     MIME_TYPE_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
     FILENAME_FIELD_NUMBER: _builtins.int
+    CLAIMED_MIME_TYPE_FIELD_NUMBER: _builtins.int
+    NAME_MIME_TYPE_FIELD_NUMBER: _builtins.int
+    TYPE_MISMATCH_FIELD_NUMBER: _builtins.int
     account_id: _builtins.str
     pool_id: _builtins.str
     size_bytes: _builtins.int
@@ -84,6 +107,10 @@ class CreateUploadRequest(_message.Message):
     sha256: _builtins.str
     filename: _builtins.str
     """The client's file name: metadata only, never a path or part of a key."""
+    claimed_mime_type: _builtins.str
+    """What the client claimed about the type (see Object); recorded, never trusted."""
+    name_mime_type: _builtins.str
+    type_mismatch: _builtins.bool
     def __init__(
         self,
         *,
@@ -93,10 +120,13 @@ class CreateUploadRequest(_message.Message):
         mime_type: _builtins.str = ...,
         sha256: _builtins.str = ...,
         filename: _builtins.str = ...,
+        claimed_mime_type: _builtins.str = ...,
+        name_mime_type: _builtins.str = ...,
+        type_mismatch: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "filename", b"filename", "mime_type", b"mime_type", "pool_id", b"pool_id", "sha256", b"sha256", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "claimed_mime_type", b"claimed_mime_type", "filename", b"filename", "mime_type", b"mime_type", "name_mime_type", b"name_mime_type", "pool_id", b"pool_id", "sha256", b"sha256", "size_bytes", b"size_bytes", "type_mismatch", b"type_mismatch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
