@@ -49,7 +49,7 @@ from hypermedia.config import WorkerSettings
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.rpc import call
-from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
+from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_output
 from hypermedia.service import every
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
 
@@ -578,7 +578,8 @@ class WorkerRuntime:
 
     async def _upload(self, job: lifecycle.ClaimedJob, source: Any, path: Path, out: Any) -> lifecycle.Output:
         """Upload one output through a presigned PUT and register it with storage."""
-        data = await asyncio.to_thread(path.read_bytes)
+        # Never path.read_bytes(): the job could have swapped output/ or the file for a symlink.
+        data = await asyncio.to_thread(read_output, path.parent.parent, path.name)
         digest = hashlib.sha256(data).hexdigest()
         async for attempt in _infra_retry():
             with attempt:

@@ -25,9 +25,12 @@ Shape::
   ``RLIMIT_NPROC``, across all slots that share the uid. Children run with ``VIPS_CONCURRENCY=1``
   (throughput comes from slots, one job per core; libheif/aom follow it too), which keeps an image
   job at 4 threads at its peak (measured by ``tests/unit/sandbox_entries.py:image_threads``).
-  Under the default ``nproc=16``, one shared uid therefore fits 4 image jobs at once; give the
+  Under the default ``nproc=16``, one shared sandbox uid fits 4 image jobs at once; give the
   sandbox a pool of uids at least as large as the slots (``uid=range(...)``) for more, which
-  also keeps one job's threads from starving another's.
+  also keeps one job's threads from starving another's. Without root there is no sandbox uid:
+  jobs run as the worker's own uid, whose tasks (the worker's threads, the zygote, other jobs)
+  all count, so the limit becomes "16 more than the uid has now" (:func:`_uid_tasks`) — a bound
+  on a fork bomb, shared with concurrent jobs; the container's ``pids.max`` is the hard one.
 * **Network**: with root, each child gets an empty network namespace (``unshare(CLONE_NEWNET)``);
   measured cost about 1.5 ms per job, so it is on by default (``isolate_network``).
 * **Files**: the job dir is the only place the child can write. Its uid owns nothing else, and
@@ -95,6 +98,7 @@ _LEN = struct.Struct(">I")
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE = 4
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
 # uapi/linux/mount.h
@@ -511,11 +515,56 @@ class Sandbox:
         name = output.filename
         if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
             raise ValueError(f"output filename {name!r} is not a plain name")
-        if not stat.S_ISREG(os.lstat(job.output_dir / name).st_mode):
-            raise ValueError(f"output {name!r} is not a regular file")
+        try:
+            read_output(job.output_dir.parent, name, max_bytes=0)
+        except OSError as exc:
+            raise ValueError(f"output {name!r} is not a regular file inside output/: {exc}") from None
         if not isinstance(output.metadata, dict):
             raise TypeError("output metadata is not an object")
         return output
+
+
+def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40) -> bytes:
+    """The bytes of ``{job_dir}/output/{filename}``, opened without following a symlink at any
+    step (the job dir, ``output/`` and the file are each opened with ``O_NOFOLLOW`` relative to
+    the previous one), and only if it is a regular file with a single link. A job that replaced
+    ``output/`` or its file with a symlink, or hard-linked something in, gets an error, never the
+    bytes of a file elsewhere (the worker reading outputs may have more rights than the job).
+
+    Args:
+        max_bytes: read at most this many bytes (0: only check, return b"").
+
+    Raises:
+        OSError: ``ELOOP`` for a symlink, ``ENOTDIR``, ``ENOENT``, or ``EPERM`` when the file is not
+            a regular, singly linked file.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    dir_fd = os.open(job_dir, flags | os.O_DIRECTORY)
+    try:
+        out_fd = os.open("output", flags | os.O_DIRECTORY, dir_fd=dir_fd)
+        try:
+            fd = os.open(filename, flags | os.O_NONBLOCK, dir_fd=out_fd)
+        finally:
+            os.close(out_fd)
+    finally:
+        os.close(dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise OSError(errno.EPERM, "not a regular, singly linked file")
+        if max_bytes == 0:
+            return b""
+        chunks = []
+        remaining = min(max_bytes, info.st_size)
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _exit_from_event(event: dict[str, Any]) -> _Exit:
@@ -579,6 +628,7 @@ class _Child:
     started: float
     report: bytearray = field(default_factory=bytearray)
     overflow: bool = False
+    uid: int | None = None
 
 
 def _zygote_main() -> NoReturn:
@@ -587,6 +637,7 @@ def _zygote_main() -> NoReturn:
         importlib.import_module(module)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    make_undumpable()
     gc.freeze()  # keeps preloaded objects out of GC passes, so children share their pages longer
     _Zygote().serve()
 
@@ -668,11 +719,31 @@ class _Zygote:
                 os._exit(70)
         os.close(report_w)
         os.set_blocking(report_r, False)
-        child = _Child(request["job_id"], pid, report_r, started)
+        child = _Child(request["job_id"], pid, report_r, started, uid=request["uid"])
         self.children[pid] = child
         self.by_job[child.job_id] = child
         self.selector.register(report_r, selectors.EVENT_READ, child)
         self.emit({"event": "started", "job_id": child.job_id, "pid": pid})
+
+    @staticmethod
+    def kill_uid(uid: int) -> None:
+        """SIGKILL every process of ``uid`` — what the process-group kill cannot reach, such as a
+        grandchild that called ``setsid``. Only for a sandbox uid no running job holds now: a
+        short-lived helper takes that uid and sends ``kill(-1, SIGKILL)``, which reaches exactly
+        the processes of that uid (kill(2)). The zygote, as subreaper, then reaps them."""
+        try:
+            helper = os.fork()
+        except OSError:
+            return
+        if helper == 0:
+            try:
+                os.setgroups([])
+                os.setresuid(uid, uid, uid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(helper, 0)
 
     def read_report(self, child: _Child) -> bool:
         """Reads what is available; True at EOF (fd closed and unregistered)."""
@@ -709,6 +780,8 @@ class _Zygote:
             _, status, usage = os.wait4(pid, 0)
             if child is None:
                 continue  # an orphaned grandchild handed to us as subreaper
+            if child.uid is not None and all(c.uid != child.uid for c in self.children.values()):
+                self.kill_uid(child.uid)
             if child.report_fd >= 0:
                 self.read_report(child)
                 if child.report_fd >= 0:  # a grandchild still holds the pipe: stop listening
@@ -729,6 +802,29 @@ class _Zygote:
             )
 
 
+def make_undumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)``: this process's ``/proc/<pid>`` files become root's and it
+    cannot be ptraced, so a job running under the same uid (a worker without root) cannot read its
+    environment (``DATABASE_URL``) or memory. See prctl(2), proc(5)."""
+    _prctl(_PR_SET_DUMPABLE, 0)
+
+
+def _uid_tasks(uid: int) -> int:
+    """Tasks (threads) of ``uid`` now, from ``/proc/*/status``: what RLIMIT_NPROC counts."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                total += int(fields[b"Threads"])
+        except (OSError, KeyError, ValueError):
+            continue
+    return total
+
+
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     def c(value: str | None) -> bytes | None:
         return None if value is None else value.encode()
@@ -747,20 +843,26 @@ def _confine_files(job_dir: str) -> bool:
         return False
     job_fd = os.open(job_dir, os.O_PATH | os.O_DIRECTORY)
     try:
-        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing leaks back to the host
-        hardening = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-        for shared in SHARED_WRITABLE_DIRS:
-            if os.path.islink(shared) or not os.path.isdir(shared):
-                continue
-            _mount("tmpfs", shared, "tmpfs", hardening, "size=16k,mode=0755")
-            inside = os.path.relpath(job_dir, shared)
-            if not inside.startswith(".."):
-                target = os.path.join(shared, inside)
-                os.makedirs(target, mode=0o755, exist_ok=True)
-                _mount(f"/proc/self/fd/{job_fd}", target, None, _MS_BIND)
-            _mount(None, shared, None, _MS_REMOUNT | _MS_RDONLY | hardening, "size=16k,mode=0755")
+        return _cover_shared_dirs(job_dir, job_fd)
+    except OSError:
+        return False  # mount refused (a restricted container): the documented fallback
     finally:
         os.close(job_fd)
+
+
+def _cover_shared_dirs(job_dir: str, job_fd: int) -> bool:
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing leaks back to the host
+    hardening = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    for shared in SHARED_WRITABLE_DIRS:
+        if os.path.islink(shared) or not os.path.isdir(shared):
+            continue
+        _mount("tmpfs", shared, "tmpfs", hardening, "size=16k,mode=0755")
+        inside = os.path.relpath(job_dir, shared)
+        if not inside.startswith(".."):
+            target = os.path.join(shared, inside)
+            os.makedirs(target, mode=0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{job_fd}", target, None, _MS_BIND)
+        _mount(None, shared, None, _MS_REMOUNT | _MS_RDONLY | hardening, "size=16k,mode=0755")
     return True
 
 
@@ -790,7 +892,8 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits["fsize_bytes"], limits["fsize_bytes"]))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits["nproc"], limits["nproc"]))
+        nproc = limits["nproc"] if request["uid"] is not None else _uid_tasks(os.getuid()) + limits["nproc"]
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if request["uid"] is not None:
             os.setgroups([])

@@ -17,7 +17,7 @@ from google.protobuf import timestamp_pb2
 
 from hypermedia import config, rpc
 from hypermedia.runtime import JobHandler, WorkerRuntime
-from hypermedia.sandbox import Sandbox
+from hypermedia.sandbox import Sandbox, make_undumpable
 from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres
 from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
 
@@ -64,6 +64,9 @@ async def serve_worker(
     """
     infra = config.load(config.InfraSettings)
     settings = config.load(config.WorkerSettings)
+    # Jobs may run under this process's uid (a worker without root): keep its /proc/<pid>
+    # (environment with DATABASE_URL, memory) out of their reach.
+    make_undumpable()
     sandbox = Sandbox(
         Path(settings.work_dir),
         preload=preload,

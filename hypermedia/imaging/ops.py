@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ from hypermedia import contenttype
 from hypermedia.errors import InvalidArgument, PermanentJobError
 from hypermedia.imaging import svg
 from hypermedia.sandbox import OutputFile
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ALLOWED_LOADERS",
@@ -268,7 +271,10 @@ def _reraise_vips_error(exc: pyvips.Error) -> None:
     """Turn a libvips failure into the error the sandbox maps; the input is to blame unless the
     message says a resource ran out (RLIMIT_AS, RLIMIT_FSIZE)."""
     text = f"{exc.message} {exc.detail}".lower()
-    if "out of memory" in text or "cannot allocate memory" in text:
+    # libvips says "out of memory"; encoders under RLIMIT_AS word it their own way (libaom via
+    # libheif: "Failed to allocate context buffers"; glib: "failed to allocate N bytes").
+    if any(marker in text for marker in ("out of memory", "cannot allocate memory", "failed to allocate")):
+        log.warning("libvips ran out of memory: %s", text.strip()[:300])
         raise MemoryError("libvips ran out of memory") from exc
     if "file too large" in text:
         raise OSError(errno.EFBIG, "output exceeds the file size limit") from exc

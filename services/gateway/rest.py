@@ -100,6 +100,59 @@ class BalanceOut(BaseModel):
 
 Readiness = Callable[[], Awaitable[dict[str, bool]]]
 
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class _BodyGuard:
+    """ASGI middleware in front of the API: a request with a body to ``/v1/…`` is authenticated
+    before any of its body is read, and every body is cut off at ``limit_for(path)`` bytes by
+    counting what arrives — a chunked body has no Content-Length to check up front. Without it an
+    anonymous client could make the multipart parser spool gigabytes to the temp directory, or
+    keep up to a thousand 1 MiB parts in memory, before the 401 (found by a hostile test).
+
+    The authenticated caller is left in ``request.state.caller`` for the route's dependency.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        limit_for: Callable[[str], int],
+        authenticate: Callable[[str | None], Awaitable[Caller]],
+    ) -> None:
+        self.app = app
+        self.limit_for = limit_for
+        self.authenticate = authenticate
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        if scope["path"].startswith("/v1/"):
+            header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+            try:
+                scope.setdefault("state", {})["caller"] = await self.authenticate(header)
+            except DomainError as exc:
+                response = problem(
+                    exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code
+                )
+                if exc.http_status == 401:
+                    response.headers["WWW-Authenticate"] = 'Bearer realm="hypermedia"'
+                await response(scope, receive, send)
+                return
+        limit = self.limit_for(scope["path"])
+        received = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal received
+            message: dict[str, Any] = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise StarletteHTTPException(413, f"request bodies here are limited to {limit} bytes")
+            return message
+
+        await self.app(scope, counted, send)
+
 
 def build_app(
     api: JobsAPI,
@@ -109,6 +162,15 @@ def build_app(
     """The FastAPI application over ``api``; ``authenticate`` maps an Authorization header to a
     caller; ``readiness`` reports each dependency for ``/readyz``."""
     app = FastAPI(title="hypermedia", version="1.0", description="Queued, sandboxed, billed file processing.")
+
+    def body_limit(path: str) -> int:
+        # Uploads may be large (plus room for the multipart framing); every other body is a small
+        # JSON document.
+        return api.max_upload_bytes + 1024 * 1024 if path == "/v1/objects" else MAX_JSON_BYTES
+
+    # Added first, so it is the innermost middleware: an error raised from its receive() reaches
+    # the route directly (BaseHTTPMiddleware would wrap it in an exception group).
+    app.add_middleware(_BodyGuard, limit_for=body_limit, authenticate=authenticate)
 
     @app.exception_handler(DomainError)
     async def _domain(_request: Request, exc: DomainError) -> JSONResponse:
@@ -138,7 +200,9 @@ def build_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "INPUT_TOO_LARGE"}.get(
+            exc.status_code, "HTTP_ERROR"
+        )
         return problem(exc.status_code, "HTTP error", str(exc.detail), code)
 
     @app.exception_handler(Exception)
@@ -168,16 +232,16 @@ def build_app(
     @app.middleware("http")
     async def _limit_body(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
         length = request.headers.get("content-length")
-        # Uploads may be large; every other body is a small JSON document.
-        limit = api.max_upload_bytes + 1024 * 1024 if request.url.path == "/v1/objects" else MAX_JSON_BYTES
+        limit = body_limit(request.url.path)
         if length and length.isdigit() and int(length) > limit:
             what = "files" if limit > MAX_JSON_BYTES else "request bodies"
             exc = PayloadTooLarge(f"{what} are limited to {limit} bytes", "INPUT_TOO_LARGE")
             return problem(413, HTTPStatus(413).phrase, exc.public_message, exc.error_code)
         return await call_next(request)
 
-    async def caller(authorization: str | None = Header(None)) -> Caller:
-        return await authenticate(authorization)
+    async def caller(request: Request, authorization: str | None = Header(None)) -> Caller:
+        known = getattr(request.state, "caller", None)  # authenticated by _BodyGuard already
+        return known if isinstance(known, Caller) else await authenticate(authorization)
 
     @app.post("/v1/objects", status_code=201, response_model=ObjectOut)
     async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:

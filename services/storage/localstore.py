@@ -153,7 +153,7 @@ def _finish(file: BinaryIO, tail: bytes, tmp: str, path: Path) -> None:
     file.flush()
     os.fsync(file.fileno())
     file.close()
-    os.chmod(tmp, 0o644)
+    os.chmod(tmp, 0o600)  # only the storage service reads objects; jobs must not
     os.replace(tmp, path)
     # The rename is durable only once the directory entry is.
     dir_fd = os.open(path.parent, os.O_RDONLY)

@@ -74,3 +74,29 @@ def limits(operation: str, params: dict, input_path: Path, out_dir: Path) -> lis
     with contextlib.suppress(OSError):
         facts["dumpable"] = Path("/proc/self/status").read_text().count("NoNewPrivs:\t1")
     return _report(out_dir, facts)
+
+
+def swap_output_dir(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Replace ``output/`` with a symlink to ``params["target"]`` and claim its ``params["name"]``
+    as an output (the worker reading outputs has more rights than the job)."""
+    out_dir.rename(out_dir.with_name("output.old"))
+    out_dir.symlink_to(params["target"], target_is_directory=True)
+    return [OutputFile("stolen", params["name"], "text/plain", {})]
+
+
+def hard_linked_output(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """An output with a second name (a hard link): refused, whatever it points at."""
+    (out_dir / "a.txt").write_text("mine")
+    os.link(out_dir / "a.txt", Path.cwd() / "b.txt")
+    return [OutputFile("linked", "a.txt", "text/plain", {})]
+
+
+def escape_session(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Double-fork a grandchild into its own session (out of the job's process group) and sleep."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(60)
+        os._exit(0)
+    time.sleep(0.2)
+    return _report(out_dir, {"escaped": True})

@@ -7,8 +7,10 @@ namespace, the read-only shared temp directories. See docs/security.md."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +18,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hypermedia.sandbox import SHARED_WRITABLE_DIRS, Sandbox, SandboxLimits, SandboxResult
+from hypermedia.sandbox import (
+    SHARED_WRITABLE_DIRS,
+    Sandbox,
+    SandboxLimits,
+    SandboxResult,
+    _uid_tasks,
+    read_output,
+)
 from tests.security.conftest import Listener
 
 PROBES = "tests.security.probes"
@@ -137,3 +146,53 @@ async def test_memory_cpu_and_file_size_probes_end_with_specific_codes(sandbox: 
             assert result.duration_ms < 5000
     finally:
         await box.close()
+
+
+@root_only
+async def test_an_output_dir_swapped_for_a_symlink_gives_nothing_of_the_target(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir(mode=0o755)
+    (secret_dir / "key.pem").write_text("PRIVATE KEY")
+    (secret_dir / "key.pem").chmod(0o600)  # root's, not the job's
+    job = f"probe-{secrets.token_hex(6)}"
+    job_dir = sandbox.prepare(job)
+    try:
+        result = await sandbox.run(
+            job,
+            f"{PROBES}:swap_output_dir",
+            "probe",
+            {"target": str(secret_dir), "name": "key.pem"},
+            job_dir / "input" / "none",
+            LIMITS,
+        )
+        assert (result.error_code, result.outputs) == ("INTERNAL", [])
+        # And reading it the way the worker uploads outputs refuses the symlink.
+        with pytest.raises(OSError) as refused:
+            read_output(job_dir, "key.pem")
+        assert refused.value.errno in (errno.ELOOP, errno.ENOTDIR)  # O_NOFOLLOW|O_DIRECTORY on a symlink
+    finally:
+        sandbox.cleanup(job)
+    assert (secret_dir / "key.pem").read_text() == "PRIVATE KEY"
+
+
+async def test_a_hard_linked_output_is_refused(sandbox: Sandbox) -> None:
+    result = await _run(sandbox, "hard_linked_output")
+    assert (result.error_code, result.outputs) == ("INTERNAL", [])
+
+
+@root_only
+async def test_a_grandchild_in_its_own_session_dies_with_the_job(sandbox: Sandbox) -> None:
+    """setsid takes a process out of the job's group; the zygote kills what is left of the job's
+    uid once no running job holds it."""
+    assert _facts(await _run(sandbox, "escape_session")) == {"escaped": True}
+    deadline = time.monotonic() + 5
+    while stragglers := _alive_with_uids(61100, 61101):
+        assert time.monotonic() < deadline, stragglers
+        await asyncio.sleep(0.05)
+
+
+def test_without_a_sandbox_uid_the_process_limit_counts_the_uids_tasks() -> None:
+    """What RLIMIT_NPROC is raised by when jobs share the worker's uid (no root)."""
+    assert _uid_tasks(os.getuid()) >= threading.active_count()

@@ -696,3 +696,19 @@ def test_run_validates_params_too(out_dir: Path) -> None:
 )
 def test_sniff_mime(head: bytes, mime: str | None) -> None:
     assert ops.sniff_mime(head) == mime
+
+
+@pytest.mark.parametrize(
+    "detail",
+    [
+        "heifsave: Failed to allocate context buffers",  # libaom under RLIMIT_AS (a 100 MP AVIF)
+        "vips_tracked_malloc: out of memory --- size == 400MB",
+        "GLib: failed to allocate 1048576 bytes",
+    ],
+)
+def test_allocation_failures_are_resource_limits_not_corrupt_input(detail: str) -> None:
+    with pytest.raises(MemoryError):
+        ops._reraise_vips_error(pyvips.Error("save failed", detail))
+    with pytest.raises(PermanentJobError) as corrupt:
+        ops._reraise_vips_error(pyvips.Error("load failed", "Premature end of JPEG file"))
+    assert corrupt.value.error_code == "CORRUPT_INPUT"
