@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-SERVICES = ("gateway", "credits", "storage", "imageworker", "reaper")
+SERVICES = ("gateway", "credits", "storage", "imageworker", "docworker", "reaper")
 """Services that have an image today; each is a target of deploy/docker/Dockerfile."""
 PRIORITIES = range(1, 11)
 """Priority bands of a queue: one JetStream consumer ``{queue}-p{n}`` each."""

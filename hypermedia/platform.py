@@ -6,9 +6,10 @@ Postgres cluster and a pinned nats-server under the state directory (``./.hyperm
 run side by side; the choices are written to ``{state}/platform.json`` so that ``hypermedia admin …``
 run in the same directory talks to this platform.
 
-Worker services can run as several replicas (``hypermedia up --scale imageworker=2``): replica
-``i`` is named ``imageworker-i`` (the first keeps the plain name) and gets its own work directory
-(``{HM_WORK_DIR}-i``), status port and range of sandbox uids. Each process's pid is in
+Worker services (imageworker, docworker) can run as several replicas (``hypermedia up --scale
+imageworker=2``): replica ``i`` is named ``imageworker-i`` (the first keeps the plain name). Every
+worker process gets its own work directory (:func:`worker_work_dir`), status port and range of
+sandbox uids. Each process's pid is in
 ``{state}/run/{name}.pid`` while it runs (operators and the chaos test signal processes by it).
 
 The supervisor restarts a service process that dies, with exponential backoff over its quick
@@ -37,7 +38,7 @@ from hypermedia.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_
 
 log = logging.getLogger(__name__)
 
-SERVICES = ("credits", "storage", "gateway", "imageworker", "reaper")
+SERVICES = ("credits", "storage", "gateway", "imageworker", "docworker", "reaper")
 """Start order; stop order is the reverse."""
 STOP_GRACE_SECONDS = 45.0
 CRASH_LOOP_WINDOW_SECONDS = 60.0
@@ -58,10 +59,23 @@ def read_platform(path: Path | None = None) -> dict[str, Any]:
     return dict(json.loads(file.read_text()))
 
 
-SCALABLE = frozenset({"imageworker"})
+SCALABLE = frozenset({"imageworker", "docworker"})
 """Services that may run as several replicas on one machine (no fixed port, own work directory)."""
 UID_RANGE_PER_REPLICA = 64
-"""Sandbox uids per worker replica (``HM_WORKER_SLOTS`` is at most 64)."""
+"""Sandbox uids per worker process (``HM_WORKER_SLOTS`` is at most 64); every worker process of
+every worker service gets a range of its own, so no two jobs of different workers share a uid."""
+WORKER_ENV = {"docworker": {"HM_WORKER_QUEUE": "documents", "HM_WORKER_SLOTS": "2"}}
+"""Settings ``up`` gives every replica of a worker service, over the environment: its queue, and the
+docworker's slots (the seed's documents profile runs 2–4 jobs at once; ``HM_WORKER_SLOTS`` in the
+environment is meant for the imageworker)."""
+
+
+def worker_work_dir(base: str, service: str, replica: int) -> str:
+    """``HM_WORK_DIR`` of one worker process: ``base`` for the first imageworker, ``{base}-{i}`` for
+    imageworker replica *i*, ``{base}-{service}`` and ``{base}-{service}-{i}`` for the other worker
+    services. Never shared: a worker removes the job directories it does not run when it starts."""
+    suffix = "" if service == "imageworker" else f"-{service}"
+    return f"{base}{suffix}" if replica == 1 else f"{base}{suffix}-{replica}"
 
 
 @dataclass
@@ -174,14 +188,15 @@ class Platform:
             for name in self.services
             for i in range(1, self.scale.get(name, 1) + 1)
         ]
+        workers = [(name, i, proc_name) for name, i, proc_name in replicas if name.endswith("worker")]
         worker_env = {
             proc_name: {
-                "HM_WORK_DIR": work_dir if i == 1 else f"{work_dir}-{i}",
+                "HM_WORK_DIR": worker_work_dir(work_dir, name, i),
                 "HM_WORKER_STATUS_BIND": f"127.0.0.1:{free_port()}",
-                "HM_SANDBOX_UID_BASE": str(uid_base + UID_RANGE_PER_REPLICA * (i - 1)),
+                "HM_SANDBOX_UID_BASE": str(uid_base + UID_RANGE_PER_REPLICA * k),
+                **WORKER_ENV.get(name, {}),
             }
-            for name, i, proc_name in replicas
-            if name.endswith("worker")
+            for k, (name, i, proc_name) in enumerate(workers)
         }
         env.update(
             {

@@ -222,6 +222,9 @@ class Sandbox:
         if not is_root and any(u != os.geteuid() for u in uids):
             raise ValueError(f"sandbox uids {uids} need the worker to run as root")
         self.uids = uids if is_root else ()
+        self._sweep_uids = is_root and uid is not None
+        """Kill what is left of a job's uid when it ends: only for a pool given to this sandbox,
+        never for the shared ``nobody`` fallback (other software runs as nobody)."""
         self.isolate_network = isolate_network and is_root
         self.env = dict(env)
         self._leases: dict[str, int] = {}
@@ -393,6 +396,7 @@ class Sandbox:
                 "uid": owner[0] if owner else None,
                 "gid": owner[1] if owner else None,
                 "isolate_network": self.isolate_network,
+                "sweep_uid": self._sweep_uids,
                 "env": {**self.env, "HOME": str(job_dir), "TMPDIR": str(job_dir)},
             }
             try:
@@ -629,6 +633,7 @@ class _Child:
     report: bytearray = field(default_factory=bytearray)
     overflow: bool = False
     uid: int | None = None
+    sweep: bool = False
 
 
 def _zygote_main() -> NoReturn:
@@ -719,7 +724,14 @@ class _Zygote:
                 os._exit(70)
         os.close(report_w)
         os.set_blocking(report_r, False)
-        child = _Child(request["job_id"], pid, report_r, started, uid=request["uid"])
+        child = _Child(
+            request["job_id"],
+            pid,
+            report_r,
+            started,
+            uid=request["uid"],
+            sweep=request.get("sweep_uid", False),
+        )
         self.children[pid] = child
         self.by_job[child.job_id] = child
         self.selector.register(report_r, selectors.EVENT_READ, child)
@@ -780,7 +792,11 @@ class _Zygote:
             _, status, usage = os.wait4(pid, 0)
             if child is None:
                 continue  # an orphaned grandchild handed to us as subreaper
-            if child.uid is not None and all(c.uid != child.uid for c in self.children.values()):
+            if (
+                child.sweep
+                and child.uid is not None
+                and all(c.uid != child.uid for c in self.children.values())
+            ):
                 self.kill_uid(child.uid)
             if child.report_fd >= 0:
                 self.read_report(child)

@@ -19,6 +19,7 @@ GRPC_BIND_VARIABLES = {
     "credits": ("HM_CREDITS_BIND", "0.0.0.0:50061"),
     "storage": ("HM_STORAGE_BIND", "0.0.0.0:50062"),
     "imageworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
+    "docworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
 }
 
 

@@ -20,6 +20,7 @@ import httpx
 from hypermedia import contenttype, db, lifecycle
 from hypermedia.clamav import ClamdScanner
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.documents import params as document_params
 from hypermedia.errors import (
     Conflict,
     DomainError,
@@ -40,7 +41,7 @@ from services.gateway.auth import Caller
 log = logging.getLogger(__name__)
 
 DEFAULT_PRIORITY = 5
-PARAM_VALIDATORS = {"images": image_ops.validate_params}
+PARAM_VALIDATORS = {"images": image_ops.validate_params, "documents": document_params.validate_params}
 """Per queue: the function that normalises an operation's params or raises InvalidArgument."""
 
 

@@ -395,6 +395,8 @@ class Chaos:
         """SIGKILL a random imageworker that has been up at least :data:`MIN_UPTIME_SECONDS`."""
         alive = []
         for name in self.info["workers"]:
+            if not name.startswith("imageworker"):
+                continue  # the run's jobs are image jobs
             pid = self._pid(name)
             if pid is not None and time.time() - psutil.Process(pid).create_time() >= MIN_UPTIME_SECONDS:
                 alive.append(pid)
@@ -446,7 +448,7 @@ class Chaos:
             time.sleep(1.0)
 
     def job_dirs(self) -> list[Path]:
-        roots = [Path(self.state / "work")] + [Path(f"{self.state / 'work'}-{i}") for i in range(2, 17)]
+        roots = sorted(self.state.glob("work*"))  # every worker process's HM_WORK_DIR
         return [entry for root in roots if (root / "jobs").is_dir() for entry in (root / "jobs").iterdir()]
 
     def check(self, client: httpx.Client, job_specs: dict[str, Spec], reference: dict[Spec, str]) -> None:

@@ -28,8 +28,9 @@ from tests.security.conftest import Listener
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_3.jpg"
 
 
-def _pdf(objects: list[bytes]) -> bytes:
-    """A PDF with ``objects`` as objects 1…n (object 1 the catalog) and a correct xref table."""
+def build_pdf(objects: list[bytes], trailer: bytes = b"") -> bytes:
+    """A PDF with ``objects`` as objects 1…n (object 1 the catalog), a correct xref table and
+    ``trailer`` added to the trailer dictionary."""
     out = io.BytesIO()
     out.write(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n")
     offsets = []
@@ -39,7 +40,10 @@ def _pdf(objects: list[bytes]) -> bytes:
     xref = out.tell()
     out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
     out.writelines(b"%010d 00000 n \n" % offset for offset in offsets)
-    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
+    out.write(
+        b"trailer\n<< /Size %d /Root 1 0 R %s >>\nstartxref\n%d\n%%%%EOF\n"
+        % (len(objects) + 1, trailer, xref)
+    )
     return out.getvalue()
 
 
@@ -47,7 +51,7 @@ def pdf_with_pages(count: int) -> bytes:
     """A real ``count``-page PDF: catalog, one page tree node, ``count`` distinct page objects."""
     kids = b" ".join(b"%d 0 R" % (3 + i) for i in range(count))
     pages = [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>"] * count
-    return _pdf(
+    return build_pdf(
         [
             b"<< /Type /Catalog /Pages 2 0 R >>",
             b"<< /Type /Pages /Count %d /Kids [%s] >>" % (count, kids),
@@ -68,7 +72,7 @@ def pdf_flate_bomb(inflated: int = 1 << 30) -> bytes:
         checksum = zlib.adler32(chunk, checksum)
     # RFC 1950 header (deflate, 32 KiB window, level 9), the blocks, a final empty block, Adler-32.
     stream = b"\x78\xda" + block * count + compressor.flush() + checksum.to_bytes(4, "big")
-    return _pdf(
+    return build_pdf(
         [
             b"<< /Type /Catalog /Pages 2 0 R >>",
             b"<< /Type /Pages /Count 1 /Kids [3 0 R] >>",
@@ -81,7 +85,7 @@ def pdf_flate_bomb(inflated: int = 1 << 30) -> bytes:
 def pdf_deeply_nested(depth: int = 100_000) -> bytes:
     """A PDF whose page carries an array nested ``depth`` levels deep (a recursive parser's stack)."""
     nested = b"[" * depth + b"]" * depth
-    return _pdf(
+    return build_pdf(
         [
             b"<< /Type /Catalog /Pages 2 0 R >>",
             b"<< /Type /Pages /Count 1 /Kids [3 0 R] >>",

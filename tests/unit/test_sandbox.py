@@ -26,6 +26,7 @@ LIMITS = SandboxLimits(cpu_seconds=10, wall_seconds=15, memory_bytes=2 << 30, fs
 IMAGE_LIMITS = ops.ImageLimits(max_pixels=50_000_000, max_input_bytes=50 << 20)
 IS_ROOT = os.geteuid() == 0
 root_only = pytest.mark.skipif(not IS_ROOT, reason="privilege drop needs root")
+UIDS = tuple(range(61200, 61204)) if IS_ROOT else None
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,8 @@ def work_dir(tmp_root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 async def sandbox(work_dir: Path) -> AsyncIterator[Sandbox]:
-    box = Sandbox(work_dir, preload=("pyvips", "hypermedia.imaging.ops", ENTRIES))
+    # One uid per concurrent job, as the worker does (RLIMIT_NPROC counts a uid's threads).
+    box = Sandbox(work_dir, preload=("pyvips", "hypermedia.imaging.ops", ENTRIES), uid=UIDS)
     await box.start()
     yield box
     await box.close()

@@ -1,0 +1,240 @@
+"""PDF jobs end to end through REST on the real platform (`hypermedia up` with the docworker):
+upload → process → poll → download, checked by decoding the outputs and comparing them with
+PDFium renders and text made in the test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import httpx
+import psycopg
+import pytest
+import pyvips
+
+from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+from tests.e2e.conftest import RunningPlatform, upload, wait_job
+from tests.unit.test_pdf import (
+    FILLED_NAME,
+    LETTER,
+    PDF_DIR,
+    field_rect,
+    filled_forms_pdf,
+    ink,
+    mean_abs_diff,
+    pixel_box,
+    reference_render,
+)
+
+EXIF = PDF_DIR.parent / "exif-orientation"
+
+
+def _process(client: httpx.Client, object_id: str, operation: str | dict[str, Any]) -> dict[str, Any]:
+    created = client.post("/v1/hypermedia/process", json={"object_id": object_id, "operations": [operation]})
+    assert created.status_code == 202, created.text
+    return wait_job(client, created.json()["job_ids"][0])
+
+
+def _download(output: dict[str, Any]) -> httpx.Response:
+    response = httpx.get(output["url"], timeout=30)
+    assert response.status_code == 200
+    assert len(response.content) == output["size_bytes"]
+    assert response.headers["content-type"] == output["mime_type"]
+    return response
+
+
+def _upload_bytes(client: httpx.Client, name: str, content: bytes) -> dict[str, Any]:
+    response = client.post("/v1/objects", files={"file": (name, content)})
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+@pytest.mark.parametrize(
+    ("name", "pages", "width", "height", "has_forms"),
+    [
+        ("minimal-document.pdf", 1, 595.28, 841.89, False),
+        ("pdflatex-4-pages.pdf", 4, 595.28, 841.89, False),
+        ("multicolumn.pdf", 3, 595.28, 841.89, False),
+        ("pdflatex-forms.pdf", 1, 612.0, 792.0, True),
+        ("google-doc-document.pdf", 1, 596.0, 842.0, False),
+    ],
+)
+def test_pdf_info_of_each_corpus_file(
+    client: httpx.Client, name: str, pages: int, width: float, height: float, has_forms: bool
+) -> None:
+    obj = upload(client, PDF_DIR / name)
+    assert obj["mime_type"] == "application/pdf"
+    job = _process(client, obj["object_id"], "pdf_info")
+    assert job["status"] == "completed", job
+    assert job["queue"] == "documents" and job["params"] == {}
+    assert job["attempts"][0]["worker_id"].startswith("local/docworker/")
+    assert job["actual_credits"] == job["estimated_credits"] > 0
+    [output] = job["outputs"]
+    assert (output["output_type"], output["mime_type"]) == ("info", "application/json")
+    assert output["key"].startswith(f"derived/{obj['pool_id']}/{obj['object_id']}/1/info-")
+    info = _download(output).json()
+    assert info["page_count"] == pages
+    assert info["pages"] == [{"page": n, "width": width, "height": height} for n in range(1, pages + 1)]
+    assert (info["has_forms"], info["encrypted"], info["has_text_layer"]) == (has_forms, False, True)
+    assert info["producer"]
+    assert output["metadata"]["page_count"] == pages and "pages" not in output["metadata"]
+
+
+def test_a_preview_of_page_n_is_page_n(client: httpx.Client) -> None:
+    source = PDF_DIR / "pdflatex-4-pages.pdf"
+    obj = upload(client, source)
+    job = _process(
+        client,
+        obj["object_id"],
+        {"name": "pdf_preview", "params": {"pages": "1-4", "format": "png", "dpi": 36}},
+    )
+    assert job["status"] == "completed", job
+    assert job["params"] == {"pages": [1, 2, 3, 4], "format": "png", "dpi": 36}
+    outputs = {o["output_type"]: o for o in job["outputs"]}
+    assert sorted(outputs) == ["preview_p1", "preview_p2", "preview_p3", "preview_p4"]
+    references = [reference_render(source, i, 0.5) for i in range(4)]
+    for n in range(1, 5):
+        output = outputs[f"preview_p{n}"]
+        assert output["mime_type"] == "image/png"
+        assert output["key"].rsplit("/", 1)[1].startswith(f"preview_p{n}-")
+        assert output["metadata"]["page"] == n and output["metadata"]["page_count"] == 4
+        image = pyvips.Image.new_from_buffer(_download(output).content, "")
+        assert (
+            (image.width, image.height)
+            == (output["metadata"]["width"], output["metadata"]["height"])
+            == (298, 421)
+        )
+        distances = [mean_abs_diff(image, reference) for reference in references]
+        assert distances[n - 1] < 0.5, distances
+        assert min(d for i, d in enumerate(distances) if i != n - 1) > 3, distances
+
+
+def test_default_preview_is_a_webp_of_page_1(client: httpx.Client) -> None:
+    obj = upload(client, PDF_DIR / "google-doc-document.pdf")
+    job = _process(client, obj["object_id"], "pdf_preview")
+    assert job["status"] == "completed", job
+    assert job["params"] == {"pages": [1], "format": "webp", "dpi": 96}
+    [output] = job["outputs"]
+    assert (output["output_type"], output["mime_type"]) == ("preview_p1", "image/webp")
+    image = pyvips.Image.new_from_buffer(_download(output).content, "")
+    assert (image.width, image.height) == (795, 1123)
+    assert not {"exif-data", "xmp-data", "icc-profile-data"} & set(image.get_fields())
+    assert mean_abs_diff(image, reference_render(PDF_DIR / "google-doc-document.pdf", 0, 96 / 72)) < 4
+
+
+def test_form_field_values_are_visible_in_the_preview(client: httpx.Client) -> None:
+    filled = filled_forms_pdf()
+    obj = _upload_bytes(client, "filled-form.pdf", filled)
+    job = _process(client, obj["object_id"], {"name": "pdf_preview", "params": {"format": "png", "dpi": 144}})
+    assert job["status"] == "completed", job
+    image = pyvips.Image.new_from_buffer(_download(job["outputs"][0]).content, "")
+    name_box = pixel_box(field_rect(filled, 0), LETTER[1], 2.0)
+    inner = (name_box[0] + 4, name_box[1] + 4, name_box[2] - 8, name_box[3] - 8)
+    assert ink(image, inner) > 150, f"{FILLED_NAME!r} is drawn in the Name field"
+    assert ink(reference_render(filled, 0, 2.0), inner) == 0, "without the form layer the field is empty"
+
+
+def test_text_extract_of_a_two_column_pdf(client: httpx.Client) -> None:
+    obj = upload(client, PDF_DIR / "multicolumn.pdf")
+    job = _process(client, obj["object_id"], "text_extract")
+    assert job["status"] == "completed", job
+    outputs = {o["output_type"]: o for o in job["outputs"]}
+    assert sorted(outputs) == ["text", "text_json"]
+    assert outputs["text"]["mime_type"] == "text/plain; charset=utf-8"
+    assert outputs["text_json"]["mime_type"] == "application/json"
+    plain = _download(outputs["text"]).content.decode()
+    data = _download(outputs["text_json"]).json()
+    assert data["page_count"] == 3 and data["has_text_layer"] is True
+    assert [p["chars"] for p in data["pages"]] == [len(p["text"]) for p in data["pages"]]
+    assert plain.split("\f") == [p["text"] for p in data["pages"]]
+    assert outputs["text"]["metadata"] == {
+        "page_count": 3,
+        "has_text_layer": True,
+        "chars": data["chars"],
+        "size_bytes": outputs["text"]["size_bytes"],
+    }
+    page1 = data["pages"][0]["text"]
+    # Column by column: the left column ends, then the right one starts at the top of the page.
+    assert "Donec nonummy\npellentesque ante. Phasellus adipiscing semper elit." in page1
+    assert page1.index("Nulla malesuada porttitor diam") < page1.index("Quisque ullamcorper placerat ipsum")
+
+
+def test_password_protected_pdf_fails_with_password_required_and_costs_nothing(client: httpx.Client) -> None:
+    before = client.get("/v1/credits").json()
+    obj = upload(client, PDF_DIR / "libreoffice-writer-password.pdf")
+    for operation in ("pdf_info", "pdf_preview", "text_extract"):
+        job = _process(client, obj["object_id"], operation)
+        assert (job["status"], job["error_code"]) == ("failed", "PASSWORD_REQUIRED"), job
+        assert job["error_message"] == "The PDF is encrypted and needs a password to open."
+        assert job["attempt_count"] == 1 and job["outputs"] == [] and job["actual_credits"] is None
+    assert client.get("/v1/credits").json() == before
+    refused = client.post(
+        "/v1/hypermedia/process",
+        json={
+            "object_id": obj["object_id"],
+            "operations": [{"name": "pdf_preview", "params": {"password": "openpassword"}}],
+        },
+    )
+    assert refused.status_code == 422
+    assert refused.json()["error_code"] == "INVALID_PARAMS"
+    assert "password is not accepted yet" in refused.json()["detail"]
+    assert "openpassword" not in refused.text
+
+
+@pytest.mark.parametrize(
+    ("operation", "status", "error_code"),
+    [
+        ({"name": "pdf_preview", "params": {"pages": "1-21"}}, 422, "INVALID_PARAMS"),
+        ({"name": "pdf_preview", "params": {"width": 640, "dpi": 150}}, 422, "INVALID_PARAMS"),
+        ({"name": "pdf_preview", "params": {"format": "gif"}}, 422, "INVALID_PARAMS"),
+        ({"name": "text_extract", "params": {"pages": [1]}}, 422, "INVALID_PARAMS"),
+        ("office_to_pdf", 422, "UNKNOWN_OPERATION"),
+        ("thumbnail", 415, "UNSUPPORTED_FORMAT"),
+    ],
+)
+def test_bad_document_requests_are_specific_4xx(
+    client: httpx.Client, operation: Any, status: int, error_code: str
+) -> None:
+    obj = upload(client, PDF_DIR / "minimal-document.pdf")
+    response = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+    )
+    assert response.status_code == status, response.text
+    assert response.json()["error_code"] == error_code
+
+
+def test_document_operations_refuse_images(client: httpx.Client) -> None:
+    obj = upload(client, EXIF / "Landscape_1.jpg")
+    for operation in ("pdf_info", "pdf_preview", "text_extract"):
+        response = client.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+        )
+        assert response.status_code == 415, response.text
+        assert response.json()["error_code"] == "UNSUPPORTED_FORMAT"
+
+
+def test_page_past_the_end_fails_the_job_with_invalid_params(client: httpx.Client) -> None:
+    obj = upload(client, PDF_DIR / "pdflatex-4-pages.pdf")
+    job = _process(client, obj["object_id"], {"name": "pdf_preview", "params": {"pages": [2, 7]}})
+    assert (job["status"], job["error_code"], job["attempt_count"]) == ("failed", "INVALID_PARAMS", 1)
+    assert job["error_message"] == "The PDF has 4 pages; page 7 does not exist."
+
+
+def test_profiles_and_the_docworker(platform: RunningPlatform) -> None:
+    with psycopg.connect(platform.env["DATABASE_URL"]) as conn:
+        rows = conn.execute(
+            "SELECT operation, queue, input_kinds, timeout_seconds, memory_limit_mb, max_pixels, active"
+            " FROM processing_profiles WHERE queue = 'documents' ORDER BY operation"
+        ).fetchall()
+    assert [(r[0], r[1], r[2], r[6]) for r in rows] == [
+        ("pdf_info", "documents", ["pdf"], True),
+        ("pdf_preview", "documents", ["pdf"], True),
+        ("text_extract", "documents", ["pdf"], True),
+    ]
+    assert {r[0]: r[5] for r in rows}["pdf_preview"] == 40_000_000
+    with grpc.insecure_channel(platform.info["workers"]["docworker"]) as chan:
+        status = worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(worker_pb2.GetStatusRequest())
+    assert status.queue == "documents" and status.slots_total == 2
+    assert status.worker_id.startswith("local/docworker/")
+    log = (platform.state_dir / "logs" / "docworker.log").read_text()
+    assert "docworker serving" in log
