@@ -633,7 +633,6 @@ class _Child:
     report: bytearray = field(default_factory=bytearray)
     overflow: bool = False
     uid: int | None = None
-    sweep: bool = False
 
 
 def _zygote_main() -> NoReturn:
@@ -660,6 +659,8 @@ class _Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(0, selectors.EVENT_READ, "control")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "sigchld")
+        self.sweep = False
+        """Kill leftover processes of finished jobs (the sandbox has its own uid pool)."""
 
     def emit(self, event: dict[str, Any]) -> None:
         data = (json.dumps(event) + "\n").encode()
@@ -724,38 +725,37 @@ class _Zygote:
                 os._exit(70)
         os.close(report_w)
         os.set_blocking(report_r, False)
-        child = _Child(
-            request["job_id"],
-            pid,
-            report_r,
-            started,
-            uid=request["uid"],
-            sweep=request.get("sweep_uid", False),
-        )
+        child = _Child(request["job_id"], pid, report_r, started, uid=request["uid"])
+        self.sweep = bool(request.get("sweep_uid"))
         self.children[pid] = child
         self.by_job[child.job_id] = child
         self.selector.register(report_r, selectors.EVENT_READ, child)
         self.emit({"event": "started", "job_id": child.job_id, "pid": pid})
 
-    @staticmethod
-    def kill_uid(uid: int) -> None:
-        """SIGKILL every process of ``uid`` — what the process-group kill cannot reach, such as a
-        grandchild that called ``setsid``. Only for a sandbox uid no running job holds now: a
-        short-lived helper takes that uid and sends ``kill(-1, SIGKILL)``, which reaches exactly
-        the processes of that uid (kill(2)). The zygote, as subreaper, then reaps them."""
+    def sweep_orphans(self) -> None:
+        """SIGKILL this zygote's children that are not job leaders and whose uid no running job
+        holds: what the process-group kill cannot reach, such as a grandchild that called
+        ``setsid`` and was reparented to the zygote (a child subreaper) when its parent died. Only
+        the zygote's own children are touched — never another sandbox's processes of the same uid
+        — and a child cannot be replaced by another process before the zygote reaps it, so its pid
+        is safe to signal. Needs ``/proc/<pid>/task/<tid>/children`` (CONFIG_PROC_CHILDREN)."""
+        me = os.getpid()
         try:
-            helper = os.fork()
+            with open(f"/proc/{me}/task/{me}/children") as fh:
+                pids = [int(p) for p in fh.read().split()]
         except OSError:
             return
-        if helper == 0:
+        held = {c.uid for c in self.children.values()}
+        for pid in pids:
+            if pid in self.children:
+                continue
             try:
-                os.setgroups([])
-                os.setresuid(uid, uid, uid)
+                uid = os.stat(f"/proc/{pid}").st_uid
+            except OSError:
+                continue
+            if uid not in held:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(-1, signal.SIGKILL)
-            finally:
-                os._exit(0)
-        os.waitpid(helper, 0)
+                    os.kill(pid, signal.SIGKILL)
 
     def read_report(self, child: _Child) -> bool:
         """Reads what is available; True at EOF (fd closed and unregistered)."""
@@ -790,14 +790,10 @@ class _Zygote:
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
             _, status, usage = os.wait4(pid, 0)
+            if self.sweep:
+                self.sweep_orphans()
             if child is None:
                 continue  # an orphaned grandchild handed to us as subreaper
-            if (
-                child.sweep
-                and child.uid is not None
-                and all(c.uid != child.uid for c in self.children.values())
-            ):
-                self.kill_uid(child.uid)
             if child.report_fd >= 0:
                 self.read_report(child)
                 if child.report_fd >= 0:  # a grandchild still holds the pipe: stop listening

@@ -1,12 +1,12 @@
 """The document and media part of the attack corpus: hostile PDFs, an OOXML document with an
 external link, HLS and concat playlists, PostScript.
 
-No operation processes PDFs, office documents or media yet (docworker, ocrworker and mediaworker
-are issues 5–7). What these tests prove today: the gateway types each file from its content without
-parsing it, stores it like any upload, refuses image operations on it with
-``415 UNSUPPORTED_FORMAT`` before any job exists, and nothing reaches out to the listener. When those
-workers land, these files must go through them (pdfium page and pixel budgets, FFmpeg protocol
-whitelist, LibreOffice with remote resources blocked) with the same expectations.
+What these tests prove: the gateway types each file from its content without parsing it, stores
+it like any upload, refuses *image* operations on it with ``415 UNSUPPORTED_FORMAT`` before any job
+exists, and nothing reaches out to the listener. PDFs are processed by the docworker; the same
+hostile PDFs go through pdfium in ``tests/security/test_pdf_corpus.py``. No operation accepts office
+documents or media yet (LibreOffice and FFmpeg workers are still to build); when they land, these
+files must go through them with the same expectations.
 """
 
 from __future__ import annotations
