@@ -749,9 +749,11 @@ class _Zygote:
         for pid in pids:
             if pid in self.children:
                 continue
-            try:
-                uid = os.stat(f"/proc/{pid}").st_uid
-            except OSError:
+            try:  # the real uid (the owner of /proc/<pid> is root for a non-dumpable process)
+                with open(f"/proc/{pid}/status", "rb") as fh:
+                    line = next(x for x in fh.read().splitlines() if x.startswith(b"Uid:"))
+                uid = int(line.split()[1])
+            except (OSError, StopIteration, ValueError):
                 continue
             if uid not in held:
                 with contextlib.suppress(ProcessLookupError):
