@@ -13,6 +13,7 @@ Whenever a job (re-)enters ``queued`` an outbox row is written in the same trans
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +56,24 @@ class ClaimedJob:
 async def enqueue_outbox(conn: db.Connection, prefix: str, job_id: str, queue: str, priority: int) -> None:
     """Write the outbox row announcing that ``job_id`` is queued (call inside the job's transaction).
     The current trace context goes with it, so the worker's span continues the caller's trace."""
-    message = queues.JobMessage(job_id=str(job_id), queue=queue, priority=priority)
-    await conn.execute(
+    await enqueue_outbox_many(conn, prefix, [(job_id, queue, priority)])
+
+
+async def enqueue_outbox_many(
+    conn: db.Connection, prefix: str, jobs: Iterable[tuple[object, str, int]]
+) -> None:
+    """:func:`enqueue_outbox` for several ``(job_id, queue, priority)`` in one round trip."""
+    trace = telemetry.inject()
+    await conn.executemany(
         "INSERT INTO outbox (subject, msg_id, payload) VALUES ($1, $2, $3)",
-        queues.subject(prefix, queue, priority),
-        f"{job_id}:{uuid.uuid4().hex[:16]}",
-        {"job_id": message.job_id, "queue": queue, "priority": priority, "trace": telemetry.inject()},
+        [
+            (
+                queues.subject(prefix, queue, priority),
+                f"{job_id}:{uuid.uuid4().hex[:16]}",
+                {"job_id": str(job_id), "queue": queue, "priority": priority, "trace": trace},
+            )
+            for job_id, queue, priority in jobs
+        ],
     )
 
 
@@ -74,7 +87,7 @@ async def claim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob |
         return None
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(
-            """
+            f"""
             UPDATE processing_jobs j SET
                 status = 'claimed', claimed_by = $2, claimed_at = now(),
                 visibility_timeout = now() + make_interval(secs => p.timeout_seconds * 1.5 + $3),
@@ -82,10 +95,7 @@ async def claim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob |
             FROM processing_profiles p
             WHERE j.job_id = $1 AND j.status = 'queued'
               AND p.operation = j.operation AND p.version = j.profile_version
-            RETURNING j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
-                      j.params, j.priority, j.attempt_count, j.max_attempts, j.estimated_credits,
-                      p.timeout_seconds, p.max_input_bytes, p.max_pixels, p.memory_limit_mb,
-                      p.backoff_base_seconds
+            RETURNING {_CLAIMED_COLUMNS}
             """,
             job_id,
             worker_id,
@@ -113,10 +123,8 @@ async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob
     ``processing`` under this worker. Only for that retry: a worker must not adopt a job it is
     already running."""
     row = await pool.fetchrow(
-        """
-        SELECT j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue, j.params,
-               j.priority, j.attempt_count, j.max_attempts, j.estimated_credits, p.timeout_seconds,
-               p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds
+        f"""
+        SELECT {_CLAIMED_COLUMNS}
         FROM processing_jobs j
         JOIN processing_profiles p ON p.operation = j.operation AND p.version = j.profile_version
         WHERE j.job_id = $1 AND j.claimed_by = $2 AND j.status = 'processing'
@@ -125,6 +133,12 @@ async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob
         worker_id,
     )
     return None if row is None else _claimed_job(row)
+
+
+_CLAIMED_COLUMNS = """j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
+    j.params, j.priority, j.attempt_count, j.max_attempts, j.estimated_credits, p.timeout_seconds,
+    p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds"""
+"""What :func:`claim` and :func:`reclaim` read (``j``: the job, ``p``: its profile) for :func:`_claimed_job`."""
 
 
 def _claimed_job(row: asyncpg.Record) -> ClaimedJob:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import asyncpg
 
-from hypermedia import lifecycle
+from hypermedia import db, lifecycle
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import DomainError
 from hypermedia.rpc import call
@@ -167,11 +167,7 @@ class Reaper:
                 """,
                 [(r["job_id"], r["attempt_count"]) for r in rows],
             )
-            for r in rows:
-                if r["status"] == "queued":
-                    await lifecycle.enqueue_outbox(
-                        conn, self._prefix, str(r["job_id"]), r["queue"], r["priority"]
-                    )
+            await self._enqueue(conn, [r for r in rows if r["status"] == "queued"])
         requeued = sum(1 for r in rows if r["status"] == "queued")
         released = [str(r["job_id"]) for r in rows if r["status"] != "queued"]
         return requeued, len(rows) - requeued, released
@@ -192,10 +188,7 @@ class Reaper:
                 """,
                 self._batch,
             )
-            for r in rows:
-                await lifecycle.enqueue_outbox(
-                    conn, self._prefix, str(r["job_id"]), r["queue"], r["priority"]
-                )
+            await self._enqueue(conn, rows)
         return len(rows)
 
     async def _republish_stale(self) -> int:
@@ -214,11 +207,14 @@ class Reaper:
                 self._batch,
                 self._stale,
             )
-            for r in rows:
-                await lifecycle.enqueue_outbox(
-                    conn, self._prefix, str(r["job_id"]), r["queue"], r["priority"]
-                )
+            await self._enqueue(conn, rows)
         return len(rows)
+
+    async def _enqueue(self, conn: db.Connection, rows: list[asyncpg.Record]) -> None:
+        """The outbox rows of requeued jobs (``job_id``, ``queue``, ``priority``), in one round trip."""
+        await lifecycle.enqueue_outbox_many(
+            conn, self._prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows]
+        )
 
     async def _unsettled_holds(self) -> list[tuple[str, str, int | None]]:
         rows = await self._pool.fetch(
