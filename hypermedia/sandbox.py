@@ -275,6 +275,7 @@ class Sandbox:
             "-c",
             "from hypermedia.sandbox import _zygote_main; _zygote_main()",
             json.dumps(list(self.preload)),
+            json.dumps(self._sweep_uids),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=zygote_env,
@@ -396,7 +397,6 @@ class Sandbox:
                 "uid": owner[0] if owner else None,
                 "gid": owner[1] if owner else None,
                 "isolate_network": self.isolate_network,
-                "sweep_uid": self._sweep_uids,
                 "env": {**self.env, "HOME": str(job_dir), "TMPDIR": str(job_dir)},
             }
             try:
@@ -520,7 +520,8 @@ class Sandbox:
         if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
             raise ValueError(f"output filename {name!r} is not a plain name")
         try:
-            read_output(job.output_dir.parent, name, max_bytes=0)
+            fd, _ = _open_output(job.output_dir.parent, name)
+            os.close(fd)
         except OSError as exc:
             raise ValueError(f"output {name!r} is not a regular file inside output/: {exc}") from None
         if not isinstance(output.metadata, dict):
@@ -536,7 +537,30 @@ def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40) -> by
     bytes of a file elsewhere (the worker reading outputs may have more rights than the job).
 
     Args:
-        max_bytes: read at most this many bytes (0: only check, return b"").
+        max_bytes: read at most this many bytes.
+
+    Raises:
+        OSError: see :func:`_open_output`.
+    """
+    fd, size = _open_output(job_dir, filename)
+    try:
+        chunks = []
+        remaining = min(max_bytes, size)
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _open_output(job_dir: Path, filename: str) -> tuple[int, int]:
+    """``(fd, size in bytes)`` of ``{job_dir}/output/{filename}``: a read-only fd, opened as
+    :func:`read_output` describes and checked to be a regular, singly linked file; the caller
+    closes it.
 
     Raises:
         OSError: ``ELOOP`` for a symlink, ``ENOTDIR``, ``ENOENT``, or ``EPERM`` when the file is not
@@ -556,19 +580,10 @@ def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40) -> by
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             raise OSError(errno.EPERM, "not a regular, singly linked file")
-        if max_bytes == 0:
-            return b""
-        chunks = []
-        remaining = min(max_bytes, info.st_size)
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
-    finally:
+    except OSError:
         os.close(fd)
+        raise
+    return fd, info.st_size
 
 
 def _exit_from_event(event: dict[str, Any]) -> _Exit:
@@ -636,18 +651,19 @@ class _Child:
 
 
 def _zygote_main() -> NoReturn:
-    """Entry point of the zygote process (``python -c``); argv[1] is a JSON list of modules."""
+    """Entry point of the zygote process (``python -c``); argv[1] is a JSON list of modules, argv[2]
+    whether to sweep leftover processes of finished jobs (JSON bool, see :meth:`_Zygote.sweep_orphans`)."""
     for module in json.loads(sys.argv[1]):
         importlib.import_module(module)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     make_undumpable()
     gc.freeze()  # keeps preloaded objects out of GC passes, so children share their pages longer
-    _Zygote().serve()
+    _Zygote(sweep=json.loads(sys.argv[2])).serve()
 
 
 class _Zygote:
-    def __init__(self) -> None:
+    def __init__(self, *, sweep: bool) -> None:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, _Child] = {}
         self.by_job: dict[str, _Child] = {}
@@ -659,7 +675,7 @@ class _Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(0, selectors.EVENT_READ, "control")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "sigchld")
-        self.sweep = False
+        self.sweep = sweep
         """Kill leftover processes of finished jobs (the sandbox has its own uid pool)."""
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -726,7 +742,6 @@ class _Zygote:
         os.close(report_w)
         os.set_blocking(report_r, False)
         child = _Child(request["job_id"], pid, report_r, started, uid=request["uid"])
-        self.sweep = bool(request.get("sweep_uid"))
         self.children[pid] = child
         self.by_job[child.job_id] = child
         self.selector.register(report_r, selectors.EVENT_READ, child)
