@@ -12,10 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -25,6 +25,7 @@ import pytest
 from hypermedia.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 @dataclass
@@ -55,6 +56,13 @@ class RunningPlatform:
             }
         )
         return env
+
+    def client(self, account: dict[str, Any], timeout: float = 30) -> httpx.Client:
+        """An HTTP client of this platform's REST API authenticated as ``account`` (the JSON of
+        ``admin create-account``); use it as a context manager."""
+        return httpx.Client(
+            base_url=self.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=timeout
+        )
 
     def admin(self, *args: str) -> dict[str, Any]:
         out = subprocess.run(
@@ -139,9 +147,7 @@ def account(platform: RunningPlatform) -> dict[str, Any]:
 
 @pytest.fixture
 def client(platform: RunningPlatform, account: dict[str, Any]) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=30
-    ) as c:
+    with platform.client(account) as c:
         yield c
 
 
@@ -155,6 +161,19 @@ def wait_job(client: httpx.Client, job_id: str, timeout: float = 60.0) -> dict[s
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s")
         time.sleep(0.1)
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
+    """Poll ``fn`` until it returns something truthy and return that; AssertionError naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(interval)
 
 
 def upload(client: httpx.Client, path: Path, name: str | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import httpx
@@ -28,14 +28,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hypermedia.embedded import free_port
 from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_job
+from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.e2e.slowjob import make_slow_png
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
 QUICK = EXIF / "Landscape_1.jpg"
 TERMINAL = ("completed", "failed", "cancelled")
-
-T = TypeVar("T")
 
 
 # -- fixtures ---------------------------------------------------------------------------------------
@@ -80,9 +78,7 @@ def pg(idle_platform: RunningPlatform) -> Iterator[psycopg.Connection[Any]]:
 def client(idle_platform: RunningPlatform) -> Iterator[httpx.Client]:
     """A client of a fresh account with 100 credits."""
     account = idle_platform.admin("create-account", "--credits", "100")
-    with httpx.Client(
-        base_url=idle_platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=30
-    ) as c:
+    with idle_platform.client(account) as c:
         yield c
 
 
@@ -156,18 +152,6 @@ def workers(idle_platform: RunningPlatform) -> Iterator[Callable[..., Worker]]:
         worker.stop()
 
 
-def _wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
-    """Poll ``fn`` until it returns something truthy; returns it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(interval)
-
-
 def _process(client: httpx.Client, object_id: str, operation: str) -> str:
     response = client.post("/v1/hypermedia/process", json={"object_id": object_id, "operations": [operation]})
     assert response.status_code == 202, response.text
@@ -177,8 +161,8 @@ def _process(client: httpx.Client, object_id: str, operation: str) -> str:
 def _wait_until_running(pg: psycopg.Connection[Any], client: httpx.Client, job_id: str) -> None:
     """Until GET shows the job ``processing`` and the worker has downloaded the input, i.e. the
     sandbox is starting or running the pipeline."""
-    _wait_for("job processing", lambda: client.get(f"/v1/jobs/{job_id}").json()["status"] == "processing", 60)
-    _wait_for(
+    wait_for("job processing", lambda: client.get(f"/v1/jobs/{job_id}").json()["status"] == "processing", 60)
+    wait_for(
         "input downloaded",
         lambda: pg.execute(
             "SELECT 1 FROM job_events WHERE job_id = %s AND kind = 'progress' AND detail->>'stage' = 'downloaded'",
@@ -264,10 +248,10 @@ def test_cancel_of_a_processing_job_kills_it_and_costs_nothing(
         worker.worker_id,
     )
     # Released right after the job is marked cancelled, and the job dir removed after that.
-    _wait_for("hold released", lambda: client.get("/v1/credits").json()["held"] == 0, 5)
+    wait_for("hold released", lambda: client.get("/v1/credits").json()["held"] == 0, 5)
     assert client.get("/v1/credits").json() == before
     assert _ledger(pg, job_id) == ["hold", "release"]
-    _wait_for("job dir removed", lambda: worker.job_dirs() == [], 5)
+    wait_for("job dir removed", lambda: worker.job_dirs() == [], 5)
     assert _status_events(pg, job_id) == ["queued", "claimed", "processing", "cancel_requested", "cancelled"]
     assert pg.execute(
         "SELECT count(*) FROM objects WHERE source_object_id = %s", (obj["object_id"],)
@@ -289,17 +273,17 @@ def test_sigterm_hands_a_long_job_back_after_the_drain_and_another_worker_finish
     worker = workers("drain", HM_DRAIN_SECONDS=str(drain))
     assert _health(worker.status_addr) == health_pb2.HealthCheckResponse.SERVING
     job_id = _process(client, obj["object_id"], "compress")
-    held = _wait_for("hold", lambda: client.get("/v1/credits").json()["held"], 5)
+    held = wait_for("hold", lambda: client.get("/v1/credits").json()["held"], 5)
     _wait_until_running(pg, client, job_id)
 
     signalled = time.monotonic()
     worker.proc.send_signal(signal.SIGTERM)
-    _wait_for(
+    wait_for(
         "health NOT_SERVING",
         lambda: _health(worker.status_addr) == health_pb2.HealthCheckResponse.NOT_SERVING,
         2,
     )
-    status = _wait_for(
+    status = wait_for(
         "status draining", lambda: (s := _worker_status(worker.status_addr)).reason == "draining" and s, 2
     )
     assert not status.admission_open and status.slots_busy == 1
@@ -334,7 +318,7 @@ def test_sigterm_hands_a_long_job_back_after_the_drain_and_another_worker_finish
         ("lost", worker.worker_id),
         ("completed", other.worker_id),
     ]
-    _wait_for("charged", lambda: client.get("/v1/credits").json()["held"] == 0, 5)
+    wait_for("charged", lambda: client.get("/v1/credits").json()["held"] == 0, 5)
     assert client.get("/v1/credits").json()["balance"] == pytest.approx(100 - job["actual_credits"])
     assert _ledger(pg, job_id) == ["hold", "commit"]
     assert _status_events(pg, job_id) == [
@@ -359,7 +343,7 @@ def test_sigterm_lets_a_quick_running_job_finish(
 
     # SIGTERM while the job runs: stop the worker (SIGSTOP) once Postgres shows the job processing,
     # so it cannot finish the job before the SIGTERM is pending; SIGCONT then delivers it.
-    _wait_for(
+    wait_for(
         "job processing",
         lambda: pg.execute(
             "SELECT status = 'processing' FROM processing_jobs WHERE job_id = %s", (job_id,)
@@ -369,7 +353,7 @@ def test_sigterm_lets_a_quick_running_job_finish(
     )
     worker.proc.send_signal(signal.SIGSTOP)
     try:
-        _wait_for("worker stopped", lambda: _proc_state(worker.proc.pid) == "T", 5, interval=0.001)
+        wait_for("worker stopped", lambda: _proc_state(worker.proc.pid) == "T", 5, interval=0.001)
         [(status, signalled_at)] = pg.execute(
             "SELECT status, now() FROM processing_jobs WHERE job_id = %s", (job_id,)
         ).fetchall()
@@ -447,7 +431,7 @@ def test_storage_unreachable_is_retried_with_backoff_then_failed_and_released(
         "processing",
         "failed",
     ]
-    _wait_for("hold released", lambda: client.get("/v1/credits").json()["held"] == 0, 5)
+    wait_for("hold released", lambda: client.get("/v1/credits").json()["held"] == 0, 5)
     assert client.get("/v1/credits").json() == before
     assert _ledger(pg, job_id) == ["hold", "release"]
     assert broken.job_dirs() == []

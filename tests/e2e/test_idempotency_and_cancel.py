@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import grpc
@@ -28,15 +28,13 @@ import psycopg
 import pytest
 
 from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.e2e.conftest import RunningPlatform, own_database, start_platform, upload, wait_job
+from tests.e2e.conftest import RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.e2e.delayproxy import DelayingProxy
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
 PHOTO = EXIF / "Landscape_3.jpg"
 PRICES = {"thumbnail": (1000, 200), "resize": (1000, 200), "compress": (1500, 300), "convert": (1500, 300)}
 """Seeded prices (millicredits): base and per MiB, as in docs/api.md#credits."""
-
-T = TypeVar("T")
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------------
@@ -75,9 +73,7 @@ def new_account(idle_platform: RunningPlatform) -> Callable[[float], dict[str, A
 
 @contextlib.contextmanager
 def _client(platform: RunningPlatform, account: dict[str, Any]) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=30
-    ) as c:
+    with platform.client(account) as c:
         yield c
 
 
@@ -120,17 +116,6 @@ def _ledger(pg: psycopg.Connection[Any], job_id: str) -> list[str]:
         "SELECT kind FROM credit_ledger WHERE job_id = %s ORDER BY entry_id", (job_id,)
     ).fetchall()
     return [r[0] for r in rows]
-
-
-def _wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(interval)
 
 
 def _grpc_error(fn: Callable[[], Any]) -> tuple[grpc.StatusCode, str, str]:
@@ -586,7 +571,7 @@ def _cancel_during_upload(platform: RunningPlatform, proxy: DelayingProxy, dsn: 
         assert (objects_dir / "originals" / obj["pool_id"] / obj["object_id"]).is_file()
 
         # Nothing charged: the hold was released, never committed.
-        _wait_for("hold released", lambda: client.get("/v1/credits").json()["held"] == 0, 5)
+        wait_for("hold released", lambda: client.get("/v1/credits").json()["held"] == 0, 5)
         assert (
             client.get("/v1/credits").json() == before == {"balance": 100.0, "held": 0.0, "available": 100.0}
         )

@@ -31,9 +31,7 @@ def idle_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[
 
 
 def _client(platform: RunningPlatform, account: dict[str, Any]) -> httpx.Client:
-    return httpx.Client(
-        base_url=platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=30
-    )
+    return platform.client(account)
 
 
 def _start_worker(platform: RunningPlatform, slots: int) -> subprocess.Popen[bytes]:

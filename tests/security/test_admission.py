@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 
 from hypermedia.embedded import free_port
@@ -80,9 +79,7 @@ def _status(port: int, timeout: float = 60) -> worker_pb2.GetStatusResponse:
 
 def test_a_worker_without_pid_headroom_takes_no_job_and_says_why(idle_platform: RunningPlatform) -> None:
     account = idle_platform.admin("create-account", "--credits", "100")
-    with httpx.Client(
-        base_url=idle_platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=30
-    ) as client:
+    with idle_platform.client(account) as client:
         obj = upload(client, PHOTO)
         job_id = client.post(
             "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}

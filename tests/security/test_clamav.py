@@ -344,9 +344,7 @@ def client_of() -> Iterator[ClientOf]:
 
     def make(platform: RunningPlatform) -> tuple[httpx.Client, dict[str, Any]]:
         account = platform.admin("create-account", "--credits", "100")
-        client = httpx.Client(
-            base_url=platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=30
-        )
+        client = platform.client(account)
         opened.append(client)
         return client, account
 

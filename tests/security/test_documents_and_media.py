@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
@@ -170,9 +169,7 @@ def test_documents_and_media_are_stored_typed_and_refused_by_image_operations(
     docs_platform: RunningPlatform, listener: Listener
 ) -> None:
     account = docs_platform.admin("create-account", "--credits", "100")
-    with httpx.Client(
-        base_url=docs_platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=60
-    ) as client:
+    with docs_platform.client(account, timeout=60) as client:
         for name, content, expected_type in corpus(listener):
             response = client.post("/v1/objects", files={"file": (name, content)})
             assert response.status_code == 201, (name, response.text)

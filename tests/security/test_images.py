@@ -36,6 +36,7 @@ from tests.e2e.conftest import (
     RunningPlatform,
     isolated_platform,
     upload,
+    wait_for,
     wait_job,
 )
 from tests.security.conftest import Listener
@@ -370,11 +371,7 @@ def hostile_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterat
 @pytest.fixture(scope="module")
 def client(hostile_platform: RunningPlatform) -> Iterator[httpx.Client]:
     account = hostile_platform.admin("create-account", "--credits", "1000")
-    with httpx.Client(
-        base_url=hostile_platform.rest_url,
-        headers={"Authorization": f"Bearer {account['api_key']}"},
-        timeout=30,
-    ) as c:
+    with hostile_platform.client(account) as c:
         yield c
 
 
@@ -413,7 +410,9 @@ def test_hostile_image_end_to_end(
     assert job["attempt_count"] == 1 and job["outputs"] == []
     assert seconds < JOB_SECONDS
     assert_nothing_leaked(listener, httpx.Response(200, json=job).content)
-    assert not (hostile_platform.state_dir / "work" / "jobs" / job["job_id"]).exists()
+    # The worker removes the job dir right after recording the outcome the client just saw.
+    job_dir = hostile_platform.state_dir / "work" / "jobs" / job["job_id"]
+    wait_for("job dir removed", lambda: not job_dir.exists(), 5)
 
 
 def test_svg_with_local_references_end_to_end(client: httpx.Client, listener: Listener) -> None:

@@ -59,9 +59,7 @@ def pdf_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[R
 @pytest.fixture(scope="module")
 def client(pdf_platform: RunningPlatform) -> Iterator[httpx.Client]:
     account = pdf_platform.admin("create-account", "--credits", "1000")
-    with httpx.Client(
-        base_url=pdf_platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=120
-    ) as c:
+    with pdf_platform.client(account, timeout=120) as c:
         yield c
 
 

@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
@@ -91,18 +90,14 @@ def test_a_chunked_upload_past_the_limit_is_cut_off_with_413(small_platform: Run
     status, answer, _sent = _chunked_upload(small_platform, 64 * LIMIT, api_key=account["api_key"])
     assert status == 413, answer[:300]
     assert b'"error_code":"INPUT_TOO_LARGE"' in answer
-    with httpx.Client(
-        base_url=small_platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}
-    ) as client:
+    with small_platform.client(account) as client:
         ok = client.post("/v1/objects", files={"file": ("a.bin", b"B" * 1000)})
         assert ok.status_code == 201, ok.text
 
 
 def test_empty_and_oversized_uploads_are_specific_errors(small_platform: RunningPlatform) -> None:
     account = small_platform.admin("create-account", "--credits", "10")
-    with httpx.Client(
-        base_url=small_platform.rest_url, headers={"Authorization": f"Bearer {account['api_key']}"}
-    ) as client:
+    with small_platform.client(account) as client:
         empty = client.post("/v1/objects", files={"file": ("e.bin", b"")})
         assert (empty.status_code, empty.json()["error_code"]) == (422, "EMPTY_FILE")
         big = client.post("/v1/objects", files={"file": ("b.bin", b"C" * (LIMIT + 1))})

@@ -552,11 +552,7 @@ def account(validation_platform: RunningPlatform) -> dict[str, Any]:
 
 @pytest.fixture
 def client(validation_platform: RunningPlatform, account: dict[str, Any]) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=validation_platform.rest_url,
-        headers={"Authorization": f"Bearer {account['api_key']}"},
-        timeout=60,
-    ) as c:
+    with validation_platform.client(account, timeout=60) as c:
         yield c
 
 
