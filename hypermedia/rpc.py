@@ -28,6 +28,14 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest gRPC message accepted or sent (bytes); bounds UploadObject."""
 
 
+async def abort(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
+    """End the call with ``exc``'s status and public message, its ``error_code`` in the
+    ``hm-error-code`` trailer. Raises grpc's AbortError, as ``context.abort`` does. For handlers the
+    interceptor does not wrap (streams)."""
+    context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
+    await context.abort(exc.grpc_code, exc.public_message)
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions raised by unary handlers onto gRPC statuses (see module docstring)."""
 
@@ -60,8 +68,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         except DomainError as exc:
             if exc.grpc_code == grpc.StatusCode.INTERNAL:
                 log.exception("internal error in %s", method)
-            context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
-            await context.abort(exc.grpc_code, exc.public_message)
+            await abort(context, exc)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
@@ -123,8 +130,7 @@ class GrpcServer:
 
     async def stop(self, grace_seconds: float = 5.0) -> None:
         """Report NOT_SERVING, then stop with ``grace_seconds`` for in-flight calls."""
-        for name in ["", *self.service_names]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.not_serving()
         await self.server.stop(grace_seconds)
 
 

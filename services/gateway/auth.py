@@ -34,9 +34,9 @@ def new_key() -> tuple[str, str, bytes]:
 def parse_bearer(header: str | None) -> tuple[str, str]:
     """(key_id, secret) from an ``Authorization: Bearer hm_…`` value. Raises Unauthenticated."""
     scheme, _, token = (header or "").strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():  # the scheme is case-insensitive (RFC 9110)
-        raise Unauthenticated("missing bearer API key", "UNAUTHENTICATED")
     token = token.strip()
+    if scheme.lower() != "bearer" or not token:  # the scheme is case-insensitive (RFC 9110)
+        raise Unauthenticated("missing bearer API key", "UNAUTHENTICATED")
     parts = token.split("_", 2)
     if len(parts) != 3 or parts[0] != "hm" or not parts[1] or not parts[2]:
         raise Unauthenticated("malformed API key", "UNAUTHENTICATED")

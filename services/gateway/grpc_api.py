@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError
+from hypermedia import rpc
+from hypermedia.errors import DomainError
 from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from services.gateway.auth import Caller
 from services.gateway.jobs import JobsAPI
@@ -146,8 +147,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             caller = await self._caller(context)
             events = await self._api.watch_job(caller, request.job_id, request.after_event_id)
         except DomainError as exc:
-            context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
-            await context.abort(exc.grpc_code, exc.public_message)
+            await rpc.abort(context, exc)
             return
         async for event in events:
             if event is None:

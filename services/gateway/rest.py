@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hypermedia import db, telemetry
@@ -49,6 +50,17 @@ def problem(status: int, title: str, detail: str, error_code: str, **extra: Any)
     }
     body.update(extra)
     return JSONResponse(body, status_code=status, media_type=PROBLEM)
+
+
+def domain_problem(exc: DomainError) -> JSONResponse:
+    """The problem response of a domain error: its status, public message, ``error_code`` and
+    :attr:`~hypermedia.errors.DomainError.details`; a 401 also names the scheme in ``WWW-Authenticate``."""
+    response = problem(
+        exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code, **exc.details
+    )
+    if exc.http_status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="hypermedia"'
+    return response
 
 
 class Operation(BaseModel):
@@ -104,11 +116,13 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class _BodyGuard:
-    """ASGI middleware in front of the API: a request with a body to ``/v1/…`` is authenticated
-    before any of its body is read, and every body is cut off at ``limit_for(path)`` bytes by
-    counting what arrives — a chunked body has no Content-Length to check up front. Without it an
-    anonymous client could make the multipart parser spool gigabytes to the temp directory, or
-    keep up to a thousand 1 MiB parts in memory, before the 401 (found by a hostile test).
+    """ASGI middleware in front of the API: any request whose Content-Length is above
+    ``limit_for(path)`` bytes gets a 413 at once, before authentication; a request with a body to
+    ``/v1/…`` is authenticated before any of its body is read, and every body is cut off at
+    ``limit_for(path)`` bytes by counting what arrives — a chunked body has no Content-Length to
+    check up front. Without it an anonymous client could make the multipart parser spool gigabytes
+    to the temp directory, or keep up to a thousand 1 MiB parts in memory, before the 401 (found by
+    a hostile test).
 
     The authenticated caller is left in ``request.state.caller`` for the route's dependency.
     """
@@ -124,22 +138,27 @@ class _BodyGuard:
         self.authenticate = authenticate
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        limit = self.limit_for(scope["path"])
+        length = headers.get("content-length")
+        if length and length.isdigit() and int(length) > limit:
+            what = "files" if limit > MAX_JSON_BYTES else "request bodies"
+            too_large = PayloadTooLarge(f"{what} are limited to {limit} bytes", "INPUT_TOO_LARGE")
+            await domain_problem(too_large)(scope, receive, send)
+            return
+        if scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
         if scope["path"].startswith("/v1/"):
-            header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
             try:
-                scope.setdefault("state", {})["caller"] = await self.authenticate(header)
+                caller = await self.authenticate(headers.get("authorization"))
             except DomainError as exc:
-                response = problem(
-                    exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code
-                )
-                if exc.http_status == 401:
-                    response.headers["WWW-Authenticate"] = 'Bearer realm="hypermedia"'
-                await response(scope, receive, send)
+                await domain_problem(exc)(scope, receive, send)
                 return
-        limit = self.limit_for(scope["path"])
+            scope.setdefault("state", {})["caller"] = caller
         received = 0
 
         async def counted() -> dict[str, Any]:
@@ -169,23 +188,15 @@ def build_app(
         return api.max_upload_bytes + 1024 * 1024 if path == "/v1/objects" else MAX_JSON_BYTES
 
     # Added first, so it is the innermost middleware: an error raised from its receive() reaches
-    # the route directly (BaseHTTPMiddleware would wrap it in an exception group).
+    # the route directly (BaseHTTPMiddleware would wrap it in an exception group). It also refuses
+    # an oversized Content-Length, so no request pays for a second middleware doing only that.
     app.add_middleware(_BodyGuard, limit_for=body_limit, authenticate=authenticate)
 
     @app.exception_handler(DomainError)
     async def _domain(_request: Request, exc: DomainError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("request failed: %s (%s)", exc.error_code, exc.public_message)
-        response = problem(
-            exc.http_status,
-            HTTPStatus(exc.http_status).phrase,
-            exc.public_message,
-            exc.error_code,
-            **exc.details,
-        )
-        if exc.http_status == 401:
-            response.headers["WWW-Authenticate"] = 'Bearer realm="hypermedia"'
-        return response
+        return domain_problem(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -228,16 +239,6 @@ def build_app(
             response = await call_next(request)
             span.set_attribute("http.status_code", response.status_code)
             return response
-
-    @app.middleware("http")
-    async def _limit_body(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
-        length = request.headers.get("content-length")
-        limit = body_limit(request.url.path)
-        if length and length.isdigit() and int(length) > limit:
-            what = "files" if limit > MAX_JSON_BYTES else "request bodies"
-            exc = PayloadTooLarge(f"{what} are limited to {limit} bytes", "INPUT_TOO_LARGE")
-            return problem(413, HTTPStatus(413).phrase, exc.public_message, exc.error_code)
-        return await call_next(request)
 
     async def caller(request: Request, authorization: str | None = Header(None)) -> Caller:
         known = getattr(request.state, "caller", None)  # authenticated by _BodyGuard already
