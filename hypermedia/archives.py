@@ -7,7 +7,9 @@ entry's 30-byte local header; no entry is decompressed. It refuses, each with it
 
 - ``ARCHIVE_CORRUPT``: an end record or central directory that does not parse, bytes hidden before
   or after the archive's structures, a local header that is missing or names another file, an entry
-  that runs past the central directory, a stored entry whose sizes differ, two entries with one name.
+  that runs past the central directory, a stored entry whose sizes differ, two entries with one name
+  (and, in an office package, :func:`check_part_names`: two names that differ only in case or in
+  ``/`` against ``\\``).
 - ``ARCHIVE_TOO_MANY_ENTRIES``: more than :data:`MAX_ENTRIES` entries (declared or present).
 - ``ARCHIVE_UNSAFE_PATH``: an entry name that is absolute (``/x``, ``\\x``, ``C:x``), has a ``..``
   component or a NUL.
@@ -197,6 +199,35 @@ def _check_name(info: zipfile.ZipInfo) -> None:
         raise ArchiveRejected(
             "the archive has an entry with an absolute path or a '..' component", "ARCHIVE_UNSAFE_PATH"
         )
+
+
+def fold_name(name: str) -> str:
+    """An entry name as a case-insensitive reader sees it: lowercased, ``\\`` as ``/``.
+
+    OPC part names are case-insensitive (ECMA-376 Part 2 §9.1.1.1), Windows file systems match names
+    without case, and :meth:`Archive.find` does too; LibreOffice 7.4 and Python's ``zipfile`` match
+    them exactly (measured: of ``word/document.xml`` and ``Word/Document.xml`` in one docx,
+    LibreOffice reads the first in either order, and does not open a docx holding only the
+    second). So ``word/document.xml`` and ``Word/Document.xml`` are one part to some readers and
+    two to others, and which one a reader takes differs: :func:`check_part_names` refuses such
+    pairs in office packages."""
+    return name.replace("\\", "/").lower()
+
+
+def check_part_names(archive: Archive) -> None:
+    """Refuses an office package (OOXML or ODF) two of whose entry names are one name to a
+    case-insensitive reader (:func:`fold_name`). Only for office packages: a plain zip may hold
+    ``xt_DSCP.c`` and ``xt_dscp.c`` (the Linux tree does), and nothing here opens plain zips.
+
+    Raises:
+        ArchiveRejected: ``ARCHIVE_CORRUPT``.
+    """
+    folded: set[str] = set()
+    for info in archive.entries:
+        name = fold_name(info.orig_filename)
+        if name in folded:
+            raise _corrupt("two entries have names that differ only in case or in '/' against '\\'")
+        folded.add(name)
 
 
 def _local_span(data: bytes, info: zipfile.ZipInfo, cd_offset: int) -> tuple[int, int]:

@@ -3,19 +3,22 @@
 Images are recognised by their signatures (the formats the image pipeline loads); everything
 else goes through puremagic's signature database. Zip containers are typed from inside, after
 :mod:`hypermedia.archives` checked them: ODF by its ``mimetype`` entry, OOXML by the main part in
-``[Content_Types].xml`` (:func:`identify`). Each MIME type maps to a *kind* that processing
-profiles accept (``processing_profiles.input_kinds``). What a client *claims* (a Content-Type, a
-file name's extension) is only recorded (:func:`claimed_mime`, :func:`name_mime`).
+``[Content_Types].xml``; OLE2 compound files (legacy Word, Excel, PowerPoint) by their root
+streams, after :mod:`hypermedia.ole` checked them; flat ODF (one XML file) by its root element
+(:func:`identify`). Each MIME type maps to a *kind* that processing profiles accept
+(``processing_profiles.input_kinds``). What a client *claims* (a Content-Type, a file name's
+extension) is only recorded (:func:`claimed_mime`, :func:`name_mime`).
 """
 
 from __future__ import annotations
 
 import mimetypes
 import re
+from xml.parsers import expat
 
 import puremagic
 
-from hypermedia import archives
+from hypermedia import archives, ole
 
 HEAD_BYTES = 4096
 """How much of the start of a file detection reads."""
@@ -83,7 +86,9 @@ def _looks_like_svg(head: bytes) -> bool:
 
 def detect(head: bytes) -> str:
     """MIME type of content starting with ``head`` (give at least :data:`HEAD_BYTES` when you have
-    them); ``application/octet-stream`` when unknown."""
+    them); ``application/octet-stream`` when unknown. A judgement of the head alone: a compound
+    file is ``application/x-ole-storage`` here and a flat ODF head its flat type;
+    :func:`identify` decides both from the whole file."""
     image = image_mime(head)
     if image:
         return image
@@ -99,11 +104,23 @@ def detect(head: bytes) -> str:
             return "audio/mp4"
     if head.startswith(b"%PDF-"):
         return "application/pdf"
+    if ole.is_ole(head):
+        # Which Office format (if any) only the directory says: identify() reads it. puremagic
+        # calls a compound file application/msword or nothing, by its header's minor version,
+        # whatever it holds (an MSI, an .msg).
+        return ole.OLE_STORAGE
     if head.startswith(b"PK\x03\x04") and head[30:38] == b"mimetype":
         # ODF: the first zip entry, stored uncompressed, is "mimetype" holding the type.
         declared = head[38 : 38 + 80].split(b"PK", 1)[0].decode("ascii", "replace").strip()
         if declared.startswith("application/vnd.oasis.opendocument."):
             return declared
+    flat = flat_odf_mime(head)
+    if flat:
+        return flat  # from the root element only: identify() parses the whole file
+    return _magic(head)
+
+
+def _magic(head: bytes) -> str:
     try:
         guess = puremagic.from_string(head, mime=True)
     except (puremagic.PureError, ValueError):
@@ -126,9 +143,24 @@ IMAGE_MIME_TYPES = frozenset(
 """Image types the image pipeline decodes (BMP is recognised but not accepted)."""
 
 
+LEGACY_OFFICE_MIME_TYPES = frozenset(
+    {ole.MSWORD, ole.MSEXCEL, ole.MSPOWERPOINT, "application/rtf", "text/rtf"}
+)
+"""Word, Excel and PowerPoint 97–2003 (typed from a compound file's streams by :mod:`hypermedia.ole`)
+and RTF (``{\\rtf1``; ``text/rtf`` is the other registered name, RFC 2045 era, and is normalised to
+``application/rtf`` by :func:`identify`): office documents that LibreOffice converts."""
+
+
 def kind(mime_type: str) -> str:
     """The kind of input a MIME type is, as named in ``processing_profiles.input_kinds``:
-    ``image``, ``pdf``, ``office``, ``audio``, ``video`` or ``other``."""
+    ``image``, ``pdf``, ``office``, ``audio``, ``video`` or ``other``.
+
+    ``office`` is OOXML (``application/vnd.openxmlformats…``), packaged ODF
+    (``application/vnd.oasis.opendocument…``) and :data:`LEGACY_OFFICE_MIME_TYPES`. Flat ODF
+    (:data:`FLAT_ODF_MIME_BY_DECLARED`, ``…-flat-xml``) is typed and checked for macros but is
+    ``other`` for now: the docworker has no import filter for it (``IMPORT_FILTERS`` in
+    :mod:`hypermedia.documents.office`), so ``office_to_pdf`` would only fail later. Generic compound
+    files (:data:`ole.OLE_STORAGE`: ``.msg``, MSI, encrypted OOXML) are ``other``."""
     if mime_type in IMAGE_MIME_TYPES:
         return "image"
     if mime_type == "application/pdf":
@@ -137,6 +169,10 @@ def kind(mime_type: str) -> str:
         return "audio"
     if mime_type.startswith("video/"):
         return "video"
+    if mime_type in LEGACY_OFFICE_MIME_TYPES:
+        return "office"
+    if mime_type.startswith("application/vnd.oasis.opendocument") and mime_type.endswith("-flat-xml"):
+        return "other"
     if mime_type.startswith("application/vnd.openxmlformats") or mime_type.startswith(
         "application/vnd.oasis.opendocument"
     ):
@@ -204,31 +240,236 @@ def ooxml_mime(types: archives.PackageTypes) -> str | None:
     return None
 
 
-def identify(content: bytes) -> str:
-    """MIME type of a whole file: :func:`detect` on its head; a zip container is first checked by
-    :func:`archives.inspect` (nothing is unpacked), then typed from inside (OOXML by
-    ``[Content_Types].xml``; ODF by its ``mimetype`` entry; any other zip is ``application/zip``)
-    and refused when it carries macros.
+ODF_OFFICE_NS = "urn:oasis:names:tc:opendocument:xmlns:office:1.0"
+_ODF_SCRIPT_NS = "urn:oasis:names:tc:opendocument:xmlns:script:1.0"
+_OOO_NS = "http://openoffice.org/2004/office"
+_OOO_SCRIPT_NS = "http://openoffice.org/2000/script"
+_ODF_NS_MARKERS = tuple(ODF_OFFICE_NS.encode(codec) for codec in ("utf-8", "utf-16-le", "utf-16-be"))
+
+FLAT_ODF_MIME_BY_DECLARED = {
+    "application/vnd.oasis.opendocument.text": "application/vnd.oasis.opendocument.text-flat-xml",
+    "application/vnd.oasis.opendocument.spreadsheet": "application/vnd.oasis.opendocument.spreadsheet-flat-xml",
+    "application/vnd.oasis.opendocument.presentation": (
+        "application/vnd.oasis.opendocument.presentation-flat-xml"
+    ),
+    "application/vnd.oasis.opendocument.graphics": "application/vnd.oasis.opendocument.graphics-flat-xml",
+}
+"""Flat ODF (ODF 1.2 Part 1: the whole document as one XML file whose root element is
+``office:document``; ``.fodt``, ``.fods``, ``.fodp``, ``.fodg``): the ``office:mimetype`` its root
+declares → its MIME type (the names of freedesktop's shared-mime-info; none is registered with
+IANA).
+
+**Decision.** Flat ODF is typed as such (so the record says what it is, and macros in it are refused
+like those of packaged ODF, :func:`find_flat_odf_macros`) but is not an office *kind*
+(:func:`kind`): the docworker has no import filter for it yet. A file is typed flat ODF only when
+it parses completely (expat, no DTD): one whose head looks like flat ODF but that does not parse,
+or has a DOCTYPE, keeps puremagic's type (``application/xml``), which no operation opens."""
+
+_FLAT_ODF_MACRO_ELEMENTS = {
+    (_OOO_NS, "library-linked"): "ooo:library-linked",
+    (_OOO_NS, "module"): "ooo:module",
+    (_OOO_NS, "source-code"): "ooo:source-code",
+    (_OOO_SCRIPT_NS, "module"): "script:module",
+    (_ODF_SCRIPT_NS, "event-listener"): "script:event-listener",
+}
+"""Elements that are macros, or bind an event to one, wherever they are in a flat ODF document:
+LibreOffice writes a document's Basic modules into ``office:scripts`` as
+``ooo:libraries/ooo:library-embedded/ooo:module/ooo:source-code`` (or links a library with
+``ooo:library-linked``); packaged ODF keeps them as ``script:module`` files under ``Basic/``;
+``script:event-listener`` (ODF 1.2 Part 1) runs a script on a document or control event."""
+
+_FLAT_ODF_SCRIPTS_CONTAINERS = frozenset(
+    {
+        (ODF_OFFICE_NS, "script"),
+        (_OOO_NS, "libraries"),
+        (_OOO_NS, "library-embedded"),
+        (ODF_OFFICE_NS, "event-listeners"),
+    }
+)
+"""What ``office:scripts`` may hold in a document without macros: LibreOffice writes
+``<office:script script:language="ooo:Basic"><ooo:libraries/></office:script>`` into every flat
+file it saves, and an empty ``<ooo:library-embedded ooo:name="Standard"/>`` inside it for a
+document it read from a Word file (measured, LibreOffice 7.4; its packaged ODF then has no
+``Basic/`` folder at all)."""
+
+
+class _XMLRefused(Exception):
+    """A DOCTYPE or an entity declaration: flat ODF has neither (and no entity may expand)."""
+
+
+class _Stop(Exception):
+    pass
+
+
+def _expat_parser() -> expat.XMLParserType:
+    parser = expat.ParserCreate(namespace_separator=" ")
+
+    def refuse(*_args: object) -> None:
+        raise _XMLRefused
+
+    parser.StartDoctypeDeclHandler = refuse
+    parser.EntityDeclHandler = refuse
+    return parser
+
+
+def _split(name: str) -> tuple[str, str]:
+    namespace, _, local = name.rpartition(" ")
+    return namespace, local
+
+
+def flat_odf_mime(head: bytes) -> str | None:
+    """The flat ODF type (:data:`FLAT_ODF_MIME_BY_DECLARED`) of XML content starting with ``head``
+    whose root element is ``office:document`` (in the ODF office namespace) declaring a known
+    ``office:mimetype``; None for anything else, including XML with a DOCTYPE. Only the head is
+    parsed (expat, until the root's start tag): :func:`identify` parses the whole file."""
+    if not any(marker in head for marker in _ODF_NS_MARKERS):
+        return None
+    parser = _expat_parser()
+    root: list[tuple[str, dict[str, str]]] = []
+
+    def start(name: str, attrs: dict[str, str]) -> None:
+        root.append((name, attrs))
+        raise _Stop
+
+    parser.StartElementHandler = start
+    try:
+        parser.Parse(head, False)
+    except _Stop:
+        pass
+    except (expat.ExpatError, _XMLRefused, ValueError):
+        return None
+    if not root or _split(root[0][0]) != (ODF_OFFICE_NS, "document"):
+        return None
+    return FLAT_ODF_MIME_BY_DECLARED.get(root[0][1].get(f"{ODF_OFFICE_NS} mimetype", ""))
+
+
+class NotFlatODF(ValueError):
+    """The document does not parse as XML without a DOCTYPE (:func:`find_flat_odf_macros`)."""
+
+
+class _MacrosFound(Exception):
+    pass
+
+
+def find_flat_odf_macros(content: bytes) -> str | None:
+    """What makes a flat ODF document carry macros, or None; the whole file is parsed (expat, as a
+    stream of events: nothing is kept, no DTD, no entity).
+
+    Args:
+        content: the whole file; :func:`flat_odf_mime` of its start is not None.
+
+    Returns:
+        A short description for the refusal's message: an element of
+        :data:`_FLAT_ODF_MACRO_ELEMENTS` anywhere, any element inside ``office:scripts`` other than
+        the empty containers LibreOffice writes (:data:`_FLAT_ODF_SCRIPTS_CONTAINERS`), or text
+        inside ``office:script`` (inline script source). Parsing stops at the first finding.
 
     Raises:
-        archives.ArchiveRejected: the archive failed a check (an ``ARCHIVE_*`` code, HTTP 422).
-        archives.MacrosNotAllowed: the document carries macros, whatever its name (HTTP 415).
+        NotFlatODF: the file is not well-formed XML, or has a DOCTYPE or an entity declaration,
+            before anything was found.
     """
-    head = content[:HEAD_BYTES]
-    mime = detect(head)
-    if not archives.is_zip(head):
-        return mime
-    archive = archives.inspect(content)
-    types = archives.package_types(archive)
-    ooxml = ooxml_mime(types) if types else None
-    finding = archives.find_macros(archive, types)
+    parser = _expat_parser()
+    depth = 0
+    scripts_depth = 0  # depth of the open office:scripts element, 0 outside one
+    script_depth = 0  # depth of the open office:script element inside it, 0 outside one
+
+    def start(name: str, _attrs: dict[str, str]) -> None:
+        nonlocal depth, scripts_depth, script_depth
+        depth += 1
+        key = _split(name)
+        if key in _FLAT_ODF_MACRO_ELEMENTS:
+            raise _MacrosFound(_FLAT_ODF_MACRO_ELEMENTS[key])
+        if scripts_depth and key not in _FLAT_ODF_SCRIPTS_CONTAINERS:
+            raise _MacrosFound(f"{key[1]} in office:scripts")
+        if key == (ODF_OFFICE_NS, "scripts") and not scripts_depth:
+            scripts_depth = depth
+        elif key == (ODF_OFFICE_NS, "script") and scripts_depth and not script_depth:
+            script_depth = depth
+
+    def end(_name: str) -> None:
+        nonlocal depth, scripts_depth, script_depth
+        if depth == script_depth:
+            script_depth = 0
+        if depth == scripts_depth:
+            scripts_depth = 0
+        depth -= 1
+
+    def text(data: str) -> None:
+        if script_depth and data.strip():
+            raise _MacrosFound("script source in office:script")
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = end
+    parser.CharacterDataHandler = text
+    try:
+        parser.Parse(content, True)
+    except _MacrosFound as found:
+        return f"flat ODF macros ({found})"
+    except (expat.ExpatError, _XMLRefused, ValueError):
+        raise NotFlatODF("the document is not XML without a DTD") from None
+    return None
+
+
+FLAT_ODF_HEAD_BYTES = 64 * 1024
+"""How much of an XML file :func:`identify` gives :func:`flat_odf_mime`: the root start tag of a
+flat file LibreOffice writes declares about 40 namespaces (2–3 KB), and may declare more."""
+
+
+def _refuse_macros(finding: str | None) -> None:
     if finding:
         raise archives.MacrosNotAllowed(
             f"documents with macros are not accepted: this one contains {finding}", "MACROS_NOT_ALLOWED"
         )
+
+
+def identify(content: bytes) -> str:
+    """MIME type of a whole file, refused when it is a hostile container or carries macros.
+
+    - A compound file (OLE2, :func:`ole.is_ole`) is checked by :func:`ole.inspect` and typed from
+      its root streams: ``application/msword``, ``application/vnd.ms-excel``,
+      ``application/vnd.ms-powerpoint``, or ``application/x-ole-storage`` for any other (an
+      ``.msg``, an MSI: never an office kind).
+    - A zip container is checked by :func:`archives.inspect` (nothing is unpacked), then typed from
+      inside (OOXML by ``[Content_Types].xml``; ODF by its ``mimetype`` entry; any other zip is
+      ``application/zip``).
+    - XML whose root is ``office:document`` with a known ``office:mimetype`` is flat ODF
+      (:data:`FLAT_ODF_MIME_BY_DECLARED`) when the whole file parses
+      (:func:`find_flat_odf_macros`); otherwise it keeps puremagic's type.
+    - Anything else is :func:`detect` of its head (``text/rtf`` normalised to ``application/rtf``).
+
+    Raises:
+        archives.ArchiveRejected: the zip or compound file failed a check (an ``ARCHIVE_*`` code,
+            HTTP 422).
+        archives.MacrosNotAllowed: the document carries macros (VBA in any container, macro-enabled
+            OOXML, Excel 4.0 macro sheets, ODF Basic or scripts, packaged or flat), whatever its name
+            (``MACROS_NOT_ALLOWED``, HTTP 415).
+    """
+    head = content[:HEAD_BYTES]
+    if ole.is_ole(head):
+        compound = ole.inspect(content)
+        _refuse_macros(compound.macros)
+        return compound.mime_type
+    mime = detect(head)
+    if mime == "text/rtf":
+        return "application/rtf"
+    if not archives.is_zip(head):
+        flat = flat_odf_mime(content[:FLAT_ODF_HEAD_BYTES])
+        if flat is None:
+            return mime
+        try:
+            _refuse_macros(find_flat_odf_macros(content))
+        except NotFlatODF:
+            return _magic(head)  # looked like flat ODF, is not: what puremagic says (XML)
+        return flat
+    archive = archives.inspect(content)
+    types = archives.package_types(archive)
+    ooxml = ooxml_mime(types) if types else None
+    _refuse_macros(archives.find_macros(archive, types))
     if ooxml:
+        archives.check_part_names(archive)
         return ooxml
     if mime.startswith("application/vnd.oasis.opendocument."):
+        archives.check_part_names(archive)
         return mime  # ODF, from its first entry (see detect)
     # puremagic guesses zips from the names it sees in the head (a zip holding a.txt "is" a docx):
     # whatever an inspected zip is not typed as from inside, it is a plain zip.
@@ -249,6 +490,12 @@ _MIME_ALIASES = {
     "application/x-pdf": "application/pdf",
     "application/x-zip-compressed": "application/zip",
     "application/x-gzip": "application/gzip",
+    "text/rtf": "application/rtf",
+    "application/x-rtf": "application/rtf",
+    "application/excel": "application/vnd.ms-excel",
+    "application/x-msexcel": "application/vnd.ms-excel",
+    "application/mspowerpoint": "application/vnd.ms-powerpoint",
+    "application/x-mspowerpoint": "application/vnd.ms-powerpoint",
 }
 """Other names clients use for a type :func:`detect` names: a claim under an alias is no mismatch."""
 
@@ -280,6 +527,11 @@ _EXTENSIONS_MIMETYPES_LACKS = {
     ".ods": "application/vnd.oasis.opendocument.spreadsheet",
     ".odp": "application/vnd.oasis.opendocument.presentation",
     ".odg": "application/vnd.oasis.opendocument.graphics",
+    ".xlt": "application/vnd.ms-excel",
+    ".fodt": "application/vnd.oasis.opendocument.text-flat-xml",
+    ".fods": "application/vnd.oasis.opendocument.spreadsheet-flat-xml",
+    ".fodp": "application/vnd.oasis.opendocument.presentation-flat-xml",
+    ".fodg": "application/vnd.oasis.opendocument.graphics-flat-xml",
 }
 _BY_EXTENSION = mimetypes.MimeTypes()  # the built-in table only, never the host's /etc/mime.types
 for _extension, _mime in _EXTENSIONS_MIMETYPES_LACKS.items():

@@ -31,6 +31,7 @@ from hypermedia import archives, contenttype
 from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from services.gateway.jobs import display_name
 from tests.e2e.conftest import RunningPlatform, isolated_platform, wait_job
+from tests.security.test_legacy_office import doc_with_vba, fodt_with_basic, legacy_document
 
 # -- generated files -----------------------------------------------------------------------------
 
@@ -38,6 +39,7 @@ DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
 ODT = "application/vnd.oasis.opendocument.text"
+MSWORD = "application/msword"
 MAIN_DOCX = DOCX + ".main+xml"
 MAIN_DOCM = "application/vnd.ms-word.document.macroEnabled.main+xml"
 MAIN_XLSX = XLSX + ".main+xml"
@@ -437,6 +439,37 @@ def test_archives_that_do_not_parse_are_corrupt(what: str, data: bytes) -> None:
     assert _rejected(data) == "ARCHIVE_CORRUPT", what
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("word/document.xml", "Word/Document.xml"),
+        ("[Content_Types].xml", "[content_types].XML"),
+        ("word/media/image1.png", "word\\media\\image1.png"),
+        ("xl/worksheets/sheet1.xml", "XL\\Worksheets\\Sheet1.XML"),
+    ],
+)
+def test_entry_names_that_differ_only_in_case_or_separator_are_refused(first: str, second: str) -> None:
+    archive = archives.inspect(raw_zip([Raw(first, b"x"), Raw("other.xml", b"z"), Raw(second, b"y")]))
+    with pytest.raises(archives.ArchiveRejected) as caught:
+        archives.check_part_names(archive)
+    assert caught.value.error_code == "ARCHIVE_CORRUPT"
+    assert "differ only in case" in caught.value.public_message
+    # A plain zip may hold such names (the Linux tree has xt_DSCP.c and xt_dscp.c): it is a zip.
+    linux = raw_zip([Raw("netfilter/xt_DSCP.c", b"x"), Raw("netfilter/xt_dscp.c", b"y")])
+    assert contenttype.identify(linux) == "application/zip"
+    # The docx form: the main part twice, once as Word writes it and once in other case.
+    with pytest.raises(archives.ArchiveRejected) as caught:
+        contenttype.identify(ooxml(extra={"Word/Document.xml": _WORD.replace("Quarterly", "Other").encode()}))
+    assert caught.value.error_code == "ARCHIVE_CORRUPT"
+    # Names that only look alike are fine.
+    archives.check_part_names(
+        archives.inspect(raw_zip([Raw("word/document.xml", b"x"), Raw("word/document2.xml", b"y")]))
+    )
+    archives.check_part_names(
+        archives.inspect(raw_zip([Raw("a/b.xml", b"x"), Raw("a/b.xml.rels", b"y"), Raw("A/c.xml", b"z")]))
+    )
+
+
 @pytest.mark.parametrize("build", [_doctype_package, _big_content_types_package])
 def test_content_types_with_a_dtd_or_above_1_mib_are_corrupt(build: Any) -> None:
     archives.inspect(build())  # the archive itself is fine
@@ -600,6 +633,31 @@ REFUSED = [
         "MACROS_NOT_ALLOWED",
     ),
     ("ODF with Basic macros", lambda: odt(ODF_BASIC_MACRO), "minutes.odt", ODT, 415, "MACROS_NOT_ALLOWED"),
+    (
+        "case-only duplicate names",
+        lambda: ooxml(extra={"Word/Document.xml": _WORD.encode()}),
+        "twice.docx",
+        DOCX,
+        422,
+        "ARCHIVE_CORRUPT",
+    ),
+    ("LibreOffice .doc with a VBA project", doc_with_vba, "invoice.doc", MSWORD, 415, "MACROS_NOT_ALLOWED"),
+    (
+        "LibreOffice flat ODF with Basic",
+        fodt_with_basic,
+        "minutes.fodt",
+        "application/vnd.oasis.opendocument.text-flat-xml",
+        415,
+        "MACROS_NOT_ALLOWED",
+    ),
+    (
+        "truncated compound file",
+        lambda: legacy_document("doc")[:2048],
+        "cut.doc",
+        MSWORD,
+        422,
+        "ARCHIVE_CORRUPT",
+    ),
 ]
 
 
@@ -660,6 +718,10 @@ def test_a_macro_document_is_refused_over_grpc_too(
         ("sheet.xlsx", lambda: ooxml("xl/workbook.xml", MAIN_XLSX, "<workbook/>"), XLSX),
         ("slides.pptx", lambda: ooxml("ppt/presentation.xml", MAIN_PPTX, "<presentation/>"), PPTX),
         ("minutes.odt", odt, ODT),
+        ("report.doc", lambda: legacy_document("doc"), MSWORD),
+        ("figures.xls", lambda: legacy_document("xls"), "application/vnd.ms-excel"),
+        ("slides.ppt", lambda: legacy_document("ppt"), "application/vnd.ms-powerpoint"),
+        ("letter.rtf", lambda: legacy_document("rtf"), "application/rtf"),
     ],
 )
 def test_normal_office_documents_are_accepted_and_typed(
