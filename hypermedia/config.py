@@ -63,6 +63,12 @@ class GatewaySettings(_Settings):
     clamd_max_stream_bytes: int = Field(100 * 1024 * 1024, gt=0, validation_alias="HM_CLAMD_MAX_STREAM_BYTES")
     """Largest upload sent to clamd (bytes); larger ones are refused while scanning is on. At most
     clamd's ``StreamMaxLength`` (100M by default)."""
+    secret_key: SecretStr = Field(SecretStr(""), validation_alias="HM_GATEWAY_SECRET_KEY")
+    """The gateway's own secret (at least 16 characters; ``hypermedia up`` generates one). Keys, per
+    use with a label, the HMAC-SHA256 of a document ``password`` in the Idempotency-Key request
+    hash (:mod:`hypermedia.jobsecrets`). Empty: requests with a ``password`` are refused. Every
+    gateway replica needs the same value; changing it makes a stored key sent again with its
+    password answer 409."""
 
     @model_validator(mode="after")
     def _clamd_url(self) -> GatewaySettings:
@@ -70,6 +76,12 @@ class GatewaySettings(_Settings):
             from hypermedia.clamav import ClamdAddress  # here: only a gateway that scans needs it
 
             ClamdAddress.parse(self.clamd_url)  # ValueError naming CLAMD_URL, not its value
+        return self
+
+    @model_validator(mode="after")
+    def _secret_key(self) -> GatewaySettings:
+        if 0 < len(self.secret_key.get_secret_value()) < 16:
+            raise ValueError("HM_GATEWAY_SECRET_KEY must be at least 16 characters (or unset)")
         return self
 
 

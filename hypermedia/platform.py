@@ -161,10 +161,12 @@ class Platform:
             nats_url = self.nats.url
         return database_url, nats_url
 
-    def _signing_key(self) -> str:
-        if self.base_env.get("HM_STORAGE_SIGNING_KEY"):
-            return self.base_env["HM_STORAGE_SIGNING_KEY"]
-        key_file = self.root / "signing.key"
+    def _state_secret(self, variable: str, file_name: str) -> str:
+        """``variable`` from the environment, or else the secret in ``{state}/{file_name}``,
+        generated once (64 hex digits, mode 0600) so that it survives restarts."""
+        if self.base_env.get(variable):
+            return self.base_env[variable]
+        key_file = self.root / file_name
         if not key_file.exists():
             key_file.write_text(secrets.token_hex(32))
             key_file.chmod(0o600)
@@ -209,7 +211,8 @@ class Platform:
                 "HM_STORAGE_BIND": f"127.0.0.1:{storage_port}",
                 "HM_STORAGE_ADDR": f"127.0.0.1:{storage_port}",
                 "HM_STORAGE_HTTP_PORT": str(storage_http_port),
-                "HM_STORAGE_SIGNING_KEY": self._signing_key(),
+                "HM_STORAGE_SIGNING_KEY": self._state_secret("HM_STORAGE_SIGNING_KEY", "signing.key"),
+                "HM_GATEWAY_SECRET_KEY": self._state_secret("HM_GATEWAY_SECRET_KEY", "gateway.key"),
                 "HM_STORAGE_DIR": env.get("HM_STORAGE_DIR", str(self.root / "objects")),
                 "HM_REAPER_WORK_DIRS": os.pathsep.join(w["HM_WORK_DIR"] for w in worker_env.values()),
                 "PYTHONUNBUFFERED": "1",

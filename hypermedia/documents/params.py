@@ -6,9 +6,14 @@ module, never PDFium.
 |---|---|---|
 | ``pdf_info`` | none | ``{}`` |
 | ``text_extract`` | none | ``{}`` |
+| ``office_to_pdf`` | none | ``{}`` |
 | ``pdf_preview`` | ``pages`` (list of page numbers, or a string such as ``"1-3"`` or ``"1,4,6-8"``; default ``[1]``; at most :data:`MAX_PREVIEW_PAGES`), ``width`` (px) **or** ``dpi``, ``format`` (``webp`` default, ``png``, ``jpeg``) | ``{"pages": [sorted, unique], "format": …, "width": …}`` or ``{…, "dpi": …}`` (``dpi`` :data:`DEFAULT_DPI` when neither is given) |
 
-``password`` is refused by every operation for now (see :func:`validate_params`).
+``password`` is not a param here. The gateway takes it out of a request's params before it calls
+:func:`validate_params` (:func:`hypermedia.jobsecrets.take_password`) and keeps it in
+``job_secrets``, never in the job's stored params, so the worker's check never sees it either. A
+``password`` reaching :func:`validate_params` means a caller skipped that step: it is refused, so
+that it is never normalised into params that would be stored.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ __all__ = [
     "validate_params",
 ]
 
-OPERATIONS: Final = ("pdf_info", "pdf_preview", "text_extract")
+OPERATIONS: Final = ("pdf_info", "pdf_preview", "text_extract", "office_to_pdf")
 
 MAX_DOCUMENT_PAGES: Final = 10_000
 """Most pages a PDF may have for any operation (``PDF_PAGE_LIMIT`` above it). PDFium extracts the
@@ -58,6 +63,7 @@ PREVIEW_FORMATS: Final = ("webp", "png", "jpeg")
 _ALLOWED_KEYS: Final = {
     "pdf_info": frozenset(),
     "text_extract": frozenset(),
+    "office_to_pdf": frozenset(),
     "pdf_preview": frozenset({"pages", "width", "dpi", "format"}),
 }
 _PAGE_SPEC: Final = re.compile(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?")
@@ -131,15 +137,16 @@ def validate_params(operation: str, params: dict | None) -> dict:
         params: JSON object from the request; ``None`` means ``{}``.
 
     Returns:
-        A new dict (see the module table). ``pdf_info`` and ``text_extract`` take no params.
+        A new dict (see the module table). ``pdf_info``, ``text_extract`` and ``office_to_pdf``
+        take no params.
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION`` for an unknown operation; ``INVALID_PARAMS`` for a
             non-object, unknown keys, wrong types (booleans are not integers), values out of range,
-            both ``width`` and ``dpi``, and ``password``: a password would be stored in clear in
-            the job's params (``processing_jobs.params``) and hashed into the request's
-            idempotency hash, so encrypted PDFs that need one are not supported yet (an empty user
-            password is opened without one).
+            both ``width`` and ``dpi``, and ``password``: the password of an encrypted PDF travels
+            beside the params (the gateway takes it out first and stores it in ``job_secrets``;
+            see :mod:`hypermedia.jobsecrets`), so one still inside them is a caller's bug and
+            must not end up in ``processing_jobs.params``. The message never contains the value.
     """
     if operation not in OPERATIONS:
         raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
@@ -149,8 +156,8 @@ def validate_params(operation: str, params: dict | None) -> dict:
         raise _invalid("params must be an object")
     if "password" in params:
         raise _invalid(
-            "password is not accepted yet: PDFs that need a password to open cannot be processed "
-            "(a PDF with an empty user password needs none)"
+            "password is not accepted inside the params to validate: the gateway takes it out "
+            "first and keeps it apart from the job"
         )
     unknown = sorted(str(key) for key in params if key not in _ALLOWED_KEYS[operation])
     if unknown:

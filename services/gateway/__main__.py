@@ -4,12 +4,13 @@ Only wires; the use cases are in jobs.py."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AsyncExitStack
 from functools import partial
 
 import httpx
 
-from hypermedia import clamav, config, rpc
+from hypermedia import clamav, config, jobsecrets, rpc
 from hypermedia.events import JobEventHub
 from hypermedia.httpserver import HttpServer
 from hypermedia.jobs.v1 import jobs_pb2_grpc
@@ -19,6 +20,8 @@ from services.gateway import auth
 from services.gateway.grpc_api import JobService
 from services.gateway.jobs import JobsAPI
 from services.gateway.rest import build_app
+
+log = logging.getLogger(__name__)
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
@@ -52,6 +55,10 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             max_stream_bytes=settings.clamd_max_stream_bytes,
         )
 
+    secret_key = settings.secret_key.get_secret_value()
+    if not secret_key:
+        log.warning("HM_GATEWAY_SECRET_KEY is unset: requests with a document password are refused")
+
     api = JobsAPI(
         pool,
         peers.storage,
@@ -63,6 +70,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         max_upload_bytes=settings.max_upload_bytes,
         max_operations=settings.max_operations,
         scanner=scanner,
+        password_key=jobsecrets.derive_key(secret_key) if secret_key else None,
     )
     authenticate = partial(auth.authenticate, pool)
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 
-from hypermedia import contenttype, db, lifecycle
+from hypermedia import contenttype, db, jobsecrets, lifecycle
 from hypermedia.clamav import ClamdScanner
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.documents import params as document_params
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PRIORITY = 5
 PARAM_VALIDATORS = {"images": image_ops.validate_params, "documents": document_params.validate_params}
 """Per queue: the function that normalises an operation's params or raises InvalidArgument."""
+PASSWORD_QUEUES = frozenset({"documents"})
+"""Queues whose operations accept a ``password`` param (kept in ``job_secrets``, never in
+``params``: :mod:`hypermedia.jobsecrets`)."""
 
 
 def credits_value(millicredits: int | None) -> float | None:
@@ -137,6 +140,7 @@ class JobsAPI:
         max_upload_bytes: int,
         max_operations: int,
         scanner: ClamdScanner | None = None,
+        password_key: bytes | None = None,
     ) -> None:
         self._pool = pool
         self._storage = storage
@@ -148,6 +152,9 @@ class JobsAPI:
         self.max_upload_bytes = max_upload_bytes
         self._max_operations = max_operations
         self._scanner = scanner  # None: uploads are not scanned (CLAMD_URL unset)
+        # HMAC key of passwords in request hashes (jobsecrets.derive_key of HM_GATEWAY_SECRET_KEY);
+        # None: requests with a password are refused.
+        self._password_key = password_key
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -271,9 +278,18 @@ class JobsAPI:
         With an ``idempotency_key`` the transaction first takes an advisory lock on (account, key)
         and replays an earlier request with the key, so concurrent duplicates hold credits once.
 
+        A ``password`` in an operation's params is taken out first (:func:`jobsecrets.take_password`),
+        before the request hash, the validation and anything stored: the job's params never hold
+        it; it goes to ``job_secrets`` in the job's transaction. The request hash includes its
+        HMAC (:func:`jobsecrets.password_digest`), so the same key with another password is a
+        different request (409); a request without passwords hashes as it always did.
+
         Raises:
             NotFound: unknown object or not the caller's. InvalidArgument: unknown operation, bad
-            params, priority or webhook. UnsupportedInput: the object's type is not accepted by an
+            params (``INVALID_PARAMS`` also for a password that is not a non-empty string of at
+            most 1024 characters, or given to an operation outside :data:`PASSWORD_QUEUES`),
+            priority or webhook; ``PASSWORDS_NOT_ENABLED`` for a password when the gateway has no
+            ``password_key``. UnsupportedInput: the object's type is not accepted by an
             operation. PayloadTooLarge: the object exceeds a profile's max_input_bytes.
             InsufficientCredits: the hold failed. Conflict: Idempotency-Key reused with another body.
         """
@@ -285,9 +301,11 @@ class JobsAPI:
             raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
         if webhook_url:
             _check_webhook_url(webhook_url)
+        operations, passwords = self._take_passwords(operations)
         request_hash = hashlib.sha256(
             json.dumps(
-                [object_id, [[o.name, o.params] for o in operations], priority, webhook_url], sort_keys=True
+                [object_id, self._hashed_operations(operations, passwords), priority, webhook_url],
+                sort_keys=True,
             ).encode()
         ).hexdigest()
         if idempotency_key:
@@ -310,10 +328,12 @@ class JobsAPI:
         }
         input_kind = contenttype.kind(obj.mime_type)
         normalised = []
-        for op in operations:
+        for op, password in zip(operations, passwords, strict=True):
             profile = profiles.get(op.name)
             if profile is None:
                 raise InvalidArgument(f"unknown operation {op.name!r}", "UNKNOWN_OPERATION")
+            if password is not None and profile["queue"] not in PASSWORD_QUEUES:
+                raise InvalidArgument(f"operation {op.name!r} does not take a password", "INVALID_PARAMS")
             if input_kind not in profile["input_kinds"]:
                 raise UnsupportedInput(
                     f"operation {op.name!r} does not accept {obj.mime_type} input", "UNSUPPORTED_FORMAT"
@@ -390,6 +410,10 @@ class JobsAPI:
                         idempotency_key,
                     )
                     await lifecycle.enqueue_outbox(conn, self._prefix, job_id, profile["queue"], priority)
+                await jobsecrets.store(
+                    conn,
+                    [(j, p) for j, p in zip(job_ids, passwords, strict=True) if p is not None],
+                )
         except BaseException:
             if held:
                 for job_id in job_ids:
@@ -401,6 +425,36 @@ class JobsAPI:
             raise
         self._relay.wake.set()
         return {"job_ids": job_ids, "estimated_credits": credits_value(estimate.total_millicredits)}
+
+    def _take_passwords(
+        self, operations: list[OperationRequest]
+    ) -> tuple[list[OperationRequest], list[str | None]]:
+        """The operations without their ``password`` param, and the passwords (None where none was
+        given), in the same order. Raises InvalidArgument (see :meth:`process`); the password is in
+        no message."""
+        stripped, passwords = [], []
+        for op in operations:
+            params, password = jobsecrets.take_password(op.params)
+            if password is not None and self._password_key is None:
+                raise InvalidArgument("this server does not accept passwords", "PASSWORDS_NOT_ENABLED")
+            stripped.append(OperationRequest(op.name, params) if password is not None else op)
+            passwords.append(password)
+        return stripped, passwords
+
+    def _hashed_operations(
+        self, operations: list[OperationRequest], passwords: list[str | None]
+    ) -> list[list[Any]]:
+        """The operations as the request hash sees them: ``[name, params]``, as before passwords
+        existed (stored hashes stay valid), plus ``{"password_hmac": …}`` for one with a password."""
+        hashed: list[list[Any]] = []
+        for op, password in zip(operations, passwords, strict=True):
+            if password is None:
+                hashed.append([op.name, op.params])
+            else:
+                assert self._password_key is not None  # _take_passwords refused it otherwise
+                digest = jobsecrets.password_digest(self._password_key, password)
+                hashed.append([op.name, op.params, {"password_hmac": digest}])
+        return hashed
 
     async def _replay(
         self, caller: Caller, key: str, request_hash: str, conn: db.Connection | None = None
