@@ -24,12 +24,19 @@ $(STAMP): pyproject.toml uv.lock
 	@UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --frozen --inexact --quiet --python $(VENV)/bin/python
 	@touch $(STAMP)
 
-demo: $(STAMP)
-	$(VENV)/bin/python scripts/demo.py
+# Debian packages the platform runs for real: LibreOffice (headless, without the GUI) with the
+# Python-UNO bridge its listeners are driven through, and the metric-compatible fonts that keep
+# office page counts (Carlito for Calibri, Caladea for Cambria, Liberation for Arial, Times New
+# Roman and Courier New). Installed when missing and running as root, otherwise the script says
+# what to install.
+DEBIAN_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffice-impress-nogui \
+	python3-uno fonts-crosextra-carlito fonts-crosextra-caladea fonts-liberation2
+# What the suite needs besides: clamd for the virus-scan tests.
+DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon
 
-# Debian packages the suite runs for real (clamd for the virus-scan tests); installed when
-# missing and running as root, otherwise the script says what to install.
-DEBIAN_TEST_PACKAGES := clamav-daemon
+demo: $(STAMP)
+	@scripts/ensure_debian_packages.sh $(DEBIAN_PACKAGES)
+	$(VENV)/bin/python scripts/demo.py
 
 test: $(STAMP)
 	@scripts/ensure_debian_packages.sh $(DEBIAN_TEST_PACKAGES)

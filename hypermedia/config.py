@@ -140,6 +140,25 @@ class WorkerSettings(_Settings):
     needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""
 
 
+class OfficeSettings(_Settings):
+    """The docworker's LibreOffice listeners (see :mod:`hypermedia.documents.office`)."""
+
+    python: str = Field("/usr/bin/python3", validation_alias="HM_OFFICE_PYTHON")
+    """A Python with LibreOffice's ``uno`` module (Debian: ``python3-uno``) that runs the
+    conversion host."""
+    soffice: str = Field("/usr/lib/libreoffice/program/soffice", validation_alias="HM_OFFICE_SOFFICE")
+    max_conversions: int = Field(200, ge=1, validation_alias="HM_OFFICE_MAX_CONVERSIONS")
+    """Conversions before a listener is restarted (bounds what one document can leave behind)."""
+    start_timeout: float = Field(60.0, gt=0, validation_alias="HM_OFFICE_START_TIMEOUT")
+    """Seconds a listener may take to start (LibreOffice: about 2 s)."""
+    memory_mb: int = Field(4096, ge=512, validation_alias="HM_OFFICE_MEMORY_MB")
+    """``RLIMIT_AS`` of a listener, MiB (LibreOffice maps about 1.3 GiB of address space at start)."""
+    nproc: int = Field(64, ge=16, validation_alias="HM_OFFICE_NPROC")
+    """``RLIMIT_NPROC`` of a listener's uid (soffice runs about 10 threads)."""
+    fsize_mb: int = Field(2048, ge=1, validation_alias="HM_OFFICE_FSIZE_MB")
+    """``RLIMIT_FSIZE`` of a listener: the largest file it may write, MiB."""
+
+
 class ReaperSettings(_Settings):
     interval_seconds: float = Field(5.0, gt=0, validation_alias="HM_REAPER_INTERVAL_SECONDS")
     requeue_stale_seconds: float = Field(60.0, gt=0, validation_alias="HM_REAPER_REQUEUE_STALE_SECONDS")

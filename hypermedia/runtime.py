@@ -59,8 +59,26 @@ _tracer = trace.get_tracer(__name__)
 T = TypeVar("T")
 
 CANCEL_POLL_SECONDS = 1.0
+UPLOAD_CONCURRENCY = 4
+"""Outputs of one job uploaded at once (a ``pdf_preview`` of 20 pages has 20): each upload is
+mostly waiting on storage (presign, PUT, register), so a few overlap well on 2 cores."""
 FSIZE_LIMIT_BYTES = 10 * 1024**3
 """RLIMIT_FSIZE of a sandboxed job: the seed's 10 GB of temp space."""
+
+
+@dataclass(frozen=True)
+class JobInput:
+    """What a job's sandbox entry is given, as the runtime prepared it."""
+
+    path: Path
+    """The file the entry gets as ``input_path`` (first the downloaded original,
+    ``{job_dir}/input/source``)."""
+    mime_type: str
+    """The original's type as identified at upload."""
+    job_dir: Path
+    """The job's sandbox directory (``input/`` and ``output/`` inside)."""
+    entry_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the entry (picklable; limits from the profile)."""
 
 
 class JobHandler(Protocol):
@@ -71,6 +89,13 @@ class JobHandler(Protocol):
 
     def entry_kwargs(self, job: lifecycle.ClaimedJob) -> dict[str, Any]:
         """Extra keyword arguments of the entry for this job (picklable; limits from the profile)."""
+        ...
+
+    async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
+        """Work the worker does itself after the download and before the sandbox child runs,
+        such as the docworker's LibreOffice conversion (which has its own confinement); returns
+        the input the entry gets (``job_input`` itself when there is nothing to do). Counts against
+        nothing but the job's lease. Raises ``DomainError`` to fail the job with its code."""
         ...
 
 
@@ -418,6 +443,11 @@ class WorkerRuntime:
             with _tracer.start_as_current_span("storage.download"):
                 await self._download(source.key, input_path, job.max_input_bytes)
             await self._progress(job, 0.25, "downloaded")
+            job_input = await self._handler.stage(
+                job,
+                JobInput(input_path, source.mime_type, job_dir, self._handler.entry_kwargs(job)),
+                self._pool,
+            )
             limits = SandboxLimits(
                 cpu_seconds=job.timeout_seconds,
                 wall_seconds=job.timeout_seconds * 1.5,
@@ -429,9 +459,9 @@ class WorkerRuntime:
                 self._handler.entry,
                 job.operation,
                 job.params,
-                input_path,
+                job_input.path,
                 limits,
-                entry_kwargs=self._handler.entry_kwargs(job),
+                entry_kwargs=job_input.entry_kwargs,
             )
             if result.error_code == "CANCELLED" or job.job_id in await self._db(
                 lifecycle.cancel_requested, [job.job_id]
@@ -443,10 +473,7 @@ class WorkerRuntime:
                 raise cls(result.error_message or "processing failed", result.error_code)
             await self._progress(job, 0.75, "processed")
             with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
-                outputs = [
-                    await self._upload(job, source, job_dir / "output" / o.filename, o)
-                    for o in result.outputs
-                ]
+                outputs = await self._upload_all(job, source, job_dir, result.outputs)
             await self._progress(job, 0.95, "uploaded")
             completed = await self._db(
                 lifecycle.complete,
@@ -576,11 +603,26 @@ class WorkerRuntime:
                                 )
                             fh.write(chunk)
 
+    async def _upload_all(
+        self, job: lifecycle.ClaimedJob, source: Any, job_dir: Path, files: list[Any]
+    ) -> list[lifecycle.Output]:
+        """Uploads a job's outputs, at most :data:`UPLOAD_CONCURRENCY` at once, and returns them in
+        the entry's order. The first failure cancels the uploads still running and is raised
+        (what was registered before it is left to storage, as with a failed single upload)."""
+        limit = asyncio.Semaphore(UPLOAD_CONCURRENCY)
+
+        async def one(out: Any) -> lifecycle.Output:
+            async with limit:
+                return await self._upload(job, source, job_dir / "output" / out.filename, out)
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(out)) for out in files]
+        return [task.result() for task in tasks]
+
     async def _upload(self, job: lifecycle.ClaimedJob, source: Any, path: Path, out: Any) -> lifecycle.Output:
         """Upload one output through a presigned PUT and register it with storage."""
         # Never path.read_bytes(): the job could have swapped output/ or the file for a symlink.
-        data = await asyncio.to_thread(read_output, path.parent.parent, path.name)
-        digest = hashlib.sha256(data).hexdigest()
+        data, digest = await asyncio.to_thread(_read_and_hash, path)
         async for attempt in _infra_retry():
             with attempt:
                 put = await call(
@@ -615,6 +657,12 @@ class WorkerRuntime:
             size_bytes=len(data),
             metadata=dict(out.metadata),
         )
+
+
+def _read_and_hash(path: Path) -> tuple[bytes, str]:
+    """An output's bytes (read as :func:`read_output` does) and their SHA-256, hex: off the event loop."""
+    data = read_output(path.parent.parent, path.name)
+    return data, hashlib.sha256(data).hexdigest()
 
 
 def rendition_name(job: lifecycle.ClaimedJob, output_type: str) -> str:

@@ -863,36 +863,126 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
-def _confine_files(job_dir: str) -> bool:
+def _confine_files(job_dir: str, private_tmp: str | None = None) -> bool:
     """In a new mount namespace, cover each of :data:`SHARED_WRITABLE_DIRS` with an empty,
     read-only, nosuid/nodev/noexec tmpfs; a job dir under one of them is bind-mounted back at its
-    path first. Needs CAP_SYS_ADMIN (root); False when the namespace is refused. Mount flags:
-    mount(2), mount_namespaces(7)."""
+    path. With ``private_tmp`` (a directory the confined uid owns), ``/tmp`` is that directory
+    instead, bind-mounted writable (nosuid/nodev/noexec): for programs that insist on ``/tmp``,
+    such as LibreOffice's named pipe. Needs CAP_SYS_ADMIN (root); False when the namespace is
+    refused. Mount flags: mount(2), mount_namespaces(7)."""
     if _libc.unshare(_CLONE_NEWNS) != 0:
         return False
-    job_fd = os.open(job_dir, os.O_PATH | os.O_DIRECTORY)
+    fds = [os.open(job_dir, os.O_PATH | os.O_DIRECTORY)]
     try:
-        return _cover_shared_dirs(job_dir, job_fd)
+        if private_tmp is not None:
+            fds.append(os.open(private_tmp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW))
+        _cover_shared_dirs(job_dir, fds[0], fds[1] if private_tmp is not None else None)
+        return True
     except OSError:
         return False  # mount refused (a restricted container): the documented fallback
     finally:
-        os.close(job_fd)
+        for fd in fds:
+            os.close(fd)
 
 
-def _cover_shared_dirs(job_dir: str, job_fd: int) -> bool:
+def _cover_shared_dirs(job_dir: str, job_fd: int, tmp_fd: int | None) -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing leaks back to the host
     hardening = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     for shared in SHARED_WRITABLE_DIRS:
         if os.path.islink(shared) or not os.path.isdir(shared):
             continue
-        _mount("tmpfs", shared, "tmpfs", hardening, "size=16k,mode=0755")
+        private = shared == "/tmp" and tmp_fd is not None
+        if private:
+            _mount(f"/proc/self/fd/{tmp_fd}", shared, None, _MS_BIND)
+        else:
+            _mount("tmpfs", shared, "tmpfs", hardening, "size=16k,mode=0755")
         inside = os.path.relpath(job_dir, shared)
         if not inside.startswith(".."):
             target = os.path.join(shared, inside)
             os.makedirs(target, mode=0o755, exist_ok=True)
             _mount(f"/proc/self/fd/{job_fd}", target, None, _MS_BIND)
-        _mount(None, shared, None, _MS_REMOUNT | _MS_RDONLY | hardening, "size=16k,mode=0755")
-    return True
+        if private:
+            _mount(None, shared, None, _MS_REMOUNT | _MS_BIND | hardening)
+        else:
+            _mount(None, shared, None, _MS_REMOUNT | _MS_RDONLY | hardening, "size=16k,mode=0755")
+
+
+def confined_exec_main() -> NoReturn:
+    """Entry of a confined **long-lived** helper process (``python -c``), such as the docworker's
+    LibreOffice listener: applies the job sandbox's confinement to itself, then ``execve``s the
+    helper. Unlike a job, it has no CPU limit (the caller enforces a wall-clock timeout per request)
+    and keeps stdin/stdout/stderr (its request channel).
+
+    ``argv[1]`` is a JSON object: ``argv`` (the program and its arguments; ``argv[0]`` an absolute
+    path), ``dir`` (its working directory; must exist), ``uid``/``gid`` (``null``: keep the
+    caller's; else needs root), ``private_tmp`` (a directory bind-mounted over ``/tmp``, or
+    ``null``), ``isolate_network`` (bool), ``memory_bytes`` (``RLIMIT_AS``), ``fsize_bytes``,
+    ``nproc`` (``RLIMIT_NPROC``, relative to the uid's tasks when the uid is kept), ``env``.
+
+    Order as in :func:`_child_main`: network namespace, mount namespace, rlimits, drop to the uid
+    (no supplementary groups), ``no_new_privs``, parent-death SIGKILL (set after the uid change,
+    which clears it), ``umask 077``. Exits 71 when a confinement step fails (namespaces refused
+    are not failures: the helper runs without them, as jobs do), 127 when ``execve`` fails."""
+    try:
+        spec = json.loads(sys.argv[1])
+        parent = os.getppid()
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        if spec["isolate_network"]:
+            _libc.unshare(_CLONE_NEWNET)
+        if spec["uid"] is not None:
+            _confine_files(spec["dir"], spec["private_tmp"])
+        _limit_and_drop(spec["memory_bytes"], spec["fsize_bytes"], spec["nproc"], spec["uid"], spec["gid"])
+        if os.getppid() != parent:
+            os._exit(71)
+        os.umask(0o077)
+        os.chdir(spec["dir"])
+    except BaseException:
+        traceback.print_exc()
+        os._exit(71)
+    try:
+        os.execve(spec["argv"][0], spec["argv"], spec["env"])
+    except OSError:
+        traceback.print_exc()
+    os._exit(127)
+
+
+def kill_uid(uid: int) -> int:
+    """SIGKILLs every process whose real uid is ``uid`` (found in ``/proc``); returns how many.
+    Only for a uid that belongs to one confined helper alone (needs root for another uid)."""
+    killed = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                line = next(x for x in fh.read().splitlines() if x.startswith(b"Uid:"))
+            if int(line.split()[1]) == uid:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, StopIteration, ValueError):
+            continue
+    return killed
+
+
+def _limit_and_drop(
+    memory_bytes: int, fsize_bytes: int, nproc: int, uid: int | None, gid: int | None
+) -> None:
+    """The confinement steps a job child and a confined helper share, in this order:
+    ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` (relative to the uid's tasks when the uid is
+    kept, see :func:`_uid_tasks`), no core dumps, then (``uid`` given) no supplementary groups,
+    ``gid``, ``uid``; ``no_new_privs``; parent-death SIGKILL (set last: a uid change clears it)."""
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_bytes, fsize_bytes))
+    nproc = nproc if uid is not None else _uid_tasks(os.getuid()) + nproc
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if uid is not None:
+        assert gid is not None
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
@@ -919,17 +1009,9 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         limits = request["limits"]
         cpu = int(limits["cpu_seconds"])
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits["fsize_bytes"], limits["fsize_bytes"]))
-        nproc = limits["nproc"] if request["uid"] is not None else _uid_tasks(os.getuid()) + limits["nproc"]
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if request["uid"] is not None:
-            os.setgroups([])
-            os.setgid(request["gid"])
-            os.setuid(request["uid"])
-        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by setuid, so set afterwards
+        _limit_and_drop(
+            limits["memory_bytes"], limits["fsize_bytes"], limits["nproc"], request["uid"], request["gid"]
+        )
         if os.getppid() != zygote_pid:
             os._exit(71)
         os.umask(0o077)

@@ -1,5 +1,6 @@
-"""`make demo`: start the platform on embedded defaults, process the sample photos through REST the
-way an app would, download the results into ./demo-output/, and shut everything down.
+"""`make demo`: start the platform on embedded defaults, process the sample photos, a PDF and an
+OpenDocument text through REST the way an app would, download the results into ./demo-output/, and
+shut everything down.
 
 Nothing here talks to a service directly: it runs `hypermedia up`, `hypermedia admin
 create-account`, and then only the public REST API.
@@ -22,6 +23,13 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = REPO / "tests" / "data" / "exif-orientation"
+DOCUMENTS: list[tuple[Path, list[Any]]] = [
+    (
+        REPO / "tests" / "data" / "pdf" / "pdflatex-4-pages.pdf",
+        [{"name": "pdf_preview", "params": {"pages": "1-4", "width": 400}}, "text_extract"],
+    ),
+    (REPO / "tests" / "data" / "office" / "libre-office-writer.odt", ["office_to_pdf", "text_extract"]),
+]
 OUT = REPO / "demo-output"
 STATE = REPO / ".hypermedia" / "demo"
 
@@ -61,6 +69,28 @@ def _wait_jobs(client: httpx.Client, job_ids: list[str]) -> list[dict[str, Any]]
                     done[job_id] = job
         time.sleep(0.1)
     return [done.get(j) or client.get(f"/v1/jobs/{j}").json() for j in job_ids]
+
+
+_EXTENSIONS = {
+    "image/jpeg": "jpg",
+    "image/png": "png",
+    "image/webp": "webp",
+    "image/avif": "avif",
+    "application/pdf": "pdf",
+    "application/json": "json",
+    "text/plain": "txt",
+}
+
+
+def _describe(meta: dict[str, Any]) -> str:
+    """What an output is in a few characters: pixel size, pages, or characters of text."""
+    if "width" in meta:
+        return f"{meta['width']}×{meta['height']}"
+    if "chars" in meta:
+        return f"{meta['chars']} chars"
+    if "page_count" in meta:
+        return f"{meta['page_count']} page(s)"
+    return ""
 
 
 def main() -> int:
@@ -103,8 +133,8 @@ def main() -> int:
             base_url=rest, headers={"Authorization": f"Bearer {account['api_key']}"}, timeout=60
         ) as c:
             requests = []
+            inputs: list[tuple[Path, list[Any]]] = []
             for photo in sorted(PHOTOS.glob("Landscape_*.jpg")):
-                obj = c.post("/v1/objects", files={"file": (photo.name, photo.read_bytes())}).json()
                 ops: list[Any] = ["thumbnail"]
                 if photo.name == "Landscape_6.jpg":
                     ops += [
@@ -112,24 +142,27 @@ def main() -> int:
                         {"name": "compress", "params": {"quality": 40}},
                         {"name": "convert", "params": {"format": "avif"}},
                     ]
+                inputs.append((photo, ops))
+            for path, ops in [*inputs, *DOCUMENTS]:
+                obj = c.post("/v1/objects", files={"file": (path.name, path.read_bytes())}).json()
                 created = c.post(
                     "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops}
                 )
                 created.raise_for_status()
-                requests.append((photo.name, created.json()["job_ids"]))
+                requests.append((path.name, created.json()["job_ids"]))
             for name, job_ids in requests:
                 for job in _wait_jobs(c, job_ids):
                     for output in job["outputs"]:
-                        ext = output["mime_type"].split("/")[-1].replace("jpeg", "jpg")
-                        target = OUT / f"{Path(name).stem}.{job['operation']}.{ext}"
+                        ext = _EXTENSIONS.get(output["mime_type"].split(";")[0], "bin")
+                        kind = "" if output["output_type"] == ext else f".{output['output_type']}"
+                        target = OUT / f"{Path(name).stem}{kind}.{ext}"
                         target.write_bytes(httpx.get(output["url"], timeout=60).content)
-                        meta = output["metadata"]
                         rows.append(
                             (
                                 name,
                                 job["operation"],
                                 job["status"],
-                                f"{meta.get('width')}×{meta.get('height')}",
+                                _describe(output["metadata"]),
                                 output["size_bytes"],
                                 target.relative_to(REPO),
                             )
@@ -142,9 +175,9 @@ def main() -> int:
             )
             balance = c.get("/v1/credits").json()
         print()
-        print(f"{'input':18} {'operation':10} {'status':10} {'size':>11} {'bytes':>8}  result")
+        print(f"{'input':24} {'operation':13} {'status':10} {'what':>14} {'bytes':>8}  result")
         for name, op, status, dims, size, path in rows:
-            print(f"{name:18} {op:10} {status:10} {dims:>11} {size:>8}  {path}")
+            print(f"{name:24} {op:13} {status:10} {dims:>14} {size:>8}  {path}")
         print()
         print(
             f"a text file named notes.jpg: HTTP {refused.status_code} {refused.json()['error_code']}"

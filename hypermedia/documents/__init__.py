@@ -2,9 +2,13 @@
 
 - :mod:`hypermedia.documents.params`: the operations' params, validated at job creation (by the
   gateway, pure Python) and again in the worker.
-- :mod:`hypermedia.documents.pdf`: ``pdf_info``, ``pdf_preview`` and ``text_extract`` on PDFs with
-  PDFium (pypdfium2); the sandbox entry point :func:`hypermedia.documents.pdf.run`.
+- :mod:`hypermedia.documents.pdf`: ``pdf_info``, ``pdf_preview``, ``text_extract`` and the PDF
+  step of ``office_to_pdf`` with PDFium (pypdfium2); the sandbox entry point
+  :func:`hypermedia.documents.pdf.run`.
 - :mod:`hypermedia.documents.engine_process`: runs the PDFium work in a process of its own inside
   the sandboxed job, so that a native abort (PDFium ends the process when an allocation fails) is
   told apart from a crash and reported with a specific code.
+- :mod:`hypermedia.documents.office`: office documents → PDF with warm LibreOffice listeners (one
+  per slot, confined, restarted after N conversions or a hang), driven through
+  :mod:`hypermedia.documents.office_host` (a script run under the system Python with ``uno``).
 """

@@ -1,4 +1,7 @@
-"""``pdf_info``, ``pdf_preview`` and ``text_extract`` of PDFs, with PDFium through pypdfium2.
+"""``pdf_info``, ``pdf_preview``, ``text_extract`` and ``office_to_pdf`` of PDFs, with PDFium through
+pypdfium2. For ``office_to_pdf`` (and ``text_extract`` of an office document) the input is the PDF
+the worker's LibreOffice listener made (:mod:`hypermedia.documents.office`): this module checks it
+like any PDF before it becomes an output.
 
 The entry point :func:`run` is what the docworker's sandbox children call. Every operation:
 
@@ -39,6 +42,7 @@ import codecs
 import json
 import math
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -84,6 +88,7 @@ _MIME_BY_FORMAT: Final = {"webp": "image/webp", "png": "image/png", "jpeg": "ima
 _EXTENSION_BY_FORMAT: Final = {"webp": "webp", "png": "png", "jpeg": "jpg"}
 TEXT_MIME: Final = "text/plain; charset=utf-8"
 JSON_MIME: Final = "application/json"
+PDF_MIME: Final = "application/pdf"
 
 # PDFium hands out text as UTF-16LE; pypdfium2 decodes it with this codec. Looked up here, so that
 # the zygote has it: a sandbox child may not be able to read the interpreter's files to import it
@@ -121,6 +126,7 @@ def run(
     *,
     limits: DocumentLimits,
     password: str | None = None,
+    converted: dict[str, Any] | None = None,
 ) -> list[OutputFile]:
     """Runs one document operation on one PDF and writes its outputs into ``out_dir``.
 
@@ -131,7 +137,10 @@ def run(
         out_dir: existing directory for the outputs.
         limits: checked before any page is loaded or rendered.
         password: the document's user password, for encrypted PDFs. Never part of ``params`` (those
-            are stored with the job); no caller passes one yet.
+            are stored with the job).
+        converted: for an office document converted to PDF by the worker, facts about the
+            conversion (``source_mime_type``, ``libreoffice_pages``, ``conversion_ms``), added to
+            every output's metadata.
 
     Returns:
         ``pdf_info``: one ``info`` output (``application/json``, see :func:`_info`); its metadata
@@ -140,7 +149,9 @@ def run(
         ``format``, ``size_bytes``, ``page_count``. ``text_extract``: ``text`` (plain UTF-8, pages
         separated by a form feed, U+000C) and ``text_json`` (``application/json``: ``page_count``,
         ``has_text_layer``, ``chars``, ``pages[{page, text, chars}]``); metadata ``page_count``,
-        ``has_text_layer``, ``chars``, ``size_bytes``.
+        ``has_text_layer``, ``chars``, ``size_bytes``. ``office_to_pdf``: one ``pdf`` output
+        (``application/pdf``, the converted document as LibreOffice exported it); metadata
+        ``page_count``, ``has_text_layer``, ``size_bytes``.
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
@@ -165,7 +176,10 @@ def run(
     raw_outputs = engine_process.call(
         _engine, operation, params, str(input_path), str(out_dir), limits, password
     )
-    return [OutputFile(**raw) for raw in raw_outputs]
+    outputs = [OutputFile(**raw) for raw in raw_outputs]
+    for output in outputs:
+        output.metadata.update(converted or {})
+    return outputs
 
 
 # --- engine side: everything below runs in the engine process ------------------------------------
@@ -410,4 +424,24 @@ def _encode(bitmap: pdfium.PdfBitmap, output_format: str, path: str) -> None:
         image.jpegsave(path, optimize_coding=True, keep="none")
 
 
-_ENGINES: Final = {"pdf_info": _info, "pdf_preview": _preview, "text_extract": _text}
+def _office_pdf(
+    params: dict, input_path: str, out_dir: str, limits: DocumentLimits, password: str | None
+) -> list[dict]:
+    """``document.pdf``: the converted document, once PDFium has opened it and counted its pages
+    (a conversion is held to the same page limit as an uploaded PDF)."""
+    document = _open(input_path, limits, password)
+    count = len(document)
+    has_text = _has_text_layer(document, count)
+    document.close()
+    target = os.path.join(out_dir, "document.pdf")
+    shutil.copyfile(input_path, target)
+    summary = {"page_count": count, "has_text_layer": has_text, "size_bytes": os.path.getsize(target)}
+    return [asdict(OutputFile("pdf", "document.pdf", PDF_MIME, summary))]
+
+
+_ENGINES: Final = {
+    "pdf_info": _info,
+    "pdf_preview": _preview,
+    "text_extract": _text,
+    "office_to_pdf": _office_pdf,
+}

@@ -1,53 +1,123 @@
 """``python -m services.docworker``: the worker of queue ``documents`` (``pdf_info``,
-``pdf_preview``, ``text_extract`` with PDFium). Only configures
-:func:`hypermedia.workerservice.serve_worker`: the pipeline :func:`hypermedia.documents.pdf.run`,
-run in :class:`hypermedia.sandbox.Sandbox` children whose zygote has imported pyvips and pypdfium2
-(PDFium initialised, no thread started: see :mod:`hypermedia.documents.pdf`).
+``pdf_preview``, ``text_extract`` with PDFium; ``office_to_pdf`` and ``text_extract`` of office
+documents with LibreOffice first). Configures :func:`hypermedia.workerservice.serve_worker`: the
+pipeline :func:`hypermedia.documents.pdf.run`, run in :class:`hypermedia.sandbox.Sandbox` children
+whose zygote has imported pyvips and pypdfium2 (PDFium initialised, no thread started: see
+:mod:`hypermedia.documents.pdf`), and one warm LibreOffice listener per slot
+(:class:`hypermedia.documents.office.OfficePool`) that converts office documents to PDF before
+the sandboxed PDFium step checks the PDF (``office_to_pdf``) or extracts its text.
 
 Its defaults differ from the imageworker's: ``HM_WORKER_QUEUE`` is ``documents`` and
 ``HM_WORKER_SLOTS`` is 2 (the seed's documents profile: 2–4 jobs at once) when the environment
 does not set them. Any queue other than ``documents`` is a configuration error (exit 78): this
-worker knows no other operations.
+worker knows no other operations. With root, jobs run as uids ``HM_SANDBOX_UID_BASE + i`` and
+listeners as ``HM_SANDBOX_UID_BASE + slots + i``, so the slots are at most 32 (exit 78 above).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any, Final
 
-from hypermedia import config
+import asyncpg
+
+from hypermedia import config, contenttype, db, jobsecrets
+from hypermedia.documents.office import OfficePool
 from hypermedia.documents.pdf import DocumentLimits
+from hypermedia.errors import PermanentJobError
 from hypermedia.lifecycle import ClaimedJob
+from hypermedia.runtime import JobInput
 from hypermedia.service import Lifetime, run_service
 from hypermedia.workerservice import serve_worker
 
 QUEUE: Final = "documents"
 DEFAULT_SLOTS: Final = 2
+MAX_SLOTS_AS_ROOT: Final = 32
+"""Half of the uid range each worker process gets (``platform.UID_RANGE_PER_REPLICA``): one uid
+per job slot and one per listener."""
+CONVERTING_OPERATIONS: Final = frozenset({"office_to_pdf", "text_extract"})
+"""Operations that accept an office document (converted to PDF first)."""
 
 
 class DocumentHandler:
-    """Runs :func:`hypermedia.documents.pdf.run` with the profile's size and per-page pixel limits."""
+    """Runs :func:`hypermedia.documents.pdf.run` with the profile's size and per-page pixel limits,
+    after converting an office document to PDF with a warm LibreOffice listener."""
 
     entry = "hypermedia.documents.pdf:run"
 
+    def __init__(self, office: OfficePool) -> None:
+        self.office = office
+
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
         return {"limits": DocumentLimits(max_input_bytes=job.max_input_bytes, max_page_pixels=job.max_pixels)}
+
+    async def stage(self, job: ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
+        """The job's PDF password, when the request gave one, goes to the entry as ``password``
+        (read from ``job_secrets`` now, never stored with the job). An office document becomes
+        ``input/converted.pdf`` (the entry's input from then on); a PDF goes to the entry as it is.
+
+        Raises:
+            PermanentJobError: ``UNSUPPORTED_FORMAT`` for an office document and an operation
+                that takes PDFs only (the gateway refuses those first); the conversion's errors
+                (:meth:`OfficePool.convert`).
+            TransientError: the conversion's (:meth:`OfficePool.convert`).
+        """
+        password = None
+        async for attempt in db.retrying():  # across a Postgres restart, as the lifecycle writes
+            with attempt:
+                password = await jobsecrets.fetch_password(pool, job.job_id)
+        if password is not None:
+            job_input = dataclasses.replace(
+                job_input, entry_kwargs={**job_input.entry_kwargs, "password": password}
+            )
+        if contenttype.kind(job_input.mime_type) != "office":
+            return job_input
+        if job.operation not in CONVERTING_OPERATIONS:
+            raise PermanentJobError(f"{job.operation} takes PDFs only.", "UNSUPPORTED_FORMAT")
+        conversion = await self.office.convert(job_input.path, job_input.mime_type, job.timeout_seconds)
+        converted = job_input.job_dir / "input" / "converted.pdf"
+        await asyncio.to_thread(converted.write_bytes, conversion.pdf)
+        facts = {
+            "source_mime_type": job_input.mime_type,
+            "libreoffice_pages": conversion.pages,
+            "conversion_ms": round(conversion.seconds * 1000),
+        }
+        return dataclasses.replace(
+            job_input, path=converted, entry_kwargs={**job_input.entry_kwargs, "converted": facts}
+        )
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     # serve_worker reads WorkerSettings from the environment; this worker's defaults go there first.
     os.environ.setdefault("HM_WORKER_QUEUE", QUEUE)
     os.environ.setdefault("HM_WORKER_SLOTS", str(DEFAULT_SLOTS))
-    if config.load(config.WorkerSettings).queue != QUEUE:
+    settings = config.load(config.WorkerSettings)
+    if settings.queue != QUEUE:
         raise config.ConfigError(
             f"invalid configuration:\n  HM_WORKER_QUEUE: the docworker consumes {QUEUE} only"
         )
+    is_root = os.geteuid() == 0
+    if is_root and settings.slots > MAX_SLOTS_AS_ROOT:
+        raise config.ConfigError(
+            f"invalid configuration:\n  HM_WORKER_SLOTS: the docworker runs at most {MAX_SLOTS_AS_ROOT} slots"
+        )
+    first = settings.sandbox_uid_base + settings.slots
+    office = OfficePool(
+        Path(settings.work_dir) / "office",
+        [(first + i, first + i) if is_root else None for i in range(settings.slots)],
+        config.load(config.OfficeSettings),
+    )
+    await office.start()
+    stack.push_async_callback(office.close)
     await serve_worker(
         stack,
         stop,
         role="docworker",
-        handler=DocumentHandler(),
+        handler=DocumentHandler(office),
         preload=("pyvips", "pypdfium2", "hypermedia.documents.pdf"),
     )
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import asyncpg
+
 from hypermedia.imaging.ops import ImageLimits
 from hypermedia.lifecycle import ClaimedJob
+from hypermedia.runtime import JobInput
 from hypermedia.service import run_service
 from hypermedia.workerservice import serve_worker
 
@@ -20,6 +23,9 @@ class ImageHandler:
 
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
         return {"limits": ImageLimits(max_pixels=job.max_pixels, max_input_bytes=job.max_input_bytes)}
+
+    async def stage(self, job: ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
+        return job_input  # everything happens in the sandbox
 
 
 serve = partial(

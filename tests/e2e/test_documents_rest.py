@@ -168,17 +168,7 @@ def test_password_protected_pdf_fails_with_password_required_and_costs_nothing(c
         assert job["error_message"] == "The PDF is encrypted and needs a password to open."
         assert job["attempt_count"] == 1 and job["outputs"] == [] and job["actual_credits"] is None
     assert client.get("/v1/credits").json() == before
-    refused = client.post(
-        "/v1/hypermedia/process",
-        json={
-            "object_id": obj["object_id"],
-            "operations": [{"name": "pdf_preview", "params": {"password": "openpassword"}}],
-        },
-    )
-    assert refused.status_code == 422
-    assert refused.json()["error_code"] == "INVALID_PARAMS"
-    assert "password is not accepted yet" in refused.json()["detail"]
-    assert "openpassword" not in refused.text
+    # With a password: tests/e2e/test_pdf_passwords.py.
 
 
 @pytest.mark.parametrize(
@@ -188,7 +178,8 @@ def test_password_protected_pdf_fails_with_password_required_and_costs_nothing(c
         ({"name": "pdf_preview", "params": {"width": 640, "dpi": 150}}, 422, "INVALID_PARAMS"),
         ({"name": "pdf_preview", "params": {"format": "gif"}}, 422, "INVALID_PARAMS"),
         ({"name": "text_extract", "params": {"pages": [1]}}, 422, "INVALID_PARAMS"),
-        ("office_to_pdf", 422, "UNKNOWN_OPERATION"),
+        ("docx_to_pdf", 422, "UNKNOWN_OPERATION"),
+        ("office_to_pdf", 415, "UNSUPPORTED_FORMAT"),
         ("thumbnail", 415, "UNSUPPORTED_FORMAT"),
     ],
 )
@@ -224,12 +215,14 @@ def test_profiles_and_the_docworker(platform: RunningPlatform) -> None:
     with psycopg.connect(platform.env["DATABASE_URL"]) as conn:
         rows = conn.execute(
             "SELECT operation, queue, input_kinds, timeout_seconds, memory_limit_mb, max_pixels, active"
-            " FROM processing_profiles WHERE queue = 'documents' ORDER BY operation"
+            " FROM processing_profiles WHERE queue = 'documents' ORDER BY operation, version"
         ).fetchall()
     assert [(r[0], r[1], r[2], r[6]) for r in rows] == [
+        ("office_to_pdf", "documents", ["office"], True),
         ("pdf_info", "documents", ["pdf"], True),
         ("pdf_preview", "documents", ["pdf"], True),
-        ("text_extract", "documents", ["pdf"], True),
+        ("text_extract", "documents", ["pdf"], False),
+        ("text_extract", "documents", ["pdf", "office"], True),
     ]
     assert {r[0]: r[5] for r in rows}["pdf_preview"] == 40_000_000
     with grpc.insecure_channel(platform.info["workers"]["docworker"]) as chan:

@@ -832,7 +832,8 @@ def test_params_are_normalised() -> None:
         ("text_extract", {"password": "openpassword"}, "INVALID_PARAMS", "password is not accepted"),
         ("pdf_preview", {"password": ""}, "INVALID_PARAMS", "password is not accepted"),
         ("pdf_preview", [1], "INVALID_PARAMS", "object"),
-        ("office_to_pdf", {}, "UNKNOWN_OPERATION", "unknown operation"),
+        ("docx_to_pdf", {}, "UNKNOWN_OPERATION", "unknown operation"),
+        ("office_to_pdf", {"format": "pdf"}, "INVALID_PARAMS", "unknown params"),
     ],
 )
 def test_bad_params(operation: str, params: Any, code: str, fragment: str) -> None:

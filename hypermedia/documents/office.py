@@ -1,0 +1,377 @@
+"""Office documents → PDF with warm LibreOffice listeners (the docworker's ``office_to_pdf``, and
+the first step of ``text_extract`` on an office document).
+
+Shape::
+
+    worker (asyncio) ──stdin: JSON lines──▶ confined launcher ─execve─▶ office_host.py ──UNO pipe──▶ soffice
+                     ◀──stdout: JSON lines──                              (system Python + uno)
+
+* One :class:`OfficeListener` per slot (:class:`OfficePool`): a conversion host
+  (:mod:`hypermedia.documents.office_host`) that keeps one ``soffice --headless`` running and
+  converts one document at a time. Starting LibreOffice costs about two seconds; a warm listener
+  converts a one-page document in a tenth of that (``bench/office_to_pdf.py``).
+* **Confinement** (:func:`hypermedia.sandbox.confined_exec_main`): with root, a listener runs as a
+  uid of its own (never a job's), in an empty network namespace (no remote resource can be
+  fetched) and a mount namespace where the shared temp directories are hidden and ``/tmp`` is its
+  own directory; ``RLIMIT_AS`` (``HM_OFFICE_MEMORY_MB``), ``RLIMIT_NPROC``,
+  ``RLIMIT_FSIZE``, no core dumps, ``no_new_privs``. Without root it keeps the worker's uid and
+  only the rlimits apply (as jobs, see docs/security.md).
+* **Throwaway profile**: each start gets a fresh directory (profile, ``/tmp``, input, output),
+  removed when the listener stops; the profile disables macros outright and blocks links from
+  untrusted documents (see ``office_host.REGISTRY``). Documents are opened hidden, read-only,
+  with ``MacroExecutionMode`` NEVER_EXECUTE, ``UpdateDocMode`` NO_UPDATE and the import filter
+  named by the upload's identified type (:data:`IMPORT_FILTERS`), so a file is never sniffed
+  into another format (HTML, say) by LibreOffice itself.
+* **Restarts**: after ``HM_OFFICE_MAX_CONVERSIONS`` conversions; after a conversion that
+  did not answer within the job's timeout (the listener's process group is killed: ``TIMEOUT``,
+  permanent — the same document would hang again); after any reply that is not a plain success
+  or a document error; and when the process has died. The next conversion starts it again. A
+  listener that cannot start falls back to a **cold** listener for that one document (started,
+  used once, stopped).
+* Input and output cross through the listener's own directory: the worker copies the input in
+  (owned by the listener's uid) and reads the PDF back with ``O_NOFOLLOW`` at every step
+  (:func:`hypermedia.sandbox.read_output`), so a compromised listener cannot make the worker read
+  another file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from hypermedia.config import OfficeSettings
+from hypermedia.errors import PermanentJobError, TransientError
+from hypermedia.sandbox import kill_uid, read_output
+
+__all__ = [
+    "HOST_SCRIPT",
+    "IMPORT_FILTERS",
+    "Conversion",
+    "OfficeListener",
+    "OfficePool",
+]
+
+log = logging.getLogger(__name__)
+
+HOST_SCRIPT: Final = Path(__file__).with_name("office_host.py")
+
+IMPORT_FILTERS: Final[dict[str, str]] = {
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": "MS Word 2007 XML",
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.template": "MS Word 2007 XML Template",
+    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": "Calc MS Excel 2007 XML",
+    "application/vnd.openxmlformats-officedocument.spreadsheetml.template": "Calc MS Excel 2007 XML Template",
+    "application/vnd.openxmlformats-officedocument.presentationml.presentation": "Impress MS PowerPoint 2007 XML",
+    "application/vnd.openxmlformats-officedocument.presentationml.slideshow": (
+        "Impress MS PowerPoint 2007 XML AutoPlay"
+    ),
+    "application/vnd.openxmlformats-officedocument.presentationml.template": (
+        "Impress MS PowerPoint 2007 XML Template"
+    ),
+    "application/vnd.oasis.opendocument.text": "writer8",
+    "application/vnd.oasis.opendocument.text-template": "writer8_template",
+    "application/vnd.oasis.opendocument.spreadsheet": "calc8",
+    "application/vnd.oasis.opendocument.spreadsheet-template": "calc8_template",
+    "application/vnd.oasis.opendocument.presentation": "impress8",
+    "application/vnd.oasis.opendocument.presentation-template": "impress8_template",
+    "application/vnd.oasis.opendocument.graphics": "draw8",
+    "application/msword": "MS Word 97",
+    "application/vnd.ms-excel": "MS Excel 97",
+    "application/vnd.ms-powerpoint": "MS PowerPoint 97",
+    "application/rtf": "Rich Text Format",
+}
+"""Identified upload type → LibreOffice import filter (names as registered in LibreOffice's
+``filter/source/config/fragments/filters/*.xcu``). A type not here is ``UNSUPPORTED_FORMAT``."""
+
+MAX_PDF_BYTES: Final = 1 << 30
+"""Largest PDF a conversion may produce (a bigger one is ``RESOURCE_LIMIT``)."""
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A finished conversion."""
+
+    pdf: bytes
+    """The PDF LibreOffice exported."""
+    pages: int
+    """Pages as LibreOffice laid the document out (Writer, Impress, Draw; 0 for spreadsheets,
+    whose printed page count only the PDF knows)."""
+    seconds: float
+    """Wall time of the conversion (not counting a listener start)."""
+    warm: bool
+    """False when the listener had to be started for this conversion."""
+
+
+class OfficeListener:
+    """One warm LibreOffice (a confined conversion host) converting one document at a time.
+
+    Args:
+        name: unique within the worker (a directory and pipe name part), e.g. ``slot0``.
+        base_dir: parent of the listener's directory ``{base_dir}/{name}/`` (recreated at each
+            start); every ancestor must be searchable by ``uid``.
+        uid: ``(uid, gid)`` of the listener (needs root), or ``None`` to keep the worker's.
+        settings: see :class:`hypermedia.config.OfficeSettings`.
+    """
+
+    def __init__(
+        self, name: str, base_dir: Path, uid: tuple[int, int] | None, settings: OfficeSettings
+    ) -> None:
+        self.name = name
+        self.dir = Path(base_dir).absolute() / name
+        self.uid = uid
+        self.settings = settings
+        self.conversions = 0
+        """Conversions since the current start."""
+        self.starts = 0
+        """How often the listener was started (restarts + 1, after the first start)."""
+        self.soffice_pid: int | None = None
+        """The running LibreOffice's pid (its launcher script's; ``soffice.bin`` is a descendant)."""
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The conversion host's pid while it runs (the leader of the listener's process group)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def start(self) -> None:
+        """Starts the host and waits until LibreOffice accepts connections.
+
+        Raises:
+            TransientError: ``OFFICE_UNAVAILABLE`` when it does not come up within
+                ``settings.start_timeout`` (its stderr goes to the worker's).
+        """
+        await self.stop()
+        if self.uid is not None:
+            kill_uid(self.uid[0])  # what a crashed worker's listener of this uid left running
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for sub in ("", "tmp", "profile", "input", "output"):
+            path = self.dir / sub
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.uid is not None:
+                os.chown(path, *self.uid)
+        host_config = {
+            "soffice": self.settings.soffice,
+            "profile": str(self.dir / "profile"),
+            "pipe": f"hm-office-{os.getpid()}-{self.name}-{secrets.token_hex(4)}",
+            "start_timeout": self.settings.start_timeout,
+        }
+        spec = {
+            "argv": [self.settings.python, "-I", str(HOST_SCRIPT), json.dumps(host_config)],
+            "dir": str(self.dir),
+            "uid": self.uid[0] if self.uid else None,
+            "gid": self.uid[1] if self.uid else None,
+            "private_tmp": str(self.dir / "tmp"),
+            "isolate_network": self.uid is not None,
+            "memory_bytes": self.settings.memory_mb << 20,
+            "fsize_bytes": self.settings.fsize_mb << 20,
+            "nproc": self.settings.nproc,
+            "env": {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "HOME": str(self.dir),
+                "TMPDIR": str(self.dir / "tmp"),
+                "SAL_USE_VCLPLUGIN": "svp",
+            },
+        }
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "from hypermedia.sandbox import confined_exec_main; confined_exec_main()",
+            json.dumps(spec),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.conversions = 0
+        self.starts += 1
+        try:
+            ready = await self._read(self.settings.start_timeout + 5)
+        except TimeoutError:
+            ready = None
+        if not ready or ready.get("event") != "ready":
+            await self.stop()
+            raise TransientError("The document converter could not be started.", "OFFICE_UNAVAILABLE")
+        self.soffice_pid = int(ready.get("soffice_pid") or 0) or None
+        log.info("office listener %s ready (start %d)", self.name, self.starts)
+
+    async def stop(self) -> None:
+        """Kills the listener's process group (host and LibreOffice) and removes its directory."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                await proc.wait()
+        if self.uid is not None:
+            kill_uid(self.uid[0])  # a process that left the group (setsid) goes too
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    async def convert(self, source: Path, import_filter: str, timeout: float) -> Conversion:
+        """Converts ``source`` (opened with ``import_filter``) to PDF, starting the listener first
+        when it is not running or has done its ``HM_OFFICE_MAX_CONVERSIONS``.
+
+        Args:
+            source: a file the worker may read (it is copied into the listener's directory).
+            import_filter: a value of :data:`IMPORT_FILTERS`.
+            timeout: seconds the conversion may take (a listener start is not counted).
+
+        Raises:
+            PermanentJobError: ``PARSE_ERROR`` (LibreOffice cannot open it), ``UNSUPPORTED_FORMAT``
+                (it opened as something that has no PDF export), ``TIMEOUT`` (no answer in
+                ``timeout``: the listener is killed and restarted by the next conversion),
+                ``RESOURCE_LIMIT`` (the PDF is larger than :data:`MAX_PDF_BYTES`).
+            TransientError: ``OFFICE_UNAVAILABLE`` (the listener did not start), ``OFFICE_CRASHED``
+                (LibreOffice died during the conversion; the listener restarts).
+        """
+        warm = True
+        if not self.running or self.conversions >= self.settings.max_conversions:
+            warm = False
+            await self.start()
+        assert self._proc is not None and self._proc.stdin is not None
+        target = self.dir / "input" / "source"
+        output = self.dir / "output" / "document.pdf"
+        with contextlib.suppress(FileNotFoundError):
+            output.unlink()
+        await asyncio.to_thread(shutil.copyfile, source, target)
+        if self.uid is not None:
+            os.chown(target, *self.uid)
+        request = {"input": str(target), "output": str(output), "filter": import_filter}
+        started = time.monotonic()
+        self.conversions += 1
+        try:
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
+            await self._proc.stdin.drain()
+            reply = await self._read(timeout)
+        except TimeoutError:
+            log.warning(
+                "office listener %s: conversion timed out after %.0f s; restarting", self.name, timeout
+            )
+            await self.stop()
+            raise PermanentJobError(
+                f"LibreOffice did not finish converting the document within {timeout:.0f} s.", "TIMEOUT"
+            ) from None
+        except (ConnectionError, OSError):
+            reply = None
+        finally:
+            target.unlink(missing_ok=True)
+        seconds = time.monotonic() - started
+        if reply is None or "ok" not in reply:
+            await self.stop()
+            raise TransientError("The document converter stopped during the conversion.", "OFFICE_CRASHED")
+        if not reply["ok"]:
+            code = reply.get("code")
+            if code == "PARSE_ERROR":
+                raise PermanentJobError("LibreOffice could not open the document.", "PARSE_ERROR")
+            if code == "UNSUPPORTED_FORMAT":
+                raise PermanentJobError("The document has no PDF export.", "UNSUPPORTED_FORMAT")
+            log.warning("office listener %s failed: %s; restarting", self.name, reply.get("message"))
+            await self.stop()
+            raise TransientError("The document converter failed during the conversion.", "OFFICE_CRASHED")
+        try:
+            pdf = await asyncio.to_thread(read_output, self.dir, "document.pdf", max_bytes=MAX_PDF_BYTES + 1)
+        except OSError:
+            await self.stop()
+            raise TransientError("The document converter wrote no PDF.", "OFFICE_CRASHED") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                output.unlink()
+        if len(pdf) > MAX_PDF_BYTES:
+            raise PermanentJobError(f"The PDF is larger than {MAX_PDF_BYTES} bytes.", "RESOURCE_LIMIT")
+        return Conversion(pdf=pdf, pages=int(reply.get("pages") or 0), seconds=seconds, warm=warm)
+
+    async def _read(self, timeout: float) -> dict[str, Any] | None:
+        """The host's next JSON line; None at EOF or for a line that is not a JSON object."""
+        assert self._proc is not None and self._proc.stdout is not None
+        line = await asyncio.wait_for(self._proc.stdout.readline(), timeout)
+        if not line:
+            return None
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return None
+        return message if isinstance(message, dict) else None
+
+
+class OfficePool:
+    """The worker's listeners: one per slot, so a running job always finds one free.
+
+    Args:
+        base_dir: parent of the listeners' directories.
+        uids: one ``(uid, gid)`` per listener (root), or ``None`` per listener to keep the
+            worker's uid; its length is the number of listeners.
+        settings: see :class:`hypermedia.config.OfficeSettings`.
+    """
+
+    def __init__(
+        self, base_dir: Path, uids: Sequence[tuple[int, int] | None], settings: OfficeSettings
+    ) -> None:
+        self.settings = settings
+        self.base_dir = Path(base_dir).absolute()
+        self.listeners = [
+            OfficeListener(f"slot{i}", self.base_dir, uid, self.settings) for i, uid in enumerate(uids)
+        ]
+        self._free: asyncio.Queue[OfficeListener] = asyncio.Queue()
+        for listener in self.listeners:
+            self._free.put_nowait(listener)
+        self.cold_conversions = 0
+        """Conversions done by a cold listener because a warm one could not start."""
+
+    async def start(self) -> None:
+        """Starts every listener at once; one that fails is logged and started again by its next
+        conversion (the worker serves PDFs meanwhile)."""
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base_dir, 0o711)
+        results = await asyncio.gather(*(lsn.start() for lsn in self.listeners), return_exceptions=True)
+        for listener, result in zip(self.listeners, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("office listener %s did not start: %s", listener.name, result)
+
+    async def close(self) -> None:
+        """Stops every listener."""
+        await asyncio.gather(*(lsn.stop() for lsn in self.listeners))
+
+    async def convert(self, source: Path, mime_type: str, timeout: float) -> Conversion:
+        """Converts ``source`` (an upload identified as ``mime_type``) to PDF on a free listener.
+
+        Raises:
+            PermanentJobError: ``UNSUPPORTED_FORMAT`` for a type without an import filter; see
+                :meth:`OfficeListener.convert` for the rest.
+            TransientError: see :meth:`OfficeListener.convert`.
+        """
+        import_filter = IMPORT_FILTERS.get(mime_type)
+        if import_filter is None:
+            raise PermanentJobError(
+                f"{mime_type} documents cannot be converted to PDF.", "UNSUPPORTED_FORMAT"
+            )
+        listener = await self._free.get()
+        try:
+            try:
+                return await listener.convert(source, import_filter, timeout)
+            except TransientError as exc:
+                if exc.error_code != "OFFICE_UNAVAILABLE":
+                    raise
+            # The warm listener could not start: one cold start for this document alone.
+            self.cold_conversions += 1
+            cold = OfficeListener(f"{listener.name}-cold", self.base_dir, listener.uid, self.settings)
+            try:
+                return await cold.convert(source, import_filter, timeout)
+            finally:
+                await cold.stop()
+        finally:
+            self._free.put_nowait(listener)

@@ -1,0 +1,404 @@
+"""Office documents end to end through REST on the real platform (`hypermedia up` with the
+docworker and its warm LibreOffice listeners): ``office_to_pdf`` and ``text_extract`` of the corpus
+ODT and of DOCX files the tests write, checked by opening the PDFs with PDFium (text, page count,
+embedded fonts) and by comparing with a cold ``soffice --convert-to pdf`` run in the test."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import re
+import shutil
+import subprocess
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pypdfium2 as pdfium
+import pypdfium2.raw as pdfium_c
+import pytest
+
+from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_job
+from tests.security.test_legacy_office import (
+    SLIDE,
+    SLIDES_BODY,
+    TEXT,
+    flat_odf,
+    libreoffice_convert,
+    text_body,
+)
+
+OFFICE_DIR = Path(__file__).resolve().parents[1] / "data" / "office"
+ODT = OFFICE_DIR / "libre-office-writer.odt"
+REFERENCE_PDF = OFFICE_DIR / "libre-office-writer.reference.pdf"
+pytestmark = pytest.mark.skipif(
+    shutil.which("soffice") is None,
+    reason="LibreOffice is not installed (make test installs it as root: scripts/ensure_debian_packages.sh)",
+)
+
+DOCX_MIME = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+ODT_MIME = "application/vnd.oasis.opendocument.text"
+
+LOREM = (
+    "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut "
+    "labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco. "
+)
+
+
+# --- documents the tests write -------------------------------------------------------------------
+
+
+def docx(paragraphs: list[str], font: str = "Calibri", size_half_points: int = 22) -> bytes:
+    """A minimal WordprocessingML package (ECMA-376 Part 1): one run per paragraph in ``font``
+    (``w:rFonts`` on the document defaults and on every run), 11 pt by default."""
+    fonts = f'<w:rFonts w:ascii="{font}" w:hAnsi="{font}" w:cs="{font}" w:eastAsia="{font}"/>'
+    body = "".join(
+        f'<w:p><w:r><w:rPr>{fonts}<w:sz w:val="{size_half_points}"/></w:rPr>'
+        f'<w:t xml:space="preserve">{text}</w:t></w:r></w:p>'
+        for text in paragraphs
+    )
+    w = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(
+            "[Content_Types].xml",
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
+            '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
+            '<Default Extension="xml" ContentType="application/xml"/>'
+            '<Override PartName="/word/document.xml" ContentType="application/'
+            'vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/>'
+            '<Override PartName="/word/styles.xml" ContentType="application/'
+            'vnd.openxmlformats-officedocument.wordprocessingml.styles+xml"/></Types>',
+        )
+        z.writestr(
+            "_rels/.rels",
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+            '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
+            'relationships/officeDocument" Target="word/document.xml"/></Relationships>',
+        )
+        z.writestr(
+            "word/_rels/document.xml.rels",
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+            '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
+            'relationships/styles" Target="styles.xml"/></Relationships>',
+        )
+        z.writestr(
+            "word/styles.xml",
+            f'<?xml version="1.0" encoding="UTF-8"?><w:styles {w}><w:docDefaults><w:rPrDefault>'
+            f'<w:rPr>{fonts}<w:sz w:val="{size_half_points}"/></w:rPr></w:rPrDefault></w:docDefaults></w:styles>',
+        )
+        z.writestr(
+            "word/document.xml",
+            f'<?xml version="1.0" encoding="UTF-8"?><w:document {w}><w:body>{body}'
+            '<w:sectPr><w:pgSz w:w="11906" w:h="16838"/>'
+            '<w:pgMar w:top="1440" w:right="1440" w:bottom="1440" w:left="1440"/></w:sectPr>'
+            "</w:body></w:document>",
+        )
+    return buffer.getvalue()
+
+
+def long_odt(paragraphs: int) -> bytes:
+    """An ODT of ``paragraphs`` paragraphs of 500 characters: LibreOffice lays out about 50 pages
+    a second here, so 20,000 paragraphs (2,300 pages, a 110 kB file) keep it busy for about 40 s."""
+    para = (LOREM * 3)[:500]
+    body = "".join(f"<text:p>{i} {para}</text:p>" for i in range(paragraphs))
+    content = (
+        '<?xml version="1.0" encoding="UTF-8"?><office:document-content '
+        'xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
+        'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" office:version="1.2">'
+        f"<office:body><office:text>{body}</office:text></office:body></office:document-content>"
+    )
+    manifest = (
+        '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
+        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
+        f'<manifest:file-entry manifest:full-path="/" manifest:media-type="{ODT_MIME}"/>'
+        '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
+        "</manifest:manifest>"
+    )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr(zipfile.ZipInfo("mimetype"), ODT_MIME)
+        z.writestr("content.xml", content, zipfile.ZIP_DEFLATED)
+        z.writestr("META-INF/manifest.xml", manifest, zipfile.ZIP_DEFLATED)
+    return buffer.getvalue()
+
+
+# --- reading PDFs ----------------------------------------------------------------------------------
+
+
+def pdf_text(data: bytes) -> list[str]:
+    """Each page's text layer (PDFium)."""
+    document = pdfium.PdfDocument(data)
+    return [page.get_textpage().get_text_range() for page in document]
+
+
+def normalised(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def pdf_fonts(data: bytes) -> set[tuple[str, bool]]:
+    """(base font name without the subset tag, embedded) of every text object on every page."""
+    document = pdfium.PdfDocument(data)
+    fonts: set[tuple[str, bool]] = set()
+    for page in document:
+        for obj in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_TEXT]):
+            font = pdfium_c.FPDFTextObj_GetFont(obj)
+            size = pdfium_c.FPDFFont_GetBaseFontName(font, None, 0)
+            buffer = ctypes.create_string_buffer(size)
+            pdfium_c.FPDFFont_GetBaseFontName(font, buffer, size)
+            name = buffer.value.decode("latin-1").split("+", 1)[-1]
+            fonts.add((name, bool(pdfium_c.FPDFFont_GetIsEmbedded(font))))
+    return fonts
+
+
+def cold_convert(tmp: Path, name: str, content: bytes) -> bytes:
+    """The same document through a cold ``soffice --headless --convert-to pdf`` with a fresh profile."""
+    (tmp / name).write_bytes(content)
+    subprocess.run(
+        [
+            "soffice",
+            f"-env:UserInstallation={(tmp / 'profile').as_uri()}",
+            "--headless",
+            "--convert-to",
+            "pdf",
+            "--outdir",
+            str(tmp),
+            str(tmp / name),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return (tmp / name).with_suffix(".pdf").read_bytes()
+
+
+# --- the platform ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def office_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
+    with isolated_platform(tmp_root, database_url, nats_url, "office") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def office_client(office_platform: RunningPlatform) -> Iterator[httpx.Client]:
+    account = office_platform.admin("create-account", "--credits", "1000")
+    with office_platform.client(account, timeout=60) as client:
+        yield client
+
+
+def _process(client: httpx.Client, object_id: str, operation: str) -> dict[str, Any]:
+    created = client.post("/v1/hypermedia/process", json={"object_id": object_id, "operations": [operation]})
+    assert created.status_code == 202, created.text
+    return wait_job(client, created.json()["job_ids"][0], timeout=180)
+
+
+def _upload_bytes(client: httpx.Client, name: str, content: bytes) -> dict[str, Any]:
+    response = client.post("/v1/objects", files={"file": (name, content)})
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def _download(output: dict[str, Any]) -> bytes:
+    response = httpx.get(output["url"], timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == output["mime_type"]
+    return response.content
+
+
+# --- tests -----------------------------------------------------------------------------------------
+
+
+def test_the_corpus_odt_converts_to_one_page_with_the_reference_text(office_client: httpx.Client) -> None:
+    obj = upload(office_client, ODT)
+    assert obj["mime_type"] == ODT_MIME
+    job = _process(office_client, obj["object_id"], "office_to_pdf")
+    assert job["status"] == "completed", job
+    assert job["queue"] == "documents" and job["actual_credits"] == job["estimated_credits"] > 0
+    [output] = job["outputs"]
+    assert (output["output_type"], output["mime_type"]) == ("pdf", "application/pdf")
+    assert output["metadata"]["page_count"] == 1
+    assert output["metadata"]["libreoffice_pages"] == 1
+    assert output["metadata"]["source_mime_type"] == ODT_MIME
+    assert output["metadata"]["has_text_layer"] is True
+    pdf = _download(output)
+    assert pdf.startswith(b"%PDF-") and len(pdf) == output["size_bytes"]
+    [text] = pdf_text(pdf)
+    [reference] = pdf_text(REFERENCE_PDF.read_bytes())
+    assert normalised(text) == normalised(reference)
+    assert len(normalised(text)) > 100
+
+
+def test_the_converted_pdf_can_itself_be_previewed(office_client: httpx.Client) -> None:
+    obj = upload(office_client, ODT)
+    converted = _process(office_client, obj["object_id"], "office_to_pdf")["outputs"][0]
+    assert converted["object_id"] != obj["object_id"]
+    job = _process(office_client, converted["object_id"], "pdf_info")
+    assert job["status"] == "completed", job
+    assert job["outputs"][0]["metadata"]["page_count"] == 1
+
+
+def test_text_extract_of_an_office_document_goes_through_its_pdf(office_client: httpx.Client) -> None:
+    obj = upload(office_client, ODT)
+    job = _process(office_client, obj["object_id"], "text_extract")
+    assert job["status"] == "completed", job
+    outputs = {o["output_type"]: o for o in job["outputs"]}
+    assert set(outputs) == {"text", "text_json"}
+    [reference] = pdf_text(REFERENCE_PDF.read_bytes())
+    assert normalised(_download(outputs["text"]).decode()) == normalised(reference)
+    body = httpx.get(outputs["text_json"]["url"], timeout=30).json()
+    assert body["page_count"] == 1 and body["has_text_layer"] is True
+    assert outputs["text"]["metadata"]["source_mime_type"] == ODT_MIME
+
+
+def test_calibri_is_set_in_carlito_and_the_page_count_is_libreoffices(
+    office_client: httpx.Client, tmp_path: Path
+) -> None:
+    """Carlito is metric-compatible with Calibri: LibreOffice substitutes it (fontconfig alias)
+    and embeds it; the page count equals a cold LibreOffice conversion's of the same file."""
+    content = docx([f"{i}. {LOREM * 3}" for i in range(60)])
+    obj = _upload_bytes(office_client, "calibri.docx", content)
+    assert obj["mime_type"] == DOCX_MIME
+    job = _process(office_client, obj["object_id"], "office_to_pdf")
+    assert job["status"] == "completed", job
+    [output] = job["outputs"]
+    pdf = _download(output)
+    fonts = pdf_fonts(pdf)
+    assert fonts == {("Carlito", True)}, fonts
+    cold = pdfium.PdfDocument(cold_convert(tmp_path, "calibri.docx", content))
+    assert output["metadata"]["page_count"] == len(cold) == output["metadata"]["libreoffice_pages"]
+    assert len(cold) >= 3  # long enough that a font with other metrics would change the count
+    text = "".join(pdf_text(pdf))
+    assert "59. Lorem ipsum" in text
+
+
+FIGURES_CSV = b"quarter,revenue\nQ1,100\nQ2,120\n"
+
+
+def written_by_libreoffice(extension: str) -> bytes:
+    """A document in ``extension``'s format written by LibreOffice (cold, in the test) from a flat
+    ODF text or presentation, or from a CSV for spreadsheets."""
+    if extension in ("docx", "doc", "rtf", "odt"):
+        return libreoffice_convert("minutes.fodt", flat_odf("text", text_body()), extension)
+    if extension in ("xlsx", "xls", "ods"):
+        return libreoffice_convert("figures.csv", FIGURES_CSV, extension)
+    return libreoffice_convert("slides.fodp", flat_odf("presentation", SLIDES_BODY), extension)
+
+
+@pytest.mark.parametrize(
+    ("extension", "mime_type", "text"),
+    [
+        ("docx", DOCX_MIME, TEXT),
+        ("doc", "application/msword", TEXT),
+        ("rtf", "application/rtf", TEXT),
+        ("odt", ODT_MIME, TEXT),
+        ("xlsx", "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", "Q2 120"),
+        ("xls", "application/vnd.ms-excel", "Q2 120"),
+        ("ods", "application/vnd.oasis.opendocument.spreadsheet", "Q2 120"),
+        ("pptx", "application/vnd.openxmlformats-officedocument.presentationml.presentation", SLIDE),
+        ("ppt", "application/vnd.ms-powerpoint", SLIDE),
+        ("odp", "application/vnd.oasis.opendocument.presentation", SLIDE),
+    ],
+)
+def test_every_office_format_converts(
+    office_client: httpx.Client, extension: str, mime_type: str, text: str
+) -> None:
+    content = written_by_libreoffice(extension)
+    obj = _upload_bytes(office_client, f"document.{extension}", content)
+    assert obj["mime_type"] == mime_type
+    job = _process(office_client, obj["object_id"], "office_to_pdf")
+    assert job["status"] == "completed", job
+    [output] = job["outputs"]
+    assert output["metadata"]["page_count"] == 1
+    assert output["metadata"]["source_mime_type"] == mime_type
+    assert text in normalised(" ".join(pdf_text(_download(output))))
+
+
+def test_an_office_document_is_refused_by_pdf_only_operations(office_client: httpx.Client) -> None:
+    obj = upload(office_client, ODT)
+    for operation in ("pdf_preview", "pdf_info", "thumbnail"):
+        response = office_client.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+        )
+        assert response.status_code == 415, (operation, response.text)
+        assert response.json()["error_code"] == "UNSUPPORTED_FORMAT"
+
+
+def test_a_pdf_is_refused_by_office_to_pdf(office_client: httpx.Client) -> None:
+    obj = upload(office_client, REFERENCE_PDF)
+    response = office_client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["office_to_pdf"]}
+    )
+    assert response.status_code == 415, response.text
+
+
+def test_a_document_libreoffice_cannot_open_fails_with_parse_error(office_client: httpx.Client) -> None:
+    """A DOCX package whose main part is not XML: typed as DOCX at upload (its content types say
+    so), refused by LibreOffice's import filter."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(docx(["x"]))) as source, zipfile.ZipFile(buffer, "w") as z:
+        for item in source.infolist():
+            data = source.read(item)
+            z.writestr(item, b"\x00\xff not xml \x00" * 100 if item.filename == "word/document.xml" else data)
+    obj = _upload_bytes(office_client, "broken.docx", buffer.getvalue())
+    job = _process(office_client, obj["object_id"], "office_to_pdf")
+    assert job["status"] == "failed", job
+    assert job["error_code"] in {"PARSE_ERROR"}, job
+    assert len(job["attempts"]) == 1  # permanent
+    assert job["outputs"] == []
+    # The listener is unharmed.
+    ok = _process(office_client, upload(office_client, ODT)["object_id"], "office_to_pdf")
+    assert ok["status"] == "completed", ok
+
+
+@pytest.fixture(scope="module")
+def short_timeout_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
+    with isolated_platform(tmp_root, database_url, nats_url, "officeslow") as running:
+        with psycopg.connect(running.env["DATABASE_URL"], autocommit=True) as conn:
+            conn.execute(
+                "UPDATE processing_profiles SET timeout_seconds = 5 WHERE operation = 'office_to_pdf'"
+            )
+        yield running
+
+
+def test_a_document_that_keeps_libreoffice_busy_is_killed_at_the_timeout(
+    short_timeout_platform: RunningPlatform,
+) -> None:
+    """20,000 paragraphs take LibreOffice about 40 s; the profile allows 5: the conversion is
+    killed at 5 s (TIMEOUT, not retried: the same document would take as long again), the
+    listener is restarted, and the next two documents (one per slot, so one of them on the
+    restarted listener) convert."""
+    account = short_timeout_platform.admin("create-account", "--credits", "100")
+    with short_timeout_platform.client(account, timeout=60) as client:
+        slow = _upload_bytes(client, "long.odt", long_odt(20_000))
+        job = _process(client, slow["object_id"], "office_to_pdf")
+        assert job["status"] == "failed", job
+        assert job["error_code"] == "TIMEOUT"
+        assert len(job["attempts"]) == 1
+        assert job["attempts"][0]["duration_ms"] < 30_000
+        assert client.get("/v1/credits").json()["held"] == 0
+        objects = [upload(client, ODT)["object_id"] for _ in range(2)]
+        created = [
+            client.post("/v1/hypermedia/process", json={"object_id": o, "operations": ["office_to_pdf"]})
+            for o in objects
+        ]
+        for response in created:
+            done = wait_job(client, response.json()["job_ids"][0], timeout=120)
+            assert done["status"] == "completed", done
+    logs = Path(short_timeout_platform.info["logs_dir"])
+    messages = [
+        json.loads(line)["message"]
+        for f in logs.glob("docworker*.log")
+        for line in f.read_text(errors="replace").splitlines()
+        if line.startswith("{")
+    ]
+    assert "office listener slot0: conversion timed out after 5 s; restarting" in messages, messages
+    assert "office listener slot0 ready (start 2)" in messages, messages

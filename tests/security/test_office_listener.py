@@ -1,0 +1,291 @@
+"""The docworker's LibreOffice listeners against hostile documents: what a listener process can see
+and do (its uid, namespaces, limits), linked and remote resources, macros. Each test starts real
+listeners (:class:`hypermedia.documents.office.OfficePool`) with the platform's defaults and
+converts documents the test writes; the listener's processes are inspected through ``/proc``."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shutil
+import time
+import zipfile
+from pathlib import Path
+
+import pypdfium2 as pdfium
+import pytest
+
+from hypermedia import config
+from hypermedia.documents.office import OfficePool
+from tests.security.conftest import Listener
+from tests.security.test_documents_and_media import docx_with_external_image
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("soffice") is None,
+    reason="LibreOffice is not installed (make test installs it as root: scripts/ensure_debian_packages.sh)",
+)
+
+ODT_MIME = "application/vnd.oasis.opendocument.text"
+DOCX_MIME = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+LISTENER_UID = 61_900
+"""A uid no other test uses (the platform's start at 61,000 + 64 per worker process)."""
+IS_ROOT = os.geteuid() == 0
+
+_NS = {
+    "office": "urn:oasis:names:tc:opendocument:xmlns:office:1.0",
+    "text": "urn:oasis:names:tc:opendocument:xmlns:text:1.0",
+    "draw": "urn:oasis:names:tc:opendocument:xmlns:drawing:1.0",
+    "xlink": "http://www.w3.org/1999/xlink",
+    "svg": "urn:oasis:names:tc:opendocument:xmlns:svg-compatible:1.0",
+    "script": "urn:oasis:names:tc:opendocument:xmlns:script:1.0",
+}
+
+
+def odt(body: str, extra: dict[str, bytes] | None = None, head: str = "") -> bytes:
+    """An ODT package (ODF 1.2 part 3) with ``body`` inside ``office:text`` and ``head`` before
+    ``office:body``; ``extra`` files are added to the package and its manifest."""
+    xmlns = " ".join(f'xmlns:{k}="{v}"' for k, v in _NS.items())
+    content = (
+        f'<?xml version="1.0" encoding="UTF-8"?><office:document-content {xmlns} office:version="1.2">'
+        f"{head}<office:body><office:text>{body}</office:text></office:body></office:document-content>"
+    )
+    entries = "".join(
+        f'<manifest:file-entry manifest:full-path="{name}" manifest:media-type="text/xml"/>'
+        for name in extra or {}
+    )
+    manifest = (
+        '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
+        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
+        f'<manifest:file-entry manifest:full-path="/" manifest:media-type="{ODT_MIME}"/>'
+        '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
+        f"{entries}</manifest:manifest>"
+    )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr(zipfile.ZipInfo("mimetype"), ODT_MIME)
+        z.writestr("content.xml", content)
+        z.writestr("META-INF/manifest.xml", manifest)
+        for name, data in (extra or {}).items():
+            z.writestr(name, data)
+    return buffer.getvalue()
+
+
+def odt_with_links(image_href: str, section_href: str) -> bytes:
+    """A linked (not embedded) image and a section whose content is linked from another file."""
+    return odt(
+        '<text:p>linked: <draw:frame draw:name="f" svg:width="2cm" svg:height="2cm" text:anchor-type="as-char">'
+        f'<draw:image xlink:href="{image_href}" xlink:type="simple" xlink:show="embed" xlink:actuate="onLoad"/>'
+        "</draw:frame></text:p>"
+        f'<text:section text:name="s"><text:section-source xlink:href="{section_href}"/></text:section>'
+    )
+
+
+def odt_with_macro(marker: Path) -> bytes:
+    """An ODT whose Basic macro, bound to the document's load event, writes ``marker`` (what
+    LibreOffice would do if macros ran: a document macro has the listener's file rights)."""
+    module = (
+        '<?xml version="1.0" encoding="UTF-8"?><script:module xmlns:script="http://openoffice.org/2000/script" '
+        'script:name="Module1" script:language="StarBasic">Sub Main\n'
+        f'Open "{marker}" For Output As #1\nPrint #1, "macro ran"\nClose #1\nEnd Sub\n</script:module>'
+    )
+    libraries = (
+        '<?xml version="1.0" encoding="UTF-8"?><library:libraries '
+        'xmlns:library="http://openoffice.org/2000/library" xmlns:xlink="http://www.w3.org/1999/xlink">'
+        '<library:library library:name="Standard" library:link="false"/></library:libraries>'
+    )
+    library = (
+        '<?xml version="1.0" encoding="UTF-8"?><library:library xmlns:library="http://openoffice.org/2000/library" '
+        'library:name="Standard" library:readonly="false" library:passwordprotected="false">'
+        '<library:element library:name="Module1"/></library:library>'
+    )
+    events = (
+        '<office:scripts><office:event-listeners><script:event-listener script:language="ooo:script" '
+        'script:event-name="dom:load" '
+        'xlink:href="vnd.sun.star.script:Standard.Module1.Main?language=Basic&amp;location=document"/>'
+        "</office:event-listeners></office:scripts>"
+    )
+    return odt(
+        "<text:p>a document with a macro</text:p>",
+        {
+            "Basic/script-lc.xml": libraries.encode(),
+            "Basic/Standard/script-lb.xml": library.encode(),
+            "Basic/Standard/Module1.xml": module.encode(),
+        },
+        head=events,
+    )
+
+
+def pdf_text(data: bytes) -> str:
+    return "".join(page.get_textpage().get_text_range() for page in pdfium.PdfDocument(data))
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (``/proc/<pid>/task/<tid>/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").iterdir():
+            todo += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def run_pool(tmp_path: Path, uid: tuple[int, int] | None, documents: list[tuple[bytes, str]]) -> list[object]:
+    """Starts a one-listener pool, converts ``documents`` in turn, stops it; returns each
+    conversion or the exception it raised."""
+    base = tmp_path / "office"
+
+    async def go() -> list[object]:
+        pool = OfficePool(base, [uid], config.load(config.OfficeSettings))
+        await pool.start()
+        results: list[object] = []
+        try:
+            for n, (content, mime) in enumerate(documents):
+                path = tmp_path / f"doc{n}"
+                path.write_bytes(content)
+                try:
+                    results.append(await pool.convert(path, mime, 60))
+                except Exception as exc:
+                    results.append(exc)
+        finally:
+            await pool.close()
+        return results
+
+    os.chmod(tmp_path, 0o755)
+    return asyncio.run(go())
+
+
+def check_confined(host_pid: int, marker: Path) -> None:
+    """Every process of the listener: its uid, no groups, ``no_new_privs``, namespaces other than
+    ours, the address space and core limits; its ``/tmp`` is its own (``marker``, a file in the
+    host's ``/tmp``, is not there; its UNO pipe is); its network namespace has only ``lo``."""
+    processes = descendants(host_pid)
+    assert len(processes) >= 3  # host, soffice launcher (oosplash), soffice.bin
+    names = {Path(f"/proc/{p}/exe").resolve().name for p in processes}
+    assert "soffice.bin" in names, names
+    own_net = os.readlink("/proc/self/ns/net")
+    own_mnt = os.readlink("/proc/self/ns/mnt")
+    for pid in processes:
+        fields = status(pid)
+        assert fields["Uid"].split() == [str(LISTENER_UID)] * 4, (pid, fields["Uid"])
+        assert fields["Gid"].split()[0] == str(LISTENER_UID)
+        assert fields["Groups"] == ""
+        assert fields["NoNewPrivs"] == "1"
+        assert os.readlink(f"/proc/{pid}/ns/net") != own_net
+        assert os.readlink(f"/proc/{pid}/ns/mnt") != own_mnt
+        limits = Path(f"/proc/{pid}/limits").read_text()
+        assert f"Max address space         {4096 << 20}" in limits, limits
+        assert "Max core file size        0" in limits
+    seen = sorted(p.name for p in Path(f"/proc/{host_pid}/root/tmp").iterdir())
+    assert marker.name not in seen
+    assert any(name.startswith("OSL_PIPE_hm-office-") for name in seen), seen
+    net = Path(f"/proc/{host_pid}/net/dev").read_text().splitlines()[2:]
+    assert [line.split(":")[0].strip() for line in net] == ["lo"]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a listener of its own uid and namespaces needs root")
+def test_a_listener_runs_as_its_own_uid_without_network_with_a_private_tmp(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o755)
+    marker = Path("/tmp") / f"hm-office-probe-{os.getpid()}"
+    marker.write_text("the host's /tmp")
+
+    async def go() -> None:
+        pool = OfficePool(
+            tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings)
+        )
+        await pool.start()
+        try:
+            [listener] = pool.listeners
+            assert listener.running and listener.pid is not None
+            check_confined(listener.pid, marker)
+        finally:
+            await pool.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        marker.unlink()
+    # Stopped: nothing of the listener's uid is left, nor its directory.
+    deadline = time.monotonic() + 5  # SIGKILLed processes are gone once their parent reaped them
+    while LISTENER_UID in _live_uids():
+        assert time.monotonic() < deadline, "a process of the listener's uid outlived it"
+        time.sleep(0.05)
+    assert not (tmp_path / "office" / "slot0").exists()
+
+
+def _live_uids() -> set[int]:
+    """Real uids of the live processes (zombies excluded: they hold nothing but their pid)."""
+    uids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = status(int(entry.name)) if entry.name.isdigit() else {}
+        except OSError:  # gone meanwhile
+            continue
+        if fields and fields["State"].split()[0] != "Z":
+            uids.add(int(fields["Uid"].split()[0]))
+    return uids
+
+
+@pytest.mark.parametrize(
+    "uid", [pytest.param((LISTENER_UID, LISTENER_UID), id="own-uid"), pytest.param(None, id="worker-uid")]
+)
+def test_linked_and_remote_resources_are_not_fetched(
+    tmp_path: Path, listener: Listener, uid: tuple[int, int] | None
+) -> None:
+    """Also without root (``worker-uid``: no network namespace), where only LibreOffice's own
+    settings stand between a document and the network: links are not updated on load
+    (``UpdateDocMode`` NO_UPDATE) and links from untrusted documents are blocked
+    (``BlockUntrustedRefererLinks``)."""
+    if uid is not None and not IS_ROOT:
+        pytest.skip("a listener uid needs root")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-CONTENT-OF-THE-HOST")
+    os.chmod(secret, 0o644)
+    results = run_pool(
+        tmp_path,
+        uid,
+        [
+            (odt_with_links(listener.url, f"http://{listener.address}/section.odt"), ODT_MIME),
+            (odt_with_links(secret.as_uri(), secret.as_uri()), ODT_MIME),
+            (docx_with_external_image(listener.url), DOCX_MIME),
+        ],
+    )
+    for result in results:
+        assert not isinstance(result, Exception), result
+        text = pdf_text(result.pdf)  # type: ignore[attr-defined]
+        assert "SECRET-CONTENT" not in text
+    assert listener.connections == []
+
+
+def test_a_document_macro_does_not_run(tmp_path: Path) -> None:
+    """Uploads refuse ODF with Basic (tests/security/test_validation.py); behind that, the
+    listener opens documents with ``MacroExecutionMode`` NEVER_EXECUTE in a profile with macros
+    disabled: the load-event macro would write a file and does not."""
+    marker = tmp_path / "macro-ran"
+    os.chmod(tmp_path, 0o777)  # the macro would be able to write here, whatever the uid
+    [result] = run_pool(
+        tmp_path, (LISTENER_UID, LISTENER_UID) if IS_ROOT else None, [(odt_with_macro(marker), ODT_MIME)]
+    )
+    assert not isinstance(result, Exception), result
+    assert "a document with a macro" in pdf_text(result.pdf)  # type: ignore[attr-defined]
+    assert not marker.exists()
+
+
+def test_a_file_that_is_not_what_its_type_says_is_a_parse_error(tmp_path: Path) -> None:
+    """The import filter comes from the type identified at upload, so LibreOffice never sniffs a
+    file into another format (an HTML page claiming to be a DOCX is not imported as HTML)."""
+    html = b"<html><body><img src='http://127.0.0.1:9/x.png'>hello</body></html>"
+    [result] = run_pool(tmp_path, None, [(html, DOCX_MIME)])
+    assert isinstance(result, Exception)
+    assert getattr(result, "error_code", None) == "PARSE_ERROR"
+
+
+def test_an_unknown_type_has_no_import_filter(tmp_path: Path) -> None:
+    [result] = run_pool(tmp_path, None, [(b"plain text", "text/plain")])
+    assert getattr(result, "error_code", None) == "UNSUPPORTED_FORMAT"
