@@ -12,7 +12,9 @@ this says whether the files keep the platform's rules and agree with each other:
   priority consumer ``{queue}-p{1..10}`` on stream ``HM_{QUEUE}``;
 - Secrets exist only as ``*.example.yaml`` with placeholders; ConfigMaps hold no secret;
 - every hypermedia service in compose.yaml is read-only, capability-free, has tmpfs /tmp and /work
-  and resource limits; every image name maps to a target of deploy/docker/Dockerfile.
+  and resource limits; every image name maps to a target of deploy/docker/Dockerfile;
+- the docworker target installs exactly the Makefile's ``DEBIAN_PACKAGES`` (LibreOffice, python3-uno,
+  fonts: what ``make test`` installs on a developer's machine) and sets ``HM_OFFICE_PYTHON``.
 
 Usage: ``python deploy/check_policy.py [DEPLOY_DIR]``; prints one line per problem, exits 1 on any.
 """
@@ -242,10 +244,46 @@ def check_compose(compose_file: Path, dockerfile: Path) -> list[str]:
     return problems
 
 
+def _stage(dockerfile_text: str, target: str) -> str:
+    block = re.search(rf"^FROM \S+ AS {target}\n(.*?)(?=^FROM |\Z)", dockerfile_text, re.M | re.S)
+    return block.group(1) if block else ""
+
+
+def check_docworker_packages(makefile: Path, dockerfile: Path) -> list[str]:
+    """The docworker image's apt packages are the Makefile's ``DEBIAN_PACKAGES`` (versions aside)."""
+    if not makefile.exists():
+        return []  # deploy/ checked outside the repository
+    match = re.search(r"^DEBIAN_PACKAGES\s*:?=((?:.*\\\n)*.*)$", makefile.read_text(), re.M)
+    if match is None:
+        return [f"{makefile}: no DEBIAN_PACKAGES"]
+    wanted = set(match.group(1).replace("\\\n", " ").split())
+    stage = _stage(dockerfile.read_text(), "docworker")
+    installs = re.findall(r"apt-get install ((?:[^&]|&(?!&))*)", stage)
+    installed = {
+        word.strip("'\"").split("=", 1)[0]
+        for args in installs
+        for word in args.replace("\\\n", " ").split()
+        if not word.startswith("-") and word != "\\"
+    }
+    problems = []
+    if installed != wanted:
+        missing, extra = sorted(wanted - installed), sorted(installed - wanted)
+        problems.append(
+            f"{dockerfile}: docworker apt packages differ from {makefile.name}'s DEBIAN_PACKAGES: "
+            f"missing {missing}, not in the Makefile {extra}"
+        )
+    if "HM_OFFICE_PYTHON=" not in stage:
+        problems.append(f"{dockerfile}: target docworker does not set HM_OFFICE_PYTHON")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     deploy = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent
-    problems = check_k8s(deploy / "k8s") + check_compose(
-        deploy / "compose.yaml", deploy / "docker" / "Dockerfile"
+    dockerfile = deploy / "docker" / "Dockerfile"
+    problems = (
+        check_k8s(deploy / "k8s")
+        + check_compose(deploy / "compose.yaml", dockerfile)
+        + check_docworker_packages(deploy.parent / "Makefile", dockerfile)
     )
     for problem in problems:
         print(problem)
