@@ -26,6 +26,21 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_libreoffice_sockets_left() -> Iterator[None]:
+    """LibreOffice creates its named pipes as Unix sockets in ``/tmp`` (``OSL_PIPE_*``) whatever
+    ``TMPDIR`` says, and leaves them when it is killed (a listener restart) or after a cold
+    ``soffice --convert-to`` run. Listeners with a uid of their own have a private ``/tmp``; the
+    cold runs and the listeners the tests start without one use the shared one: what this session
+    added there is removed at its end."""
+    tmp = Path("/tmp")
+    before = set(tmp.glob("OSL_PIPE_*"))
+    yield
+    for path in set(tmp.glob("OSL_PIPE_*")) - before:
+        if path.is_socket() and path.lstat().st_uid == os.geteuid():
+            path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def tmp_root() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="hm-test-"))

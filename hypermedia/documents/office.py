@@ -28,10 +28,12 @@ Shape::
   or a document error; and when the process has died. The next conversion starts it again. A
   listener that cannot start falls back to a **cold** listener for that one document (started,
   used once, stopped).
-* Input and output cross through the listener's own directory: the worker copies the input in
-  (owned by the listener's uid) and reads the PDF back with ``O_NOFOLLOW`` at every step
-  (:func:`hypermedia.sandbox.read_output`), so a compromised listener cannot make the worker read
-  another file.
+* Input and output cross through the listener's directory (the worker's, like its ``input/``; the
+  listener owns only ``tmp/``, ``profile/`` and ``output/``): the worker copies the input into
+  ``input/`` (read-only to the listener, so nothing can be planted there for the worker to write
+  through) and reads the PDF back from ``output/`` with ``O_NOFOLLOW`` at every
+  step (:func:`hypermedia.sandbox.read_output`), so a compromised listener cannot make the worker
+  read or write another file.
 """
 
 from __future__ import annotations
@@ -159,11 +161,14 @@ class OfficeListener:
         if self.uid is not None:
             kill_uid(self.uid[0])  # what a crashed worker's listener of this uid left running
         shutil.rmtree(self.dir, ignore_errors=True)
-        for sub in ("", "tmp", "profile", "input", "output"):
-            path = self.dir / sub
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The directory and input/ are the worker's (the listener may read them, not rename or
+        # plant anything the worker would write through); tmp/, profile/ and output/ the listener's.
+        self.dir.mkdir(mode=0o755, parents=True)
+        (self.dir / "input").mkdir(mode=0o755)
+        for sub in ("tmp", "profile", "output"):
+            (self.dir / sub).mkdir(mode=0o700)
             if self.uid is not None:
-                os.chown(path, *self.uid)
+                os.chown(self.dir / sub, *self.uid)
         host_config = {
             "soffice": self.settings.soffice,
             "profile": str(self.dir / "profile"),
@@ -183,7 +188,7 @@ class OfficeListener:
             "env": {
                 "PATH": "/usr/local/bin:/usr/bin:/bin",
                 "LANG": "C.UTF-8",
-                "HOME": str(self.dir),
+                "HOME": str(self.dir / "tmp"),
                 "TMPDIR": str(self.dir / "tmp"),
                 "SAL_USE_VCLPLUGIN": "svp",
             },
@@ -248,9 +253,7 @@ class OfficeListener:
         output = self.dir / "output" / "document.pdf"
         with contextlib.suppress(FileNotFoundError):
             output.unlink()
-        await asyncio.to_thread(shutil.copyfile, source, target)
-        if self.uid is not None:
-            os.chown(target, *self.uid)
+        await asyncio.to_thread(_copy_in, source, target)
         request = {"input": str(target), "output": str(output), "filter": import_filter}
         started = time.monotonic()
         self.conversions += 1
@@ -306,6 +309,14 @@ class OfficeListener:
         except ValueError:
             return None
         return message if isinstance(message, dict) else None
+
+
+def _copy_in(source: Path, target: Path) -> None:
+    """Copies ``source`` to a new ``target`` (mode 0644), never through an existing file or link."""
+    target.unlink(missing_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "wb") as out, source.open("rb") as src:
+        shutil.copyfileobj(src, out, 1 << 20)
 
 
 class OfficePool:

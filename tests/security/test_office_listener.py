@@ -9,6 +9,7 @@ import asyncio
 import io
 import os
 import shutil
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -289,3 +290,54 @@ def test_a_file_that_is_not_what_its_type_says_is_a_parse_error(tmp_path: Path) 
 def test_an_unknown_type_has_no_import_filter(tmp_path: Path) -> None:
     [result] = run_pool(tmp_path, None, [(b"plain text", "text/plain")])
     assert getattr(result, "error_code", None) == "UNSUPPORTED_FORMAT"
+
+
+def _exit_status_as(uid: int, action: str, path: Path) -> int:
+    """Runs one file operation on ``path`` in a child process as ``uid``: 0 when it succeeded,
+    13 when it was refused (EACCES/EPERM), 1 otherwise."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            if action == "rename":
+                os.rename(path, path.with_name("moved"))
+            elif action == "symlink":
+                os.symlink("/etc", path)
+            elif action == "write":
+                path.write_bytes(b"x")
+            code = 0
+        except PermissionError:
+            code = 13
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a listener of its own uid needs root")
+def test_a_compromised_listener_cannot_redirect_the_workers_writes() -> None:
+    """The worker (root) writes each document into the listener's ``input/``: the listener's uid
+    can neither rename that directory, nor put a symlink in its place or inside it, so the worker
+    never writes through a path the listener chose. (Under a directory every uid may search, so
+    that a refusal is the listener directory's own, as the last, allowed, write shows.)"""
+    root = Path(tempfile.mkdtemp(prefix="hm-office-test-"))
+    os.chmod(root, 0o755)
+
+    async def go() -> None:
+        pool = OfficePool(root / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings))
+        await pool.start()
+        try:
+            base = pool.listeners[0].dir
+            assert _exit_status_as(LISTENER_UID, "rename", base / "input") == 13
+            assert _exit_status_as(LISTENER_UID, "symlink", base / "input" / "source") == 13
+            assert _exit_status_as(LISTENER_UID, "symlink", base / "planted") == 13
+            assert _exit_status_as(LISTENER_UID, "write", base / "output" / "document.pdf") == 0
+        finally:
+            await pool.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        shutil.rmtree(root)
