@@ -1,9 +1,11 @@
-"""All benchmarks (``make bench``): thumbnail throughput and per-job overhead, each against a
-baseline measured in the same run, then a summary table. Ratios, never timed assertions.
+"""All benchmarks (``make bench``): thumbnail throughput, per-job overhead and office_to_pdf (warm
+LibreOffice listeners against a cold ``soffice`` per document), each against a baseline measured in
+the same run, then a summary table. Ratios, never timed assertions.
 
     .venv/bin/python bench/run.py [--quick] [--logs DIR]
 
-``--quick``: 8 photos × 1 round and 20 tiny jobs (a smoke run, about two minutes).
+``--quick``: 8 photos × 1 round, 20 tiny jobs and 4 office documents × 1 round (a smoke run,
+about three minutes). office_to_pdf is skipped, with a message, without LibreOffice.
 See docs/performance.md.
 """
 
@@ -17,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import common, job_overhead, thumbnail_throughput  # noqa: E402
+from bench import common, job_overhead, office_to_pdf, thumbnail_throughput  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small, fast run")
     parser.add_argument("--logs", type=Path, default=None, help="copy the platforms' service logs here")
     args = parser.parse_args(argv)
-    count, rounds, jobs = (8, 1, 20) if args.quick else (24, 3, 100)
+    count, rounds, jobs, documents = (8, 1, 20, 4) if args.quick else (24, 3, 100, 8)
     logs = args.logs
 
     tp = thumbnail_throughput.run(
@@ -37,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     oh = job_overhead.run(count=jobs, keep_logs=logs / "overhead" if logs else None)
+    print()
+    office = office_to_pdf.run(
+        rounds=rounds, documents=documents, keep_logs=logs / "office_to_pdf" if logs else None
+    )
     print()
     print(f"summary ({common.machine()}):")
     rows = [
@@ -62,10 +68,33 @@ def main(argv: list[str] | None = None) -> int:
             f"client-observed p50 {oh['client_p50_ms']:.0f} ms, p99 {oh['client_p99_ms']:.0f} ms",
         ),
     ]
+    if office is not None:
+        for kind in office["kinds"]:
+            ratio = office["platform_ratio"][kind]
+            rows.append(
+                (
+                    f"office_to_pdf latency {kind} (s)",
+                    office["cold_s"][kind],
+                    office["platform_s"][kind],
+                    f"{ratio:.2f}x",
+                    f"goal <= {office_to_pdf.GOAL}x: {'met' if ratio <= office_to_pdf.GOAL else 'MISSED'}; "
+                    f"warm engine alone {office['engine_ratio'][kind]:.2f}x",
+                )
+            )
+        rows.append(
+            (
+                f"office_to_pdf throughput ({documents} docs, docs/min)",
+                office["cold_dpm"],
+                office["platform_dpm"],
+                f"{office['throughput_ratio']:.1f}x",
+                "baseline: cold soffice 2 at a time",
+            )
+        )
     print(common.table(rows, ("benchmark", "baseline", "platform", "ratio", "note")))
     print(
         f"background load from other processes: {tp['background_cores']:.2f} cores (throughput, median), "
         f"{oh['background_cores']:.2f} cores (overhead)"
+        + (f", {office['background_cores']:.2f} cores (office_to_pdf)" if office is not None else "")
     )
     return 0
 
