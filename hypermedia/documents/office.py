@@ -9,7 +9,7 @@ Shape::
 * One :class:`OfficeListener` per slot (:class:`OfficePool`): a conversion host
   (:mod:`hypermedia.documents.office_host`) that keeps one ``soffice --headless`` running and
   converts one document at a time. Starting LibreOffice costs about two seconds; a warm listener
-  converts a one-page document in a tenth of that (``bench/office_to_pdf.py``).
+  converts a one-page document in about 0.05 s (``bench/office_to_pdf.py``, docs/performance.md).
 * **Confinement** (:func:`hypermedia.sandbox.confined_exec_main`): with root, a listener runs as a
   uid of its own (never a job's), in an empty network namespace (no remote resource can be
   fetched) and a mount namespace where the shared temp directories are hidden and ``/tmp`` is its

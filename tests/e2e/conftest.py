@@ -102,6 +102,9 @@ def start_platform(
         "HYPERMEDIA_GRPC_PORT": str(free_port()),
         "HM_REAPER_INTERVAL_SECONDS": "1",
         "HM_HEARTBEAT_SECONDS": "5",
+        # Sandbox and LibreOffice-listener uids of their own: platforms alive at once (two module
+        # fixtures, a benchmark) must not share uids (a listener's start kills its uid's processes).
+        "HM_SANDBOX_UID_BASE": str(100_000 + 1_000 * secrets.randbelow(100_000)),
         **extra_env,
     }
     cmd = [sys.executable, "-m", "hypermedia.cli", "up"]
