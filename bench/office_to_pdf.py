@@ -194,7 +194,11 @@ class Engine:
 
     def start(self) -> float:
         started = time.perf_counter()
-        self.runner.run(self.pool.start())
+        async def start_all() -> None:
+            self.pool.start()
+            await self.pool.started()
+
+        self.runner.run(start_all())
         if not all(lsn.running for lsn in self.pool.listeners):
             raise RuntimeError("an engine listener did not start (see stderr)")
         return time.perf_counter() - started

@@ -92,12 +92,16 @@ IMPORT_FILTERS: Final[dict[str, str]] = {
     "application/vnd.ms-excel": "MS Excel 97",
     "application/vnd.ms-powerpoint": "MS PowerPoint 97",
     "application/rtf": "Rich Text Format",
+    "text/rtf": "Rich Text Format",
 }
 """Identified upload type → LibreOffice import filter (names as registered in LibreOffice's
-``filter/source/config/fragments/filters/*.xcu``). A type not here is ``UNSUPPORTED_FORMAT``."""
+``filter/source/config/fragments/filters/*.xcu``). Its keys are
+:data:`hypermedia.contenttype.OFFICE_MIME_TYPES` (the gateway refuses other types for the office
+operations); a type not here is ``UNSUPPORTED_FORMAT``."""
 
 MAX_PDF_BYTES: Final = 1 << 30
-"""Largest PDF a conversion may produce (a bigger one is ``RESOURCE_LIMIT``)."""
+"""Largest PDF a conversion may ever produce (a bigger one is ``RESOURCE_LIMIT``); the docworker
+passes the profile's ``max_input_bytes``, the limit the PDF step holds its input to."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +167,12 @@ class OfficeListener:
         shutil.rmtree(self.dir, ignore_errors=True)
         # The directory and input/ are the worker's (the listener may read them, not rename or
         # plant anything the worker would write through); tmp/, profile/ and output/ the listener's.
+        # input/ is readable by the listener's group only: no other uid (a job, another
+        # listener) may read the document being converted.
         self.dir.mkdir(mode=0o755, parents=True)
-        (self.dir / "input").mkdir(mode=0o755)
+        (self.dir / "input").mkdir(mode=0o750 if self.uid else 0o700)
+        if self.uid is not None:
+            os.chown(self.dir / "input", -1, self.uid[1])
         for sub in ("tmp", "profile", "output"):
             (self.dir / sub).mkdir(mode=0o700)
             if self.uid is not None:
@@ -227,7 +235,9 @@ class OfficeListener:
             kill_uid(self.uid[0])  # a process that left the group (setsid) goes too
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    async def convert(self, source: Path, import_filter: str, timeout: float) -> Conversion:
+    async def convert(
+        self, source: Path, import_filter: str, timeout: float, max_pdf_bytes: int = MAX_PDF_BYTES
+    ) -> Conversion:
         """Converts ``source`` (opened with ``import_filter``) to PDF, starting the listener first
         when it is not running or has done its ``HM_OFFICE_MAX_CONVERSIONS``.
 
@@ -235,12 +245,13 @@ class OfficeListener:
             source: a file the worker may read (it is copied into the listener's directory).
             import_filter: a value of :data:`IMPORT_FILTERS`.
             timeout: seconds the conversion may take (a listener start is not counted).
+            max_pdf_bytes: largest PDF accepted (read into memory), at most :data:`MAX_PDF_BYTES`.
 
         Raises:
             PermanentJobError: ``PARSE_ERROR`` (LibreOffice cannot open it), ``UNSUPPORTED_FORMAT``
                 (it opened as something that has no PDF export), ``TIMEOUT`` (no answer in
                 ``timeout``: the listener is killed and restarted by the next conversion),
-                ``RESOURCE_LIMIT`` (the PDF is larger than :data:`MAX_PDF_BYTES`).
+                ``RESOURCE_LIMIT`` (the PDF is larger than ``max_pdf_bytes``).
             TransientError: ``OFFICE_UNAVAILABLE`` (the listener did not start), ``OFFICE_CRASHED``
                 (LibreOffice died during the conversion; the listener restarts).
         """
@@ -253,7 +264,7 @@ class OfficeListener:
         output = self.dir / "output" / "document.pdf"
         with contextlib.suppress(FileNotFoundError):
             output.unlink()
-        await asyncio.to_thread(_copy_in, source, target)
+        await asyncio.to_thread(_copy_in, source, target, self.uid[1] if self.uid else None)
         request = {"input": str(target), "output": str(output), "filter": import_filter}
         started = time.monotonic()
         self.conversions += 1
@@ -286,16 +297,17 @@ class OfficeListener:
             log.warning("office listener %s failed: %s; restarting", self.name, reply.get("message"))
             await self.stop()
             raise TransientError("The document converter failed during the conversion.", "OFFICE_CRASHED")
+        max_pdf_bytes = min(max_pdf_bytes, MAX_PDF_BYTES)
         try:
-            pdf = await asyncio.to_thread(read_output, self.dir, "document.pdf", max_bytes=MAX_PDF_BYTES + 1)
+            pdf = await asyncio.to_thread(read_output, self.dir, "document.pdf", max_bytes=max_pdf_bytes + 1)
         except OSError:
             await self.stop()
             raise TransientError("The document converter wrote no PDF.", "OFFICE_CRASHED") from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 output.unlink()
-        if len(pdf) > MAX_PDF_BYTES:
-            raise PermanentJobError(f"The PDF is larger than {MAX_PDF_BYTES} bytes.", "RESOURCE_LIMIT")
+        if len(pdf) > max_pdf_bytes:
+            raise PermanentJobError(f"The PDF is larger than {max_pdf_bytes} bytes.", "RESOURCE_LIMIT")
         return Conversion(pdf=pdf, pages=int(reply.get("pages") or 0), seconds=seconds, warm=warm)
 
     async def _read(self, timeout: float) -> dict[str, Any] | None:
@@ -311,10 +323,14 @@ class OfficeListener:
         return message if isinstance(message, dict) else None
 
 
-def _copy_in(source: Path, target: Path) -> None:
-    """Copies ``source`` to a new ``target`` (mode 0644), never through an existing file or link."""
+def _copy_in(source: Path, target: Path, gid: int | None) -> None:
+    """Copies ``source`` to a new ``target``, never through an existing file or link: mode 0640
+    with group ``gid`` (the listener's), or 0600 when the listener has the worker's uid."""
     target.unlink(missing_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    mode = 0o640 if gid is not None else 0o600
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    if gid is not None:
+        os.fchown(fd, -1, gid)
     with open(fd, "wb") as out, source.open("rb") as src:
         shutil.copyfileobj(src, out, 1 << 20)
 
@@ -342,23 +358,44 @@ class OfficePool:
             self._free.put_nowait(listener)
         self.cold_conversions = 0
         """Conversions done by a cold listener because a warm one could not start."""
+        self._warming: list[asyncio.Task[None]] = []
 
-    async def start(self) -> None:
-        """Starts every listener at once; one that fails is logged and started again by its next
-        conversion (the worker serves PDFs meanwhile)."""
+    def start(self) -> None:
+        """Starts every listener in the background and returns at once (a start takes seconds,
+        longer than a service may take to start). A conversion waits for a listener that is
+        still starting; one that fails to start is logged and started again by its next
+        conversion."""
         self.base_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base_dir, 0o711)
-        results = await asyncio.gather(*(lsn.start() for lsn in self.listeners), return_exceptions=True)
-        for listener, result in zip(self.listeners, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("office listener %s did not start: %s", listener.name, result)
+        for listener in self.listeners:
+            self._warming.append(asyncio.create_task(self._warm(listener), name=f"office-{listener.name}"))
+
+    async def started(self) -> None:
+        """Waits until every start begun by :meth:`start` has ended, started or not (benchmarks and
+        tests that time or inspect warm listeners)."""
+        await asyncio.gather(*self._warming, return_exceptions=True)
+
+    async def _warm(self, listener: OfficeListener) -> None:
+        await self._free.get()  # it is free: the pool was just made
+        try:
+            await listener.start()
+        except Exception as exc:
+            log.warning("office listener %s did not start: %s", listener.name, exc)
+        finally:
+            self._free.put_nowait(listener)
 
     async def close(self) -> None:
-        """Stops every listener."""
+        """Stops every listener (and any start still running)."""
+        for task in self._warming:
+            task.cancel()
+        await asyncio.gather(*self._warming, return_exceptions=True)
         await asyncio.gather(*(lsn.stop() for lsn in self.listeners))
 
-    async def convert(self, source: Path, mime_type: str, timeout: float) -> Conversion:
-        """Converts ``source`` (an upload identified as ``mime_type``) to PDF on a free listener.
+    async def convert(
+        self, source: Path, mime_type: str, timeout: float, max_pdf_bytes: int = MAX_PDF_BYTES
+    ) -> Conversion:
+        """Converts ``source`` (an upload identified as ``mime_type``) to PDF on a free listener
+        (waiting for one that is still starting); see :meth:`OfficeListener.convert` for the rest.
 
         Raises:
             PermanentJobError: ``UNSUPPORTED_FORMAT`` for a type without an import filter; see
@@ -373,7 +410,7 @@ class OfficePool:
         listener = await self._free.get()
         try:
             try:
-                return await listener.convert(source, import_filter, timeout)
+                return await listener.convert(source, import_filter, timeout, max_pdf_bytes)
             except TransientError as exc:
                 if exc.error_code != "OFFICE_UNAVAILABLE":
                     raise
@@ -381,7 +418,7 @@ class OfficePool:
             self.cold_conversions += 1
             cold = OfficeListener(f"{listener.name}-cold", self.base_dir, listener.uid, self.settings)
             try:
-                return await cold.convert(source, import_filter, timeout)
+                return await cold.convert(source, import_filter, timeout, max_pdf_bytes)
             finally:
                 await cold.stop()
         finally:

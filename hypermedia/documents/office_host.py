@@ -12,7 +12,9 @@ The host starts ``soffice --headless --accept=pipe,name=…`` with the throwaway
 ``/tmp``) and prints ``{"event": "ready", "soffice_pid": …}``. Then, per request line
 ``{"input": path, "output": path, "filter": import filter name}``, it loads the document hidden,
 read-only, without running macros or updating links, exports it to PDF and prints
-``{"ok": true, "pages": N, "export_filter": …}`` or ``{"ok": false, "code": …, "message": …}``.
+``{"ok": true, "pages": N, "export_filter": …}`` or ``{"ok": false, "code": …, "message": …}``
+(``code``: ``PARSE_ERROR`` or ``UNSUPPORTED_FORMAT`` for the document; ``ENGINE_FAILED`` when
+LibreOffice died or stopped answering, after which the host exits).
 On EOF it terminates ``soffice`` and exits 0. Exit 3: ``soffice`` did not come up.
 
 UNO names used here (LibreOffice SDK reference, ``com.sun.star``): ``frame.Desktop``,
@@ -133,6 +135,18 @@ def page_count(doc: Any) -> int:
     return 0
 
 
+def alive(desktop: Any, soffice: subprocess.Popen[bytes]) -> bool:
+    """Whether LibreOffice still answers: its launcher has not exited and the bridge carries a call
+    (a dead ``soffice.bin`` makes every UNO call raise ``DisposedException``)."""
+    if soffice.poll() is not None:
+        return False
+    try:
+        desktop.getFrames()
+    except Exception:
+        return False
+    return True
+
+
 def convert(desktop: Any, request: dict[str, Any]) -> dict[str, Any]:
     source = Path(request["input"]).as_uri()
     target = Path(request["output"]).as_uri()
@@ -198,6 +212,9 @@ def main() -> int:
             reply = convert(desktop, json.loads(line))
         except Exception as exc:  # the bridge died (soffice crashed) or an unexpected UNO error
             reply = {"ok": False, "code": "ENGINE_FAILED", "message": f"{type(exc).__name__}: {exc}"[:500]}
+        if not reply["ok"] and reply.get("code") != "ENGINE_FAILED" and not alive(desktop, soffice):
+            # A load "failure" because LibreOffice died while loading is a crash, not the document's.
+            reply = {"ok": False, "code": "ENGINE_FAILED", "message": "soffice died during the conversion"}
         emit(reply)
         if reply.get("code") == "ENGINE_FAILED":
             break

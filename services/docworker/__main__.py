@@ -78,7 +78,9 @@ class DocumentHandler:
             return job_input
         if job.operation not in CONVERTING_OPERATIONS:
             raise PermanentJobError(f"{job.operation} takes PDFs only.", "UNSUPPORTED_FORMAT")
-        conversion = await self.office.convert(job_input.path, job_input.mime_type, job.timeout_seconds)
+        conversion = await self.office.convert(
+            job_input.path, job_input.mime_type, job.timeout_seconds, max_pdf_bytes=job.max_input_bytes
+        )
         converted = job_input.job_dir / "input" / "converted.pdf"
         await asyncio.to_thread(converted.write_bytes, conversion.pdf)
         facts = {
@@ -111,7 +113,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         [(first + i, first + i) if is_root else None for i in range(settings.slots)],
         config.load(config.OfficeSettings),
     )
-    await office.start()
+    office.start()  # in the background: jobs wait for a listener still starting
     stack.push_async_callback(office.close)
     await serve_worker(
         stack,

@@ -288,7 +288,8 @@ class JobsAPI:
             NotFound: unknown object or not the caller's. InvalidArgument: unknown operation, bad
             params (``INVALID_PARAMS`` also for a password that is not a non-empty string of at
             most 1024 characters, or given to an operation outside :data:`PASSWORD_QUEUES`),
-            priority or webhook; ``PASSWORDS_NOT_ENABLED`` for a password when the gateway has no
+            priority or webhook (also a password for input that is not a PDF);
+            ``PASSWORDS_NOT_ENABLED`` for a password when the gateway has no
             ``password_key``. UnsupportedInput: the object's type is not accepted by an
             operation. PayloadTooLarge: the object exceeds a profile's max_input_bytes.
             InsufficientCredits: the hold failed. Conflict: Idempotency-Key reused with another body.
@@ -334,6 +335,11 @@ class JobsAPI:
                 raise InvalidArgument(f"unknown operation {op.name!r}", "UNKNOWN_OPERATION")
             if password is not None and profile["queue"] not in PASSWORD_QUEUES:
                 raise InvalidArgument(f"operation {op.name!r} does not take a password", "INVALID_PARAMS")
+            if password is not None and input_kind != "pdf":
+                raise InvalidArgument(
+                    "a password opens encrypted PDFs only; password-protected office documents are not supported",
+                    "INVALID_PARAMS",
+                )
             if input_kind not in profile["input_kinds"]:
                 raise UnsupportedInput(
                     f"operation {op.name!r} does not accept {obj.mime_type} input", "UNSUPPORTED_FORMAT"

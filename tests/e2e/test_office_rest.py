@@ -376,5 +376,31 @@ def test_a_document_that_keeps_libreoffice_busy_is_killed_at_the_timeout(
         for line in f.read_text(errors="replace").splitlines()
         if line.startswith("{")
     ]
-    assert "office listener slot0: conversion timed out after 5 s; restarting" in messages, messages
-    assert "office listener slot0 ready (start 2)" in messages, messages
+    [slot] = [
+        m.group(1)
+        for m in map(
+            re.compile(r"office listener (slot\d): conversion timed out after 5 s; restarting").fullmatch,
+            messages,
+        )
+        if m
+    ]
+    assert f"office listener {slot} ready (start 2)" in messages, messages
+
+
+def test_a_password_is_refused_for_an_office_document(office_client: httpx.Client) -> None:
+    """Passwords open encrypted PDFs only: for an office document the request is refused at once
+    (nothing held, no job), and the answer does not repeat the password."""
+    obj = upload(office_client, ODT)
+    held = office_client.get("/v1/credits").json()["held"]
+    response = office_client.post(
+        "/v1/hypermedia/process",
+        json={
+            "object_id": obj["object_id"],
+            "operations": [{"name": "office_to_pdf", "params": {"password": "pw-123"}}],
+        },
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error_code"] == "INVALID_PARAMS"
+    assert "encrypted PDFs only" in response.json()["detail"]
+    assert "pw-123" not in response.text
+    assert office_client.get("/v1/credits").json()["held"] == held

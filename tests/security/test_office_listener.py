@@ -9,6 +9,8 @@ import asyncio
 import io
 import os
 import shutil
+import signal
+import stat
 import tempfile
 import time
 import zipfile
@@ -18,7 +20,8 @@ import pypdfium2 as pdfium
 import pytest
 
 from hypermedia import config
-from hypermedia.documents.office import OfficePool
+from hypermedia.documents.office import OfficePool, _copy_in
+from hypermedia.errors import TransientError
 from tests.security.conftest import Listener
 from tests.security.test_documents_and_media import docx_with_external_image
 
@@ -145,7 +148,8 @@ def run_pool(tmp_path: Path, uid: tuple[int, int] | None, documents: list[tuple[
 
     async def go() -> list[object]:
         pool = OfficePool(base, [uid], config.load(config.OfficeSettings))
-        await pool.start()
+        pool.start()
+        await pool.started()
         results: list[object] = []
         try:
             for n, (content, mime) in enumerate(documents):
@@ -201,7 +205,8 @@ def test_a_listener_runs_as_its_own_uid_without_network_with_a_private_tmp(tmp_p
         pool = OfficePool(
             tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings)
         )
-        await pool.start()
+        pool.start()
+        await pool.started()
         try:
             [listener] = pool.listeners
             assert listener.running and listener.pid is not None
@@ -328,7 +333,8 @@ def test_a_compromised_listener_cannot_redirect_the_workers_writes() -> None:
 
     async def go() -> None:
         pool = OfficePool(root / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings))
-        await pool.start()
+        pool.start()
+        await pool.started()
         try:
             base = pool.listeners[0].dir
             assert _exit_status_as(LISTENER_UID, "rename", base / "input") == 13
@@ -342,3 +348,110 @@ def test_a_compromised_listener_cannot_redirect_the_workers_writes() -> None:
         asyncio.run(go())
     finally:
         shutil.rmtree(root)
+
+
+ODT_TEXT = odt("<text:p>hello from a listener test</text:p>")
+
+
+def kill_soffice_bin(host_pid: int) -> None:
+    """SIGKILLs the listener's ``soffice.bin`` (LibreOffice itself, below its launcher)."""
+    for pid in descendants(host_pid):
+        if Path(f"/proc/{pid}/exe").resolve().name == "soffice.bin":
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_listener_that_dies_while_loading_is_restarted(tmp_path: Path) -> None:
+    """LibreOffice killed under a conversion (as a crash would): the conversion is OFFICE_CRASHED
+    (transient, so retried), never the document's PARSE_ERROR, and the next one restarts it."""
+    os.chmod(tmp_path, 0o755)
+    source = tmp_path / "doc.odt"
+    source.write_bytes(ODT_TEXT)
+
+    async def go() -> None:
+        settings = config.load(config.OfficeSettings)
+        pool = OfficePool(tmp_path / "office", [(LISTENER_UID, LISTENER_UID) if IS_ROOT else None], settings)
+        pool.start()
+        await pool.started()
+        try:
+            [listener] = pool.listeners
+            assert listener.pid is not None
+            kill_soffice_bin(listener.pid)
+            with pytest.raises(TransientError) as crashed:
+                await pool.convert(source, ODT_MIME, 60)
+            assert crashed.value.error_code == "OFFICE_CRASHED"
+            assert not listener.running
+            done = await pool.convert(source, ODT_MIME, 60)
+            assert "hello from a listener test" in pdf_text(done.pdf)
+            assert (listener.starts, done.warm) == (2, False)
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
+
+
+def test_a_listener_is_restarted_after_its_conversions_and_a_dead_one_falls_back_to_cold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    os.chmod(tmp_path, 0o755)
+    source = tmp_path / "doc.odt"
+    source.write_bytes(ODT_TEXT)
+    monkeypatch.setenv("HM_OFFICE_MAX_CONVERSIONS", "2")
+
+    async def go() -> None:
+        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        pool.start()
+        await pool.started()
+        try:
+            [listener] = pool.listeners
+            warm = [(await pool.convert(source, ODT_MIME, 60)).warm for _ in range(5)]
+            # Started by start(), then again before the 3rd and the 5th conversion.
+            assert warm == [True, True, False, True, False]
+            assert listener.starts == 3
+        finally:
+            await pool.close()
+        # A LibreOffice that does not start: the warm listener fails, one cold start is tried.
+        monkeypatch.setenv("HM_OFFICE_SOFFICE", "/nonexistent/soffice")
+        monkeypatch.setenv("HM_OFFICE_START_TIMEOUT", "5")
+        broken = OfficePool(tmp_path / "broken", [None], config.load(config.OfficeSettings))
+        broken.start()
+        await broken.started()
+        try:
+            with pytest.raises(TransientError) as unavailable:
+                await broken.convert(source, ODT_MIME, 60)
+            assert unavailable.value.error_code == "OFFICE_UNAVAILABLE"
+            assert broken.cold_conversions == 1
+        finally:
+            await broken.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a listener of its own uid needs root")
+def test_the_document_being_converted_is_readable_by_the_listener_only(tmp_path: Path) -> None:
+    """The copy in the listener's input/ is mode 0640 in a 0750 directory of the listener's group:
+    a job's uid, or another listener's, cannot read another account's document meanwhile."""
+    os.chmod(tmp_path, 0o755)
+    source = tmp_path / "doc.odt"
+    source.write_bytes(ODT_TEXT)
+
+    async def go() -> None:
+        pool = OfficePool(
+            tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings)
+        )
+        pool.start()
+        await pool.started()
+        try:
+            [listener] = pool.listeners
+            input_dir = listener.dir / "input"
+            copy = input_dir / "source"
+            await asyncio.to_thread(_copy_in, source, copy, LISTENER_UID)  # as convert() does
+            for path, mode in ((input_dir, 0o750), (copy, 0o640)):
+                info = path.stat()
+                assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (mode, 0, LISTENER_UID)
+            converted = await pool.convert(source, ODT_MIME, 60)
+            assert "hello from a listener test" in pdf_text(converted.pdf)
+            assert not copy.exists()  # removed after each conversion
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
