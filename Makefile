@@ -9,7 +9,7 @@ STAMP := $(VENV)/.synced
 .PHONY: demo test test-fast lint proto proto-check bench chaos up clean help
 
 help:
-	@echo "make demo   - start the platform on embedded defaults and process the sample photos"
+	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF and an ODT"
 	@echo "make test   - the whole test suite (real Postgres, NATS, libvips)"
 	@echo "make lint   - ruff, mypy, buf lint, stub drift, deploy linters"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml uv.lock
 # Roman and Courier New). Installed when missing and running as root, otherwise the script says
 # what to install.
 DEBIAN_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffice-impress-nogui \
-	python3-uno fonts-crosextra-carlito fonts-crosextra-caladea fonts-liberation2
+	python3-uno fonts-crosextra-carlito fonts-crosextra-caladea fonts-liberation2 tesseract-ocr tesseract-ocr-osd tesseract-ocr-eng tesseract-ocr-deu tesseract-ocr-fra tesseract-ocr-ita tesseract-ocr-spa tesseract-ocr-por
 # What the suite needs besides: clamd for the virus-scan tests.
 DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon
 

@@ -171,6 +171,11 @@ class OfficeListener:
         # listener) may read the document being converted.
         self.dir.mkdir(mode=0o755, parents=True)
         (self.dir / "input").mkdir(mode=0o750 if self.uid else 0o700)
+        # The host script runs from here: the checkout may lie under /tmp, which the listener's
+        # mount namespace replaces with its own.
+        script = self.dir / HOST_SCRIPT.name
+        shutil.copyfile(HOST_SCRIPT, script)
+        os.chmod(script, 0o644)
         if self.uid is not None:
             os.chown(self.dir / "input", -1, self.uid[1])
         for sub in ("tmp", "profile", "output"):
@@ -184,7 +189,7 @@ class OfficeListener:
             "start_timeout": self.settings.start_timeout,
         }
         spec = {
-            "argv": [self.settings.python, "-I", str(HOST_SCRIPT), json.dumps(host_config)],
+            "argv": [self.settings.python, "-I", str(script), json.dumps(host_config)],
             "dir": str(self.dir),
             "uid": self.uid[0] if self.uid else None,
             "gid": self.uid[1] if self.uid else None,
@@ -217,7 +222,15 @@ class OfficeListener:
         except TimeoutError:
             ready = None
         if not ready or ready.get("event") != "ready":
+            proc = self._proc
             await self.stop()
+            log.warning(
+                "office listener %s: the conversion host did not start (exit status %s; %s); its stderr "
+                "is above in this log",
+                self.name,
+                proc.returncode if proc is not None else None,
+                (ready or {}).get("message", "no ready line"),
+            )
             raise TransientError("The document converter could not be started.", "OFFICE_UNAVAILABLE")
         self.soffice_pid = int(ready.get("soffice_pid") or 0) or None
         log.info("office listener %s ready (start %d)", self.name, self.starts)

@@ -20,6 +20,7 @@ import pypdfium2 as pdfium
 import pytest
 
 from hypermedia import config
+from hypermedia.documents import office
 from hypermedia.documents.office import OfficePool, _copy_in
 from hypermedia.errors import TransientError
 from tests.security.conftest import Listener
@@ -455,3 +456,35 @@ def test_the_document_being_converted_is_readable_by_the_listener_only(tmp_path:
             await pool.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a listener of its own mount namespace needs root")
+def test_a_listener_starts_from_a_checkout_under_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener's mount namespace replaces /tmp with its own directory: a host script that
+    lives in a checkout under /tmp (a CI clone, say) is copied into the listener's directory
+    first, or the listener could not start (found by a fresh clone under /tmp)."""
+    checkout = Path(tempfile.mkdtemp(prefix="hm-checkout-", dir="/tmp"))
+    work = Path(tempfile.mkdtemp(prefix="hm-office-work-"))
+    os.chmod(work, 0o755)
+    script = checkout / "office_host.py"
+    shutil.copyfile(office.HOST_SCRIPT, script)
+    monkeypatch.setattr(office, "HOST_SCRIPT", script)
+
+    async def go() -> None:
+        pool = OfficePool(work / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings))
+        pool.start()
+        await pool.started()
+        try:
+            assert pool.listeners[0].running
+            source = work / "doc.odt"
+            source.write_bytes(ODT_TEXT)
+            done = await pool.convert(source, ODT_MIME, 60)
+            assert "hello from a listener test" in pdf_text(done.pdf)
+        finally:
+            await pool.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        shutil.rmtree(checkout)
+        shutil.rmtree(work)
