@@ -24,18 +24,23 @@ $(STAMP): pyproject.toml uv.lock
 	@UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --frozen --inexact --quiet --python $(VENV)/bin/python
 	@touch $(STAMP)
 
-# Debian packages the platform runs for real: LibreOffice (headless, without the GUI) with the
-# Python-UNO bridge its listeners are driven through, and the metric-compatible fonts that keep
-# office page counts (Carlito for Calibri, Caladea for Cambria, Liberation for Arial, Times New
-# Roman and Courier New). Installed when missing and running as root, otherwise the script says
-# what to install.
-DEBIAN_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffice-impress-nogui \
-	python3-uno fonts-crosextra-carlito fonts-crosextra-caladea fonts-liberation2 tesseract-ocr tesseract-ocr-osd tesseract-ocr-eng tesseract-ocr-deu tesseract-ocr-fra tesseract-ocr-ita tesseract-ocr-spa tesseract-ocr-por
+# Debian packages the platform runs for real. The docworker's: LibreOffice (headless, without the
+# GUI) with the Python-UNO bridge its listeners are driven through, and the metric-compatible fonts
+# that keep office page counts (Carlito for Calibri, Caladea for Cambria, Liberation for Arial,
+# Times New Roman and Courier New); deploy/check_policy.py keeps its image equal to this list. The
+# OCR engine's (issue 6, hypermedia/ocr/): tesseract with orientation detection and the languages
+# of the OCR corpus. Installed when missing and running as root, otherwise the script says what
+# to install.
+DOCWORKER_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffice-impress-nogui \
+	python3-uno fonts-crosextra-carlito fonts-crosextra-caladea fonts-liberation2
+OCR_PACKAGES := tesseract-ocr tesseract-ocr-osd tesseract-ocr-eng tesseract-ocr-deu tesseract-ocr-fra \
+	tesseract-ocr-ita tesseract-ocr-spa tesseract-ocr-por
+DEBIAN_PACKAGES := $(DOCWORKER_PACKAGES) $(OCR_PACKAGES)
 # What the suite needs besides: clamd for the virus-scan tests.
 DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon
 
 demo: $(STAMP)
-	@scripts/ensure_debian_packages.sh $(DEBIAN_PACKAGES)
+	@scripts/ensure_debian_packages.sh $(DOCWORKER_PACKAGES)
 	$(VENV)/bin/python scripts/demo.py
 
 test: $(STAMP)

@@ -194,6 +194,7 @@ class Engine:
 
     def start(self) -> float:
         started = time.perf_counter()
+
         async def start_all() -> None:
             self.pool.start()
             await self.pool.started()

@@ -13,7 +13,7 @@ this says whether the files keep the platform's rules and agree with each other:
 - Secrets exist only as ``*.example.yaml`` with placeholders; ConfigMaps hold no secret;
 - every hypermedia service in compose.yaml is read-only, capability-free, has tmpfs /tmp and /work
   and resource limits; every image name maps to a target of deploy/docker/Dockerfile;
-- the docworker target installs exactly the Makefile's ``DEBIAN_PACKAGES`` (LibreOffice, python3-uno,
+- the docworker target installs exactly the Makefile's ``DOCWORKER_PACKAGES`` (LibreOffice, python3-uno,
   fonts: what ``make test`` installs on a developer's machine) and sets ``HM_OFFICE_PYTHON``.
 
 Usage: ``python deploy/check_policy.py [DEPLOY_DIR]``; prints one line per problem, exits 1 on any.
@@ -250,12 +250,12 @@ def _stage(dockerfile_text: str, target: str) -> str:
 
 
 def check_docworker_packages(makefile: Path, dockerfile: Path) -> list[str]:
-    """The docworker image's apt packages are the Makefile's ``DEBIAN_PACKAGES`` (versions aside)."""
+    """The docworker image's apt packages are the Makefile's ``DOCWORKER_PACKAGES`` (versions aside)."""
     if not makefile.exists():
         return []  # deploy/ checked outside the repository
-    match = re.search(r"^DEBIAN_PACKAGES\s*:?=((?:.*\\\n)*.*)$", makefile.read_text(), re.M)
+    match = re.search(r"^DOCWORKER_PACKAGES\s*:?=((?:.*\\\n)*.*)$", makefile.read_text(), re.M)
     if match is None:
-        return [f"{makefile}: no DEBIAN_PACKAGES"]
+        return [f"{makefile}: no DOCWORKER_PACKAGES"]
     wanted = set(match.group(1).replace("\\\n", " ").split())
     stage = _stage(dockerfile.read_text(), "docworker")
     installs = re.findall(r"apt-get install ((?:[^&]|&(?!&))*)", stage)
@@ -269,7 +269,7 @@ def check_docworker_packages(makefile: Path, dockerfile: Path) -> list[str]:
     if installed != wanted:
         missing, extra = sorted(wanted - installed), sorted(installed - wanted)
         problems.append(
-            f"{dockerfile}: docworker apt packages differ from {makefile.name}'s DEBIAN_PACKAGES: "
+            f"{dockerfile}: docworker apt packages differ from {makefile.name}'s DOCWORKER_PACKAGES: "
             f"missing {missing}, not in the Makefile {extra}"
         )
     if "HM_OFFICE_PYTHON=" not in stage:

@@ -145,7 +145,9 @@ def main() -> int:
                 inputs.append((photo, ops))
             documents = DOCUMENTS
             if shutil.which("soffice") is None:
-                print("LibreOffice is not installed (run make demo as root to install it): no office document")
+                print(
+                    "LibreOffice is not installed (run make demo as root to install it): no office document"
+                )
                 documents = [(path, ops) for path, ops in DOCUMENTS if path.suffix == ".pdf"]
             for path, ops in [*inputs, *documents]:
                 obj = c.post("/v1/objects", files={"file": (path.name, path.read_bytes())}).json()
