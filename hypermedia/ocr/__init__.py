@@ -1,0 +1,15 @@
+"""OCR of scanned images and PDFs with tesseract: the engine core of the ``ocr`` queue (issue 6).
+
+| module | responsibility | imports |
+|---|---|---|
+| :mod:`~hypermedia.ocr.params` | the ``ocr`` operation's params, checked at job creation and in the worker | pure Python (the gateway imports it) |
+| :mod:`~hypermedia.ocr.metrics` | character error rate, for tests and the benchmark | pure Python |
+| :mod:`~hypermedia.ocr.recognition` | what an OCR engine returns (:class:`~hypermedia.ocr.recognition.Word`, :class:`~hypermedia.ocr.recognition.PageText`) and the :class:`~hypermedia.ocr.recognition.OcrEngine` protocol | pure Python |
+| :mod:`~hypermedia.ocr.tesseract` | the tesseract CLI: one process per call, ``OMP_THREAD_LIMIT=1``, timeouts; TSV and OSD parsing; installed languages | subprocess |
+| :mod:`~hypermedia.ocr.preprocess` | grey conversion, upscaling, orientation, deskew and background normalisation of one page, each step recorded | pyvips |
+| :mod:`~hypermedia.ocr.assemble` | per-page results merged into the outputs: text, words JSON, hOCR, searchable PDF | pypdfium2 |
+| :mod:`~hypermedia.ocr.engine` | the sandbox entry ``run(operation, params, input_path, out_dir, *, limits)`` | all of the above |
+
+Importing this package imports nothing heavy; :mod:`~hypermedia.ocr.engine` runs libvips and must
+be called in the sandbox child (a process that will not fork again after it ran libvips).
+"""

@@ -1,0 +1,109 @@
+"""Per-page OCR results merged into one document per output.
+
+* **text**: the pages' texts joined by a form feed (U+000C), as ``text_extract`` does for PDFs.
+* **hOCR**: one XHTML document: the head of the first page's file and every page's
+  ``ocr_page`` element, in page order. Tesseract numbers the elements of each run from page 1
+  (``page_1``, ``block_1_2``, ``line_1_3``, ``word_1_4``…): the page part of every id becomes the
+  page's number, so ids stay unique; ``ppageno`` (hOCR's 0-based physical page number) becomes
+  the page's, and the ``image`` property (the name of a temporary file) is dropped. hOCR 1.2
+  (kba.github.io/hocr-spec/1.2): ``ppageno`` and ``image`` are optional properties of
+  ``ocr_page``; ``bbox`` stays in pixels of the page image tesseract read.
+* **searchable PDF**: tesseract's one-page PDFs (the page image with an invisible ``GlyphLessFont``
+  text layer, text render mode 3) imported one after the other into a new document with PDFium
+  (``FPDF_ImportPages`` through ``PdfDocument.import_pages``): no page is re-rendered or
+  re-encoded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import pypdfium2 as pdfium
+
+__all__ = ["PAGE_SEPARATOR", "join_text", "merge_hocr", "merge_pdfs"]
+
+PAGE_SEPARATOR: Final = "\f"
+
+_BODY_OPEN: Final = re.compile(r"<body[^>]*>")
+_BODY_CLOSE: Final = "</body>"
+_PAGE_ID: Final = re.compile(r"""(\bid=['"][a-z]+)_1(?=['"_])""")
+_PAGE_TITLE: Final = re.compile(r"""(<div class=['"]ocr_page['"][^>]*?title=)(['"])(.*?)\2""")
+_IMAGE_PROPERTY: Final = re.compile(r"""image "[^"]*";\s*""")
+_PPAGENO: Final = re.compile(r"ppageno \d+")
+
+
+def join_text(texts: Sequence[str]) -> str:
+    """The pages' texts joined by :data:`PAGE_SEPARATOR` (none after the last page)."""
+    return PAGE_SEPARATOR.join(texts)
+
+
+def _page_body(document: str, number: int) -> str:
+    """The part of a one-page tesseract hOCR document between ``<body>`` and ``</body>``, with ids
+    and the page title rewritten for page ``number`` (1-based)."""
+    opening = _BODY_OPEN.search(document)
+    end = document.rfind(_BODY_CLOSE)
+    if opening is None or end < opening.end():
+        raise ValueError("not a tesseract hOCR document: no body")
+    body = document[opening.end() : end]
+    body = _PAGE_ID.sub(lambda m: f"{m.group(1)}_{number}", body)
+
+    def title(match: re.Match[str]) -> str:
+        value = _IMAGE_PROPERTY.sub("", match.group(3))
+        value = _PPAGENO.sub(f"ppageno {number - 1}", value)
+        return f"{match.group(1)}{match.group(2)}{value}{match.group(2)}"
+
+    return _PAGE_TITLE.sub(title, body, count=1)
+
+
+def merge_hocr(pages: Sequence[tuple[int, Path]]) -> str:
+    """One hOCR document from tesseract's one-page documents.
+
+    Args:
+        pages: ``(page number, path of its .hocr)`` in page order.
+
+    Returns:
+        The merged XHTML (see the module docstring).
+
+    Raises:
+        ValueError: no pages, or a file without ``<body>``.
+    """
+    if not pages:
+        raise ValueError("no pages to merge")
+    documents = [(number, path.read_text(encoding="utf-8")) for number, path in pages]
+    first = documents[0][1]
+    opening = _BODY_OPEN.search(first)
+    if opening is None:
+        raise ValueError("not a tesseract hOCR document: no body")
+    parts = [first[: opening.end()]]
+    parts.extend(_page_body(document, number).rstrip() for number, document in documents)
+    parts.append(f"\n {_BODY_CLOSE}\n</html>\n")
+    return "".join(parts)
+
+
+def merge_pdfs(paths: Sequence[Path], target: Path) -> int:
+    """Writes the pages of ``paths``, in order, into one PDF at ``target``.
+
+    Returns:
+        The number of pages written.
+
+    Raises:
+        ValueError: no paths.
+        pypdfium2.PdfiumError: a file PDFium cannot read (tesseract's own output: a bug).
+    """
+    if not paths:
+        raise ValueError("no pages to merge")
+    merged = pdfium.PdfDocument.new()
+    try:
+        for path in paths:
+            page_pdf = pdfium.PdfDocument(str(path))
+            try:
+                merged.import_pages(page_pdf)
+            finally:
+                page_pdf.close()
+        merged.save(str(target))
+        return len(merged)
+    finally:
+        merged.close()

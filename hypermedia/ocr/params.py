@@ -1,0 +1,213 @@
+"""Params of the ``ocr`` operation: checked when a job is created (the gateway) and again in the
+worker (:func:`hypermedia.ocr.engine.run`). Pure Python: the gateway imports this module, never
+pyvips, PDFium or tesseract.
+
+| param | accepted | normalised |
+|---|---|---|
+| ``languages`` | a list of tesseract language codes (``["eng", "deu"]``) or one string joined with ``+`` as on tesseract's command line (``"eng+deu"``); at most :data:`MAX_LANGUAGES`; default ``["eng"]`` | a list, duplicates removed, order kept (the first language is tesseract's primary one) |
+| ``pages`` | page numbers (1-based) as a list or a string such as ``"1-3"`` or ``"1,4,6-8"``; pages of a PDF, or of a multi-page image (TIFF pages, GIF/WebP frames); at most :data:`MAX_OCR_PAGES`; default every page | a sorted list of distinct numbers, or ``None`` for every page |
+| ``outputs`` | any of :data:`OUTPUTS`; default :data:`DEFAULT_OUTPUTS` | a list in the order of :data:`OUTPUTS` |
+
+Which languages exist is known only where tesseract is installed: the worker passes
+:func:`hypermedia.ocr.tesseract.installed_languages` as ``installed_languages``; the gateway passes
+the list the ocrworker reports (its RPC, or the profile's docs). Without that list only the form
+of each code is checked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from typing import Any, Final
+
+from hypermedia.documents.params import MAX_DOCUMENT_PAGES
+from hypermedia.errors import InvalidArgument
+
+__all__ = [
+    "DEFAULT_LANGUAGES",
+    "DEFAULT_OUTPUTS",
+    "LANGUAGE_CODE",
+    "MAX_DOCUMENT_PAGES",
+    "MAX_LANGUAGES",
+    "MAX_OCR_PAGES",
+    "OPERATIONS",
+    "OUTPUTS",
+    "parse_languages",
+    "parse_pages",
+    "validate_params",
+]
+
+OPERATIONS: Final = ("ocr",)
+
+OUTPUTS: Final = ("text", "words", "hocr", "searchable_pdf")
+"""``text``: plain UTF-8, pages separated by a form feed. ``words``: JSON, every word with its box,
+confidence and block/paragraph/line ids, and the preprocessing of every page. ``hocr``: one hOCR
+document, a ``ocr_page`` per page. ``searchable_pdf``: the page images with an invisible text layer."""
+DEFAULT_OUTPUTS: Final = ("text", "words")
+
+DEFAULT_LANGUAGES: Final = ("eng",)
+MAX_LANGUAGES: Final = 8
+"""Most languages one job may ask for. Every language is a model tesseract loads and tries on the
+words the others read poorly: with six (eng, deu, fra, ita, spa, por, the languages of the corpus'
+``eurotext.tif``) tesseract's peak resident set on the corpus' 8071 page is 143 MB against 52 MB
+for ``eng`` alone (measured, tessdata_fast models), for about the same time."""
+
+MAX_OCR_PAGES: Final = 20
+"""Most pages one job OCRs (``pages`` may name at most this many). A page takes tesseract 0.3–3.7 s
+on one core here and preprocessing adds 0.6–1.9 s (measured on the corpus pages; the slowest is
+the 3312 × 2550 page at 5.6 s in all), so 20 such pages fit the ``ocr`` queue's longest timeout
+(120 s); a longer document is several jobs."""
+
+LANGUAGE_CODE: Final = re.compile(r"(?:script/)?[A-Za-z][A-Za-z0-9_]{1,31}")
+"""Form of a tesseract language: the name of a ``.traineddata`` file without its suffix (``eng``,
+``chi_sim``, ``deu_latf``), or a script model (``script/Latin``). Nothing else reaches the command
+line: no path separators (but the one of ``script/``), no ``+``, no option."""
+
+_ALLOWED_KEYS: Final = frozenset({"languages", "pages", "outputs"})
+_PAGE_SPEC: Final = re.compile(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?")
+_NOT_RECOGNITION_LANGUAGES: Final = frozenset({"osd", "equ"})
+"""Models that are not for recognising text: orientation and script detection, and the legacy
+equation detector."""
+
+
+def _invalid(message: str) -> InvalidArgument:
+    return InvalidArgument(message, "INVALID_PARAMS")
+
+
+def parse_languages(value: Any, installed_languages: Collection[str] | None = None) -> list[str]:
+    """``languages`` as a list of tesseract codes, duplicates removed, order kept.
+
+    Args:
+        value: ``None`` (→ :data:`DEFAULT_LANGUAGES`), a list of codes, or a string of codes joined
+            with ``+``.
+        installed_languages: the languages tesseract has (``tesseract --list-langs``); ``None``
+            checks the form only.
+
+    Raises:
+        InvalidArgument: ``INVALID_PARAMS`` for another type, an empty list, a code that is not of
+            the form :data:`LANGUAGE_CODE`, ``osd``, more than :data:`MAX_LANGUAGES`, or a language
+            that is not installed (the message lists the installed ones).
+    """
+    if value is None:
+        return list(DEFAULT_LANGUAGES)
+    if isinstance(value, str):
+        codes: list[Any] = value.split("+")
+    elif isinstance(value, list):
+        codes = value
+    else:
+        raise _invalid('languages must be a list of tesseract language codes such as ["eng", "deu"]')
+    languages: list[str] = []
+    for code in codes:
+        if not isinstance(code, str) or LANGUAGE_CODE.fullmatch(code) is None:
+            raise _invalid("languages must be tesseract language codes such as eng, deu or chi_sim")
+        if code in _NOT_RECOGNITION_LANGUAGES:
+            raise _invalid(f"{code} is not a language for recognising text")
+        if code not in languages:
+            languages.append(code)
+    if not languages:
+        raise _invalid("languages must name at least one language")
+    if len(languages) > MAX_LANGUAGES:
+        raise _invalid(f"at most {MAX_LANGUAGES} languages per job")
+    if installed_languages is not None:
+        missing = [code for code in languages if code not in installed_languages]
+        if missing:
+            available = sorted(set(installed_languages) - _NOT_RECOGNITION_LANGUAGES)
+            raise _invalid(
+                f"language{'s' if len(missing) > 1 else ''} not installed: {', '.join(missing)}; "
+                f"installed: {', '.join(available) or 'none'}"
+            )
+    return languages
+
+
+def _page_number(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid("pages must be page numbers (integers from 1)")
+    if not 1 <= value <= MAX_DOCUMENT_PAGES:
+        raise _invalid(f"page numbers must be between 1 and {MAX_DOCUMENT_PAGES}")
+    return value
+
+
+def parse_pages(value: Any) -> list[int] | None:
+    """``pages`` as a sorted list of distinct page numbers (1-based), or ``None`` for every page.
+
+    Accepts ``None``, a list of integers, or a string of numbers and ranges separated by commas
+    (``"3"``, ``"1-3"``, ``"1,4,6-8"``), as :func:`hypermedia.documents.params.parse_pages` does; a
+    range's size is checked before it is expanded.
+
+    Raises:
+        InvalidArgument: ``INVALID_PARAMS`` for another type, an empty selection, a page number
+            outside 1..:data:`MAX_DOCUMENT_PAGES`, a range that runs backwards, or more than
+            :data:`MAX_OCR_PAGES` pages.
+    """
+    if value is None:
+        return None
+    pages: set[int] = set()
+    if isinstance(value, list):
+        pages = {_page_number(item) for item in value}
+    elif isinstance(value, str):
+        for part in value.split(","):
+            match = _PAGE_SPEC.fullmatch(part)
+            if match is None:
+                raise _invalid('pages must be a list of page numbers or a string such as "1-3" or "1,4"')
+            first = _page_number(int(match.group(1)))
+            last = _page_number(int(match.group(2))) if match.group(2) else first
+            if last < first:
+                raise _invalid(f"the page range {first}-{last} runs backwards")
+            if last - first + 1 > MAX_OCR_PAGES:
+                raise _invalid(f"at most {MAX_OCR_PAGES} pages per job")
+            pages.update(range(first, last + 1))
+    else:
+        raise _invalid('pages must be a list of page numbers or a string such as "1-3"')
+    if not pages:
+        raise _invalid("pages must name at least one page")
+    if len(pages) > MAX_OCR_PAGES:
+        raise _invalid(f"at most {MAX_OCR_PAGES} pages per job")
+    return sorted(pages)
+
+
+def _parse_outputs(value: Any) -> list[str]:
+    if value is None:
+        return list(DEFAULT_OUTPUTS)
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _invalid(f"outputs must be a list of: {', '.join(OUTPUTS)}")
+    unknown = sorted(set(value) - set(OUTPUTS))
+    if unknown:
+        raise _invalid(f"unknown outputs {', '.join(unknown)}; choose from {', '.join(OUTPUTS)}")
+    if not value:
+        raise _invalid("outputs must name at least one output")
+    return [name for name in OUTPUTS if name in value]
+
+
+def validate_params(
+    operation: str, params: dict | None, *, installed_languages: Collection[str] | None = None
+) -> dict:
+    """Check the params of an OCR operation and fill in defaults.
+
+    Args:
+        operation: one of :data:`OPERATIONS`.
+        params: JSON object from the request; ``None`` means ``{}``.
+        installed_languages: see :func:`parse_languages`.
+
+    Returns:
+        A new dict ``{"languages": [...], "pages": [...] | None, "outputs": [...]}`` (see the
+        module table).
+
+    Raises:
+        InvalidArgument: ``UNKNOWN_OPERATION`` for an unknown operation; ``INVALID_PARAMS`` for a
+            non-object, unknown keys, and the cases of :func:`parse_languages` and
+            :func:`parse_pages`.
+    """
+    if operation not in OPERATIONS:
+        raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping):
+        raise _invalid("params must be an object")
+    unknown = sorted(str(key) for key in params if key not in _ALLOWED_KEYS)
+    if unknown:
+        raise _invalid(f"unknown params for {operation}: {', '.join(unknown)}")
+    return {
+        "languages": parse_languages(params.get("languages"), installed_languages),
+        "pages": parse_pages(params.get("pages")),
+        "outputs": _parse_outputs(params.get("outputs")),
+    }
