@@ -214,6 +214,8 @@ class WorkerRuntime:
         self._storage = storage
         self._credits = credits
         self._sandbox = sandbox
+        self._staging: dict[str, asyncio.Task[JobInput]] = {}
+        """Jobs whose handler stage runs now (cancelled by :meth:`_stop_job`)."""
         self._handler = handler
         self._http = http
         self.admission = Admission(
@@ -255,7 +257,7 @@ class WorkerRuntime:
             "draining" if self.admission.draining else "running",
         )
         for job_id in await lifecycle.extend_leases(self._pool, self.worker_id, list(self.running)):
-            self._sandbox.cancel(job_id)
+            self._stop_job(job_id)
 
     async def metrics_once(self) -> None:
         """One ``worker_metrics`` row: CPU, memory, disk, slots and throughput counters."""
@@ -280,7 +282,15 @@ class WorkerRuntime:
     async def _poll_cancellations(self) -> None:
         self.admission.sample()  # keeps the status fresh while the fetch loop waits for work
         for job_id in await lifecycle.cancel_requested(self._pool, list(self.running)):
-            self._sandbox.cancel(job_id)
+            self._stop_job(job_id)
+
+    def _stop_job(self, job_id: str) -> None:
+        """Stops a running job wherever it is: its stage (the handler's work before the sandbox,
+        e.g. a LibreOffice conversion) is cancelled, its sandbox child killed."""
+        stage = self._staging.get(job_id)
+        if stage is not None:
+            stage.cancel()
+        self._sandbox.cancel(job_id)
 
     # -- main loop -------------------------------------------------------------------------
 
@@ -410,7 +420,7 @@ class WorkerRuntime:
             log.info("draining %d running jobs", len(self._tasks))
             _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_seconds)
             for job_id, job in list(self.running.items()):
-                self._sandbox.cancel(job_id)
+                self._stop_job(job_id)
                 await self._db(lifecycle.hand_back, job, self.worker_id, self._prefix)
             if pending:
                 await asyncio.wait(pending, timeout=5)
@@ -443,11 +453,28 @@ class WorkerRuntime:
             with _tracer.start_as_current_span("storage.download"):
                 await self._download(source.key, input_path, job.max_input_bytes)
             await self._progress(job, 0.25, "downloaded")
-            job_input = await self._handler.stage(
-                job,
-                JobInput(input_path, source.mime_type, job_dir, self._handler.entry_kwargs(job)),
-                self._pool,
+            stage = asyncio.create_task(
+                self._handler.stage(
+                    job,
+                    JobInput(input_path, source.mime_type, job_dir, self._handler.entry_kwargs(job)),
+                    self._pool,
+                )
             )
+            self._staging[job.job_id] = stage
+            try:
+                job_input = await stage
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # this job's own task is being cancelled (shutdown)
+                # _stop_job cancelled the stage: a cancel request, or the lease is gone.
+                if job.job_id in await self._db(lifecycle.cancel_requested, [job.job_id]):
+                    await self._cancelled(job, started)
+                else:
+                    log.warning("lease lost while staging", extra={"job_id": job.job_id})
+                return
+            finally:
+                self._staging.pop(job.job_id, None)
             limits = SandboxLimits(
                 cpu_seconds=job.timeout_seconds,
                 wall_seconds=job.timeout_seconds * 1.5,

@@ -22,10 +22,16 @@ Shape::
   with ``MacroExecutionMode`` NEVER_EXECUTE, ``UpdateDocMode`` NO_UPDATE and the import filter
   named by the upload's identified type (:data:`IMPORT_FILTERS`), so a file is never sniffed
   into another format (HTML, say) by LibreOffice itself.
+* **Linked content**: before a listener sees a document, :mod:`hypermedia.documents.links` looks
+  for what would load a file or URL (ODF ``xlink:href`` outside the package, external OOXML
+  relationships, ``INCLUDEPICTURE``-like fields in Word and RTF); such a document is
+  ``LINKED_CONTENT_NOT_ALLOWED``. LibreOffice's own settings do not stop all of them (an RTF
+  ``INCLUDEPICTURE`` and an ODT paragraph background image were drawn from host files).
 * **Restarts**: after ``HM_OFFICE_MAX_CONVERSIONS`` conversions; after a conversion that
   did not answer within the job's timeout (the listener's process group is killed: ``TIMEOUT``,
-  permanent — the same document would hang again); after any reply that is not a plain success
-  or a document error; and when the process has died. The next conversion starts it again. A
+  permanent — the same document would hang again); after LibreOffice died or failed on a document
+  (``OFFICE_CRASHED``, permanent for the same reason); when a cancelled job's conversion is cut
+  short; and when the process has died. The next conversion starts it again. A
   listener that cannot start falls back to a **cold** listener for that one document (started,
   used once, stopped).
 * Input and output cross through the listener's directory (the worker's, like its ``input/``; the
@@ -54,6 +60,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hypermedia.config import OfficeSettings
+from hypermedia.documents import links
 from hypermedia.errors import PermanentJobError, TransientError
 from hypermedia.sandbox import kill_uid, read_output
 
@@ -235,6 +242,13 @@ class OfficeListener:
         self.soffice_pid = int(ready.get("soffice_pid") or 0) or None
         log.info("office listener %s ready (start %d)", self.name, self.starts)
 
+    def _kill(self) -> None:
+        """SIGKILLs the listener's process group without waiting; :meth:`start` cleans up."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
     async def stop(self) -> None:
         """Kills the listener's process group (host and LibreOffice) and removes its directory."""
         proc, self._proc = self._proc, None
@@ -264,9 +278,11 @@ class OfficeListener:
             PermanentJobError: ``PARSE_ERROR`` (LibreOffice cannot open it), ``UNSUPPORTED_FORMAT``
                 (it opened as something that has no PDF export), ``TIMEOUT`` (no answer in
                 ``timeout``: the listener is killed and restarted by the next conversion),
-                ``RESOURCE_LIMIT`` (the PDF is larger than ``max_pdf_bytes``).
-            TransientError: ``OFFICE_UNAVAILABLE`` (the listener did not start), ``OFFICE_CRASHED``
-                (LibreOffice died during the conversion; the listener restarts).
+                ``RESOURCE_LIMIT`` (the PDF is larger than ``max_pdf_bytes``), ``OFFICE_CRASHED``
+                (LibreOffice died or failed during the conversion, which a document can make it
+                do every time: not retried; the listener restarts with the next conversion).
+            TransientError: ``OFFICE_UNAVAILABLE`` (the listener did not start).
+            asyncio.CancelledError: the caller cancelled; the listener is killed at once.
         """
         warm = True
         if not self.running or self.conversions >= self.settings.max_conversions:
@@ -295,12 +311,17 @@ class OfficeListener:
             ) from None
         except (ConnectionError, OSError):
             reply = None
+        except asyncio.CancelledError:
+            # The job was cancelled mid-conversion: LibreOffice is somewhere inside the document.
+            # Kill it now (no await: we are being cancelled); the next conversion starts it anew.
+            self._kill()
+            raise
         finally:
             target.unlink(missing_ok=True)
         seconds = time.monotonic() - started
         if reply is None or "ok" not in reply:
             await self.stop()
-            raise TransientError("The document converter stopped during the conversion.", "OFFICE_CRASHED")
+            raise PermanentJobError("LibreOffice crashed on the document.", "OFFICE_CRASHED")
         if not reply["ok"]:
             code = reply.get("code")
             if code == "PARSE_ERROR":
@@ -309,13 +330,13 @@ class OfficeListener:
                 raise PermanentJobError("The document has no PDF export.", "UNSUPPORTED_FORMAT")
             log.warning("office listener %s failed: %s; restarting", self.name, reply.get("message"))
             await self.stop()
-            raise TransientError("The document converter failed during the conversion.", "OFFICE_CRASHED")
+            raise PermanentJobError("LibreOffice failed on the document.", "OFFICE_CRASHED")
         max_pdf_bytes = min(max_pdf_bytes, MAX_PDF_BYTES)
         try:
             pdf = await asyncio.to_thread(read_output, self.dir, "document.pdf", max_bytes=max_pdf_bytes + 1)
         except OSError:
             await self.stop()
-            raise TransientError("The document converter wrote no PDF.", "OFFICE_CRASHED") from None
+            raise PermanentJobError("LibreOffice wrote no PDF for the document.", "OFFICE_CRASHED") from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 output.unlink()
@@ -411,7 +432,10 @@ class OfficePool:
         (waiting for one that is still starting); see :meth:`OfficeListener.convert` for the rest.
 
         Raises:
-            PermanentJobError: ``UNSUPPORTED_FORMAT`` for a type without an import filter; see
+            PermanentJobError: ``UNSUPPORTED_FORMAT`` for a type without an import filter;
+                ``LINKED_CONTENT_NOT_ALLOWED`` for a document that would load a file or URL
+                (:func:`hypermedia.documents.links.find_external_content`, checked before a
+                listener sees it); ``PARSE_ERROR`` for one whose XML that check cannot read; see
                 :meth:`OfficeListener.convert` for the rest.
             TransientError: see :meth:`OfficeListener.convert`.
         """
@@ -419,6 +443,15 @@ class OfficePool:
         if import_filter is None:
             raise PermanentJobError(
                 f"{mime_type} documents cannot be converted to PDF.", "UNSUPPORTED_FORMAT"
+            )
+        try:
+            external = await asyncio.to_thread(links.find_external_content, source, mime_type)
+        except links.MalformedDocument:
+            raise PermanentJobError("LibreOffice could not open the document.", "PARSE_ERROR") from None
+        if external is not None:
+            raise PermanentJobError(
+                f"The document loads content from outside itself ({external}); embed it instead.",
+                "LINKED_CONTENT_NOT_ALLOWED",
             )
         listener = await self._free.get()
         try:

@@ -10,6 +10,7 @@ import io
 import json
 import re
 import shutil
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -404,3 +405,26 @@ def test_a_password_is_refused_for_an_office_document(office_client: httpx.Clien
     assert "encrypted PDFs only" in response.json()["detail"]
     assert "pw-123" not in response.text
     assert office_client.get("/v1/credits").json()["held"] == held
+
+
+def test_cancelling_a_job_stops_its_conversion(office_client: httpx.Client) -> None:
+    """A cancel during the LibreOffice conversion (which would take about 40 s) ends the job as
+    cancelled within seconds, charges nothing, and the listener converts the next document."""
+    slow = _upload_bytes(office_client, "long.odt", long_odt(20_000))
+    created = office_client.post(
+        "/v1/hypermedia/process", json={"object_id": slow["object_id"], "operations": ["office_to_pdf"]}
+    )
+    job_id = created.json()["job_ids"][0]
+    deadline = time.monotonic() + 60
+    while office_client.get(f"/v1/jobs/{job_id}").json()["status"] != "processing":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(2)  # inside LibreOffice now
+    cancelled_at = time.monotonic()
+    assert office_client.post(f"/v1/jobs/{job_id}:cancel").status_code in (200, 202)
+    job = wait_job(office_client, job_id, timeout=60)
+    assert job["status"] == "cancelled", job
+    assert time.monotonic() - cancelled_at < 15
+    assert not job["actual_credits"]
+    ok = _process(office_client, upload(office_client, ODT)["object_id"], "office_to_pdf")
+    assert ok["status"] == "completed", ok

@@ -22,7 +22,8 @@ import pytest
 from hypermedia import config
 from hypermedia.documents import office
 from hypermedia.documents.office import OfficePool, _copy_in
-from hypermedia.errors import TransientError
+from hypermedia.errors import PermanentJobError, TransientError
+from tests.e2e.test_office_rest import long_odt
 from tests.security.conftest import Listener
 from tests.security.test_documents_and_media import docx_with_external_image
 
@@ -142,9 +143,12 @@ def status(pid: int) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
 
 
-def run_pool(tmp_path: Path, uid: tuple[int, int] | None, documents: list[tuple[bytes, str]]) -> list[object]:
+def run_pool(
+    tmp_path: Path, uid: tuple[int, int] | None, documents: list[tuple[bytes, str]], *, direct: bool = False
+) -> list[object]:
     """Starts a one-listener pool, converts ``documents`` in turn, stops it; returns each
-    conversion or the exception it raised."""
+    conversion or the exception it raised. ``direct``: hand the documents to the listener itself,
+    past the pool's checks (what LibreOffice's own settings do with a document)."""
     base = tmp_path / "office"
 
     async def go() -> list[object]:
@@ -157,7 +161,10 @@ def run_pool(tmp_path: Path, uid: tuple[int, int] | None, documents: list[tuple[
                 path = tmp_path / f"doc{n}"
                 path.write_bytes(content)
                 try:
-                    results.append(await pool.convert(path, mime, 60))
+                    if direct:
+                        results.append(await pool.listeners[0].convert(path, office.IMPORT_FILTERS[mime], 60))
+                    else:
+                        results.append(await pool.convert(path, mime, 60))
                 except Exception as exc:
                     results.append(exc)
         finally:
@@ -246,29 +253,64 @@ def _live_uids() -> set[int]:
 def test_linked_and_remote_resources_are_not_fetched(
     tmp_path: Path, listener: Listener, uid: tuple[int, int] | None
 ) -> None:
-    """Also without root (``worker-uid``: no network namespace), where only LibreOffice's own
-    settings stand between a document and the network: links are not updated on load
-    (``UpdateDocMode`` NO_UPDATE) and links from untrusted documents are blocked
-    (``BlockUntrustedRefererLinks``)."""
+    """Documents that would load a file or a URL are refused before a listener sees them
+    (``LINKED_CONTENT_NOT_ALLOWED``, :mod:`hypermedia.documents.links`), among them the two the
+    hostile review found LibreOffice follows despite its settings (an ODT paragraph background
+    image, an RTF ``INCLUDEPICTURE`` field). Also without root (``worker-uid``: no network
+    namespace, the listener has the worker's uid)."""
     if uid is not None and not IS_ROOT:
         pytest.skip("a listener uid needs root")
     secret = tmp_path / "secret.txt"
     secret.write_text("SECRET-CONTENT-OF-THE-HOST")
     os.chmod(secret, 0o644)
-    results = run_pool(
-        tmp_path,
-        uid,
-        [
-            (odt_with_links(listener.url, f"http://{listener.address}/section.odt"), ODT_MIME),
-            (odt_with_links(secret.as_uri(), secret.as_uri()), ODT_MIME),
-            (docx_with_external_image(listener.url), DOCX_MIME),
-        ],
-    )
-    for result in results:
-        assert not isinstance(result, Exception), result
-        text = pdf_text(result.pdf)  # type: ignore[attr-defined]
-        assert "SECRET-CONTENT" not in text
+    documents = [
+        (odt_with_links(listener.url, f"http://{listener.address}/section.odt"), ODT_MIME),
+        (odt_with_links(secret.as_uri(), secret.as_uri()), ODT_MIME),
+        (docx_with_external_image(listener.url), DOCX_MIME),
+        (odt_background(listener.url), ODT_MIME),
+        (odt_background(secret.as_uri()), ODT_MIME),
+        (rtf_includepicture(listener.url), "application/rtf"),
+    ]
+    for result in run_pool(tmp_path, uid, documents):
+        assert getattr(result, "error_code", None) == "LINKED_CONTENT_NOT_ALLOWED", result
     assert listener.connections == []
+
+
+def test_libreoffice_settings_alone_block_the_links_they_can(tmp_path: Path, listener: Listener) -> None:
+    """Behind that check, straight to a listener without a network namespace: links are not
+    updated on load (``UpdateDocMode`` NO_UPDATE) and links from untrusted documents are blocked
+    (``BlockUntrustedRefererLinks``) for linked images, linked sections and DOCX external images:
+    they convert, with no connection and no host file in the PDF."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-CONTENT-OF-THE-HOST")
+    os.chmod(secret, 0o644)
+    documents = [
+        (odt_with_links(listener.url, f"http://{listener.address}/section.odt"), ODT_MIME),
+        (odt_with_links(secret.as_uri(), secret.as_uri()), ODT_MIME),
+        (docx_with_external_image(listener.url), DOCX_MIME),
+    ]
+    for result in run_pool(tmp_path, None, documents, direct=True):
+        assert not isinstance(result, Exception), result
+        assert "SECRET-CONTENT" not in pdf_text(result.pdf)  # type: ignore[attr-defined]
+    assert listener.connections == []
+
+
+def odt_background(href: str) -> bytes:
+    """An ODT whose paragraph style has a linked background image (LibreOffice 7.4 loads it)."""
+    return odt(
+        '<text:p text:style-name="P1">styled</text:p>',
+        head='<office:automatic-styles><style:style xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" '
+        'style:name="P1" style:family="paragraph"><style:paragraph-properties>'
+        f'<style:background-image xlink:href="{href}" xlink:type="simple" xlink:actuate="onLoad"/>'
+        "</style:paragraph-properties></style:style></office:automatic-styles>",
+    )
+
+
+def rtf_includepicture(target: str) -> bytes:
+    """An RTF with an ``INCLUDEPICTURE`` field (LibreOffice 7.4 loads the picture)."""
+    return (
+        '{\\rtf1\\ansi PIC {\\field{\\*\\fldinst INCLUDEPICTURE "' + target + '" \\\\d}{\\fldrslt }}}'
+    ).encode()
 
 
 def test_a_document_macro_does_not_run(tmp_path: Path) -> None:
@@ -363,7 +405,8 @@ def kill_soffice_bin(host_pid: int) -> None:
 
 def test_a_listener_that_dies_while_loading_is_restarted(tmp_path: Path) -> None:
     """LibreOffice killed under a conversion (as a crash would): the conversion is OFFICE_CRASHED
-    (transient, so retried), never the document's PARSE_ERROR, and the next one restarts it."""
+    (permanent: a document can crash LibreOffice every time, as the hostile review's one-cell XLSX
+    does), never PARSE_ERROR, and the next conversion restarts the listener."""
     os.chmod(tmp_path, 0o755)
     source = tmp_path / "doc.odt"
     source.write_bytes(ODT_TEXT)
@@ -377,7 +420,7 @@ def test_a_listener_that_dies_while_loading_is_restarted(tmp_path: Path) -> None
             [listener] = pool.listeners
             assert listener.pid is not None
             kill_soffice_bin(listener.pid)
-            with pytest.raises(TransientError) as crashed:
+            with pytest.raises(PermanentJobError) as crashed:
                 await pool.convert(source, ODT_MIME, 60)
             assert crashed.value.error_code == "OFFICE_CRASHED"
             assert not listener.running
@@ -488,3 +531,47 @@ def test_a_listener_starts_from_a_checkout_under_tmp(monkeypatch: pytest.MonkeyP
     finally:
         shutil.rmtree(checkout)
         shutil.rmtree(work)
+
+
+def test_a_cancelled_conversion_kills_its_listener_and_the_next_one_works(tmp_path: Path) -> None:
+    """A job cancelled mid-conversion (the runtime cancels its stage): the listener is killed at
+    once, not left inside the document; the next conversion restarts it."""
+    os.chmod(tmp_path, 0o755)
+    slow = tmp_path / "long.odt"
+    slow.write_bytes(long_odt(20_000))
+    small = tmp_path / "doc.odt"
+    small.write_bytes(ODT_TEXT)
+
+    async def go() -> None:
+        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        pool.start()
+        await pool.started()
+        try:
+            [listener] = pool.listeners
+            host = listener.pid
+            conversion = asyncio.create_task(pool.convert(slow, ODT_MIME, 120))
+            await asyncio.sleep(2)
+            conversion.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await conversion
+            assert not listener.running
+            assert host is not None
+            deadline = asyncio.get_running_loop().time() + 5
+            while _alive(host):  # SIGKILLed; gone as soon as the kernel has delivered it
+                assert asyncio.get_running_loop().time() < deadline, "the listener outlived its cancel"
+                await asyncio.sleep(0.05)
+            done = await pool.convert(small, ODT_MIME, 60)
+            assert "hello from a listener test" in pdf_text(done.pdf)
+            assert listener.starts == 2
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs and is not a zombie."""
+    try:
+        return status(pid).get("State", "Z").split()[0] != "Z"
+    except OSError:
+        return False

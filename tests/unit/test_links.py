@@ -1,0 +1,210 @@
+"""hypermedia.documents.links on documents the tests write: every way found to make LibreOffice
+load a file or a URL (the hostile review's: an RTF INCLUDEPICTURE field and an ODT paragraph
+background image drew host files into the PDF), and documents that only carry hyperlinks or
+nothing external, including ones LibreOffice itself writes."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hypermedia.documents.links import MalformedDocument, find_external_content
+from tests.e2e.test_office_rest import DOCX_MIME, ODT, docx, written_by_libreoffice
+from tests.security.test_office_listener import ODT_MIME, odt, odt_background, odt_with_links
+
+RTF = "application/rtf"
+HOST_IMAGE = "/usr/share/doc/some/picture.png"
+
+
+def rtf(body: str) -> bytes:
+    return ("{\\rtf1\\ansi\\deff0{\\fonttbl{\\f0 Arial;}}\\f0 " + body + "}").encode()
+
+
+def docx_with(document_body: str, rels: str = "") -> bytes:
+    """The tests' DOCX with ``document_body`` as the body and extra document relationships."""
+    source = io.BytesIO(docx(["x"]))
+    out = io.BytesIO()
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "word/document.xml":
+                text = data.decode()
+                start, end = text.index("<w:body>") + len("<w:body>"), text.index("<w:sectPr>")
+                data = (text[:start] + document_body + text[end:]).encode()
+            elif item.filename == "word/_rels/document.xml.rels" and rels:
+                data = data.decode().replace("</Relationships>", rels + "</Relationships>").encode()
+            dst.writestr(item, data)
+    return out.getvalue()
+
+
+def field_runs(instruction: str) -> str:
+    """A complex field split over runs as Word writes it: begin, instruction in two parts, end."""
+    half = len(instruction) // 2
+    return (
+        '<w:p><w:r><w:fldChar w:fldCharType="begin"/></w:r>'
+        f'<w:r><w:instrText xml:space="preserve"> {instruction[:half]}</w:instrText></w:r>'
+        f'<w:r><w:instrText xml:space="preserve">{instruction[half:]} </w:instrText></w:r>'
+        '<w:r><w:fldChar w:fldCharType="end"/></w:r></w:p>'
+    )
+
+
+EXTERNAL = [
+    (
+        "rtf-includepicture-file",
+        rtf(f'{{\\field{{\\*\\fldinst INCLUDEPICTURE "{HOST_IMAGE}" \\\\d}}{{\\fldrslt }}}}'),
+        RTF,
+        "INCLUDEPICTURE",
+    ),
+    (
+        "rtf-includepicture-http",
+        rtf('{\\field{\\*\\fldinst {\\rtlch INCLUDEPICTURE "http://127.0.0.1:9/a.png"}}{\\fldrslt }}'),
+        RTF,
+        "INCLUDEPICTURE",
+    ),
+    (
+        "rtf-includetext",
+        rtf('{\\field{\\*\\fldinst includetext "/etc/hostname"}{\\fldrslt }}'),
+        RTF,
+        "INCLUDETEXT",
+    ),
+    (
+        "rtf-linked-object",
+        rtf("{\\object\\objautlink\\objw10\\objh10{\\*\\objclass Word.Document.8}}"),
+        RTF,
+        "linked object",
+    ),
+    (
+        "odt-paragraph-background-file",
+        odt_background("file:///usr/share/doc/x.png"),
+        ODT_MIME,
+        "background-image",
+    ),
+    (
+        "odt-paragraph-background-http",
+        odt_background("http://127.0.0.1:9/x.png"),
+        ODT_MIME,
+        "background-image",
+    ),
+    (
+        "odt-linked-image-and-section",
+        odt_with_links("http://127.0.0.1:9/x.png", "file:///etc/hostname"),
+        ODT_MIME,
+        "image",
+    ),
+    ("odt-relative-escape", odt_background("../../../../etc/x.png"), ODT_MIME, "background-image"),
+    (
+        "docx-external-image",
+        docx_with(
+            "<w:p/>",
+            '<Relationship Id="rX" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/image" Target="file:///etc/x.png" TargetMode="External"/>',
+        ),
+        DOCX_MIME,
+        "external image",
+    ),
+    (
+        "docx-includepicture-split",
+        docx_with(field_runs(f'INCLUDEPICTURE "{HOST_IMAGE}" \\d')),
+        DOCX_MIME,
+        "INCLUDEPICTURE",
+    ),
+    (
+        "docx-fldsimple-includetext",
+        docx_with('<w:p><w:fldSimple w:instr=" INCLUDETEXT &quot;/etc/hostname&quot; "/></w:p>'),
+        DOCX_MIME,
+        "INCLUDETEXT",
+    ),
+    (
+        "docx-ddeauto",
+        docx_with(field_runs('DDEAUTO c:\\\\windows\\\\system32\\\\cmd.exe "/k calc"')),
+        DOCX_MIME,
+        "DDEAUTO",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "mime", "fragment"), EXTERNAL, ids=[e[0] for e in EXTERNAL])
+def test_external_content_is_found(
+    tmp_path: Path, name: str, content: bytes, mime: str, fragment: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    found = find_external_content(path, mime)
+    assert found is not None and fragment in found, found
+
+
+HYPERLINKS = [
+    (
+        "odt-hyperlink",
+        odt('<text:p><text:a xlink:type="simple" xlink:href="https://example.org/">a link</text:a></text:p>'),
+        ODT_MIME,
+    ),
+    (
+        "odt-internal-image",
+        odt('<text:p><draw:frame><draw:image xlink:href="Pictures/a.png"/></draw:frame></text:p>'),
+        ODT_MIME,
+    ),
+    (
+        "docx-hyperlink",
+        docx_with(
+            "<w:p/>",
+            '<Relationship Id="rH" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/hyperlink" Target="https://example.org/" TargetMode="External"/>',
+        ),
+        DOCX_MIME,
+    ),
+    ("docx-page-field", docx_with(field_runs("PAGE \\* MERGEFORMAT")), DOCX_MIME),
+    (
+        "rtf-page-field-and-words",
+        rtf("Import, link and include these words. {\\field{\\*\\fldinst PAGE}{\\fldrslt 1}}"),
+        RTF,
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "mime"), HYPERLINKS, ids=[h[0] for h in HYPERLINKS])
+def test_hyperlinks_and_internal_content_are_not_external(
+    tmp_path: Path, name: str, content: bytes, mime: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert find_external_content(path, mime) is None
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice writes these documents")
+@pytest.mark.parametrize(
+    ("extension", "mime"),
+    [
+        ("docx", DOCX_MIME),
+        ("doc", "application/msword"),
+        ("rtf", RTF),
+        ("odt", ODT_MIME),
+        ("xlsx", "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"),
+        ("pptx", "application/vnd.openxmlformats-officedocument.presentationml.presentation"),
+        ("odp", "application/vnd.oasis.opendocument.presentation"),
+    ],
+)
+def test_documents_libreoffice_writes_have_nothing_external(
+    tmp_path: Path, extension: str, mime: str
+) -> None:
+    path = tmp_path / f"document.{extension}"
+    path.write_bytes(written_by_libreoffice(extension))
+    assert find_external_content(path, mime) is None
+
+
+def test_the_corpus_odt_has_nothing_external() -> None:
+    assert find_external_content(ODT, ODT_MIME) is None
+
+
+def test_a_part_with_a_dtd_or_broken_xml_is_malformed(tmp_path: Path) -> None:
+    for body in ('<!DOCTYPE x [<!ENTITY e "v">]><x/>', "<x><unclosed></x>"):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as z:
+            z.writestr("mimetype", ODT_MIME)
+            z.writestr("content.xml", body)
+        path = tmp_path / "bad.odt"
+        path.write_bytes(buffer.getvalue())
+        with pytest.raises(MalformedDocument):
+            find_external_content(path, ODT_MIME)
