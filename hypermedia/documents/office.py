@@ -228,6 +228,9 @@ class OfficeListener:
             ready = await self._read(self.settings.start_timeout + 5)
         except TimeoutError:
             ready = None
+        except asyncio.CancelledError:
+            self._kill()  # half started: its first line would be taken for a conversion's reply
+            raise
         if not ready or ready.get("event") != "ready":
             proc = self._proc
             await self.stop()

@@ -575,3 +575,29 @@ def _alive(pid: int) -> bool:
         return status(pid).get("State", "Z").split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_conversion_cancelled_while_its_listener_starts_leaves_no_half_started_listener(
+    tmp_path: Path,
+) -> None:
+    """Cancelled during the listener's start (the first conversion starts it): the half-started
+    host is killed, so the next conversion does not take its "ready" line for a reply."""
+    os.chmod(tmp_path, 0o755)
+    small = tmp_path / "doc.odt"
+    small.write_bytes(ODT_TEXT)
+
+    async def go() -> None:
+        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        try:  # not started: the conversion starts the listener itself
+            conversion = asyncio.create_task(pool.convert(small, ODT_MIME, 60))
+            await asyncio.sleep(0.3)
+            conversion.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await conversion
+            assert not pool.listeners[0].running
+            done = await pool.convert(small, ODT_MIME, 60)
+            assert "hello from a listener test" in pdf_text(done.pdf)
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
