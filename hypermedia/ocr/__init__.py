@@ -6,6 +6,8 @@
 | :mod:`~hypermedia.ocr.metrics` | character error rate, for tests and the benchmark | pure Python |
 | :mod:`~hypermedia.ocr.recognition` | what an OCR engine returns (:class:`~hypermedia.ocr.recognition.Word`, :class:`~hypermedia.ocr.recognition.PageText`) and the :class:`~hypermedia.ocr.recognition.OcrEngine` protocol | pure Python |
 | :mod:`~hypermedia.ocr.tesseract` | the tesseract CLI: one process per call, ``OMP_THREAD_LIMIT=1``, timeouts; TSV and OSD parsing; installed languages | subprocess |
+| :mod:`~hypermedia.ocr.rapid_ocr` | RapidOCR (ONNX models from its wheel, one thread) behind the same protocol, for escalation; imported on first use | numpy, OpenCV, onnxruntime (deferred) |
+| :mod:`~hypermedia.ocr.escalation` | when a page goes to the second engine and which reading is kept (threshold and calibration, measured) | pure Python |
 | :mod:`~hypermedia.ocr.preprocess` | grey conversion, upscaling, orientation, deskew and background normalisation of one page, each step recorded | pyvips |
 | :mod:`~hypermedia.ocr.assemble` | per-page results merged into the outputs: text, words JSON, hOCR, searchable PDF | pypdfium2 |
 | :mod:`~hypermedia.ocr.engine` | the sandbox entry ``run(operation, params, input_path, out_dir, *, limits)`` | all of the above |

@@ -28,7 +28,15 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.ocr.params`):
    searchable PDF embeds the page as tesseract read it: grey, and upscaled or turned where
    preprocessing did so (the corpus' bilevel 8071 page: 850 KB after deskewing, 270 KB without;
    binarising it again would make 184 KB at a slightly higher CER, 4.99 % against 4.88 %).
-4. **Outputs** (:mod:`hypermedia.ocr.assemble`), see :func:`run`. A page without text is an empty
+4. **Escalation** (:mod:`hypermedia.ocr.escalation`), unless the ``escalate`` param is false: a
+   page whose tesseract words have a mean confidence under
+   :data:`~hypermedia.ocr.escalation.ESCALATION_THRESHOLD` is read again, from the same
+   preprocessed image, by RapidOCR (:class:`hypermedia.ocr.rapid_ocr.RapidOcrEngine`, in this
+   process, one thread), ordered by tesseract's blocks, and the better reading kept. Where
+   RapidOCR wins, the page's text and words are its; its hOCR and searchable PDF page stay
+   tesseract's (RapidOCR makes neither), and the words document says so. The CPU seconds RapidOCR
+   took are reported (``escalation_cpu_seconds``) for billing as a line of its own.
+5. **Outputs** (:mod:`hypermedia.ocr.assemble`), see :func:`run`. A page without text is an empty
    page in every output, not an error.
 
 Runs libvips and PDFium: call :func:`run` in the sandbox child only; it forks (the PDF engine
@@ -44,8 +52,9 @@ import logging
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -56,13 +65,15 @@ import pyvips
 from hypermedia import contenttype
 from hypermedia.documents import engine_process
 from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.ocr import assemble, preprocess, tesseract
+from hypermedia.ocr import assemble, escalation, preprocess, rapid_ocr, tables, tesseract
+from hypermedia.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.ocr.params import MAX_DOCUMENT_PAGES, MAX_OCR_PAGES, OPERATIONS, validate_params
 from hypermedia.ocr.recognition import PageText
 from hypermedia.sandbox import OutputFile
 
 __all__ = [
     "DEFAULT_PAGE_TIMEOUT",
+    "ESCALATION_THRESHOLD",
     "LOADERS",
     "MAX_SIDE",
     "MIN_PDF_DPI",
@@ -105,6 +116,7 @@ TEXT_MIME: Final = "text/plain; charset=utf-8"
 JSON_MIME: Final = "application/json"
 HOCR_MIME: Final = "text/html; charset=utf-8"
 PDF_MIME: Final = "application/pdf"
+CSV_MIME: Final = "text/csv; charset=utf-8"
 _PDF_MAGIC: Final = b"%PDF-"
 
 # libvips loads and encodes here; every untrusted loader stays blocked. The operation cache is
@@ -130,7 +142,11 @@ class OcrLimits:
     max_document_pages: int = MAX_DOCUMENT_PAGES
     """Most pages the input may have at all (``PDF_PAGE_LIMIT``, ``INPUT_TOO_MANY_PAGES``)."""
     page_timeout_seconds: float = DEFAULT_PAGE_TIMEOUT
-    """Seconds each tesseract process may take (``OCR_PAGE_TIMEOUT``)."""
+    """Seconds each tesseract process, and RapidOCR on each escalated page, may take
+    (``OCR_PAGE_TIMEOUT``)."""
+    escalation_threshold: float = ESCALATION_THRESHOLD
+    """Mean tesseract word confidence (0–100) under which a page is escalated (when the job's
+    ``escalate`` param is true)."""
 
 
 @dataclass(frozen=True)
@@ -171,8 +187,10 @@ def run(
         image, as tesseract read it after preprocessing, with an invisible text layer; its page
         size is the image's at its resolution). Every output's metadata: ``page_count`` (pages
         in the input), ``pages`` (the numbers OCRed), ``languages``, ``chars``, ``word_count``,
-        ``mean_confidence`` (0–100 over all words, or null), ``source_format`` (``pdf``,
-        ``tiff``, ``png``…), ``size_bytes``.
+        ``mean_confidence`` (0–100 over all words kept, whichever engine's, or null),
+        ``source_format`` (``pdf``, ``tiff``, ``png``…), ``escalated_pages`` (how many pages
+        RapidOCR read again: the extra work to charge), ``escalation_cpu_seconds`` (the CPU time
+        it took, its imports and model loads included; 0.0 without escalation), ``size_bytes``.
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS`` (also a page past the end).
@@ -182,8 +200,8 @@ def run(
             ``PARSE_ERROR``, ``OCR_PAGE_TIMEOUT``.
         TransientError: ``TIMEOUT`` (``RLIMIT_CPU``), ``OCR_ENGINE_UNAVAILABLE`` (no tesseract
             on this worker).
-        MemoryError, OSError(EFBIG): libvips, PDFium or tesseract hit the sandbox's memory or
-            file size limit.
+        MemoryError, OSError(EFBIG): libvips, PDFium, tesseract or RapidOCR hit the sandbox's
+            memory or file size limit.
         hypermedia.ocr.tesseract.TesseractFailure: tesseract failed otherwise (``INTERNAL``).
     """
     params = validate_params(operation, params, installed_languages=installed_languages())
@@ -194,6 +212,9 @@ def run(
     with input_path.open("rb") as f:
         head = f.read(contenttype.HEAD_BYTES)
     engine = tesseract.Tesseract(timeout_seconds=limits.page_timeout_seconds)
+    second = (
+        rapid_ocr.RapidOcrEngine(timeout_seconds=limits.page_timeout_seconds) if params["escalate"] else None
+    )
     with tempfile.TemporaryDirectory(prefix="ocr-") as work:
         work_dir = Path(work)
         if head.startswith(_PDF_MAGIC):
@@ -212,7 +233,7 @@ def run(
         hocr_pages: list[tuple[int, Path]] = []
         pdf_pages: list[Path] = []
         for page in pages:
-            result, record = _ocr_page(page, engine, work_dir, params, limits, preprocessing)
+            result, record = _ocr_page(page, engine, second, work_dir, params, limits, preprocessing)
             records.append(record)
             texts.append(result.text)
             if result.hocr_path is not None:
@@ -443,13 +464,15 @@ def _write_rows(bitmap: pdfium.PdfBitmap, path: str) -> None:
 def _ocr_page(
     page: _Page,
     engine: tesseract.Tesseract,
+    second: rapid_ocr.RapidOcrEngine | None,
     work_dir: Path,
     params: dict,
     limits: OcrLimits,
     preprocessing: bool,
 ) -> tuple[PageText, dict[str, Any]]:
-    """Preprocesses and recognises one page; returns the engine's result and the page's record in
-    the words document."""
+    """Preprocesses and recognises one page, escalating it to ``second`` when tesseract's mean
+    confidence is under :attr:`OcrLimits.escalation_threshold`; returns the reading kept (with
+    tesseract's hOCR and PDF) and the page's record in the words document."""
     what = f"page {page.number}"
     image_path = work_dir / f"page-{page.number:05d}.png"
     record = _prepare(page, image_path, work_dir, limits, preprocessing, what)
@@ -461,16 +484,52 @@ def _ocr_page(
         pdf="searchable_pdf" in params["outputs"],
         what=what,
     )
+    first_mean = result.mean_confidence
+    confidences: dict[str, float | None] = {engine.name: _rounded(first_mean)}
+    escalated, reason, cpu_seconds = False, "not_needed", 0.0
+    if second is None:
+        reason = "disabled"
+    elif escalation.needs_escalation(result, limits.escalation_threshold):
+        started = time.process_time()
+        other = second.recognise(
+            image_path, languages=params["languages"], dpi=record["dpi"], what=what, layout=result.words
+        )
+        cpu_seconds = time.process_time() - started
+        escalated = True
+        confidences[second.name] = _rounded(other.mean_confidence)
+        choice = escalation.choose(result, other)
+        reason = choice.reason
+        if choice.kept is other:
+            result = replace(other, hocr_path=result.hocr_path, pdf_path=result.pdf_path)
+    elif first_mean is None:
+        reason = "no_words"
+    if params.get("table_detection"):
+        # On the page as recognised: word boxes and pixels line up (rules are found in it).
+        try:
+            page_image = pyvips.Image.new_from_file(str(image_path), access="random")
+            found = tables.detect_tables(result.words, page_image)
+        except pyvips.Error as exc:
+            raise _vips_error(exc) from exc
+        del page_image
+        record["blocks"] = [block.as_json() for block in tables.classify_blocks(result.words, found)]
+        record["tables"] = [{**tables.to_json(t), "csv": tables.to_csv(t)} for t in found]
     image_path.unlink()
-    mean = result.mean_confidence
     record.update(
         engine=result.engine,
-        mean_confidence=round(mean, 2) if mean is not None else None,
+        mean_confidence=_rounded(result.mean_confidence),
+        escalated=escalated,
+        confidences=confidences,
+        escalation={"reason": reason, "cpu_seconds": round(cpu_seconds, 3)},
+        hocr_pdf_engine=engine.name,
         chars=len(result.text),
         word_count=len(result.words),
         words=[word.as_json() for word in result.words],
     )
     return result, record
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
 
 
 def _prepare(
@@ -524,6 +583,8 @@ def _summary(
         "word_count": words,
         "mean_confidence": round(confidence / words, 2) if words else None,
         "source_format": source_format,
+        "escalated_pages": sum(1 for record in records if record["escalated"]),
+        "escalation_cpu_seconds": round(sum(record["escalation"]["cpu_seconds"] for record in records), 3),
     }
 
 
@@ -536,7 +597,10 @@ def _words_document(summary: dict, records: list[dict[str, Any]]) -> dict:
                     "source": {"width": 640, "height": 480, "dpi": 200.0},
                     "to_source": [a, b, c, d, e, f],
                     "preprocessing": [{"step": "background", "applied": false, "reason": "bilevel"}, …],
-                    "engine": "tesseract", "mean_confidence": 95.1, "chars": 286, "word_count": 58,
+                    "engine": "tesseract", "mean_confidence": 95.1, "escalated": false,
+                    "confidences": {"tesseract": 95.1},
+                    "escalation": {"reason": "not_needed", "cpu_seconds": 0.0},
+                    "hocr_pdf_engine": "tesseract", "chars": 286, "word_count": 58,
                     "words": [{"text": "This", "bbox": [x, y, w, h], "conf": 96.3,
                                "block": 1, "par": 1, "line": 1, "word": 1}, …]}]}
 
@@ -544,19 +608,59 @@ def _words_document(summary: dict, records: list[dict[str, Any]]) -> dict:
     boxes in its pixels; ``to_source`` maps such a point ``(x, y)`` to the source page (``source``,
     as displayed): ``(a·x + b·y + c, d·x + e·y + f)``. ``source.dpi`` is the render resolution of a
     PDF page, the believable resolution an image states, or null.
+
+    Escalation, per page: ``engine`` is the engine whose text and words were kept (``tesseract``
+    or ``rapidocr``) and ``mean_confidence`` that reading's mean (0–100); ``escalated`` is true
+    when RapidOCR read the page too; ``confidences`` holds each engine's raw mean word confidence
+    (0–100; ``rapidocr`` only when escalated; these are not on one scale, see
+    :mod:`hypermedia.ocr.escalation`); ``escalation.reason`` is ``not_needed``, ``no_words``,
+    ``disabled`` or, when escalated, :attr:`hypermedia.ocr.escalation.Choice.reason`;
+    ``escalation.cpu_seconds`` the CPU time RapidOCR took on it. ``hocr_pdf_engine`` is always
+    ``tesseract``: the hOCR and the searchable PDF page come from tesseract's run even where
+    RapidOCR's words were kept. ``escalation_engine`` (top level) names RapidOCR's version when a
+    page was escalated.
     """
-    return {
+    document: dict[str, Any] = {
         "engine": {"name": tesseract.Tesseract.name, "version": tesseract.version()},
         "languages": summary["languages"],
         "page_count": summary["page_count"],
         "pages": records,
     }
+    if summary["escalated_pages"]:
+        document["escalation_engine"] = {
+            "name": rapid_ocr.RapidOcrEngine.name,
+            "version": rapid_ocr.version(),
+        }
+    return document
 
 
 def _write(path: Path, data: bytes) -> int:
     with path.open("wb") as f:
         f.write(data)
     return len(data)
+
+
+def _table_outputs(out_dir: Path, summary: dict, records: list[dict[str, Any]]) -> Iterator[OutputFile]:
+    """``tables``: one JSON document (per page: blocks classified text/table, every table's rows
+    and cells, see :func:`hypermedia.ocr.tables.to_json`), and one CSV per table, output type
+    ``table_p{page}_{n}``."""
+    pages = [
+        {"page": r["page"], "blocks": r.get("blocks", []), "tables": r.get("tables", [])} for r in records
+    ]
+    data = json.dumps({"pages": pages}, ensure_ascii=False, separators=(",", ":")).encode()
+    size = _write(out_dir / "tables.json", data)
+    count = sum(len(p["tables"]) for p in pages)
+    yield OutputFile(
+        "tables", "tables.json", JSON_MIME, {**summary, "size_bytes": size, "table_count": count}
+    )
+    for page in pages:
+        for i, table in enumerate(page["tables"], 1):
+            filename = f"page-{page['page']:03d}-table-{i}.csv"
+            size = _write(out_dir / filename, table["csv"].encode())
+            metadata = {"page": page["page"], "table": i, "rows": table["n_rows"], "columns": table["n_cols"]}
+            # One output type per table (a rendition's key is made from its type).
+            output_type = f"table_p{page['page']}_{i}"
+            yield OutputFile(output_type, filename, CSV_MIME, {**summary, "size_bytes": size, **metadata})
 
 
 def _write_outputs(
@@ -586,3 +690,5 @@ def _write_outputs(
             yield OutputFile(
                 "searchable_pdf", "searchable.pdf", PDF_MIME, {**summary, "size_bytes": target.stat().st_size}
             )
+        elif name == "tables":
+            yield from _table_outputs(out_dir, summary, records)

@@ -7,6 +7,8 @@ pyvips, PDFium or tesseract.
 | ``languages`` | a list of tesseract language codes (``["eng", "deu"]``) or one string joined with ``+`` as on tesseract's command line (``"eng+deu"``); at most :data:`MAX_LANGUAGES`; default ``["eng"]`` | a list, duplicates removed, order kept (the first language is tesseract's primary one) |
 | ``pages`` | page numbers (1-based) as a list or a string such as ``"1-3"`` or ``"1,4,6-8"``; pages of a PDF, or of a multi-page image (TIFF pages, GIF/WebP frames); at most :data:`MAX_OCR_PAGES`; default every page | a sorted list of distinct numbers, or ``None`` for every page |
 | ``outputs`` | any of :data:`OUTPUTS`; default :data:`DEFAULT_OUTPUTS` | a list in the order of :data:`OUTPUTS` |
+| ``table_detection`` | a boolean; default ``false``: blocks are classified text or table and each table returned as rows and cells (:mod:`hypermedia.ocr.tables`), in the ``tables`` output (asking for that output turns it on too) | a boolean |
+| ``escalate`` | a boolean; default ``true``: a page tesseract reads with a low mean confidence is read again by a second engine and the better reading kept (:mod:`hypermedia.ocr.escalation`), its cost reported apart (``escalated_pages``) | a boolean |
 
 Which languages exist is known only where tesseract is installed: the worker passes
 :func:`hypermedia.ocr.tesseract.installed_languages` as ``installed_languages``; the gateway passes
@@ -24,6 +26,7 @@ from hypermedia.documents.params import MAX_DOCUMENT_PAGES
 from hypermedia.errors import InvalidArgument
 
 __all__ = [
+    "DEFAULT_ESCALATE",
     "DEFAULT_LANGUAGES",
     "DEFAULT_OUTPUTS",
     "LANGUAGE_CODE",
@@ -39,7 +42,7 @@ __all__ = [
 
 OPERATIONS: Final = ("ocr",)
 
-OUTPUTS: Final = ("text", "words", "hocr", "searchable_pdf")
+OUTPUTS: Final = ("text", "words", "hocr", "searchable_pdf", "tables")
 """``text``: plain UTF-8, pages separated by a form feed. ``words``: JSON, every word with its box,
 confidence and block/paragraph/line ids, and the preprocessing of every page. ``hocr``: one hOCR
 document, a ``ocr_page`` per page. ``searchable_pdf``: the page images with an invisible text layer."""
@@ -63,7 +66,9 @@ LANGUAGE_CODE: Final = re.compile(r"(?:script/)?[A-Za-z][A-Za-z0-9_]{1,31}")
 ``chi_sim``, ``deu_latf``), or a script model (``script/Latin``). Nothing else reaches the command
 line: no path separators (but the one of ``script/``), no ``+``, no option."""
 
-_ALLOWED_KEYS: Final = frozenset({"languages", "pages", "outputs"})
+DEFAULT_ESCALATE: Final = True
+
+_ALLOWED_KEYS: Final = frozenset({"languages", "pages", "outputs", "escalate", "table_detection"})
 _PAGE_SPEC: Final = re.compile(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?")
 _NOT_RECOGNITION_LANGUAGES: Final = frozenset({"osd", "equ"})
 """Models that are not for recognising text: orientation and script detection, and the legacy
@@ -178,6 +183,14 @@ def _parse_outputs(value: Any) -> list[str]:
     return [name for name in OUTPUTS if name in value]
 
 
+def _parse_escalate(value: Any) -> bool:
+    if value is None:
+        return DEFAULT_ESCALATE
+    if not isinstance(value, bool):
+        raise _invalid("escalate must be true or false")
+    return value
+
+
 def validate_params(
     operation: str, params: dict | None, *, installed_languages: Collection[str] | None = None
 ) -> dict:
@@ -189,13 +202,14 @@ def validate_params(
         installed_languages: see :func:`parse_languages`.
 
     Returns:
-        A new dict ``{"languages": [...], "pages": [...] | None, "outputs": [...]}`` (see the
-        module table).
+        A new dict ``{"languages": [...], "pages": [...] | None, "outputs": [...],
+        "escalate": bool, "table_detection": bool}`` (see the module table); ``table_detection``
+        is true exactly when ``tables`` is among the outputs (asking for either gives both).
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION`` for an unknown operation; ``INVALID_PARAMS`` for a
-            non-object, unknown keys, and the cases of :func:`parse_languages` and
-            :func:`parse_pages`.
+            non-object, unknown keys, an ``escalate`` that is not a boolean, and the cases of
+            :func:`parse_languages` and :func:`parse_pages`.
     """
     if operation not in OPERATIONS:
         raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
@@ -206,8 +220,16 @@ def validate_params(
     unknown = sorted(str(key) for key in params if key not in _ALLOWED_KEYS)
     if unknown:
         raise _invalid(f"unknown params for {operation}: {', '.join(unknown)}")
+    outputs = _parse_outputs(params.get("outputs"))
+    tables = params.get("table_detection")
+    if tables is not None and not isinstance(tables, bool):
+        raise _invalid("table_detection must be true or false")
+    if tables and "tables" not in outputs:
+        outputs = [name for name in OUTPUTS if name in {*outputs, "tables"}]
     return {
         "languages": parse_languages(params.get("languages"), installed_languages),
         "pages": parse_pages(params.get("pages")),
-        "outputs": _parse_outputs(params.get("outputs")),
+        "outputs": outputs,
+        "escalate": _parse_escalate(params.get("escalate")),
+        "table_detection": "tables" in outputs,
     }

@@ -94,6 +94,8 @@ def test_params_defaults() -> None:
         "languages": ["eng"],
         "pages": None,
         "outputs": ["text", "words"],
+        "escalate": True,
+        "table_detection": False,
     }
 
 
@@ -103,7 +105,13 @@ def test_params_normalised() -> None:
         {"languages": "deu+eng+deu", "pages": "3,1-2", "outputs": ["searchable_pdf", "text", "text"]},
         installed_languages=["eng", "deu"],
     )
-    assert checked == {"languages": ["deu", "eng"], "pages": [1, 2, 3], "outputs": ["text", "searchable_pdf"]}
+    assert checked == {
+        "languages": ["deu", "eng"],
+        "pages": [1, 2, 3],
+        "outputs": ["text", "searchable_pdf"],
+        "escalate": True,
+        "table_detection": False,
+    }
 
 
 def test_unknown_language_lists_the_installed_ones() -> None:
@@ -135,6 +143,10 @@ def test_unknown_language_lists_the_installed_ones() -> None:
         {"pages": f"1-{params.MAX_OCR_PAGES + 1}"},
         {"pages": list(range(1, params.MAX_OCR_PAGES + 2))},
         {"dpi": 300},
+        {"escalate": "yes"},
+        {"escalate": 1},
+        {"table_detection": "yes"},
+        {"table_detection": 1},
     ],
 )
 def test_bad_params(bad: dict) -> None:
@@ -632,3 +644,10 @@ async def test_ocr_in_a_sandbox_child(sandbox: Sandbox, tmp_path: Path, make_pdf
     assert set(files) == set(ALL_OUTPUTS)
     assert cer(files["text"].decode(), GOLD) < 0.02
     assert json.loads(files["words"])["pages"][0]["word_count"] > 50
+
+
+def test_asking_for_tables_either_way_gives_both() -> None:
+    by_flag = params.validate_params("ocr", {"table_detection": True})
+    by_output = params.validate_params("ocr", {"outputs": ["text", "tables"]})
+    assert by_flag["outputs"] == ["text", "words", "tables"] and by_flag["table_detection"] is True
+    assert by_output["outputs"] == ["text", "tables"] and by_output["table_detection"] is True

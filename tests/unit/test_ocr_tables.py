@@ -1,0 +1,298 @@
+"""Table detection (hypermedia.ocr.tables) on pages rendered here with libvips' text rendering
+(Pango, DejaVu Sans at 300 dpi) and read by the real tesseract: a heading paragraph above a table
+of 4 columns × 6 rows whose last column is right-aligned, with and without ruling lines; a ruled
+table with a cell of two lines; a page of justified prose. Plus word-geometry cases built by hand.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import pytest
+import pyvips
+
+from hypermedia.ocr import tables, tesseract
+from hypermedia.ocr.recognition import PageText, Word
+
+DPI = 300
+FONT = "DejaVu Sans 10"
+HEADING = (
+    "Quarterly office supplies. The table below lists the items ordered by the branch office "
+    "during the first quarter, with their category, the date of the order and the amount paid."
+)
+ROWS = [
+    ("Item", "Category", "Date", "Amount"),
+    ("Blue pens", "Stationery", "2024-01-05", "12.50"),
+    ("Paper A4 ream", "Paper", "2024-01-12", "1,234.00"),
+    ("Stapler", "Hardware", "2024-02-03", "7.25"),
+    ("Printer toner", "Consumables", "2024-02-20", "310.40"),
+    ("Desk lamp", "Furniture", "2024-03-14", "99.99"),
+]
+AMOUNTS = [row[3] for row in ROWS]
+COLUMNS = [(150, 700), (800, 1250), (1350, 1750), (1850, 2150)]
+"""Each column's box ``(x0, x1)`` in pixels; text is placed in it by the column's alignment."""
+PROSE = [
+    "Optical character recognition turns the image of a page into text. The engine finds the "
+    "lines of the page, cuts them into words and recognises every word with a neural network "
+    "trained on many fonts, then returns the words with their positions and confidences.",
+    "Layout analysis comes first: the page is divided into blocks of text, pictures and rules, "
+    "and the blocks are put in reading order. Columns of a newspaper are read one after another, "
+    "and a caption stays beside its picture rather than running into the body of the article.",
+    "Tables are harder, because their cells are short and separated only by white space; the "
+    "columns must be found from the gaps that run down through several consecutive lines.",
+]
+
+Align = Literal["left", "centre", "right"]
+
+needs_tesseract = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
+
+
+def _text(markup: str, width: int | None = None, justify: bool = False) -> pyvips.Image:
+    if width is None:
+        return pyvips.Image.text(markup, font=FONT, dpi=DPI)
+    return pyvips.Image.text(markup, font=FONT, dpi=DPI, width=width, justify=justify)
+
+
+def render_table_page(
+    path: Path,
+    *,
+    rows: Sequence[Sequence[str]] = ROWS,
+    align: Sequence[Align] = ("left", "left", "left", "right"),
+    ruled: bool = False,
+    row_height: int = 90,
+) -> Path:
+    """A 2400 × 1500 page (300 dpi): the heading paragraph, then the table; ``\\n`` in a cell
+    breaks it into lines; ``ruled`` draws a full grid of 3-pixel rules."""
+    canvas = pyvips.Image.black(2400, 1500)
+    heading = _text(HEADING, width=2000)
+    canvas = canvas.insert(heading, 150, 120)
+    top = 120 + heading.height + 120
+    for r, row in enumerate(rows):
+        for (x0, x1), how, cell in zip(COLUMNS, align, row, strict=True):
+            if not cell:
+                continue
+            glyphs = _text(cell)
+            x = {"left": x0, "right": x1 - glyphs.width, "centre": (x0 + x1 - glyphs.width) // 2}[how]
+            canvas = canvas.insert(glyphs, x, top + r * row_height)
+    page = (255 - canvas).cast("uchar")
+    if ruled:
+        y0, y1 = top - 25, top - 25 + len(rows) * row_height
+        for r in range(len(rows) + 1):
+            page = page.draw_rect(0, 120, y0 + r * row_height, 2060, 3, fill=True)
+        for x in (120, 770, 1320, 1800, 2180):
+            page = page.draw_rect(0, x, y0, 3, y1 - y0 + 3, fill=True)
+    page.copy(xres=DPI / 25.4, yres=DPI / 25.4).pngsave(str(path))
+    return path
+
+
+def render_prose_page(path: Path) -> Path:
+    canvas = pyvips.Image.black(2400, 1500)
+    y = 120
+    for paragraph in PROSE:
+        text = _text(paragraph, width=2000, justify=True)
+        canvas = canvas.insert(text, 150, y)
+        y += text.height + 60
+    (255 - canvas).cast("uchar").copy(xres=DPI / 25.4, yres=DPI / 25.4).pngsave(str(path))
+    return path
+
+
+def recognise(path: Path) -> PageText:
+    """The lowest-level OCR call that returns words: one tesseract run (``--psm 3``)."""
+    return tesseract.Tesseract(timeout_seconds=60).recognise(path, languages=["eng"], dpi=DPI)
+
+
+def page_image(path: Path) -> pyvips.Image:
+    return pyvips.Image.new_from_file(str(path)).copy_memory()
+
+
+@pytest.fixture(scope="module")
+def borderless(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PageText]:
+    path = render_table_page(tmp_path_factory.mktemp("tables") / "borderless.png")
+    return path, recognise(path)
+
+
+@pytest.fixture(scope="module")
+def ruled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PageText]:
+    path = render_table_page(tmp_path_factory.mktemp("tables") / "ruled.png", ruled=True)
+    return path, recognise(path)
+
+
+def assert_supplies_table(table: tables.Table) -> None:
+    assert (table.n_rows, table.n_cols) == (6, 4)
+    assert [row[3].text for row in table.rows] == AMOUNTS
+    assert [cell.text for cell in table.rows[0]] == list(ROWS[0])
+    assert [row[0].text for row in table.rows] == [row[0] for row in ROWS]
+    assert table.rows[2][2].text == "2024-01-12"
+    for r, row in enumerate(table.rows):
+        assert [(cell.row, cell.col) for cell in row] == [(r, c) for c in range(4)]
+    # The right-aligned column: its cells end at one x, and start at different ones.
+    ends = {cell.bbox[0] + cell.bbox[2] for cell in (row[3] for row in table.rows)}
+    starts = {row[3].bbox[0] for row in table.rows}
+    assert max(ends) - min(ends) <= 3 < max(starts) - min(starts)
+
+
+def assert_heading_is_text(words: Sequence[Word], found: list[tables.Table]) -> None:
+    blocks = tables.classify_blocks(words, found)
+    table_top = found[0].bbox[1]
+    heading_blocks = {w.block for w in words if w.bbox[1] < table_top}
+    assert heading_blocks
+    for block in blocks:
+        if block.block_id in heading_blocks:
+            assert block.kind == "text", block
+    table_words = {id(w) for row in found[0].rows for cell in row for w in cell.words}
+    assert any(b.kind == "table" for b in blocks)
+    assert all(b.table == 0 for b in blocks if b.kind == "table")
+    # Every word below the heading is in the table.
+    assert len(table_words) == sum(1 for w in words if w.bbox[1] >= table_top)
+
+
+@needs_tesseract
+def test_borderless_table_with_right_aligned_column(borderless: tuple[Path, PageText]) -> None:
+    _, result = borderless
+    found = tables.detect_tables(result.words)
+    assert len(found) == 1
+    assert_supplies_table(found[0])
+    assert not found[0].ruled
+    assert_heading_is_text(result.words, found)
+
+
+@needs_tesseract
+def test_borderless_table_with_page_image(borderless: tuple[Path, PageText]) -> None:
+    path, result = borderless
+    found = tables.detect_tables(result.words, page_image(path))
+    assert len(found) == 1
+    assert_supplies_table(found[0])
+    assert not found[0].ruled
+
+
+@needs_tesseract
+def test_ruled_table(ruled: tuple[Path, PageText]) -> None:
+    path, result = ruled
+    found = tables.detect_tables(result.words, page_image(path))
+    assert len(found) == 1
+    assert_supplies_table(found[0])
+    assert found[0].ruled
+    assert_heading_is_text(result.words, found)
+    # The grid's frame is part of the table's box.
+    x, _, width, _ = found[0].bbox
+    assert (x, x + width) == (120, 2183)
+
+
+@needs_tesseract
+def test_ruled_table_from_words_alone(ruled: tuple[Path, PageText]) -> None:
+    _, result = ruled
+    found = tables.detect_tables(result.words)
+    assert len(found) == 1
+    assert_supplies_table(found[0])
+
+
+def test_find_rules_on_a_drawn_grid() -> None:
+    page = pyvips.Image.black(600, 400).invert().cast("uchar")
+    page = page.draw_rect(0, 50, 100, 500, 2, fill=True)  # horizontal, 500 long
+    page = page.draw_rect(0, 300, 20, 4, 300, fill=True)  # vertical, 300 long
+    page = page.draw_rect(0, 50, 350, 60, 2, fill=True)  # too short
+    rules = tables.find_rules(page, min_length=100)
+    assert rules == [
+        tables.Rule("horizontal", (50, 100, 500, 2)),
+        tables.Rule("vertical", (300, 20, 4, 300)),
+    ]
+
+
+@needs_tesseract
+def test_ruled_grid_keeps_a_cell_of_two_lines_in_one_row(tmp_path: Path) -> None:
+    rows = [list(row) for row in ROWS]
+    rows[4][0] = "Printer toner\ncartridge"
+    path = render_table_page(tmp_path / "wrapped.png", rows=rows, ruled=True, row_height=130)
+    result = recognise(path)
+    found = tables.detect_tables(result.words, page_image(path))
+    assert len(found) == 1
+    table = found[0]
+    assert (table.n_rows, table.n_cols) == (6, 4)
+    assert table.rows[4][0].text == "Printer toner\ncartridge"
+    assert [row[3].text for row in table.rows] == AMOUNTS
+
+
+@needs_tesseract
+def test_centred_column_and_empty_cell(tmp_path: Path) -> None:
+    rows = [list(row) for row in ROWS]
+    rows[3][1] = ""
+    path = render_table_page(tmp_path / "centred.png", rows=rows, align=("left", "centre", "left", "right"))
+    found = tables.detect_tables(recognise(path).words)
+    assert len(found) == 1
+    table = found[0]
+    assert (table.n_rows, table.n_cols) == (6, 4)
+    assert [row[1].text for row in table.rows] == [row[1] for row in rows]
+    assert table.rows[3][1].words == ()
+    assert table.rows[3][1].conf is None
+
+
+@needs_tesseract
+def test_prose_page_has_no_table(tmp_path: Path) -> None:
+    result = recognise(render_prose_page(tmp_path / "prose.png"))
+    assert len(result.words) > 100
+    assert tables.detect_tables(result.words) == []
+    assert {block.kind for block in tables.classify_blocks(result.words)} == {"text"}
+
+
+@needs_tesseract
+def test_csv_and_json(borderless: tuple[Path, PageText]) -> None:
+    _, result = borderless
+    table = tables.detect_tables(result.words)[0]
+    records = list(csv.reader(io.StringIO(tables.to_csv(table), newline="")))
+    assert [len(record) for record in records] == [4] * 6
+    assert records == [list(row) for row in ROWS]
+    document = tables.to_json(table)
+    assert (document["n_rows"], document["n_cols"]) == (6, 4)
+    assert [row[3]["text"] for row in document["rows"]] == AMOUNTS
+    assert all(len(cell["bbox"]) == 4 and 0 < cell["conf"] <= 100 for row in document["rows"] for cell in row)
+
+
+def _word(text: str, x: int, y: int, w: int, block: int = 1) -> Word:
+    return Word(text, (x, y, w, 30), 95.0, block, 1, 1, 1)
+
+
+def test_two_columns_are_not_a_table() -> None:
+    words = [
+        word
+        for r in range(5)
+        for word in (_word(f"name{r}", 100, 100 + 60 * r, 120), _word("x", 600, 100 + 60 * r, 20))
+    ]
+    assert tables.detect_tables(words) == []
+
+
+def test_csv_quotes_commas_and_line_breaks() -> None:
+    cells = [("a,b", 'say "hi"', "two\nlines"), ("1", "2", "3")]
+    table = tables.Table(
+        bbox=(0, 0, 10, 10),
+        rows=tuple(
+            tuple(tables.Cell(r, c, text, (0, 0, 1, 1)) for c, text in enumerate(row))
+            for r, row in enumerate(cells)
+        ),
+        columns=((0, 1), (2, 3), (4, 5)),
+    )
+    assert list(csv.reader(io.StringIO(tables.to_csv(table), newline=""))) == [list(row) for row in cells]
+
+
+def test_the_ocr_operation_returns_the_table_as_json_and_csv(tmp_path: Path) -> None:
+    """Through the sandbox entry (``hypermedia.ocr.engine.run``) with ``table_detection``: a
+    ``tables`` JSON output with the one 6 × 4 table, and a CSV output of it."""
+    from tests.unit.test_ocr import ocr
+
+    source = render_table_page(tmp_path / "table.png")
+    result = ocr(source, tmp_path, table_detection=True)
+    kinds = result.outputs
+    assert {"text", "words", "tables", "table_p1_1"} <= set(kinds)
+    document = json.loads(result.path("tables").read_text())
+    [page] = document["pages"]
+    [table] = page["tables"]
+    assert (table["n_rows"], table["n_cols"]) == (6, 4)
+    assert kinds["tables"].metadata["table_count"] == 1
+    rows = list(csv.reader(io.StringIO(result.path("table_p1_1").read_text(), newline="")))
+    assert [len(row) for row in rows] == [4] * 6
+    assert [row[3] for row in rows] == AMOUNTS
