@@ -863,20 +863,39 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
+def _code_dirs() -> tuple[str, ...]:
+    """The directories the sandboxed code itself lives in: the Python environment
+    (``sys.prefix``, a venv) and the checkout holding the ``hypermedia`` package. Under a shared
+    temp directory (a CI clone in ``/tmp``) they are bound back read-only into a job's mount
+    namespace, so that a job may still import lazily (an extension module, a model file) what the
+    zygote did not preload."""
+    here = Path(__file__).resolve().parents[1]
+    return tuple(sorted({os.path.realpath(sys.prefix), str(here)}))
+
+
 def _confine_files(job_dir: str, private_tmp: str | None = None) -> bool:
     """In a new mount namespace, cover each of :data:`SHARED_WRITABLE_DIRS` with an empty,
-    read-only, nosuid/nodev/noexec tmpfs; a job dir under one of them is bind-mounted back at its
-    path. With ``private_tmp`` (a directory the confined uid owns), ``/tmp`` is that directory
-    instead, bind-mounted writable (nosuid/nodev/noexec): for programs that insist on ``/tmp``,
-    such as LibreOffice's named pipe. Needs CAP_SYS_ADMIN (root); False when the namespace is
-    refused. Mount flags: mount(2), mount_namespaces(7)."""
+    read-only, nosuid/nodev/noexec tmpfs; what lies under one of them is bound back at its path:
+    the :func:`_code_dirs` read-only (nosuid/nodev), then the job dir writable. With
+    ``private_tmp`` (a directory the confined uid owns), ``/tmp`` is that directory instead,
+    bind-mounted writable (nosuid/nodev/noexec): for programs that insist on ``/tmp``, such as
+    LibreOffice's named pipe. Needs CAP_SYS_ADMIN (root); False when the namespace is refused.
+    Mount flags: mount(2), mount_namespaces(7)."""
     if _libc.unshare(_CLONE_NEWNS) != 0:
         return False
-    fds = [os.open(job_dir, os.O_PATH | os.O_DIRECTORY)]
+    fds: list[int] = []
     try:
+        keep = []
+        for code_dir in _code_dirs():
+            fds.append(os.open(code_dir, os.O_PATH | os.O_DIRECTORY))
+            keep.append((code_dir, fds[-1], False))
+        fds.append(os.open(job_dir, os.O_PATH | os.O_DIRECTORY))
+        keep.append((job_dir, fds[-1], True))
+        tmp_fd = None
         if private_tmp is not None:
-            fds.append(os.open(private_tmp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW))
-        _cover_shared_dirs(job_dir, fds[0], fds[1] if private_tmp is not None else None)
+            tmp_fd = os.open(private_tmp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+            fds.append(tmp_fd)
+        _cover_shared_dirs(keep, tmp_fd)
         return True
     except OSError:
         return False  # mount refused (a restricted container): the documented fallback
@@ -885,7 +904,8 @@ def _confine_files(job_dir: str, private_tmp: str | None = None) -> bool:
             os.close(fd)
 
 
-def _cover_shared_dirs(job_dir: str, job_fd: int, tmp_fd: int | None) -> None:
+def _cover_shared_dirs(keep: list[tuple[str, int, bool]], tmp_fd: int | None) -> None:
+    """``keep``: ``(path, O_PATH fd, writable)`` bound back, in order, when under a covered dir."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing leaks back to the host
     hardening = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     for shared in SHARED_WRITABLE_DIRS:
@@ -896,11 +916,15 @@ def _cover_shared_dirs(job_dir: str, job_fd: int, tmp_fd: int | None) -> None:
             _mount(f"/proc/self/fd/{tmp_fd}", shared, None, _MS_BIND)
         else:
             _mount("tmpfs", shared, "tmpfs", hardening, "size=16k,mode=0755")
-        inside = os.path.relpath(job_dir, shared)
-        if not inside.startswith(".."):
+        for path, fd, writable in keep:
+            inside = os.path.relpath(path, shared)
+            if inside.startswith(".."):
+                continue
             target = os.path.join(shared, inside)
             os.makedirs(target, mode=0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{job_fd}", target, None, _MS_BIND)
+            _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND)
+            if not writable:  # code: read-only, but its extension modules must stay mappable
+                _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
         if private:
             _mount(None, shared, None, _MS_REMOUNT | _MS_BIND | hardening)
         else:
