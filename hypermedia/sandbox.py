@@ -37,7 +37,8 @@ Shape::
   with root each child also gets a mount namespace (``unshare(CLONE_NEWNS)``) in which the
   world-writable directories (:data:`SHARED_WRITABLE_DIRS`: ``/tmp``, ``/var/tmp``, ``/dev/shm``,
   …) are empty read-only tmpfs mounts — the job dir, when it lies under one of them, is
-  bind-mounted back in place. Without root (or where the namespace is refused) those directories
+  bind-mounted back in place, and so are the Python environment and the checkout, read-only
+  (:func:`_code_dirs`). Without root (or where the namespace is refused) those directories
   stay writable to the job; the report says so and the worker logs it once.
 * The **result** travels as JSON only (a child handles hostile input; its report is parsed as
   data, never unpickled), at most :data:`MAX_REPORT_BYTES`. Outputs are rebuilt as
