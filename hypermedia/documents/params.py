@@ -81,19 +81,23 @@ def _page_number(value: Any) -> int:
     return value
 
 
-def parse_pages(value: Any) -> list[int]:
-    """``pages`` as a sorted list of distinct page numbers (1-based).
+def parse_pages(
+    value: Any, *, all_by_default: bool = False, max_pages: int = MAX_PREVIEW_PAGES
+) -> list[int] | None:
+    """``pages`` as a sorted list of distinct page numbers (1-based), shared by the document and
+    OCR operations.
 
-    Accepts ``None`` (→ ``[1]``), a list of integers, or a string of numbers and ranges separated by
-    commas (``"3"``, ``"1-3"``, ``"1,4,6-8"``). A range's size is checked before it is expanded.
+    Accepts ``None`` (→ ``[1]``, or ``None`` meaning every page with ``all_by_default``), a list
+    of integers, or a string of numbers and ranges separated by commas (``"3"``, ``"1-3"``,
+    ``"1,4,6-8"``). A range's size is checked before it is expanded.
 
     Raises:
         InvalidArgument: ``INVALID_PARAMS`` for another type, an empty selection, a page number
             outside 1..:data:`MAX_DOCUMENT_PAGES`, a range that runs backwards, or more than
-            :data:`MAX_PREVIEW_PAGES` pages.
+            ``max_pages`` pages (:data:`MAX_PREVIEW_PAGES` by default).
     """
     if value is None:
-        return [1]
+        return None if all_by_default else [1]
     pages: set[int] = set()
     if isinstance(value, list):
         pages = {_page_number(item) for item in value}
@@ -106,15 +110,15 @@ def parse_pages(value: Any) -> list[int]:
             last = _page_number(int(match.group(2))) if match.group(2) else first
             if last < first:
                 raise _invalid(f"the page range {first}-{last} runs backwards")
-            if last - first + 1 > MAX_PREVIEW_PAGES:
-                raise _invalid(f"at most {MAX_PREVIEW_PAGES} pages per job")
+            if last - first + 1 > max_pages:
+                raise _invalid(f"at most {max_pages} pages per job")
             pages.update(range(first, last + 1))
     else:
         raise _invalid('pages must be a list of page numbers or a string such as "1-3"')
     if not pages:
         raise _invalid("pages must name at least one page")
-    if len(pages) > MAX_PREVIEW_PAGES:
-        raise _invalid(f"at most {MAX_PREVIEW_PAGES} pages per job")
+    if len(pages) > max_pages:
+        raise _invalid(f"at most {max_pages} pages per job")
     return sorted(pages)
 
 

@@ -22,6 +22,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
+from hypermedia.documents import params as document_params
 from hypermedia.documents.params import MAX_DOCUMENT_PAGES
 from hypermedia.errors import InvalidArgument
 
@@ -69,7 +70,6 @@ line: no path separators (but the one of ``script/``), no ``+``, no option."""
 DEFAULT_ESCALATE: Final = True
 
 _ALLOWED_KEYS: Final = frozenset({"languages", "pages", "outputs", "escalate", "table_detection"})
-_PAGE_SPEC: Final = re.compile(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?")
 _NOT_RECOGNITION_LANGUAGES: Final = frozenset({"osd", "equ"})
 """Models that are not for recognising text: orientation and script detection, and the legacy
 equation detector."""
@@ -124,50 +124,14 @@ def parse_languages(value: Any, installed_languages: Collection[str] | None = No
     return languages
 
 
-def _page_number(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid("pages must be page numbers (integers from 1)")
-    if not 1 <= value <= MAX_DOCUMENT_PAGES:
-        raise _invalid(f"page numbers must be between 1 and {MAX_DOCUMENT_PAGES}")
-    return value
-
-
 def parse_pages(value: Any) -> list[int] | None:
-    """``pages`` as a sorted list of distinct page numbers (1-based), or ``None`` for every page.
-
-    Accepts ``None``, a list of integers, or a string of numbers and ranges separated by commas
-    (``"3"``, ``"1-3"``, ``"1,4,6-8"``), as :func:`hypermedia.documents.params.parse_pages` does; a
-    range's size is checked before it is expanded.
+    """``pages`` as a sorted list of distinct page numbers (1-based), or ``None`` for every page:
+    :func:`hypermedia.documents.params.parse_pages` with at most :data:`MAX_OCR_PAGES` pages.
 
     Raises:
-        InvalidArgument: ``INVALID_PARAMS`` for another type, an empty selection, a page number
-            outside 1..:data:`MAX_DOCUMENT_PAGES`, a range that runs backwards, or more than
-            :data:`MAX_OCR_PAGES` pages.
+        InvalidArgument: ``INVALID_PARAMS``, as that function does.
     """
-    if value is None:
-        return None
-    pages: set[int] = set()
-    if isinstance(value, list):
-        pages = {_page_number(item) for item in value}
-    elif isinstance(value, str):
-        for part in value.split(","):
-            match = _PAGE_SPEC.fullmatch(part)
-            if match is None:
-                raise _invalid('pages must be a list of page numbers or a string such as "1-3" or "1,4"')
-            first = _page_number(int(match.group(1)))
-            last = _page_number(int(match.group(2))) if match.group(2) else first
-            if last < first:
-                raise _invalid(f"the page range {first}-{last} runs backwards")
-            if last - first + 1 > MAX_OCR_PAGES:
-                raise _invalid(f"at most {MAX_OCR_PAGES} pages per job")
-            pages.update(range(first, last + 1))
-    else:
-        raise _invalid('pages must be a list of page numbers or a string such as "1-3"')
-    if not pages:
-        raise _invalid("pages must name at least one page")
-    if len(pages) > MAX_OCR_PAGES:
-        raise _invalid(f"at most {MAX_OCR_PAGES} pages per job")
-    return sorted(pages)
+    return document_params.parse_pages(value, all_by_default=True, max_pages=MAX_OCR_PAGES)
 
 
 def _parse_outputs(value: Any) -> list[str]:
