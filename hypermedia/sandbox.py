@@ -765,13 +765,8 @@ class _Zygote:
         for pid in pids:
             if pid in self.children:
                 continue
-            try:  # the real uid (the owner of /proc/<pid> is root for a non-dumpable process)
-                with open(f"/proc/{pid}/status", "rb") as fh:
-                    line = next(x for x in fh.read().splitlines() if x.startswith(b"Uid:"))
-                uid = int(line.split()[1])
-            except (OSError, StopIteration, ValueError):
-                continue
-            if uid not in held:
+            uid = _real_uid(pid)
+            if uid is not None and uid not in held:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -839,18 +834,34 @@ def make_undumpable() -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
 
 
+def _proc_status(pid: int | str) -> dict[bytes, bytes] | None:
+    """The fields of ``/proc/<pid>/status`` (name → value), or None when the process is gone. The
+    real uid is the first number of ``Uid`` (the owner of ``/proc/<pid>`` is root for a
+    non-dumpable process, so it cannot be used). proc(5)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            return dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+    except OSError:
+        return None
+
+
+def _real_uid(pid: int | str) -> int | None:
+    fields = _proc_status(pid)
+    try:
+        return int(fields[b"Uid"].split()[0]) if fields else None
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
 def _uid_tasks(uid: int) -> int:
     """Tasks (threads) of ``uid`` now, from ``/proc/*/status``: what RLIMIT_NPROC counts."""
     total = 0
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+        fields = _proc_status(entry.name) if entry.name.isdigit() else None
         try:
-            with open(f"/proc/{entry.name}/status", "rb") as fh:
-                fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
-            if int(fields[b"Uid"].split()[0]) == uid:
+            if fields and int(fields[b"Uid"].split()[0]) == uid:
                 total += int(fields[b"Threads"])
-        except (OSError, KeyError, ValueError):
+        except (KeyError, ValueError, IndexError):
             continue
     return total
 
@@ -976,16 +987,10 @@ def kill_uid(uid: int) -> int:
     Only for a uid that belongs to one confined helper alone (needs root for another uid)."""
     killed = 0
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status", "rb") as fh:
-                line = next(x for x in fh.read().splitlines() if x.startswith(b"Uid:"))
-            if int(line.split()[1]) == uid:
+        if entry.name.isdigit() and _real_uid(entry.name) == uid:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
-        except (OSError, StopIteration, ValueError):
-            continue
     return killed
 
 
