@@ -115,7 +115,7 @@ class ImageLimits:
 
 # --- formats -------------------------------------------------------------------------------------
 
-_LOADER_BY_MIME: Final = {
+RASTER_LOADER_BY_MIME: Final = {
     "image/jpeg": "jpegload",
     "image/png": "pngload",
     "image/webp": "webpload",
@@ -123,8 +123,9 @@ _LOADER_BY_MIME: Final = {
     "image/tiff": "tiffload",
     "image/avif": "heifload",
     "image/heif": "heifload",
-    "image/svg+xml": SVG_LOADER,
 }
+"""libvips loader of each raster type the platform decodes (the OCR engine uses these too)."""
+_LOADER_BY_MIME: Final = {**RASTER_LOADER_BY_MIME, "image/svg+xml": SVG_LOADER}
 # Raster images embedded in an SVG as data: URIs; their headers are checked before rendering.
 _EMBEDDED_LOADER: Final = {"image/png": "pngload_buffer", "image/jpeg": "jpegload_buffer"}
 

@@ -65,6 +65,7 @@ import pyvips
 from hypermedia import contenttype
 from hypermedia.documents import engine_process
 from hypermedia.errors import InvalidArgument, PermanentJobError
+from hypermedia.imaging.ops import RASTER_LOADER_BY_MIME
 from hypermedia.ocr import assemble, escalation, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.ocr.params import MAX_DOCUMENT_PAGES, MAX_OCR_PAGES, OPERATIONS, validate_params
@@ -100,15 +101,7 @@ MAX_SIDE: Final = preprocess.MAX_SIDE
 DEFAULT_PAGE_TIMEOUT: Final = 60.0
 """Seconds one tesseract process (one page) may take: 16 times the slowest corpus page (3.7 s)."""
 
-LOADERS: Final = {
-    "image/jpeg": "jpegload",
-    "image/png": "pngload",
-    "image/webp": "webpload",
-    "image/gif": "gifload",
-    "image/tiff": "tiffload",
-    "image/avif": "heifload",
-    "image/heif": "heifload",
-}
+LOADERS: Final = RASTER_LOADER_BY_MIME
 """libvips loader per image type (as :mod:`hypermedia.imaging.ops`, without SVG)."""
 _MULTI_PAGE_LOADERS: Final = frozenset({"webpload", "gifload", "tiffload", "heifload"})
 
