@@ -168,10 +168,7 @@ class OfficeListener:
             TransientError: ``OFFICE_UNAVAILABLE`` when it does not come up within
                 ``settings.start_timeout`` (its stderr goes to the worker's).
         """
-        await self.stop()
-        if self.uid is not None:
-            kill_uid(self.uid[0])  # what a crashed worker's listener of this uid left running
-        shutil.rmtree(self.dir, ignore_errors=True)
+        await self.stop()  # also what a crashed worker's listener of this uid left running
         # The directory and input/ are the worker's (the listener may read them, not rename or
         # plant anything the worker would write through); tmp/, profile/ and output/ the listener's.
         # input/ is readable by the listener's group only: no other uid (a job, another
@@ -262,7 +259,9 @@ class OfficeListener:
             with contextlib.suppress(ProcessLookupError):
                 await proc.wait()
         if self.uid is not None:
-            kill_uid(self.uid[0])  # a process that left the group (setsid) goes too
+            # A process that left the group (setsid), or one a crashed worker left: the uid is
+            # this listener's alone.
+            kill_uid(self.uid[0])
         shutil.rmtree(self.dir, ignore_errors=True)
 
     async def convert(
