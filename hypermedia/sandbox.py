@@ -37,8 +37,9 @@ Shape::
   with root each child also gets a mount namespace (``unshare(CLONE_NEWNS)``) in which the
   world-writable directories (:data:`SHARED_WRITABLE_DIRS`: ``/tmp``, ``/var/tmp``, ``/dev/shm``,
   …) are empty read-only tmpfs mounts — the job dir, when it lies under one of them, is
-  bind-mounted back in place, and so are the Python environment and the checkout, read-only
-  (:func:`_code_dirs`). Without root (or where the namespace is refused) those directories
+  bind-mounted back in place, and so are the Python environment, the standard library and the
+  checkout, read-only (:func:`_code_dirs`); a directory others may not search on the way to
+  those (``/root`` holding a pyenv Python) is covered the same way (:func:`_covered_dirs`). Without root (or where the namespace is refused) those directories
   stay writable to the job; the report says so and the worker logs it once.
 * The **result** travels as JSON only (a child handles hostile input; its report is parsed as
   data, never unpickled), at most :data:`MAX_REPORT_BYTES`. Outputs are rebuilt as
@@ -877,16 +878,45 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 def _code_dirs() -> tuple[str, ...]:
     """The directories the sandboxed code itself lives in: the Python environment
-    (``sys.prefix``, a venv) and the checkout holding the ``hypermedia`` package. Under a shared
-    temp directory (a CI clone in ``/tmp``) they are bound back read-only into a job's mount
-    namespace, so that a job may still import lazily (an extension module, a model file) what the
-    zygote did not preload."""
+    (``sys.prefix``, a venv), the Python installation it was made from (``sys.base_prefix``: the
+    standard library) and the checkout holding the ``hypermedia`` package. Under a covered
+    directory (:func:`_covered_dirs`: a CI clone in ``/tmp``, a pyenv Python under ``/root``)
+    they are bound back read-only into a job's mount namespace, so that a job may still import
+    lazily (a standard library module, an extension module, a model file) what the zygote did
+    not preload."""
     here = Path(__file__).resolve().parents[1]
-    return tuple(sorted({os.path.realpath(sys.prefix), str(here)}))
+    return tuple(sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix), str(here)}))
+
+
+def _closed_ancestors(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """For each path, its topmost ancestor that others may not search (no ``o+x``, such as
+    ``/root``, mode 0700): a job's uid could not reach the path through it. Sorted, distinct."""
+    closed = set()
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(2, len(parts)):
+            ancestor = os.path.join(*parts[:depth])
+            try:
+                mode = os.stat(ancestor).st_mode
+            except OSError:
+                break
+            if not mode & stat.S_IXOTH:
+                closed.add(ancestor)
+                break
+    return tuple(sorted(closed))
+
+
+def _covered_dirs() -> tuple[str, ...]:
+    """What a job's mount namespace covers with an empty read-only tmpfs (the code dirs under one
+    bound back): :data:`SHARED_WRITABLE_DIRS`, and the closed ancestors of the code dirs
+    (:func:`_closed_ancestors`), which are then hidden from the job but for the code in them."""
+    return SHARED_WRITABLE_DIRS + tuple(
+        d for d in _closed_ancestors(_code_dirs()) if d not in SHARED_WRITABLE_DIRS
+    )
 
 
 def _confine_files(job_dir: str, private_tmp: str | None = None) -> bool:
-    """In a new mount namespace, cover each of :data:`SHARED_WRITABLE_DIRS` with an empty,
+    """In a new mount namespace, cover each of :func:`_covered_dirs` with an empty,
     read-only, nosuid/nodev/noexec tmpfs; what lies under one of them is bound back at its path:
     the :func:`_code_dirs` read-only (nosuid/nodev), then the job dir writable. With
     ``private_tmp`` (a directory the confined uid owns), ``/tmp`` is that directory instead,
@@ -920,7 +950,7 @@ def _cover_shared_dirs(keep: list[tuple[str, int, bool]], tmp_fd: int | None) ->
     """``keep``: ``(path, O_PATH fd, writable)`` bound back, in order, when under a covered dir."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing leaks back to the host
     hardening = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    for shared in SHARED_WRITABLE_DIRS:
+    for shared in _covered_dirs():
         if os.path.islink(shared) or not os.path.isdir(shared):
             continue
         private = shared == "/tmp" and tmp_fd is not None

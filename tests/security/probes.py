@@ -100,3 +100,23 @@ def escape_session(operation: str, params: dict, input_path: Path, out_dir: Path
         os._exit(0)
     time.sleep(0.2)
     return _report(out_dir, {"escaped": True})
+
+
+def late_imports(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Imports ``params["modules"]`` (which the zygote did not preload) and lists
+    ``params["paths"]``: what a job can load lazily, and what it sees of the directories around."""
+    import importlib
+
+    facts: dict = {}
+    for name in params["modules"]:
+        try:
+            importlib.import_module(name)
+            facts[name] = "imported"
+        except ImportError as exc:
+            facts[name] = type(exc).__name__
+    for path in params["paths"]:
+        try:
+            facts[path] = sorted(os.listdir(path))
+        except OSError as exc:
+            facts[path] = errno.errorcode.get(exc.errno or 0, "OSError")
+    return _report(out_dir, facts)

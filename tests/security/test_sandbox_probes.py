@@ -10,6 +10,9 @@ import asyncio
 import errno
 import os
 import secrets
+import shutil
+import sysconfig
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +26,7 @@ from hypermedia.sandbox import (
     Sandbox,
     SandboxLimits,
     SandboxResult,
+    _closed_ancestors,
     _uid_tasks,
     read_output,
 )
@@ -123,6 +127,42 @@ async def test_nothing_outside_the_job_dir_is_writable(sandbox: Sandbox, work_di
         assert not (Path(t) / "hm-probe-escape").exists()
         if t != str(work_dir / "jobs"):  # the job's own dir came and went there
             assert sorted(os.listdir(t)) == before[t]
+
+
+@root_only
+async def test_a_job_imports_the_standard_library_lazily_and_sees_nothing_else_of_its_home(
+    sandbox: Sandbox,
+) -> None:
+    """A job imports a standard library module the zygote did not (RapidOCR's ``difflib``, when
+    it escalates a page) even when Python lives under a directory its uid may not search, such
+    as a pyenv Python under ``/root`` (mode 0700): that directory is covered in the job's mount
+    namespace and the installation bound back read-only; nothing else of it shows."""
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])  # noqa: ASYNC240
+    modules = ["tabnanny", "mailbox"]  # the zygote preloads the probes only, and they import neither
+    facts = _facts(await _run(sandbox, "late_imports", {"modules": modules, "paths": ["/root"]}))
+    assert {m: facts[m] for m in modules} == {m: "imported" for m in modules}
+    closed = _closed_ancestors((stdlib,))
+    if "/root" in closed:
+        # The tmpfs holds only the way to the installation.
+        assert facts["/root"] == [Path(stdlib).relative_to("/root").parts[0]]
+    else:
+        assert facts["/root"] in ("EACCES", [])
+
+
+def test_closed_ancestors_are_the_topmost_unsearchable_ones() -> None:
+    base = Path(tempfile.mkdtemp())  # directly in /tmp (pytest's own dirs are 0700)
+    try:
+        base.chmod(0o755)
+        (base / "open" / "closed" / "inner" / "code").mkdir(parents=True)
+        (base / "open").chmod(0o755)
+        (base / "open" / "closed").chmod(0o700)
+        (base / "open" / "closed" / "inner").chmod(0o700)
+        code = str(base / "open" / "closed" / "inner" / "code")
+        assert _closed_ancestors((code,)) == (str(base / "open" / "closed"),)
+        assert _closed_ancestors((str(base / "open" / "x"),)) == ()
+        assert _closed_ancestors(("/usr/lib/python3",)) == ()
+    finally:
+        shutil.rmtree(base)
 
 
 async def test_memory_cpu_and_file_size_probes_end_with_specific_codes(sandbox: Sandbox) -> None:
