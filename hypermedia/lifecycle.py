@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 
 from hypermedia import db, queues, telemetry
+from hypermedia.credits.v1 import credits_pb2
 
 LEASE_MARGIN_SECONDS = 60
 """Added to ``timeout_seconds × 1.5`` (the sandbox wall clock) to get the lease length."""
@@ -51,6 +52,8 @@ class ClaimedJob:
     max_pixels: int
     memory_limit_mb: int
     backoff_base_seconds: int
+    escalation_per_page: int = 0
+    """Millicredits per page an OCR job escalated (the profile's; 0 elsewhere)."""
 
 
 async def enqueue_outbox(conn: db.Connection, prefix: str, job_id: str, queue: str, priority: int) -> None:
@@ -137,7 +140,7 @@ async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob
 
 _CLAIMED_COLUMNS = """j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
     j.params, j.priority, j.attempt_count, j.max_attempts, j.estimated_credits, p.timeout_seconds,
-    p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds"""
+    p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds, p.escalation_per_page"""
 """What :func:`claim` and :func:`reclaim` read (``j``: the job, ``p``: its profile) for :func:`_claimed_job`."""
 
 
@@ -159,6 +162,19 @@ def _claimed_job(row: asyncpg.Record) -> ClaimedJob:
         max_pixels=row["max_pixels"],
         memory_limit_mb=row["memory_limit_mb"],
         backoff_base_seconds=row["backoff_base_seconds"],
+        escalation_per_page=row["escalation_per_page"],
+    )
+
+
+def commit_request(job_id: str, actual_millicredits: int, lines: dict[str, int]) -> credits_pb2.CommitRequest:
+    """The Commit of a completed job: ``actual_millicredits`` in all, ``lines`` (by name) of it
+    charged as ledger rows of their own, the rest as ``base``."""
+    return credits_pb2.CommitRequest(
+        job_id=job_id,
+        actual_millicredits=actual_millicredits,
+        lines=[
+            credits_pb2.ChargeLine(line=name, millicredits=amount) for name, amount in sorted(lines.items())
+        ],
     )
 
 
@@ -182,9 +198,12 @@ async def complete(
     actual_credits: int,
     duration_ms: int,
     peak_memory_mb: int,
+    charge_lines: dict[str, int] | None = None,
 ) -> bool:
     """Record outputs (one row per (job, output type, profile version): ``uk_job_type_profile``) and
-    mark the job completed, atomically. Only a job still ``processing`` completes: once its
+    mark the job completed, atomically, with its ``actual_credits`` (millicredits, the
+    ``charge_lines`` included: ``{"ocr_escalation": 600}``, kept in the job row for the reaper's
+    commit when the worker's fails). Only a job still ``processing`` completes: once its
     cancellation was requested it does not (the caller then deletes the outputs and cancels it).
 
     Returns True when the job is completed by this attempt — also when an earlier call of this same
@@ -195,7 +214,7 @@ async def complete(
         status = await conn.fetchval(
             """
             UPDATE processing_jobs SET status = 'completed', completed_at = now(), actual_credits = $4,
-                   visibility_timeout = NULL, error_code = NULL, error_message = NULL, updated_at = now()
+                   charge_lines = $5, visibility_timeout = NULL, error_code = NULL, error_message = NULL, updated_at = now()
             WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
             RETURNING status
             """,
@@ -203,6 +222,7 @@ async def complete(
             worker_id,
             job.attempt,
             actual_credits,
+            charge_lines or {},
         )
         if status is None:
             return await _fenced_status(conn, job, worker_id) == "completed"

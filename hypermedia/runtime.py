@@ -49,7 +49,7 @@ from hypermedia.config import WorkerSettings
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.rpc import call
-from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_output
+from hypermedia.sandbox import OutputFile, Sandbox, SandboxLimits, SandboxResult, read_output
 from hypermedia.service import every
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
 
@@ -96,6 +96,12 @@ class JobHandler(Protocol):
         such as the docworker's LibreOffice conversion (which has its own confinement); returns
         the input the entry gets (``job_input`` itself when there is nothing to do). Counts against
         nothing but the job's lease. Raises ``DomainError`` to fail the job with its code."""
+        ...
+
+    def charge_lines(self, job: lifecycle.ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
+        """Millicredits a completed job is charged beside its profile's price, by line name
+        (``{"ocr_escalation": 600}``) from what the entry reported in its outputs' metadata;
+        ``{}`` for most operations. Each becomes a ledger row of its own (``CommitRequest.lines``)."""
         ...
 
 
@@ -227,6 +233,11 @@ class WorkerRuntime:
         self.jobs_completed = 0
         self.jobs_failed = 0
         self.started_at = time.time()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The worker's Postgres pool (for a worker service's own periodic work)."""
+        return self._pool
 
     # -- registration and background loops ------------------------------------------------
 
@@ -502,14 +513,16 @@ class WorkerRuntime:
             with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
                 outputs = await self._upload_all(job, source, job_dir, result.outputs)
             await self._progress(job, 0.95, "uploaded")
+            lines = self._handler.charge_lines(job, result.outputs)
             completed = await self._db(
                 lifecycle.complete,
                 job,
                 self.worker_id,
                 outputs,
-                job.estimated_credits,
+                job.estimated_credits + sum(lines.values()),
                 result.duration_ms,
                 result.peak_memory_mb,
+                lines,
             )
             if not completed:
                 if await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
@@ -521,7 +534,7 @@ class WorkerRuntime:
                 return
             self.jobs_completed += 1
             try:
-                await self._commit(job)
+                await self._commit(job, lines)
             except DomainError:
                 # The job is completed; its hold stays held and the reaper charges it later.
                 log.warning("credits commit failed; left to the reaper", extra={"job_id": job.job_id})
@@ -596,12 +609,12 @@ class WorkerRuntime:
             with attempt:
                 await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job.job_id))
 
-    async def _commit(self, job: lifecycle.ClaimedJob) -> None:
+    async def _commit(self, job: lifecycle.ClaimedJob, lines: dict[str, int]) -> None:
         async for attempt in _infra_retry():
             with attempt:
                 await call(
                     self._credits.Commit,
-                    credits_pb2.CommitRequest(job_id=job.job_id, actual_millicredits=job.estimated_credits),
+                    lifecycle.commit_request(job.job_id, job.estimated_credits + sum(lines.values()), lines),
                 )
 
     async def _download(self, key: str, dest: Path, max_bytes: int) -> None:

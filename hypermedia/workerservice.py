@@ -4,10 +4,11 @@ wiring of :class:`hypermedia.runtime.WorkerRuntime` that a worker's ``__main__``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from google.protobuf import timestamp_pb2
 from hypermedia import config, rpc
 from hypermedia.runtime import JobHandler, WorkerRuntime
 from hypermedia.sandbox import Sandbox, make_undumpable
-from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres
+from hypermedia.service import Lifetime, every, open_jetstream, open_peers, open_postgres
 from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,33 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
         )
 
 
+def queue_worker_settings(role: str, queue: str, default_slots: int) -> config.WorkerSettings:
+    """The settings of a worker service that consumes one queue only (the docworker, the
+    ocrworker): ``HM_WORKER_QUEUE`` and ``HM_WORKER_SLOTS`` default to ``queue`` and
+    ``default_slots`` in the environment (where :func:`serve_worker` reads them too).
+
+    Raises:
+        config.ConfigError: ``HM_WORKER_QUEUE`` names another queue (exit 78), or a setting is
+            invalid.
+    """
+    os.environ.setdefault("HM_WORKER_QUEUE", queue)
+    os.environ.setdefault("HM_WORKER_SLOTS", str(default_slots))
+    settings = config.load(config.WorkerSettings)
+    if settings.queue != queue:
+        raise config.ConfigError(
+            f"invalid configuration:\n  HM_WORKER_QUEUE: the {role} consumes {queue} only"
+        )
+    return settings
+
+
 async def serve_worker(
-    stack: AsyncExitStack, stop: Lifetime, *, role: str, handler: JobHandler, preload: Sequence[str]
+    stack: AsyncExitStack,
+    stop: Lifetime,
+    *,
+    role: str,
+    handler: JobHandler,
+    preload: Sequence[str],
+    periodic: tuple[float, Callable[[WorkerRuntime], Awaitable[object]]] | None = None,
 ) -> None:
     """Wire and run one worker service: the sandbox zygote (started first, before anything else
     runs: it must never have run a native library such as libvips), Postgres, NATS, the peer
@@ -61,6 +87,9 @@ async def serve_worker(
     Args:
         role: service name, e.g. ``imageworker``. handler: the service's sandbox entry point.
         preload: modules the zygote imports once so children start warm.
+        periodic: ``(interval_seconds, fn)``: ``fn(runtime)`` runs once the runtime exists and
+            then every interval until the drain begins (a failing run is logged and retried at
+            the next interval), e.g. the ocrworker's report of its installed languages.
     """
     infra = config.load(config.InfraSettings)
     settings = config.load(config.WorkerSettings)
@@ -119,10 +148,17 @@ async def serve_worker(
         draining.set()
 
     ordering = asyncio.create_task(shutdown_order())
+    reporting = (
+        asyncio.create_task(every(periodic[0], functools.partial(periodic[1], runtime), draining))
+        if periodic is not None
+        else None
+    )
 
     async def finish() -> None:
         stop.set()
         await ordering
         await task
+        if reporting is not None:
+            await reporting
 
     stack.push_async_callback(finish)

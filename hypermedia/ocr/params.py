@@ -30,12 +30,14 @@ __all__ = [
     "DEFAULT_ESCALATE",
     "DEFAULT_LANGUAGES",
     "DEFAULT_OUTPUTS",
+    "INPUT_MIME_TYPES",
     "LANGUAGE_CODE",
     "MAX_DOCUMENT_PAGES",
     "MAX_LANGUAGES",
     "MAX_OCR_PAGES",
     "OPERATIONS",
     "OUTPUTS",
+    "escalation_pages",
     "parse_languages",
     "parse_pages",
     "validate_params",
@@ -68,6 +70,24 @@ LANGUAGE_CODE: Final = re.compile(r"(?:script/)?[A-Za-z][A-Za-z0-9_]{1,31}")
 line: no path separators (but the one of ``script/``), no ``+``, no option."""
 
 DEFAULT_ESCALATE: Final = True
+INPUT_MIME_TYPES: Final = frozenset(
+    {
+        "application/pdf",
+        "image/jpeg",
+        "image/png",
+        "image/webp",
+        "image/gif",
+        "image/tiff",
+        "image/avif",
+        "image/heif",
+    }
+)
+"""What the engine reads: PDFs and the raster types libvips decodes
+(:data:`hypermedia.ocr.engine.LOADERS`). An SVG's text is in its XML, not its pixels; the gateway
+refuses it for ``ocr`` (415) before a job exists."""
+_MULTI_PAGE_MIME_TYPES: Final = frozenset(
+    {"application/pdf", "image/tiff", "image/gif", "image/webp", "image/heif", "image/avif"}
+)
 
 _ALLOWED_KEYS: Final = frozenset({"languages", "pages", "outputs", "escalate", "table_detection"})
 _NOT_RECOGNITION_LANGUAGES: Final = frozenset({"osd", "equ"})
@@ -197,3 +217,15 @@ def validate_params(
         "escalate": _parse_escalate(params.get("escalate")),
         "table_detection": "tables" in outputs,
     }
+
+
+def escalation_pages(params: Mapping[str, Any], mime_type: str) -> int:
+    """The most pages a job with these (validated) params may escalate: what the gateway holds
+    the escalation line for. 0 without escalation; the pages asked for; else every page the job
+    may OCR (:data:`MAX_OCR_PAGES`) for a PDF or a type with several pages or frames, 1 for
+    the others (a JPEG or PNG has one page)."""
+    if not params["escalate"]:
+        return 0
+    if params["pages"] is not None:
+        return len(params["pages"])
+    return MAX_OCR_PAGES if mime_type in _MULTI_PAGE_MIME_TYPES else 1

@@ -4,12 +4,14 @@ Amounts are integer millicredits. Every movement is a ``credit_ledger`` row; ``c
 one row per job, and its status (held → committed | released) makes Commit and Release idempotent
 per job: the first one settles the hold, later ones report ``already_settled`` and change nothing.
 Price of one operation (the seed's formula): ``base_cost + per_mb × size_mb``, with
-``size_mb = size_bytes / 2^20`` rounded up to the next millicredit.
+``size_mb = size_bytes / 2^20`` rounded up to the next millicredit. A commit may split the amount
+into charge lines (``ocr_escalation`` beside ``base``), one ledger row each.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 
 import asyncpg
@@ -17,6 +19,9 @@ import grpc
 
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import InsufficientCredits, InvalidArgument, NotFound
+
+LINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+"""A charge line's name (``ocr_escalation``)."""
 
 
 def price(base_cost: int, per_mb: int, size_bytes: int) -> int:
@@ -29,6 +34,37 @@ def _uuid(value: str, what: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise InvalidArgument(f"{what} is not a valid id", "INVALID_ARGUMENT") from None
+
+
+def _charge_lines(request: credits_pb2.CommitRequest) -> list[tuple[str, int]]:
+    """``[("base", …), (line, …), …]`` of a Commit: its lines, and what is left of its amount as
+    ``base`` (first). Raises InvalidArgument (see the RPC)."""
+    if request.actual_millicredits < 0:
+        raise InvalidArgument("actual_millicredits must not be negative")
+    names = [line.line for line in request.lines]
+    if "base" in names or len(set(names)) != len(names) or not all(LINE_NAME.fullmatch(n) for n in names):
+        raise InvalidArgument("charge lines need distinct lowercase names other than base")
+    if any(line.millicredits < 0 for line in request.lines):
+        raise InvalidArgument("charge lines must not be negative")
+    extra = sum(line.millicredits for line in request.lines)
+    if extra > request.actual_millicredits:
+        raise InvalidArgument("charge lines exceed actual_millicredits")
+    return [("base", request.actual_millicredits - extra)] + [
+        (line.line, line.millicredits) for line in request.lines
+    ]
+
+
+def _cut_to_hold(lines: list[tuple[str, int]], hold: int) -> list[tuple[str, int]]:
+    """The lines as charged against a hold of ``hold`` millicredits: in order, each cut to what the
+    hold has left (a job is never charged more than it held). The base line is always kept."""
+    rows = []
+    left = hold
+    for line, amount in lines:
+        charged = min(amount, left)
+        left -= charged
+        if charged or line == "base":
+            rows.append((line, charged))
+    return rows
 
 
 class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
@@ -105,8 +141,7 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         self, request: credits_pb2.CommitRequest, context: grpc.aio.ServicerContext
     ) -> credits_pb2.CommitResponse:
         job_id = _uuid(request.job_id, "job_id")
-        if request.actual_millicredits < 0:
-            raise InvalidArgument("actual_millicredits must not be negative")
+        lines = _charge_lines(request)
         async with self._pool.acquire() as conn, conn.transaction():
             hold = await conn.fetchrow("SELECT * FROM credit_holds WHERE job_id = $1 FOR UPDATE", job_id)
             if hold is None:
@@ -115,17 +150,16 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 return credits_pb2.CommitResponse(
                     charged_millicredits=hold["charged"] or 0, already_settled=True
                 )
-            charged = min(request.actual_millicredits, hold["amount"])
+            rows = _cut_to_hold(lines, hold["amount"])
+            charged = sum(amount for _, amount in rows)
             await conn.execute(
                 "UPDATE credit_holds SET status = 'committed', charged = $2, settled_at = now() WHERE job_id = $1",
                 job_id,
                 charged,
             )
-            await conn.execute(
-                "INSERT INTO credit_ledger (account_id, job_id, kind, amount) VALUES ($1, $2, 'commit', $3)",
-                hold["account_id"],
-                job_id,
-                -charged,
+            await conn.executemany(
+                "INSERT INTO credit_ledger (account_id, job_id, kind, line, amount) VALUES ($1, $2, 'commit', $3, $4)",
+                [(hold["account_id"], job_id, line, -amount) for line, amount in rows],
             )
             await conn.execute(
                 "UPDATE credit_accounts SET balance = balance - $2, held = held - $3, updated_at = now() "

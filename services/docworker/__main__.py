@@ -31,8 +31,9 @@ from hypermedia.documents.pdf import DocumentLimits
 from hypermedia.errors import PermanentJobError
 from hypermedia.lifecycle import ClaimedJob
 from hypermedia.runtime import JobInput
+from hypermedia.sandbox import OutputFile
 from hypermedia.service import Lifetime, run_service
-from hypermedia.workerservice import serve_worker
+from hypermedia.workerservice import queue_worker_settings, serve_worker
 
 QUEUE: Final = "documents"
 DEFAULT_SLOTS: Final = 2
@@ -92,16 +93,12 @@ class DocumentHandler:
             job_input, path=converted, entry_kwargs={**job_input.entry_kwargs, "converted": facts}
         )
 
+    def charge_lines(self, job: ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
+        return {}  # the profile's price only
+
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
-    # serve_worker reads WorkerSettings from the environment; this worker's defaults go there first.
-    os.environ.setdefault("HM_WORKER_QUEUE", QUEUE)
-    os.environ.setdefault("HM_WORKER_SLOTS", str(DEFAULT_SLOTS))
-    settings = config.load(config.WorkerSettings)
-    if settings.queue != QUEUE:
-        raise config.ConfigError(
-            f"invalid configuration:\n  HM_WORKER_QUEUE: the docworker consumes {QUEUE} only"
-        )
+    settings = queue_worker_settings("docworker", QUEUE, DEFAULT_SLOTS)
     is_root = os.geteuid() == 0
     if is_root and settings.slots > MAX_SLOTS_AS_ROOT:
         raise config.ConfigError(

@@ -63,6 +63,7 @@ def job_message(job: dict[str, Any]) -> jobs_pb2.Job:
         error_message=job["error_message"] or "",
         estimated_credits=_credits(job["estimated_credits"]),
         actual_credits=_credits(job["actual_credits"]),
+        charge_lines={name: _credits(value) for name, value in job["charge_lines"].items()},
     )
     for field in ("created_at", "started_at", "completed_at"):
         ts = _ts(job[field])
@@ -163,6 +164,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 detail=_struct(event.detail),
                 created_at=created,
             )
+
+    async def ListOcrLanguages(
+        self, request: jobs_pb2.ListOcrLanguagesRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.ListOcrLanguagesResponse:
+        await self._caller(context)
+        return jobs_pb2.ListOcrLanguagesResponse(languages=await self._api.ocr_languages())
 
     async def GetBalance(
         self, request: jobs_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext

@@ -32,6 +32,7 @@ from hypermedia.errors import (
 )
 from hypermedia.events import JobEvent, JobEventHub
 from hypermedia.imaging import ops as image_ops
+from hypermedia.ocr import params as ocr_params
 from hypermedia.outbox import OutboxRelay
 from hypermedia.rpc import call
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
@@ -42,7 +43,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PRIORITY = 5
 PARAM_VALIDATORS = {"images": image_ops.validate_params, "documents": document_params.validate_params}
-"""Per queue: the function that normalises an operation's params or raises InvalidArgument."""
+"""Per queue: the function that normalises an operation's params or raises InvalidArgument. The
+``ocr`` queue's (:func:`hypermedia.ocr.params.validate_params`) also takes the installed languages."""
+OCR_LANGUAGES_MAX_AGE = "1 day"
+"""How long an ocrworker's report of its languages counts (workers report hourly)."""
 PASSWORD_QUEUES = frozenset({"documents"})
 """Queues whose operations accept a ``password`` param (kept in ``job_secrets``, never in
 ``params``: :mod:`hypermedia.jobsecrets`)."""
@@ -51,6 +55,13 @@ PASSWORD_QUEUES = frozenset({"documents"})
 def credits_value(millicredits: int | None) -> float | None:
     """Millicredits as credits for the API (1 credit = 1000 millicredits)."""
     return None if millicredits is None else round(millicredits / 1000, 3)
+
+
+def _escalation_allowance(params: dict[str, Any], profile: asyncpg.Record, mime_type: str) -> int:
+    """Millicredits held beside an operation's price for its escalation line (0 but for ``ocr``)."""
+    if profile["queue"] != "ocr" or not profile["escalation_per_page"]:
+        return 0
+    return int(profile["escalation_per_page"]) * ocr_params.escalation_pages(params, mime_type)
 
 
 @dataclass(frozen=True)
@@ -328,6 +339,7 @@ class JobsAPI:
             )
         }
         input_kind = contenttype.kind(obj.mime_type)
+        languages = await self.ocr_languages() if any(p["queue"] == "ocr" for p in profiles.values()) else []
         normalised = []
         for op, password in zip(operations, passwords, strict=True):
             profile = profiles.get(op.name)
@@ -349,8 +361,17 @@ class JobsAPI:
                     f"operation {op.name!r} accepts at most {profile['max_input_bytes']} bytes",
                     "INPUT_TOO_LARGE",
                 )
-            validator = PARAM_VALIDATORS.get(profile["queue"])
-            params = validator(op.name, op.params) if validator else op.params
+            if profile["queue"] == "ocr":
+                if obj.mime_type not in ocr_params.INPUT_MIME_TYPES:
+                    raise UnsupportedInput(
+                        f"operation {op.name!r} reads PDFs and raster images, not {obj.mime_type}",
+                        "UNSUPPORTED_FORMAT",
+                    )
+                # No ocrworker has reported its languages yet: the form only (the worker checks again).
+                params = ocr_params.validate_params(op.name, op.params, installed_languages=languages or None)
+            else:
+                validator = PARAM_VALIDATORS.get(profile["queue"])
+                params = validator(op.name, op.params) if validator else op.params
             normalised.append((op.name, params, profile))
 
         estimate = await call(
@@ -358,6 +379,12 @@ class JobsAPI:
         )
         job_ids = [str(uuid.uuid4()) for _ in normalised]
         amounts = [e.millicredits for e in estimate.estimates]
+        # The hold also covers what escalation may add (charged as its own line, only for the
+        # pages escalated); the job's estimated_credits stays the profile's price.
+        holds = [
+            amount + _escalation_allowance(params, profile, obj.mime_type)
+            for amount, (_name, params, profile) in zip(amounts, normalised, strict=True)
+        ]
         request_id = uuid.uuid4()
         held = False
         try:
@@ -378,7 +405,7 @@ class JobsAPI:
                         account_id=caller.account_id,
                         holds=[
                             credits_pb2.JobHold(job_id=j, millicredits=a)
-                            for j, a in zip(job_ids, amounts, strict=True)
+                            for j, a in zip(job_ids, holds, strict=True)
                         ],
                     ),
                 )
@@ -431,6 +458,15 @@ class JobsAPI:
             raise
         self._relay.wake.set()
         return {"job_ids": job_ids, "estimated_credits": credits_value(estimate.total_millicredits)}
+
+    async def ocr_languages(self) -> list[str]:
+        """The recognition languages ``ocr`` jobs may ask for: every language an ocrworker
+        reported within :data:`OCR_LANGUAGES_MAX_AGE`, sorted; empty when none has."""
+        rows = await self._pool.fetch(
+            "SELECT DISTINCT language FROM ocr_languages "
+            f"WHERE reported_at > now() - interval '{OCR_LANGUAGES_MAX_AGE}' ORDER BY language"
+        )
+        return [r["language"] for r in rows]
 
     def _take_passwords(
         self, operations: list[OperationRequest]
@@ -534,6 +570,9 @@ class JobsAPI:
             "error_message": job["error_message"],
             "estimated_credits": credits_value(job["estimated_credits"]),
             "actual_credits": credits_value(job["actual_credits"]),
+            "charge_lines": {
+                name: credits_value(amount) for name, amount in (job["charge_lines"] or {}).items()
+            },
             "created_at": _iso(job["created_at"]),
             "queued_at": _iso(job["queued_at"]),
             "started_at": _iso(job["started_at"]),

@@ -305,6 +305,12 @@ def build_app(
         """The caller's balance and the credits held by unfinished jobs."""
         return await api.balance(who)
 
+    @app.get("/v1/ocr/languages")
+    async def ocr_languages(who: Caller = Depends(caller)) -> dict[str, list[str]]:
+        """The tesseract language codes an ``ocr`` job may ask for (``params.languages``), as
+        the running ocrworkers reported them; empty before any has started."""
+        return {"languages": await api.ocr_languages()}
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         """Liveness: the process answers."""

@@ -12,6 +12,7 @@ import asyncpg
 from hypermedia.imaging.ops import ImageLimits
 from hypermedia.lifecycle import ClaimedJob
 from hypermedia.runtime import JobInput
+from hypermedia.sandbox import OutputFile
 from hypermedia.service import run_service
 from hypermedia.workerservice import serve_worker
 
@@ -26,6 +27,9 @@ class ImageHandler:
 
     async def stage(self, job: ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
         return job_input  # everything happens in the sandbox
+
+    def charge_lines(self, job: ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
+        return {}  # the profile's price only
 
 
 serve = partial(

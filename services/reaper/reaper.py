@@ -14,7 +14,7 @@ requeue the same job twice:
 5. **unsettled holds**: jobs whose credit hold is still ``held`` more than ``settle_grace_seconds``
    after they ended — a Release or Commit that failed or was never made (the credits service was
    unreachable, or a process died between the job's transition and the call): ``failed`` and
-   ``cancelled`` jobs are released, ``completed`` ones charged their ``actual_credits``; a hold
+   ``cancelled`` jobs are released, ``completed`` ones charged their ``actual_credits`` (with their ``charge_lines``); a hold
    whose job was never created (the gateway died, or could not reach Postgres, between Hold and
    the job's transaction, and its own Release failed too) is released;
 6. **orphaned job directories** (when given ``work_dirs``, the workers' ``HM_WORK_DIR`` on this
@@ -110,12 +110,11 @@ class Reaper:
             except DomainError:
                 # The hold stays held; step 5 of a later run settles it.
                 log.exception("could not release credits of a reaped job")
-        for job_id, status, actual in unsettled:
+        for job_id, status, actual, lines in unsettled:
             try:
                 if status == "completed":
                     response = await call(
-                        self._credits.Commit,
-                        credits_pb2.CommitRequest(job_id=job_id, actual_millicredits=actual or 0),
+                        self._credits.Commit, lifecycle.commit_request(job_id, actual or 0, lines)
                     )
                 else:
                     response = await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
@@ -216,10 +215,10 @@ class Reaper:
             conn, self._prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows]
         )
 
-    async def _unsettled_holds(self) -> list[tuple[str, str, int | None]]:
+    async def _unsettled_holds(self) -> list[tuple[str, str, int | None, dict[str, int]]]:
         rows = await self._pool.fetch(
             """
-            SELECT h.job_id, j.status, j.actual_credits
+            SELECT h.job_id, j.status, j.actual_credits, j.charge_lines
             FROM credit_holds h LEFT JOIN processing_jobs j ON j.job_id = h.job_id
             WHERE h.status = 'held'
               AND ((j.status IN ('completed', 'failed', 'cancelled')
@@ -230,7 +229,7 @@ class Reaper:
             self._batch,
             self._settle_grace,
         )
-        return [(str(r["job_id"]), r["status"], r["actual_credits"]) for r in rows]
+        return [(str(r["job_id"]), r["status"], r["actual_credits"], r["charge_lines"] or {}) for r in rows]
 
     async def _mark_dead_workers(self) -> int:
         result = await self._pool.execute(

@@ -469,7 +469,8 @@ class Chaos:
         )
         charges = dict(
             self.query(
-                "SELECT job_id::text, count(*) FROM credit_ledger WHERE kind = 'commit' AND job_id = ANY(%s::uuid[])"
+                "SELECT job_id::text, count(*) FROM credit_ledger WHERE kind = 'commit' AND line = 'base'"
+                " AND job_id = ANY(%s::uuid[])"
                 " GROUP BY job_id",
                 ids,
             )

@@ -215,6 +215,75 @@ async def test_commit_charges_at_most_the_hold(
     assert await _account(fresh_pool, tenant) == (3800, 0)
 
 
+async def _lines(pool: asyncpg.Pool, job_id: uuid.UUID) -> dict[str, int]:
+    rows = await pool.fetch(
+        "SELECT line, amount FROM credit_ledger WHERE job_id = $1 AND kind = 'commit'", job_id
+    )
+    return {r["line"]: r["amount"] for r in rows}
+
+
+def _commit(job_id: uuid.UUID, actual: int, **lines: int) -> credits_pb2.CommitRequest:
+    return credits_pb2.CommitRequest(
+        job_id=str(job_id),
+        actual_millicredits=actual,
+        lines=[credits_pb2.ChargeLine(line=name, millicredits=amount) for name, amount in lines.items()],
+    )
+
+
+async def test_commit_with_a_line_writes_one_ledger_row_per_line(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """An OCR job that escalated two pages: its price and the escalation line, two rows; the
+    account pays their sum and its hold is freed whole."""
+    tenant = await seed.tenant(balance=10_000)
+    job_id = await _held_job(credits, tenant, 1500 + 20 * 300)
+
+    response = await credits.service.Commit(_commit(job_id, 1500 + 600, ocr_escalation=600), None)
+
+    assert (response.charged_millicredits, response.already_settled) == (2100, False)
+    assert await _lines(fresh_pool, job_id) == {"base": -1500, "ocr_escalation": -600}
+    assert await _account(fresh_pool, tenant) == (10_000 - 2100, 0)
+    again = await credits.service.Commit(_commit(job_id, 2100, ocr_escalation=600), None)
+    assert (again.charged_millicredits, again.already_settled) == (2100, True)
+    assert len(await _lines(fresh_pool, job_id)) == 2
+
+
+async def test_a_short_hold_cuts_the_lines_after_the_base(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=10_000)
+    cut = await _held_job(credits, tenant, 1800)
+    dropped = await _held_job(credits, tenant, 1000)
+
+    assert (
+        await credits.service.Commit(_commit(cut, 2100, ocr_escalation=600), None)
+    ).charged_millicredits == 1800
+    assert (
+        await credits.service.Commit(_commit(dropped, 2100, ocr_escalation=600), None)
+    ).charged_millicredits == 1000
+
+    assert await _lines(fresh_pool, cut) == {"base": -1500, "ocr_escalation": -300}
+    assert await _lines(fresh_pool, dropped) == {"base": -1000}
+    assert await _account(fresh_pool, tenant) == (10_000 - 2800, 0)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [{"base": 100}, {"Escalation": 100}, {"ocr_escalation": -1}, {"ocr_escalation": 3000}, {"": 1}],
+)
+async def test_bad_charge_lines_are_invalid_and_charge_nothing(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits, lines: dict[str, int]
+) -> None:
+    tenant = await seed.tenant(balance=10_000)
+    job_id = await _held_job(credits, tenant, 5000)
+
+    with pytest.raises(InvalidArgument):
+        await credits.service.Commit(_commit(job_id, 2000, **lines), None)
+
+    assert await _account(fresh_pool, tenant) == (10_000, 5000)
+    assert await _lines(fresh_pool, job_id) == {}
+
+
 async def test_commit_without_a_hold_is_not_found(credits: Credits) -> None:
     with pytest.raises(NotFound) as missing:
         await credits.service.Commit(

@@ -307,6 +307,35 @@ async def test_holds_nobody_settled_are_released_or_committed(
     assert await _balance(fresh_pool, tenant) == (BALANCE - HOLD // 2, HOLD)
 
 
+async def test_a_completed_jobs_charge_lines_are_committed_by_the_reaper(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """An OCR job whose worker died after completing it with an escalation line: the reaper's
+    commit writes the same two ledger rows the worker's would have."""
+    tenant = await seed.tenant(balance=BALANCE)
+    completed = await seed.job(tenant, status="completed", attempt_count=1)
+    await _hold(credits, tenant, completed)
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET actual_credits = $2, charge_lines = $3 WHERE job_id = $1",
+        completed,
+        HOLD // 2,
+        {"ocr_escalation": HOLD // 8},
+    )
+    await _age(fresh_pool, completed, SETTLE_GRACE_SECONDS + 1)
+
+    assert await Reaper(fresh_pool, credits.stub, PREFIX).run_once() == ReapResult(settled_holds=1)
+
+    rows = await fresh_pool.fetch(
+        "SELECT line, amount FROM credit_ledger WHERE job_id = $1 AND kind = 'commit' ORDER BY line",
+        completed,
+    )
+    assert [(r["line"], r["amount"]) for r in rows] == [
+        ("base", -(HOLD // 2 - HOLD // 8)),
+        ("ocr_escalation", -(HOLD // 8)),
+    ]
+    assert await _balance(fresh_pool, tenant) == (BALANCE - HOLD // 2, 0)
+
+
 async def _age(pool: asyncpg.Pool, job_id: uuid.UUID, seconds: float) -> None:
     await pool.execute(
         "UPDATE processing_jobs SET updated_at = now() - make_interval(secs => $2) WHERE job_id = $1",

@@ -8,6 +8,7 @@ The CER of ``8071_093.3B.tif`` with and without preprocessing is printed (``pyte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -651,3 +652,66 @@ def test_asking_for_tables_either_way_gives_both() -> None:
     by_output = params.validate_params("ocr", {"outputs": ["text", "tables"]})
     assert by_flag["outputs"] == ["text", "words", "tables"] and by_flag["table_detection"] is True
     assert by_output["outputs"] == ["text", "tables"] and by_output["table_detection"] is True
+
+
+# --- what the gateway and the ocrworker take from the params -----------------------------------------
+
+
+def test_input_types_are_what_the_engine_reads() -> None:
+    """The gateway's list (pure Python) and the engine's loaders (libvips) name the same types."""
+    from hypermedia.ocr import engine
+
+    assert params.INPUT_MIME_TYPES == {*engine.LOADERS, "application/pdf"}
+    assert "image/svg+xml" not in params.INPUT_MIME_TYPES
+
+
+@pytest.mark.parametrize(
+    ("job_params", "mime_type", "pages"),
+    [
+        ({}, "image/png", 1),
+        ({}, "image/jpeg", 1),
+        ({}, "image/tiff", params.MAX_OCR_PAGES),
+        ({}, "application/pdf", params.MAX_OCR_PAGES),
+        ({"pages": "2-4"}, "application/pdf", 3),
+        ({"escalate": False}, "application/pdf", 0),
+    ],
+)
+def test_escalation_pages_bound_what_the_gateway_holds(job_params: dict, mime_type: str, pages: int) -> None:
+    assert params.escalation_pages(params.validate_params("ocr", job_params), mime_type) == pages
+
+
+def test_the_ocrworker_charges_escalated_pages_as_a_line() -> None:
+    from services.ocrworker.__main__ import OcrHandler
+
+    job = dataclasses.replace(_claimed_job(), escalation_per_page=300)
+    handler = OcrHandler()
+    meta = {"escalated_pages": 2}
+    outputs = [OutputFile("text", "text.txt", "text/plain", meta), OutputFile("words", "w.json", "x", meta)]
+    assert handler.charge_lines(job, outputs) == {"ocr_escalation": 600}
+    assert handler.charge_lines(job, [OutputFile("text", "t", "x", {"escalated_pages": 0})]) == {}
+    assert handler.charge_lines(dataclasses.replace(job, escalation_per_page=0), outputs) == {}
+    limits = handler.entry_kwargs(job)["limits"]
+    assert (limits.max_input_bytes, limits.max_page_pixels) == (job.max_input_bytes, job.max_pixels)
+
+
+def _claimed_job() -> Any:
+    from hypermedia.lifecycle import ClaimedJob
+
+    return ClaimedJob(
+        job_id="00000000-0000-0000-0000-000000000001",
+        account_id="00000000-0000-0000-0000-000000000002",
+        object_id="00000000-0000-0000-0000-000000000003",
+        operation="ocr",
+        profile_version=1,
+        queue="ocr",
+        params={},
+        priority=5,
+        attempt=1,
+        max_attempts=3,
+        estimated_credits=1500,
+        timeout_seconds=300,
+        max_input_bytes=100 << 20,
+        max_pixels=64_000_000,
+        memory_limit_mb=2048,
+        backoff_base_seconds=60,
+    )

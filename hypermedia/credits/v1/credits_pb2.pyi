@@ -164,21 +164,53 @@ class CommitRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     ACTUAL_MILLICREDITS_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     actual_millicredits: _builtins.int
+    """The whole amount, the lines included."""
+    @_builtins.property
+    def lines(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChargeLine]:
+        """The parts of the amount charged as lines of their own."""
+
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         actual_millicredits: _builtins.int = ...,
+        lines: _abc.Iterable[Global___ChargeLine] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_millicredits", b"actual_millicredits", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_millicredits", b"actual_millicredits", "job_id", b"job_id", "lines", b"lines"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CommitRequest: _TypeAlias = CommitRequest  # noqa: Y015
+
+@_typing.final
+class ChargeLine(_message.Message):
+    """ChargeLine is a part of a job's charge shown as its own ledger row."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LINE_FIELD_NUMBER: _builtins.int
+    MILLICREDITS_FIELD_NUMBER: _builtins.int
+    line: _builtins.str
+    """A lowercase name such as `ocr_escalation`."""
+    millicredits: _builtins.int
+    def __init__(
+        self,
+        *,
+        line: _builtins.str = ...,
+        millicredits: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["line", b"line", "millicredits", b"millicredits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChargeLine: _TypeAlias = ChargeLine  # noqa: Y015
 
 @_typing.final
 class CommitResponse(_message.Message):
@@ -187,6 +219,7 @@ class CommitResponse(_message.Message):
     CHARGED_MILLICREDITS_FIELD_NUMBER: _builtins.int
     ALREADY_SETTLED_FIELD_NUMBER: _builtins.int
     charged_millicredits: _builtins.int
+    """At most the hold; the lines come after `base` in the cut when the hold is short."""
     already_settled: _builtins.bool
     def __init__(
         self,

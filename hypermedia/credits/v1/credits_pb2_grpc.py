@@ -88,8 +88,11 @@ class CreditsServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Commit(self, request, context):
-        """Commit charges the actual amount of a job (at most its hold) and frees the hold. Idempotent:
-        a second Commit of the same job changes nothing and reports `already_settled`.
+        """Commit charges the actual amount of a job (at most its hold) and frees the hold, one ledger
+        row per charge line: `lines` (e.g. `ocr_escalation`) and the rest of the amount as `base`.
+        Idempotent: a second Commit of the same job changes nothing and reports `already_settled`.
+        INVALID_ARGUMENT for a negative amount, a line named `base` or twice, or lines summing to
+        more than `actual_millicredits`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -246,6 +246,26 @@ Global___JobOutput: _TypeAlias = JobOutput  # noqa: Y015
 class Job(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ChargeLinesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     OBJECT_ID_FIELD_NUMBER: _builtins.int
     OPERATION_FIELD_NUMBER: _builtins.int
@@ -263,6 +283,7 @@ class Job(_message.Message):
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
     LOST_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    CHARGE_LINES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     object_id: _builtins.str
     operation: _builtins.str
@@ -290,6 +311,12 @@ class Job(_message.Message):
     def completed_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobOutput]: ...
+    @_builtins.property
+    def charge_lines(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The parts of actual_credits charged as lines of their own, by name (`ocr_escalation`:
+        pages an ocr job read again with its second engine), in credits as decimal strings.
+        """
+
     def __init__(
         self,
         *,
@@ -310,10 +337,11 @@ class Job(_message.Message):
         completed_at: _timestamp_pb2.Timestamp | None = ...,
         outputs: _abc.Iterable[Global___JobOutput] | None = ...,
         lost_attempts: _builtins.int = ...,
+        charge_lines: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "params", b"params", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "priority", b"priority", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "charge_lines", b"charge_lines", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "priority", b"priority", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -497,3 +525,40 @@ class WatchJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchJobResponse: _TypeAlias = WatchJobResponse  # noqa: Y015
+
+@_typing.final
+class ListOcrLanguagesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOcrLanguagesRequest: _TypeAlias = ListOcrLanguagesRequest  # noqa: Y015
+
+@_typing.final
+class ListOcrLanguagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANGUAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def languages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sorted tesseract codes such as `deu`, `eng`, `fra`."""
+
+    def __init__(
+        self,
+        *,
+        languages: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["languages", b"languages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOcrLanguagesResponse: _TypeAlias = ListOcrLanguagesResponse  # noqa: Y015

@@ -65,6 +65,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobResponse.FromString,
                 _registered_method=True)
+        self.ListOcrLanguages = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/ListOcrLanguages',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -117,6 +122,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListOcrLanguages(self, request, context):
+        """ListOcrLanguages returns the tesseract language codes an `ocr` job may ask for in
+        `params.languages`: those the running ocrworkers reported (empty before any has started;
+        then only the form of a code is checked at creation and the worker checks it again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +163,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.WatchJob,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobResponse.SerializeToString,
+            ),
+            'ListOcrLanguages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOcrLanguages,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +333,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/WatchJob',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOcrLanguages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/ListOcrLanguages',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,100 @@
+"""``python -m services.ocrworker``: the worker of queue ``ocr`` (the ``ocr`` operation: tesseract
+with preprocessing, table detection and escalation to RapidOCR; :mod:`hypermedia.ocr.engine`).
+Configures :func:`hypermedia.workerservice.serve_worker`: the engine runs in
+:class:`hypermedia.sandbox.Sandbox` children whose zygote has imported pyvips, pypdfium2 and the
+engine (RapidOCR and onnxruntime load in the child that escalates a page: onnxruntime starts
+thread pools, which a zygote that forks must not have). Each child runs one tesseract process at
+a time with ``OMP_THREAD_LIMIT=1``, so a slot is one core.
+
+Its defaults differ from the imageworker's: ``HM_WORKER_QUEUE`` is ``ocr`` and ``HM_WORKER_SLOTS``
+is 2 (the seed's ocr profile: 1–2 jobs at once) when the environment does not set them. Any queue
+other than ``ocr`` is a configuration error (exit 78).
+
+The worker reports the recognition languages its tesseract has (``tesseract --list-langs``) into
+``ocr_languages`` when it starts and every hour (:data:`LANGUAGE_REPORT_SECONDS`): the gateway
+refuses an ``ocr`` job asking for another one (422) and lists them (``ListOcrLanguages``,
+``GET /v1/ocr/languages``). A worker without tesseract reports nothing and fails its jobs with
+``OCR_ENGINE_UNAVAILABLE`` (transient: another replica may have it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+from typing import Any, Final
+
+import asyncpg
+
+from hypermedia.errors import DomainError
+from hypermedia.lifecycle import ClaimedJob
+from hypermedia.ocr import tesseract
+from hypermedia.ocr.engine import OcrLimits
+from hypermedia.runtime import JobInput, WorkerRuntime
+from hypermedia.sandbox import OutputFile
+from hypermedia.service import Lifetime, run_service
+from hypermedia.workerservice import queue_worker_settings, serve_worker
+
+log = logging.getLogger(__name__)
+
+QUEUE: Final = "ocr"
+DEFAULT_SLOTS: Final = 2
+LANGUAGE_REPORT_SECONDS: Final = 3600.0
+"""How often a worker reports its languages again; the gateway forgets a worker's report after a
+day (``services.gateway.jobs.OCR_LANGUAGES_MAX_AGE``), so a stopped worker's languages go."""
+ESCALATION_LINE: Final = "ocr_escalation"
+"""The charge line of pages read again by the second engine."""
+
+
+class OcrHandler:
+    """Runs :func:`hypermedia.ocr.engine.run` with the profile's size and per-page pixel limits,
+    and charges escalated pages as a line of their own."""
+
+    entry = "hypermedia.ocr.engine:run"
+
+    def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
+        return {"limits": OcrLimits(max_input_bytes=job.max_input_bytes, max_page_pixels=job.max_pixels)}
+
+    async def stage(self, job: ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
+        return job_input  # everything happens in the sandbox
+
+    def charge_lines(self, job: ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
+        """``{"ocr_escalation": escalated_pages × the profile's escalation_per_page}`` when pages
+        were escalated (every output's metadata carries the same ``escalated_pages``)."""
+        pages = max((int(o.metadata.get("escalated_pages", 0)) for o in outputs), default=0)
+        amount = pages * job.escalation_per_page
+        return {ESCALATION_LINE: amount} if amount else {}
+
+
+async def report_languages(runtime: WorkerRuntime) -> None:
+    """Replace this worker's rows of ``ocr_languages`` with the languages tesseract has, and drop
+    reports older than a week (workers long gone). Nothing when tesseract is missing (logged)."""
+    try:
+        languages = await asyncio.to_thread(tesseract.installed_languages)
+    except (DomainError, tesseract.TesseractFailure) as exc:
+        log.error("tesseract is not usable on this worker: %s", exc)
+        return
+    async with runtime.pool.acquire() as conn, conn.transaction():
+        await conn.execute("DELETE FROM ocr_languages WHERE worker_id = $1", runtime.worker_id)
+        await conn.executemany(
+            "INSERT INTO ocr_languages (worker_id, language) VALUES ($1, $2)",
+            [(runtime.worker_id, language) for language in languages],
+        )
+        await conn.execute("DELETE FROM ocr_languages WHERE reported_at < now() - interval '7 days'")
+    log.info("languages reported: %s", " ".join(languages))
+
+
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
+    queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)  # the defaults, and a check of the queue
+    await serve_worker(
+        stack,
+        stop,
+        role="ocrworker",
+        handler=OcrHandler(),
+        preload=("pyvips", "pypdfium2", "hypermedia.ocr.engine"),
+        periodic=(LANGUAGE_REPORT_SECONDS, report_languages),
+    )
+
+
+if __name__ == "__main__":
+    run_service("ocrworker", serve)
