@@ -12,15 +12,23 @@ this says whether the files keep the platform's rules and agree with each other:
   priority consumer ``{queue}-p{1..10}`` on stream ``HM_{QUEUE}``;
 - Secrets exist only as ``*.example.yaml`` with placeholders; ConfigMaps hold no secret;
 - every hypermedia service in compose.yaml is read-only, capability-free, has tmpfs /tmp and /work
-  and resource limits; every image name maps to a target of deploy/docker/Dockerfile;
-- the docworker target installs exactly the Makefile's ``DOCWORKER_PACKAGES`` (LibreOffice, python3-uno,
-  fonts: what ``make test`` installs on a developer's machine) and sets ``HM_OFFICE_PYTHON``.
+  and resource limits; every image name maps to a target of deploy/docker/Dockerfile, which runs
+  ``python -m services.<target>`` and whose HEALTHCHECK is one ``docker/healthcheck.py`` knows;
+- every worker target of the Dockerfile (one that sets ``HM_WORKER_QUEUE``) is deployed everywhere,
+  alike: a Deployment of the same name in k8s/ and a compose service with the target's queue and
+  slots, memory request equal to its limit, an egress NetworkPolicy selecting its pods, a
+  ScaledObject in k8s/keda/ and the keda overlay's patch that removes its fixed replica count;
+- only the targets of ``APT_PACKAGES`` install Debian packages, each exactly its Makefile list (what
+  ``make test`` installs on a developer's machine): the docworker ``DOCWORKER_PACKAGES``
+  (LibreOffice, python3-uno, fonts; it also sets ``HM_OFFICE_PYTHON``), the ocrworker
+  ``OCR_PACKAGES`` (tesseract, its orientation model and languages).
 
 Usage: ``python deploy/check_policy.py [DEPLOY_DIR]``; prints one line per problem, exits 1 on any.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from collections.abc import Iterator
@@ -29,8 +37,11 @@ from typing import Any
 
 import yaml
 
-SERVICES = ("gateway", "credits", "storage", "imageworker", "docworker", "reaper")
+SERVICES = ("gateway", "credits", "storage", "imageworker", "docworker", "ocrworker", "reaper")
 """Services that have an image today; each is a target of deploy/docker/Dockerfile."""
+APT_PACKAGES = {"docworker": "DOCWORKER_PACKAGES", "ocrworker": "OCR_PACKAGES"}
+"""Dockerfile targets that install Debian packages, and the Makefile variable each one's list must
+equal (versions aside); every other target installs none."""
 PRIORITIES = range(1, 11)
 """Priority bands of a queue: one JetStream consumer ``{queue}-p{n}`` each."""
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
@@ -245,35 +256,175 @@ def check_compose(compose_file: Path, dockerfile: Path) -> list[str]:
 
 
 def _stage(dockerfile_text: str, target: str) -> str:
+    """The instructions of one target, without comment lines (the comments above the next ``FROM``,
+    which describe the next target, would otherwise count as this one's)."""
     block = re.search(rf"^FROM \S+ AS {target}\n(.*?)(?=^FROM |\Z)", dockerfile_text, re.M | re.S)
-    return block.group(1) if block else ""
+    lines = block.group(1).splitlines(keepends=True) if block else []
+    return "".join(line for line in lines if not line.lstrip().startswith("#"))
 
 
-def check_docworker_packages(makefile: Path, dockerfile: Path) -> list[str]:
-    """The docworker image's apt packages are the Makefile's ``DOCWORKER_PACKAGES`` (versions aside)."""
-    if not makefile.exists():
-        return []  # deploy/ checked outside the repository
-    match = re.search(r"^DOCWORKER_PACKAGES\s*:?=((?:.*\\\n)*.*)$", makefile.read_text(), re.M)
-    if match is None:
-        return [f"{makefile}: no DOCWORKER_PACKAGES"]
-    wanted = set(match.group(1).replace("\\\n", " ").split())
-    stage = _stage(dockerfile.read_text(), "docworker")
+def _apt_installs(stage: str) -> set[str]:
+    """Package names of the ``apt-get install`` commands of one Dockerfile stage (versions aside)."""
     installs = re.findall(r"apt-get install ((?:[^&]|&(?!&))*)", stage)
-    installed = {
+    return {
         word.strip("'\"").split("=", 1)[0]
         for args in installs
         for word in args.replace("\\\n", " ").split()
         if not word.startswith("-") and word != "\\"
     }
+
+
+def _makefile_list(makefile_text: str, variable: str) -> set[str] | None:
+    match = re.search(rf"^{variable}\s*:?=((?:.*\\\n)*.*)$", makefile_text, re.M)
+    return None if match is None else set(match.group(1).replace("\\\n", " ").split())
+
+
+def check_apt_packages(makefile: Path, dockerfile: Path) -> list[str]:
+    """The targets of ``APT_PACKAGES`` install exactly their Makefile list; the others nothing."""
+    text = dockerfile.read_text()
+    makefile_text = makefile.read_text() if makefile.exists() else None  # None: deploy/ alone
     problems = []
-    if installed != wanted:
-        missing, extra = sorted(wanted - installed), sorted(installed - wanted)
-        problems.append(
-            f"{dockerfile}: docworker apt packages differ from {makefile.name}'s DOCWORKER_PACKAGES: "
-            f"missing {missing}, not in the Makefile {extra}"
-        )
-    if "HM_OFFICE_PYTHON=" not in stage:
+    for target in SERVICES:
+        installed = _apt_installs(_stage(text, target))
+        variable = APT_PACKAGES.get(target)
+        if variable is None:
+            if installed:
+                problems.append(
+                    f"{dockerfile}: target {target} installs apt packages {sorted(installed)}; only "
+                    f"{', '.join(APT_PACKAGES)} do (add it to APT_PACKAGES with its Makefile list)"
+                )
+            continue
+        if makefile_text is None:
+            continue
+        wanted = _makefile_list(makefile_text, variable)
+        if wanted is None:
+            problems.append(f"{makefile}: no {variable}")
+        elif installed != wanted:
+            missing, extra = sorted(wanted - installed), sorted(installed - wanted)
+            problems.append(
+                f"{dockerfile}: {target} apt packages differ from {makefile.name}'s {variable}: "
+                f"missing {missing}, not in the Makefile {extra}"
+            )
+    if "HM_OFFICE_PYTHON=" not in _stage(text, "docworker"):
         problems.append(f"{dockerfile}: target docworker does not set HM_OFFICE_PYTHON")
+    return problems
+
+
+def check_healthchecks(dockerfile: Path, healthcheck: Path) -> list[str]:
+    """Every target's HEALTHCHECK runs ``healthcheck.py <target>``, a service the script checks."""
+    spec = importlib.util.spec_from_file_location("healthcheck", healthcheck)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports grpc only when it probes
+    known = {"gateway", *module.GRPC_BIND_VARIABLES}
+    text = dockerfile.read_text()
+    problems = []
+    for target in SERVICES:
+        stage = _stage(text, target)
+        if re.search(r"^HEALTHCHECK NONE$", stage, re.M):
+            continue
+        named = re.findall(r'"/opt/hypermedia/healthcheck\.py", "([^"]+)"\]', stage)
+        if named != [target]:
+            problems.append(f"{dockerfile}: target {target} HEALTHCHECK runs healthcheck.py {named}")
+        elif target not in known:
+            problems.append(f"{healthcheck}: no check for service {target!r} (GRPC_BIND_VARIABLES)")
+    return problems
+
+
+def _worker_targets(dockerfile_text: str) -> dict[str, dict[str, str]]:
+    """``{target: {"HM_WORKER_QUEUE": …, "HM_WORKER_SLOTS": …}}`` of the targets that set a queue."""
+    workers = {}
+    for target in SERVICES:
+        env = dict(re.findall(r"\b(HM_WORKER_(?:QUEUE|SLOTS))=(\S+)", _stage(dockerfile_text, target)))
+        if "HM_WORKER_QUEUE" in env:
+            workers[target] = env
+    return workers
+
+
+def _removes_replicas(kustomization: Doc, deployment: str) -> bool:
+    for patch in kustomization.get("patches", []):
+        target = patch.get("target", {})
+        if target.get("kind") == "Deployment" and target.get("name") == deployment:
+            ops = yaml.safe_load(patch.get("patch", "")) or []
+            if {"op": "remove", "path": "/spec/replicas"} in ops:
+                return True
+    return False
+
+
+def check_workers(deploy: Path) -> list[str]:
+    """Each worker target is deployed in k8s/, k8s/keda/ and compose.yaml, with the same queue and
+    slots everywhere, its memory never overcommitted and its egress confined."""
+    dockerfile = deploy / "docker" / "Dockerfile"
+    k8s_dir, keda_dir = deploy / "k8s", deploy / "k8s" / "keda"
+    docs = list(load_manifests(k8s_dir))
+    deployments = {d["metadata"]["name"]: (p, d) for p, d in docs if d.get("kind") == "Deployment"}
+    egress_selectors = [
+        d["spec"].get("podSelector", {}).get("matchLabels", {})
+        for _, d in docs
+        if d.get("kind") == "NetworkPolicy" and "Egress" in d["spec"].get("policyTypes", [])
+    ]
+    scaled = {
+        d["spec"]["scaleTargetRef"]["name"]
+        for p, d in docs
+        if d.get("kind") == "ScaledObject" and p.parent == keda_dir
+    }
+    keda_kustomization_file = keda_dir / "kustomization.yaml"
+    keda_kustomization = (
+        yaml.safe_load(keda_kustomization_file.read_text()) if keda_kustomization_file.exists() else {}
+    )
+    compose_services = yaml.safe_load((deploy / "compose.yaml").read_text())["services"]
+    problems = []
+    for target, image_env in _worker_targets(dockerfile.read_text()).items():
+        found = deployments.get(target)
+        if found is None:
+            problems.append(f"{k8s_dir}: worker {target} has no Deployment named {target}")
+        else:
+            path, doc = found
+            where = _name(path, doc)
+            pod = doc["spec"]["template"]
+            containers = [
+                c for c in pod["spec"]["containers"] if c.get("image", "").startswith(f"hypermedia/{target}:")
+            ]
+            if not containers:
+                problems.append(f"{where}: no container runs image hypermedia/{target}")
+            for container in containers:
+                env = _env(container)
+                for variable, value in image_env.items():
+                    if env.get(variable) != value:
+                        problems.append(
+                            f"{where}: {variable} {env.get(variable)!r} differs from the image's {value!r}"
+                        )
+                resources = container.get("resources", {})
+                request = resources.get("requests", {}).get("memory")
+                limit = resources.get("limits", {}).get("memory")
+                if request != limit:
+                    problems.append(
+                        f"{where}: memory request {request} != limit {limit} (never overcommitted)"
+                    )
+            labels = pod["metadata"].get("labels", {})
+            if not any(selector and selector.items() <= labels.items() for selector in egress_selectors):
+                problems.append(f"{where}: no egress NetworkPolicy selects its pods")
+        if target not in scaled:
+            problems.append(f"{keda_dir}: no ScaledObject targets worker {target}")
+        if not _removes_replicas(keda_kustomization, target):
+            problems.append(
+                f"{keda_kustomization_file}: no patch removes /spec/replicas of Deployment {target}"
+            )
+        services = [
+            (name, svc)
+            for name, svc in compose_services.items()
+            if (svc.get("build") or {}).get("target") == target
+        ]
+        if not services:
+            problems.append(f"compose.yaml: no service builds worker target {target}")
+        for name, svc in services:
+            env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+            for variable, value in image_env.items():
+                if env.get(variable) != value:
+                    problems.append(
+                        f"compose.yaml: service {name}: {variable} {env.get(variable)!r} differs from "
+                        f"the image's {value!r}"
+                    )
     return problems
 
 
@@ -283,7 +434,9 @@ def main(argv: list[str]) -> int:
     problems = (
         check_k8s(deploy / "k8s")
         + check_compose(deploy / "compose.yaml", dockerfile)
-        + check_docworker_packages(deploy.parent / "Makefile", dockerfile)
+        + check_healthchecks(dockerfile, deploy / "docker" / "healthcheck.py")
+        + check_workers(deploy)
+        + check_apt_packages(deploy.parent / "Makefile", dockerfile)
     )
     for problem in problems:
         print(problem)

@@ -20,6 +20,7 @@ GRPC_BIND_VARIABLES = {
     "storage": ("HM_STORAGE_BIND", "0.0.0.0:50062"),
     "imageworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
     "docworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
+    "ocrworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
 }
 
 
