@@ -9,7 +9,7 @@ STAMP := $(VENV)/.synced
 .PHONY: demo test test-fast lint proto proto-check bench chaos up clean help
 
 help:
-	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF and an ODT"
+	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF, an ODT and scans (OCR)"
 	@echo "make test   - the whole test suite (real Postgres, NATS, libvips)"
 	@echo "make lint   - ruff, mypy, buf lint, stub drift, deploy linters"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
@@ -40,7 +40,7 @@ DEBIAN_PACKAGES := $(DOCWORKER_PACKAGES) $(OCR_PACKAGES)
 DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon
 
 demo: $(STAMP)
-	@scripts/ensure_debian_packages.sh $(DOCWORKER_PACKAGES)
+	@scripts/ensure_debian_packages.sh $(DEBIAN_PACKAGES)
 	$(VENV)/bin/python scripts/demo.py
 
 test: $(STAMP)

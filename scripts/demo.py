@@ -1,5 +1,5 @@
-"""`make demo`: start the platform on embedded defaults, process the sample photos, a PDF and an
-OpenDocument text through REST the way an app would, download the results into ./demo-output/, and
+"""`make demo`: start the platform on embedded defaults, process the sample photos, a PDF, an
+OpenDocument text and three scanned pages (OCR) through REST the way an app would, download the results into ./demo-output/, and
 shut everything down.
 
 Nothing here talks to a service directly: it runs `hypermedia up`, `hypermedia admin
@@ -29,6 +29,25 @@ DOCUMENTS: list[tuple[Path, list[Any]]] = [
         [{"name": "pdf_preview", "params": {"pages": "1-4", "width": 400}}, "text_extract"],
     ),
     (REPO / "tests" / "data" / "office" / "libre-office-writer.odt", ["office_to_pdf", "text_extract"]),
+]
+OCR_PAGES: list[tuple[Path, list[Any]]] = [
+    (
+        REPO / "tests" / "data" / "ocr" / "phototest.tif",
+        [{"name": "ocr", "params": {"outputs": ["text", "words", "searchable_pdf"]}}],
+    ),
+    (
+        REPO / "tests" / "data" / "ocr" / "phototest-rotated-R.png",
+        [{"name": "ocr", "params": {"outputs": ["text"]}}],
+    ),
+    (
+        REPO / "tests" / "data" / "ocr" / "eurotext.tif",
+        [
+            {
+                "name": "ocr",
+                "params": {"languages": ["spa", "por", "deu", "fra", "ita", "eng"], "outputs": ["text"]},
+            }
+        ],
+    ),
 ]
 OUT = REPO / "demo-output"
 STATE = REPO / ".hypermedia" / "demo"
@@ -79,6 +98,8 @@ _EXTENSIONS = {
     "application/pdf": "pdf",
     "application/json": "json",
     "text/plain": "txt",
+    "text/html": "hocr",
+    "text/csv": "csv",
 }
 
 
@@ -149,7 +170,11 @@ def main() -> int:
                     "LibreOffice is not installed (run make demo as root to install it): no office document"
                 )
                 documents = [(path, ops) for path, ops in DOCUMENTS if path.suffix == ".pdf"]
-            for path, ops in [*inputs, *documents]:
+            scans = OCR_PAGES
+            if shutil.which("tesseract") is None:
+                print("tesseract is not installed (run make demo as root to install it): no OCR")
+                scans = []
+            for path, ops in [*inputs, *documents, *scans]:
                 obj = c.post("/v1/objects", files={"file": (path.name, path.read_bytes())}).json()
                 created = c.post(
                     "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops}
