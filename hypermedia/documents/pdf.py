@@ -230,8 +230,9 @@ def _clip(value: str | None) -> str | None:
     return value[:MAX_INFO_STRING] if value else None
 
 
-def _page_text(document: pdfium.PdfDocument, index: int) -> str:
-    """The page's text layer in content-stream order, with ``\\n`` line ends."""
+def page_text(document: pdfium.PdfDocument, index: int) -> str:
+    """The text layer of page ``index`` (0-based) in content-stream order, with ``\\n`` line ends
+    (also the OCR engine's for a page it skips for its text layer). Raises pypdfium2.PdfiumError."""
     page = document[index]
     try:
         textpage = page.get_textpage()
@@ -246,7 +247,7 @@ def _page_text(document: pdfium.PdfDocument, index: int) -> str:
 
 def _has_text_layer(document: pdfium.PdfDocument, pages: int) -> bool:
     """True when a page has text other than white space; stops at the first such page."""
-    return any(_page_text(document, index).strip() for index in range(pages))
+    return any(page_text(document, index).strip() for index in range(pages))
 
 
 def _write_json(path: str, value: Any) -> int:
@@ -306,7 +307,7 @@ def _text(
     texts: list[str] = []
     total = 0
     for index in range(count):
-        text = _page_text(document, index)
+        text = page_text(document, index)
         total += len(text)
         if total > limits.max_text_chars:
             raise PermanentJobError(

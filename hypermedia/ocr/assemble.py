@@ -23,7 +23,7 @@ from typing import Final
 
 import pypdfium2 as pdfium
 
-__all__ = ["PAGE_SEPARATOR", "join_text", "merge_hocr", "merge_pdfs"]
+__all__ = ["EMPTY_HOCR", "PAGE_SEPARATOR", "join_text", "merge_hocr", "merge_pdfs"]
 
 PAGE_SEPARATOR: Final = "\f"
 
@@ -33,6 +33,16 @@ _PAGE_ID: Final = re.compile(r"""(\bid=['"][a-z]+)_1(?=['"_])""")
 _PAGE_TITLE: Final = re.compile(r"""(<div class=['"]ocr_page['"][^>]*?title=)(['"])(.*?)\2""")
 _IMAGE_PROPERTY: Final = re.compile(r"""image "[^"]*";\s*""")
 _PPAGENO: Final = re.compile(r"ppageno \d+")
+EMPTY_HOCR: Final = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n'
+    '<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN"\n'
+    '    "http://www.w3.org/TR/xhtml1/DTD/xhtml1-transitional.dtd">\n'
+    '<html xmlns="http://www.w3.org/1999/xhtml" xml:lang="en" lang="en">\n <head>\n  <title></title>\n'
+    '  <meta http-equiv="Content-Type" content="text/html;charset=utf-8"/>\n'
+    "  <meta name='ocr-system' content='hypermedia'/>\n"
+    "  <meta name='ocr-capabilities' content='ocr_page'/>\n </head>\n <body>\n </body>\n</html>\n"
+)
+"""The hOCR of a job none of whose pages was OCRed (every page skipped for its text layer)."""
 
 
 def join_text(texts: Sequence[str]) -> str:
@@ -68,10 +78,10 @@ def merge_hocr(pages: Sequence[tuple[int, Path]]) -> str:
         The merged XHTML (see the module docstring).
 
     Raises:
-        ValueError: no pages, or a file without ``<body>``.
+        ValueError: a file without ``<body>``.
     """
     if not pages:
-        raise ValueError("no pages to merge")
+        return EMPTY_HOCR
     documents = [(number, path.read_text(encoding="utf-8")) for number, path in pages]
     first = documents[0][1]
     opening = _BODY_OPEN.search(first)

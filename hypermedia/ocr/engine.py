@@ -63,12 +63,18 @@ import pypdfium2.raw as pdfium_c
 import pyvips
 
 from hypermedia import contenttype
-from hypermedia.documents import engine_process
+from hypermedia.documents import engine_process, pdf
 from hypermedia.errors import InvalidArgument, PermanentJobError
 from hypermedia.imaging.ops import RASTER_LOADER_BY_MIME
 from hypermedia.ocr import assemble, escalation, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.ocr.escalation import ESCALATION_THRESHOLD
-from hypermedia.ocr.params import MAX_DOCUMENT_PAGES, MAX_OCR_PAGES, OPERATIONS, validate_params
+from hypermedia.ocr.params import (
+    MAX_DOCUMENT_PAGES,
+    MAX_OCR_PAGES,
+    OPERATIONS,
+    TEXT_LAYER_MIN_CHARS,
+    validate_params,
+)
 from hypermedia.ocr.recognition import PageText
 from hypermedia.sandbox import OutputFile
 
@@ -149,6 +155,11 @@ class _Page:
     load: Callable[[], pyvips.Image]
     render_dpi: int | None = None
     """Set for a rendered PDF page."""
+    text_layer: str | None = None
+    """The text of a PDF page skipped for its text layer (``skip_text_pages``); ``load`` is not
+    called then."""
+    original_pdf: Path | None = None
+    """The skipped page as a one-page PDF, copied by PDFium from the input (for ``searchable_pdf``)."""
 
 
 def run(
@@ -183,7 +194,9 @@ def run(
         ``mean_confidence`` (0–100 over all words kept, whichever engine's, or null),
         ``source_format`` (``pdf``, ``tiff``, ``png``…), ``escalated_pages`` (how many pages
         RapidOCR read again: the extra work to charge), ``escalation_cpu_seconds`` (the CPU time
-        it took, its imports and model loads included; 0.0 without escalation), ``size_bytes``.
+        it took, its imports and model loads included; 0.0 without escalation),
+        ``skipped_pages`` (the numbers of PDF pages taken from their text layer, with
+        ``skip_text_pages``), ``size_bytes``.
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS`` (also a page past the end).
@@ -212,7 +225,9 @@ def run(
         work_dir = Path(work)
         if head.startswith(_PDF_MAGIC):
             source_format = "pdf"
-            page_count, pages = _pdf_pages(input_path, work_dir, params["pages"], limits)
+            page_count, pages = _pdf_pages(
+                input_path, work_dir, params["pages"], limits, skip_text=params["skip_text_pages"]
+            )
         else:
             mime = contenttype.image_mime(head)
             if mime not in LOADERS:
@@ -226,6 +241,12 @@ def run(
         hocr_pages: list[tuple[int, Path]] = []
         pdf_pages: list[Path] = []
         for page in pages:
+            if page.text_layer is not None:
+                records.append(_text_layer_record(page.number, page.text_layer))
+                texts.append(page.text_layer)
+                if page.original_pdf is not None:
+                    pdf_pages.append(page.original_pdf)
+                continue
             result, record = _ocr_page(page, engine, second, work_dir, params, limits, preprocessing)
             records.append(record)
             texts.append(result.text)
@@ -335,10 +356,16 @@ def _image_pages(
 
 
 def _pdf_pages(
-    input_path: Path, work_dir: Path, requested: list[int] | None, limits: OcrLimits
+    input_path: Path,
+    work_dir: Path,
+    requested: list[int] | None,
+    limits: OcrLimits,
+    *,
+    skip_text: bool = False,
 ) -> tuple[int, list[_Page]]:
-    """Renders the selected pages of a PDF in an engine process (see the module docstring)."""
-    rendered = engine_process.call(_render_pdf, str(input_path), str(work_dir), requested, limits)
+    """Renders the selected pages of a PDF in an engine process (see the module docstring); with
+    ``skip_text``, a page with a text layer is not rendered but comes with its text."""
+    rendered = engine_process.call(_render_pdf, str(input_path), str(work_dir), requested, limits, skip_text)
 
     def load(path: str, width: int, height: int) -> pyvips.Image:
         data = Path(path).read_bytes()
@@ -346,7 +373,9 @@ def _pdf_pages(
         return pyvips.Image.new_from_memory(data, width, height, 1, "uchar").copy(interpretation="b-w")
 
     pages = [
-        _Page(
+        _Page(entry["page"], _not_rendered, text_layer=entry["text"], original_pdf=Path(entry["pdf"]))
+        if "text" in entry
+        else _Page(
             entry["page"],
             functools.partial(load, entry["path"], entry["width"], entry["height"]),
             render_dpi=entry["dpi"],
@@ -354,6 +383,10 @@ def _pdf_pages(
         for entry in rendered["pages"]
     ]
     return rendered["page_count"], pages
+
+
+def _not_rendered() -> pyvips.Image:
+    raise AssertionError("a page skipped for its text layer is not loaded")
 
 
 def _pdf_error(exc: pdfium.PdfiumError) -> PermanentJobError:
@@ -366,11 +399,17 @@ def _pdf_error(exc: pdfium.PdfiumError) -> PermanentJobError:
     return PermanentJobError("The PDF is damaged and cannot be read.", "PARSE_ERROR")
 
 
-def _render_pdf(input_path: str, work_dir: str, requested: list[int] | None, limits: OcrLimits) -> dict:
-    """Engine process: renders the selected pages to raw 8-bit grey files (no libvips here).
+def _render_pdf(
+    input_path: str, work_dir: str, requested: list[int] | None, limits: OcrLimits, skip_text: bool = False
+) -> dict:
+    """Engine process: renders the selected pages to raw 8-bit grey files (no libvips here). With
+    ``skip_text``, a page whose text layer has at least
+    :data:`~hypermedia.ocr.params.TEXT_LAYER_MIN_CHARS` characters other than whitespace is not
+    rendered: its text is returned, and the page copied into a one-page PDF of its own.
 
     Returns:
-        ``{"page_count": n, "pages": [{"page", "path", "width", "height", "dpi"}]}``.
+        ``{"page_count": n, "pages": [{"page", "path", "width", "height", "dpi"} |
+        {"page", "text", "pdf"}]}``.
     """
     try:
         document = pdfium.PdfDocument(input_path)
@@ -386,8 +425,13 @@ def _render_pdf(input_path: str, work_dir: str, requested: list[int] | None, lim
         if count < 1:
             raise PermanentJobError("The PDF is damaged and cannot be read.", "PARSE_ERROR")
         numbers = _select(requested, count, limits, "PDF")
+        document.init_forms()  # before any page is loaded: form fields are drawn
+        layers = {number: _text_layer(document, number) for number in numbers} if skip_text else {}
         plan = []
+        pages: list[dict[str, Any]] = []
         for number in numbers:  # every page's size is checked before the first is rendered
+            if layers.get(number) is not None:
+                continue
             width_pt, height_pt = document.get_page_size(number - 1)
             if width_pt <= 0 or height_pt <= 0:
                 raise PermanentJobError("The PDF is damaged and cannot be read.", "PARSE_ERROR")
@@ -396,8 +440,11 @@ def _render_pdf(input_path: str, work_dir: str, requested: list[int] | None, lim
             if width * height > limits.max_page_pixels or max(width, height) > MAX_SIDE:
                 raise _too_many_pixels(f"Page {number} at {MIN_PDF_DPI} dpi", width, height, limits)
             plan.append((number, dpi))
-        document.init_forms()  # before any page is loaded: form fields are drawn
-        pages = []
+        for number, layer in layers.items():
+            if layer is not None:
+                pdf_path = os.path.join(work_dir, f"original-{number:05d}.pdf")
+                _copy_page(document, number, pdf_path)
+                pages.append({"page": number, "text": layer, "pdf": pdf_path})
         for number, dpi in plan:
             page = document[number - 1]
             try:
@@ -418,11 +465,28 @@ def _render_pdf(input_path: str, work_dir: str, requested: list[int] | None, lim
                     bitmap.close()
             finally:
                 page.close()
-        return {"page_count": count, "pages": pages}
+        return {"page_count": count, "pages": sorted(pages, key=lambda entry: entry["page"])}
     except pdfium.PdfiumError as exc:
         raise _pdf_error(exc) from None
     finally:
         document.close()
+
+
+def _text_layer(document: pdfium.PdfDocument, number: int) -> str | None:
+    """The text of page ``number`` (as ``text_extract`` reads it) when it has a text layer worth
+    the name (see :func:`_render_pdf`), else None. Engine process."""
+    text = pdf.page_text(document, number - 1)
+    return text if sum(not c.isspace() for c in text) >= TEXT_LAYER_MIN_CHARS else None
+
+
+def _copy_page(document: pdfium.PdfDocument, number: int, path: str) -> None:
+    """Page ``number`` of ``document`` as a one-page PDF at ``path`` (PDFium copies its objects)."""
+    single = pdfium.PdfDocument.new()
+    try:
+        single.import_pages(document, [number - 1])
+        single.save(path)
+    finally:
+        single.close()
 
 
 def _render_dpi(width_pt: float, height_pt: float, max_pixels: int) -> int:
@@ -521,6 +585,24 @@ def _ocr_page(
     return result, record
 
 
+def _text_layer_record(number: int, text: str) -> dict[str, Any]:
+    """The words-document record of a page skipped for its text layer: no words (the layer has
+    no boxes in the OCR's pixels), its text's length, and the reason."""
+    return {
+        "page": number,
+        "skipped": "text_layer",
+        "preprocessing": [],
+        "engine": "text_layer",
+        "mean_confidence": None,
+        "escalated": False,
+        "confidences": {},
+        "escalation": {"reason": "skipped", "cpu_seconds": 0.0},
+        "chars": len(text),
+        "word_count": 0,
+        "words": [],
+    }
+
+
 def _rounded(value: float | None) -> float | None:
     return round(value, 2) if value is not None else None
 
@@ -577,6 +659,7 @@ def _summary(
         "mean_confidence": round(confidence / words, 2) if words else None,
         "source_format": source_format,
         "escalated_pages": sum(1 for record in records if record["escalated"]),
+        "skipped_pages": [record["page"] for record in records if record.get("skipped")],
         "escalation_cpu_seconds": round(sum(record["escalation"]["cpu_seconds"] for record in records), 3),
     }
 

@@ -8,6 +8,7 @@ pyvips, PDFium or tesseract.
 | ``pages`` | page numbers (1-based) as a list or a string such as ``"1-3"`` or ``"1,4,6-8"``; pages of a PDF, or of a multi-page image (TIFF pages, GIF/WebP frames); at most :data:`MAX_OCR_PAGES`; default every page | a sorted list of distinct numbers, or ``None`` for every page |
 | ``outputs`` | any of :data:`OUTPUTS`; default :data:`DEFAULT_OUTPUTS` | a list in the order of :data:`OUTPUTS` |
 | ``table_detection`` | a boolean; default ``false``: blocks are classified text or table and each table returned as rows and cells (:mod:`hypermedia.ocr.tables`), in the ``tables`` output (asking for that output turns it on too) | a boolean |
+| ``skip_text_pages`` | a boolean; default ``false``: a PDF page that already has a text layer (at least :data:`TEXT_LAYER_MIN_CHARS` characters) is not rendered or OCRed; its text comes from the layer, it is in ``words`` with the engine ``text_layer`` and no words, left out of ``hocr``, and copied as it is into ``searchable_pdf``. Ignored for images | a boolean |
 | ``escalate`` | a boolean; default ``true``: a page tesseract reads with a low mean confidence is read again by a second engine and the better reading kept (:mod:`hypermedia.ocr.escalation`), its cost reported apart (``escalated_pages``) | a boolean |
 
 Which languages exist is known only where tesseract is installed: the worker passes
@@ -37,6 +38,7 @@ __all__ = [
     "MAX_OCR_PAGES",
     "OPERATIONS",
     "OUTPUTS",
+    "TEXT_LAYER_MIN_CHARS",
     "escalation_pages",
     "parse_languages",
     "parse_pages",
@@ -61,8 +63,9 @@ for ``eng`` alone (measured, tessdata_fast models), for about the same time."""
 MAX_OCR_PAGES: Final = 20
 """Most pages one job OCRs (``pages`` may name at most this many). A page takes tesseract 0.3–3.7 s
 on one core here and preprocessing adds 0.6–1.9 s (measured on the corpus pages; the slowest is
-the 3312 × 2550 page at 5.6 s in all), so 20 such pages fit the ``ocr`` queue's longest timeout
-(120 s); a longer document is several jobs."""
+the 3312 × 2550 page at 5.6 s in all), so 20 such pages take about 112 s, within the ``ocr``
+profile's 300 s timeout with room for escalation (migration 0010); a longer document is several
+jobs."""
 
 LANGUAGE_CODE: Final = re.compile(r"(?:script/)?[A-Za-z][A-Za-z0-9_]{1,31}")
 """Form of a tesseract language: the name of a ``.traineddata`` file without its suffix (``eng``,
@@ -70,6 +73,10 @@ LANGUAGE_CODE: Final = re.compile(r"(?:script/)?[A-Za-z][A-Za-z0-9_]{1,31}")
 line: no path separators (but the one of ``script/``), no ``+``, no option."""
 
 DEFAULT_ESCALATE: Final = True
+TEXT_LAYER_MIN_CHARS: Final = 16
+"""Characters other than whitespace a PDF page's text layer must have to count as one for
+``skip_text_pages``: a scanned page may carry a stamped page number or a few words of a
+header as text, which is not its text."""
 INPUT_MIME_TYPES: Final = frozenset(
     {
         "application/pdf",
@@ -89,7 +96,9 @@ _MULTI_PAGE_MIME_TYPES: Final = frozenset(
     {"application/pdf", "image/tiff", "image/gif", "image/webp", "image/heif", "image/avif"}
 )
 
-_ALLOWED_KEYS: Final = frozenset({"languages", "pages", "outputs", "escalate", "table_detection"})
+_ALLOWED_KEYS: Final = frozenset(
+    {"languages", "pages", "outputs", "escalate", "table_detection", "skip_text_pages"}
+)
 _NOT_RECOGNITION_LANGUAGES: Final = frozenset({"osd", "equ"})
 """Models that are not for recognising text: orientation and script detection, and the legacy
 equation detector."""
@@ -187,7 +196,7 @@ def validate_params(
 
     Returns:
         A new dict ``{"languages": [...], "pages": [...] | None, "outputs": [...],
-        "escalate": bool, "table_detection": bool}`` (see the module table); ``table_detection``
+        "escalate": bool, "table_detection": bool, "skip_text_pages": bool}`` (see the module table); ``table_detection``
         is true exactly when ``tables`` is among the outputs (asking for either gives both).
 
     Raises:
@@ -208,6 +217,11 @@ def validate_params(
     tables = params.get("table_detection")
     if tables is not None and not isinstance(tables, bool):
         raise _invalid("table_detection must be true or false")
+    skip_text = params.get("skip_text_pages")
+    if skip_text is None:
+        skip_text = False
+    elif not isinstance(skip_text, bool):
+        raise _invalid("skip_text_pages must be true or false")
     if tables and "tables" not in outputs:
         outputs = [name for name in OUTPUTS if name in {*outputs, "tables"}]
     return {
@@ -216,6 +230,7 @@ def validate_params(
         "outputs": outputs,
         "escalate": _parse_escalate(params.get("escalate")),
         "table_detection": "tables" in outputs,
+        "skip_text_pages": skip_text,
     }
 
 

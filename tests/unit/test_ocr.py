@@ -97,6 +97,7 @@ def test_params_defaults() -> None:
         "outputs": ["text", "words"],
         "escalate": True,
         "table_detection": False,
+        "skip_text_pages": False,
     }
 
 
@@ -112,6 +113,7 @@ def test_params_normalised() -> None:
         "outputs": ["text", "searchable_pdf"],
         "escalate": True,
         "table_detection": False,
+        "skip_text_pages": False,
     }
 
 
@@ -148,6 +150,8 @@ def test_unknown_language_lists_the_installed_ones() -> None:
         {"escalate": 1},
         {"table_detection": "yes"},
         {"table_detection": 1},
+        {"skip_text_pages": "yes"},
+        {"skip_text_pages": 0},
     ],
 )
 def test_bad_params(bad: dict) -> None:
@@ -715,3 +719,74 @@ def _claimed_job() -> Any:
         memory_limit_mb=2048,
         backoff_base_seconds=60,
     )
+
+
+def _image_only_page(document: pdfium.PdfDocument, image: Path) -> None:
+    """Appends a page that is only ``image`` (a scan: no text layer), A4-wide at its aspect."""
+    from PIL import Image
+
+    picture = Image.open(image).convert("L")
+    width = 595.0
+    height = width * picture.height / picture.width
+    page = document.new_page(width, height)
+    obj = pdfium.PdfImage.new(document)
+    obj.set_bitmap(pdfium.PdfBitmap.from_pil(picture))
+    obj.set_matrix(pdfium.PdfMatrix().scale(width, height))
+    page.insert_obj(obj)
+    page.gen_content()
+    page.close()
+
+
+def _page_text(pdf: Path, index: int) -> str:
+    """Page ``index``'s text layer as ``text_extract`` reads it."""
+    from hypermedia.documents.pdf import page_text
+
+    document = pdfium.PdfDocument(str(pdf))
+    try:
+        return page_text(document, index)
+    finally:
+        document.close()
+
+
+@needs_tesseract
+def test_skip_text_pages_takes_the_text_layer_and_ocrs_the_scans(tmp_path: Path) -> None:
+    """Page 1 born digital (the first page of a pdfLaTeX PDF), page 2 a scan of phototest.tif:
+    with ``skip_text_pages`` page 1's text is its layer's (not OCRed, not rendered), page 2 is
+    OCRed; the searchable PDF has both, page 1 copied as it was."""
+    born_digital = Path(__file__).resolve().parents[1] / "data" / "pdf" / "pdflatex-4-pages.pdf"
+    document = pdfium.PdfDocument.new()
+    source = pdfium.PdfDocument(str(born_digital))
+    document.import_pages(source, [0])
+    source.close()
+    _image_only_page(document, PHOTOTEST)
+    mixed = tmp_path / "mixed.pdf"
+    document.save(str(mixed))
+    document.close()
+    layer = _page_text(mixed, 0)
+
+    result = ocr(mixed, tmp_path, skip_text_pages=True, outputs=["text", "words", "hocr", "searchable_pdf"])
+    first, second = result.text.split(assemble.PAGE_SEPARATOR)
+    assert first == layer and len(layer) > 1000
+    assert cer(second, GOLD) < 0.02
+    pages = result.words["pages"]
+    assert (pages[0]["engine"], pages[0]["skipped"], pages[0]["words"]) == ("text_layer", "text_layer", [])
+    assert pages[1]["engine"] == "tesseract" and pages[1]["word_count"] > 50
+    assert result.outputs["text"].metadata["skipped_pages"] == [1]
+    hocr = result.path("hocr").read_text()
+    assert hocr.count("class='ocr_page'") == 1 and "ppageno 1" in hocr
+    searchable = result.path("searchable_pdf")
+    assert _page_text(searchable, 0) == layer
+    assert cer(_page_text(searchable, 1), GOLD) < 0.02
+
+    everything = ocr(mixed, tmp_path, outputs=["text", "words"])  # the default: every page OCRed
+    assert everything.outputs["text"].metadata["skipped_pages"] == []
+    assert [p["engine"] for p in everything.words["pages"]] == ["tesseract", "tesseract"]
+
+
+@needs_tesseract
+def test_a_job_whose_pages_all_have_text_layers_ocrs_nothing(tmp_path: Path) -> None:
+    born_digital = Path(__file__).resolve().parents[1] / "data" / "pdf" / "pdflatex-4-pages.pdf"
+    result = ocr(born_digital, tmp_path, skip_text_pages=True, pages="1-2", outputs=["text", "hocr"])
+    assert result.outputs["text"].metadata["skipped_pages"] == [1, 2]
+    assert result.text.split(assemble.PAGE_SEPARATOR)[1] == _page_text(born_digital, 1)
+    assert result.path("hocr").read_text() == assemble.EMPTY_HOCR
