@@ -35,7 +35,8 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.ocr.params`):
    process, one thread), ordered by tesseract's blocks, and the better reading kept. Where
    RapidOCR wins, the page's text and words are its; its hOCR and searchable PDF page stay
    tesseract's (RapidOCR makes neither), and the words document says so. The CPU seconds RapidOCR
-   took are reported (``escalation_cpu_seconds``) for billing as a line of its own.
+   took are reported (``escalation_cpu_seconds``); the escalated pages (``escalated_pages``) are
+   billed as a line of their own (the ocrworker's ``charge_lines``).
 5. **Outputs** (:mod:`hypermedia.ocr.assemble`), see :func:`run`. A page without text is an empty
    page in every output, not an error.
 

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_DOCUMENT_PAGES",
     "MAX_LANGUAGES",
     "MAX_OCR_PAGES",
+    "NOT_RECOGNITION_MODELS",
     "OPERATIONS",
     "OUTPUTS",
     "TEXT_LAYER_MIN_CHARS",
@@ -99,7 +100,9 @@ _MULTI_PAGE_MIME_TYPES: Final = frozenset(
 _ALLOWED_KEYS: Final = frozenset(
     {"languages", "pages", "outputs", "escalate", "table_detection", "skip_text_pages"}
 )
-_NOT_RECOGNITION_LANGUAGES: Final = frozenset({"osd", "equ"})
+NOT_RECOGNITION_MODELS: Final = frozenset({"osd", "equ"})
+"""Tesseract models that are not languages to read text with: orientation and script detection,
+and the equation model of tesseract 3. Never asked for, never listed."""
 """Models that are not for recognising text: orientation and script detection, and the legacy
 equation detector."""
 
@@ -134,7 +137,7 @@ def parse_languages(value: Any, installed_languages: Collection[str] | None = No
     for code in codes:
         if not isinstance(code, str) or LANGUAGE_CODE.fullmatch(code) is None:
             raise _invalid("languages must be tesseract language codes such as eng, deu or chi_sim")
-        if code in _NOT_RECOGNITION_LANGUAGES:
+        if code in NOT_RECOGNITION_MODELS:
             raise _invalid(f"{code} is not a language for recognising text")
         if code not in languages:
             languages.append(code)
@@ -145,7 +148,7 @@ def parse_languages(value: Any, installed_languages: Collection[str] | None = No
     if installed_languages is not None:
         missing = [code for code in languages if code not in installed_languages]
         if missing:
-            available = sorted(set(installed_languages) - _NOT_RECOGNITION_LANGUAGES)
+            available = sorted(set(installed_languages) - NOT_RECOGNITION_MODELS)
             raise _invalid(
                 f"language{'s' if len(missing) > 1 else ''} not installed: {', '.join(missing)}; "
                 f"installed: {', '.join(available) or 'none'}"

@@ -43,6 +43,7 @@ from typing import Final
 from opentelemetry import trace
 
 from hypermedia.errors import PermanentJobError, TransientError
+from hypermedia.ocr.params import NOT_RECOGNITION_MODELS
 from hypermedia.ocr.recognition import PageText, Word
 
 __all__ = [
@@ -161,7 +162,7 @@ def _models() -> frozenset[str]:
 
 def installed_languages() -> tuple[str, ...]:
     """The recognition languages tesseract has (``tesseract --list-langs``), sorted, without
-    ``osd``; read once per process.
+    :data:`~hypermedia.ocr.params.NOT_RECOGNITION_MODELS` (``osd``, ``equ``); read once per process.
 
     Returns:
         e.g. ``("deu", "eng", "fra", "ita", "por", "spa")``.
@@ -170,7 +171,7 @@ def installed_languages() -> tuple[str, ...]:
         TransientError: ``OCR_ENGINE_UNAVAILABLE`` when tesseract is not installed.
         TesseractFailure: ``--list-langs`` failed.
     """
-    return tuple(sorted(_models() - {"osd"}))
+    return tuple(sorted(_models() - NOT_RECOGNITION_MODELS))
 
 
 def has_osd() -> bool:

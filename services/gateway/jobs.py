@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import json
 import logging
@@ -45,7 +46,7 @@ DEFAULT_PRIORITY = 5
 PARAM_VALIDATORS = {"images": image_ops.validate_params, "documents": document_params.validate_params}
 """Per queue: the function that normalises an operation's params or raises InvalidArgument. The
 ``ocr`` queue's (:func:`hypermedia.ocr.params.validate_params`) also takes the installed languages."""
-OCR_LANGUAGES_MAX_AGE = "1 day"
+OCR_LANGUAGES_MAX_AGE = datetime.timedelta(days=1)
 """How long an ocrworker's report of its languages counts (workers report hourly)."""
 PASSWORD_QUEUES = frozenset({"documents"})
 """Queues whose operations accept a ``password`` param (kept in ``job_secrets``, never in
@@ -463,8 +464,8 @@ class JobsAPI:
         """The recognition languages ``ocr`` jobs may ask for: every language an ocrworker
         reported within :data:`OCR_LANGUAGES_MAX_AGE`, sorted; empty when none has."""
         rows = await self._pool.fetch(
-            "SELECT DISTINCT language FROM ocr_languages "
-            f"WHERE reported_at > now() - interval '{OCR_LANGUAGES_MAX_AGE}' ORDER BY language"
+            "SELECT DISTINCT language FROM ocr_languages WHERE reported_at > now() - $1::interval ORDER BY language",
+            OCR_LANGUAGES_MAX_AGE,
         )
         return [r["language"] for r in rows]
 
