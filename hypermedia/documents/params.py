@@ -66,7 +66,7 @@ _ALLOWED_KEYS: Final = {
     "office_to_pdf": frozenset(),
     "pdf_preview": frozenset({"pages", "width", "dpi", "format"}),
 }
-_PAGE_SPEC: Final = re.compile(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?")
+_PAGE_SPEC: Final = re.compile(r"\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?")
 
 
 def _invalid(message: str) -> InvalidArgument:

@@ -795,6 +795,8 @@ def test_pages_are_parsed(value: Any, pages: list[int]) -> None:
         5,
         {"1": 2},
         "10001",
+        "\u0661",  # ARABIC-INDIC DIGIT ONE: a Unicode digit, not a page number
+        "\uff11-\uff12",  # FULLWIDTH DIGIT ONE - TWO
     ],
 )
 def test_bad_pages_are_invalid_params(value: Any) -> None:
