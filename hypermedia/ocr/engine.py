@@ -24,7 +24,7 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.ocr.params`):
    loaded.
 3. **Preprocessing** (:mod:`hypermedia.ocr.preprocess`), then **one tesseract process per page**
    (:class:`hypermedia.ocr.tesseract.Tesseract`) writing text, TSV and, when asked, hOCR and PDF
-   in one run; :attr:`OcrLimits.page_timeout_seconds` per process (``OCR_PAGE_TIMEOUT``). The
+   in one run; :attr:`OcrLimits.page_timeout_seconds` of CPU per process (``OCR_PAGE_TIMEOUT``). The
    searchable PDF embeds the page as tesseract read it: grey, and upscaled or turned where
    preprocessing did so (the corpus' bilevel 8071 page: 850 KB after deskewing, 270 KB without;
    binarising it again would make 184 KB at a slightly higher CER, 4.99 % against 4.88 %).
@@ -36,7 +36,11 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.ocr.params`):
    RapidOCR wins, the page's text and words are its; its hOCR and searchable PDF page stay
    tesseract's (RapidOCR makes neither), and the words document says so. The CPU seconds RapidOCR
    took are reported (``escalation_cpu_seconds``); the escalated pages (``escalated_pages``) are
-   billed as a line of their own (the ocrworker's ``charge_lines``).
+   billed as a line of their own (the ocrworker's ``charge_lines``). Escalation never fails a
+   job: a page is not escalated when the job has less than :data:`ESCALATION_CPU_RESERVE` CPU
+   seconds left, and when RapidOCR runs out of memory or time on a page, that page keeps
+   tesseract's reading and no later page of the job is escalated (RapidOCR's memory grows from
+   page to page: 2.3 GB of address space after two dense, blurred A4 pages).
 5. **Outputs** (:mod:`hypermedia.ocr.assemble`), see :func:`run`. A page without text is an empty
    page in every output, not an error.
 
@@ -48,10 +52,12 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import json
 import logging
 import math
 import os
+import resource
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -65,7 +71,7 @@ import pyvips
 
 from hypermedia import contenttype
 from hypermedia.documents import engine_process, pdf
-from hypermedia.errors import InvalidArgument, PermanentJobError
+from hypermedia.errors import DomainError, InvalidArgument, PermanentJobError
 from hypermedia.imaging.ops import RASTER_LOADER_BY_MIME
 from hypermedia.ocr import assemble, escalation, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.ocr.escalation import ESCALATION_THRESHOLD
@@ -105,6 +111,14 @@ MIN_PDF_DPI: Final = 150
 300 dpi is 139 megapixels); a page that exceeds the limit even so is ``INPUT_TOO_LARGE_PIXELS``."""
 MAX_SIDE: Final = preprocess.MAX_SIDE
 """Largest width or height of a page, in pixels: tesseract keeps coordinates in 16-bit integers."""
+MAX_TABLE_OUTPUTS: Final = 50
+"""Most CSV outputs of one job (each a stored object of its own); the ``tables`` JSON holds every
+table with its CSV whatever their number. A hostile page of number grids made 831 tables in 20 pages."""
+ESCALATION_CPU_RESERVE: Final = 60.0
+"""CPU seconds the job's process must have left under its ``RLIMIT_CPU`` for a page to be
+escalated: RapidOCR took up to 38 s of CPU on one dense, blurred A4 page at 300 dpi (measured by
+the hostile review). Below it the page keeps tesseract's reading (``cpu_budget``) rather than the
+whole job failing with ``TIMEOUT``."""
 DEFAULT_PAGE_TIMEOUT: Final = 60.0
 """Seconds one tesseract process (one page) may take: 16 times the slowest corpus page (3.7 s)."""
 
@@ -142,8 +156,9 @@ class OcrLimits:
     max_document_pages: int = MAX_DOCUMENT_PAGES
     """Most pages the input may have at all (``PDF_PAGE_LIMIT``, ``INPUT_TOO_MANY_PAGES``)."""
     page_timeout_seconds: float = DEFAULT_PAGE_TIMEOUT
-    """Seconds each tesseract process, and RapidOCR on each escalated page, may take
-    (``OCR_PAGE_TIMEOUT``)."""
+    """CPU seconds each tesseract process may take (``OCR_PAGE_TIMEOUT``; three times that in wall
+    time: ``TIMEOUT``, transient), and wall-clock seconds RapidOCR may take on an escalated page
+    (after which the page keeps tesseract's reading)."""
     escalation_threshold: float = ESCALATION_THRESHOLD
     """Mean tesseract word confidence (0–100) under which a page is escalated (when the job's
     ``escalate`` param is true)."""
@@ -241,6 +256,7 @@ def run(
         texts: list[str] = []
         hocr_pages: list[tuple[int, Path]] = []
         pdf_pages: list[Path] = []
+        failed_before = False
         for page in pages:
             if page.text_layer is not None:
                 records.append(_text_layer_record(page.number, page.text_layer))
@@ -249,6 +265,11 @@ def run(
                     pdf_pages.append(page.original_pdf)
                 continue
             result, record = _ocr_page(page, engine, second, work_dir, params, limits, preprocessing)
+            if failed_before and record["escalation"]["reason"] == "disabled":
+                record["escalation"]["reason"] = "failed_earlier"
+            if record["escalation"]["reason"].startswith("failed_"):
+                # Not tried again in this job: what ran out (memory, time) has not come back.
+                second, failed_before = None, True
             records.append(record)
             texts.append(result.text)
             if result.hocr_path is not None:
@@ -374,7 +395,12 @@ def _pdf_pages(
         return pyvips.Image.new_from_memory(data, width, height, 1, "uchar").copy(interpretation="b-w")
 
     pages = [
-        _Page(entry["page"], _not_rendered, text_layer=entry["text"], original_pdf=Path(entry["pdf"]))
+        _Page(
+            entry["page"],
+            _not_rendered,
+            text_layer=Path(entry["text"]).read_text(encoding="utf-8"),
+            original_pdf=Path(entry["pdf"]),
+        )
         if "text" in entry
         else _Page(
             entry["page"],
@@ -410,7 +436,7 @@ def _render_pdf(
 
     Returns:
         ``{"page_count": n, "pages": [{"page", "path", "width", "height", "dpi"} |
-        {"page", "text", "pdf"}]}``.
+        {"page", "text", "pdf"}]}``: ``text`` the path of a UTF-8 file with the page's layer.
     """
     try:
         document = pdfium.PdfDocument(input_path)
@@ -439,13 +465,17 @@ def _render_pdf(
             dpi = _render_dpi(width_pt, height_pt, limits.max_page_pixels)
             width, height = _pixel_size(width_pt, height_pt, dpi)
             if width * height > limits.max_page_pixels or max(width, height) > MAX_SIDE:
-                raise _too_many_pixels(f"Page {number} at {MIN_PDF_DPI} dpi", width, height, limits)
+                raise _too_many_pixels(f"Page {number} at {dpi} dpi", width, height, limits)
             plan.append((number, dpi))
         for number, layer in layers.items():
             if layer is not None:
                 pdf_path = os.path.join(work_dir, f"original-{number:05d}.pdf")
                 _copy_page(document, number, pdf_path)
-                pages.append({"page": number, "text": layer, "pdf": pdf_path})
+                # As a file: the engine process's result is small JSON, and a layer may be megabytes.
+                text_path = os.path.join(work_dir, f"layer-{number:05d}.txt")
+                with open(text_path, "w", encoding="utf-8") as f:
+                    f.write(layer)
+                pages.append({"page": number, "text": text_path, "pdf": pdf_path})
         for number, dpi in plan:
             page = document[number - 1]
             try:
@@ -481,10 +511,26 @@ def _text_layer(document: pdfium.PdfDocument, number: int) -> str | None:
 
 
 def _copy_page(document: pdfium.PdfDocument, number: int, path: str) -> None:
-    """Page ``number`` of ``document`` as a one-page PDF at ``path`` (PDFium copies its objects)."""
+    """Page ``number`` of ``document`` as a one-page PDF at ``path`` (PDFium copies its objects),
+    its annotations flattened into its content as printed (``FPDFPage_Flatten``: form field
+    values stay visible) and any left removed: the platform serves this page from its own store,
+    so no link, form field or JavaScript action of the upload travels with it. The document's
+    own JavaScript and open actions are not copied (``FPDF_ImportPages`` copies pages); a page's
+    own additional actions (``/AA``) are (no PDFium call removes them)."""
     single = pdfium.PdfDocument.new()
     try:
         single.import_pages(document, [number - 1])
+        page = single[0]
+        try:
+            pdfium_c.FPDFPage_Flatten(page.raw, pdfium_c.FLAT_PRINT)
+        finally:
+            page.close()
+        page = single[0]  # reloaded: flattening rewrote its content
+        try:
+            for index in reversed(range(pdfium_c.FPDFPage_GetAnnotCount(page.raw))):
+                pdfium_c.FPDFPage_RemoveAnnot(page.raw, index)
+        finally:
+            page.close()
         single.save(path)
     finally:
         single.close()
@@ -492,10 +538,17 @@ def _copy_page(document: pdfium.PdfDocument, number: int, path: str) -> None:
 
 def _render_dpi(width_pt: float, height_pt: float, max_pixels: int) -> int:
     """:data:`PDF_DPI`, or the highest lower resolution (not under :data:`MIN_PDF_DPI`) at which
-    the page fits ``max_pixels`` and :data:`MAX_SIDE`."""
+    the page, as :func:`_pixel_size` rounds it up, fits ``max_pixels`` and :data:`MAX_SIDE`;
+    :data:`MIN_PDF_DPI` when none does (the caller refuses the page then)."""
     fit = math.sqrt(max_pixels / (width_pt / 72 * height_pt / 72))
     side = MAX_SIDE / (max(width_pt, height_pt) / 72)
-    return max(MIN_PDF_DPI, min(PDF_DPI, math.floor(min(fit, side))))
+    dpi = max(MIN_PDF_DPI, min(PDF_DPI, math.floor(min(fit, side))))
+    while dpi > MIN_PDF_DPI:  # a size in points times the scale may round up past the limit
+        width, height = _pixel_size(width_pt, height_pt, dpi)
+        if width * height <= max_pixels and max(width, height) <= MAX_SIDE:
+            break
+        dpi -= 1
+    return dpi
 
 
 def _pixel_size(width_pt: float, height_pt: float, dpi: int) -> tuple[int, int]:
@@ -548,17 +601,31 @@ def _ocr_page(
     if second is None:
         reason = "disabled"
     elif escalation.needs_escalation(result, limits.escalation_threshold):
-        started = time.process_time()
-        other = second.recognise(
-            image_path, languages=params["languages"], dpi=record["dpi"], what=what, layout=result.words
-        )
-        cpu_seconds = time.process_time() - started
-        escalated = True
-        confidences[second.name] = _rounded(other.mean_confidence)
-        choice = escalation.choose(result, other)
-        reason = choice.reason
-        if choice.kept is other:
-            result = replace(other, hocr_path=result.hocr_path, pdf_path=result.pdf_path)
+        if _cpu_seconds_left() < ESCALATION_CPU_RESERVE:
+            reason = "cpu_budget"
+        else:
+            started = time.process_time()
+            try:
+                other = second.recognise(
+                    image_path,
+                    languages=params["languages"],
+                    dpi=record["dpi"],
+                    what=what,
+                    layout=result.words,
+                )
+            except (MemoryError, DomainError) as exc:
+                # tesseract's reading stands; the job goes on without the second engine.
+                failure = "resource_limit" if isinstance(exc, MemoryError) else exc.error_code.lower()
+                reason = f"failed_{failure}"
+                log.warning("escalation of %s failed (%s); tesseract's reading is kept", what, failure)
+            else:
+                escalated = True
+                confidences[second.name] = _rounded(other.mean_confidence)
+                choice = escalation.choose(result, other)
+                reason = choice.reason
+                if choice.kept is other:
+                    result = replace(other, hocr_path=result.hocr_path, pdf_path=result.pdf_path)
+            cpu_seconds = time.process_time() - started
     elif first_mean is None:
         reason = "no_words"
     if params.get("table_detection"):
@@ -602,6 +669,14 @@ def _text_layer_record(number: int, text: str) -> dict[str, Any]:
         "word_count": 0,
         "words": [],
     }
+
+
+def _cpu_seconds_left() -> float:
+    """CPU seconds this process may still use under its soft ``RLIMIT_CPU`` (infinite without one)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if soft == resource.RLIM_INFINITY:
+        return math.inf
+    return soft - time.process_time()
 
 
 def _rounded(value: float | None) -> float | None:
@@ -691,8 +766,13 @@ def _words_document(summary: dict, records: list[dict[str, Any]]) -> dict:
     when RapidOCR read the page too; ``confidences`` holds each engine's raw mean word confidence
     (0–100; ``rapidocr`` only when escalated; these are not on one scale, see
     :mod:`hypermedia.ocr.escalation`); ``escalation.reason`` is ``not_needed``, ``no_words``,
-    ``disabled`` or, when escalated, :attr:`hypermedia.ocr.escalation.Choice.reason`;
-    ``escalation.cpu_seconds`` the CPU time RapidOCR took on it. ``hocr_pdf_engine`` is always
+    ``disabled``, ``skipped`` (a page taken from its text layer), ``cpu_budget`` (the page needed
+    escalation but the job had less than :data:`ESCALATION_CPU_RESERVE` CPU seconds left),
+    ``failed_resource_limit`` / ``failed_ocr_page_timeout`` (RapidOCR ran out of memory or time
+    on it: tesseract's reading is kept, the page is not charged as escalated, and no later page
+    of the job is escalated: ``failed_earlier``) or, when escalated,
+    :attr:`hypermedia.ocr.escalation.Choice.reason`; ``escalation.cpu_seconds`` the CPU time
+    RapidOCR took on it. ``hocr_pdf_engine`` is always
     ``tesseract``: the hOCR and the searchable PDF page come from tesseract's run even where
     RapidOCR's words were kept. ``escalation_engine`` (top level) names RapidOCR's version when a
     page was escalated.
@@ -719,25 +799,30 @@ def _write(path: Path, data: bytes) -> int:
 
 def _table_outputs(out_dir: Path, summary: dict, records: list[dict[str, Any]]) -> Iterator[OutputFile]:
     """``tables``: one JSON document (per page: blocks classified text/table, every table's rows
-    and cells, see :func:`hypermedia.ocr.tables.to_json`), and one CSV per table, output type
-    ``table_p{page}_{n}``."""
+    and cells and its CSV, see :func:`hypermedia.ocr.tables.to_json`), and one CSV output per
+    table, output type ``table_p{page}_{n}``, for the first :data:`MAX_TABLE_OUTPUTS` tables (the
+    ``tables`` output's metadata: ``table_count``, ``csv_outputs``)."""
     pages = [
         {"page": r["page"], "blocks": r.get("blocks", []), "tables": r.get("tables", [])} for r in records
     ]
     data = json.dumps({"pages": pages}, ensure_ascii=False, separators=(",", ":")).encode()
     size = _write(out_dir / "tables.json", data)
     count = sum(len(p["tables"]) for p in pages)
+    csv_outputs = min(count, MAX_TABLE_OUTPUTS)
     yield OutputFile(
-        "tables", "tables.json", JSON_MIME, {**summary, "size_bytes": size, "table_count": count}
+        "tables",
+        "tables.json",
+        JSON_MIME,
+        {**summary, "size_bytes": size, "table_count": count, "csv_outputs": csv_outputs},
     )
-    for page in pages:
-        for i, table in enumerate(page["tables"], 1):
-            filename = f"page-{page['page']:03d}-table-{i}.csv"
-            size = _write(out_dir / filename, table["csv"].encode())
-            metadata = {"page": page["page"], "table": i, "rows": table["n_rows"], "columns": table["n_cols"]}
-            # One output type per table (a rendition's key is made from its type).
-            output_type = f"table_p{page['page']}_{i}"
-            yield OutputFile(output_type, filename, CSV_MIME, {**summary, "size_bytes": size, **metadata})
+    numbered = ((page, i, table) for page in pages for i, table in enumerate(page["tables"], 1))
+    for page, i, table in itertools.islice(numbered, csv_outputs):
+        filename = f"page-{page['page']:03d}-table-{i}.csv"
+        size = _write(out_dir / filename, table["csv"].encode())
+        metadata = {"page": page["page"], "table": i, "rows": table["n_rows"], "columns": table["n_cols"]}
+        # One output type per table (a rendition's key is made from its type). Its own facts only:
+        # the job's summary is on the other outputs (hundreds of tables would repeat it).
+        yield OutputFile(f"table_p{page['page']}_{i}", filename, CSV_MIME, {"size_bytes": size, **metadata})
 
 
 def _write_outputs(

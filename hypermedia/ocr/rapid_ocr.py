@@ -48,7 +48,7 @@ from typing import Any, Final
 
 from opentelemetry import trace
 
-from hypermedia.errors import PermanentJobError
+from hypermedia.errors import DomainError, PermanentJobError
 from hypermedia.ocr.recognition import PageText, Word
 
 __all__ = [
@@ -101,6 +101,19 @@ def _rapidocr() -> Any:
             "EngineConfig.onnxruntime.inter_op_num_threads": 1,
         }
     )
+
+
+def _domain_cause(exc: BaseException) -> DomainError | None:
+    """The :class:`DomainError` among ``exc``'s causes and contexts (RapidOCR re-raises what
+    happened in onnxruntime's call as its own ``ONNXRuntimeError``, :func:`_deadline`'s too)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, DomainError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 @functools.cache
@@ -288,6 +301,9 @@ class RapidOcrEngine:
             try:
                 output = engine(image, return_word_box=True)
             except Exception as exc:  # onnxruntime raises its own RuntimeException types
+                deadline = _domain_cause(exc)
+                if deadline is not None:  # the timer fired inside RapidOCR, which wrapped it
+                    raise deadline from None
                 if "alloc" in str(exc).lower():
                     raise MemoryError(f"RapidOCR ran out of memory on {what}") from exc
                 raise

@@ -309,17 +309,24 @@ def _runs(
 def _split_at_covering(
     run: list[_Line], min_gap: float, v_rules: Sequence[Rule]
 ) -> list[tuple[list[_Line], list[tuple[int, int]]]]:
-    """The run with its separators; a single-segment line that covers a separator splits it."""
-    core = [line for line in run if _segments(line, min_gap, v_rules) >= 2]
-    if len(core) < MIN_ROWS:
-        return []
-    separators = _separators(core, min_gap, v_rules)
-    for i, line in enumerate(run):
-        if _segments(line, min_gap, v_rules) < 2 and _covers(line, separators):
-            return _split_at_covering(run[:i], min_gap, v_rules) + _split_at_covering(
-                run[i + 1 :], min_gap, v_rules
-            )
-    return [(run, _separators(run, min_gap, v_rules))]
+    """The run with its separators; a single-segment line that covers a separator splits it, and
+    each part is split again the same way, in order. Iterative (an explicit stack): a page of
+    thousands of alternating lines must not reach Python's recursion limit."""
+    found: list[tuple[list[_Line], list[tuple[int, int]]]] = []
+    pending = [run]  # the parts still to split, the next one last
+    while pending:
+        part = pending.pop()
+        core = [line for line in part if _segments(line, min_gap, v_rules) >= 2]
+        if len(core) < MIN_ROWS:
+            continue
+        separators = _separators(core, min_gap, v_rules)
+        for i, line in enumerate(part):
+            if _segments(line, min_gap, v_rules) < 2 and _covers(line, separators):
+                pending += [part[i + 1 :], part[:i]]
+                break
+        else:
+            found.append((part, _separators(part, min_gap, v_rules)))
+    return found
 
 
 # --- ruling lines --------------------------------------------------------------------------------

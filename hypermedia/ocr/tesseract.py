@@ -29,10 +29,13 @@ Usage" and "Input formats"):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import math
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -77,6 +80,9 @@ LIST_LANGS_TIMEOUT: Final = 10.0
 """Seconds ``tesseract --list-langs`` and ``--version`` may take (they read a directory)."""
 
 _STDERR_TAIL: Final = 2000
+WALL_FACTOR: Final = 3
+"""Wall-clock limit of one tesseract run, in multiples of its CPU limit: a page needs its CPU
+time, and waits for a core on a worker whose slots share the machine's."""
 _TSV_COLUMNS: Final = 12
 _WORD_LEVEL: Final = "5"
 _OSD_FIELD: Final = re.compile(r"^([A-Za-z ]+):\s*(\S+)\s*$", re.MULTILINE)
@@ -109,38 +115,60 @@ def _executable() -> str:
 def _run(
     argv: list[str], *, cwd: Path | None, timeout: float, what: str, check: bool = True
 ) -> subprocess.CompletedProcess[bytes]:
-    """Runs tesseract; maps its death to the job's error.
+    """Runs tesseract with ``timeout`` seconds of CPU time (its own ``RLIMIT_CPU``, set with
+    ``prlimit`` as it starts) and :data:`WALL_FACTOR` times that of wall time; maps its death to
+    the job's error. CPU time does not depend on how busy the machine is, so a page that runs out
+    of it would again: permanent; only an overloaded machine makes the wall limit the first.
 
     Raises:
-        PermanentJobError: ``OCR_PAGE_TIMEOUT`` after ``timeout`` seconds (the process is killed;
-            the same page would take as long again).
-        TransientError: ``TIMEOUT`` when tesseract hit the sandbox's ``RLIMIT_CPU``.
+        PermanentJobError: ``OCR_PAGE_TIMEOUT`` when the page used ``timeout`` CPU seconds.
+        TransientError: ``TIMEOUT`` when the job's own ``RLIMIT_CPU`` (inherited) is the lower
+            and tesseract hit it.
+        TransientError: ``TIMEOUT`` after ``WALL_FACTOR × timeout`` seconds of wall time (the
+            process is killed; the worker was overloaded).
         MemoryError: tesseract was killed by SIGKILL (the kernel's or the cgroup's OOM killer),
             or aborted saying it could not allocate (``std::bad_alloc`` under the sandbox's
             ``RLIMIT_AS``).
         TesseractFailure: another non-zero exit while ``check``.
     """
     executable = _executable()
-    try:
-        done = subprocess.run(
-            [executable, *argv],
-            cwd=cwd,
-            env=_environment(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise PermanentJobError(
-            f"OCR of {what} took longer than {timeout:g} s.", "OCR_PAGE_TIMEOUT"
-        ) from None
+    inherited_soft, inherited_hard = resource.getrlimit(resource.RLIMIT_CPU)  # the job's, per process
+    cpu_seconds = max(1, math.ceil(timeout))
+    page_limit = inherited_soft == resource.RLIM_INFINITY or cpu_seconds < inherited_soft
+    process = subprocess.Popen(
+        [executable, *argv],
+        cwd=cwd,
+        env=_environment(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    with process:
+        if page_limit:
+            hard = cpu_seconds + 1
+            if inherited_hard != resource.RLIM_INFINITY:
+                hard = min(hard, inherited_hard)
+            with contextlib.suppress(ProcessLookupError):  # it may be done already
+                resource.prlimit(process.pid, resource.RLIMIT_CPU, (cpu_seconds, hard))
+        try:
+            stdout, stderr = process.communicate(timeout=WALL_FACTOR * timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise TransientError(
+                f"OCR of {what} took longer than {WALL_FACTOR * timeout:g} s of wall time.", "TIMEOUT"
+            ) from None
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     if done.returncode < 0:
         signum = -done.returncode
-        if signum == signal.SIGXCPU:
+        if signum == signal.SIGXCPU and page_limit:
+            raise PermanentJobError(
+                f"OCR of {what} took longer than {cpu_seconds} s of CPU time.", "OCR_PAGE_TIMEOUT"
+            )
+        if signum == signal.SIGXCPU:  # the job's own CPU limit, lower than the page's
             raise TransientError("The job exceeded its CPU time limit.", "TIMEOUT")
-        stderr = done.stderr.decode("utf-8", "replace").lower()
-        if signum == signal.SIGKILL or (signum == signal.SIGABRT and _ALLOCATION_FAILED.search(stderr)):
+        text = done.stderr.decode("utf-8", "replace").lower()
+        if signum == signal.SIGKILL or (signum == signal.SIGABRT and _ALLOCATION_FAILED.search(text)):
             raise MemoryError(f"tesseract died of signal {signum} on {what} (memory limit)")
     if check and done.returncode != 0:
         raise TesseractFailure(
@@ -275,7 +303,8 @@ class Tesseract:
 
     def __init__(self, *, timeout_seconds: float) -> None:
         """Args:
-        timeout_seconds: wall-clock seconds one page may take (``OCR_PAGE_TIMEOUT`` after).
+        timeout_seconds: CPU seconds one tesseract run may take (``OCR_PAGE_TIMEOUT`` after),
+            and :data:`WALL_FACTOR` times that in wall time (``TIMEOUT`` after).
         """
         self.timeout_seconds = timeout_seconds
 

@@ -587,11 +587,23 @@ def test_encrypted_pdf_needs_a_password(tmp_path: Path) -> None:
 
 
 @needs_tesseract
-def test_page_timeout(tmp_path: Path) -> None:
-    limits = OcrLimits(max_input_bytes=1 << 24, max_page_pixels=10**8, page_timeout_seconds=0.01)
+def test_page_timeout_is_cpu_time_and_permanent(tmp_path: Path) -> None:
+    """The 8071 page takes tesseract about 3.7 s of CPU: with 1 s per page it is killed by its
+    own RLIMIT_CPU (SIGXCPU), which load does not change: OCR_PAGE_TIMEOUT, permanent."""
+    limits = OcrLimits(max_input_bytes=1 << 24, max_page_pixels=10**8, page_timeout_seconds=1.0)
     with pytest.raises(PermanentJobError) as caught:
+        ocr(OCR_DIR / "8071_093.3B.tif", tmp_path, limits, preprocessing=False)
+    assert _code(caught) == "OCR_PAGE_TIMEOUT" and "CPU time" in caught.value.public_message
+
+
+@needs_tesseract
+def test_page_wall_clock_limit_is_transient(tmp_path: Path) -> None:
+    """The wall-clock limit (three times the CPU limit) is what an overloaded worker hits first:
+    TIMEOUT, which another attempt may pass."""
+    limits = OcrLimits(max_input_bytes=1 << 24, max_page_pixels=10**8, page_timeout_seconds=0.01)
+    with pytest.raises(DomainError) as caught:
         ocr(PHOTOTEST, tmp_path, limits, preprocessing=False)
-    assert _code(caught) == "OCR_PAGE_TIMEOUT"
+    assert (caught.value.error_code, caught.value.retryable) == ("TIMEOUT", True)
 
 
 @needs_tesseract
@@ -790,3 +802,79 @@ def test_a_job_whose_pages_all_have_text_layers_ocrs_nothing(tmp_path: Path) -> 
     assert result.outputs["text"].metadata["skipped_pages"] == [1, 2]
     assert result.text.split(assemble.PAGE_SEPARATOR)[1] == _page_text(born_digital, 1)
     assert result.path("hocr").read_text() == assemble.EMPTY_HOCR
+
+
+def _pdf_with_text(pages: list[str]) -> bytes:
+    """A PDF whose pages carry ``pages`` as text in Helvetica 1 pt, 1,000 characters per line (so
+    that it stays on the page), with a correct cross-reference table: born-digital text, no image."""
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>", ""]
+    kids = []
+    for text in pages:
+        lines = " T* ".join(f"({text[i : i + 1000]}) Tj" for i in range(0, len(text), 1000))
+        content = f"BT /F1 1 Tf 1 TL 10 800 Td {lines} ET".encode("latin-1")
+        objects.append(f"<< /Length {len(content)} >>\nstream\n{content.decode('latin-1')}\nendstream")
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] /Contents {len(objects)} 0 R "
+            "/Resources << /Font << /F1 << /Type /Font /Subtype /Type1 /BaseFont /Helvetica >> >> >> >>"
+        )
+        kids.append(f"{len(objects)} 0 R")
+    objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(kids)} >>"
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode("latin-1")
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return bytes(out)
+
+
+@needs_tesseract
+def test_skip_text_pages_with_megabytes_of_text(tmp_path: Path) -> None:
+    """20 pages of 60,000 characters each: 1.2 MB of text layers, more than the PDF engine
+    process may return as its result (1 MiB): they come back as files."""
+    source = tmp_path / "dense-text.pdf"
+    source.write_bytes(_pdf_with_text([f"page{n:02d} " + "x" * 59_993 for n in range(1, 21)]))
+    result = ocr(source, tmp_path, skip_text_pages=True, outputs=["text"], escalate=False)
+    pages = result.text.split(assemble.PAGE_SEPARATOR)
+    assert result.outputs["text"].metadata["skipped_pages"] == list(range(1, 21))
+    assert [page.split()[0] for page in pages] == [f"page{n:02d}" for n in range(1, 21)]
+    assert sum(len(page) for page in pages) >= 20 * 60_000
+
+
+def test_a_page_exactly_at_the_pixel_limit_is_rendered_within_it() -> None:
+    """1920 pt at 300 dpi is 8000 px, but 1920 × 300 / 72 is 8000.000000000001 in floating point
+    and the render rounds up to 8001: the resolution steps down until the rounded size fits."""
+    from hypermedia.ocr.engine import _pixel_size, _render_dpi
+
+    dpi = _render_dpi(1920, 1920, 64_000_000)
+    width, height = _pixel_size(1920, 1920, dpi)
+    assert width * height <= 64_000_000 and dpi == 299
+    assert _render_dpi(595, 842, 64_000_000) == 300  # A4 at 300 dpi is 8.7 M pixels
+    assert _render_dpi(14_400, 14_400, 64_000_000) == 150  # too large even at 150 dpi: refused
+
+
+@needs_tesseract
+def test_a_skipped_page_is_copied_without_its_form_fields_but_with_their_values(tmp_path: Path) -> None:
+    """The filled form (three widget annotations, "Ada Lovelace" typed into one): its copy in the
+    searchable PDF has no annotation left (no field, link or action of the upload is served),
+    and the typed value is still there, flattened into the page."""
+    import pypdfium2.raw as pdfium_c
+
+    from tests.unit.test_pdf import FILLED_NAME, filled_forms_pdf
+
+    source = tmp_path / "filled.pdf"
+    source.write_bytes(filled_forms_pdf())
+    result = ocr(source, tmp_path, skip_text_pages=True, outputs=["searchable_pdf"], escalate=False)
+    assert result.outputs["searchable_pdf"].metadata["skipped_pages"] == [1]
+    document = pdfium.PdfDocument(str(result.path("searchable_pdf")))
+    try:
+        page = document[0]
+        annotations = pdfium_c.FPDFPage_GetAnnotCount(page.raw)
+        page.close()
+    finally:
+        document.close()
+    assert annotations == 0
+    assert FILLED_NAME in _page_text(result.path("searchable_pdf"), 0)

@@ -21,7 +21,7 @@ import pyvips
 
 from hypermedia.errors import InvalidArgument
 from hypermedia.ocr import escalation, params, preprocess
-from hypermedia.ocr.engine import OcrLimits, run
+from hypermedia.ocr.engine import ESCALATION_CPU_RESERVE, OcrLimits, run
 from hypermedia.ocr.metrics import cer
 from hypermedia.ocr.rapid_ocr import _RawWord, page_text, reading_order
 from hypermedia.ocr.recognition import PageText, Word
@@ -199,7 +199,8 @@ async def test_escalation_in_a_sandbox_child(sandbox: Sandbox, blurred_page: Pat
     input_path = job_dir / "input" / "source"
     shutil.copy(blurred_page, input_path)
     os.chmod(input_path, 0o600)
-    limits = SandboxLimits(cpu_seconds=60, wall_seconds=90, memory_bytes=2 << 30, fsize_bytes=1 << 30)
+    # CPU above ESCALATION_CPU_RESERVE, or the page is not escalated (the test below).
+    limits = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=2 << 30, fsize_bytes=1 << 30)
     assert limits.nproc == 16
     try:
         result = await sandbox.run(
@@ -219,3 +220,71 @@ async def test_escalation_in_a_sandbox_child(sandbox: Sandbox, blurred_page: Pat
     assert page["escalated"] is True
     assert page["engine"] == "rapidocr"
     assert cer(files["text"].decode(), GOLD) < 0.08
+
+
+async def _escalation_in_sandbox(
+    sandbox: Sandbox, page: Path, limits: SandboxLimits
+) -> tuple[dict, dict, str]:
+    job_id = f"job-{secrets.token_hex(6)}"
+    job_dir = sandbox.prepare(job_id)
+    input_path = job_dir / "input" / "source"
+    shutil.copy(page, input_path)
+    os.chmod(input_path, 0o600)
+    try:
+        result = await sandbox.run(
+            job_id,
+            "hypermedia.ocr.engine:run",
+            "ocr",
+            {"outputs": ["text", "words"]},
+            input_path,
+            limits,
+            entry_kwargs={"limits": LIMITS},
+        )
+        assert result.error_code is None, result
+        files = {o.output_type: (job_dir / "output" / o.filename).read_bytes() for o in result.outputs}
+        metadata = next(o.metadata for o in result.outputs if o.output_type == "text")
+    finally:
+        sandbox.cleanup(job_id)
+    return json.loads(files["words"])["pages"][0], metadata, files["text"].decode()
+
+
+async def test_an_escalation_out_of_memory_keeps_tesseracts_reading(
+    sandbox: Sandbox, blurred_page: Path
+) -> None:
+    """800 MiB of address space: enough for tesseract, not for RapidOCR's models (measured: it
+    fails under 900 MiB and reads the page under 1200). The job completes with tesseract's
+    reading, the page is not counted (nor charged) as escalated, and the failure is recorded."""
+    limits = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=800 << 20, fsize_bytes=1 << 30)
+    page, metadata, text = await _escalation_in_sandbox(sandbox, blurred_page, limits)
+    assert page["escalation"]["reason"] == "failed_resource_limit"
+    assert page["engine"] == "tesseract" and page["escalated"] is False
+    assert metadata["escalated_pages"] == 0
+    assert cer(text, GOLD) > 0.5  # tesseract's poor reading of the blurred page, kept
+
+
+async def test_no_escalation_when_the_jobs_cpu_budget_is_nearly_spent(
+    sandbox: Sandbox, blurred_page: Path
+) -> None:
+    """A job whose RLIMIT_CPU leaves less than ESCALATION_CPU_RESERVE seconds keeps tesseract's
+    reading instead of running into its CPU limit (a TIMEOUT after all its work)."""
+    seconds = int(ESCALATION_CPU_RESERVE) - 10
+    limits = SandboxLimits(
+        cpu_seconds=seconds, wall_seconds=seconds * 1.5, memory_bytes=2 << 30, fsize_bytes=1 << 30
+    )
+    page, metadata, _text = await _escalation_in_sandbox(sandbox, blurred_page, limits)
+    assert page["escalation"] == {"reason": "cpu_budget", "cpu_seconds": 0.0}
+    assert page["engine"] == "tesseract" and metadata["escalated_pages"] == 0
+
+
+def test_an_escalation_out_of_time_keeps_tesseracts_reading(tmp_path: Path, blurred_page: Path) -> None:
+    """One second per page: enough for tesseract on the blurred page, not for RapidOCR (≈ 2 s of
+    inference, more with its model load). The timer fires inside onnxruntime's call, which
+    RapidOCR re-raises as its own error: the page keeps tesseract's reading, the job completes."""
+    limits = OcrLimits(max_input_bytes=100 << 20, max_page_pixels=100_000_000, page_timeout_seconds=1.0)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    outputs = run("ocr", {"outputs": ["text", "words"]}, blurred_page, out_dir, limits=limits)
+    page = json.loads((out_dir / "words.json").read_text())["pages"][0]
+    assert page["escalation"]["reason"] == "failed_ocr_page_timeout"
+    assert page["engine"] == "tesseract" and page["escalated"] is False
+    assert next(o for o in outputs if o.output_type == "text").metadata["escalated_pages"] == 0

@@ -296,3 +296,34 @@ def test_the_ocr_operation_returns_the_table_as_json_and_csv(tmp_path: Path) -> 
     rows = list(csv.reader(io.StringIO(result.path("table_p1_1").read_text(), newline="")))
     assert [len(row) for row in rows] == [4] * 6
     assert [row[3] for row in rows] == AMOUNTS
+
+
+def test_thousands_of_alternating_lines_do_not_reach_the_recursion_limit() -> None:
+    """Rows of three cells alternating with lines that cover the gaps between them: each covering
+    line splits the run again (the hostile review's probe; it once raised RecursionError)."""
+    words = []
+    for i in range(2100):
+        y = i * 14
+        if i % 2 == 0:
+            cells = (("aa", 0), ("bb", 100), ("cc", 200))
+            words += [Word(t, (x, y, 20, 10), 90.0, 1, 1, i, n) for n, (t, x) in enumerate(cells, 1)]
+        else:
+            words.append(Word("x" * 20, (0, y, 220, 10), 90.0, 1, 1, i, 1))
+    assert tables.detect_tables(words) == []
+
+
+def test_csv_outputs_stop_at_the_cap_and_the_json_keeps_every_table(tmp_path: Path) -> None:
+    from hypermedia.ocr.engine import MAX_TABLE_OUTPUTS, _table_outputs
+
+    table = {"n_rows": 1, "n_cols": 2, "csv": "a,b\r\n"}
+    records = [{"page": page, "tables": [table] * 30} for page in (1, 2, 3)]  # 90 tables
+    outputs = list(_table_outputs(tmp_path, {"page_count": 3}, records))
+    assert (
+        outputs[0].metadata["table_count"] == 90 and outputs[0].metadata["csv_outputs"] == MAX_TABLE_OUTPUTS
+    )
+    csvs = outputs[1:]
+    assert len(csvs) == MAX_TABLE_OUTPUTS == 50
+    assert [o.output_type for o in csvs[29:31]] == ["table_p1_30", "table_p2_1"]
+    document = json.loads((tmp_path / "tables.json").read_text())
+    assert sum(len(page["tables"]) for page in document["pages"]) == 90
+    assert "page_count" not in csvs[0].metadata and csvs[0].metadata["rows"] == 1
