@@ -149,8 +149,8 @@ class OcrLimits:
     """Largest input file, in bytes (``INPUT_TOO_LARGE``)."""
     max_page_pixels: int
     """Largest page, width × height in pixels: of an image page as decoded and of a PDF page as
-    rendered (``INPUT_TOO_LARGE_PIXELS``); upscaling stops at it (a deskew then turns the page
-    within a bounding box at most 19 % larger, at 5 degrees)."""
+    rendered (``INPUT_TOO_LARGE_PIXELS``); preprocessing keeps every page within it and within
+    :data:`MAX_SIDE` after each step (:func:`hypermedia.ocr.preprocess.prepare`)."""
     max_pages: int = MAX_OCR_PAGES
     """Most pages one job OCRs (``OCR_PAGE_LIMIT``)."""
     max_document_pages: int = MAX_DOCUMENT_PAGES

@@ -36,7 +36,9 @@ says why in ``reason``):
    to descenders, is about 40 pixels, its x-height about 20; willus.org's measurements of
    tesseract put its best accuracy at capital heights of about 30 pixels, which is the same size.
    At most :data:`MAX_UPSCALE` times, and never past the page pixel limit or :data:`MAX_SIDE`
-   (``limited_by: "page_limits"``).
+   (``limited_by: "page_limits"``): both sides are reduced alike and neither below the page's
+   own; where that floor undoes the reduction on one side (a non-square resolution, 300 × 75 dpi),
+   the other side is enlarged only as far as the limits leave room.
 4. **orientation**: ``tesseract --psm 0`` (:func:`hypermedia.ocr.tesseract.detect_orientation`);
    the page is turned by 90, 180 or 270 degrees clockwise when tesseract's orientation
    confidence is at least :data:`hypermedia.ocr.tesseract.OSD_MIN_CONFIDENCE`. Recorded: ``rotate``,
@@ -51,9 +53,21 @@ says why in ``reason``):
    text lines parallel to the rows make the profile alternate sharply between full and empty
    rows. Applied when that angle is at least :data:`MIN_DESKEW_ANGLE`, inside the range (an edge
    value means the page is not text lines in the range), and sharper than the page as it is by
-   :data:`DESKEW_MIN_GAIN`. Chosen over estimating the angle from tesseract's TSV line boxes,
-   which would cost a second recognition run. Recorded: ``angle`` (degrees, clockwise, the
-   correction applied).
+   :data:`DESKEW_MIN_GAIN`; never to a page whose unrotated profile is flat (score zero: every row
+   holds the same ink, as on a page that is all ink, or of a single grey), which has no text
+   lines to straighten (``reason: "no_text_lines"``). Chosen over estimating the angle from
+   tesseract's TSV line boxes, which would cost a second recognition run. Recorded: ``angle``
+   (degrees, clockwise, the correction applied). The turned page is the bounding box of the
+   page, up to 19 % more pixels at 5 degrees and more on a long narrow page: where it would
+   exceed the page pixel limit or :data:`MAX_SIDE`, the page is shrunk in the same resampling
+   just enough to fit (``limited_by: "page_limits"``, ``scale``; the resolution told to
+   tesseract shrinks with it), and not turned at all when fitting would take it below half its
+   size (``reason: "page_limits"``).
+
+**Limits.** Given a page within the page pixel limit (``max_pixels``) and :data:`MAX_SIDE` (the
+engine checks both before decoding), the page stays within both after every step: no step
+enlarges it past them (the grey, background and orientation steps keep its pixel count and its
+longest side; upscale and deskew are reduced, or skipped, as above).
 
 Coordinates: words come back in pixels of the prepared page; :attr:`PreparedPage.to_source` maps
 them back to the source page (as displayed: after the EXIF orientation) to within a pixel.
@@ -393,7 +407,35 @@ def _trusted_dpi(image: pyvips.Image) -> tuple[float, float] | None:
     return None
 
 
+def _within(width: int, height: int, max_pixels: int) -> bool:
+    """``width`` × ``height`` is within the page pixel limit and :data:`MAX_SIDE`."""
+    return width * height <= max_pixels and max(width, height) <= MAX_SIDE
+
+
+def _fitted_size(width: int, height: int, scale_x: float, scale_y: float, max_pixels: int) -> tuple[int, int]:
+    """The size, in whole pixels, nearest to ``width`` × ``height`` scaled by ``scale_x`` ×
+    ``scale_y`` (both at least 1) that is within ``max_pixels`` and :data:`MAX_SIDE`: the side
+    scaled the more gives way first, neither below the page's own size (a page within the limits
+    always has a size that fits: its own)."""
+    new_width, new_height = min(round(width * scale_x), MAX_SIDE), min(round(height * scale_y), MAX_SIDE)
+    for _ in range(2):
+        if new_width * new_height <= max_pixels:
+            break
+        if new_width / width >= new_height / height and new_width > width:
+            new_width = max(width, max_pixels // new_height)
+        else:
+            new_height = max(height, max_pixels // new_width)
+    return new_width, new_height
+
+
 def _upscale(page: PreparedPage, max_pixels: int) -> None:
+    """The upscale step (see the module docstring).
+
+    Guarantee: a page within ``max_pixels`` and :data:`MAX_SIDE` stays within both on either
+    axis, whatever the stated resolutions (a non-square one included): the scale is reduced to
+    fit (``limited_by: "page_limits"``), never below 1, and the step is not applied
+    (``reason: "page_limits"``) when no enlargement fits (as for a page already past them).
+    """
     image = page.image
     stated = _trusted_dpi(image)
     record: dict[str, Any] = {"step": "upscale", "applied": False}
@@ -424,12 +466,26 @@ def _upscale(page: PreparedPage, max_pixels: int) -> None:
         scale_x, scale_y = scale_x * fit, scale_y * fit
         record["limited_by"] = "page_limits"
     scale_x, scale_y = max(scale_x, 1.0), max(scale_y, 1.0)
+    upscaled: pyvips.Image | None = None
+    if max(scale_x, scale_y) >= 1.05:
+        upscaled = image.resize(scale_x, vscale=scale_y)  # lazy: its size is known, no pixels yet
+        if not _within(upscaled.width, upscaled.height, max_pixels):
+            # The floor at 1 undid the fit on one side (a non-square resolution), or the rounding
+            # to whole pixels passed the limit: the side scaled the more gives way.
+            record["limited_by"] = "page_limits"
+            new_width, new_height = _fitted_size(image.width, image.height, scale_x, scale_y, max_pixels)
+            scale_x, scale_y = new_width / image.width, new_height / image.height
+            upscaled = None
+            if max(scale_x, scale_y) >= 1.05:
+                upscaled = image.resize(scale_x, vscale=scale_y)
+                if not _within(upscaled.width, upscaled.height, max_pixels):
+                    scale_x = scale_y = 1.0
+                    upscaled = None
     page.dpi = max(70, min(round(base_dpi * scale_y), MAX_TRUSTED_DPI))
-    if max(scale_x, scale_y) < 1.05:
-        record["reason"] = "resolution_sufficient"
+    if upscaled is None:
+        record["reason"] = "page_limits" if "limited_by" in record else "resolution_sufficient"
         page.steps.append(record)
         return
-    upscaled = image.resize(scale_x, vscale=scale_y)
     page.to_source = Transform(image.width / upscaled.width, 0, 0, 0, image.height / upscaled.height, 0).then(
         page.to_source
     )
@@ -470,7 +526,15 @@ def _orient(page: PreparedPage, work_dir: Path, timeout: float, what: str) -> No
     page.steps.append(record)
 
 
-def _deskew(page: PreparedPage) -> None:
+def _deskew(page: PreparedPage, max_pixels: int) -> None:
+    """The deskew step (see the module docstring).
+
+    Guarantee: a page within ``max_pixels`` and :data:`MAX_SIDE` stays within both: the turned
+    page is shrunk to fit (``limited_by: "page_limits"``, ``scale``), or not turned
+    (``reason: "page_limits"``). A page whose row profile is flat (``score_at_zero`` 0: all ink,
+    one grey, full-height stripes) has no text lines and is not turned (``reason:
+    "no_text_lines"``).
+    """
     record: dict[str, Any] = {"step": "deskew", "applied": False}
     found = find_skew(page.image)
     if found is None:
@@ -478,7 +542,11 @@ def _deskew(page: PreparedPage) -> None:
         return
     angle, score, score_at_zero = found
     record["angle"] = angle
-    if abs(angle) < MIN_DESKEW_ANGLE:
+    if score_at_zero <= 0:
+        # Every row holds the same ink: any turn "gains" over a zero score without a line to
+        # straighten.
+        record["reason"] = "no_text_lines"
+    elif abs(angle) < MIN_DESKEW_ANGLE:
         record["reason"] = "straight"
     elif abs(angle) >= MAX_DESKEW_ANGLE - 1e-9:
         record["reason"] = "out_of_range"
@@ -486,10 +554,41 @@ def _deskew(page: PreparedPage) -> None:
         record["reason"] = "no_clear_lines"
     else:
         width, height = page.image.width, page.image.height
-        page.image = page.image.rotate(angle, background=[255])
-        page.to_source = _deskew_transform(angle, width, height).then(page.to_source)
-        record["applied"] = True
+        turned = page.image.rotate(angle, background=[255])  # lazy: its size is known, no pixels yet
+        scale = 1.0
+        if not _within(turned.width, turned.height, max_pixels):
+            record["limited_by"] = "page_limits"
+            turned, scale = _shrunk_turn(page.image, angle, turned.width, turned.height, max_pixels)
+        if turned is None:
+            record["reason"] = "page_limits"
+        else:
+            back = _deskew_transform(angle, width, height)
+            if scale != 1.0:
+                back = Transform(1 / scale, 0, 0, 0, 1 / scale, 0).then(back)
+                record["scale"] = round(scale, 4)
+                page.dpi = max(70, round(page.dpi * scale))
+            page.image = turned
+            page.to_source = back.then(page.to_source)
+            record["applied"] = True
     page.steps.append(record)
+
+
+def _shrunk_turn(
+    image: pyvips.Image, angle: float, width: int, height: int, max_pixels: int
+) -> tuple[pyvips.Image | None, float]:
+    """``image`` turned by ``angle`` degrees clockwise and shrunk in the same resampling so that it
+    is within ``max_pixels`` and :data:`MAX_SIDE` (``width`` × ``height``: the size turned
+    unshrunk), and the shrink factor; ``(None, 1.0)`` when fitting would take it below half its
+    size (text that small is not worth the turn)."""
+    scale = min(math.sqrt(max_pixels / (width * height)), MAX_SIDE / max(width, height))
+    for _ in range(8):  # rounding to whole pixels can pass the limit by a row: a row less then
+        if scale < 0.5:
+            break
+        turned = image.similarity(angle=angle, scale=scale, background=[255])
+        if _within(turned.width, turned.height, max_pixels):
+            return turned, scale
+        scale *= 1 - 1 / max(min(turned.width, turned.height), 2)
+    return None, 1.0
 
 
 def _normalise_background(page: PreparedPage) -> None:
@@ -538,10 +637,16 @@ def prepare(
 ) -> PreparedPage:
     """Preprocesses one page (see the module docstring).
 
+    Guarantee: given a page within ``max_pixels`` and :data:`MAX_SIDE` (the engine checks both
+    before decoding), the prepared page, and the page after every step, is within both too:
+    upscaling and deskewing are reduced or skipped where they would pass them, and say so in
+    their records (``limited_by`` / ``reason: "page_limits"``).
+
     Args:
         image: the page as loaded (any bands and format; EXIF orientation already applied).
         work_dir: where the orientation probe is written (and removed).
-        max_pixels: the page pixel limit; upscaling stays within it.
+        max_pixels: the page pixel limit (width × height); no step takes the page past it, nor a
+            side past :data:`MAX_SIDE`.
         osd_timeout: seconds the orientation detection may take.
         render_dpi: the resolution a PDF page was rendered at: no upscaling then.
         enabled: ``False`` converts to grey only (for comparisons with bare tesseract).
@@ -575,7 +680,7 @@ def prepare(
         page.steps.append({"step": "upscale", "applied": False, "source": "render", "dpi": render_dpi})
     _orient(page, work_dir, osd_timeout, what)
     page.image = page.image.copy_memory()
-    _deskew(page)
+    _deskew(page, max_pixels)
     return page
 
 
