@@ -76,9 +76,10 @@ def running_platform(
     credits: float = 1_000_000,
     keep_logs: Path | None = None,
     env: dict[str, str] | None = None,
+    services: str | None = None,
 ) -> Iterator[BenchPlatform]:
     """Embedded Postgres and NATS under ``root``, ``hypermedia up`` on them (``env`` added to its
-    environment), an account with ``credits``. On exit everything is stopped (platform by SIGINT,
+    environment; ``services`` a comma-separated subset, default all), an account with ``credits``. On exit everything is stopped (platform by SIGINT,
     then NATS, then Postgres); the service logs are copied to ``keep_logs`` first when given."""
     with contextlib.ExitStack() as stack:
         pg = EmbeddedPostgres(root / "pg").start()
@@ -86,7 +87,7 @@ def running_platform(
         dsn = pg.create_database("hm_bench")
         nats = EmbeddedNats(root / "nats").start()
         stack.callback(nats.stop)
-        platform = start_platform(root, dsn, nats.url, **{**PLATFORM_ENV, **(env or {})})
+        platform = start_platform(root, dsn, nats.url, services, **{**PLATFORM_ENV, **(env or {})})
 
         def stop_platform() -> None:
             code = platform.stop()

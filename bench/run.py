@@ -1,12 +1,13 @@
-"""All benchmarks (``make bench``): thumbnail throughput, per-job overhead and office_to_pdf (warm
-LibreOffice listeners against a cold ``soffice`` per document), each against a baseline measured in
+"""All benchmarks (``make bench``): thumbnail throughput, per-job overhead, office_to_pdf (warm
+LibreOffice listeners against a cold ``soffice`` per document) and OCR (the ``ocr`` queue against
+bare ``tesseract`` processes, and the CER of each corpus page), each against a baseline measured in
 the same run, then a summary table. Ratios, never timed assertions.
 
     .venv/bin/python bench/run.py [--quick] [--logs DIR]
 
-``--quick``: 8 photos × 1 round, 20 tiny jobs and 4 office documents × 1 round (a smoke run,
-about three minutes). office_to_pdf is skipped, with a message, without LibreOffice.
-See docs/performance.md.
+``--quick``: 8 photos × 1 round, 20 tiny jobs, 4 office documents × 1 round and 8 OCR pages × 1
+round (a smoke run, about five minutes). office_to_pdf is skipped, with a message, without
+LibreOffice, and OCR without tesseract. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import common, job_overhead, office_to_pdf, thumbnail_throughput  # noqa: E402
+from bench import common, job_overhead, ocr, office_to_pdf, thumbnail_throughput  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small, fast run")
     parser.add_argument("--logs", type=Path, default=None, help="copy the platforms' service logs here")
     args = parser.parse_args(argv)
-    count, rounds, jobs, documents = (8, 1, 20, 4) if args.quick else (24, 3, 100, 8)
+    count, rounds, jobs, documents, pages = (8, 1, 20, 4, 8) if args.quick else (24, 3, 100, 8, 24)
     logs = args.logs
 
     tp = thumbnail_throughput.run(
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     office = office_to_pdf.run(
         rounds=rounds, documents=documents, keep_logs=logs / "office_to_pdf" if logs else None
     )
+    print()
+    ocr_result = ocr.run(rounds=rounds, pages=pages, keep_logs=logs / "ocr" if logs else None)
     print()
     print(f"summary ({common.machine()}):")
     rows = [
@@ -90,11 +93,36 @@ def main(argv: list[str] | None = None) -> int:
                 "baseline: cold soffice 2 at a time",
             )
         )
+    if ocr_result is not None:
+        if ocr_result["ratio"] is not None:
+            rows.append(
+                (
+                    f"ocr throughput ({pages} pages, pages/min)",
+                    ocr_result["bare_ppm"],
+                    ocr_result["platform_ppm"],
+                    f"{ocr_result['ratio']:.2f}x",
+                    f"goal >= {ocr.GOAL}x: {'met' if ocr_result['ratio'] >= ocr.GOAL else 'MISSED'}; "
+                    f"engine + preprocessing alone {ocr_result['engine_ratio']:.2f}x; CPU per page "
+                    f"bare / platform {ocr_result['cpu_ratio']:.2f}x",
+                )
+            )
+        for page, rates in ocr_result["cer"].items():
+            rows.append(
+                (
+                    f"ocr CER {page}",
+                    ocr.pct(rates["bare"]),
+                    ocr.pct(rates["escalation"]),
+                    "",
+                    "bare tesseract -> the engine with preprocessing and escalation (without escalation "
+                    f"{ocr.pct(rates['preprocessed'])}, without preprocessing {ocr.pct(rates['engine'])})",
+                )
+            )
     print(common.table(rows, ("benchmark", "baseline", "platform", "ratio", "note")))
     print(
         f"background load from other processes: {tp['background_cores']:.2f} cores (throughput, median), "
         f"{oh['background_cores']:.2f} cores (overhead)"
         + (f", {office['background_cores']:.2f} cores (office_to_pdf)" if office is not None else "")
+        + (f", {ocr_result['background_cores']:.2f} cores (ocr)" if ocr_result is not None else "")
     )
     return 0
 
