@@ -1,0 +1,412 @@
+"""The ``probe`` operation (:mod:`hypermedia.media.probe`) on media these tests write with PyAV:
+test patterns and tones, no fixture files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+from av.stream import Disposition
+
+from hypermedia.errors import InvalidArgument, PermanentJobError
+from hypermedia.media import params as media_params
+from hypermedia.media import probe as probe_module
+from hypermedia.media.probe import MediaLimits, run
+
+LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
+RATE = 48000
+
+
+# --- media the tests write ---------------------------------------------------------------------
+
+
+def _pattern(i: int, width: int, height: int) -> np.ndarray:
+    image = np.zeros((height, width, 3), np.uint8)
+    image[:, : (i * 8) % width] = (200, 120, 40)
+    image[: height // 2, :, 2] = 255
+    return image
+
+
+def _mux_audio(container: Any, stream: Any, seconds: float, noise_seconds: float = 0.0) -> None:
+    """A 440 Hz sine (noise for the first ``noise_seconds``) on both channels."""
+    total = round(seconds * RATE)
+    rng = np.random.default_rng(7)
+    pts = 0
+    while pts < total:
+        n = min(1024, total - pts)
+        if pts < noise_seconds * RATE:
+            samples = rng.uniform(-0.8, 0.8, n).astype(np.float32)
+        elif noise_seconds:
+            samples = np.zeros(n, np.float32)
+        else:
+            t = np.arange(pts, pts + n) / RATE
+            samples = (0.3 * np.sin(2 * math.pi * 440 * t)).astype(np.float32)
+        frame = av.AudioFrame.from_ndarray(np.stack([samples, samples]), format="fltp", layout="stereo")
+        frame.sample_rate = RATE
+        frame.pts = pts
+        pts += n
+        container.mux(stream.encode(frame))
+    container.mux(stream.encode(None))
+
+
+def write_video(
+    path: Path,
+    *,
+    seconds: float = 2.0,
+    width: int = 320,
+    height: int = 240,
+    fps: int = 25,
+    pix_fmt: str = "yuv420p",
+    rotation: float | None = None,
+    audio: bool = True,
+    container_format: str | None = None,
+    options: dict[str, str] | None = None,
+) -> Path:
+    """H.264 (libx264) test pattern, with an AAC sine at 48 kHz stereo when ``audio``."""
+    with av.open(str(path), "w", format=container_format, options=options or {}) as container:
+        video = container.add_stream("libx264", rate=fps)
+        video.width, video.height, video.pix_fmt = width, height, pix_fmt
+        video.options = {"preset": "ultrafast"}
+        if rotation is not None:
+            video.set_display_rotation(rotation)
+        sound = container.add_stream("aac", rate=RATE, layout="stereo") if audio else None
+        for i in range(round(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(_pattern(i, width, height), format="rgb24")
+            frame = frame.reformat(format=pix_fmt)
+            frame.pts = i
+            container.mux(video.encode(frame))
+        container.mux(video.encode(None))
+        if sound is not None:
+            _mux_audio(container, sound, seconds)
+    return path
+
+
+def write_mp3_with_cover(path: Path, seconds: float = 3.0) -> Path:
+    """An MP3 (LAME) whose ID3v2 tag holds a PNG cover: a stream with the ``attached_pic``
+    disposition whose one packet the mp3 muxer writes as an APIC frame."""
+    encoder = av.CodecContext.create("png", "w")
+    encoder.width, encoder.height, encoder.pix_fmt = 64, 64, "rgb24"
+    encoder.time_base = Fraction(1, 25)
+    frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), (200, 30, 30), np.uint8), format="rgb24")
+    frame.pts = 0
+    cover = encoder.encode(frame) + encoder.encode(None)
+    with av.open(str(path), "w", format="mp3") as container:
+        sound = container.add_stream("libmp3lame", rate=RATE, layout="stereo")
+        picture = container.add_mux_stream("png", width=64, height=64)
+        picture.disposition = Disposition.attached_pic
+        picture.time_base = Fraction(1, 90000)
+        for packet in cover:
+            packet.stream = picture
+            packet.pts = packet.dts = 0
+            container.mux(packet)
+        _mux_audio(container, sound, seconds)
+    return path
+
+
+def write_adts(path: Path, seconds: float, noise_seconds: float) -> Path:
+    """Raw ADTS AAC: no duration in any header; loud noise first, then silence, so that FFmpeg's
+    estimate from the bit rate of the first frames is far off."""
+    with av.open(str(path), "w", format="adts") as container:
+        sound = container.add_stream("aac", rate=RATE, layout="stereo")
+        _mux_audio(container, sound, seconds, noise_seconds=noise_seconds)
+    return path
+
+
+def probe(path: Path, tmp_path: Path, limits: MediaLimits = LIMITS) -> dict[str, Any]:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir(exist_ok=True)
+    outputs = run("probe", {}, path, out_dir, limits=limits)
+    assert [(o.output_type, o.filename, o.mime_type) for o in outputs] == [
+        ("probe", "probe.json", "application/json")
+    ]
+    report = json.loads((out_dir / "probe.json").read_text())
+    assert outputs[0].metadata["duration_seconds"] == report["duration_seconds"]
+    assert outputs[0].metadata["size_bytes"] == (out_dir / "probe.json").stat().st_size
+    return report
+
+
+def video_streams(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in report["streams"] if s["type"] == "video" and not s["attached_picture"]]
+
+
+# --- params ------------------------------------------------------------------------------------
+
+
+def test_probe_takes_no_params() -> None:
+    assert media_params.validate_params("probe", None) == {}
+    assert media_params.validate_params("probe", {}) == {}
+    with pytest.raises(InvalidArgument) as err:
+        media_params.validate_params("probe", {"deep": True})
+    assert err.value.error_code == "INVALID_PARAMS"
+    with pytest.raises(InvalidArgument) as err:
+        media_params.validate_params("probe", ["deep"])
+    assert err.value.error_code == "INVALID_PARAMS"
+    with pytest.raises(InvalidArgument) as err:
+        media_params.validate_params("transcode", {})
+    assert err.value.error_code == "UNKNOWN_OPERATION"
+
+
+# --- what probe reports ------------------------------------------------------------------------
+
+
+def test_mp4_h264_aac(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "pattern.mp4")
+    report = probe(path, tmp_path)
+    assert report["container"]["format"] == "mov,mp4,m4a,3gp,3g2,mj2"
+    assert report["container"]["long_name"]
+    assert report["duration_seconds"] == pytest.approx(2.0, abs=0.05)
+    assert report["duration_source"] == "header"
+    assert report["size_bytes"] == path.stat().st_size
+    assert report["bit_rate"] > 0
+    assert report["chapters"] == []
+    video, audio = report["streams"]
+    assert video["type"] == "video" and video["index"] == 0
+    assert video["codec"] == "h264"
+    assert video["profile"]  # libx264 ultrafast: Constrained Baseline
+    assert (video["width"], video["height"]) == (320, 240)
+    assert (video["display_width"], video["display_height"]) == (320, 240)
+    assert video["rotation"] == 0
+    assert video["pix_fmt"] == "yuv420p" and video["bit_depth"] == 8
+    assert video["average_frame_rate"] == pytest.approx(25.0)
+    assert video["nominal_frame_rate"] == pytest.approx(25.0)
+    assert video["frame_count"] == 50
+    assert video["attached_picture"] is False
+    assert audio["type"] == "audio" and audio["codec"] == "aac" and audio["profile"] == "LC"
+    assert audio["sample_rate"] == RATE
+    assert audio["channels"] == 2 and audio["channel_layout"] == "stereo"
+    assert audio["duration_seconds"] == pytest.approx(2.0, abs=0.05)
+
+
+def test_display_matrix_rotation_swaps_the_display_size(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "portrait.mp4", rotation=-90, audio=False)
+    (video,) = video_streams(probe(path, tmp_path))
+    assert video["rotation"] == -90  # as ffprobe reports a phone's portrait video
+    assert (video["width"], video["height"]) == (320, 240)
+    assert (video["display_width"], video["display_height"]) == (240, 320)
+
+
+def test_ten_bit_video(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "ten.mkv", pix_fmt="yuv420p10le", seconds=0.4, audio=False)
+    report = probe(path, tmp_path)
+    assert report["container"]["format"] == "matroska,webm"
+    (video,) = video_streams(report)
+    assert video["codec"] == "h264" and video["profile"] == "High 10"
+    assert video["pix_fmt"] == "yuv420p10le"
+    assert video["bit_depth"] == 10
+
+
+def test_mp3_cover_art_is_an_attached_picture(tmp_path: Path) -> None:
+    report = probe(write_mp3_with_cover(tmp_path / "song.mp3"), tmp_path)
+    assert report["container"]["format"] == "mp3"
+    assert report["duration_seconds"] == pytest.approx(3.0, abs=0.05)
+    (audio,) = [s for s in report["streams"] if s["type"] == "audio"]
+    assert audio["codec"] == "mp3" and audio["sample_rate"] == RATE and audio["channels"] == 2
+    (cover,) = [s for s in report["streams"] if s["attached_picture"]]
+    assert cover["codec"] == "png" and (cover["width"], cover["height"]) == (64, 64)
+    assert cover["average_frame_rate"] is None
+    assert video_streams(report) == []
+
+
+def test_adts_without_a_header_duration_is_demuxed(tmp_path: Path) -> None:
+    path = write_adts(tmp_path / "speech.aac", seconds=6.0, noise_seconds=1.0)
+    with av.open(str(path)) as container:  # what FFmpeg alone says: an estimate from the bit rate
+        assert container.duration is not None
+        assert abs(container.duration / av.time_base - 6.0) > 1.0
+    report = probe(path, tmp_path)
+    assert report["container"]["format"] == "aac"
+    assert report["duration_source"] == "packets"
+    # 6.0 s of samples, plus the encoder's 1024 samples of priming (21 ms), in whole frames.
+    assert report["duration_seconds"] == pytest.approx(6.0, abs=0.05)
+
+
+def test_matroska_without_duration_is_demuxed(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "live.mkv", container_format="matroska", options={"live": "1"})
+    with av.open(str(path)) as container:
+        assert container.duration is None
+    report = probe(path, tmp_path)
+    assert report["duration_source"] == "packets"
+    assert report["duration_seconds"] == pytest.approx(2.0, abs=0.05)
+    (video,) = video_streams(report)
+    assert video["frame_count"] == 50  # counted while demuxing
+
+
+def test_mpeg_ts_duration_from_packets(tmp_path: Path) -> None:
+    report = probe(write_video(tmp_path / "stream.ts", container_format="mpegts"), tmp_path)
+    assert report["container"]["format"] == "mpegts"
+    assert report["duration_source"] == "packets"
+    assert report["duration_seconds"] == pytest.approx(2.0, abs=0.05)
+
+
+def test_chapters(tmp_path: Path) -> None:
+    path = tmp_path / "chapters.mkv"
+    with av.open(str(path), "w") as container:
+        video = container.add_stream("libx264", rate=25)
+        video.width, video.height, video.pix_fmt = 64, 48, "yuv420p"
+        container.set_chapters(
+            [
+                {
+                    "id": 1,
+                    "start": 0,
+                    "end": 1000,
+                    "time_base": Fraction(1, 1000),
+                    "metadata": {"title": "One"},
+                },
+                {"id": 2, "start": 1000, "end": 2000, "time_base": Fraction(1, 1000), "metadata": {}},
+            ]
+        )
+        for i in range(50):
+            frame = av.VideoFrame.from_ndarray(_pattern(i, 64, 48), format="rgb24").reformat(format="yuv420p")
+            frame.pts = i
+            container.mux(video.encode(frame))
+        container.mux(video.encode(None))
+    report = probe(path, tmp_path)
+    assert report["chapters"] == [
+        {"start_seconds": 0.0, "end_seconds": 1.0, "title": "One"},
+        {"start_seconds": 1.0, "end_seconds": 2.0, "title": None},
+    ]
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def _error(path: Path, tmp_path: Path, limits: MediaLimits = LIMITS) -> PermanentJobError:
+    with pytest.raises(PermanentJobError) as err:
+        probe(path, tmp_path, limits)
+    assert str(tmp_path) not in err.value.public_message
+    return err.value
+
+
+def test_mp4_without_moov_is_corrupt(tmp_path: Path) -> None:
+    whole = write_video(tmp_path / "whole.mp4").read_bytes()
+    assert whole.find(b"moov") > len(whole) // 2  # PyAV writes the index at the end
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(whole[: len(whole) // 2])
+    error = _error(cut, tmp_path)
+    assert error.error_code == "CORRUPT_INPUT"
+    assert "moov" in error.public_message
+
+
+def test_mp4_cut_inside_its_first_frame_is_corrupt(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "faststart.mp4", options={"movflags": "faststart"})
+    whole = path.read_bytes()
+    mdat = whole.find(b"mdat")
+    assert 0 < whole.find(b"moov") < mdat  # the index first
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(whole[: mdat + 4 + 100])  # 100 bytes into the first frame
+    error = _error(cut, tmp_path)
+    assert error.error_code == "CORRUPT_INPUT"
+    assert "truncated" in error.public_message
+
+
+def test_matroska_cut_inside_its_first_frame_is_corrupt(tmp_path: Path) -> None:
+    # Matroska has no sample index to check: the first frame's decode finds the cut.
+    whole = write_video(tmp_path / "whole.mkv", audio=False).read_bytes()
+    cluster = whole.find(b"\x1f\x43\xb6\x75")  # the first Cluster
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(whole[: cluster + 40])
+    assert _error(cut, tmp_path).error_code == "CORRUPT_INPUT"
+
+
+@pytest.mark.parametrize("sniff", [True, False], ids=["sniffed", "whitelist-only"])
+def test_hls_playlist_is_refused_without_reading_its_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sniff: bool
+) -> None:
+    segment = write_video(tmp_path / "segment.ts", container_format="mpegts")
+    playlist = "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:2.0,\n{}\n#EXT-X-ENDLIST\n"
+    readable = tmp_path / "readable.m3u8"
+    readable.write_text(playlist.format(segment))
+    with av.open(str(readable)) as container:  # FFmpeg unguarded: the hls demuxer reads the segment
+        assert container.format.name == "hls" and len(container.streams.video) == 1
+    if not sniff:
+        # Without the #EXTM3U check, FFmpeg's format whitelist alone must refuse the hls demuxer
+        # it probed, before that demuxer reads its header (and the segments).
+        monkeypatch.setattr(probe_module, "_PLAYLIST_PREFIXES", ())
+    # The segment is a FIFO: opening it would block, so a probe that returns opened no segment.
+    fifo = tmp_path / "segment-fifo.ts"
+    os.mkfifo(fifo)
+    for name, target in (
+        ("passwd.m3u8", "/etc/passwd"),
+        ("fifo.m3u8", str(fifo)),
+        ("fifo-as.mp4", str(fifo)),
+    ):
+        path = tmp_path / name
+        path.write_text(playlist.format(target))
+        outcome: list[BaseException] = []
+        worker = threading.Thread(target=_run_catching, args=(path, tmp_path, outcome))
+        worker.start()
+        worker.join(timeout=20)
+        if worker.is_alive():
+            os.close(os.open(fifo, os.O_WRONLY))  # release the blocked reader, then fail
+            worker.join()
+            pytest.fail(f"probing {name} opened the playlist's segment")
+        (error,) = outcome
+        assert isinstance(error, PermanentJobError), error
+        assert error.error_code == "UNSUPPORTED_FORMAT"
+
+
+def _run_catching(path: Path, tmp_path: Path, outcome: list[BaseException]) -> None:
+    out_dir = tmp_path / f"out-{path.name}"
+    out_dir.mkdir()
+    try:
+        run("probe", {}, path, out_dir, limits=LIMITS)
+    except BaseException as exc:
+        outcome.append(exc)
+    else:
+        outcome.append(AssertionError("probe accepted a playlist"))
+
+
+def test_demuxers_off_the_allowlist_are_unsupported(tmp_path: Path) -> None:
+    # A PNG is probed by FFmpeg as png_pipe (an image2 demuxer): not on the whitelist.
+    image = tmp_path / "still.png"
+    with av.open(str(image), "w", format="image2") as container:
+        stream = container.add_stream("png", rate=1)
+        stream.width, stream.height, stream.pix_fmt = 16, 16, "rgb24"
+        frame = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), format="rgb24")
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    with av.open(str(image)) as container:
+        assert container.format.name not in probe_module.DEMUXERS
+    assert _error(image, tmp_path).error_code == "UNSUPPORTED_FORMAT"
+
+
+def test_text_and_random_bytes_are_unsupported(tmp_path: Path) -> None:
+    text = tmp_path / "notes"
+    text.write_text("hello, this is not a video\n" * 20)
+    assert _error(text, tmp_path).error_code == "UNSUPPORTED_FORMAT"
+    noise = tmp_path / "noise"
+    noise.write_bytes(np.random.default_rng(3).integers(0, 256, 8192, dtype=np.uint8).tobytes())
+    assert _error(noise, tmp_path).error_code == "UNSUPPORTED_FORMAT"
+
+
+def test_longer_than_the_limit(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "long.mp4", seconds=3.0, audio=False)
+    limits = MediaLimits(max_input_bytes=LIMITS.max_input_bytes, max_duration_seconds=2.0)
+    assert _error(path, tmp_path, limits).error_code == "MEDIA_TOO_LONG"
+
+
+def test_longer_than_the_limit_found_while_demuxing(tmp_path: Path) -> None:
+    path = write_adts(tmp_path / "long.aac", seconds=6.0, noise_seconds=1.0)  # estimated at ~1.3 s
+    limits = MediaLimits(max_input_bytes=LIMITS.max_input_bytes, max_duration_seconds=4.0)
+    assert _error(path, tmp_path, limits).error_code == "MEDIA_TOO_LONG"
+
+
+def test_packet_limit_keeps_the_estimate(tmp_path: Path) -> None:
+    path = write_adts(tmp_path / "speech.aac", seconds=6.0, noise_seconds=1.0)
+    limits = MediaLimits(max_input_bytes=LIMITS.max_input_bytes, max_probe_packets=10)
+    report = probe(path, tmp_path, limits)
+    assert report["duration_source"] == "estimate"
+    assert report["duration_seconds"] < 6.0 - 1.0
+
+
+def test_larger_than_the_limit(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "big.mp4", seconds=0.4, audio=False)
+    limits = MediaLimits(max_input_bytes=path.stat().st_size - 1)
+    assert _error(path, tmp_path, limits).error_code == "INPUT_TOO_LARGE"
