@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from hypermedia.errors import InvalidArgument
+from hypermedia.jobparams import params_object
 
 __all__ = [
     "DEFAULT_DPI",
@@ -133,7 +134,7 @@ def _int_param(params: Mapping[str, Any], key: str, low: int, high: int) -> int 
     return value
 
 
-def validate_params(operation: str, params: dict | None) -> dict:
+def validate_params(operation: str, params: Any) -> dict:
     """Check an operation's params and fill in defaults.
 
     Args:
@@ -152,20 +153,12 @@ def validate_params(operation: str, params: dict | None) -> dict:
             see :mod:`hypermedia.jobsecrets`), so one still inside them is a caller's bug and
             must not end up in ``processing_jobs.params``. The message never contains the value.
     """
-    if operation not in OPERATIONS:
-        raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
-    if params is None:
-        params = {}
-    if not isinstance(params, Mapping):
-        raise _invalid("params must be an object")
-    if "password" in params:
+    if operation in OPERATIONS and isinstance(params, Mapping) and "password" in params:
         raise _invalid(
             "password is not accepted inside the params to validate: the gateway takes it out "
             "first and keeps it apart from the job"
         )
-    unknown = sorted(str(key) for key in params if key not in _ALLOWED_KEYS[operation])
-    if unknown:
-        raise _invalid(f"unknown params for {operation}: {', '.join(unknown)}")
+    params = params_object(operation, params, OPERATIONS, _ALLOWED_KEYS.get(operation, ()))
     if operation != "pdf_preview":
         return {}
 

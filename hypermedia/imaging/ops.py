@@ -55,6 +55,7 @@ import pyvips
 from hypermedia import contenttype
 from hypermedia.errors import InvalidArgument, PermanentJobError
 from hypermedia.imaging import svg
+from hypermedia.jobparams import params_object
 from hypermedia.sandbox import OutputFile
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,7 @@ _ALLOWED_KEYS: Final = {
 }
 
 
-def validate_params(operation: str, params: dict | None) -> dict:
+def validate_params(operation: str, params: Any) -> dict:
     """Check an operation's params and fill in defaults.
 
     Args:
@@ -206,15 +207,7 @@ def validate_params(operation: str, params: dict | None) -> dict:
         InvalidArgument: ``UNKNOWN_OPERATION`` for an unknown operation; ``INVALID_PARAMS`` for a
             non-object, unknown keys, wrong types (booleans are not integers) or values out of range.
     """
-    if operation not in OPERATIONS:
-        raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
-    if params is None:
-        params = {}
-    if not isinstance(params, Mapping):
-        raise InvalidArgument("params must be an object", "INVALID_PARAMS")
-    unknown = sorted(str(key) for key in params if key not in _ALLOWED_KEYS[operation])
-    if unknown:
-        raise InvalidArgument(f"unknown params for {operation}: {', '.join(unknown)}", "INVALID_PARAMS")
+    params = params_object(operation, params, OPERATIONS, _ALLOWED_KEYS.get(operation, ()))
 
     result: dict[str, Any] = {}
     if operation == "thumbnail":

@@ -9,10 +9,9 @@ never PyAV.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
 
-from hypermedia.errors import InvalidArgument
+from hypermedia.jobparams import params_object
 
 __all__ = ["OPERATIONS", "validate_params"]
 
@@ -37,13 +36,5 @@ def validate_params(operation: str, params: Any) -> dict[str, Any]:
         InvalidArgument: ``UNKNOWN_OPERATION`` for an operation not in :data:`OPERATIONS`;
             ``INVALID_PARAMS`` for params that are not an object or that have unknown keys.
     """
-    if operation not in OPERATIONS:
-        raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
-    if params is None:
-        params = {}
-    if not isinstance(params, Mapping):
-        raise InvalidArgument("params must be an object", "INVALID_PARAMS")
-    unknown = sorted(str(key) for key in params if key not in _ALLOWED_KEYS[operation])
-    if unknown:
-        raise InvalidArgument(f"unknown params for {operation}: {', '.join(unknown)}", "INVALID_PARAMS")
+    params_object(operation, params, OPERATIONS, _ALLOWED_KEYS.get(operation, ()))
     return {}

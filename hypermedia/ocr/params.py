@@ -26,6 +26,7 @@ from typing import Any, Final
 from hypermedia.documents import params as document_params
 from hypermedia.documents.params import MAX_DOCUMENT_PAGES
 from hypermedia.errors import InvalidArgument
+from hypermedia.jobparams import params_object
 
 __all__ = [
     "DEFAULT_ESCALATE",
@@ -188,7 +189,7 @@ def _parse_escalate(value: Any) -> bool:
 
 
 def validate_params(
-    operation: str, params: dict | None, *, installed_languages: Collection[str] | None = None
+    operation: str, params: Any, *, installed_languages: Collection[str] | None = None
 ) -> dict:
     """Check the params of an OCR operation and fill in defaults.
 
@@ -207,15 +208,7 @@ def validate_params(
             non-object, unknown keys, an ``escalate`` that is not a boolean, and the cases of
             :func:`parse_languages` and :func:`parse_pages`.
     """
-    if operation not in OPERATIONS:
-        raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
-    if params is None:
-        params = {}
-    if not isinstance(params, Mapping):
-        raise _invalid("params must be an object")
-    unknown = sorted(str(key) for key in params if key not in _ALLOWED_KEYS)
-    if unknown:
-        raise _invalid(f"unknown params for {operation}: {', '.join(unknown)}")
+    params = params_object(operation, params, OPERATIONS, _ALLOWED_KEYS)
     outputs = _parse_outputs(params.get("outputs"))
     tables = params.get("table_detection")
     if tables is not None and not isinstance(tables, bool):
