@@ -54,6 +54,8 @@ class ClaimedJob:
     backoff_base_seconds: int
     escalation_per_page: int = 0
     """Millicredits per page an OCR job escalated (the profile's; 0 elsewhere)."""
+    max_duration_seconds: int = 14_400
+    """Longest audio or video a media job takes, in seconds (the profile's)."""
 
 
 async def enqueue_outbox(conn: db.Connection, prefix: str, job_id: str, queue: str, priority: int) -> None:
@@ -140,7 +142,8 @@ async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob
 
 _CLAIMED_COLUMNS = """j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
     j.params, j.priority, j.attempt_count, j.max_attempts, j.estimated_credits, p.timeout_seconds,
-    p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds, p.escalation_per_page"""
+    p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds, p.escalation_per_page,
+    p.max_duration_seconds"""
 """What :func:`claim` and :func:`reclaim` read (``j``: the job, ``p``: its profile) for :func:`_claimed_job`."""
 
 
@@ -163,6 +166,7 @@ def _claimed_job(row: asyncpg.Record) -> ClaimedJob:
         memory_limit_mb=row["memory_limit_mb"],
         backoff_base_seconds=row["backoff_base_seconds"],
         escalation_per_page=row["escalation_per_page"],
+        max_duration_seconds=row["max_duration_seconds"],
     )
 
 

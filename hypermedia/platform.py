@@ -6,7 +6,7 @@ Postgres cluster and a pinned nats-server under the state directory (``./.hyperm
 run side by side; the choices are written to ``{state}/platform.json`` so that ``hypermedia admin …``
 run in the same directory talks to this platform.
 
-Worker services (imageworker, docworker, ocrworker) can run as several replicas (``hypermedia up --scale
+Worker services (imageworker, docworker, ocrworker, mediaworker) can run as several replicas (``hypermedia up --scale
 imageworker=2``): replica ``i`` is named ``imageworker-i`` (the first keeps the plain name). Every
 worker process gets its own work directory (:func:`worker_work_dir`), status port and range of
 sandbox uids. Each process's pid is in
@@ -38,7 +38,7 @@ from hypermedia.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_
 
 log = logging.getLogger(__name__)
 
-SERVICES = ("credits", "storage", "gateway", "imageworker", "docworker", "ocrworker", "reaper")
+SERVICES = ("credits", "storage", "gateway", "imageworker", "docworker", "ocrworker", "mediaworker", "reaper")
 """Start order; stop order is the reverse."""
 STOP_GRACE_SECONDS = 45.0
 CRASH_LOOP_WINDOW_SECONDS = 60.0
@@ -59,7 +59,7 @@ def read_platform(path: Path | None = None) -> dict[str, Any]:
     return dict(json.loads(file.read_text()))
 
 
-SCALABLE = frozenset({"imageworker", "docworker", "ocrworker"})
+SCALABLE = frozenset({"imageworker", "docworker", "ocrworker", "mediaworker"})
 """Services that may run as several replicas on one machine (no fixed port, own work directory)."""
 UID_RANGE_PER_REPLICA = 64
 """Sandbox uids per worker process (``HM_WORKER_SLOTS`` is at most 64); every worker process of
@@ -67,10 +67,12 @@ every worker service gets a range of its own, so no two jobs of different worker
 WORKER_ENV = {
     "docworker": {"HM_WORKER_QUEUE": "documents", "HM_WORKER_SLOTS": "2"},
     "ocrworker": {"HM_WORKER_QUEUE": "ocr", "HM_WORKER_SLOTS": "2"},
+    "mediaworker": {"HM_WORKER_QUEUE": "media", "HM_WORKER_SLOTS": "1"},
 }
 """Settings ``up`` gives every replica of a worker service, over the environment: its queue, and the
-docworker's and ocrworker's slots (the seed's documents profile runs 2–4 jobs at once, its ocr
-profile 1–2; ``HM_WORKER_SLOTS`` in the environment is meant for the imageworker)."""
+docworker's, ocrworker's and mediaworker's slots (the seed's documents profile runs 2–4 jobs at
+once, its ocr profile 1–2, its media profile 1; ``HM_WORKER_SLOTS`` in the environment is meant for
+the imageworker)."""
 
 
 def worker_work_dir(base: str, service: str, replica: int) -> str:

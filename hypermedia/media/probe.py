@@ -53,8 +53,8 @@ from av.container import InputContainer
 from av.stream import Disposition, Stream
 from av.video.stream import VideoStream
 
-from hypermedia.errors import PermanentJobError
-from hypermedia.media.params import OPERATIONS, validate_params
+from hypermedia.errors import InvalidArgument, PermanentJobError
+from hypermedia.media.params import validate_params
 from hypermedia.sandbox import OutputFile
 
 __all__ = [
@@ -62,7 +62,6 @@ __all__ = [
     "DEFAULT_MAX_PROBE_PACKETS",
     "DEMUXERS",
     "ESTIMATED_DURATION",
-    "OPERATIONS",
     "MediaLimits",
     "OutputFile",
     "open_media",
@@ -186,6 +185,8 @@ def run(
             ``MEDIA_TOO_LONG``.
         MemoryError: FFmpeg hit the sandbox's memory limit.
     """
+    if operation != "probe":
+        raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
     validate_params(operation, params)
     size = input_path.stat().st_size
     if size > limits.max_input_bytes:

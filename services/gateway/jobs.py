@@ -33,6 +33,7 @@ from hypermedia.errors import (
 )
 from hypermedia.events import JobEvent, JobEventHub
 from hypermedia.imaging import ops as image_ops
+from hypermedia.media import params as media_params
 from hypermedia.ocr import params as ocr_params
 from hypermedia.outbox import OutboxRelay
 from hypermedia.rpc import call
@@ -43,7 +44,11 @@ from services.gateway.auth import Caller
 log = logging.getLogger(__name__)
 
 DEFAULT_PRIORITY = 5
-PARAM_VALIDATORS = {"images": image_ops.validate_params, "documents": document_params.validate_params}
+PARAM_VALIDATORS = {
+    "images": image_ops.validate_params,
+    "documents": document_params.validate_params,
+    "media": media_params.validate_params,
+}
 """Per queue: the function that normalises an operation's params or raises InvalidArgument. The
 ``ocr`` queue's (:func:`hypermedia.ocr.params.validate_params`) also takes the installed languages."""
 OCR_LANGUAGES_MAX_AGE = datetime.timedelta(days=1)
