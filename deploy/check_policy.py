@@ -18,6 +18,8 @@ this says whether the files keep the platform's rules and agree with each other:
   alike: a Deployment of the same name in k8s/ and a compose service with the target's queue and
   slots, memory request equal to its limit, an egress NetworkPolicy selecting its pods, a
   ScaledObject in k8s/keda/ and the keda overlay's patch that removes its fixed replica count;
+  its status port (the image's ``HM_WORKER_STATUS_BIND``) is the one ``healthcheck.py`` probes by
+  default and, in the Deployment, the bind, a container port and every gRPC probe's port;
 - only the targets of ``APT_PACKAGES`` install Debian packages, each exactly its Makefile list (what
   ``make test`` installs on a developer's machine): the docworker ``DOCWORKER_PACKAGES``
   (LibreOffice, python3-uno, fonts; it also sets ``HM_OFFICE_PYTHON``), the ocrworker
@@ -37,8 +39,11 @@ from typing import Any
 
 import yaml
 
-SERVICES = ("gateway", "credits", "storage", "imageworker", "docworker", "ocrworker", "reaper")
-"""Services that have an image today; each is a target of deploy/docker/Dockerfile."""
+SERVICES = ("gateway", "credits", "storage", "imageworker", "docworker", "ocrworker", "mediaworker", "reaper")
+"""Services that have an image today; each is a target of deploy/docker/Dockerfile, and every target
+but ``SHARED_STAGES`` is one of them (so a new target cannot escape the checks below)."""
+SHARED_STAGES = {"build", "runtime"}
+"""Stages of deploy/docker/Dockerfile that the service targets build on; no image of their own."""
 APT_PACKAGES = {"docworker": "DOCWORKER_PACKAGES", "ocrworker": "OCR_PACKAGES"}
 """Dockerfile targets that install Debian packages, and the Makefile variable each one's list must
 equal (versions aside); every other target installs none."""
@@ -221,6 +226,10 @@ def check_compose(compose_file: Path, dockerfile: Path) -> list[str]:
         re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", dockerfile.read_text(), re.MULTILINE | re.IGNORECASE)
     )
     problems = [f"{dockerfile}: no target {s}" for s in SERVICES if s not in targets]
+    problems += [
+        f"{dockerfile}: target {t} is not in check_policy.SERVICES (add it to be checked)"
+        for t in sorted(targets - set(SERVICES) - SHARED_STAGES)
+    ]
     for service in SERVICES:
         block = re.search(
             rf"^FROM runtime AS {service}\n(.*?)(?=^FROM |\Z)", dockerfile.read_text(), re.M | re.S
@@ -310,13 +319,18 @@ def check_apt_packages(makefile: Path, dockerfile: Path) -> list[str]:
     return problems
 
 
-def check_healthchecks(dockerfile: Path, healthcheck: Path) -> list[str]:
-    """Every target's HEALTHCHECK runs ``healthcheck.py <target>``, a service the script checks."""
+def _healthcheck_binds(healthcheck: Path) -> dict[str, tuple[str, str]]:
+    """``healthcheck.py``'s ``GRPC_BIND_VARIABLES``: ``{service: (variable, default bind)}``."""
     spec = importlib.util.spec_from_file_location("healthcheck", healthcheck)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # imports grpc only when it probes
-    known = {"gateway", *module.GRPC_BIND_VARIABLES}
+    return dict(module.GRPC_BIND_VARIABLES)
+
+
+def check_healthchecks(dockerfile: Path, healthcheck: Path) -> list[str]:
+    """Every target's HEALTHCHECK runs ``healthcheck.py <target>``, a service the script checks."""
+    known = {"gateway", *_healthcheck_binds(healthcheck)}
     text = dockerfile.read_text()
     problems = []
     for target in SERVICES:
@@ -341,6 +355,34 @@ def _worker_targets(dockerfile_text: str) -> dict[str, dict[str, str]]:
     return workers
 
 
+def _status_port(dockerfile_text: str, target: str) -> str | None:
+    """The port of the image's ``HM_WORKER_STATUS_BIND`` (``0.0.0.0:50071`` → ``50071``)."""
+    match = re.search(r"\bHM_WORKER_STATUS_BIND=\S*:(\d+)\b", _stage(dockerfile_text, target))
+    return match.group(1) if match else None
+
+
+def _check_status_port(
+    where: str, target: str, port: str | None, container: Doc, healthcheck: Path
+) -> list[str]:
+    """The worker's status port agrees between the image, ``healthcheck.py`` and the Deployment."""
+    if port is None:
+        return [f"{where}: the image of {target} sets no HM_WORKER_STATUS_BIND with a port"]
+    problems = []
+    default = _healthcheck_binds(healthcheck).get(target, ("", ""))[1]
+    if default.rsplit(":", 1)[-1] != port:
+        problems.append(f"{healthcheck}: default bind {default!r} of {target} is not the image's port {port}")
+    bind = _env(container).get("HM_WORKER_STATUS_BIND")
+    if bind is not None and bind.rsplit(":", 1)[-1] != port:
+        problems.append(f"{where}: HM_WORKER_STATUS_BIND {bind!r} differs from the image's port {port}")
+    if int(port) not in {p.get("containerPort") for p in container.get("ports", [])}:
+        problems.append(f"{where}: no containerPort {port} (the status port)")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        grpc_port = container.get(probe, {}).get("grpc", {}).get("port")
+        if grpc_port is not None and str(grpc_port) != port:
+            problems.append(f"{where}: {probe} port {grpc_port} is not the status port {port}")
+    return problems
+
+
 def _removes_replicas(kustomization: Doc, deployment: str) -> bool:
     for patch in kustomization.get("patches", []):
         target = patch.get("target", {})
@@ -355,6 +397,7 @@ def check_workers(deploy: Path) -> list[str]:
     """Each worker target is deployed in k8s/, k8s/keda/ and compose.yaml, with the same queue and
     slots everywhere, its memory never overcommitted and its egress confined."""
     dockerfile = deploy / "docker" / "Dockerfile"
+    dockerfile_text = dockerfile.read_text()
     k8s_dir, keda_dir = deploy / "k8s", deploy / "k8s" / "keda"
     docs = list(load_manifests(k8s_dir))
     deployments = {d["metadata"]["name"]: (p, d) for p, d in docs if d.get("kind") == "Deployment"}
@@ -374,7 +417,7 @@ def check_workers(deploy: Path) -> list[str]:
     )
     compose_services = yaml.safe_load((deploy / "compose.yaml").read_text())["services"]
     problems = []
-    for target, image_env in _worker_targets(dockerfile.read_text()).items():
+    for target, image_env in _worker_targets(dockerfile_text).items():
         found = deployments.get(target)
         if found is None:
             problems.append(f"{k8s_dir}: worker {target} has no Deployment named {target}")
@@ -401,6 +444,13 @@ def check_workers(deploy: Path) -> list[str]:
                     problems.append(
                         f"{where}: memory request {request} != limit {limit} (never overcommitted)"
                     )
+                problems += _check_status_port(
+                    where,
+                    target,
+                    _status_port(dockerfile_text, target),
+                    container,
+                    deploy / "docker" / "healthcheck.py",
+                )
             labels = pod["metadata"].get("labels", {})
             if not any(selector and selector.items() <= labels.items() for selector in egress_selectors):
                 problems.append(f"{where}: no egress NetworkPolicy selects its pods")

@@ -21,6 +21,7 @@ GRPC_BIND_VARIABLES = {
     "imageworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
     "docworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
     "ocrworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
+    "mediaworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50072"),
 }
 
 
