@@ -4,9 +4,11 @@ external link, HLS and concat playlists, PostScript.
 What these tests prove: the gateway types each file from its content without parsing it, stores
 it like any upload, refuses *image* operations on it with ``415 UNSUPPORTED_FORMAT`` before any job
 exists, and nothing reaches out to the listener. PDFs are processed by the docworker; the same
-hostile PDFs go through pdfium in ``tests/security/test_pdf_corpus.py``. No operation accepts office
-documents or media yet (LibreOffice and FFmpeg workers are still to build); when they land, these
-files must go through them with the same expectations.
+hostile PDFs go through pdfium in ``tests/security/test_pdf_corpus.py``; office documents go
+through the docworker's checks (``tests/security/test_office_listener.py``). The playlists are
+typed as text, so the media operations refuse them at creation too (checked here with ``probe``);
+the mediaworker's own refusal of a playlist that reached it is proven in
+``tests/unit/test_media_probe.py`` (segments never opened).
 """
 
 from __future__ import annotations
@@ -182,6 +184,11 @@ def test_documents_and_media_are_stored_typed_and_refused_by_image_operations(
             )
             assert refused.status_code == 415, (name, refused.text)
             assert refused.json()["error_code"] == "UNSUPPORTED_FORMAT"
+            if name in ("playlist.m3u8", "concat.txt"):
+                probed = client.post(
+                    "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["probe"]}
+                )
+                assert probed.status_code == 415, (name, probed.text)
             with psycopg.connect(docs_platform.env["DATABASE_URL"]) as conn:
                 jobs = conn.execute(
                     "SELECT count(*) FROM processing_jobs WHERE object_id = %s", (obj["object_id"],)
