@@ -117,7 +117,26 @@ def detect(head: bytes) -> str:
     flat = flat_odf_mime(head)
     if flat:
         return flat  # from the root element only: identify() parses the whole file
+    media = _media_container(head)
+    if media:
+        return media
     return _magic(head)
+
+
+_TS_PACKET = 188
+
+
+def _media_container(head: bytes) -> str | None:
+    """Ogg (RFC 3533: pages start ``OggS``) as ``audio/ogg``, or ``video/ogg`` when its first page
+    is a Theora header (RFC 7845 and the Theora spec name the types); an MPEG transport stream
+    (ISO/IEC 13818-1: 188-byte packets, each starting with the sync byte 0x47) as ``video/mp2t``
+    when three packets in a row start so. puremagic calls the first ``application/ogg`` and does
+    not know the second: both would be kind ``other`` and refused by the media operations."""
+    if head.startswith(b"OggS"):
+        return "video/ogg" if b"\x80theora" in head[:512] else "audio/ogg"
+    if len(head) > 2 * _TS_PACKET and all(head[i * _TS_PACKET] == 0x47 for i in range(3)):
+        return "video/mp2t"
+    return None
 
 
 def _magic(head: bytes) -> str:

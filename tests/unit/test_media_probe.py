@@ -410,3 +410,21 @@ def test_larger_than_the_limit(tmp_path: Path) -> None:
     path = write_video(tmp_path / "big.mp4", seconds=0.4, audio=False)
     limits = MediaLimits(max_input_bytes=path.stat().st_size - 1)
     assert _error(path, tmp_path, limits).error_code == "INPUT_TOO_LARGE"
+
+
+def test_ogg_and_mpeg_ts_uploads_are_typed_as_media(tmp_path: Path) -> None:
+    """Both containers are on the demuxer allowlist; typed from their heads as audio/video (not
+    ``application/ogg`` or ``application/octet-stream``, kind ``other``), so probe accepts them."""
+    from hypermedia import contenttype
+
+    ogg = tmp_path / "sine.ogg"
+    with av.open(str(ogg), "w", format="ogg") as container:
+        stream = container.add_stream("libopus", rate=RATE, layout="stereo")
+        _mux_audio(container, stream, 1.0)
+    ts = write_video(tmp_path / "clip.ts", seconds=1.0, container_format="mpegts")
+    assert contenttype.detect(ogg.read_bytes()[: contenttype.HEAD_BYTES]) == "audio/ogg"
+    assert contenttype.detect(ts.read_bytes()[: contenttype.HEAD_BYTES]) == "video/mp2t"
+    assert contenttype.kind("audio/ogg") == "audio" and contenttype.kind("video/mp2t") == "video"
+    assert abs(probe(ogg, tmp_path)["duration_seconds"] - 1.0) < 0.05
+    assert contenttype.detect(b"OggS" + b"\0" * 24 + b"\x80theora" + b"\0" * 100) == "video/ogg"
+    assert contenttype.detect(bytes([0x47]) + b"\0" * 187 + bytes([0x47]) + b"\0" * 187) != "video/mp2t"
