@@ -99,6 +99,11 @@ DEFAULT_MAX_DURATION_SECONDS: Final = 4 * 3600.0
 DEFAULT_MAX_PROBE_PACKETS: Final = 1_000_000
 """Most packets the exact-duration pass demuxes: 4 hours of 30 fps video with AAC at 48 kHz is
 about 1.1 million packets."""
+SAMPLE_INDEX_TAIL: Final = 4096
+"""Entries at the end of each MP4/MOV track's sample index checked against the file's size."""
+MAX_DECODED_VIDEO_STREAMS: Final = 8
+"""Video streams whose first frame is decoded for its rotation (the file is opened once for each);
+the streams after them report ``rotation`` null (not read). Real files have one or two."""
 FIRST_FRAME_MAX_PACKETS: Final = 256
 """Most packets of one video stream sent to its decoder for the first frame (an open GOP or
 a decoder delay needs a few)."""
@@ -198,14 +203,18 @@ def run(
         _check_duration(report["duration_seconds"], limits)
         if report["container"]["format"].startswith("mov,"):
             _check_sample_index(container, size)
-    video = [s for s in report["streams"] if s["type"] == "video" and not s["attached_picture"]]
-    if video:
+    video = [
+        s for s in report["streams"] if s["type"] == "video" and not s["attached_picture"] and s["codec"]
+    ]
+    for record in video[MAX_DECODED_VIDEO_STREAMS:]:
+        record["rotation"] = None  # not read
+    for record in video[:MAX_DECODED_VIDEO_STREAMS]:
+        # A container of its own per stream: one demux pass consumes the other streams' packets,
+        # the keyframe of the next stream among them.
         with open_media(input_path) as container:
-            for record in video:
-                stream = container.streams[record["index"]]
-                assert isinstance(stream, VideoStream)
-                rotation = _first_frame_rotation(stream)
-                _set_rotation(record, rotation)
+            stream = container.streams[record["index"]]
+            assert isinstance(stream, VideoStream)
+            _set_rotation(record, _first_frame_rotation(stream))
     if report["duration_seconds"] is None or report["container"]["format"] in ESTIMATED_DURATION:
         with open_media(input_path) as container:
             _demux_duration(container, report, limits)
@@ -346,7 +355,7 @@ def _stream(stream: Stream) -> dict[str, Any]:
         "default": bool(stream.disposition & Disposition.default),
         "attached_picture": bool(stream.disposition & Disposition.attached_pic),
     }
-    if isinstance(stream, VideoStream):
+    if isinstance(stream, VideoStream) and ctx is not None:
         pix_fmt = stream.codec_context.pix_fmt
         sar = stream.sample_aspect_ratio
         record.update(
@@ -362,7 +371,7 @@ def _stream(stream: Stream) -> dict[str, Any]:
             nominal_frame_rate=None if record["attached_picture"] else _rate(stream.base_rate),
             frame_count=stream.frames or None,
         )
-    elif isinstance(stream, AudioStream):
+    elif isinstance(stream, AudioStream) and ctx is not None:
         audio = stream.codec_context
         record.update(
             sample_rate=audio.sample_rate or None,
@@ -417,9 +426,17 @@ def _check_sample_index(container: InputContainer, size: int) -> None:
     came first (fast start) and the media data was cut."""
     for stream in container.streams:
         entries = stream.index_entries
-        if len(entries) == 0:
+        count = len(entries)
+        if count == 0:
             continue
-        if max(entry.pos + entry.size for entry in entries) > size:
+        if count > size:  # every sample takes a byte at least: a forged sample table
+            raise PermanentJobError(
+                "The MP4/MOV file's index lists more samples than the file has bytes.", "CORRUPT_INPUT"
+            )
+        # The last entries hold the highest offsets (a track's samples are stored in order); a
+        # Python object per entry of a forged table of millions is what this must not build.
+        last = (entries[i] for i in range(max(0, count - SAMPLE_INDEX_TAIL), count))
+        if max(entry.pos + entry.size for entry in last) > size:
             raise PermanentJobError(
                 "The MP4/MOV file is truncated: its index refers to media data past the end of the file.",
                 "CORRUPT_INPUT",

@@ -194,9 +194,22 @@ def run(
 
 
 def _audio_stream(container: InputContainer) -> AudioStream:
+    """The first audio stream that is not a cover picture and that this FFmpeg can decode.
+
+    Raises:
+        PermanentJobError: ``NO_AUDIO_STREAM``; ``UNSUPPORTED_FORMAT`` when the only audio is in a
+            codec this build has no decoder for (PyAV gives such a stream no codec context).
+    """
+    undecodable = False
     for stream in container.streams.audio:
-        if not stream.disposition & Disposition.attached_pic:
-            return stream
+        if stream.disposition & Disposition.attached_pic:
+            continue
+        if stream.codec_context is None:
+            undecodable = True
+            continue
+        return stream
+    if undecodable:
+        raise PermanentJobError("The audio is in a codec this service cannot decode.", "UNSUPPORTED_FORMAT")
     raise PermanentJobError("The input has no audio stream to draw a waveform of.", "NO_AUDIO_STREAM")
 
 
@@ -254,6 +267,16 @@ def _count_samples(
     if not seconds or not rate:
         raise PermanentJobError("The audio stream holds no samples.", "CORRUPT_INPUT")
     return max(1, round(seconds * rate))
+
+
+def _channels(frame: av.AudioFrame) -> np.ndarray:
+    """A packed float frame (``flt``: one plane, channels interleaved) as an array of shape
+    (channels, samples). Packed on purpose: PyAV 18 counts the planes of a planar frame with 8 or
+    more channels wrongly and reads pointers past them (a 7.1 file crashed the job, a 16-channel
+    one returned memory that was not audio), so nothing here touches more than plane 0."""
+    channels = len(frame.layout.channels)
+    data = np.frombuffer(memoryview(frame.planes[0]), dtype=np.float32, count=frame.samples * channels)
+    return data.reshape(frame.samples, channels).T
 
 
 def _corrupt() -> PermanentJobError:
@@ -391,9 +414,9 @@ def _decode(
         for frame in frames:
             if resampler is None:
                 peaks = _new_peaks(frame, options, total_samples, header_seconds, mix)
-                resampler = av.AudioResampler(format="fltp", layout=frame.layout, rate=frame.sample_rate)
+                resampler = av.AudioResampler(format="flt", layout=frame.layout, rate=frame.sample_rate)
             for converted in resampler.resample(frame):
-                samples = converted.to_ndarray()
+                samples = _channels(converted)
                 if mix:
                     samples = samples.mean(axis=0, keepdims=True, dtype=np.float32)
                 batch.append(samples)
@@ -409,7 +432,7 @@ def _decode(
                 take(ctx.decode(packet))
         if resampler is not None and peaks is not None:
             for converted in resampler.resample(None):
-                samples = converted.to_ndarray()
+                samples = _channels(converted)
                 batch.append(samples.mean(axis=0, keepdims=True, dtype=np.float32) if mix else samples)
     except av.error.MemoryError as exc:
         raise MemoryError(str(exc)) from exc

@@ -428,3 +428,47 @@ def test_ogg_and_mpeg_ts_uploads_are_typed_as_media(tmp_path: Path) -> None:
     assert abs(probe(ogg, tmp_path)["duration_seconds"] - 1.0) < 0.05
     assert contenttype.detect(b"OggS" + b"\0" * 24 + b"\x80theora" + b"\0" * 100) == "video/ogg"
     assert contenttype.detect(bytes([0x47]) + b"\0" * 187 + bytes([0x47]) + b"\0" * 187) != "video/mp2t"
+
+
+def test_every_video_stream_of_a_long_gop_file_is_read(tmp_path: Path) -> None:
+    """Two H.264 streams with one keyframe each, interleaved: the pass over stream 0 must not use
+    up stream 1's keyframe (it once did: CORRUPT_INPUT for a valid file)."""
+    path = tmp_path / "two.mp4"
+    with av.open(str(path), "w") as container:
+        streams = []
+        for _ in range(2):
+            stream = container.add_stream("libx264", rate=25, options={"g": "1000", "sc_threshold": "0"})
+            stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+            streams.append(stream)
+        for i in range(60):
+            for k, stream in enumerate(streams):
+                image = np.full((48, 64, 3), (i * 4 + k * 50) % 256, np.uint8)
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+        for stream in streams:
+            container.mux(stream.encode(None))
+    report = probe(path, tmp_path)
+    assert [(s["codec"], s["rotation"]) for s in video_streams(report)] == [("h264", 0), ("h264", 0)]
+
+
+def test_a_codec_without_a_decoder_is_described_not_an_error(tmp_path: Path) -> None:
+    """A Matroska audio track whose CodecID no decoder knows: probe lists it with codec null;
+    waveform has nothing to decode (UNSUPPORTED_FORMAT), not an INTERNAL failure."""
+    from hypermedia.media import engine
+
+    path = tmp_path / "pcm.mkv"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("pcm_s16le", rate=8000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 8000, 0
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    data = path.read_bytes()
+    assert b"A_PCM/INT/LIT" in data
+    path.write_bytes(data.replace(b"A_PCM/INT/LIT", b"A_ZZZ/INT/LIT"))
+    [stream_record] = probe(path, tmp_path)["streams"]
+    assert (stream_record["type"], stream_record["codec"]) == ("audio", None)
+    out = tmp_path / "waveform"
+    out.mkdir()
+    with pytest.raises(PermanentJobError) as caught:
+        engine.run("waveform", {}, path, out, limits=LIMITS)
+    assert caught.value.error_code == "UNSUPPORTED_FORMAT"

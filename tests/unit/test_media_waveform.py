@@ -298,3 +298,27 @@ def test_too_many_peaks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert err.value.error_code == "MEDIA_TOO_LONG"
     peaks, _, _ = waveform(path, tmp_path, {"buckets_per_second": 100, "image": False})
     assert peaks["length"] == 200
+
+
+@pytest.mark.parametrize("channels", [8, 16])
+def test_eight_or_more_channels(tmp_path: Path, channels: int) -> None:
+    """7.1 and 16-channel WAV (written with the standard library's wave module), channel c at
+    amplitude (c + 1) / 20: each channel's own peaks. PyAV 18 miscounts the planes of planar
+    frames with 8 or more channels (the job crashed, or returned memory that was not audio)."""
+    import wave
+
+    rate, seconds = 8000, 1
+    t = np.arange(rate * seconds) / rate
+    columns = [(c + 1) / 20 * np.sin(2 * math.pi * 440 * t) for c in range(channels)]
+    interleaved = (np.stack(columns, axis=1) * 32767).astype("<i2")
+    path = tmp_path / f"ch{channels}.wav"
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(channels)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(interleaved.tobytes())
+    peaks, _pixels, _outputs = waveform(path, tmp_path, {"buckets_per_second": 10, "image": False})
+    assert peaks["channels"] == channels and len(peaks["data"]) == channels
+    for c, data in enumerate(peaks["data"]):
+        maxima = np.array(data).reshape(-1, 2)[:, 1]
+        assert np.allclose(maxima, (c + 1) / 20, atol=0.01), (c, maxima[:3])
