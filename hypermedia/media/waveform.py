@@ -26,8 +26,8 @@ the smallest and the largest sample of each channel (or of their mean, ``channel
    A bucket no sample falls in (a sample rate below ``buckets_per_second``, fewer samples than
    ``buckets``) holds the value of the sample before it.
 3. **Decoding** with one thread; every frame is converted by an :class:`av.AudioResampler` to
-   planar float at the stream's own rate and layout (no resampling: values −1…1 whatever the
-   codec's sample format), in batches of :data:`BATCH_SAMPLES`; min/max per bucket are reduced
+   packed float at the stream's own rate and layout (no resampling: values −1…1 whatever the
+   codec's sample format; packed, as :func:`_channels` says why), in batches of :data:`BATCH_SAMPLES`; min/max per bucket are reduced
    with NumPy as the batches come (memory is the batch and the peaks, never the decoded audio).
    ``mix`` is the arithmetic mean of the channels (not FFmpeg's downmix, which weights the centre
    and surround channels and drops the LFE). The peaks are bounded: more than
