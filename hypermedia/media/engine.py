@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Final
 
 from hypermedia.errors import InvalidArgument
-from hypermedia.media import probe, waveform
+from hypermedia.media import poster, probe, waveform
 from hypermedia.media.probe import MediaLimits
 from hypermedia.sandbox import OutputFile
 
@@ -18,6 +18,7 @@ __all__ = ["OPERATION_ENTRIES", "MediaLimits", "run"]
 OPERATION_ENTRIES: Final[dict[str, Callable[..., list[OutputFile]]]] = {
     "probe": probe.run,
     "waveform": waveform.run,
+    "poster": poster.run,
 }
 """Operation → its entry, each ``fn(operation, params, input_path, out_dir, *, limits)``."""
 

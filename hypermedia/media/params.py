@@ -1,15 +1,17 @@
 """Params of the media operations (issue 7): checked when a job is created (the gateway) and again
-in the worker (:func:`hypermedia.media.probe.run`, :func:`hypermedia.media.waveform.run`). Pure
-Python: the gateway imports this module, never PyAV.
+in the worker (:func:`hypermedia.media.probe.run`, :func:`hypermedia.media.waveform.run`,
+:func:`hypermedia.media.poster.run`). Pure Python: the gateway imports this module, never PyAV.
 
 | operation | params |
 |---|---|
 | ``probe`` | none: ``{}`` or ``null``; any key is ``INVALID_PARAMS`` |
+| ``poster`` | ``width`` (integer 16–3840, default 640: the poster's width in pixels; the height follows the display aspect ratio; never wider than the source's display width); ``format``: ``"jpeg"`` (default), ``"webp"`` or ``"png"``; ``quality`` (integer 1–100, default 82; used by JPEG and WebP) |
 | ``waveform`` | ``buckets_per_second`` (integer 1–1000, default 100) **or** ``buckets`` (the total, integer 16–100 000), not both; ``channels``: ``"all"`` (default: peaks per channel) or ``"mix"`` (one channel, the mean of all); ``image``: ``false`` for no PNG, or an object of ``width`` (64–8192 px, default 1800), ``height`` (32–2048 px, default 280), ``color`` (``"#RRGGBB"``, default ``"#3B82F6"``), ``background`` (``"#RRGGBB"`` or ``"transparent"``, the default); ``true`` or absent is the defaults |
 
 Normalised ``waveform`` params: ``{"buckets_per_second": int | None, "buckets": int | None,
 "channels": "all" | "mix", "image": {"width", "height", "color", "background"} | None}`` with
-exactly one of the first two set and colours upper-case.
+exactly one of the first two set and colours upper-case. Normalised ``poster`` params:
+``{"width": int, "format": "jpeg" | "webp" | "png", "quality": int}``.
 """
 
 from __future__ import annotations
@@ -29,13 +31,18 @@ __all__ = [
     "IMAGE_HEIGHT_RANGE",
     "IMAGE_WIDTH_RANGE",
     "OPERATIONS",
+    "POSTER_DEFAULT_QUALITY",
+    "POSTER_DEFAULT_WIDTH",
+    "POSTER_FORMATS",
+    "POSTER_QUALITY_RANGE",
+    "POSTER_WIDTH_RANGE",
     "WAVEFORM_CHANNELS",
     "validate_params",
 ]
 
-OPERATIONS: Final = ("probe", "waveform")
-"""The media operations this package implements so far (``transcode_video``, ``transcode_audio``
-and ``poster`` are to come)."""
+OPERATIONS: Final = ("probe", "waveform", "poster")
+"""The media operations this package implements so far (``transcode_video`` and
+``transcode_audio`` are to come)."""
 
 DEFAULT_BUCKETS_PER_SECOND: Final = 100
 BUCKETS_PER_SECOND_RANGE: Final = (1, 1000)
@@ -50,8 +57,15 @@ DEFAULT_IMAGE: Final[Mapping[str, Any]] = {
     "background": "transparent",
 }
 
+POSTER_WIDTH_RANGE: Final = (16, 3840)
+POSTER_DEFAULT_WIDTH: Final = 640
+POSTER_FORMATS: Final = ("jpeg", "webp", "png")
+POSTER_QUALITY_RANGE: Final = (1, 100)
+POSTER_DEFAULT_QUALITY: Final = 82
+
 _ALLOWED_KEYS: Final[dict[str, frozenset[str]]] = {
     "probe": frozenset(),
+    "poster": frozenset({"width", "format", "quality"}),
     "waveform": frozenset({"buckets_per_second", "buckets", "channels", "image"}),
 }
 _IMAGE_KEYS: Final = frozenset(DEFAULT_IMAGE)
@@ -70,18 +84,36 @@ def validate_params(operation: str, params: Any) -> dict[str, Any]:
         params: the request's params: a mapping, or ``None`` for none.
 
     Returns:
-        ``{}`` for ``probe``; for ``waveform`` the normalised params of the module doc.
+        ``{}`` for ``probe``; for ``waveform`` and ``poster`` the normalised params of the
+        module doc.
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION`` for an operation not in :data:`OPERATIONS`;
             ``INVALID_PARAMS`` for params that are not an object, that have unknown keys, or
-            (``waveform``) values out of their type or range, or both ``buckets_per_second`` and
-            ``buckets``.
+            (``waveform``, ``poster``) values out of their type or range, or both
+            ``buckets_per_second`` and ``buckets``.
     """
     checked = params_object(operation, params, OPERATIONS, _ALLOWED_KEYS.get(operation, ()))
     if operation == "waveform":
         return _waveform(checked)
+    if operation == "poster":
+        return _poster(checked)
     return {}
+
+
+def _poster(params: Mapping[str, Any]) -> dict[str, Any]:
+    width = params.get("width")
+    width = POSTER_DEFAULT_WIDTH if width is None else _integer("width", width, POSTER_WIDTH_RANGE)
+    image_format = params.get("format")
+    if image_format is None:
+        image_format = POSTER_FORMATS[0]
+    if image_format not in POSTER_FORMATS:
+        raise _invalid('format must be "jpeg", "webp" or "png"')
+    quality = params.get("quality")
+    quality = (
+        POSTER_DEFAULT_QUALITY if quality is None else _integer("quality", quality, POSTER_QUALITY_RANGE)
+    )
+    return {"width": width, "format": image_format, "quality": quality}
 
 
 def _waveform(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -64,6 +64,7 @@ __all__ = [
     "ESTIMATED_DURATION",
     "MediaLimits",
     "OutputFile",
+    "frame_rotation",
     "open_media",
     "run",
 ]
@@ -466,7 +467,7 @@ def _first_frame_rotation(stream: VideoStream) -> int:
             else:
                 frames = stream.codec_context.decode(packet)
             for frame in frames:
-                return _frame_rotation(frame)
+                return frame_rotation(frame)
             packets += 1
             if packets >= FIRST_FRAME_MAX_PACKETS:
                 break
@@ -484,7 +485,10 @@ def _bad_first_frame(index: int) -> PermanentJobError:
     )
 
 
-def _frame_rotation(frame: Any) -> int:
+def frame_rotation(frame: Any) -> int:
+    """Degrees counter-clockwise of a decoded frame's display matrix (0 without one), rounded
+    (:func:`_matrix_rotation`); the poster turns its frame by it too. ``frame`` is typed ``Any``:
+    PyAV's stubs give ``VideoFrame.side_data`` the iteration of a mapping's keys."""
     for side_data in frame.side_data:
         if side_data.type.name == "DISPLAYMATRIX":
             return _matrix_rotation(bytes(side_data))

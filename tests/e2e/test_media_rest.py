@@ -143,3 +143,24 @@ def test_waveform_of_a_video_without_sound_is_a_specific_error(client: httpx.Cli
     obj = upload(client, write_video(tmp_path / "silent.mp4", seconds=1.0, audio=False))
     job = _process(client, obj["object_id"], "waveform")
     assert (job["status"], job["error_code"], job["attempt_count"]) == ("failed", "NO_AUDIO_STREAM", 1)
+
+
+def test_poster_skips_the_black_start_and_is_upright(client: httpx.Client, tmp_path: Path) -> None:
+    """A −90° rotated clip: the poster is portrait (the display size), a JPEG of the pattern."""
+    import pyvips
+
+    obj = upload(client, write_video(tmp_path / "clip.mp4", rotation=-90))
+    job = _process(client, obj["object_id"], {"name": "poster", "params": {"width": 120}})
+    assert job["status"] == "completed", (job["error_code"], job["error_message"])
+    [output] = job["outputs"]
+    assert (output["output_type"], output["mime_type"]) == ("poster", "image/jpeg")
+    image = pyvips.Image.new_from_buffer(httpx.get(output["url"], timeout=30).content, "")
+    assert image.width == 120 and image.height == 160
+    assert output["metadata"]["source"] == "video_frame"
+
+
+def test_poster_of_an_mp3_is_its_cover(client: httpx.Client, tmp_path: Path) -> None:
+    obj = upload(client, write_mp3_with_cover(tmp_path / "song.mp3"))
+    job = _process(client, obj["object_id"], "poster")
+    assert job["status"] == "completed", (job["error_code"], job["error_message"])
+    assert job["outputs"][0]["metadata"]["source"] == "cover_art"
