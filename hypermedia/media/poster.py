@@ -41,7 +41,7 @@ from av.video.stream import VideoStream
 
 from hypermedia.errors import PermanentJobError
 from hypermedia.media.params import validate_params
-from hypermedia.media.probe import MediaLimits, frame_rotation, open_media
+from hypermedia.media.probe import MediaLimits, check_duration, check_size, frame_rotation, open_media
 from hypermedia.sandbox import OutputFile
 
 __all__ = [
@@ -109,20 +109,10 @@ def run(
         MemoryError: FFmpeg hit the sandbox's memory limit.
     """
     options = validate_params(operation, params)
-    size = input_path.stat().st_size
-    if size > limits.max_input_bytes:
-        raise PermanentJobError(
-            f"The input is larger than the {limits.max_input_bytes} byte limit.", "INPUT_TOO_LARGE"
-        )
+    check_size(input_path, limits)
     with open_media(input_path) as container:
         if container.duration is not None:
-            seconds = container.duration / av.time_base
-            if seconds > limits.max_duration_seconds:
-                raise PermanentJobError(
-                    f"The input lasts {seconds:.1f} s; at most {limits.max_duration_seconds:.0f} s "
-                    "are accepted.",
-                    "MEDIA_TOO_LONG",
-                )
+            check_duration(container.duration / av.time_base, limits)
         stream, source = _source_stream(container)
         _check_pixels(stream.codec_context.width, stream.codec_context.height)
         choice = _choose_frame(stream) if source == "video_frame" else _cover_frame(stream)

@@ -64,6 +64,8 @@ __all__ = [
     "ESTIMATED_DURATION",
     "MediaLimits",
     "OutputFile",
+    "check_duration",
+    "check_size",
     "frame_rotation",
     "open_media",
     "run",
@@ -194,14 +196,10 @@ def run(
     if operation != "probe":
         raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
     validate_params(operation, params)
-    size = input_path.stat().st_size
-    if size > limits.max_input_bytes:
-        raise PermanentJobError(
-            f"The input is larger than the {limits.max_input_bytes} byte limit.", "INPUT_TOO_LARGE"
-        )
+    size = check_size(input_path, limits)
     with open_media(input_path) as container:
         report = _describe(container, size)
-        _check_duration(report["duration_seconds"], limits)
+        check_duration(report["duration_seconds"], limits)
         if report["container"]["format"].startswith("mov,"):
             _check_sample_index(container, size)
     video = [
@@ -414,7 +412,20 @@ def _rate(rate: Fraction | None) -> float | None:
     return round(float(rate), 6)
 
 
-def _check_duration(seconds: float | None, limits: MediaLimits) -> None:
+def check_size(input_path: Path, limits: MediaLimits) -> int:
+    """The input's size in bytes. Raises PermanentJobError ``INPUT_TOO_LARGE`` over
+    :attr:`MediaLimits.max_input_bytes` (every media operation checks it before FFmpeg reads)."""
+    size = input_path.stat().st_size
+    if size > limits.max_input_bytes:
+        raise PermanentJobError(
+            f"The input is larger than the {limits.max_input_bytes} byte limit.", "INPUT_TOO_LARGE"
+        )
+    return size
+
+
+def check_duration(seconds: float | None, limits: MediaLimits) -> None:
+    """Raises PermanentJobError ``MEDIA_TOO_LONG`` when ``seconds`` (None: unknown) is over
+    :attr:`MediaLimits.max_duration_seconds`; shared by every media operation."""
     if seconds is not None and seconds > limits.max_duration_seconds:
         raise PermanentJobError(
             f"The input lasts {seconds:.1f} s; at most {limits.max_duration_seconds:.0f} s are accepted.",
@@ -546,7 +557,7 @@ def _demux_duration(container: InputContainer, report: dict[str, Any], limits: M
             last = float((packet.pts + (packet.duration or 0)) * packet.time_base)
             start = first if start is None else min(start, first)
             end = last if end is None else max(end, last)
-            _check_duration(end - start, limits)
+            check_duration(end - start, limits)
     except av.error.MemoryError as exc:
         raise MemoryError(str(exc)) from exc
     except av.error.FFmpegError as exc:

@@ -10,8 +10,7 @@ the smallest and the largest sample of each channel (or of their mean, ``channel
    demuxers only. No audio stream is ``NO_AUDIO_STREAM``. A header duration over
    :attr:`MediaLimits.max_duration_seconds` is ``MEDIA_TOO_LONG`` before anything is decoded;
    while decoding, the samples counted so far are checked against it too (a header without a
-   duration, or one FFmpeg only estimates). The probe's duration helpers are private to
-   :mod:`~hypermedia.media.probe`, so the few lines of that check are this module's own.
+   duration, or one FFmpeg only estimates), with :func:`hypermedia.media.probe.check_duration`.
 2. **Buckets** by sample index, from the first decoded sample (timestamps are not consulted:
    a gap in them is not a gap in the peaks). ``buckets_per_second`` *b* at sample rate *r*:
    bucket *i* holds samples ``[i·r/b, (i+1)·r/b)`` (integer arithmetic, ``s·b // r``; a
@@ -56,7 +55,7 @@ from av.stream import Disposition
 
 from hypermedia.errors import PermanentJobError
 from hypermedia.media.params import validate_params
-from hypermedia.media.probe import MediaLimits, open_media
+from hypermedia.media.probe import MediaLimits, check_duration, check_size, open_media
 from hypermedia.sandbox import OutputFile
 
 __all__ = ["BATCH_SAMPLES", "JSON_VERSION", "MAX_PEAK_VALUES", "run"]
@@ -134,16 +133,12 @@ def run(
         MemoryError: FFmpeg hit the sandbox's memory limit.
     """
     options = validate_params(operation, params)
-    size = input_path.stat().st_size
-    if size > limits.max_input_bytes:
-        raise PermanentJobError(
-            f"The input is larger than the {limits.max_input_bytes} byte limit.", "INPUT_TOO_LARGE"
-        )
+    check_size(input_path, limits)
     with open_media(input_path) as container:
         stream = _audio_stream(container)
         index = stream.index
         header_seconds = _header_seconds(container, stream)
-        _check_duration(header_seconds, limits)
+        check_duration(header_seconds, limits)
         total_samples: int | None = None
         if options["buckets"] is not None:
             total_samples = _count_samples(container, stream, header_seconds, limits)
@@ -222,14 +217,6 @@ def _header_seconds(container: InputContainer, stream: AudioStream) -> float | N
     return None
 
 
-def _check_duration(seconds: float | None, limits: MediaLimits) -> None:
-    if seconds is not None and seconds > limits.max_duration_seconds:
-        raise PermanentJobError(
-            f"The input lasts {seconds:.1f} s; at most {limits.max_duration_seconds:.0f} s are accepted.",
-            "MEDIA_TOO_LONG",
-        )
-
-
 def _count_samples(
     container: InputContainer, stream: AudioStream, header_seconds: float | None, limits: MediaLimits
 ) -> int:
@@ -256,7 +243,7 @@ def _count_samples(
             last = packet.pts + (packet.duration or 0)
             start = packet.pts if start is None else min(start, packet.pts)
             end = last if end is None else max(end, last)
-            _check_duration(float((end - start) * time_base), limits)
+            check_duration(float((end - start) * time_base), limits)
     except av.error.MemoryError as exc:
         raise MemoryError(str(exc)) from exc
     except av.error.FFmpegError as exc:
@@ -407,7 +394,7 @@ def _decode(
             batch.clear()
             batched = 0
             peaks.add(block)
-            _check_duration(peaks.samples / peaks.rate, limits)
+            check_duration(peaks.samples / peaks.rate, limits)
 
     def take(frames: list[av.AudioFrame]) -> None:
         nonlocal peaks, resampler, batched
