@@ -105,6 +105,18 @@ class JobHandler(Protocol):
         ...
 
 
+class SandboxHandler:
+    """The default hooks of a :class:`JobHandler`: nothing staged (everything happens in the
+    sandbox) and no charge beside the profile's price. A worker service subclasses it, sets
+    ``entry`` and ``entry_kwargs``, and overrides a hook only where it does more."""
+
+    async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
+        return job_input
+
+    def charge_lines(self, job: lifecycle.ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
+        return {}
+
+
 def boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()

@@ -30,8 +30,7 @@ from hypermedia.documents.office import OfficePool
 from hypermedia.documents.pdf import DocumentLimits
 from hypermedia.errors import PermanentJobError
 from hypermedia.lifecycle import ClaimedJob
-from hypermedia.runtime import JobInput
-from hypermedia.sandbox import OutputFile
+from hypermedia.runtime import JobInput, SandboxHandler
 from hypermedia.service import Lifetime, run_service
 from hypermedia.workerservice import queue_worker_settings, serve_worker
 
@@ -44,7 +43,7 @@ CONVERTING_OPERATIONS: Final = frozenset({"office_to_pdf", "text_extract"})
 """Operations that accept an office document (converted to PDF first)."""
 
 
-class DocumentHandler:
+class DocumentHandler(SandboxHandler):
     """Runs :func:`hypermedia.documents.pdf.run` with the profile's size and per-page pixel limits,
     after converting an office document to PDF with a warm LibreOffice listener."""
 
@@ -92,9 +91,6 @@ class DocumentHandler:
         return dataclasses.replace(
             job_input, path=converted, entry_kwargs={**job_input.entry_kwargs, "converted": facts}
         )
-
-    def charge_lines(self, job: ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
-        return {}  # the profile's price only
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:

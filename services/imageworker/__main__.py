@@ -7,29 +7,20 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-import asyncpg
-
 from hypermedia.imaging.ops import ImageLimits
 from hypermedia.lifecycle import ClaimedJob
-from hypermedia.runtime import JobInput
-from hypermedia.sandbox import OutputFile
+from hypermedia.runtime import SandboxHandler
 from hypermedia.service import run_service
 from hypermedia.workerservice import serve_worker
 
 
-class ImageHandler:
+class ImageHandler(SandboxHandler):
     """Runs :func:`hypermedia.imaging.ops.run` with the profile's pixel and size limits."""
 
     entry = "hypermedia.imaging.ops:run"
 
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
         return {"limits": ImageLimits(max_pixels=job.max_pixels, max_input_bytes=job.max_input_bytes)}
-
-    async def stage(self, job: ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
-        return job_input  # everything happens in the sandbox
-
-    def charge_lines(self, job: ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
-        return {}  # the profile's price only
 
 
 serve = partial(

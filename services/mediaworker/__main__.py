@@ -14,12 +14,9 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
-import asyncpg
-
 from hypermedia.lifecycle import ClaimedJob
 from hypermedia.media.probe import MediaLimits
-from hypermedia.runtime import JobInput
-from hypermedia.sandbox import OutputFile
+from hypermedia.runtime import SandboxHandler
 from hypermedia.service import Lifetime, run_service
 from hypermedia.workerservice import queue_worker_settings, serve_worker
 
@@ -27,7 +24,7 @@ QUEUE: Final = "media"
 DEFAULT_SLOTS: Final = 1
 
 
-class MediaHandler:
+class MediaHandler(SandboxHandler):
     """Runs :func:`hypermedia.media.engine.run` with the profile's limits: input size and the
     longest media (``max_duration_seconds``: ``MEDIA_TOO_LONG`` from the header or a demux pass,
     before anything is decoded at length)."""
@@ -40,12 +37,6 @@ class MediaHandler:
                 max_input_bytes=job.max_input_bytes, max_duration_seconds=float(job.max_duration_seconds)
             )
         }
-
-    async def stage(self, job: ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
-        return job_input  # everything happens in the sandbox
-
-    def charge_lines(self, job: ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
-        return {}  # the profile's price only
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:

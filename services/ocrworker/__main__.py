@@ -24,13 +24,11 @@ import logging
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
-import asyncpg
-
 from hypermedia.errors import DomainError
 from hypermedia.lifecycle import ClaimedJob
 from hypermedia.ocr import tesseract
 from hypermedia.ocr.engine import OcrLimits
-from hypermedia.runtime import JobInput, WorkerRuntime
+from hypermedia.runtime import SandboxHandler, WorkerRuntime
 from hypermedia.sandbox import OutputFile
 from hypermedia.service import Lifetime, run_service
 from hypermedia.workerservice import queue_worker_settings, serve_worker
@@ -46,7 +44,7 @@ ESCALATION_LINE: Final = "ocr_escalation"
 """The charge line of pages read again by the second engine."""
 
 
-class OcrHandler:
+class OcrHandler(SandboxHandler):
     """Runs :func:`hypermedia.ocr.engine.run` with the profile's size and per-page pixel limits,
     and charges escalated pages as a line of their own."""
 
@@ -54,9 +52,6 @@ class OcrHandler:
 
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
         return {"limits": OcrLimits(max_input_bytes=job.max_input_bytes, max_page_pixels=job.max_pixels)}
-
-    async def stage(self, job: ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
-        return job_input  # everything happens in the sandbox
 
     def charge_lines(self, job: ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
         """``{"ocr_escalation": escalated_pages × the profile's escalation_per_page}`` when pages
