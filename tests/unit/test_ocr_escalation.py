@@ -194,37 +194,20 @@ async def test_escalation_in_a_sandbox_child(sandbox: Sandbox, blurred_page: Pat
     """RapidOCR in a forked child with the sandbox's default ``RLIMIT_NPROC`` (16 tasks of its
     uid, threads included), its address-space limit and no network: one onnxruntime thread, the
     models from the installed wheel."""
-    job_id = f"job-{secrets.token_hex(6)}"
-    job_dir = sandbox.prepare(job_id)
-    input_path = job_dir / "input" / "source"
-    shutil.copy(blurred_page, input_path)
-    os.chmod(input_path, 0o600)
     # CPU above ESCALATION_CPU_RESERVE, or the page is not escalated (the test below).
     limits = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=2 << 30, fsize_bytes=1 << 30)
     assert limits.nproc == 16
-    try:
-        result = await sandbox.run(
-            job_id,
-            "hypermedia.ocr.engine:run",
-            "ocr",
-            {"outputs": ["text", "words"]},
-            input_path,
-            limits,
-            entry_kwargs={"limits": LIMITS},
-        )
-        assert result.error_code is None, result
-        files = {o.output_type: (job_dir / "output" / o.filename).read_bytes() for o in result.outputs}
-    finally:
-        sandbox.cleanup(job_id)
-    page = json.loads(files["words"])["pages"][0]
+    page, _metadata, text = await _escalation_in_sandbox(sandbox, blurred_page, limits)
     assert page["escalated"] is True
     assert page["engine"] == "rapidocr"
-    assert cer(files["text"].decode(), GOLD) < 0.08
+    assert cer(text, GOLD) < 0.08
 
 
 async def _escalation_in_sandbox(
     sandbox: Sandbox, page: Path, limits: SandboxLimits
 ) -> tuple[dict, dict, str]:
+    """OCRs ``page`` in a child of ``sandbox`` under ``limits``: its words-document page record,
+    its text output's metadata and its text."""
     job_id = f"job-{secrets.token_hex(6)}"
     job_dir = sandbox.prepare(job_id)
     input_path = job_dir / "input" / "source"
