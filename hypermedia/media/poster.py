@@ -215,8 +215,8 @@ def _choose_frame(stream: VideoStream) -> _Choice:
             count += 1
             if count >= POSTER_MAX_FRAMES:
                 break
-    except av.error.MemoryError as exc:
-        raise MemoryError(str(exc)) from exc
+    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
+        raise
     except av.error.FFmpegError as exc:
         if best is None:
             raise _no_frame(stream.index) from exc
@@ -236,8 +236,8 @@ def _cover_frame(stream: VideoStream) -> _Choice:
     try:
         for frame in _frames(stream):
             return _Choice(frame, 0.0, 0)
-    except av.error.MemoryError as exc:
-        raise MemoryError(str(exc)) from exc
+    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
+        raise
     except av.error.FFmpegError as exc:
         raise _no_frame(stream.index) from exc
     raise _no_frame(stream.index)

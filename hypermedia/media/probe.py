@@ -253,10 +253,8 @@ def open_media(path: Path) -> Iterator[InputContainer]:
     options = {"protocol_whitelist": "file", "format_whitelist": ",".join(DEMUXERS)}
     try:
         container = av.open(f"file:{path.resolve()}", mode="r", options=options)
-    except MemoryError:
+    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
         raise
-    except av.error.MemoryError as exc:
-        raise MemoryError(str(exc)) from exc
     except av.error.ArgumentError as exc:
         # EINVAL from avformat_open_input: the probed format is not on the whitelist.
         raise PermanentJobError(
@@ -482,8 +480,8 @@ def _first_frame_rotation(stream: VideoStream) -> int:
             packets += 1
             if packets >= FIRST_FRAME_MAX_PACKETS:
                 break
-    except av.error.MemoryError as exc:
-        raise MemoryError(str(exc)) from exc
+    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
+        raise
     except av.error.FFmpegError as exc:
         raise _bad_first_frame(stream.index) from exc
     raise _bad_first_frame(stream.index)
@@ -558,8 +556,8 @@ def _demux_duration(container: InputContainer, report: dict[str, Any], limits: M
             start = first if start is None else min(start, first)
             end = last if end is None else max(end, last)
             check_duration(end - start, limits)
-    except av.error.MemoryError as exc:
-        raise MemoryError(str(exc)) from exc
+    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
+        raise
     except av.error.FFmpegError as exc:
         raise PermanentJobError(
             "The media file is damaged: its packets cannot be read.", "CORRUPT_INPUT"

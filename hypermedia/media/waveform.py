@@ -244,8 +244,8 @@ def _count_samples(
             start = packet.pts if start is None else min(start, packet.pts)
             end = last if end is None else max(end, last)
             check_duration(float((end - start) * time_base), limits)
-    except av.error.MemoryError as exc:
-        raise MemoryError(str(exc)) from exc
+    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
+        raise
     except av.error.FFmpegError as exc:
         raise _corrupt() from exc
     seconds = float((end - start) * time_base) if start is not None and end is not None else None
@@ -421,8 +421,8 @@ def _decode(
             for converted in resampler.resample(None):
                 samples = _channels(converted)
                 batch.append(samples.mean(axis=0, keepdims=True, dtype=np.float32) if mix else samples)
-    except av.error.MemoryError as exc:
-        raise MemoryError(str(exc)) from exc
+    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
+        raise
     except (av.error.FFmpegError, ValueError) as exc:  # ValueError: a frame's layout changed
         raise _corrupt() from exc
     flush()
