@@ -58,6 +58,7 @@ import gc
 import importlib
 import json
 import logging
+import math
 import os
 import pickle
 import pwd
@@ -529,6 +530,56 @@ class Sandbox:
         if not isinstance(output.metadata, dict):
             raise TypeError("output metadata is not an object")
         return output
+
+
+PROGRESS_FILE: Final = "progress"
+"""File in the job dir where an entry reports how far it is (:func:`report_progress`)."""
+_PROGRESS_MIN_INTERVAL: Final = 0.5
+_progress_written: dict[str, tuple[float, float]] = {}
+
+
+def report_progress(out_dir: Path, fraction: float) -> None:
+    """Called by an entry, in the sandbox child: reports that ``fraction`` (0–1) of its work is
+    done, for the worker to turn into job progress events while the child runs
+    (:func:`read_progress`). Writes ``{job_dir}/progress`` (``out_dir``'s parent) as a decimal
+    number, atomically (a temporary file renamed over it); at most every 0.5 s, except 1.0.
+    Best effort: an ``OSError`` (a full disk) is ignored — progress never fails a job."""
+    fraction = min(1.0, max(0.0, float(fraction))) if math.isfinite(fraction) else 0.0
+    key = str(out_dir)
+    now = time.monotonic()
+    last = _progress_written.get(key)
+    if last is not None and fraction < 1.0 and (now - last[0] < _PROGRESS_MIN_INTERVAL or fraction <= last[1]):
+        return
+    _progress_written[key] = (now, fraction)
+    job_dir = Path(out_dir).parent
+    tmp = job_dir / f".{PROGRESS_FILE}.tmp"
+    with contextlib.suppress(OSError):
+        tmp.write_text(f"{fraction:.4f}")
+        os.replace(tmp, job_dir / PROGRESS_FILE)
+
+
+def read_progress(job_dir: Path) -> float | None:
+    """The fraction an entry last reported with :func:`report_progress` (0–1), or ``None`` when
+    it reported nothing readable. The file is written by the job, so it is opened without
+    following a symlink and without blocking (a FIFO), read only if it is a regular file, at most
+    32 bytes, and parsed as a finite number in 0–1; anything else is ``None``."""
+    try:
+        fd = os.open(job_dir / PROGRESS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, 32)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        value = float(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
 
 
 def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40) -> bytes:

@@ -64,9 +64,14 @@ __all__ = [
     "ESTIMATED_DURATION",
     "MediaLimits",
     "OutputFile",
+    "PacketSpan",
+    "audio_stream",
     "check_duration",
     "check_size",
+    "demux_span",
+    "first_frame_rotation",
     "frame_rotation",
+    "header_seconds",
     "open_media",
     "run",
 ]
@@ -134,6 +139,9 @@ class MediaLimits:
     """Longest input, in seconds (``MEDIA_TOO_LONG``), from the header or from demuxing."""
     max_probe_packets: int = DEFAULT_MAX_PROBE_PACKETS
     """Most packets demuxed to find an exact duration the header does not give."""
+    threads: int = 1
+    """Threads an encoder (and the decoder feeding it) of a transcode may use; the worker counts
+    them against the job's ``RLIMIT_NPROC``. The other operations decode with one thread."""
 
 
 def run(
@@ -213,7 +221,7 @@ def run(
         with open_media(input_path) as container:
             stream = container.streams[record["index"]]
             assert isinstance(stream, VideoStream)
-            _set_rotation(record, _first_frame_rotation(stream))
+            _set_rotation(record, first_frame_rotation(stream))
     if report["duration_seconds"] is None or report["container"]["format"] in ESTIMATED_DURATION:
         with open_media(input_path) as container:
             _demux_duration(container, report, limits)
@@ -410,6 +418,36 @@ def _rate(rate: Fraction | None) -> float | None:
     return round(float(rate), 6)
 
 
+def audio_stream(container: InputContainer, purpose: str) -> AudioStream:
+    """The first audio stream that is not a cover picture and that this FFmpeg can decode, for
+    every media operation that reads sound (``purpose`` ends the error message: "to transcode").
+
+    Raises:
+        PermanentJobError: ``NO_AUDIO_STREAM``; ``UNSUPPORTED_FORMAT`` when the only audio is in a
+            codec this build has no decoder for (PyAV gives such a stream no codec context).
+    """
+    undecodable = False
+    for stream in container.streams.audio:
+        if stream.disposition & Disposition.attached_pic:
+            continue
+        if stream.codec_context is None:
+            undecodable = True
+            continue
+        return stream
+    if undecodable:
+        raise PermanentJobError("The audio is in a codec this service cannot decode.", "UNSUPPORTED_FORMAT")
+    raise PermanentJobError(f"The input has no audio stream {purpose}.", "NO_AUDIO_STREAM")
+
+
+def header_seconds(container: InputContainer, stream: Stream | None = None) -> float | None:
+    """The duration the header gives (the container's, else ``stream``'s), in seconds, or ``None``."""
+    if container.duration is not None:
+        return container.duration / av.time_base
+    if stream is not None and stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    return None
+
+
 def check_size(input_path: Path, limits: MediaLimits) -> int:
     """The input's size in bytes. Raises PermanentJobError ``INPUT_TOO_LARGE`` over
     :attr:`MediaLimits.max_input_bytes` (every media operation checks it before FFmpeg reads)."""
@@ -456,7 +494,7 @@ def _check_sample_index(container: InputContainer, size: int) -> None:
 # --- first frames --------------------------------------------------------------------------------
 
 
-def _first_frame_rotation(stream: VideoStream) -> int:
+def first_frame_rotation(stream: VideoStream) -> int:
     """Degrees counter-clockwise of the display matrix on the stream's first decoded frame (0
     without one), as ``av_display_rotation_get`` computes them, rounded to an integer.
 
@@ -529,9 +567,23 @@ def _set_rotation(record: dict[str, Any], rotation: int) -> None:
 # --- exact duration ------------------------------------------------------------------------------
 
 
-def _demux_duration(container: InputContainer, report: dict[str, Any], limits: MediaLimits) -> None:
-    """Sets ``duration_seconds`` (and ``duration_source`` ``packets``) from the packets' timestamps,
-    and ``frame_count`` of video streams whose header has none. Nothing is decoded.
+@dataclass(frozen=True)
+class PacketSpan:
+    """What demuxing every packet (nothing decoded) tells about a file's timeline."""
+
+    start: float | None
+    """The earliest packet start over all streams, in seconds; None without a timestamped packet."""
+    end: float | None
+    """The latest packet end (pts + duration) over all streams, in seconds."""
+    counts: dict[int, int]
+    """Packets per stream index."""
+    capped: bool
+    """True when :attr:`MediaLimits.max_probe_packets` stopped the pass (start/end are partial)."""
+
+
+def demux_span(container: InputContainer, limits: MediaLimits) -> PacketSpan:
+    """Demuxes the whole file from where ``container`` stands, at most
+    :attr:`MediaLimits.max_probe_packets` packets, for the span of its timestamps.
 
     Raises:
         PermanentJobError: ``MEDIA_TOO_LONG`` as soon as the packets span more than the limit;
@@ -547,9 +599,7 @@ def _demux_duration(container: InputContainer, report: dict[str, Any], limits: M
                 continue
             packets += 1
             if packets > limits.max_probe_packets:
-                if report["duration_seconds"] is not None:
-                    report["duration_source"] = "estimate"
-                return
+                return PacketSpan(start, end, counts, True)
             counts[packet.stream_index] = counts.get(packet.stream_index, 0) + 1
             first = float(packet.pts * packet.time_base)
             last = float((packet.pts + (packet.duration or 0)) * packet.time_base)
@@ -562,6 +612,22 @@ def _demux_duration(container: InputContainer, report: dict[str, Any], limits: M
         raise PermanentJobError(
             "The media file is damaged: its packets cannot be read.", "CORRUPT_INPUT"
         ) from exc
+    return PacketSpan(start, end, counts, False)
+
+
+def _demux_duration(container: InputContainer, report: dict[str, Any], limits: MediaLimits) -> None:
+    """Sets ``duration_seconds`` (and ``duration_source`` ``packets``) from the packets' timestamps
+    (:func:`demux_span`), and ``frame_count`` of video streams whose header has none.
+
+    Raises:
+        PermanentJobError: ``MEDIA_TOO_LONG``, ``CORRUPT_INPUT`` (:func:`demux_span`).
+    """
+    span = demux_span(container, limits)
+    if span.capped:
+        if report["duration_seconds"] is not None:
+            report["duration_source"] = "estimate"
+        return
+    start, end, counts = span.start, span.end, span.counts
     if start is None or end is None:
         return
     report["duration_seconds"] = round(end - start, 6)

@@ -51,11 +51,17 @@ import av.error
 import numpy as np
 from av.audio.stream import AudioStream
 from av.container import InputContainer
-from av.stream import Disposition
 
 from hypermedia.errors import PermanentJobError
 from hypermedia.media.params import validate_params
-from hypermedia.media.probe import MediaLimits, check_duration, check_size, open_media
+from hypermedia.media.probe import (
+    MediaLimits,
+    audio_stream,
+    check_duration,
+    check_size,
+    header_seconds,
+    open_media,
+)
 from hypermedia.sandbox import OutputFile
 
 __all__ = ["BATCH_SAMPLES", "JSON_VERSION", "MAX_PEAK_VALUES", "run"]
@@ -135,17 +141,17 @@ def run(
     options = validate_params(operation, params)
     check_size(input_path, limits)
     with open_media(input_path) as container:
-        stream = _audio_stream(container)
+        stream = audio_stream(container, "to draw a waveform of")
         index = stream.index
-        header_seconds = _header_seconds(container, stream)
-        check_duration(header_seconds, limits)
+        declared_seconds = header_seconds(container, stream)
+        check_duration(declared_seconds, limits)
         total_samples: int | None = None
         if options["buckets"] is not None:
-            total_samples = _count_samples(container, stream, header_seconds, limits)
+            total_samples = _count_samples(container, stream, declared_seconds, limits)
     with open_media(input_path) as container:
         audio = container.streams[index]
         assert isinstance(audio, AudioStream)
-        peaks = _decode(audio, options, total_samples, header_seconds, limits)
+        peaks = _decode(audio, options, total_samples, declared_seconds, limits)
     mins, maxs = peaks.result()
     channels, length = mins.shape
     duration = round(peaks.samples / peaks.rate, 6)
@@ -188,37 +194,8 @@ def run(
 # --- the stream and its duration -----------------------------------------------------------------
 
 
-def _audio_stream(container: InputContainer) -> AudioStream:
-    """The first audio stream that is not a cover picture and that this FFmpeg can decode.
-
-    Raises:
-        PermanentJobError: ``NO_AUDIO_STREAM``; ``UNSUPPORTED_FORMAT`` when the only audio is in a
-            codec this build has no decoder for (PyAV gives such a stream no codec context).
-    """
-    undecodable = False
-    for stream in container.streams.audio:
-        if stream.disposition & Disposition.attached_pic:
-            continue
-        if stream.codec_context is None:
-            undecodable = True
-            continue
-        return stream
-    if undecodable:
-        raise PermanentJobError("The audio is in a codec this service cannot decode.", "UNSUPPORTED_FORMAT")
-    raise PermanentJobError("The input has no audio stream to draw a waveform of.", "NO_AUDIO_STREAM")
-
-
-def _header_seconds(container: InputContainer, stream: AudioStream) -> float | None:
-    """The duration the header gives (the container's, else the stream's), or ``None``."""
-    if container.duration is not None:
-        return container.duration / av.time_base
-    if stream.duration is not None and stream.time_base is not None:
-        return float(stream.duration * stream.time_base)
-    return None
-
-
 def _count_samples(
-    container: InputContainer, stream: AudioStream, header_seconds: float | None, limits: MediaLimits
+    container: InputContainer, stream: AudioStream, declared_seconds: float | None, limits: MediaLimits
 ) -> int:
     """Samples per channel of the stream, from its packets' timestamps (module doc, step 2).
 
@@ -249,8 +226,8 @@ def _count_samples(
     except av.error.FFmpegError as exc:
         raise _corrupt() from exc
     seconds = float((end - start) * time_base) if start is not None and end is not None else None
-    if header_seconds is not None and (seconds is None or (capped and header_seconds > seconds)):
-        seconds = header_seconds
+    if declared_seconds is not None and (seconds is None or (capped and declared_seconds > seconds)):
+        seconds = declared_seconds
     if not seconds or not rate:
         raise PermanentJobError("The audio stream holds no samples.", "CORRUPT_INPUT")
     return max(1, round(seconds * rate))
@@ -368,7 +345,7 @@ def _decode(
     stream: AudioStream,
     options: dict[str, Any],
     total_samples: int | None,
-    header_seconds: float | None,
+    declared_seconds: float | None,
     limits: MediaLimits,
 ) -> _Peaks:
     """Decodes the stream (one thread) into :class:`_Peaks`.
@@ -400,7 +377,7 @@ def _decode(
         nonlocal peaks, resampler, batched
         for frame in frames:
             if resampler is None:
-                peaks = _new_peaks(frame, options, total_samples, header_seconds, mix)
+                peaks = _new_peaks(frame, options, total_samples, declared_seconds, mix)
                 resampler = av.AudioResampler(format="flt", layout=frame.layout, rate=frame.sample_rate)
             for converted in resampler.resample(frame):
                 samples = _channels(converted)
@@ -435,7 +412,7 @@ def _new_peaks(
     frame: av.AudioFrame,
     options: dict[str, Any],
     total_samples: int | None,
-    header_seconds: float | None,
+    declared_seconds: float | None,
     mix: bool,
 ) -> _Peaks:
     rate = frame.sample_rate
@@ -443,11 +420,11 @@ def _new_peaks(
     if total_samples is not None:
         return _Peaks(channels, rate, options["buckets"], total_samples, options["buckets"])
     per_second = options["buckets_per_second"]
-    if header_seconds is not None:  # refuse before decoding what the limit refuses after
-        expected = math.ceil(header_seconds * per_second)
+    if declared_seconds is not None:  # refuse before decoding what the limit refuses after
+        expected = math.ceil(declared_seconds * per_second)
         if expected * 2 * channels > MAX_PEAK_VALUES:
             raise PermanentJobError(
-                f"At {per_second} buckets per second the waveform of {header_seconds:.0f} s would "
+                f"At {per_second} buckets per second the waveform of {declared_seconds:.0f} s would "
                 f"have more than {MAX_PEAK_VALUES} values; ask for fewer buckets per second.",
                 "MEDIA_TOO_LONG",
             )
