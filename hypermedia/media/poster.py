@@ -1,5 +1,6 @@
 """The ``poster`` operation: one representative, upright picture of a video, or an audio file's
-cover (issue 7). Sprite sheets with a WebVTT index are not built here.
+cover (issue 7); when asked, also a sprite sheet of thumbnails with a WebVTT index
+(:mod:`hypermedia.media.sprite`).
 
 ``run("poster", params, input_path, out_dir, limits=…)``:
 
@@ -9,7 +10,9 @@ cover (issue 7). Sprite sheets with a WebVTT index are not built here.
    :attr:`MediaLimits.max_duration_seconds` is ``MEDIA_TOO_LONG`` before anything is decoded.
 2. **Source**: the first video stream that is not an attached picture; else the first attached
    picture (cover art: its one packet is a PNG or JPEG image, decoded by the stream's decoder
-   like a video frame); else ``NO_VIDEO_STREAM``.
+   like a video frame); else ``NO_VIDEO_STREAM``. A sprite sheet of a file without video (a cover
+   picture only) is ``NO_VIDEO_STREAM`` too, before anything is decoded: a sheet of one still
+   picture would index nothing.
 3. **Frame** (video): decoded with one thread from the start, at most :data:`POSTER_MAX_FRAMES`
    frames or :data:`POSTER_MAX_SECONDS` of stream time; the first frame that is not blank
    (:func:`_blank`) is the poster; when every sampled frame is blank, the one with the largest
@@ -19,6 +22,10 @@ cover (issue 7). Sprite sheets with a WebVTT index are not built here.
    does: quarter turns; a mirrored matrix is not flipped), scaled with pyvips to ``width`` (never
    wider than the display width) and the height of the display aspect ratio (the sample aspect
    ratio applied), encoded as JPEG, WebP or PNG without metadata.
+5. **Sprite** (``sprite`` params): the same video stream, opened again, sampled at ``count`` even
+   intervals by :func:`hypermedia.media.sprite.write_sprite`, which shares this module's frame
+   checks and geometry (:func:`check_pixels`, :func:`one_thread`, :func:`display_size`,
+   :func:`quarter_turns`).
 
 Runs FFmpeg on untrusted input: call :func:`run` in the sandbox child only. Importing this module
 is fork-safe (pyvips is imported when the picture is encoded).
@@ -51,6 +58,10 @@ __all__ = [
     "MAX_PIXELS",
     "POSTER_MAX_FRAMES",
     "POSTER_MAX_SECONDS",
+    "check_pixels",
+    "display_size",
+    "one_thread",
+    "quarter_turns",
     "run",
 ]
 
@@ -84,7 +95,8 @@ def run(
     *,
     limits: MediaLimits,
 ) -> list[OutputFile]:
-    """Writes one poster picture of a video (or an audio file's cover) into ``out_dir``.
+    """Writes one poster picture of a video (or an audio file's cover) into ``out_dir``, and
+    a sprite sheet with its WebVTT index when ``params`` ask for ``sprite``.
 
     Args:
         operation: ``poster``.
@@ -99,13 +111,16 @@ def run(
         ``time_seconds`` (of the chosen frame from the stream's start; 0.0 for a cover),
         ``source`` (``video_frame`` or ``cover_art``), ``skipped_blank_frames`` (blank frames
         before the chosen one; 0 for a cover; all sampled frames when every one was blank) and
-        ``size_bytes``.
+        ``size_bytes``. With ``sprite``, two more follow: ``sprite`` (``sprite.jpg``) and
+        ``sprite_vtt`` (``sprite.vtt``), described by
+        :func:`hypermedia.media.sprite.write_sprite`.
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
         PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT``, ``CORRUPT_INPUT`` (from
             :func:`~hypermedia.media.probe.open_media`; no frame decodes), ``MEDIA_TOO_LONG``,
-            ``NO_VIDEO_STREAM`` (neither video nor a cover picture), ``INPUT_TOO_LARGE_PIXELS``.
+            ``NO_VIDEO_STREAM`` (neither video nor a cover picture; or a sprite asked of a file
+            without video), ``INPUT_TOO_LARGE_PIXELS``.
         MemoryError: FFmpeg hit the sandbox's memory limit.
     """
     options = validate_params(operation, params)
@@ -114,11 +129,17 @@ def run(
         if container.duration is not None:
             check_duration(container.duration / av.time_base, limits)
         stream, source = _source_stream(container)
-        _check_pixels(stream.codec_context.width, stream.codec_context.height)
+        stream_index = stream.index  # read while the container is open: it owns the stream
+        if options["sprite"] is not None and source != "video_frame":
+            raise PermanentJobError(
+                "A sprite sheet needs a video stream; the input has only a cover picture.",
+                "NO_VIDEO_STREAM",
+            )
+        check_pixels(stream.codec_context.width, stream.codec_context.height)
         choice = _choose_frame(stream) if source == "video_frame" else _cover_frame(stream)
         rotation = frame_rotation(choice.frame) if source == "video_frame" else 0
         sar = stream.codec_context.sample_aspect_ratio or stream.sample_aspect_ratio
-        _check_pixels(choice.frame.width, choice.frame.height)
+        check_pixels(choice.frame.width, choice.frame.height)
         pixels = choice.frame.to_ndarray(format="rgb24")
     data, width, height = _encode(pixels, rotation, sar, options)
     filename = f"poster.{_EXTENSIONS[options['format']]}"
@@ -131,7 +152,13 @@ def run(
         "skipped_blank_frames": choice.skipped,
         "size_bytes": len(data),
     }
-    return [OutputFile("poster", filename, _MIMES[options["format"]], metadata)]
+    outputs = [OutputFile("poster", filename, _MIMES[options["format"]], metadata)]
+    if options["sprite"] is not None:
+        # Imported here: the sprite module imports this one's helpers.
+        from hypermedia.media.sprite import write_sprite
+
+        outputs += write_sprite(input_path, stream_index, options["sprite"], out_dir, limits=limits)
+    return outputs
 
 
 # --- the stream and its frame --------------------------------------------------------------------
@@ -154,7 +181,9 @@ def _source_stream(container: InputContainer) -> tuple[VideoStream, str]:
     )
 
 
-def _check_pixels(width: int, height: int) -> None:
+def check_pixels(width: int, height: int) -> None:
+    """Raises PermanentJobError ``INPUT_TOO_LARGE_PIXELS`` for a frame over :data:`MAX_PIXELS`;
+    called before a frame is converted (the sprite sheet calls it too)."""
     if width * height > MAX_PIXELS:
         raise PermanentJobError(
             f"The picture is {width}×{height} pixels; at most {MAX_PIXELS} pixels are accepted.",
@@ -162,7 +191,8 @@ def _check_pixels(width: int, height: int) -> None:
         )
 
 
-def _one_thread(stream: VideoStream) -> None:
+def one_thread(stream: VideoStream) -> None:
+    """Decodes ``stream`` with one thread: no frame threads, no slice threads."""
     context = stream.codec_context
     context.thread_count = 1
     context.thread_type = "NONE"  # type: ignore[assignment]  # PyAV takes the flag's name
@@ -186,7 +216,7 @@ def _choose_frame(stream: VideoStream) -> _Choice:
     Raises:
         PermanentJobError: ``CORRUPT_INPUT`` when no frame decodes; ``INPUT_TOO_LARGE_PIXELS``.
     """
-    _one_thread(stream)
+    one_thread(stream)
     start = (
         float(stream.start_time * stream.time_base)
         if stream.start_time is not None and stream.time_base
@@ -198,7 +228,7 @@ def _choose_frame(stream: VideoStream) -> _Choice:
     first_time: float | None = None
     try:
         for frame in _frames(stream):
-            _check_pixels(frame.width, frame.height)
+            check_pixels(frame.width, frame.height)
             time = frame.time
             if time is not None:
                 first_time = time if first_time is None else first_time
@@ -232,7 +262,7 @@ def _cover_frame(stream: VideoStream) -> _Choice:
     Raises:
         PermanentJobError: ``CORRUPT_INPUT`` when the picture does not decode.
     """
-    _one_thread(stream)
+    one_thread(stream)
     try:
         for frame in _frames(stream):
             return _Choice(frame, 0.0, 0)
@@ -281,18 +311,10 @@ def _encode(
     height, width, bands = pixels.shape
     image = pyvips.Image.new_from_memory(np.ascontiguousarray(pixels).data, width, height, bands, "uchar")
     image = image.copy(interpretation="srgb")
-    # Display size in the coded orientation: the sample aspect ratio stretches the width.
-    ratio = float(sar) if sar else 1.0
-    display_width, display_height = max(1.0, width * ratio), float(height)
-    # The display matrix turns the picture `rotation` degrees counter-clockwise; FFmpeg's
-    # autorotate turns the pixels by the same angle: -90 (a phone's portrait video) is a quarter
-    # turn clockwise (libvips' d90).
-    turn = (-rotation) % 360
-    if turn in (90, 270):
-        image = image.rot("d90" if turn == 90 else "d270")
-        display_width, display_height = display_height, display_width
-    elif turn == 180:
-        image = image.rot("d180")
+    turns = quarter_turns(rotation)
+    if turns:
+        image = image.rot(("d0", "d90", "d180", "d270")[turns])
+    display_width, display_height = display_size(width, height, sar, rotation)
     out_width = max(1, min(options["width"], round(display_width)))
     out_height = max(1, round(out_width * display_height / display_width))
     if (out_width, out_height) != (image.width, image.height):
@@ -307,3 +329,25 @@ def _encode(
     else:
         data = image.pngsave_buffer(keep="none")
     return bytes(data), out_width, out_height
+
+
+def quarter_turns(rotation: int) -> int:
+    """Quarter turns clockwise (0–3) that put a frame upright, from its display matrix's
+    ``rotation`` (:func:`~hypermedia.media.probe.frame_rotation`).
+
+    The display matrix turns the picture ``rotation`` degrees counter-clockwise; FFmpeg's
+    autorotate turns the pixels by the same angle: −90 (a phone's portrait video) is one quarter
+    turn clockwise (libvips' ``d90``). An angle that is not a multiple of 90 is not turned.
+    """
+    turn = (-rotation) % 360
+    return turn // 90 if turn % 90 == 0 else 0
+
+
+def display_size(width: int, height: int, sar: Fraction | None, rotation: int) -> tuple[float, float]:
+    """The display size of a ``width`` × ``height`` frame, upright: the sample aspect ratio
+    stretches the coded width (at least 1 pixel), and a quarter turn swaps the two."""
+    ratio = float(sar) if sar else 1.0
+    display_width, display_height = max(1.0, width * ratio), float(height)
+    if quarter_turns(rotation) % 2:
+        return display_height, display_width
+    return display_width, display_height

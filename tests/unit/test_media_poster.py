@@ -58,11 +58,17 @@ def luma(pixels: np.ndarray) -> float:
 
 
 def test_poster_params() -> None:
-    assert media_params.validate_params("poster", None) == {"width": 640, "format": "jpeg", "quality": 82}
+    assert media_params.validate_params("poster", None) == {
+        "width": 640,
+        "format": "jpeg",
+        "quality": 82,
+        "sprite": None,
+    }
     assert media_params.validate_params("poster", {"width": 16, "format": "png", "quality": 100}) == {
         "width": 16,
         "format": "png",
         "quality": 100,
+        "sprite": None,
     }
     bad: Any
     for bad in (
@@ -73,7 +79,14 @@ def test_poster_params() -> None:
         {"format": "gif"},
         {"quality": 0},
         {"quality": 101},
-        {"sprite": True},
+        {"sprite": "yes"},
+        {"sprite": {"count": 3}},
+        {"sprite": {"count": 401}},
+        {"sprite": {"columns": 0}},
+        {"sprite": {"columns": 21}},
+        {"sprite": {"width": 31}},
+        {"sprite": {"width": 481}},
+        {"sprite": {"rows": 2}},
         [],
     ):
         with pytest.raises(InvalidArgument) as err:
