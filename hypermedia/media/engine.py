@@ -1,24 +1,33 @@
 """The mediaworker's sandbox entry: ``run(operation, params, input_path, out_dir, *, limits)``
 dispatches to the module of each media operation (:data:`OPERATION_ENTRIES`). Importing it imports
-PyAV (fork-safe: importing ``av`` starts no thread) and every operation module."""
+PyAV (fork-safe: importing ``av`` starts no thread) and every operation module.
+
+Before an operation runs, FFmpeg's idea of the machine's CPU count is set to the job's
+:attr:`MediaLimits.threads` (:func:`bound_ffmpeg_cpus`): every thread pool FFmpeg sizes by itself
+— each filter graph, including the ones PyAV builds inside ``AudioStream.encode`` to cut frames to
+the codec's size, and decoders left at automatic threads — starts one thread per CPU of the
+*node*, which on a 64-core host is 64 idle threads per graph against the job's ``RLIMIT_NPROC``."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
 from hypermedia.errors import InvalidArgument
-from hypermedia.media import poster, probe, waveform
+from hypermedia.media import audio, poster, probe, transcode, waveform
 from hypermedia.media.probe import MediaLimits
 from hypermedia.sandbox import OutputFile
 
-__all__ = ["OPERATION_ENTRIES", "MediaLimits", "run"]
+__all__ = ["OPERATION_ENTRIES", "MediaLimits", "bound_ffmpeg_cpus", "run"]
 
 OPERATION_ENTRIES: Final[dict[str, Callable[..., list[OutputFile]]]] = {
     "probe": probe.run,
     "waveform": waveform.run,
     "poster": poster.run,
+    "transcode_video": transcode.run,
+    "transcode_audio": audio.run,
 }
 """Operation → its entry, each ``fn(operation, params, input_path, out_dir, *, limits)``."""
 
@@ -34,4 +43,21 @@ def run(
     entry = OPERATION_ENTRIES.get(operation)
     if entry is None:
         raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
+    bound_ffmpeg_cpus(limits.threads)
     return entry(operation, params, input_path, out_dir, limits=limits)
+
+
+def bound_ffmpeg_cpus(count: int) -> bool:
+    """Makes FFmpeg's ``av_cpu_count()`` answer ``count`` (at least 1) in this process, through
+    ``av_cpu_force_count`` of the libavutil PyAV loaded (found in ``/proc/self/maps``). Call it in
+    the sandbox child only: it is process-wide. Returns False when libavutil is not found (the
+    pools then follow the node's CPUs; ``RLIMIT_NPROC`` still bounds them)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    paths = sorted({line.split()[-1] for line in maps.splitlines() if "/libavutil" in line})
+    if not paths:
+        return False
+    ctypes.CDLL(paths[0]).av_cpu_force_count(max(1, int(count)))
+    return True
