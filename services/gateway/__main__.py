@@ -19,6 +19,7 @@ from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgr
 from services.gateway import auth
 from services.gateway.grpc_api import JobService
 from services.gateway.jobs import JobsAPI
+from services.gateway.resolved import LinkSigner, OutputResolver
 from services.gateway.rest import build_app
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,10 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
 
     secret_key = settings.secret_key.get_secret_value()
     if not secret_key:
-        log.warning("HM_GATEWAY_SECRET_KEY is unset: requests with a document password are refused")
+        log.warning(
+            "HM_GATEWAY_SECRET_KEY is unset: requests with a document password are refused,"
+            " and playlists that link other playlists cannot be resolved"
+        )
 
     api = JobsAPI(
         pool,
@@ -71,6 +75,9 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         max_operations=settings.max_operations,
         scanner=scanner,
         password_key=jobsecrets.derive_key(secret_key) if secret_key else None,
+    )
+    resolver = OutputResolver(
+        pool, peers.storage, http, LinkSigner.from_secret(secret_key) if secret_key else None
     )
     authenticate = partial(auth.authenticate, pool)
 
@@ -95,7 +102,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     stack.push_async_callback(grpc_server.stop)
 
     http_server = HttpServer(settings.http_host, settings.http_port)
-    await http_server.start(build_app(api, authenticate, readiness))
+    await http_server.start(build_app(api, authenticate, readiness, resolver))
     stack.push_async_callback(http_server.stop)
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import Depends, FastAPI, File, Header, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Header, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry import trace
@@ -22,6 +22,7 @@ from hypermedia import db, telemetry
 from hypermedia.errors import DomainError, PayloadTooLarge
 from services.gateway.auth import Caller
 from services.gateway.jobs import JobsAPI
+from services.gateway.resolved import OutputResolver
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
@@ -177,9 +178,11 @@ def build_app(
     api: JobsAPI,
     authenticate: Callable[[str | None], Awaitable[Caller]],
     readiness: Readiness,
+    resolver: OutputResolver,
 ) -> FastAPI:
     """The FastAPI application over ``api``; ``authenticate`` maps an Authorization header to a
-    caller; ``readiness`` reports each dependency for ``/readyz``."""
+    caller; ``readiness`` reports each dependency for ``/readyz``; ``resolver`` serves resolved
+    playlists and WebVTT outputs."""
     app = FastAPI(title="hypermedia", version="1.0", description="Queued, sandboxed, billed file processing.")
 
     def body_limit(path: str) -> int:
@@ -265,6 +268,42 @@ def build_app(
     async def get_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A job: status, attempts, errors, credits, timestamps, outputs with presigned URLs."""
         return await api.get_job(who, job_id)
+
+    @app.get(
+        "/v1/jobs/{job_id}/outputs/{output_type}/resolved",
+        name="resolved_output",
+        response_class=Response,
+        responses={200: {"content": {"application/vnd.apple.mpegurl": {}, "text/vtt": {}}}},
+    )
+    async def resolved_output(
+        request: Request,
+        job_id: str,
+        output_type: str,
+        authorization: str | None = Header(None),
+        expires: str | None = Query(None, description="Unix seconds; with sig, instead of an API key"),
+        sig: str | None = Query(None, description="The URL's signature; with expires"),
+    ) -> Response:
+        """An HLS playlist or WebVTT output with its references to sibling outputs of the job
+        replaced by URLs: presigned storage URLs for media and images, signed URLs of this endpoint
+        for playlists (usable without an API key). Authenticated by the API key, or, without an
+        Authorization header, by ``expires`` and ``sig`` (403 when they do not match or expired)."""
+        signed = authorization is None and (expires is not None or sig is not None)
+        account_id = None
+        if signed:
+            resolver.check_signature(job_id, output_type, expires or "", sig or "")
+        else:
+            account_id = (await authenticate(authorization)).account_id
+
+        def endpoint_url(job: str, output: str, until: int, signature: str) -> str:
+            url = request.url_for("resolved_output", job_id=job, output_type=output)
+            return str(url.include_query_params(expires=until, sig=signature))
+
+        resolved = await resolver.resolve(job_id, output_type, endpoint_url, account_id=account_id)
+        headers = {"Cache-Control": f"private, max-age={resolved.max_age_seconds}"}
+        if signed:
+            # The URL is the credential and no cookie is involved: any page may play it.
+            headers["Access-Control-Allow-Origin"] = "*"
+        return Response(resolved.content, media_type=resolved.mime_type, headers=headers)
 
     @app.get("/v1/jobs/{job_id}/events")
     async def job_events(
