@@ -2,11 +2,13 @@
 dispatches to the module of each media operation (:data:`OPERATION_ENTRIES`). Importing it imports
 PyAV (fork-safe: importing ``av`` starts no thread) and every operation module.
 
-Before an operation runs, FFmpeg's idea of the machine's CPU count is set to the job's
-:attr:`MediaLimits.threads` (:func:`bound_ffmpeg_cpus`): every thread pool FFmpeg sizes by itself
-— each filter graph, including the ones PyAV builds inside ``AudioStream.encode`` to cut frames to
-the codec's size, and decoders left at automatic threads — starts one thread per CPU of the
-*node*, which on a 64-core host is 64 idle threads per graph against the job's ``RLIMIT_NPROC``."""
+Before an operation runs, FFmpeg's idea of the machine's CPU count is set to 1
+(:func:`bound_ffmpeg_cpus`): every thread pool FFmpeg sizes by itself — each filter graph,
+including the ones PyAV builds inside ``AudioStream.encode`` to cut frames to the codec's size
+(``graph.threads`` cannot be set on those), and codecs left at automatic threads — would start one
+thread per CPU of the *node*, on a 64-core host 64 idle threads per graph against the job's
+``RLIMIT_NPROC``. Threads the operations ask for explicitly (``thread_count`` of a transcode's
+decoder and encoders, :attr:`MediaLimits.threads`) are not affected."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def run(
     entry = OPERATION_ENTRIES.get(operation)
     if entry is None:
         raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
-    bound_ffmpeg_cpus(limits.threads)
+    bound_ffmpeg_cpus(1)
     return entry(operation, params, input_path, out_dir, limits=limits)
 
 

@@ -384,3 +384,43 @@ def test_ffmpeg_thread_pools_follow_the_job_not_the_node() -> None:
 
     assert extra_threads(4) >= 3
     assert extra_threads(1) == 0
+
+
+_TRANSCODE_THREADS = """
+import os, sys, threading, time
+from pathlib import Path
+from hypermedia.media import engine, transcode
+from hypermedia.media.probe import MediaLimits
+engine.bound_ffmpeg_cpus(16)  # a 16-CPU node as FFmpeg sees it; engine.run bounds it again
+params = {"codec": sys.argv[3], "heights": [360, 240, 144]}
+base, peak, done = len(os.listdir("/proc/self/task")), [0], [False]
+def watch():
+    while not done[0]:
+        peak[0] = max(peak[0], len(os.listdir("/proc/self/task")))
+        time.sleep(0.001)
+threading.Thread(target=watch, daemon=True).start()
+engine.run("transcode_video", params, Path(sys.argv[1]), Path(sys.argv[2]), limits=MediaLimits(1 << 30, threads=2))
+done[0] = True
+print(peak[0] - base - 1, transcode.thread_need(params, 2))
+"""
+
+
+@pytest.mark.parametrize("codec", ["h264", "vp9"])
+def test_a_ladder_stays_within_its_thread_need(tmp_path: Path, codec: str) -> None:
+    """Three renditions with sound at 2 threads, on what FFmpeg is told is a 16-CPU node: the
+    threads the job starts stay within :func:`thread_need`, which the worker adds to its
+    ``RLIMIT_NPROC``."""
+    import subprocess
+    import sys
+
+    source = write_video(tmp_path / "in.mp4", seconds=1.0, width=640, height=360)
+    (tmp_path / "out").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _TRANSCODE_THREADS, str(source), str(tmp_path / "out"), codec],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    started, need = map(int, done.stdout.split())
+    assert 0 < started <= need
