@@ -65,7 +65,11 @@ proto-check: $(STAMP)
 	    cmp -s $$tmp/$$f $$f || { echo "stub drift: $$f (run make proto)"; rm -rf $$tmp; exit 1; }; \
 	  done; rm -rf $$tmp; echo "stubs up to date"
 
+# What the benchmarks need besides: the ffmpeg command line, bench/media.py's baseline.
+BENCH_PACKAGES := ffmpeg
+
 bench: $(STAMP)
+	@scripts/ensure_debian_packages.sh $(BENCH_PACKAGES)
 	$(VENV)/bin/python bench/run.py
 
 JOBS ?= 1000

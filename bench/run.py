@@ -1,13 +1,16 @@
 """All benchmarks (``make bench``): thumbnail throughput, per-job overhead, office_to_pdf (warm
-LibreOffice listeners against a cold ``soffice`` per document) and OCR (the ``ocr`` queue against
-bare ``tesseract`` processes, and the CER of each corpus page), each against a baseline measured in
-the same run, then a summary table. Ratios, never timed assertions.
+LibreOffice listeners against a cold ``soffice`` per document), OCR (the ``ocr`` queue against
+bare ``tesseract`` processes, and the CER of each corpus page) and the media transcodes
+(``transcode_video`` and ``transcode_audio`` against the ``ffmpeg`` command line, and peak memory
+per job), each against a baseline measured in the same run, then a summary table. Ratios, never
+timed assertions.
 
     .venv/bin/python bench/run.py [--quick] [--logs DIR]
 
-``--quick``: 8 photos × 1 round, 20 tiny jobs, 4 office documents × 1 round and 8 OCR pages × 1
-round (a smoke run, about five minutes). office_to_pdf is skipped, with a message, without
-LibreOffice, and OCR without tesseract. See docs/performance.md.
+``--quick``: 8 photos × 1 round, 20 tiny jobs, 4 office documents × 1 round, 8 OCR pages × 1
+round and media with 10 s of video and 30 s of audio × 1 run (a smoke run). office_to_pdf is
+skipped, with a message, without LibreOffice, and OCR without tesseract; media installs Debian's
+``ffmpeg`` when it can and otherwise runs without its baselines. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import common, job_overhead, ocr, office_to_pdf, thumbnail_throughput  # noqa: E402
+from bench import common, job_overhead, media, ocr, office_to_pdf, thumbnail_throughput  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     ocr_result = ocr.run(rounds=rounds, pages=pages, keep_logs=logs / "ocr" if logs else None)
+    print()
+    media_result = media.run(**({"runs": 1, "seconds": 10, "audio_seconds": 30} if args.quick else {}))
     print()
     print(f"summary ({common.machine()}):")
     rows = [
@@ -117,14 +122,68 @@ def main(argv: list[str] | None = None) -> int:
                     f"{ocr.pct(rates['preprocessed'])}, without preprocessing {ocr.pct(rates['engine'])})",
                 )
             )
+    rows += _media_rows(media_result)
     print(common.table(rows, ("benchmark", "baseline", "platform", "ratio", "note")))
     print(
         f"background load from other processes: {tp['background_cores']:.2f} cores (throughput, median), "
         f"{oh['background_cores']:.2f} cores (overhead)"
         + (f", {office['background_cores']:.2f} cores (office_to_pdf)" if office is not None else "")
         + (f", {ocr_result['background_cores']:.2f} cores (ocr)" if ocr_result is not None else "")
+        + f", {media_result['background_cores']:.2f} cores (media)"
     )
     return 0
+
+
+def _media_rows(result: dict) -> list[tuple]:
+    """Summary rows of bench/media.py: speeds are media seconds per wall second."""
+    speed, ratios, peak = result["speed"], result["ratios"], result["peak_mb"]
+    rows: list[tuple] = []
+    if "engine_vs_ffmpeg" in ratios:
+        ratio = ratios["engine_vs_ffmpeg"]
+        rows.append(
+            (
+                "transcode_video 1080p->720p (x realtime)",
+                speed["ffmpeg"],
+                speed["engine"],
+                f"{ratio:.2f}x",
+                f"goal >= {media.GOAL}x: {'met' if ratio >= media.GOAL else 'MISSED'}; best runs "
+                f"{ratios['engine_vs_ffmpeg_best']:.2f}x; in the sandbox {ratios['sandbox_vs_ffmpeg']:.2f}x; "
+                f"engine / bare PyAV {ratios['engine_vs_bare']:.2f}x",
+            )
+        )
+    else:
+        rows.append(
+            (
+                "transcode_video 1080p->720p (x realtime)",
+                speed["bare"],
+                speed["engine"],
+                f"{ratios['engine_vs_bare']:.2f}x",
+                "no ffmpeg command line: against the bare PyAV loop",
+            )
+        )
+    for key in ("aac", "mp3", "opus"):
+        base = result["audio_ffmpeg_speed"].get(key)
+        rows.append(
+            (
+                f"transcode_audio {key} (x realtime)",
+                base if base is not None else "",
+                result["audio_speed"][key],
+                f"{result['audio_ratio'][key]:.2f}x" if key in result["audio_ratio"] else "",
+                f"engine / bare PyAV {result['audio_bare_ratio'][key]:.2f}x; "
+                f"with loudness {result['audio_speed'][key + '_loudness']:.1f}x realtime",
+            )
+        )
+    rows.append(
+        (
+            "media peak memory per job (MiB)",
+            "",
+            peak["720p"],
+            "",
+            f"1080p->720p; ladder 1080/720/480/360 {peak['ladder']:.0f}; audio {peak['aac']:.0f} "
+            f"(loudness {peak['aac_loudness']:.0f}); sandbox child ru_maxrss",
+        )
+    )
+    return rows
 
 
 if __name__ == "__main__":
