@@ -140,6 +140,23 @@ class WorkerSettings(_Settings):
     needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""
 
 
+class MediaSettings(_Settings):
+    """The mediaworker's media coordinator and encoder threads (``services/mediaworker``), read
+    beside its :class:`WorkerSettings`. The coordinator bounds operations *within* the worker's
+    slots: it matters only when ``HM_WORKER_SLOTS`` (1 by default for the mediaworker) is raised
+    above 1; a job that waits for it holds its slot meanwhile."""
+
+    max_video_jobs: int = Field(3, ge=1, le=64, validation_alias="HM_MEDIA_MAX_VIDEO_JOBS")
+    """``transcode_video`` jobs one worker process runs at once (the seed's media coordinator: 3)."""
+    max_audio_jobs: int = Field(1, ge=1, le=64, validation_alias="HM_MEDIA_MAX_AUDIO_JOBS")
+    """``transcode_audio`` jobs (audio renditions) one worker process runs at once (the seed: 1)."""
+    encoder_threads: int = Field(2, ge=1, le=16, validation_alias="HM_MEDIA_ENCODER_THREADS")
+    """Threads of a ``transcode_video`` job's decoder and of each of its encoders
+    (``MediaLimits.threads``); its ``RLIMIT_NPROC`` is raised to match (measured up to 16:
+    ``services.mediaworker.MediaHandler.sandbox_limits``). The other media operations run one
+    thread each."""
+
+
 class OfficeSettings(_Settings):
     """The docworker's LibreOffice listeners (see :mod:`hypermedia.documents.office`)."""
 

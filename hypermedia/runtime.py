@@ -11,13 +11,16 @@ One :class:`WorkerRuntime` per worker process:
   job is claimed in Postgres and the message acknowledged once the claim is decided (``term`` when
   the job is no longer claimable). From then on the Postgres lease (``visibility_timeout``) guards
   the job, not the message; see docs/adr/0003;
-- **execute**: presigned GET → fresh sandbox directory → pipeline in the sandboxed child →
+- **execute**: presigned GET → fresh sandbox directory → the handler's admission (a media
+  coordinator's bound per operation; a ``waiting`` progress event while the job waits) → its
+  stage → pipeline in the sandboxed child, whose own progress reports become progress events →
   presigned PUT → register outputs → complete (atomically) → commit credits → clean up;
 - **outcomes**: success, retry later (transient), failed at once (permanent) — each settled in one
   place, :meth:`_settle_failure` / :meth:`_execute`;
 - **heartbeat** every 30 s (extends leases, notices cancellations), cancellation polled every
   second, **metrics** every 60 s into ``worker_metrics``;
-- **drain** on SIGTERM: stop fetching, wait up to 35 s for running jobs, then hand them back.
+- **drain** on SIGTERM: stop fetching, hand back the jobs still waiting for admission, wait up
+  to 35 s for running jobs, then hand them back.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -49,7 +52,7 @@ from hypermedia.config import WorkerSettings
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.rpc import call
-from hypermedia.sandbox import OutputFile, Sandbox, SandboxLimits, SandboxResult, read_output
+from hypermedia.sandbox import OutputFile, Sandbox, SandboxLimits, SandboxResult, read_output, read_progress
 from hypermedia.service import every
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
 
@@ -59,6 +62,17 @@ _tracer = trace.get_tracer(__name__)
 T = TypeVar("T")
 
 CANCEL_POLL_SECONDS = 1.0
+PROGRESS_POLL_SECONDS = 2.0
+"""How often the progress a sandboxed entry reports (:func:`hypermedia.sandbox.report_progress`) is
+read while its child runs; the entry writes it at most every 0.5 s."""
+PROGRESS_MIN_STEP = 0.01
+"""Least advance of the entry's fraction (0–1) worth a progress event: at most 100 events a job."""
+PROCESSING_PROGRESS = (0.25, 0.75)
+"""The span of the job's progress the sandbox run covers: ``downloaded`` is 0.25, ``processed``
+0.75, and the entry's fraction ``f`` is recorded as ``0.25 + 0.5 × f`` (stage ``processing``)."""
+ADMISSION_NOTICE_SECONDS = 0.05
+"""A job its handler has not admitted (:meth:`JobHandler.admit`) within this long records one
+``waiting`` progress event; a free admission is entered within a loop turn or two."""
 UPLOAD_CONCURRENCY = 4
 """Outputs of one job uploaded at once (a ``pdf_preview`` of 20 pages has 20): each upload is
 mostly waiting on storage (presign, PUT, register), so a few overlap well on 2 cores."""
@@ -104,17 +118,50 @@ class JobHandler(Protocol):
         ``{}`` for most operations. Each becomes a ledger row of its own (``CommitRequest.lines``)."""
         ...
 
+    def admit(self, job: lifecycle.ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
+        """The job's admission beyond the worker's slots, such as the mediaworker's coordinator
+        (at most N video transcodes at once): the runtime enters it after the download, holds it
+        through the stage and the sandbox run, and leaves it before the upload. Entering may wait;
+        a job not admitted within :data:`ADMISSION_NOTICE_SECONDS` records one ``waiting``
+        progress event, and stays running meanwhile (its lease is extended, a cancel request
+        stops the wait and the job ends ``cancelled`` without running).
+
+        Entering runs in a task of its own (so that the wait can be interrupted) and leaving runs
+        in the job's task: the context manager must not depend on the current task (an
+        ``asyncio.Semaphore`` does not; an ``asyncio.timeout`` would). Entering may be cancelled
+        and must then leave nothing held."""
+        ...
+
+    def sandbox_limits(self, job: lifecycle.ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
+        """The rlimits of the job's sandbox child, given those the runtime derived from the
+        profile (CPU = timeout, wall = timeout × 1.5, ``RLIMIT_AS`` = ``memory_limit_mb``,
+        ``RLIMIT_FSIZE`` 10 GiB, ``RLIMIT_NPROC`` 16): ``limits`` itself, or a copy with a field
+        changed (``dataclasses.replace``), e.g. ``nproc`` raised for an encoder's threads."""
+        ...
+
 
 class SandboxHandler:
     """The default hooks of a :class:`JobHandler`: nothing staged (everything happens in the
-    sandbox) and no charge beside the profile's price. A worker service subclasses it, sets
-    ``entry`` and ``entry_kwargs``, and overrides a hook only where it does more."""
+    sandbox), no charge beside the profile's price, admitted at once, the profile's limits. A
+    worker service subclasses it, sets ``entry`` and ``entry_kwargs``, and overrides a hook only
+    where it does more."""
 
     async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
         return job_input
 
     def charge_lines(self, job: lifecycle.ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
         return {}
+
+    def admit(self, job: lifecycle.ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
+    def sandbox_limits(self, job: lifecycle.ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
+        return limits
+
+
+class _Stopped(Exception):
+    """The job was stopped (:meth:`WorkerRuntime._stop_job`) before its sandbox ran, and what
+    that means is settled already: ``cancelled`` recorded, or the lost lease logged."""
 
 
 def boot_id() -> str:
@@ -232,8 +279,11 @@ class WorkerRuntime:
         self._storage = storage
         self._credits = credits
         self._sandbox = sandbox
-        self._staging: dict[str, asyncio.Task[JobInput]] = {}
-        """Jobs whose handler stage runs now (cancelled by :meth:`_stop_job`)."""
+        self._interruptible: dict[str, asyncio.Task[Any]] = {}
+        """Work of a job before its sandbox runs, by job id: its wait for admission or its
+        handler's stage (cancelled by :meth:`_stop_job`)."""
+        self._waiting: set[str] = set()
+        """Jobs waiting for admission (:meth:`_admit`); a drain hands them back at once."""
         self._handler = handler
         self._http = http
         self.admission = Admission(
@@ -308,11 +358,12 @@ class WorkerRuntime:
             self._stop_job(job_id)
 
     def _stop_job(self, job_id: str) -> None:
-        """Stops a running job wherever it is: its stage (the handler's work before the sandbox,
-        e.g. a LibreOffice conversion) is cancelled, its sandbox child killed."""
-        stage = self._staging.get(job_id)
-        if stage is not None:
-            stage.cancel()
+        """Stops a running job wherever it is: its wait for admission or its stage (the handler's
+        work before the sandbox, e.g. a LibreOffice conversion) is cancelled, its sandbox child
+        killed."""
+        work = self._interruptible.get(job_id)
+        if work is not None:
+            work.cancel()
         self._sandbox.cancel(job_id)
 
     # -- main loop -------------------------------------------------------------------------
@@ -436,17 +487,27 @@ class WorkerRuntime:
             log.warning("progress event not recorded (Postgres unreachable)", extra={"job_id": job.job_id})
 
     async def drain(self) -> None:
-        """Stop taking work; wait up to ``drain_seconds`` for running jobs; hand back the rest."""
+        """Stop taking work; hand back at once the jobs still waiting for admission (they have
+        not started: nothing is lost, and another worker may start them now rather than after
+        the drain); wait up to ``drain_seconds`` for running jobs; hand back the rest."""
         self.admission.draining = True
         self.admission.sample()
         if self._tasks:
             log.info("draining %d running jobs", len(self._tasks))
+            for job_id in list(self._waiting):
+                await self._hand_back(job_id)
             _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_seconds)
-            for job_id, job in list(self.running.items()):
-                self._stop_job(job_id)
-                await self._db(lifecycle.hand_back, job, self.worker_id, self._prefix)
+            for job_id in list(self.running):
+                await self._hand_back(job_id)
             if pending:
                 await asyncio.wait(pending, timeout=5)
+
+    async def _hand_back(self, job_id: str) -> None:
+        """Stops a running job and returns it to the queue (:func:`lifecycle.hand_back`)."""
+        job = self.running.get(job_id)
+        if job is not None:
+            self._stop_job(job_id)
+            await self._db(lifecycle.hand_back, job, self.worker_id, self._prefix)
 
     # -- one job ---------------------------------------------------------------------------
 
@@ -475,44 +536,29 @@ class WorkerRuntime:
             input_path = job_dir / "input" / "source"
             with _tracer.start_as_current_span("storage.download"):
                 await self._download(source.key, input_path, job.max_input_bytes)
-            await self._progress(job, 0.25, "downloaded")
-            stage = asyncio.create_task(
-                self._handler.stage(
+            await self._progress(job, PROCESSING_PROGRESS[0], "downloaded")
+            async with contextlib.AsyncExitStack() as admitted:
+                await self._interruptibly(job, started, "waiting", self._admit(job, admitted))
+                job_input = await self._interruptibly(
                     job,
-                    JobInput(input_path, source.mime_type, job_dir, self._handler.entry_kwargs(job)),
-                    self._pool,
+                    started,
+                    "staging",
+                    self._handler.stage(
+                        job,
+                        JobInput(input_path, source.mime_type, job_dir, self._handler.entry_kwargs(job)),
+                        self._pool,
+                    ),
                 )
-            )
-            self._staging[job.job_id] = stage
-            try:
-                job_input = await stage
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # this job's own task is being cancelled (shutdown)
-                # _stop_job cancelled the stage: a cancel request, or the lease is gone.
-                if job.job_id in await self._db(lifecycle.cancel_requested, [job.job_id]):
-                    await self._cancelled(job, started)
-                else:
-                    log.warning("lease lost while staging", extra={"job_id": job.job_id})
-                return
-            finally:
-                self._staging.pop(job.job_id, None)
-            limits = SandboxLimits(
-                cpu_seconds=job.timeout_seconds,
-                wall_seconds=job.timeout_seconds * 1.5,
-                memory_bytes=job.memory_limit_mb * 1024 * 1024,
-                fsize_bytes=FSIZE_LIMIT_BYTES,
-            )
-            result = await self._sandbox.run(
-                job.job_id,
-                self._handler.entry,
-                job.operation,
-                job.params,
-                job_input.path,
-                limits,
-                entry_kwargs=job_input.entry_kwargs,
-            )
+                limits = self._handler.sandbox_limits(
+                    job,
+                    SandboxLimits(
+                        cpu_seconds=job.timeout_seconds,
+                        wall_seconds=job.timeout_seconds * 1.5,
+                        memory_bytes=job.memory_limit_mb * 1024 * 1024,
+                        fsize_bytes=FSIZE_LIMIT_BYTES,
+                    ),
+                )
+                result = await self._run_sandbox(job, job_dir, job_input, limits)
             if result.error_code == "CANCELLED" or job.job_id in await self._db(
                 lifecycle.cancel_requested, [job.job_id]
             ):
@@ -521,7 +567,7 @@ class WorkerRuntime:
             if result.error_code:
                 cls = TransientError if result.retryable else PermanentJobError
                 raise cls(result.error_message or "processing failed", result.error_code)
-            await self._progress(job, 0.75, "processed")
+            await self._progress(job, PROCESSING_PROGRESS[1], "processed")
             with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
                 outputs = await self._upload_all(job, source, job_dir, result.outputs)
             await self._progress(job, 0.95, "uploaded")
@@ -550,6 +596,8 @@ class WorkerRuntime:
             except DomainError:
                 # The job is completed; its hold stays held and the reaper charges it later.
                 log.warning("credits commit failed; left to the reaper", extra={"job_id": job.job_id})
+        except _Stopped:
+            pass  # settled where it was stopped (_interruptibly)
         except DomainError as exc:
             await self._settle_failure(job, exc, started, result)
         except (httpx.HTTPError, OSError) as exc:
@@ -565,6 +613,100 @@ class WorkerRuntime:
             self.running.pop(job.job_id, None)
             self.admission.busy -= 1
             self._slot_free.set()
+
+    async def _interruptibly(
+        self, job: lifecycle.ClaimedJob, started: float, what: str, work: Coroutine[Any, Any, T]
+    ) -> T:
+        """Runs ``work``, a step of the job before its sandbox (``what``: ``waiting`` for
+        admission, ``staging``), as a task that :meth:`_stop_job` may cancel, and returns its
+        result.
+
+        Raises:
+            _Stopped: the step was stopped, by a cancel request (the job is then ``cancelled``
+                and its hold released here) or because the lease is gone (logged).
+            asyncio.CancelledError: the job's own task is being cancelled (shutdown).
+        """
+        task = asyncio.create_task(work)
+        self._interruptible[job.job_id] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this job's own task is being cancelled (shutdown)
+            if job.job_id in await self._db(lifecycle.cancel_requested, [job.job_id]):
+                await self._cancelled(job, started)
+            elif self.admission.draining:
+                log.info("handed back at the drain while %s", what, extra={"job_id": job.job_id})
+            else:
+                log.warning("lease lost while %s", what, extra={"job_id": job.job_id})
+            raise _Stopped from None
+        finally:
+            self._interruptible.pop(job.job_id, None)
+
+    async def _admit(self, job: lifecycle.ClaimedJob, admitted: contextlib.AsyncExitStack) -> None:
+        """Enters the handler's admission of ``job`` (:meth:`JobHandler.admit`) on ``admitted``,
+        which the job's task leaves. Records one ``waiting`` progress event when admission takes
+        longer than :data:`ADMISSION_NOTICE_SECONDS`."""
+        entering = asyncio.ensure_future(admitted.enter_async_context(self._handler.admit(job)))
+        try:
+            done, _ = await asyncio.wait({entering}, timeout=ADMISSION_NOTICE_SECONDS)
+            if not done:
+                self._waiting.add(job.job_id)
+                log.info("waiting for admission", extra={"job_id": job.job_id})
+                await self._progress(job, PROCESSING_PROGRESS[0], "waiting")
+            await entering
+        except BaseException:
+            # Stopped while waiting: the admission is never entered (or, entered just now, it is
+            # already on ``admitted``, which the job's task leaves).
+            entering.cancel()
+            raise
+        finally:
+            self._waiting.discard(job.job_id)
+
+    async def _run_sandbox(
+        self, job: lifecycle.ClaimedJob, job_dir: Path, job_input: JobInput, limits: SandboxLimits
+    ) -> SandboxResult:
+        """The job's sandbox run, with the progress its entry reports relayed meanwhile
+        (:meth:`_relay_progress`)."""
+        finished = asyncio.Event()
+        relay = asyncio.create_task(self._relay_progress(job, job_dir, finished))
+        try:
+            return await self._sandbox.run(
+                job.job_id,
+                self._handler.entry,
+                job.operation,
+                job.params,
+                job_input.path,
+                limits,
+                entry_kwargs=job_input.entry_kwargs,
+            )
+        finally:
+            finished.set()
+            await relay  # ends at once: no event of the run is recorded after it
+
+    async def _relay_progress(
+        self, job: lifecycle.ClaimedJob, job_dir: Path, finished: asyncio.Event
+    ) -> None:
+        """Until ``finished``: every :data:`PROGRESS_POLL_SECONDS` the fraction the entry last
+        reported (:func:`hypermedia.sandbox.read_progress`), once it advanced by
+        :data:`PROGRESS_MIN_STEP` since the last event, becomes a progress event ``processing``
+        in :data:`PROCESSING_PROGRESS`. Best effort: never raises, so it never fails the job."""
+        low, high = PROCESSING_PROGRESS
+        recorded = 0.0
+        while True:
+            try:
+                await asyncio.wait_for(finished.wait(), PROGRESS_POLL_SECONDS)
+                return
+            except TimeoutError:
+                pass
+            try:
+                fraction = read_progress(job_dir)
+                if fraction is not None and fraction >= recorded + PROGRESS_MIN_STEP:
+                    recorded = fraction
+                    await self._progress(job, low + (high - low) * fraction, "processing")
+            except Exception:
+                log.warning("progress not relayed", exc_info=True, extra={"job_id": job.job_id})
 
     async def _cancelled(self, job: lifecycle.ClaimedJob, started: float) -> None:
         """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only

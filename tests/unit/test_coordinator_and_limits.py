@@ -1,0 +1,180 @@
+"""The mediaworker's hooks into the worker runtime (``services/mediaworker``): its settings, the
+media coordinator (:meth:`MediaHandler.admit`) and the encoder threads counted in a job's
+``RLIMIT_NPROC`` (:meth:`MediaHandler.sandbox_limits`), the last proved by the real
+``transcode_video`` engine in a real sandbox child. The runtime side (waiting events, leases,
+cancellation, progress) is tested end to end in tests/e2e/test_media_runtime.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from hypermedia import config
+from hypermedia.config import ConfigError, MediaSettings
+from hypermedia.lifecycle import ClaimedJob
+from hypermedia.media import transcode
+from hypermedia.media.params import validate_params
+from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
+from services.mediaworker.__main__ import MediaHandler
+
+LIMITS = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=8 << 30, fsize_bytes=1 << 30)
+UIDS = (61390,) if os.geteuid() == 0 else None
+"""A uid of its own (as the worker gives each slot): ``RLIMIT_NPROC`` is then the job's alone."""
+LADDER = [1080, 720, 480, 360, 240, 144]
+
+
+def _job(operation: str, params: dict | None = None) -> ClaimedJob:
+    return ClaimedJob(
+        job_id=secrets.token_hex(8),
+        account_id="a",
+        object_id="o",
+        operation=operation,
+        profile_version=1,
+        queue="media",
+        params=validate_params(operation, params or {}),
+        priority=5,
+        attempt=1,
+        max_attempts=3,
+        estimated_credits=1000,
+        timeout_seconds=1800,
+        max_input_bytes=1 << 32,
+        max_pixels=100_000_000,
+        memory_limit_mb=8192,
+        backoff_base_seconds=60,
+    )
+
+
+def test_media_settings_defaults_and_every_error_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HM_MEDIA_MAX_VIDEO_JOBS", "HM_MEDIA_MAX_AUDIO_JOBS", "HM_MEDIA_ENCODER_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    settings = config.load(MediaSettings)
+    assert (settings.max_video_jobs, settings.max_audio_jobs, settings.encoder_threads) == (3, 1, 2)
+
+    monkeypatch.setenv("HM_MEDIA_MAX_AUDIO_JOBS", "0")
+    monkeypatch.setenv("HM_MEDIA_ENCODER_THREADS", "lots")
+    with pytest.raises(ConfigError) as raised:
+        config.load(MediaSettings)
+    assert "HM_MEDIA_MAX_AUDIO_JOBS" in str(raised.value) and "HM_MEDIA_ENCODER_THREADS" in str(raised.value)
+    assert "lots" not in str(raised.value)
+
+
+async def test_the_coordinator_bounds_transcodes_per_operation_and_nothing_else() -> None:
+    handler = MediaHandler(
+        MediaSettings.model_validate({"HM_MEDIA_MAX_VIDEO_JOBS": 2, "HM_MEDIA_MAX_AUDIO_JOBS": 1})
+    )
+
+    async def admitted(operation: str) -> bool:
+        """Whether a job of ``operation`` is admitted within 0.2 s (then left at once)."""
+        try:
+            async with asyncio.timeout(0.2):
+                async with handler.admit(_job(operation)):
+                    return True
+        except TimeoutError:
+            return False
+
+    async with handler.admit(_job("transcode_audio")):
+        assert not await admitted("transcode_audio")
+        assert await admitted("transcode_video") and await admitted("probe")
+        async with handler.admit(_job("transcode_video")), handler.admit(_job("transcode_video")):
+            assert not await admitted("transcode_video")
+            assert all([await admitted(op) for op in ("probe", "waveform", "poster")])
+    # A wait that was cancelled (a cancel request, a lost lease) left nothing held.
+    assert await admitted("transcode_audio") and await admitted("transcode_video")
+
+
+def test_encoder_threads_and_nproc_for_video_transcodes_only() -> None:
+    handler = MediaHandler(MediaSettings.model_validate({"HM_MEDIA_ENCODER_THREADS": 4}))
+    video = _job("transcode_video", {"heights": [720, 480, 360]})
+    assert handler.entry_kwargs(video)["limits"].threads == 4
+    limits = handler.sandbox_limits(video, LIMITS)
+    assert limits.nproc == LIMITS.nproc + transcode.thread_need(video.params, 4)
+    assert (limits.memory_bytes, limits.cpu_seconds) == (LIMITS.memory_bytes, LIMITS.cpu_seconds)
+    for operation in ("transcode_audio", "probe", "waveform", "poster"):
+        job = _job(operation)
+        assert handler.entry_kwargs(job)["limits"].threads == 1
+        assert handler.sandbox_limits(job, LIMITS) is LIMITS
+
+
+# -- the real engine in a real sandbox ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
+    work_dir = tmp_root / f"coordinator-{secrets.token_hex(4)}"
+    work_dir.mkdir(mode=0o755)
+    box = Sandbox(work_dir, preload=("av", "hypermedia.media.engine"), uid=UIDS)
+    await box.start()
+    yield box
+    await box.close()
+
+
+def _write_1080p(path: Path) -> Path:
+    """10 frames of 1920×1080 H.264 and 0.4 s of AAC stereo: every rung of :data:`LADDER` fits."""
+    with av.open(str(path), "w", format="mp4") as out:
+        video = out.add_stream("libx264", rate=25, options={"preset": "ultrafast"})
+        video.width, video.height, video.pix_fmt = 1920, 1080, "yuv420p"
+        sound = out.add_stream("aac", rate=48000)
+        sound.layout = "stereo"
+        for i in range(10):
+            frame = av.VideoFrame.from_ndarray(np.full((1080, 1920, 3), i * 20, np.uint8), format="rgb24")
+            out.mux(video.encode(frame))
+        tone = np.sin(np.arange(1024) / 8).astype(np.float32)
+        for i in range(19):
+            samples = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
+            samples.sample_rate, samples.pts, samples.time_base = 48000, i * 1024, Fraction(1, 48000)
+            out.mux(sound.encode(samples))
+        out.mux(video.encode(None))
+        out.mux(sound.encode(None))
+    return path
+
+
+async def _transcode(
+    sandbox: Sandbox, handler: MediaHandler, job: ClaimedJob, limits: SandboxLimits
+) -> SandboxResult:
+    """The real ``transcode_video`` entry on :func:`_write_1080p`'s clip in a child of ``sandbox``."""
+    job_id = f"job-{secrets.token_hex(6)}"
+    job_dir = sandbox.prepare(job_id)
+    try:
+        source = _write_1080p(job_dir / "input" / "source")
+        return await sandbox.run(
+            job_id,
+            handler.entry,
+            job.operation,
+            job.params,
+            source,
+            limits,
+            entry_kwargs=handler.entry_kwargs(job),
+        )
+    finally:
+        sandbox.cleanup(job_id)
+
+
+@pytest.mark.parametrize("threads", [2, 4, 8])
+async def test_a_six_rung_ladder_with_sound_fits_the_nproc_the_handler_gives_it(
+    sandbox: Sandbox, threads: int
+) -> None:
+    """Six H.264 renditions with sound at once from one decode need ``RLIMIT_NPROC`` 24 at 2
+    threads (the default ``HM_MEDIA_ENCODER_THREADS``), 36 at 4, 72 at 8: more than the 16 every
+    job gets, within the handler's 16 + ``thread_need`` (51, 65, 93)."""
+    handler = MediaHandler(MediaSettings.model_validate({"HM_MEDIA_ENCODER_THREADS": threads}))
+    job = _job("transcode_video", {"heights": LADDER})
+    result = await _transcode(sandbox, handler, job, handler.sandbox_limits(job, LIMITS))
+    assert result.error_code is None, (result.error_code, result.error_message)
+    assert [o.output_type for o in result.outputs] == [f"video_{h}p" for h in LADDER]
+
+
+async def test_the_same_ladder_fails_within_the_16_tasks_of_other_jobs(sandbox: Sandbox) -> None:
+    """Why the handler raises ``RLIMIT_NPROC``: the default ladder cannot start its threads
+    within 16, and says so (``RESOURCE_LIMIT``, not an input it blames)."""
+    handler = MediaHandler(MediaSettings.model_validate({}))
+    job = _job("transcode_video", {"heights": LADDER})
+    result = await _transcode(sandbox, handler, job, LIMITS)
+    assert (result.error_code, result.retryable, result.outputs) == ("RESOURCE_LIMIT", False, [])
