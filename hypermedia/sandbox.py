@@ -548,7 +548,11 @@ def report_progress(out_dir: Path, fraction: float) -> None:
     key = str(out_dir)
     now = time.monotonic()
     last = _progress_written.get(key)
-    if last is not None and fraction < 1.0 and (now - last[0] < _PROGRESS_MIN_INTERVAL or fraction <= last[1]):
+    if (
+        last is not None
+        and fraction < 1.0
+        and (now - last[0] < _PROGRESS_MIN_INTERVAL or fraction <= last[1])
+    ):
         return
     _progress_written[key] = (now, fraction)
     job_dir = Path(out_dir).parent

@@ -182,7 +182,9 @@ def _poster(params: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _group(name: str, value: Any, defaults: Mapping[str, Any], *, absent: bool = False) -> dict[str, Any] | None:
+def _group(
+    name: str, value: Any, defaults: Mapping[str, Any], *, absent: bool = False
+) -> dict[str, Any] | None:
     """An optional group of settings (``sprite``, ``loudness``, ``image``): ``false`` is none,
     ``true`` the defaults, an object the defaults updated by its keys (checked by the caller);
     ``absent`` (``None``) is none or, with ``absent=True``, the defaults.

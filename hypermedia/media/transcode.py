@@ -43,10 +43,13 @@ untrusted input: call :func:`run` in the sandbox child only. Importing this modu
 
 from __future__ import annotations
 
+import errno
 import itertools
 import math
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -312,21 +315,56 @@ class _Output:
             # keyframe (libx264 does), which would put the source's GOPs, scene cuts included,
             # into every rendition and break the HLS segment grid. FFmpeg's CLI resets it too.
             frame.pict_type = PictureType.NONE
-        for packet in self.video.encode(frame):
-            self.container.mux(packet)
+        with _writing():
+            for packet in self.video.encode(frame):
+                self.container.mux(packet)
         if frame is not None:
             self.frames += 1
 
     def encode_audio(self, frame: Any) -> None:
         assert self.audio is not None
-        for packet in self.audio.encode(frame):
-            self.container.mux(packet)
+        with _writing():
+            for packet in self.audio.encode(frame):
+                self.container.mux(packet)
 
     def close(self) -> None:
         self.encode_video(None)
         if self.audio is not None:
             self.encode_audio(None)
-        self.container.close()
+        with _writing():
+            self.container.close()
+
+
+class _EncoderFailure(Exception):
+    """An FFmpeg error on the writing side (encoder or muxer), kept apart from the decoding
+    side's: the input is not to blame for it."""
+
+
+@contextmanager
+def _writing() -> Iterator[None]:
+    try:
+        yield
+    except MemoryError:
+        raise
+    except av.error.FFmpegError as exc:
+        raise _EncoderFailure(str(exc)) from exc
+
+
+def _encoder_error(failure: _EncoderFailure) -> Exception:
+    """What a failed encoder or muxer means for the job. An encoder that cannot open — libx264's
+    ``x264_encoder_open`` fails with FFmpeg's "generic error in an external library" when it
+    cannot start its threads under ``RLIMIT_NPROC`` — or runs out of threads or memory
+    (``EAGAIN``, ``ENOMEM``) is ``RESOURCE_LIMIT``; anything else is a fault of ours (an
+    internal error, not blamed on the input)."""
+    cause = failure.__cause__
+    if isinstance(cause, av.error.ExternalError) or getattr(cause, "errno", None) in (
+        errno.EAGAIN,
+        errno.ENOMEM,
+    ):
+        return PermanentJobError(
+            "An encoder could not start or run within the job's thread and memory limits.", "RESOURCE_LIMIT"
+        )
+    return RuntimeError(f"encoding failed: {failure}")
 
 
 def _encoder_options(options: dict[str, Any], threads: int, rate: Fraction, hls: bool) -> dict[str, str]:
@@ -442,6 +480,8 @@ class _Transcode:
                         self._audio_frame(frame)
         except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
             raise
+        except _EncoderFailure as failure:
+            raise _encoder_error(failure) from failure.__cause__
         except av.error.FFmpegError as exc:
             if self.outputs_[0].frames == 0:
                 raise PermanentJobError(
@@ -450,8 +490,11 @@ class _Transcode:
             # A damaged tail: what decoded is kept, as FFmpeg's command line does.
         if self.outputs_[0].frames == 0:
             raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
-        for output in self.outputs_:
-            output.close()
+        try:
+            for output in self.outputs_:
+                output.close()
+        except _EncoderFailure as failure:
+            raise _encoder_error(failure) from failure.__cause__
         report_progress(self.out_dir, 1.0)
 
     def _video_frame(self, frame: VideoFrame) -> None:
