@@ -10,5 +10,5 @@ INSERT INTO processing_profiles
     (operation, version, queue, base_cost, per_mb, timeout_seconds, max_attempts, max_input_bytes,
      max_pixels, memory_limit_mb, backoff_base_seconds, input_kinds, max_duration_seconds)
 VALUES
-    ('transcode_video', 1, 'media', 5000, 200, 1800, 3, 4294967296, DEFAULT, 8192, 60, ARRAY['video'], 14400),
+    ('transcode_video', 1, 'media', 5000, 200, 1800, 3, 2147483648, DEFAULT, 8192, 60, ARRAY['video'], 14400),
     ('transcode_audio', 1, 'media', 1000,  50,  600, 3, 2147483648, DEFAULT, 2048, 60, ARRAY['audio', 'video'], 14400);
