@@ -1,6 +1,7 @@
 """Params of the media operations (issue 7): checked when a job is created (the gateway) and again
 in the worker (:func:`hypermedia.media.probe.run`, :func:`hypermedia.media.waveform.run`,
-:func:`hypermedia.media.poster.run`). Pure Python: the gateway imports this module, never PyAV.
+:func:`hypermedia.media.poster.run`, :func:`hypermedia.media.transcode.run`,
+:func:`hypermedia.media.audio.run`). Pure Python: the gateway imports this module, never PyAV.
 
 | operation | params |
 |---|---|

@@ -194,7 +194,8 @@ def run(
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
         PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT``, ``CORRUPT_INPUT`` (the
             video cannot be decoded), ``MEDIA_TOO_LONG`` (from the header, or passed while
-            decoding), ``NO_VIDEO_STREAM``, ``INPUT_TOO_LARGE_PIXELS``.
+            decoding), ``NO_VIDEO_STREAM``, ``INPUT_TOO_LARGE_PIXELS``, ``RESOURCE_LIMIT`` (an
+            encoder could not start or run within the job's thread and memory limits).
         MemoryError: FFmpeg or an encoder hit the sandbox's memory limit.
     """
     if operation != "transcode_video":
@@ -297,6 +298,8 @@ class _Output:
             sound.bit_rate = options["audio_bitrate"] * 1000
             sound.codec_context.thread_count = 1
             self.audio = sound
+        self.extradata = b""
+        """The video encoder's global header (SPS/PPS), copied by :meth:`close`."""
         self.graph: av.filter.Graph | None = None
         self.graph_key: tuple[int, int, str | None] | None = None
 
@@ -328,9 +331,12 @@ class _Output:
                 self.container.mux(packet)
 
     def close(self) -> None:
+        """Flushes the encoders and closes the file. The streams belong to the container: what is
+        needed of them later (the H.264 parameter sets) is copied first, never read after."""
         self.encode_video(None)
         if self.audio is not None:
             self.encode_audio(None)
+        self.extradata = bytes(self.video.codec_context.extradata or b"")
         with _writing():
             self.container.close()
 
@@ -450,6 +456,8 @@ class _Transcode:
         display = _display_size(self.video, rotation)
         self.ladder = plan_ladder(*display, options["heights"])
         self.duration = header_seconds(container)
+        self.frame_rate: Fraction | None = self.video.average_rate or self.video.guessed_rate
+        """The source's frame rate, read while the input is open (the HLS master's FRAME-RATE)."""
         start = container.start_time
         self.origin = start / av.time_base if start is not None else 0.0
         self.last_video_pts: int | None = None
@@ -526,6 +534,7 @@ class _Transcode:
         assert self.audio is not None
         if frame.pts is not None and self.audio.time_base:
             frame.pts -= round(self.origin / self.audio.time_base)
+            check_duration(float(frame.pts * self.audio.time_base), self.limits)
         for output in self.outputs_:
             output.encode_audio(frame)
 
@@ -601,7 +610,7 @@ def _package_hls(job: _Transcode, segment_seconds: int) -> list[OutputFile]:
                 },
             )
         )
-    rate = job.video.average_rate or job.video.guessed_rate
+    rate = job.frame_rate
     lines = ["#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-INDEPENDENT-SEGMENTS"]
     for name, output, bandwidth, average, codecs in variants:
         attributes = [
@@ -677,7 +686,7 @@ def _bandwidth(playlist: str) -> tuple[int, int, int]:
 def _codecs_attribute(output: _Output) -> str:
     """RFC 6381 codec strings: ``avc1.PPCCLL`` from the H.264 SPS (profile_idc, constraint flags,
     level_idc) and ``mp4a.40.2`` for AAC-LC."""
-    extradata = output.video.codec_context.extradata or b""
+    extradata = output.extradata
     video = "avc1.640028"
     for start in (m.end() for m in re.finditer(b"\x00\x00\x01", extradata)):
         if start + 3 < len(extradata) and extradata[start] & 0x1F == 7:  # SPS

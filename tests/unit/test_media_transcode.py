@@ -285,6 +285,7 @@ def test_hls_packaging(tmp_path: Path) -> None:
     variants = re.findall(r"#EXT-X-STREAM-INF:(.*)\n(\S+)", master)
     assert [uri for _, uri in variants] == ["hls_360p", "hls_240p"]
     assert "RESOLUTION=640x360" in variants[0][0] and 'CODECS="avc1.' in variants[0][0]
+    assert all("FRAME-RATE=25.000" in attributes for attributes, _ in variants)
     for name in ("hls_360p", "hls_240p"):
         playlist = (out_dir / by_type[name].filename).read_text()
         media = (out_dir / by_type[f"{name}_media"].filename).read_bytes()
