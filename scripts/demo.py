@@ -1,6 +1,10 @@
 """`make demo`: start the platform on embedded defaults, process the sample photos, a PDF, an
-OpenDocument text and three scanned pages (OCR) through REST the way an app would, download the results into ./demo-output/, and
-shut everything down.
+OpenDocument text, three scanned pages (OCR) and a phone-style video clip (probe, poster with a
+sprite sheet, waveform, an H.264 ladder packaged as HLS, loudness-normalised AAC) through REST the
+way an app would, download the results into ./demo-output/, and shut everything down.
+
+The clip is made here with PyAV (no video is in the corpus): 4 s of a moving test pattern,
+640 × 360 stored with a −90° display matrix (a phone held upright) and a 440 Hz tone.
 
 Nothing here talks to a service directly: it runs `hypermedia up`, `hypermedia admin
 create-account`, and then only the public REST API.
@@ -49,6 +53,13 @@ OCR_PAGES: list[tuple[Path, list[Any]]] = [
         ],
     ),
 ]
+MEDIA_OPERATIONS: list[Any] = [
+    "probe",
+    {"name": "poster", "params": {"width": 240, "sprite": {"count": 8, "columns": 4, "width": 120}}},
+    {"name": "waveform", "params": {"buckets_per_second": 50}},
+    {"name": "transcode_video", "params": {"heights": [360, 240], "hls": True, "hls_segment_seconds": 2}},
+    {"name": "transcode_audio", "params": {"format": "aac", "loudness": True}},
+]
 OUT = REPO / "demo-output"
 STATE = REPO / ".hypermedia" / "demo"
 
@@ -77,6 +88,35 @@ def _wait_ready(rest: str, up: subprocess.Popen[bytes], log: Path) -> None:
     sys.exit("the platform did not become ready within 180 s")
 
 
+def _demo_clip(path: Path) -> Path:
+    """4 s of H.264 (640 × 360 stored, −90° display matrix: 360 × 640 upright) with AAC stereo."""
+    import av
+    import numpy as np
+
+    fps, width, height, rate = 25, 640, 360, 48000
+    with av.open(str(path), "w") as container:
+        video = container.add_stream("libx264", rate=fps, options={"preset": "veryfast"})
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.set_display_rotation(-90)
+        sound = container.add_stream("aac", rate=rate, layout="stereo")
+        for i in range(4 * fps):
+            image = np.zeros((height, width, 3), np.uint8)
+            image[: height // 2] = (40, 90, 230)
+            image[:, (i * 6) % width : (i * 6) % width + 40] = (240, 200, 40)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts = i
+            container.mux(video.encode(frame))
+        container.mux(video.encode(None))
+        for start in range(0, 4 * rate, 1024):
+            t = np.arange(start, min(start + 1024, 4 * rate)) / rate
+            tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+            samples = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
+            samples.sample_rate, samples.pts = rate, start
+            container.mux(sound.encode(samples))
+        container.mux(sound.encode(None))
+    return path
+
+
 def _wait_jobs(client: httpx.Client, job_ids: list[str]) -> list[dict[str, Any]]:
     done: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + 180
@@ -100,6 +140,10 @@ _EXTENSIONS = {
     "text/plain": "txt",
     "text/html": "hocr",
     "text/csv": "csv",
+    "text/vtt": "vtt",
+    "video/mp4": "mp4",
+    "audio/mp4": "m4a",
+    "application/vnd.apple.mpegurl": "m3u8",
 }
 
 
@@ -111,6 +155,8 @@ def _describe(meta: dict[str, Any]) -> str:
         return f"{meta['chars']} chars"
     if "page_count" in meta:
         return f"{meta['page_count']} page(s)"
+    if meta.get("duration_seconds") is not None:
+        return f"{meta['duration_seconds']:.2f} s"
     return ""
 
 
@@ -174,7 +220,8 @@ def main() -> int:
             if shutil.which("tesseract") is None:
                 print("tesseract is not installed (run make demo as root to install it): no OCR")
                 scans = []
-            for path, ops in [*inputs, *documents, *scans]:
+            clip = _demo_clip(STATE / "phone-clip.mp4")
+            for path, ops in [*inputs, *documents, *scans, (clip, MEDIA_OPERATIONS)]:
                 obj = c.post("/v1/objects", files={"file": (path.name, path.read_bytes())}).json()
                 created = c.post(
                     "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops}
@@ -200,15 +247,22 @@ def main() -> int:
                         )
                     if not job["outputs"]:
                         rows.append((name, job["operation"], job["status"], job["error_code"] or "", 0, ""))
+                    if job["operation"] == "transcode_video" and job["status"] == "completed":
+                        # The playlists name their sibling outputs; the gateway resolves them into
+                        # URLs (variant playlists signed, usable by a player without the API key).
+                        master = c.get(f"/v1/jobs/{job['job_id']}/outputs/hls_master/resolved")
+                        master.raise_for_status()
+                        hls = OUT / f"{Path(name).stem}.hls_master.resolved.m3u8"
+                        hls.write_text(master.text)
             bad = c.post("/v1/objects", files={"file": ("notes.jpg", b"this is not a photo")}).json()
             refused = c.post(
                 "/v1/hypermedia/process", json={"object_id": bad["object_id"], "operations": ["thumbnail"]}
             )
             balance = c.get("/v1/credits").json()
         print()
-        print(f"{'input':24} {'operation':13} {'status':10} {'what':>14} {'bytes':>8}  result")
+        print(f"{'input':24} {'operation':15} {'status':10} {'what':>14} {'bytes':>8}  result")
         for name, op, status, dims, size, path in rows:
-            print(f"{name:24} {op:13} {status:10} {dims:>14} {size:>8}  {path}")
+            print(f"{name:24} {op:15} {status:10} {dims:>14} {size:>8}  {path}")
         print()
         print(
             f"a text file named notes.jpg: HTTP {refused.status_code} {refused.json()['error_code']}"
