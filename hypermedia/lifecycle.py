@@ -366,7 +366,7 @@ async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix:
 
 
 async def progress(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, fraction: float, stage: str) -> bool:
-    """Record a progress event (``fraction`` 0..1, a short ``stage`` name) for watchers of the job;
+    """Record a progress event (``fraction`` 0..1, kept to 4 decimals; a short ``stage`` name) for watchers of the job;
     fenced like every worker write. False when the lease was lost."""
     result = await pool.execute(
         """
@@ -377,7 +377,7 @@ async def progress(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, fraction
         job.job_id,
         worker_id,
         job.attempt,
-        min(1.0, max(0.0, fraction)),
+        round(min(1.0, max(0.0, fraction)), 4),
         stage,
     )
     return result.endswith(" 1")

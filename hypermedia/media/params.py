@@ -149,7 +149,8 @@ def validate_params(operation: str, params: Any) -> dict[str, Any]:
         InvalidArgument: ``UNKNOWN_OPERATION`` for an operation not in :data:`OPERATIONS`;
             ``INVALID_PARAMS`` for params that are not an object, that have unknown keys, or
             values out of their type or range; both ``buckets_per_second`` and ``buckets``;
-            ``preset`` or ``hls`` with a codec other than h264; repeated ``heights``.
+            ``preset`` or ``hls`` with a codec other than h264; ``hls_segment_seconds`` without
+            ``hls``; repeated ``heights``.
     """
     checked = params_object(operation, params, OPERATIONS, _ALLOWED_KEYS.get(operation, ()))
     if operation == "waveform":
@@ -260,6 +261,8 @@ def _transcode_video(params: Mapping[str, Any]) -> dict[str, Any]:
     if hls and codec != "h264":
         raise _invalid("hls is for codec h264 only")
     segment = params.get("hls_segment_seconds")
+    if segment is not None and not hls:
+        raise _invalid("hls_segment_seconds is for hls: true only")
     segment = (
         DEFAULT_HLS_SEGMENT_SECONDS
         if segment is None

@@ -166,6 +166,7 @@ def test_params_are_normalised_and_checked() -> None:
         {"codec": "vp9", "preset": "fast"},
         {"codec": "vp9", "hls": True},
         {"hls": "yes"},
+        {"hls_segment_seconds": 4},
         {"hls_segment_seconds": 1},
         {"audio_bitrate": 8},
         {"bitrate": 1},
