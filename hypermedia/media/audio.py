@@ -92,11 +92,14 @@ from hypermedia.sandbox import OutputFile, report_progress
 
 __all__ = [
     "FORMATS",
+    "MAX_SAMPLE_MAGNITUDE",
     "OPUS_MAX_BITRATE_PER_CHANNEL",
     "SAMPLE_RATE",
     "SILENCE_LUFS",
     "TRUE_PEAK_RATE",
+    "AudioConverter",
     "OutputFormat",
+    "finite_samples",
     "run",
 ]
 
@@ -284,11 +287,37 @@ def _pull(graph: av.filter.Graph) -> Iterator[AudioFrame]:
         yield frame
 
 
-class _Converter:
+MAX_SAMPLE_MAGNITUDE: Final = 4.0
+"""Largest float sample passed on (+12 dBFS): louder samples are clipped to it, NaN and infinities
+become 0. Float PCM may hold any value; FFmpeg's AAC encoder refuses non-finite samples (EINVAL)
+and LAME aborts on them or on huge ones (an assertion in its psychoacoustic model)."""
+_FLOAT_FORMATS: Final = frozenset({"flt", "fltp", "dbl", "dblp"})
+
+
+def finite_samples(frame: AudioFrame) -> AudioFrame:
+    """``frame`` itself when its samples are integers or finite floats within
+    :data:`MAX_SAMPLE_MAGNITUDE`; else a copy with NaN and infinities as 0 and the rest clipped."""
+    if frame.format.name not in _FLOAT_FORMATS:
+        return frame
+    samples = frame.to_ndarray()
+    if np.isfinite(samples).all() and float(np.abs(samples).max(initial=0.0)) <= MAX_SAMPLE_MAGNITUDE:
+        return frame
+    cleaned = np.clip(
+        np.nan_to_num(samples, nan=0.0, posinf=0.0, neginf=0.0), -MAX_SAMPLE_MAGNITUDE, MAX_SAMPLE_MAGNITUDE
+    )
+    copy = AudioFrame.from_ndarray(
+        cleaned.astype(samples.dtype), format=frame.format.name, layout=frame.layout
+    )
+    copy.sample_rate, copy.pts, copy.time_base = frame.sample_rate, frame.pts, frame.time_base
+    return copy
+
+
+class AudioConverter:
     """Decoded frames → 48 kHz frames of ``layout`` in ``sample_format``, the gain applied
     (module doc, steps 2 and 3)."""
 
     def __init__(self, sample_format: str, layout: str, gain_db: float) -> None:
+        self.layout = layout
         self.filters = [
             ("aformat", f"sample_fmts={sample_format}:channel_layouts={layout}:sample_rates={SAMPLE_RATE}")
         ]
@@ -299,7 +328,12 @@ class _Converter:
         self.pts = 0
 
     def convert(self, frame: AudioFrame | None) -> list[AudioFrame]:
-        """The converted frames ready after ``frame`` (``None``: the end; every frame left)."""
+        """The converted frames ready after ``frame`` (``None``: the end; every frame left).
+
+        Raises:
+            PermanentJobError: ``UNSUPPORTED_FORMAT`` for a channel layout FFmpeg's filters cannot
+                take (32 channels without a named layout).
+        """
         converted: list[AudioFrame] = []
         if frame is None:
             if self.graph is not None:
@@ -310,9 +344,19 @@ class _Converter:
         source = (frame.format.name, frame.layout.name, frame.sample_rate)
         if source != self.source:
             converted.extend(self.convert(None))
-            self.graph = _graph(source, self.filters)
+            try:
+                self.graph = _graph(source, self.filters)
+            except MemoryError:
+                raise
+            except av.error.FFmpegError as exc:
+                raise PermanentJobError(
+                    f"The audio ({frame.layout.nb_channels} channels, layout {frame.layout.name!r}, "
+                    f"{frame.sample_rate} Hz) cannot be converted to {self.layout}.",
+                    "UNSUPPORTED_FORMAT",
+                ) from exc
             self.source = source
             self.pts = 0
+        frame = finite_samples(frame)
         assert self.graph is not None
         frame.pts = self.pts  # contiguous: the input's timestamps are not consulted
         frame.time_base = Fraction(1, frame.sample_rate)
@@ -323,7 +367,7 @@ class _Converter:
 
 
 def _converted(
-    stream: AudioStream, converter: _Converter, limits: MediaLimits, progress: Callable[[int], None]
+    stream: AudioStream, converter: AudioConverter, limits: MediaLimits, progress: Callable[[int], None]
 ) -> Iterator[AudioFrame]:
     """The stream decoded (one thread) and converted, with timestamps in samples at 48 kHz from 0.
 
@@ -427,7 +471,7 @@ def _measure(
     """
     meter = _Meter(sample_format, layout, true_peak=True)
     samples = 0
-    for frame in _converted(stream, _Converter(sample_format, layout, 0.0), limits, progress):
+    for frame in _converted(stream, AudioConverter(sample_format, layout, 0.0), limits, progress):
         meter.add(frame)
         samples += frame.samples
     return meter.result(samples)
@@ -481,7 +525,7 @@ def _encode(
         encoded.bit_rate = bitrate
         encoded.codec_context.thread_type = "NONE"
         encoded.codec_context.thread_count = 1
-        converter = _Converter(audio_format.sample_format, layout, gain_db)
+        converter = AudioConverter(audio_format.sample_format, layout, gain_db)
         for frame in _converted(stream, converter, limits, progress):
             if meter is not None:
                 meter.add(frame)

@@ -16,7 +16,8 @@ Normalised ``waveform`` params: ``{"buckets_per_second": int | None, "buckets": 
 exactly one of the first two set and colours upper-case. Normalised ``poster`` params:
 ``{"width": int, "format": "jpeg" | "webp" | "png", "quality": int, "sprite": {"count", "columns",
 "width"} | None}``. Normalised ``transcode_video`` params: ``{"codec", "heights" (sorted high to
-low), "quality", "preset" (None unless h264), "audio_bitrate", "hls", "hls_segment_seconds"}``.
+low), "quality", "preset" (None unless h264), "audio_bitrate", "hls", "hls_segment_seconds" (None
+unless hls)}``. Normalised params validate again to themselves (the worker checks them again).
 Normalised ``transcode_audio`` params: ``{"format", "bitrate", "channels", "loudness":
 {"target_lufs": float, "true_peak_db": float} | None}``.
 """
@@ -263,11 +264,12 @@ def _transcode_video(params: Mapping[str, Any]) -> dict[str, Any]:
     segment = params.get("hls_segment_seconds")
     if segment is not None and not hls:
         raise _invalid("hls_segment_seconds is for hls: true only")
-    segment = (
-        DEFAULT_HLS_SEGMENT_SECONDS
-        if segment is None
-        else _integer("hls_segment_seconds", segment, HLS_SEGMENT_RANGE)
-    )
+    if hls:  # normalised to null without hls, so that normalised params pass this check again
+        segment = (
+            DEFAULT_HLS_SEGMENT_SECONDS
+            if segment is None
+            else _integer("hls_segment_seconds", segment, HLS_SEGMENT_RANGE)
+        )
     return {
         "codec": codec,
         "heights": heights,

@@ -20,9 +20,15 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
    rendition — ``transpose``/``hflip,vflip`` for the rotation, ``scale`` (bicubic), ``setsar=1``,
    ``format=yuv420p`` (10-bit, 4:2:2 and 4:4:4 input become 8-bit 4:2:0) — into that rendition's
    encoder. Timestamps pass through unchanged (shifted so the file starts at 0): a variable frame
-   rate stays variable, nothing is duplicated or dropped, each frame keeps its duration. The
-   first audio stream (if any) is resampled to stereo 48 kHz by the encoder's resampler and
-   encoded into every rendition. Nothing of the source's metadata (tags, chapters, the display
+   rate stays variable, nothing is duplicated or dropped, each frame keeps its duration (a frame
+   whose time does not go on takes its decode timestamp, else is dropped). The first audio
+   stream (if any) is converted to stereo 48 kHz float
+   (:class:`hypermedia.media.audio.AudioConverter`: layout and rate changes mid-stream, NaN and
+   infinite samples zeroed), stamped by its sample count, and encoded into every rendition. A
+   packet that does not decode is skipped and counted (``decode_errors``), as FFmpeg's command
+   line goes on past it. Before any of this, every packet's timestamp is read (nothing decoded:
+   :func:`hypermedia.media.probe.demux_span`), so a header that understates the length is
+   ``MEDIA_TOO_LONG`` before anything is encoded. Nothing of the source's metadata (tags, chapters, the display
    matrix, subtitles, data streams, cover art) is written.
 4. **Codecs** (:data:`CODECS`): H.264 (libx264, CRF, the params' preset) + AAC-LC in MP4 with the
    index first (``movflags=+faststart``); VP9 (libvpx-vp9, constant quality, ``row-mt``) + Opus in
@@ -65,6 +71,7 @@ from av.video.frame import PictureType, VideoFrame
 from av.video.stream import VideoStream
 
 from hypermedia.errors import InvalidArgument, PermanentJobError
+from hypermedia.media.audio import AudioConverter
 from hypermedia.media.params import validate_params
 from hypermedia.media.poster import display_size, quarter_turns
 from hypermedia.media.probe import (
@@ -72,6 +79,7 @@ from hypermedia.media.probe import (
     audio_stream,
     check_duration,
     check_size,
+    demux_span,
     first_frame_rotation,
     header_seconds,
     open_media,
@@ -184,7 +192,8 @@ def run(
         ``.webm``, ``video/webm``) with metadata ``width``, ``height`` (pixels), ``codec``
         (``h264``/``vp9``/``av1``), ``audio_codec`` (``aac``/``opus`` or null without sound),
         ``duration_seconds`` (of the written file), ``frame_count``, ``bit_rate`` (bits/s over the
-        file), ``rotation_applied`` (degrees, the source's display rotation), ``size_bytes``.
+        file), ``rotation_applied`` (degrees, the source's display rotation when it was a quarter
+        turn that was applied, else 0), ``decode_errors`` (packets skipped), ``size_bytes``.
         With ``hls``: then ``hls_{rung}p_media`` (the fragmented MP4, ``video/mp4``),
         ``hls_{rung}p`` (its media playlist, ``application/vnd.apple.mpegurl``, metadata
         ``segments``, ``bandwidth``, ``average_bandwidth``) per rendition, and ``hls_master``
@@ -212,6 +221,10 @@ def run(
                 "INPUT_TOO_LARGE_PIXELS",
             )
         rotation = first_frame_rotation(video)
+    with open_media(input_path) as container:
+        # Every packet's timestamp, nothing decoded (about a second per million packets): a
+        # header that understates the length is MEDIA_TOO_LONG here, before hours are encoded.
+        demux_span(container, limits)
     with open_media(input_path) as container:
         job = _Transcode(container, options, out_dir, limits, rotation)
         job.encode()
@@ -461,6 +474,11 @@ class _Transcode:
         start = container.start_time
         self.origin = start / av.time_base if start is not None else 0.0
         self.last_video_pts: int | None = None
+        self.decode_errors = 0
+        """Packets skipped because they did not decode (and a demuxer that gave up early)."""
+        self.converter = AudioConverter("fltp", AUDIO_LAYOUT, 0.0) if self.audio is not None else None
+        self.audio_samples: int | None = None
+        """Samples per channel written so far at 48 kHz, from the first audio frame's start."""
         self.outputs_: list[_Output] = [
             _Output(
                 rendition,
@@ -476,16 +494,35 @@ class _Transcode:
         ]
 
     def encode(self) -> None:
+        """Demuxes and decodes the whole input into every rendition. A packet that does not
+        decode is skipped and counted (:attr:`decode_errors`), as FFmpeg's command line goes on
+        past a damaged packet; a demuxer that cannot go on ends the input there.
+
+        Raises:
+            PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all, and see
+                :func:`run`.
+        """
         streams: list[Any] = [self.video] + ([self.audio] if self.audio is not None else [])
         try:
             for packet in self.container.demux(streams):
                 if packet.is_corrupt and packet.size:
+                    self.decode_errors += 1
                     continue
-                for frame in packet.decode():
+                try:
+                    frames = packet.decode()
+                except MemoryError:  # av.error.MemoryError is one, and an FFmpegError
+                    raise
+                except av.error.FFmpegError:
+                    self.decode_errors += 1
+                    continue
+                for frame in frames:
                     if isinstance(frame, VideoFrame):
                         self._video_frame(frame)
                     else:
                         self._audio_frame(frame)
+            if self.converter is not None:
+                for converted in self.converter.convert(None):
+                    self._encode_audio(converted)
         except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
             raise
         except _EncoderFailure as failure:
@@ -495,7 +532,7 @@ class _Transcode:
                 raise PermanentJobError(
                     "The video cannot be decoded: the file is truncated or damaged.", "CORRUPT_INPUT"
                 ) from exc
-            # A damaged tail: what decoded is kept, as FFmpeg's command line does.
+            self.decode_errors += 1  # the demuxer gave up: a damaged tail, what decoded is kept
         if self.outputs_[0].frames == 0:
             raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
         try:
@@ -507,13 +544,23 @@ class _Transcode:
 
     def _video_frame(self, frame: VideoFrame) -> None:
         time_base = self.video.time_base
+        shift = round(self.origin / time_base) if time_base else 0
+        if (
+            frame.pts is not None
+            and self.last_video_pts is not None
+            and frame.pts - shift <= self.last_video_pts
+        ):
+            # Presentation timestamps out of order (H.264 with B-frames in AVI carries decode
+            # order): the decode timestamp, when it goes on, as FFmpeg's best-effort timestamp.
+            if frame.dts is not None and frame.dts - shift > self.last_video_pts:
+                frame.pts = frame.dts
         if frame.pts is None:
             # No timestamp (some raw streams): the previous one plus a frame at the nominal rate.
             rate = self.video.average_rate or Fraction(25)
-            step = round(1 / (rate * time_base)) if time_base else 1
-            frame.pts = (self.last_video_pts or -step) + step
+            step = max(1, round(1 / (rate * time_base))) if time_base else 1
+            frame.pts = (self.last_video_pts if self.last_video_pts is not None else -step) + step
         else:
-            frame.pts -= round(self.origin / time_base) if time_base else 0
+            frame.pts -= shift
         if frame.pts < 0 or (self.last_video_pts is not None and frame.pts <= self.last_video_pts):
             return  # before the file's start, or a repeated timestamp: the muxer would refuse it
         self.last_video_pts = frame.pts
@@ -531,10 +578,24 @@ class _Transcode:
             report_progress(self.out_dir, 0.98 * seconds / self.duration)
 
     def _audio_frame(self, frame: Any) -> None:
-        assert self.audio is not None
-        if frame.pts is not None and self.audio.time_base:
-            frame.pts -= round(self.origin / self.audio.time_base)
-            check_duration(float(frame.pts * self.audio.time_base), self.limits)
+        """Audio is converted to stereo 48 kHz float (:class:`hypermedia.media.audio.AudioConverter`:
+        a layout or rate change mid-stream rebuilds its graph; NaN and infinite samples are
+        zeroed) and stamped by a sample count from where the first audio frame starts, so
+        timestamps that go back or jump do not reach the muxer."""
+        assert self.audio is not None and self.converter is not None
+        if self.audio_samples is None:
+            start = 0.0
+            if frame.pts is not None and self.audio.time_base:
+                start = max(0.0, float(frame.pts * self.audio.time_base) - self.origin)
+            self.audio_samples = round(start * AUDIO_RATE)
+        for converted in self.converter.convert(frame):
+            self._encode_audio(converted)
+
+    def _encode_audio(self, frame: Any) -> None:
+        assert self.audio_samples is not None
+        frame.pts, frame.time_base = self.audio_samples, Fraction(1, AUDIO_RATE)
+        self.audio_samples += frame.samples
+        check_duration(self.audio_samples / AUDIO_RATE, self.limits)
         for output in self.outputs_:
             output.encode_audio(frame)
 
@@ -555,7 +616,8 @@ class _Transcode:
             "duration_seconds": round(duration, 3) if duration is not None else None,
             "frame_count": output.frames,
             "bit_rate": round(size * 8 / duration) if duration else None,
-            "rotation_applied": self.rotation,
+            "rotation_applied": self.rotation if quarter_turns(self.rotation) else 0,
+            "decode_errors": self.decode_errors,
             "size_bytes": size,
         }
         return OutputFile(f"video_{output.rendition.name}", output.path.name, self.codec.mime_type, metadata)

@@ -407,3 +407,34 @@ def test_timestamps_do_not_matter(tmp_path: Path) -> None:
     output, decoded = transcode(path, tmp_path, {"format": "aac"})
     assert output.metadata["duration_seconds"] == pytest.approx(1.0, abs=0.03)
     assert decoded.seconds == pytest.approx(1.0, abs=0.1)
+
+
+def _float_wav(path: Path, channels: np.ndarray, layout: str) -> Path:
+    """32-bit float PCM in WAV: any value, NaN and infinities included, is a valid sample."""
+    with av.open(str(path), "w", format="wav") as container:
+        stream = container.add_stream("pcm_f32le", rate=RATE, layout=layout)
+        for start in range(0, channels.shape[1], 4096):
+            block = np.ascontiguousarray(channels[:, start : start + 4096].T.reshape(1, -1), dtype=np.float32)
+            frame = av.AudioFrame.from_ndarray(block, format="flt", layout=layout)
+            frame.sample_rate, frame.pts = RATE, start
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return path
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e30])
+@pytest.mark.parametrize("audio_format", ["aac", "mp3"])
+def test_non_finite_and_huge_float_samples_are_cleaned(tmp_path: Path, bad: float, audio_format: str) -> None:
+    """A float WAV with a NaN, an infinity or 1e30 in it: FFmpeg's AAC encoder refused it
+    (INTERNAL), LAME aborted the child (SIGABRT); the samples are now zeroed or clipped."""
+    signal = np.stack([sine(2.0, 0.3), sine(2.0, 0.3)])
+    signal[:, RATE // 2 : RATE // 2 + 100] = bad
+    path = _float_wav(tmp_path / "bad.wav", signal, "stereo")
+    output, decoded = transcode(path, tmp_path, {"format": audio_format, "loudness": True})
+    assert decoded.seconds == pytest.approx(2.0, abs=0.1)
+    assert output.metadata["loudness"]["input_true_peak_db"] <= 20
+
+
+def test_an_unnamed_32_channel_layout_is_unsupported_not_corrupt(tmp_path: Path) -> None:
+    path = _float_wav(tmp_path / "ch32.wav", np.tile(sine(0.5, 0.3), (32, 1)), "32 channels")
+    assert _error(path, tmp_path, {}) == "UNSUPPORTED_FORMAT"

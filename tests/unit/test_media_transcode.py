@@ -151,8 +151,15 @@ def test_params_are_normalised_and_checked() -> None:
         "preset": "veryfast",
         "audio_bitrate": 128,
         "hls": False,
-        "hls_segment_seconds": 6,
+        "hls_segment_seconds": None,
     }
+    # What the gateway stored is checked again by the worker: normalised params pass unchanged.
+    for given in (None, {"codec": "vp9"}, {"hls": True}, {"hls": True, "hls_segment_seconds": 4}):
+        normalised = media_params.validate_params("transcode_video", given)
+        assert media_params.validate_params("transcode_video", normalised) == normalised
+    for operation in ("transcode_audio", "poster", "waveform", "probe"):
+        normalised = media_params.validate_params(operation, None)
+        assert media_params.validate_params(operation, normalised) == normalised
     assert media_params.validate_params("transcode_video", {"codec": "vp9", "heights": [360, 720]})[
         "heights"
     ] == [720, 360]
@@ -426,3 +433,75 @@ def test_a_ladder_stays_within_its_thread_need(tmp_path: Path, codec: str) -> No
     )
     started, need = map(int, done.stdout.split())
     assert 0 < started <= need
+
+
+# --- hostile timelines and packets (found by a hostile review) ----------------------------------
+
+
+def _remux(source: Path, target: Path, change: Any, tail: Any = None) -> Path:
+    """``source``'s packets into Matroska ``target``, each passed through ``change(packet)``
+    (a replacement packet, or ``None`` to keep it); then the packets ``tail(last_audio_packet)``
+    returns."""
+    with av.open(str(source)) as inp, av.open(str(target), "w", format="matroska") as out:
+        streams = {s.index: out.add_stream_from_template(s) for s in inp.streams}
+        last_audio = None
+        for packet in inp.demux():
+            if packet.dts is None:
+                continue
+            item = change(packet) or packet
+            item.stream = streams[packet.stream.index]
+            out.mux(item)
+            if packet.stream.type == "audio":
+                last_audio = item
+        for extra in tail(last_audio) if tail is not None else []:
+            out.mux(extra)
+    return target
+
+
+def test_a_damaged_packet_is_skipped_and_the_rest_transcoded(tmp_path: Path) -> None:
+    """One video packet at 1 s of a 4 s clip replaced by noise: the transcode goes on past it (it
+    used to stop there and complete with a quarter of the clip)."""
+    source = write_video(tmp_path / "in.mp4", seconds=4.0)
+    rng = np.random.default_rng(2)
+    damaged = [False]
+
+    def noise(packet: Any) -> Any:
+        if packet.stream.type == "video" and not damaged[0] and packet.pts * packet.time_base >= 1:
+            damaged[0] = True
+            garbage = av.Packet(rng.integers(0, 256, packet.size, dtype=np.uint8).tobytes())
+            garbage.pts, garbage.dts, garbage.time_base = packet.pts, packet.dts, packet.time_base
+            return garbage
+        return None
+
+    out_dir, [output] = transcode(
+        _remux(source, tmp_path / "damaged.mkv", noise), tmp_path, {"heights": [240]}
+    )
+    assert output.metadata["frame_count"] >= 95 and output.metadata["decode_errors"] >= 1
+    assert abs(decoded(out_dir / output.filename)["duration"] - 4.0) < 0.1
+
+
+def test_a_header_that_understates_the_length_is_refused_before_encoding(tmp_path: Path) -> None:
+    """2 s of video and sound, then one audio packet stamped at 5 h: MEDIA_TOO_LONG from the
+    demux pass, nothing encoded (it used to encode a 5-hour audio track)."""
+    source = write_video(tmp_path / "in.mp4", seconds=2.0)
+
+    def late(last: Any) -> list[Any]:
+        echo = av.Packet(bytes(last))
+        echo.pts = echo.dts = round(5 * 3600 / last.time_base)
+        echo.time_base, echo.stream = last.time_base, last.stream
+        return [echo]
+
+    error = _error(_remux(source, tmp_path / "late.mkv", lambda packet: None, late), tmp_path)
+    assert error.error_code == "MEDIA_TOO_LONG" and list((tmp_path / "out").iterdir()) == []
+
+
+def test_timestamps_that_start_over_are_restamped(tmp_path: Path) -> None:
+    """Two MPEG-TS recordings of 2 s joined byte for byte (the second starts its clock again):
+    the sound's timestamps go back; the muxer used to refuse them (INTERNAL). The video keeps
+    the frames whose time goes on, the sound is stamped by its sample count."""
+    part = write_video(tmp_path / "part.ts", seconds=2.0, container_format="mpegts").read_bytes()
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes(part + part)
+    out_dir, [output] = transcode(joined, tmp_path, {"heights": [240]})
+    facts = decoded(out_dir / output.filename)
+    assert facts["audio"] == ("aac", 48000, 2) and output.metadata["frame_count"] >= 50
