@@ -39,8 +39,8 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 _LINE = re.compile(r"([^\r\n]*)(\r\n|\r|\n|$)")
 _URI_ATTRIBUTE = re.compile(r'([:,]URI=")([^"\r\n]*)(")')
 _VTT_REFERENCE = re.compile(r"^([a-z0-9][a-z0-9_.-]{0,63})(#[^\s]*)?$")
-_EXTINF = re.compile(r"^#EXTINF:\s*([0-9]+(?:\.[0-9]+)?)")
-_VTT_END = re.compile(r"-->\s*(?:([0-9]+):)?([0-5][0-9]):([0-5][0-9])\.([0-9]{3})")
+_EXTINF = re.compile(r"^#EXTINF:\s*([0-9]{1,9}(?:\.[0-9]{1,9})?)")
+_VTT_END = re.compile(r"-->\s*(?:([0-9]{1,9}):)?([0-5][0-9]):([0-5][0-9])\.([0-9]{3})")
 MAX_PRESENTATION_SECONDS = 7 * 24 * 3600
 """Cap of :func:`presentation_seconds` (a week: the longest a presigned URL may live anyway)."""
 

@@ -130,3 +130,13 @@ def test_link_signer_binds_job_output_and_expiry() -> None:
     assert not signer.valid(job, "hls_720p", "2000000001", sig, now=0)  # another expiry
     assert not signer.valid(job, "hls_720p", "+2000000000", sig, now=0)
     assert not signer.valid(job, "hls_720p", "2000000000", sig.upper(), now=0)
+
+
+def test_absurd_numbers_in_a_text_do_not_fail_the_request() -> None:
+    """A cue hour of thousands of digits (Python refuses to parse > 4300 digits) or an EXTINF
+    of as many: not a timing, so ignored, never a 500."""
+    huge = "9" * 5000
+    vtt = f"WEBVTT\n\n{huge}:00:00.000 --> {huge}:00:01.000\nsprite#xywh=0,0,1,1\n"
+    assert manifests.presentation_seconds(ManifestKind.VTT, vtt) <= manifests.MAX_PRESENTATION_SECONDS
+    playlist = f"#EXTM3U\n#EXTINF:{huge},\nhls_720p_media\n"
+    assert manifests.presentation_seconds(ManifestKind.HLS, playlist) <= manifests.MAX_PRESENTATION_SECONDS
