@@ -318,14 +318,23 @@ class _Sampler:
         for attempt in range(SPRITE_SEEK_RETRIES + 1):
             position = target - round(attempt * SPRITE_SEEK_SECONDS / self._time_base)
             self._seek(position)
-            frame = self._decode_to(target, seconds, attempt * self._max_packets)
+            try:
+                frame = self._decode_to(target, seconds, attempt * self._max_packets)
+            except PermanentJobError:
+                # Nothing decoded after the seek: it landed after the only keyframe in reach (a
+                # short MPEG-TS file with one keyframe). Further back, and last from the start.
+                if position < self._start:
+                    break
+                continue
             landed_late = self._first_pts is not None and self._first_pts > target
             # Before the stream's start a seek lands on its first packet: nothing earlier to find.
             # Not at the start itself: MPEG-TS bisects on decoding timestamps, which run behind.
             if not landed_late or position < self._start:
-                break
-        assert frame is not None
-        return frame
+                return frame
+        if frame is not None:
+            return frame
+        self._seek(self._start)
+        return self._decode_to(target, seconds, SPRITE_SEEK_RETRIES * self._max_packets)
 
     def _seek(self, position: int) -> None:
         """Seeks to the keyframe at or before ``position``; the decoder starts afresh."""

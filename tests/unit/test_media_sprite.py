@@ -316,3 +316,15 @@ def test_sprite_of_audio_is_no_video_stream(tmp_path: Path) -> None:
         run("poster", {"sprite": True}, cover, tmp_path, limits=LIMITS)
     assert "sprite sheet needs a video stream" in err.value.public_message
     assert list(tmp_path.glob("*.jpg")) == []
+
+
+def test_a_short_mpeg_ts_with_one_keyframe(tmp_path: Path) -> None:
+    """6 s of MPEG-TS with a single keyframe (x264's default GOP is longer than the file): a seek
+    lands after it and nothing decodes; the sampler used to fail CORRUPT_INPUT, it now seeks
+    further back and at last decodes from the start."""
+    path = write_counter_video(
+        tmp_path / "one-keyframe.ts", seconds=6.0, keyframe_interval=250, container_format="mpegts"
+    )
+    meta, pixels, cues = sprite(path, tmp_path, {"count": 6, "columns": 6, "width": 80})
+    shown = [read_counter(cell(pixels, xywh)) for _, _, xywh in cues]
+    assert shown == expected_frames(meta, 150)
