@@ -22,13 +22,10 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import av
 import httpx
-import numpy as np
 import psycopg
 import pytest
 
@@ -37,6 +34,7 @@ from hypermedia.media import transcode
 from hypermedia.sandbox import SandboxLimits
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.e2e.media_entries import run_seconds
+from tests.unit.test_media_probe import write_video
 
 SLOTS = 3
 HEARTBEAT_SECONDS = 1
@@ -140,23 +138,7 @@ def pg(media_platform: RunningPlatform) -> Iterator[psycopg.Connection[Any]]:
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An MP4 of 1 s of H.264 (320×240) and AAC: media every operation of these tests accepts."""
-    path = tmp_path_factory.mktemp("media-runtime") / "clip.mp4"
-    with av.open(str(path), "w") as out:
-        video = out.add_stream("libx264", rate=25, options={"preset": "ultrafast"})
-        video.width, video.height, video.pix_fmt = 320, 240, "yuv420p"
-        sound = out.add_stream("aac", rate=48000)
-        sound.layout = "stereo"
-        for i in range(25):
-            frame = av.VideoFrame.from_ndarray(np.full((240, 320, 3), i * 10, np.uint8), format="rgb24")
-            out.mux(video.encode(frame))
-        tone = np.sin(np.arange(1024) / 8).astype(np.float32)
-        for i in range(47):
-            samples = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
-            samples.sample_rate, samples.pts, samples.time_base = 48000, i * 1024, Fraction(1, 48000)
-            out.mux(sound.encode(samples))
-        out.mux(video.encode(None))
-        out.mux(sound.encode(None))
-    return path
+    return write_video(tmp_path_factory.mktemp("media-runtime") / "clip.mp4", seconds=1.0)
 
 
 # -- helpers ------------------------------------------------------------------------------------------

@@ -10,11 +10,8 @@ import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator
-from fractions import Fraction
 from pathlib import Path
 
-import av
-import numpy as np
 import pytest
 
 from hypermedia import config
@@ -24,6 +21,7 @@ from hypermedia.media import transcode
 from hypermedia.media.params import validate_params
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from services.mediaworker.__main__ import MediaHandler
+from tests.unit.test_media_probe import write_video
 
 LIMITS = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=8 << 30, fsize_bytes=1 << 30)
 UIDS = (61390,) if os.geteuid() == 0 else None
@@ -118,22 +116,7 @@ async def sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
 
 def _write_1080p(path: Path) -> Path:
     """10 frames of 1920×1080 H.264 and 0.4 s of AAC stereo: every rung of :data:`LADDER` fits."""
-    with av.open(str(path), "w", format="mp4") as out:
-        video = out.add_stream("libx264", rate=25, options={"preset": "ultrafast"})
-        video.width, video.height, video.pix_fmt = 1920, 1080, "yuv420p"
-        sound = out.add_stream("aac", rate=48000)
-        sound.layout = "stereo"
-        for i in range(10):
-            frame = av.VideoFrame.from_ndarray(np.full((1080, 1920, 3), i * 20, np.uint8), format="rgb24")
-            out.mux(video.encode(frame))
-        tone = np.sin(np.arange(1024) / 8).astype(np.float32)
-        for i in range(19):
-            samples = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
-            samples.sample_rate, samples.pts, samples.time_base = 48000, i * 1024, Fraction(1, 48000)
-            out.mux(sound.encode(samples))
-        out.mux(video.encode(None))
-        out.mux(sound.encode(None))
-    return path
+    return write_video(path, seconds=0.4, width=1920, height=1080, container_format="mp4")
 
 
 async def _transcode(
