@@ -10,8 +10,10 @@ the requested bit rate, with nothing of the source's metadata (no tags, no cover
    Opening is :func:`hypermedia.media.probe.open_media`'s: the local file only, the allowlisted
    demuxers only. No audio stream is ``NO_AUDIO_STREAM``; one in a codec this FFmpeg has no decoder
    for is ``UNSUPPORTED_FORMAT``. A header duration over :attr:`MediaLimits.max_duration_seconds`
-   is ``MEDIA_TOO_LONG`` before anything is decoded; while decoding, the converted samples so far
-   are checked against it too (a header without a duration, or one FFmpeg only estimates), with
+   is ``MEDIA_TOO_LONG`` before anything is decoded, and so is a file whose packets span longer
+   (one demux pass reading every timestamp, nothing decoded:
+   :func:`hypermedia.media.probe.demux_span` — a header that understates the length); while
+   decoding, the converted samples so far are checked against it too (a header without a duration, or one FFmpeg only estimates), with
    :func:`hypermedia.media.probe.check_duration`.
 2. **Conversion**: every decoded frame goes through an FFmpeg filter graph of one thread,
    ``abuffer → aformat → abuffersink``: libswresample (which ``aformat`` inserts) resamples to
@@ -83,11 +85,10 @@ from hypermedia.media.probe import (
     audio_stream,
     check_duration,
     check_size,
+    demux_span,
     header_seconds,
     open_media,
 )
-
-# Private to waveform so far: the stream choice and header duration of every audio operation.
 from hypermedia.sandbox import OutputFile, report_progress
 
 __all__ = [
@@ -207,10 +208,17 @@ def run(
         index = stream.index
         declared_seconds = header_seconds(container, stream)
         check_duration(declared_seconds, limits)
+    with open_media(input_path) as container:
+        # Every packet's timestamp, nothing decoded: a header that understates the length is
+        # MEDIA_TOO_LONG here, not after hours of decoding against the CPU limit.
+        demux_span(container, limits)
+    with open_media(input_path) as container:
+        sound = container.streams[index]
+        assert isinstance(sound, AudioStream)
         measured: _Loudness | None = None
         if loudness is not None:
             progress = _progress(out_dir, declared_seconds, 0.0, 0.5)
-            measured = _measure(stream, audio_format.sample_format, layout, limits, progress)
+            measured = _measure(sound, audio_format.sample_format, layout, limits, progress)
     gain_db, limited = 0.0, False
     if loudness is not None and measured is not None:
         gain_db, limited = _gain(measured, loudness["target_lufs"], loudness["true_peak_db"])

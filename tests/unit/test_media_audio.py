@@ -438,3 +438,14 @@ def test_non_finite_and_huge_float_samples_are_cleaned(tmp_path: Path, bad: floa
 def test_an_unnamed_32_channel_layout_is_unsupported_not_corrupt(tmp_path: Path) -> None:
     path = _float_wav(tmp_path / "ch32.wav", np.tile(sine(0.5, 0.3), (32, 1)), "32 channels")
     assert _error(path, tmp_path, {}) == "UNSUPPORTED_FORMAT"
+
+
+def test_packets_spanning_past_the_limit_are_refused_before_decoding(tmp_path: Path) -> None:
+    """A clip whose last audio packet is stamped at 5 h (the header says 2 s): MEDIA_TOO_LONG
+    from the demux pass before any decoding (a header understating a long file used to be
+    decoded until the CPU limit)."""
+    from tests.unit.test_media_transcode import with_a_late_audio_packet
+
+    path = with_a_late_audio_packet(write_video(tmp_path / "in.mp4", seconds=2.0), tmp_path / "late.mkv")
+    assert _error(path, tmp_path, {}) == "MEDIA_TOO_LONG"
+    assert list((tmp_path / "out").iterdir()) == []

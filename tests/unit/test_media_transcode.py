@@ -480,18 +480,24 @@ def test_a_damaged_packet_is_skipped_and_the_rest_transcoded(tmp_path: Path) -> 
     assert abs(decoded(out_dir / output.filename)["duration"] - 4.0) < 0.1
 
 
+def with_a_late_audio_packet(source: Path, target: Path, seconds: float = 5 * 3600) -> Path:
+    """``source`` remuxed to Matroska with a copy of its last audio packet stamped at ``seconds``:
+    a header that says the clip's length over packets that span hours."""
+
+    def late(last: Any) -> list[Any]:
+        echo = av.Packet(bytes(last))
+        echo.pts = echo.dts = round(seconds / last.time_base)
+        echo.time_base, echo.stream = last.time_base, last.stream
+        return [echo]
+
+    return _remux(source, target, lambda packet: None, late)
+
+
 def test_a_header_that_understates_the_length_is_refused_before_encoding(tmp_path: Path) -> None:
     """2 s of video and sound, then one audio packet stamped at 5 h: MEDIA_TOO_LONG from the
     demux pass, nothing encoded (it used to encode a 5-hour audio track)."""
     source = write_video(tmp_path / "in.mp4", seconds=2.0)
-
-    def late(last: Any) -> list[Any]:
-        echo = av.Packet(bytes(last))
-        echo.pts = echo.dts = round(5 * 3600 / last.time_base)
-        echo.time_base, echo.stream = last.time_base, last.stream
-        return [echo]
-
-    error = _error(_remux(source, tmp_path / "late.mkv", lambda packet: None, late), tmp_path)
+    error = _error(with_a_late_audio_packet(source, tmp_path / "late.mkv"), tmp_path)
     assert error.error_code == "MEDIA_TOO_LONG" and list((tmp_path / "out").iterdir()) == []
 
 
