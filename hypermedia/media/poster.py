@@ -48,7 +48,14 @@ from av.video.stream import VideoStream
 
 from hypermedia.errors import PermanentJobError
 from hypermedia.media.params import validate_params
-from hypermedia.media.probe import MediaLimits, check_duration, check_size, frame_rotation, open_media
+from hypermedia.media.probe import (
+    MediaLimits,
+    check_duration,
+    check_size,
+    first_frame,
+    frame_rotation,
+    open_media,
+)
 from hypermedia.sandbox import OutputFile
 
 __all__ = [
@@ -257,20 +264,14 @@ def _choose_frame(stream: VideoStream) -> _Choice:
 
 
 def _cover_frame(stream: VideoStream) -> _Choice:
-    """The cover picture: the attached picture's packet decoded like a video frame.
+    """The cover picture: the attached picture's packet decoded like a video frame
+    (:func:`hypermedia.media.probe.first_frame`).
 
     Raises:
         PermanentJobError: ``CORRUPT_INPUT`` when the picture does not decode.
     """
     one_thread(stream)
-    try:
-        for frame in _frames(stream):
-            return _Choice(frame, 0.0, 0)
-    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
-        raise
-    except av.error.FFmpegError as exc:
-        raise _no_frame(stream.index) from exc
-    raise _no_frame(stream.index)
+    return _Choice(first_frame(stream), 0.0, 0)
 
 
 def _no_frame(index: int) -> PermanentJobError:

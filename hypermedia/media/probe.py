@@ -51,6 +51,7 @@ import av.error
 from av.audio.stream import AudioStream
 from av.container import InputContainer
 from av.stream import Disposition, Stream
+from av.video.frame import VideoFrame
 from av.video.stream import VideoStream
 
 from hypermedia.errors import InvalidArgument, PermanentJobError
@@ -69,6 +70,7 @@ __all__ = [
     "check_duration",
     "check_size",
     "demux_span",
+    "first_frame",
     "first_frame_rotation",
     "frame_rotation",
     "header_seconds",
@@ -499,7 +501,18 @@ def first_frame_rotation(stream: VideoStream) -> int:
     without one), as ``av_display_rotation_get`` computes them, rounded to an integer.
 
     Raises:
+        PermanentJobError: ``CORRUPT_INPUT`` (:func:`first_frame`).
+    """
+    return frame_rotation(first_frame(stream))
+
+
+def first_frame(stream: VideoStream) -> VideoFrame:
+    """The stream's first decoded frame, with one decoder thread, from at most
+    :data:`FIRST_FRAME_MAX_PACKETS` packets (a cover picture's one packet included).
+
+    Raises:
         PermanentJobError: ``CORRUPT_INPUT`` when the first packets are cut off or no frame decodes.
+        MemoryError: FFmpeg could not allocate.
     """
     container = stream.container
     assert isinstance(container, InputContainer)
@@ -514,7 +527,8 @@ def first_frame_rotation(stream: VideoStream) -> int:
             else:
                 frames = stream.codec_context.decode(packet)
             for frame in frames:
-                return frame_rotation(frame)
+                assert isinstance(frame, VideoFrame)
+                return frame
             packets += 1
             if packets >= FIRST_FRAME_MAX_PACKETS:
                 break
