@@ -208,7 +208,6 @@ def run(
         index = stream.index
         declared_seconds = header_seconds(container, stream)
         check_duration(declared_seconds, limits)
-    with open_media(input_path) as container:
         # Every packet's timestamp, nothing decoded: a header that understates the length is
         # MEDIA_TOO_LONG here, not after hours of decoding against the CPU limit.
         demux_span(container, limits)
