@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -18,9 +19,41 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+LISTEN_PORTS_FROM = 10_000
+"""Lowest port :func:`free_port` hands out."""
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections, inclusive (Linux's
+    ``net.ipv4.ip_local_port_range``; 32768–60999 when it cannot be read)."""
+    try:
+        low, high = (int(part) for part in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to 0, read it back, close)."""
+    """A TCP port that was free a moment ago, for a listener started a little later.
+
+    Chosen at random below the kernel's ephemeral range (:func:`ephemeral_port_range`) and checked
+    by binding it: a port from ``bind(0)`` comes from that range, and between this call and the
+    listener's bind (seconds, when ``hypermedia up`` migrates first) any outgoing connection on
+    the machine could take it as its local port, and the listener then exits 69. Falls back to
+    ``bind(0)`` when fewer than 1,000 ports lie below the range or 50 random picks are taken.
+    """
+    low, _high = ephemeral_port_range()
+    if low - LISTEN_PORTS_FROM >= 1_000:
+        for _ in range(50):
+            port = random.randrange(LISTEN_PORTS_FROM, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -119,6 +119,20 @@ class ServiceProcess:
         return float(min(30, 2 ** max(0, self.quick_deaths - 1)))
 
 
+def log_tail(path: Path, lines: int = 5, max_bytes: int = 4096) -> str:
+    """The last ``lines`` lines of a service's log (read from its last ``max_bytes`` bytes),
+    indented; ``(no log)`` when there is none. Quoted when a service exits at start, so that the
+    cause reaches whoever ran ``hypermedia up`` (a CI log keeps no state directory)."""
+    try:
+        with path.open("rb") as log_file:
+            log_file.seek(0, os.SEEK_END)
+            log_file.seek(max(0, log_file.tell() - max_bytes))
+            text = log_file.read().decode(errors="replace")
+    except OSError:
+        return "  (no log)"
+    return "\n".join(f"  {line}" for line in text.splitlines()[-lines:]) or "  (empty log)"
+
+
 class Platform:
     """Starts the infrastructure and the services; :meth:`supervise` keeps them running.
 
@@ -266,7 +280,8 @@ class Platform:
         while time.monotonic() < deadline:
             if proc.process is not None and proc.process.poll() is not None:
                 raise RuntimeError(
-                    f"service {proc.name} exited with code {proc.process.returncode} at start; see {proc.log_path}"
+                    f"service {proc.name} exited with code {proc.process.returncode} at start; see "
+                    f"{proc.log_path}, which ends:\n{log_tail(proc.log_path)}"
                 )
             try:
                 wait_for_port("127.0.0.1", port, timeout=0.5)

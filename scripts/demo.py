@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from hypermedia.embedded import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = REPO / "tests" / "data" / "exif-orientation"
 DOCUMENTS: list[tuple[Path, list[Any]]] = [
@@ -70,8 +72,7 @@ def _port(preferred: int) -> int:
             sock.bind(("127.0.0.1", preferred))
             return preferred
         except OSError:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
+            return free_port()
 
 
 def _wait_ready(rest: str, up: subprocess.Popen[bytes], log: Path) -> None:

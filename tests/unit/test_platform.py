@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
-from hypermedia import platform
+from hypermedia import embedded, platform
 from hypermedia.platform import Platform, ServiceProcess
 
 
@@ -71,3 +72,32 @@ def test_scale_is_only_for_worker_services(tmp_path: Path) -> None:
         Platform(tmp_path, scale={"gateway": 2})
     with pytest.raises(ValueError, match=r"must be 1\.\.16"):
         Platform(tmp_path, scale={"imageworker": 0})
+
+
+def test_free_ports_lie_below_the_ephemeral_range_so_outgoing_connections_cannot_take_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    low, high = embedded.ephemeral_port_range()
+    assert 1024 <= low < high <= 65535
+    ports = {embedded.free_port() for _ in range(20)}
+    assert all(embedded.LISTEN_PORTS_FROM <= port < low for port in ports), ports
+    assert len(ports) > 10  # random picks, not one port handed out again and again
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # each was free
+
+    # A range leaving too few ports below it: the kernel's choice (bind 0) is the fallback.
+    wide = tmp_path / "ip_local_port_range"
+    wide.write_text("10500\t65000\n")
+    monkeypatch.setattr(embedded, "EPHEMERAL_RANGE_FILE", wide)
+    assert embedded.ephemeral_port_range() == (10500, 65000)
+    assert 10500 <= embedded.free_port() <= 65000
+
+
+def test_a_service_exiting_at_start_is_reported_with_the_end_of_its_log(tmp_path: Path) -> None:
+    plat, proc = _crashing(tmp_path)
+    with pytest.raises(RuntimeError) as raised:
+        plat._wait_port(proc, embedded.free_port(), timeout=30)
+    message = str(raised.value)
+    assert message.startswith("service broken exited with code 1 at start; see ")
+    assert "No module named" in message and "does_not_exist" in message, message
