@@ -25,11 +25,13 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import quote, urlencode
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -39,8 +41,19 @@ from services.storage.backends import is_valid_key
 
 READ_CHUNK_BYTES = 1024 * 1024
 """Read size when hashing a file and write batch size of an upload (bytes)."""
-"""Connections and tasks the HTTP server serves at once; beyond it answers 503."""
 DEFAULT_MIME = "application/octet-stream"
+
+CORS: dict[str, Any] = {
+    "allow_origins": ["*"],
+    "allow_methods": ["GET", "HEAD", "PUT"],
+    "allow_headers": ["Range", "Content-Type"],
+    "expose_headers": ["Content-Length", "Content-Range", "Accept-Ranges", "ETag"],
+    "max_age": 3600,
+}
+"""Cross-origin access to signed URLs (Starlette's ``CORSMiddleware``): a web player on the app's
+origin (hls.js fetching segments by byte range) or a browser uploading with a presigned PUT. Any
+origin, no credentials: the signature in the URL is the only authority, as with an S3 bucket whose
+CORS rule allows ``*`` (docs/operations.md gives that rule for S3)."""
 
 
 def _sign(key: bytes, method: str, object_key: str, expires: int, content_type: str) -> str:
@@ -180,7 +193,8 @@ def _problem(status: int, title: str, detail: str, error_code: str) -> JSONRespo
 
 
 def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
-    """The HTTP app behind the local URLs: ``GET`` and ``PUT /o/{key}``.
+    """The HTTP app behind the local URLs: ``GET`` and ``PUT /o/{key}``, open to any origin
+    (:data:`CORS`: preflights answered, ``Content-Range`` readable by scripts).
 
     Answers (``application/problem+json`` on error): 400 invalid key or Content-Length, 403 bad or
     expired signature, 404 no such object, 413 body larger than ``max_put_bytes``.
@@ -239,4 +253,5 @@ def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
     return Starlette(
         routes=[Route("/o/{key:path}", handle, methods=["GET", "PUT"])],
         exception_handlers={HTTPException: _http_error},
+        middleware=[Middleware(CORSMiddleware, **CORS)],
     )

@@ -342,6 +342,53 @@ async def test_tampered_signature_and_wrong_content_type_are_403(local: Running,
         assert (await http.get(no_sig)).status_code == 403
 
 
+async def test_signed_urls_answer_cross_origin_players_and_uploads(local: Running, tenant: Tenant) -> None:
+    """hls.js on the app's origin reads fMP4 byte ranges from the store; a browser uploads with PUT."""
+    origin = {"Origin": "https://app.example"}
+    data = bytes(range(256)) * 40
+    created = await _create(local, tenant, data, "video/mp4")
+    async with httpx.AsyncClient() as http:
+        preflight = await http.options(
+            created.put_url,
+            headers={
+                **origin,
+                "Access-Control-Request-Method": "PUT",
+                "Access-Control-Request-Headers": "content-type",
+            },
+        )
+        assert preflight.status_code == 200, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == "*"
+        assert "PUT" in preflight.headers["access-control-allow-methods"]
+        put = await http.put(created.put_url, content=data, headers={**origin, "Content-Type": "video/mp4"})
+        assert put.status_code == 200, put.text
+        assert put.headers["access-control-allow-origin"] == "*"
+        await local.stub.CompleteUpload(storage_pb2.CompleteUploadRequest(object_id=created.object.object_id))
+
+        url = (await local.stub.PresignGet(storage_pb2.PresignGetRequest(key=created.object.key))).url
+        preflight = await http.options(
+            url,
+            headers={
+                **origin,
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "range",
+            },
+        )
+        assert preflight.status_code == 200, preflight.text
+        assert "range" in preflight.headers["access-control-allow-headers"].lower()
+        part = await http.get(url, headers={**origin, "Range": "bytes=1000-1099"})
+        assert part.status_code == 206
+        assert part.content == data[1000:1100]
+        assert part.headers["access-control-allow-origin"] == "*"
+        exposed = part.headers["access-control-expose-headers"].lower()
+        assert "content-range" in exposed and "content-length" in exposed
+        assert part.headers["content-range"] == f"bytes 1000-1099/{len(data)}"
+
+        # The signature still decides: a cross-origin request with a bad one is refused.
+        refused = await http.get(url.replace("sig=", "sig=0"), headers=origin)
+        assert refused.status_code == 403
+        assert refused.headers["access-control-allow-origin"] == "*"  # the player can read the reason
+
+
 async def test_expired_url_is_403(local: Running, tenant: Tenant) -> None:
     obj = await _upload(local, tenant, b"abc")
     expired, _ = await local.backend.presign_get(obj.key, -5)
