@@ -64,6 +64,17 @@ def domain_problem(exc: DomainError) -> JSONResponse:
     return response
 
 
+def _not_json(request: Request, exc: RequestValidationError) -> bool:
+    """Whether a JSON body was refused only because it came with another Content-Type (``curl -d``
+    sends ``application/x-www-form-urlencoded``): FastAPI parses only ``application/json`` and
+    ``*+json`` (or no Content-Type) as JSON and hands anything else to the model as raw bytes, which
+    fails as a whole (``loc == ["body"]``). A multipart upload's missing part is ``["body", "file"]``."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if not media_type or media_type == "application/json" or media_type.endswith("+json"):
+        return False
+    return any(tuple(error.get("loc", ())) == ("body",) for error in exc.errors())
+
+
 class Operation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -202,7 +213,14 @@ def build_app(
         return domain_problem(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if _not_json(request, exc):
+            return problem(
+                415,
+                "Unsupported Media Type",
+                "the request body must be JSON sent with Content-Type: application/json",
+                "UNSUPPORTED_MEDIA_TYPE",
+            )
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
         return problem(
             422,

@@ -179,6 +179,46 @@ def test_bad_requests_are_specific_4xx_problems(
     assert "Traceback" not in response.text
 
 
+def test_a_json_body_sent_as_a_form_is_415_and_creates_nothing(
+    platform: RunningPlatform, database_url: str
+) -> None:
+    account = platform.admin("create-account", "--credits", "10")
+
+    async def jobs() -> int:
+        conn = await asyncpg.connect(database_url)
+        try:
+            count = await conn.fetchval(
+                "SELECT count(*) FROM processing_jobs WHERE account_id = $1", account["account_id"]
+            )
+            return int(count)
+        finally:
+            await conn.close()
+
+    with platform.client(account) as client:
+        obj = upload(client, EXIF / "Landscape_1.jpg")
+        body = json.dumps({"object_id": obj["object_id"], "operations": ["thumbnail"]})
+        for content_type in ("application/x-www-form-urlencoded", "text/plain; charset=utf-8"):
+            response = client.post(
+                "/v1/hypermedia/process", content=body, headers={"Content-Type": content_type}
+            )
+            assert response.status_code == 415, response.text
+            assert response.json()["error_code"] == "UNSUPPORTED_MEDIA_TYPE"
+            assert "Content-Type: application/json" in response.json()["detail"]
+        assert asyncio.run(jobs()) == 0
+        # JSON types are parsed as JSON: application/json with parameters and a +json suffix.
+        for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+            response = client.post(
+                "/v1/hypermedia/process", content=body, headers={"Content-Type": content_type}
+            )
+            assert response.status_code == 202, response.text
+        assert asyncio.run(jobs()) == 2
+        # A JSON body of the wrong shape and an upload without its file part stay 422.
+        wrong_shape = client.post("/v1/hypermedia/process", json=["thumbnail"])
+        assert (wrong_shape.status_code, wrong_shape.json()["error_code"]) == (422, "INVALID_REQUEST")
+        no_file = client.post("/v1/objects", files={"other": ("x.jpg", b"abc")})
+        assert (no_file.status_code, no_file.json()["error_code"]) == (422, "INVALID_REQUEST"), no_file.text
+
+
 def test_objects_of_others_and_missing_ones_answer_the_same_404(
     platform: RunningPlatform, client: httpx.Client
 ) -> None:
