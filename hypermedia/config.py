@@ -55,6 +55,9 @@ class GatewaySettings(_Settings):
     max_operations: int = Field(16, gt=0, le=100, validation_alias="HM_MAX_OPERATIONS")
     """Most operations in one process request."""
     relay_poll_seconds: float = Field(1.0, gt=0, validation_alias="HM_RELAY_POLL_SECONDS")
+    webhook_allow_private: bool = Field(False, validation_alias="HM_WEBHOOK_ALLOW_PRIVATE")
+    """Accept a ``webhook_url`` whose host is a loopback, private or link-local IP literal or
+    ``localhost`` (refused with INVALID_WEBHOOK_URL by default; ``hypermedia up`` allows them)."""
     clamd_url: str = Field("", validation_alias="CLAMD_URL")
     """ClamAV daemon that scans every upload before it is stored: ``unix:///run/clamav/clamd.ctl``
     or ``tcp://host:3310``. Empty (the default): no virus scan."""
@@ -193,6 +196,9 @@ class ReaperSettings(_Settings):
     webhook_max_attempts: int = Field(8, ge=1, le=50, validation_alias="HM_WEBHOOK_MAX_ATTEMPTS")
     webhook_base_delay_seconds: float = Field(5.0, gt=0, validation_alias="HM_WEBHOOK_BASE_DELAY_SECONDS")
     """First retry delay of a webhook; doubles per attempt, capped at an hour."""
+    webhook_allow_private: bool = Field(False, validation_alias="HM_WEBHOOK_ALLOW_PRIVATE")
+    """Send webhooks to hosts that resolve to non-public addresses (loopback, private, link-local,
+    cloud metadata). Off by default: such a delivery fails at once (``BlockedAddress``)."""
 
 
 S = TypeVar("S", bound=BaseSettings)

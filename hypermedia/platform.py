@@ -199,6 +199,8 @@ class Platform:
         applied = db.migrate(database_url)
         log.info("migrations applied: %d", applied)
         env = dict(self.base_env)
+        # One machine, everything on 127.0.0.1: a developer's webhook receiver is local too.
+        env.setdefault("HM_WEBHOOK_ALLOW_PRIVATE", "true")
         http_port = int(env.get("HYPERMEDIA_HTTP_PORT", "8080"))
         grpc_port = int(env.get("HYPERMEDIA_GRPC_PORT", "50051"))
         credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()

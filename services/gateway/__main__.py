@@ -75,6 +75,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         max_operations=settings.max_operations,
         scanner=scanner,
         password_key=jobsecrets.derive_key(secret_key) if secret_key else None,
+        webhook_allow_private=settings.webhook_allow_private,
     )
     resolver = OutputResolver(
         pool, peers.storage, http, LinkSigner.from_secret(secret_key) if secret_key else None

@@ -38,7 +38,7 @@ from hypermedia.ocr import params as ocr_params
 from hypermedia.outbox import OutboxRelay
 from hypermedia.rpc import call
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
-from hypermedia.webhooks import account_secret
+from hypermedia.webhooks import account_secret, literal_private_host
 from services.gateway.auth import Caller
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,12 @@ def _parse_uuid(value: str, what: str) -> str:
         raise NotFound(f"{what} not found", "NOT_FOUND") from None
 
 
-def _check_webhook_url(url: str) -> None:
+def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
     """Raises InvalidArgument (INVALID_WEBHOOK_URL) unless ``url`` is an absolute http(s) URL of at
-    most 2048 characters with a host, a valid port and no whitespace or control characters."""
+    most 2048 characters with a host, a valid port and no whitespace or control characters, and,
+    unless ``allow_private``, a host that is not a non-public IP literal or ``localhost``
+    (:func:`hypermedia.webhooks.literal_private_host`; names are resolved and checked when the
+    reaper sends)."""
     if len(url) > 2048:
         raise InvalidArgument("webhook_url may be at most 2048 characters", "INVALID_WEBHOOK_URL")
     if any(ch <= " " or ch == "\x7f" for ch in url):
@@ -99,6 +102,11 @@ def _check_webhook_url(url: str) -> None:
         raise InvalidArgument("webhook_url is not a valid URL", "INVALID_WEBHOOK_URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidArgument("webhook_url must be an http(s) URL", "INVALID_WEBHOOK_URL")
+    if not allow_private and literal_private_host(parts.hostname):
+        raise InvalidArgument(
+            "webhook_url must point to a public address, not a loopback, private or link-local one",
+            "INVALID_WEBHOOK_URL",
+        )
 
 
 MAX_DISPLAY_NAME_LENGTH = 255
@@ -158,6 +166,7 @@ class JobsAPI:
         max_operations: int,
         scanner: ClamdScanner | None = None,
         password_key: bytes | None = None,
+        webhook_allow_private: bool = False,
     ) -> None:
         self._pool = pool
         self._storage = storage
@@ -172,6 +181,7 @@ class JobsAPI:
         # HMAC key of passwords in request hashes (jobsecrets.derive_key of HM_GATEWAY_SECRET_KEY);
         # None: requests with a password are refused.
         self._password_key = password_key
+        self._webhook_allow_private = webhook_allow_private  # HM_WEBHOOK_ALLOW_PRIVATE
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -318,7 +328,7 @@ class JobsAPI:
         if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
             raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
         if webhook_url:
-            _check_webhook_url(webhook_url)
+            _check_webhook_url(webhook_url, allow_private=self._webhook_allow_private)
         operations, passwords = self._take_passwords(operations)
         request_hash = hashlib.sha256(
             json.dumps(

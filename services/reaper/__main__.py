@@ -9,13 +9,11 @@ import os
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-import httpx
-
 from hypermedia import config
 from hypermedia.outbox import OutboxRelay
 from hypermedia.service import Lifetime, every, open_jetstream, open_peers, open_postgres, run_service
 from services.reaper.reaper import Reaper
-from services.reaper.webhooks import WebhookDispatcher
+from services.reaper.webhooks import WebhookDispatcher, webhook_client
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +35,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         orphan_dir_seconds=settings.orphan_dir_seconds,
     )
     relay = OutboxRelay(pool, nc, js)
-    http = httpx.AsyncClient()
+    http = webhook_client(allow_private=settings.webhook_allow_private)
     stack.push_async_callback(http.aclose)
     webhooks = WebhookDispatcher(
         pool,

@@ -4,8 +4,9 @@ Delivery rows are written by a trigger in the same transaction that moves a job 
 (migration 0002), so every path that ends a job produces exactly one per event. The dispatcher
 takes due rows with ``FOR UPDATE SKIP LOCKED`` (several replicas never send the same row at once),
 leases them by pushing ``next_attempt_at`` past the send timeout, POSTs them, and records the
-outcome: 2xx → ``delivered``; anything else → retried after ``base_delay × 2^attempts`` (capped at
-an hour) until ``max_attempts``, then ``failed``. Delivery is at least once; receivers de-duplicate
+outcome: 2xx → ``delivered``; a host that is or resolves to a non-public address → ``failed`` at
+once (SSRF guard, :class:`PublicAddressTransport`); anything else → retried after
+``base_delay × 2^attempts`` (capped at an hour) until ``max_attempts``, then ``failed``. Delivery is at least once; receivers de-duplicate
 by the ``webhook-id`` header, which is the same on every retry.
 
 Format: Standard Webhooks (https://www.standardwebhooks.com/): headers ``webhook-id``,
@@ -26,12 +27,48 @@ import asyncpg
 import httpx
 from standardwebhooks import Webhook
 
-from hypermedia.webhooks import account_secret
+from hypermedia.webhooks import BlockedAddress, account_secret, public_address
 
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_SECONDS = 10.0
 MAX_DELAY_SECONDS = 3600.0
+
+
+class PublicAddressTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that sends each request only to a public address (SSRF guard).
+
+    The host is resolved here (:func:`hypermedia.webhooks.public_address`; any non-public answer
+    raises :class:`BlockedAddress`) and the request goes to that very address: the URL's host is
+    replaced by it, the ``Host`` header keeps the name, and TLS sends and verifies the name
+    (httpcore's ``sni_hostname``), so a DNS answer that changes between the check and the connect
+    (rebinding) cannot redirect it. Connections are not kept alive: a pooled connection is keyed by
+    address and would carry a request for another name that resolves to the same address.
+    """
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        port = request.url.port or (443 if request.url.scheme == "https" else 80)
+        address = await public_address(host, port)
+        request.url = request.url.copy_with(host=address)
+        if request.url.scheme == "https":
+            request.extensions = {**request.extensions, "sni_hostname": host}
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def webhook_client(*, allow_private: bool) -> httpx.AsyncClient:
+    """The client webhooks are sent with: no proxies from the environment (a proxy would connect
+    where this process never checked) and, unless ``allow_private`` (HM_WEBHOOK_ALLOW_PRIVATE),
+    :class:`PublicAddressTransport`."""
+    if allow_private:
+        return httpx.AsyncClient(trust_env=False)
+    return httpx.AsyncClient(transport=PublicAddressTransport(), trust_env=False)
 
 
 @dataclass(frozen=True)
@@ -49,7 +86,8 @@ class WebhookDispatcher:
     """Sends due webhook deliveries.
 
     Args:
-        pool: asyncpg pool. http: client used for the POSTs (no redirects are followed).
+        pool: asyncpg pool. http: client used for the POSTs (no redirects are followed;
+            :func:`webhook_client` builds the one that refuses private addresses).
         batch_size: deliveries per run. max_attempts: sends before a delivery is ``failed``.
         base_delay_seconds: first retry delay; doubles per attempt, capped at an hour.
     """
@@ -115,6 +153,7 @@ class WebhookDispatcher:
         }
         status_code: int | None = None
         error: str | None = None
+        blocked = False
         try:
             response = await self._http.post(
                 row["url"],
@@ -133,10 +172,13 @@ class WebhookDispatcher:
                 )
                 return "delivered"
             error = f"receiver answered {status_code}"
+        except BlockedAddress as exc:  # never retried: the URL points inside the network
+            error, blocked = f"BlockedAddress: {exc}", True
+            log.warning("webhook %s not sent: %s", delivery_id, exc)
         except Exception as exc:  # httpx.HTTPError, but also InvalidURL and the like: never stuck
             error = f"{type(exc).__name__}"
         attempts = row["attempts"] + 1
-        final = attempts >= self._max_attempts
+        final = blocked or attempts >= self._max_attempts
         delay = min(MAX_DELAY_SECONDS, self._base_delay * 2 ** (attempts - 1))
         await self._pool.execute(
             """

@@ -4,7 +4,9 @@ transaction), signed in the Standard Webhooks format, retried after a receiver e
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,10 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from hypermedia import webhooks
 from hypermedia.embedded import free_port
 from hypermedia.httpserver import HttpServer
 from hypermedia.webhooks import new_webhook_secret
-from services.reaper.webhooks import WebhookDispatcher
+from services.reaper.webhooks import WebhookDispatcher, webhook_client
 from tests.integration.conftest import Seeder, Tenant
 
 
@@ -190,3 +193,62 @@ async def test_an_undeliverable_url_counts_as_a_failed_attempt_not_a_stuck_row(
     [delivery] = await _deliveries(fresh_pool, job_id)
     assert (delivery["status"], delivery["attempts"]) == ("pending", 1)
     assert delivery["last_error"] == "InvalidURL"
+
+
+async def test_webhooks_to_non_public_addresses_fail_at_once_and_connect_nowhere(
+    fresh_pool: asyncpg.Pool, seed: Seeder, receiver: Receiver
+) -> None:
+    """The SSRF guard: a URL stored before the gateway checked it, or a name that resolves inside."""
+    tenant, _ = await _tenant_with_secret(seed)
+    port = receiver.url.split(":")[2].split("/")[0]
+    urls = [
+        receiver.url,  # 127.0.0.1
+        f"http://localhost:{port}/hooks",  # a name: resolved (/etc/hosts), then refused
+        f"http://127.1:{port}/hooks",  # the short form getaddrinfo reads
+        f"http://[::ffff:127.0.0.1]:{port}/hooks",
+        "http://169.254.169.254/latest/meta-data/",  # cloud metadata
+    ]
+    jobs = [await _job_with_hook(seed, tenant, url) for url in urls]
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET status = 'completed' WHERE job_id = ANY($1::uuid[])", jobs
+    )
+    async with webhook_client(allow_private=False) as http:
+        result = await WebhookDispatcher(fresh_pool, http, batch_size=10).run_once()
+    assert (result.delivered, result.retried, result.failed) == (0, 0, len(urls))
+    for job_id in jobs:
+        [delivery] = await _deliveries(fresh_pool, job_id)
+        assert (delivery["status"], delivery["attempts"]) == ("failed", 1)
+        assert delivery["last_error"].startswith("BlockedAddress: "), delivery["last_error"]
+        assert "not a public address" in delivery["last_error"]
+    assert receiver.received == []
+
+    # HM_WEBHOOK_ALLOW_PRIVATE (what `hypermedia up` sets) sends to the local receiver.
+    job_id = await _job_with_hook(seed, tenant, receiver.url)
+    await fresh_pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", job_id)
+    async with webhook_client(allow_private=True) as http:
+        assert (await WebhookDispatcher(fresh_pool, http).run_once()).delivered == 1
+    assert len(receiver.received) == 1
+
+
+async def test_a_checked_delivery_goes_to_the_address_it_checked_and_keeps_the_host_name(
+    fresh_pool: asyncpg.Pool, seed: Seeder, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transport connects to the resolved address itself (no second lookup to rebind) and the
+    receiver still sees the URL's name in Host. Loopback stands in for a public address here: the
+    policy is widened to 127.0.0.0/8 (and nothing else); the lookup of ``localhost`` is real."""
+    loopback = ipaddress.ip_network("127.0.0.0/8")
+    monkeypatch.setattr(
+        webhooks, "is_public_address", lambda address: address.version == 4 and address in loopback
+    )
+    tenant, _ = await _tenant_with_secret(seed)
+    port = receiver.url.split(":")[2].split("/")[0]
+    answers = {info[4][0] for info in socket.getaddrinfo("localhost", int(port), type=socket.SOCK_STREAM)}
+    if not all(ipaddress.ip_address(a) in loopback for a in answers):
+        pytest.skip(f"localhost resolves to {sorted(answers)} here, not only to IPv4 loopback")
+    assert await webhooks.public_address("localhost", int(port)) in answers
+    job_id = await _job_with_hook(seed, tenant, f"http://localhost:{port}/hooks")
+    await fresh_pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", job_id)
+    async with webhook_client(allow_private=False) as http:
+        assert (await WebhookDispatcher(fresh_pool, http).run_once()).delivered == 1
+    [(headers, _body)] = receiver.received
+    assert headers["host"] == f"localhost:{port}"

@@ -1,0 +1,93 @@
+"""The SSRF guard of webhooks: which addresses are public, which URLs the gateway refuses at once."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from hypermedia.errors import InvalidArgument
+from hypermedia.webhooks import is_public_address, literal_private_host
+from services.gateway.jobs import _check_webhook_url
+
+
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [
+        ("8.8.8.8", True),
+        ("2606:4700::1111", True),
+        ("::ffff:8.8.8.8", True),
+        ("2002:808:808::1", True),  # 6to4 of 8.8.8.8
+        ("64:ff9b::808:808", True),  # NAT64 of 8.8.8.8
+        ("127.0.0.1", False),
+        ("10.1.2.3", False),
+        ("172.16.0.1", False),
+        ("192.168.1.1", False),
+        ("169.254.169.254", False),  # cloud metadata
+        ("100.64.0.1", False),  # shared address space (carrier NAT)
+        ("0.0.0.0", False),
+        ("224.0.0.1", False),
+        ("255.255.255.255", False),
+        ("::1", False),
+        ("::", False),
+        ("fe80::1", False),
+        ("fc00::1", False),
+        ("ff02::1", False),
+        ("::ffff:127.0.0.1", False),  # IPv4-mapped loopback
+        ("::ffff:169.254.169.254", False),
+        ("2002:7f00:1::", False),  # 6to4 of 127.0.0.1
+        ("2002:a00:1::", False),  # 6to4 of 10.0.0.1
+        ("64:ff9b::a9fe:a9fe", False),  # NAT64 of 169.254.169.254
+        ("2001::1", False),  # Teredo
+    ],
+)
+def test_public_addresses(address: str, public: bool) -> None:
+    assert is_public_address(ipaddress.ip_address(address)) is public
+
+
+@pytest.mark.parametrize(
+    ("host", "private"),
+    [
+        ("localhost", True),
+        ("LocalHost.", True),
+        ("hooks.localhost", True),
+        ("127.0.0.1", True),
+        ("127.1", True),
+        ("2130706433", True),
+        ("0x7f.0.0.1", True),
+        ("[::1]", True),
+        ("[fe80::1%eth0]", True),
+        ("169.254.169.254", True),
+        ("example.com", False),  # names are resolved and checked when sent
+        ("localhost.example.com", False),
+        ("8.8.8.8", False),
+        ("[2606:4700::1111]", False),
+    ],
+)
+def test_literal_private_hosts(host: str, private: bool) -> None:
+    assert literal_private_host(host) is private
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/hook",
+        "http://localhost/hook",
+        "https://[::1]/hook",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.5/hook",
+        "http://[::ffff:10.0.0.5]/hook",
+        "http://0/hook",
+    ],
+)
+def test_the_gateway_refuses_webhooks_to_private_literals_unless_allowed(url: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        _check_webhook_url(url)
+    assert refused.value.error_code == "INVALID_WEBHOOK_URL"
+    assert "public address" in refused.value.public_message
+    _check_webhook_url(url, allow_private=True)  # HM_WEBHOOK_ALLOW_PRIVATE
+
+
+def test_public_webhook_urls_pass() -> None:
+    for url in ("https://hooks.example.com/x", "http://8.8.8.8:8080/x", "https://[2606:4700::1111]/x"):
+        _check_webhook_url(url)
