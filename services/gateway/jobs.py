@@ -102,7 +102,11 @@ def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
         raise InvalidArgument("webhook_url is not a valid URL", "INVALID_WEBHOOK_URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidArgument("webhook_url must be an http(s) URL", "INVALID_WEBHOOK_URL")
-    if not allow_private and literal_private_host(parts.hostname):
+    try:
+        host = httpx.URL(url).host  # as the reaper's client reads it (IDNA, full-width dots)
+    except httpx.InvalidURL:
+        raise InvalidArgument("webhook_url is not a valid URL", "INVALID_WEBHOOK_URL") from None
+    if not allow_private and literal_private_host(host):
         raise InvalidArgument(
             "webhook_url must point to a public address, not a loopback, private or link-local one",
             "INVALID_WEBHOOK_URL",

@@ -27,7 +27,7 @@ import asyncpg
 import httpx
 from standardwebhooks import Webhook
 
-from hypermedia.webhooks import BlockedAddress, account_secret, public_address
+from hypermedia.webhooks import BlockedAddress, account_secret, public_addresses
 
 log = logging.getLogger(__name__)
 
@@ -38,24 +38,32 @@ MAX_DELAY_SECONDS = 3600.0
 class PublicAddressTransport(httpx.AsyncBaseTransport):
     """An httpx transport that sends each request only to a public address (SSRF guard).
 
-    The host is resolved here (:func:`hypermedia.webhooks.public_address`; any non-public answer
-    raises :class:`BlockedAddress`) and the request goes to that very address: the URL's host is
-    replaced by it, the ``Host`` header keeps the name, and TLS sends and verifies the name
-    (httpcore's ``sni_hostname``), so a DNS answer that changes between the check and the connect
-    (rebinding) cannot redirect it. Connections are not kept alive: a pooled connection is keyed by
-    address and would carry a request for another name that resolves to the same address.
+    The host is resolved here in its ASCII (IDNA) form, the one sent in ``Host`` and TLS
+    (:func:`hypermedia.webhooks.public_addresses`; any non-public answer raises
+    :class:`BlockedAddress`), and the request goes to those very addresses, tried in order until one
+    connects: the URL's host is replaced by the address, the ``Host`` header keeps the name, and TLS
+    sends and verifies the name (httpcore's ``sni_hostname``), so a DNS answer that changes between
+    the check and the connect (rebinding) cannot redirect it. Connections are not kept alive: a
+    pooled connection is keyed by address and would carry a request for another name that
+    resolves to the same address.
     """
 
     def __init__(self) -> None:
         self._inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        host = request.url.host
-        port = request.url.port or (443 if request.url.scheme == "https" else 80)
-        address = await public_address(host, port)
-        request.url = request.url.copy_with(host=address)
-        if request.url.scheme == "https":
+        url = request.url
+        host = url.raw_host.decode("ascii")
+        addresses = await public_addresses(host, url.port or (443 if url.scheme == "https" else 80))
+        if url.scheme == "https":
             request.extensions = {**request.extensions, "sni_hostname": host}
+        for address in addresses[:-1]:
+            request.url = url.copy_with(host=address)
+            try:
+                return await self._inner.handle_async_request(request)
+            except httpx.ConnectError:
+                continue
+        request.url = url.copy_with(host=addresses[-1])
         return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:
@@ -155,14 +163,20 @@ class WebhookDispatcher:
         error: str | None = None
         blocked = False
         try:
-            response = await self._http.post(
-                row["url"],
-                content=body,
-                headers=headers,
-                timeout=SEND_TIMEOUT_SECONDS,
-                follow_redirects=False,
-            )
-            status_code = response.status_code
+            # One deadline for everything: the receiver's DNS lookup (outside httpx's timeouts)
+            # and a receiver that drips its answer byte by byte. Its body is never read.
+            async with (
+                asyncio.timeout(SEND_TIMEOUT_SECONDS),
+                self._http.stream(
+                    "POST",
+                    row["url"],
+                    content=body,
+                    headers=headers,
+                    timeout=SEND_TIMEOUT_SECONDS,
+                    follow_redirects=False,
+                ) as response,
+            ):
+                status_code = response.status_code
             if 200 <= status_code < 300:
                 await self._pool.execute(
                     "UPDATE webhook_deliveries SET status = 'delivered', attempts = attempts + 1, "

@@ -7,6 +7,7 @@ import asyncio
 import ipaddress
 import json
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from hypermedia import webhooks
 from hypermedia.embedded import free_port
 from hypermedia.httpserver import HttpServer
 from hypermedia.webhooks import new_webhook_secret
+from services.reaper import webhooks as reaper_webhooks
 from services.reaper.webhooks import WebhookDispatcher, webhook_client
 from tests.integration.conftest import Seeder, Tenant
 
@@ -245,10 +247,56 @@ async def test_a_checked_delivery_goes_to_the_address_it_checked_and_keeps_the_h
     answers = {info[4][0] for info in socket.getaddrinfo("localhost", int(port), type=socket.SOCK_STREAM)}
     if not all(ipaddress.ip_address(a) in loopback for a in answers):
         pytest.skip(f"localhost resolves to {sorted(answers)} here, not only to IPv4 loopback")
-    assert await webhooks.public_address("localhost", int(port)) in answers
+    assert set(await webhooks.public_addresses("localhost", int(port))) == answers
     job_id = await _job_with_hook(seed, tenant, f"http://localhost:{port}/hooks")
     await fresh_pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", job_id)
     async with webhook_client(allow_private=False) as http:
         assert (await WebhookDispatcher(fresh_pool, http).run_once()).delivered == 1
     [(headers, _body)] = receiver.received
     assert headers["host"] == f"localhost:{port}"
+
+
+async def test_a_receiver_that_drips_its_answer_is_cut_off_at_the_send_deadline(
+    fresh_pool: asyncpg.Pool, seed: Seeder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """httpx's timeouts are per read: a receiver sending one header byte every 0.2 s never trips
+    them. The dispatcher's own deadline ends the attempt (and the row stays leased, not sent twice)."""
+    monkeypatch.setattr(reaper_webhooks, "SEND_TIMEOUT_SECONDS", 1.0)
+    connections = 0
+
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        try:
+            writer.write(b"HTTP/1.1 204 No Content\r\nX-Slow: ")
+            for _ in range(100):
+                await writer.drain()
+                writer.write(b"a")
+                await asyncio.sleep(0.2)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(drip, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    tenant, _ = await _tenant_with_secret(seed)
+    job_id = await _job_with_hook(seed, tenant, f"http://127.0.0.1:{port}/hooks")
+    await fresh_pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", job_id)
+    try:
+        async with webhook_client(allow_private=True) as http:
+            started = time.monotonic()
+            result = await WebhookDispatcher(fresh_pool, http).run_once()
+            elapsed = time.monotonic() - started
+    finally:
+        server.close()
+    assert (result.delivered, result.retried) == (0, 1)
+    assert 1.0 <= elapsed < 5.0, elapsed
+    assert connections == 1
+    [delivery] = await _deliveries(fresh_pool, job_id)
+    assert (delivery["status"], delivery["attempts"], delivery["last_error"]) == (
+        "pending",
+        1,
+        "TimeoutError",
+    )

@@ -39,6 +39,12 @@ from services.gateway.jobs import _check_webhook_url
         ("2002:a00:1::", False),  # 6to4 of 10.0.0.1
         ("64:ff9b::a9fe:a9fe", False),  # NAT64 of 169.254.169.254
         ("2001::1", False),  # Teredo
+        # Python's is_global called these public before 3.11.10 (CVE-2024-4032) or still does:
+        ("192.0.0.192", False),  # Oracle Cloud's legacy metadata address
+        ("64:ff9b:1::7f00:1", False),  # local-use NAT64 (RFC 8215)
+        ("::127.0.0.1", False),  # IPv4-compatible
+        ("::ffff:0:127.0.0.1", False),  # SIIT
+        ("fec0::1", False),  # site-local
     ],
 )
 def test_public_addresses(address: str, public: bool) -> None:
@@ -59,6 +65,9 @@ def test_public_addresses(address: str, public: bool) -> None:
         ("[fe80::1%eth0]", True),
         ("169.254.169.254", True),
         ("example.com", False),  # names are resolved and checked when sent
+        ("localhost.localdomain", True),
+        ("ip6-localhost", True),
+        ("\ud800.example", False),  # not an address form (inet_aton's UnicodeEncodeError)
         ("localhost.example.com", False),
         ("8.8.8.8", False),
         ("[2606:4700::1111]", False),
@@ -78,6 +87,10 @@ def test_literal_private_hosts(host: str, private: bool) -> None:
         "http://10.0.0.5/hook",
         "http://[::ffff:10.0.0.5]/hook",
         "http://0/hook",
+        "http://127\u30020\u30020\u30021/hook",  # ideographic full stops: httpx reads 127.0.0.1
+        "http://127\uff0e0\uff0e0\uff0e1/hook",  # full-width full stops
+        "http://8.8.8.8@127.0.0.1/hook",  # userinfo before the host
+        "http://192.0.0.192/opc/v1/instance/",
     ],
 )
 def test_the_gateway_refuses_webhooks_to_private_literals_unless_allowed(url: str) -> None:
@@ -91,3 +104,9 @@ def test_the_gateway_refuses_webhooks_to_private_literals_unless_allowed(url: st
 def test_public_webhook_urls_pass() -> None:
     for url in ("https://hooks.example.com/x", "http://8.8.8.8:8080/x", "https://[2606:4700::1111]/x"):
         _check_webhook_url(url)
+
+
+def test_a_host_that_is_not_a_valid_name_is_a_422_not_a_500() -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        _check_webhook_url("http://\ud800.example/hook")
+    assert refused.value.error_code == "INVALID_WEBHOOK_URL"
