@@ -8,7 +8,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from google.protobuf import timestamp_pb2
 
 from hypermedia import config, rpc
 from hypermedia.runtime import JobHandler, WorkerRuntime
-from hypermedia.sandbox import Sandbox, make_undumpable
+from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, make_undumpable
 from hypermedia.service import Lifetime, every, open_jetstream, open_peers, open_postgres
 from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
 
@@ -78,6 +78,7 @@ async def serve_worker(
     handler: JobHandler,
     preload: Sequence[str],
     periodic: tuple[float, Callable[[WorkerRuntime], Awaitable[object]]] | None = None,
+    child_env: Mapping[str, str] = DEFAULT_CHILD_ENV,
 ) -> None:
     """Wire and run one worker service: the sandbox zygote (started first, before anything else
     runs: it must never have run a native library such as libvips), Postgres, NATS, the peer
@@ -90,6 +91,8 @@ async def serve_worker(
         periodic: ``(interval_seconds, fn)``: ``fn(runtime)`` runs once the runtime exists and
             then every interval until the drain begins (a failing run is logged and retried at
             the next interval), e.g. the ocrworker's report of its installed languages.
+        child_env: the whole environment of the zygote and the job children (the worker's own is
+            never inherited), e.g. the ocrworker's with ``TESSDATA_PREFIX``.
     """
     infra = config.load(config.InfraSettings)
     settings = config.load(config.WorkerSettings)
@@ -99,6 +102,7 @@ async def serve_worker(
     sandbox = Sandbox(
         Path(settings.work_dir),
         preload=preload,
+        env=child_env,
         uid=range(settings.sandbox_uid_base, settings.sandbox_uid_base + settings.slots)
         if os.geteuid() == 0
         else None,

@@ -345,8 +345,17 @@ class Tesseract:
             "renderers": ",".join(renderers),
         }
         with _tracer.start_as_current_span("tesseract.recognise", attributes=attributes):
-            _run(argv, cwd=image_path.parent, timeout=self.timeout_seconds, what=what)
+            done = _run(argv, cwd=image_path.parent, timeout=self.timeout_seconds, what=what)
         directory = image_path.parent
+        missing = [r for r in renderers if not (directory / f"{stem}.{r}").is_file()]
+        if missing:
+            # Exit 0 without the file: the models directory lacks the renderer's config
+            # (configs/tsv, configs/hocr) or pdf.ttf ("read_params_file: Can't open tsv").
+            raise TesseractFailure(
+                f"tesseract wrote no {', '.join(missing)} output on {what} (does the models "
+                f"directory hold configs/ and pdf.ttf?): "
+                f"{done.stderr[-_STDERR_TAIL:].decode('utf-8', 'replace')}"
+            )
         text = (directory / f"{stem}.txt").read_text(encoding="utf-8", errors="replace")
         words = parse_tsv((directory / f"{stem}.tsv").read_text(encoding="utf-8", errors="replace"))
         return PageText(

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
@@ -29,7 +31,7 @@ from hypermedia.lifecycle import ClaimedJob
 from hypermedia.ocr import tesseract
 from hypermedia.ocr.engine import OcrLimits
 from hypermedia.runtime import SandboxHandler, WorkerRuntime
-from hypermedia.sandbox import OutputFile
+from hypermedia.sandbox import DEFAULT_CHILD_ENV, OutputFile
 from hypermedia.service import Lifetime, run_service
 from hypermedia.workerservice import queue_worker_settings, serve_worker
 
@@ -79,6 +81,16 @@ async def report_languages(runtime: WorkerRuntime) -> None:
     log.info("languages reported: %s", " ".join(languages))
 
 
+PASSED_ENV: Final = ("TESSDATA_PREFIX",)
+"""Variables of the worker's environment its jobs get too: the models' directory that
+``tesseract --list-langs`` read for the language report must be the one the jobs' tesseract reads."""
+
+
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The jobs' environment: the sandbox's default plus :data:`PASSED_ENV` where ``environ`` has it."""
+    return {**DEFAULT_CHILD_ENV, **{name: environ[name] for name in PASSED_ENV if name in environ}}
+
+
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)  # the defaults, and a check of the queue
     await serve_worker(
@@ -88,6 +100,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         handler=OcrHandler(),
         preload=("pyvips", "pypdfium2", "hypermedia.ocr.engine"),
         periodic=(LANGUAGE_REPORT_SECONDS, report_languages),
+        child_env=child_env(os.environ),
     )
 
 

@@ -10,7 +10,9 @@ import csv
 import io
 import json
 import re
+import secrets
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ import pyvips
 from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.ocr import preprocess
 from hypermedia.ocr.metrics import cer
-from tests.e2e.conftest import RunningPlatform, upload, wait_job
+from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST
 from tests.unit.test_ocr_tables import AMOUNTS, render_table_page
 
@@ -301,3 +303,50 @@ def test_the_ocrworker_reports_its_status(platform: RunningPlatform) -> None:
             worker_pb2.GetStatusRequest(), timeout=10
         )
     assert status.queue == "ocr" and status.slots_total == 2
+
+
+def test_a_models_directory_from_tessdata_prefix_serves_the_jobs_too(
+    tmp_root: Path, database_url: str, nats_url: str
+) -> None:
+    """An ocrworker started with ``TESSDATA_PREFIX`` reports that directory's models and its jobs
+    read them: a model installed only there (``hmx``, English under another name) recognises text.
+    The directory lies in the checkout, which a job's mount namespace keeps readable (``/tmp`` is
+    an empty tmpfs there)."""
+    listing = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True, check=True)
+    system_models = Path(re.search(r'"([^"]+)"', listing.stdout).group(1))  # type: ignore[union-attr]
+    models = REPO / ".hypermedia" / f"tessdata-{secrets.token_hex(4)}"
+    models.mkdir(parents=True)
+    try:
+        (models / "hmx.traineddata").symlink_to(system_models / "eng.traineddata")
+        for shared in ("osd.traineddata", "configs", "pdf.ttf"):  # what a models directory needs
+            (models / shared).symlink_to(system_models / shared)
+        with isolated_platform(
+            tmp_root,
+            database_url,
+            nats_url,
+            "tessdata",
+            "credits,storage,gateway,ocrworker",
+            TESSDATA_PREFIX=str(models),
+        ) as running:
+            with running.client(running.admin("create-account", "--credits", "100")) as client:
+                wait_for(
+                    "the ocrworker's language report",
+                    lambda: client.get("/v1/ocr/languages").json()["languages"] == ["hmx"] or None,
+                    60,
+                    interval=0.5,
+                )
+                obj = upload(client, PHOTOTEST)
+                job = _ocr(client, obj["object_id"], languages=["hmx"], outputs=["text", "searchable_pdf"])
+                outputs = _outputs(job)
+                assert outputs["text"]["metadata"]["languages"] == ["hmx"]
+                assert cer(_download(outputs["text"]).decode("utf-8"), GOLD) < 0.02
+                refused = client.post(
+                    "/v1/hypermedia/process",
+                    json={
+                        "object_id": obj["object_id"],
+                        "operations": [{"name": "ocr", "params": {"languages": ["eng"]}}],
+                    },
+                )
+                assert refused.status_code == 422 and "hmx" in refused.json()["detail"], refused.text
+    finally:
+        shutil.rmtree(models)

@@ -14,6 +14,7 @@ import os
 import random
 import secrets
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -608,6 +609,28 @@ def test_page_wall_clock_limit_is_transient(tmp_path: Path) -> None:
     with pytest.raises(DomainError) as caught:
         ocr(OCR_DIR / "8071_093.3B.tif", tmp_path, limits, preprocessing=False)
     assert (caught.value.error_code, caught.value.retryable) == ("TIMEOUT", True)
+
+
+@needs_tesseract
+def test_a_models_directory_without_configs_is_a_clear_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tesseract exits 0 without the TSV when ``TESSDATA_PREFIX`` holds models but no
+    ``configs/tsv``: the failure says so (it was a FileNotFoundError traceback)."""
+    system = Path(
+        subprocess.run(
+            ["tesseract", "--list-langs"], capture_output=True, text=True, check=True
+        ).stdout.split('"')[1]
+    )
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "eng.traineddata").symlink_to(system / "eng.traineddata")
+    monkeypatch.setenv("TESSDATA_PREFIX", str(models))
+    page = tmp_path / "page" / "phototest.tif"
+    page.parent.mkdir()
+    shutil.copy(PHOTOTEST, page)
+    with pytest.raises(tesseract.TesseractFailure, match=r"wrote no tsv output on a page .*configs/"):
+        tesseract.Tesseract(timeout_seconds=60).recognise(page, languages=["eng"], dpi=300)
 
 
 @needs_tesseract
