@@ -65,12 +65,13 @@ def domain_problem(exc: DomainError) -> JSONResponse:
 
 
 def _not_json(request: Request, exc: RequestValidationError) -> bool:
-    """Whether a JSON body was refused only because it came with another Content-Type (``curl -d``
-    sends ``application/x-www-form-urlencoded``): FastAPI parses only ``application/json`` and
-    ``*+json`` (or no Content-Type) as JSON and hands anything else to the model as raw bytes, which
-    fails as a whole (``loc == ["body"]``). A multipart upload's missing part is ``["body", "file"]``."""
+    """Whether a JSON body was refused only because it came with another Content-Type or none
+    (``curl -d`` sends ``application/x-www-form-urlencoded``): FastAPI parses only
+    ``application/json`` and ``*+json`` as JSON (``strict_content_type``) and hands anything else
+    to the model as raw bytes, which fails as a whole (``loc == ["body"]``). A multipart upload's
+    missing part is ``["body", "file"]``."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if not media_type or media_type == "application/json" or media_type.endswith("+json"):
+    if media_type == "application/json" or media_type.endswith("+json"):
         return False
     return any(tuple(error.get("loc", ())) == ("body",) for error in exc.errors())
 

@@ -204,6 +204,13 @@ def test_a_json_body_sent_as_a_form_is_415_and_creates_nothing(
             assert response.status_code == 415, response.text
             assert response.json()["error_code"] == "UNSUPPORTED_MEDIA_TYPE"
             assert "Content-Type: application/json" in response.json()["detail"]
+        bare = httpx.post(  # no Content-Type header at all
+            platform.rest_url + "/v1/hypermedia/process",
+            content=body.encode(),
+            headers={"Authorization": f"Bearer {account['api_key']}"},
+        )
+        assert "content-type" not in bare.request.headers
+        assert (bare.status_code, bare.json()["error_code"]) == (415, "UNSUPPORTED_MEDIA_TYPE"), bare.text
         assert asyncio.run(jobs()) == 0
         # JSON types are parsed as JSON: application/json with parameters and a +json suffix.
         for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
