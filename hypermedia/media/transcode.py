@@ -315,13 +315,23 @@ class _Output:
         """The video encoder's global header (SPS/PPS), copied by :meth:`close`."""
         self.graph: av.filter.Graph | None = None
         self.graph_key: tuple[int, int, str | None] | None = None
+        self.planned = (source.codec_context.width, source.codec_context.height)
+        """The coded size the ladder was planned for (the stream's, as the first frame's)."""
+        self.sample_aspect_ratio: Fraction | None = source.codec_context.sample_aspect_ratio
 
     def filter(self, frame: VideoFrame, rotation: int) -> list[VideoFrame]:
         """``frame`` upright, scaled and 8-bit 4:2:0; the graph is rebuilt when the input's size or
-        pixel format changes mid-stream."""
+        pixel format changes mid-stream. A frame of another size than the planned one (a
+        recording whose resolution changes) is fitted inside the rendition, aspect ratio kept,
+        and centred on black (:func:`fit_inside`), never stretched to the rendition's shape."""
         key = (frame.width, frame.height, frame.format.name)
         if self.graph is None or key != self.graph_key:
-            self.graph, self.graph_key = _graph(frame, rotation, self.rendition), key
+            fit = None
+            if (frame.width, frame.height) != self.planned:
+                fit = fit_inside(
+                    frame.width, frame.height, self.sample_aspect_ratio, rotation, self.rendition
+                )
+            self.graph, self.graph_key = _graph(frame, rotation, self.rendition, fit), key
         self.graph.push(frame)
         return _pull(self.graph)
 
@@ -401,9 +411,26 @@ def _encoder_options(options: dict[str, Any], threads: int, rate: Fraction, hls:
     return {"crf": quality, "preset": "8", "svtav1-params": f"lp={threads}"}
 
 
-def _graph(frame: VideoFrame, rotation: int, rendition: Rendition) -> av.filter.Graph:
+def fit_inside(
+    width: int, height: int, sar: Fraction | None, rotation: int, rendition: Rendition
+) -> tuple[int, int]:
+    """The even size, at most the rendition's, that a ``width`` × ``height`` frame (sample aspect
+    ratio ``sar``, turned by ``rotation``) scales to with its display aspect ratio kept: the
+    picture of a frame whose size differs from the one the ladder was planned for."""
+    display_width, display_height = display_size(width, height, sar, rotation)
+    scale = min(rendition.width / display_width, rendition.height / display_height)
+    return (
+        min(rendition.width, _even(display_width * scale)),
+        min(rendition.height, _even(display_height * scale)),
+    )
+
+
+def _graph(
+    frame: VideoFrame, rotation: int, rendition: Rendition, fit: tuple[int, int] | None = None
+) -> av.filter.Graph:
     """buffer → rotation → scale to the rendition's size (the sample aspect ratio is in that
-    size already: :func:`_display_size`) → square pixels → 8-bit 4:2:0 → buffersink."""
+    size already: :func:`_display_size`) → square pixels → 8-bit 4:2:0 → buffersink. With
+    ``fit``, the scale is to that size and a black ``pad`` centres it in the rendition's."""
     graph = av.filter.Graph()
     graph.threads = 1  # else FFmpeg starts a pool of one thread per CPU of the node per graph
     chain = [
@@ -421,8 +448,15 @@ def _graph(frame: VideoFrame, rotation: int, rendition: Rendition) -> av.filter.
         chain += [graph.add("hflip"), graph.add("vflip")]
     elif turns == 3:
         chain.append(graph.add("transpose", "cclock"))
+    if fit is None:
+        chain.append(graph.add("scale", f"{rendition.width}:{rendition.height}:flags=bicubic"))
+    else:
+        x, y = (rendition.width - fit[0]) // 4 * 2, (rendition.height - fit[1]) // 4 * 2
+        chain += [
+            graph.add("scale", f"{fit[0]}:{fit[1]}:flags=bicubic"),
+            graph.add("pad", f"{rendition.width}:{rendition.height}:{x}:{y}:black"),
+        ]
     chain += [
-        graph.add("scale", f"{rendition.width}:{rendition.height}:flags=bicubic"),
         graph.add("setsar", "1"),
         graph.add("format", "yuv420p"),
         graph.add("buffersink"),
@@ -496,7 +530,10 @@ class _Transcode:
     def encode(self) -> None:
         """Demuxes and decodes the whole input into every rendition. A packet that does not
         decode is skipped and counted (:attr:`decode_errors`), as FFmpeg's command line goes on
-        past a damaged packet; a demuxer that cannot go on ends the input there.
+        past a damaged packet; a demuxer that cannot go on ends the input there. A packet the
+        demuxer flags corrupt is decoded all the same, as FFmpeg's command line does unless
+        told ``-fflags discardcorrupt``: MPEG-TS flags the first packet after a continuity-counter
+        jump, which every ``cat a.ts b.ts`` join has, and its frame is usually whole.
 
         Raises:
             PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all, and see
@@ -505,9 +542,6 @@ class _Transcode:
         streams: list[Any] = [self.video] + ([self.audio] if self.audio is not None else [])
         try:
             for packet in self.container.demux(streams):
-                if packet.is_corrupt and packet.size:
-                    self.decode_errors += 1
-                    continue
                 try:
                     frames = packet.decode()
                 except MemoryError:  # av.error.MemoryError is one, and an FFmpegError

@@ -235,6 +235,44 @@ def test_variable_frame_rate_keeps_every_frame_and_the_duration(tmp_path: Path) 
     assert abs(facts["duration"] - 4.0) < 0.1
 
 
+def write_ts_segment(path: Path, width: int, height: int, value: int, first_pts: int) -> Path:
+    """One second (25 frames) of a flat grey ``value`` picture as MPEG-TS, frames stamped from
+    ``first_pts`` at 25 fps."""
+    with av.open(str(path), "w", format="mpegts") as container:
+        video = container.add_stream("libx264", rate=25)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.options = {"preset": "ultrafast"}
+        for i in range(25):
+            image = np.full((height, width, 3), value, np.uint8)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
+            frame.pts = first_pts + i
+            container.mux(video.encode(frame))
+        container.mux(video.encode(None))
+    return path
+
+
+def test_a_joined_recording_whose_size_changes_keeps_every_frame_and_its_shape(tmp_path: Path) -> None:
+    """``cat a.ts b.ts``: 1 s of 320×240 grey, then 1 s of 160×240 white (a recording whose
+    resolution changes, as browser and conference recordings do). The join's continuity-counter
+    jump flags a packet corrupt; it is decoded all the same (it was dropped: 49 frames). The
+    narrow part is fitted inside the 4:3 rendition with black bars, not stretched to it."""
+    first = write_ts_segment(tmp_path / "a.ts", 320, 240, 128, 0)
+    second = write_ts_segment(tmp_path / "b.ts", 160, 240, 255, 25)
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes(first.read_bytes() + second.read_bytes())
+    out_dir, [output] = transcode(joined, tmp_path, {"heights": [240]})
+    assert (output.metadata["width"], output.metadata["height"]) == (320, 240)
+    assert output.metadata["frame_count"] == 50
+    with av.open(str(out_dir / output.filename)) as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    assert len(frames) == 50
+    early, late = frames[10], frames[-1]
+    assert abs(float(early.mean()) - 128) < 8  # the first part fills the picture
+    # The 2:3 part: 160 px of white in the middle, 80 px of black on either side.
+    assert float(late[:, 8:72].mean()) < 20 and float(late[:, 248:312].mean()) < 20
+    assert float(late[:, 96:224].mean()) > 235
+
+
 @pytest.mark.parametrize("pix_fmt", ["yuv420p10le", "yuv444p"])
 def test_ten_bit_and_444_become_8_bit_420(tmp_path: Path, pix_fmt: str) -> None:
     source = write_video(tmp_path / "in.mp4", seconds=0.8, pix_fmt=pix_fmt, audio=False)
