@@ -315,8 +315,8 @@ class _Output:
         """The video encoder's global header (SPS/PPS), copied by :meth:`close`."""
         self.graph: av.filter.Graph | None = None
         self.graph_key: tuple[int, int, str | None] | None = None
-        self.planned = (source.codec_context.width, source.codec_context.height)
-        """The coded size the ladder was planned for (the stream's, as the first frame's)."""
+        self.planned: tuple[int, int] | None = None
+        """The first frame's coded size, the one the ladder was planned for (the stream's)."""
         self.sample_aspect_ratio: Fraction | None = source.codec_context.sample_aspect_ratio
 
     def filter(self, frame: VideoFrame, rotation: int) -> list[VideoFrame]:
@@ -325,6 +325,8 @@ class _Output:
         recording whose resolution changes) is fitted inside the rendition, aspect ratio kept,
         and centred on black (:func:`fit_inside`), never stretched to the rendition's shape."""
         key = (frame.width, frame.height, frame.format.name)
+        if self.planned is None:
+            self.planned = (frame.width, frame.height)
         if self.graph is None or key != self.graph_key:
             fit = None
             if (frame.width, frame.height) != self.planned:

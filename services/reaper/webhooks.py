@@ -6,8 +6,9 @@ takes due rows with ``FOR UPDATE SKIP LOCKED`` (several replicas never send the 
 leases them by pushing ``next_attempt_at`` past the send timeout, POSTs them, and records the
 outcome: 2xx → ``delivered``; a host that is or resolves to a non-public address → ``failed`` at
 once (SSRF guard, :class:`PublicAddressTransport`); anything else → retried after
-``base_delay × 2^attempts`` (capped at an hour) until ``max_attempts``, then ``failed``. Delivery is at least once; receivers de-duplicate
-by the ``webhook-id`` header, which is the same on every retry.
+``base_delay × 2^attempts`` (capped at an hour) until ``max_attempts``, then ``failed``. Delivery
+is at least once; receivers de-duplicate by the ``webhook-id`` header, which is the same on every
+retry.
 
 Format: Standard Webhooks (https://www.standardwebhooks.com/): headers ``webhook-id``,
 ``webhook-timestamp`` (unix seconds) and ``webhook-signature`` = ``v1,`` + base64 HMAC-SHA256 over
