@@ -510,6 +510,10 @@ def first_frame(stream: VideoStream) -> VideoFrame:
     """The stream's first decoded frame, with one decoder thread, from at most
     :data:`FIRST_FRAME_MAX_PACKETS` packets (a cover picture's one packet included).
 
+    A packet the demuxer flags corrupt is held back: decoded once another packet follows it (a
+    flag mid-stream: MPEG-TS sets it around a continuity-counter jump, the frame usually whole),
+    refused when the stream ends with it (a file cut inside its first frame).
+
     Raises:
         PermanentJobError: ``CORRUPT_INPUT`` when the first packets are cut off or no frame decodes.
         MemoryError: FFmpeg could not allocate.
@@ -518,18 +522,24 @@ def first_frame(stream: VideoStream) -> VideoFrame:
     assert isinstance(container, InputContainer)
     stream.codec_context.thread_count = 1
     packets = 0
+    held: Any = None
     try:
         for packet in container.demux(stream):
             if packet.size == 0:
-                frames = stream.codec_context.decode(None)  # end of the stream: flush
-            elif packet.is_corrupt:
-                raise _bad_first_frame(stream.index)
+                if held is not None:
+                    break  # the stream ends in the flagged packet: cut off
+                batch: list[Any] = [None]  # end of the stream: flush
+            elif packet.is_corrupt and held is None:
+                held = packet
+                continue
             else:
-                frames = stream.codec_context.decode(packet)
-            for frame in frames:
-                assert isinstance(frame, VideoFrame)
-                return frame
-            packets += 1
+                batch = [held, packet] if held is not None else [packet]
+                held = None
+            for item in batch:
+                for frame in stream.codec_context.decode(item):
+                    assert isinstance(frame, VideoFrame)
+                    return frame
+            packets += len(batch)
             if packets >= FIRST_FRAME_MAX_PACKETS:
                 break
     except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT

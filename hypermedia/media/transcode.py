@@ -314,25 +314,25 @@ class _Output:
         self.extradata = b""
         """The video encoder's global header (SPS/PPS), copied by :meth:`close`."""
         self.graph: av.filter.Graph | None = None
-        self.graph_key: tuple[int, int, str | None] | None = None
-        self.planned: tuple[int, int] | None = None
-        """The first frame's coded size, the one the ladder was planned for (the stream's)."""
-        self.sample_aspect_ratio: Fraction | None = source.codec_context.sample_aspect_ratio
+        self.graph_key: tuple[int, int, str | None, Fraction | None] | None = None
+        context = source.codec_context
+        self.planned = (context.width, context.height, _square(context.sample_aspect_ratio))
+        """The coded size and sample aspect ratio the ladder was planned for: the stream's, as
+        FFmpeg's probe found them (:func:`_display_size`)."""
 
-    def filter(self, frame: VideoFrame, rotation: int) -> list[VideoFrame]:
-        """``frame`` upright, scaled and 8-bit 4:2:0; the graph is rebuilt when the input's size or
-        pixel format changes mid-stream. A frame of another size than the planned one (a
-        recording whose resolution changes) is fitted inside the rendition, aspect ratio kept,
-        and centred on black (:func:`fit_inside`), never stretched to the rendition's shape."""
-        key = (frame.width, frame.height, frame.format.name)
-        if self.planned is None:
-            self.planned = (frame.width, frame.height)
+    def filter(self, frame: VideoFrame, rotation: int, sar: Fraction | None) -> list[VideoFrame]:
+        """``frame`` upright, scaled and 8-bit 4:2:0; the graph is rebuilt when the input's size,
+        pixel format or sample aspect ratio ``sar`` (the decoder's, as of this frame: PyAV's
+        frames carry none) changes mid-stream. A frame whose size or ``sar`` differs from the
+        planned ones (a recording whose resolution changes, a broadcast switching between 4:3 and
+        16:9) is fitted inside the rendition, display aspect kept, and centred on black
+        (:func:`fit_inside`), never stretched to the rendition's shape."""
+        sar = _square(sar)
+        key = (frame.width, frame.height, frame.format.name, sar)
         if self.graph is None or key != self.graph_key:
             fit = None
-            if (frame.width, frame.height) != self.planned:
-                fit = fit_inside(
-                    frame.width, frame.height, self.sample_aspect_ratio, rotation, self.rendition
-                )
+            if (frame.width, frame.height, sar) != self.planned:
+                fit = fit_inside(frame.width, frame.height, sar, rotation, self.rendition)
             self.graph, self.graph_key = _graph(frame, rotation, self.rendition, fit), key
         self.graph.push(frame)
         return _pull(self.graph)
@@ -411,6 +411,11 @@ def _encoder_options(options: dict[str, Any], threads: int, rate: Fraction, hls:
     if codec == "vp9":
         return {"crf": quality, "b": "0", "row-mt": "1", "deadline": "good", "cpu-used": "4"}
     return {"crf": quality, "preset": "8", "svtav1-params": f"lp={threads}"}
+
+
+def _square(sar: Fraction | None) -> Fraction | None:
+    """``sar``, or ``None`` for square or unknown pixels (FFmpeg's 0:1 and 1:1 alike)."""
+    return sar if sar and sar != 1 else None
 
 
 def fit_inside(
@@ -607,8 +612,9 @@ class _Transcode:
             )
         seconds = float(frame.pts * time_base) if time_base else 0.0
         check_duration(seconds, self.limits)
+        sar = self.video.codec_context.sample_aspect_ratio
         for output in self.outputs_:
-            for filtered in output.filter(frame, self.rotation):
+            for filtered in output.filter(frame, self.rotation, sar):
                 output.encode_video(filtered)
         if self.duration:
             report_progress(self.out_dir, 0.98 * seconds / self.duration)

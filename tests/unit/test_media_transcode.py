@@ -235,14 +235,24 @@ def test_variable_frame_rate_keeps_every_frame_and_the_duration(tmp_path: Path) 
     assert abs(facts["duration"] - 4.0) < 0.1
 
 
-def write_ts_segment(path: Path, width: int, height: int, value: int, first_pts: int) -> Path:
-    """One second (25 frames) of a flat grey ``value`` picture as MPEG-TS, frames stamped from
-    ``first_pts`` at 25 fps."""
+def write_ts_segment(
+    path: Path,
+    width: int,
+    height: int,
+    value: int,
+    first_pts: int,
+    frames: int = 25,
+    sar: Fraction | None = None,
+) -> Path:
+    """``frames`` frames (one second by default) of a flat grey ``value`` picture as MPEG-TS at
+    25 fps, stamped from ``first_pts``, with sample aspect ratio ``sar`` in the SPS."""
     with av.open(str(path), "w", format="mpegts") as container:
         video = container.add_stream("libx264", rate=25)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         video.options = {"preset": "ultrafast"}
-        for i in range(25):
+        if sar is not None:
+            video.codec_context.sample_aspect_ratio = sar
+        for i in range(frames):
             image = np.full((height, width, 3), value, np.uint8)
             frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
             frame.pts = first_pts + i
@@ -251,26 +261,70 @@ def write_ts_segment(path: Path, width: int, height: int, value: int, first_pts:
     return path
 
 
+def join(target: Path, *parts: Path) -> Path:
+    """``cat parts > target``."""
+    target.write_bytes(b"".join(part.read_bytes() for part in parts))
+    return target
+
+
+def frames_of(path: Path) -> list[Any]:
+    with av.open(str(path)) as container:
+        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+
+
 def test_a_joined_recording_whose_size_changes_keeps_every_frame_and_its_shape(tmp_path: Path) -> None:
     """``cat a.ts b.ts``: 1 s of 320×240 grey, then 1 s of 160×240 white (a recording whose
     resolution changes, as browser and conference recordings do). The join's continuity-counter
     jump flags a packet corrupt; it is decoded all the same (it was dropped: 49 frames). The
     narrow part is fitted inside the 4:3 rendition with black bars, not stretched to it."""
-    first = write_ts_segment(tmp_path / "a.ts", 320, 240, 128, 0)
-    second = write_ts_segment(tmp_path / "b.ts", 160, 240, 255, 25)
-    joined = tmp_path / "joined.ts"
-    joined.write_bytes(first.read_bytes() + second.read_bytes())
+    joined = join(
+        tmp_path / "joined.ts",
+        write_ts_segment(tmp_path / "a.ts", 320, 240, 128, 0),
+        write_ts_segment(tmp_path / "b.ts", 160, 240, 255, 25),
+    )
     out_dir, [output] = transcode(joined, tmp_path, {"heights": [240]})
     assert (output.metadata["width"], output.metadata["height"]) == (320, 240)
     assert output.metadata["frame_count"] == 50
-    with av.open(str(out_dir / output.filename)) as container:
-        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    frames = frames_of(out_dir / output.filename)
     assert len(frames) == 50
     early, late = frames[10], frames[-1]
     assert abs(float(early.mean()) - 128) < 8  # the first part fills the picture
     # The 2:3 part: 160 px of white in the middle, 80 px of black on either side.
     assert float(late[:, 8:72].mean()) < 20 and float(late[:, 248:312].mean()) < 20
     assert float(late[:, 96:224].mean()) > 235
+
+
+def test_a_broadcast_switching_from_4_3_to_16_9_is_letterboxed_not_stretched(tmp_path: Path) -> None:
+    """720×576 throughout, the sample aspect ratio switching from 16:15 (4:3) to 64:45 (16:9), as
+    DVB channels do between programmes: the ladder is 4:3 (the stream's first), and the 16:9 part
+    is drawn 480×270 in the 480×360 rendition, bars above and below (it filled it, squashed)."""
+    joined = join(
+        tmp_path / "dvb.ts",
+        write_ts_segment(tmp_path / "a.ts", 720, 576, 128, 0, sar=Fraction(16, 15)),
+        write_ts_segment(tmp_path / "b.ts", 720, 576, 255, 25, sar=Fraction(64, 45)),
+    )
+    out_dir, [output] = transcode(joined, tmp_path, {"heights": [360]})
+    assert (output.metadata["width"], output.metadata["height"]) == (480, 360)
+    frames = frames_of(out_dir / output.filename)
+    assert len(frames) == 50
+    assert abs(float(frames[10].mean()) - 128) < 8
+    late = frames[-1]  # 270 rows of white centred: 45 rows of black above and below
+    assert float(late[4:40].mean()) < 20 and float(late[320:356].mean()) < 20
+    assert float(late[60:300].mean()) > 235
+
+
+def test_a_first_packet_flagged_corrupt_by_a_join_is_decoded(tmp_path: Path) -> None:
+    """``cat`` of a two-frame piece and a second: MPEG-TS flags the packet before the join
+    corrupt, here the first, and the job failed CORRUPT_INPUT; FFmpeg decodes all 27."""
+    joined = join(
+        tmp_path / "short-first.ts",
+        write_ts_segment(tmp_path / "a.ts", 320, 240, 128, 0, frames=2),
+        write_ts_segment(tmp_path / "b.ts", 320, 240, 128, 2),
+    )
+    with av.open(str(joined)) as container:
+        assert next(container.demux(video=0)).is_corrupt
+    out_dir, [output] = transcode(joined, tmp_path, {"heights": [240]})
+    assert output.metadata["frame_count"] == 27 == len(frames_of(out_dir / output.filename))
 
 
 @pytest.mark.parametrize("pix_fmt", ["yuv420p10le", "yuv444p"])
