@@ -76,6 +76,11 @@ def is_public_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) ->
     return address.is_global and not address.is_multicast
 
 
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IP address without its IPv6 zone (``fe80::1%eth0``). Raises ValueError."""
+    return ipaddress.ip_address(text.split("%", 1)[0])
+
+
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 """Names a Debian ``/etc/hosts`` gives the loopback addresses (besides ``*.localhost``)."""
 
@@ -90,7 +95,7 @@ def literal_private_host(host: str) -> bool:
     if name in LOOPBACK_NAMES or name.endswith(".localhost"):
         return True
     try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(name.split("%", 1)[0])
+        address = _address(name)
     except ValueError:
         try:  # the forms getaddrinfo also reads as IPv4: 127.1, 2130706433, 0x7f.0.0.1
             address = ipaddress.IPv4Address(socket.inet_aton(name))
@@ -104,7 +109,8 @@ RESOLVER_THREADS = 8
 name servers never answer (glibc waits ~30 s) hold these threads, not the event loop's default
 executor that the rest of the process uses."""
 
-_resolver: ThreadPoolExecutor | None = None
+_resolver = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="webhook-dns")
+"""Starts no thread until the first lookup (only the reaper makes any)."""
 
 
 async def public_addresses(host: str, port: int) -> list[str]:
@@ -117,15 +123,12 @@ async def public_addresses(host: str, port: int) -> list[str]:
             public ones is refused too: the next lookup could pick it).
         OSError: the name does not resolve (``socket.gaierror``): a transient failure.
     """
-    global _resolver
-    if _resolver is None:
-        _resolver = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="webhook-dns")
     infos = await asyncio.get_running_loop().run_in_executor(
         _resolver, partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
     )
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     for address in addresses:
-        if not is_public_address(ipaddress.ip_address(address.split("%", 1)[0])):
+        if not is_public_address(_address(address)):
             raise BlockedAddress(f"{host} resolves to {address}, which is not a public address")
     if not addresses:
         raise OSError(f"{host} has no address")
