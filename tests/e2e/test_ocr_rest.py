@@ -12,7 +12,6 @@ import json
 import re
 import secrets
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.ocr import preprocess
 from hypermedia.ocr.metrics import cer
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
-from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST
+from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, system_models
 from tests.unit.test_ocr_tables import AMOUNTS, render_table_page
 
 pytestmark = pytest.mark.skipif(
@@ -312,14 +311,13 @@ def test_a_models_directory_from_tessdata_prefix_serves_the_jobs_too(
     read them: a model installed only there (``hmx``, English under another name) recognises text.
     The directory lies in the checkout, which a job's mount namespace keeps readable (``/tmp`` is
     an empty tmpfs there)."""
-    listing = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True, check=True)
-    system_models = Path(re.search(r'"([^"]+)"', listing.stdout).group(1))  # type: ignore[union-attr]
+    system = system_models()
     models = REPO / ".hypermedia" / f"tessdata-{secrets.token_hex(4)}"
     models.mkdir(parents=True)
     try:
-        (models / "hmx.traineddata").symlink_to(system_models / "eng.traineddata")
+        (models / "hmx.traineddata").symlink_to(system / "eng.traineddata")
         for shared in ("osd.traineddata", "configs", "pdf.ttf"):  # what a models directory needs
-            (models / shared).symlink_to(system_models / shared)
+            (models / shared).symlink_to(system / shared)
         with isolated_platform(
             tmp_root,
             database_url,

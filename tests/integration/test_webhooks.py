@@ -36,6 +36,7 @@ class Receiver:
     """A webhook receiver that answers with the next status of ``script`` (then 204)."""
 
     url: str
+    port: int
     script: list[int] = field(default_factory=list)
     received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
 
@@ -43,7 +44,7 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     port = free_port()
-    rec = Receiver(f"http://127.0.0.1:{port}/hooks")
+    rec = Receiver(f"http://127.0.0.1:{port}/hooks", port)
 
     async def hook(request: Request) -> Response:
         rec.received.append((dict(request.headers), await request.body()))
@@ -202,7 +203,7 @@ async def test_webhooks_to_non_public_addresses_fail_at_once_and_connect_nowhere
 ) -> None:
     """The SSRF guard: a URL stored before the gateway checked it, or a name that resolves inside."""
     tenant, _ = await _tenant_with_secret(seed)
-    port = receiver.url.split(":")[2].split("/")[0]
+    port = receiver.port
     urls = [
         receiver.url,  # 127.0.0.1
         f"http://localhost:{port}/hooks",  # a name: resolved (/etc/hosts), then refused
@@ -243,11 +244,11 @@ async def test_a_checked_delivery_goes_to_the_address_it_checked_and_keeps_the_h
         webhooks, "is_public_address", lambda address: address.version == 4 and address in loopback
     )
     tenant, _ = await _tenant_with_secret(seed)
-    port = receiver.url.split(":")[2].split("/")[0]
-    answers = {info[4][0] for info in socket.getaddrinfo("localhost", int(port), type=socket.SOCK_STREAM)}
+    port = receiver.port
+    answers = {info[4][0] for info in socket.getaddrinfo("localhost", port, type=socket.SOCK_STREAM)}
     if not all(ipaddress.ip_address(a) in loopback for a in answers):
         pytest.skip(f"localhost resolves to {sorted(answers)} here, not only to IPv4 loopback")
-    assert set(await webhooks.public_addresses("localhost", int(port))) == answers
+    assert set(await webhooks.public_addresses("localhost", port)) == answers
     job_id = await _job_with_hook(seed, tenant, f"http://localhost:{port}/hooks")
     await fresh_pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", job_id)
     async with webhook_client(allow_private=False) as http:

@@ -69,19 +69,29 @@ def write_video(
     audio: bool = True,
     container_format: str | None = None,
     options: dict[str, str] | None = None,
+    fill: int | None = None,
+    first_pts: int = 0,
+    sar: Fraction | None = None,
 ) -> Path:
-    """H.264 (libx264) test pattern, with an AAC sine at 48 kHz stereo when ``audio``."""
+    """H.264 (libx264) test pattern, or a flat grey ``fill`` picture, with an AAC sine at 48 kHz
+    stereo when ``audio``; frames stamped from ``first_pts`` (in frames), the sample aspect ratio
+    ``sar`` in the SPS."""
     with av.open(str(path), "w", format=container_format, options=options or {}) as container:
         video = container.add_stream("libx264", rate=fps)
         video.width, video.height, video.pix_fmt = width, height, pix_fmt
         video.options = {"preset": "ultrafast"}
         if rotation is not None:
             video.set_display_rotation(rotation)
+        if sar is not None:
+            video.codec_context.sample_aspect_ratio = sar
         sound = container.add_stream("aac", rate=RATE, layout="stereo") if audio else None
         for i in range(round(seconds * fps)):
-            frame = av.VideoFrame.from_ndarray(_pattern(i, width, height), format="rgb24")
+            image = (
+                _pattern(i, width, height) if fill is None else np.full((height, width, 3), fill, np.uint8)
+            )
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             frame = frame.reformat(format=pix_fmt)
-            frame.pts = i
+            frame.pts = first_pts + i
             container.mux(video.encode(frame))
         container.mux(video.encode(None))
         if sound is not None:

@@ -239,26 +239,24 @@ def write_ts_segment(
     path: Path,
     width: int,
     height: int,
-    value: int,
+    fill: int,
     first_pts: int,
     frames: int = 25,
     sar: Fraction | None = None,
 ) -> Path:
-    """``frames`` frames (one second by default) of a flat grey ``value`` picture as MPEG-TS at
-    25 fps, stamped from ``first_pts``, with sample aspect ratio ``sar`` in the SPS."""
-    with av.open(str(path), "w", format="mpegts") as container:
-        video = container.add_stream("libx264", rate=25)
-        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
-        video.options = {"preset": "ultrafast"}
-        if sar is not None:
-            video.codec_context.sample_aspect_ratio = sar
-        for i in range(frames):
-            image = np.full((height, width, 3), value, np.uint8)
-            frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
-            frame.pts = first_pts + i
-            container.mux(video.encode(frame))
-        container.mux(video.encode(None))
-    return path
+    """``frames`` frames (one second by default) of a flat grey picture as MPEG-TS at 25 fps
+    without sound (:func:`write_video`)."""
+    return write_video(
+        path,
+        seconds=frames / 25,
+        width=width,
+        height=height,
+        audio=False,
+        container_format="mpegts",
+        fill=fill,
+        first_pts=first_pts,
+        sar=sar,
+    )
 
 
 def join(target: Path, *parts: Path) -> Path:

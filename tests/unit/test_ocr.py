@@ -45,6 +45,13 @@ needs_tesseract = pytest.mark.skipif(
 )
 
 
+def system_models() -> Path:
+    """The directory tesseract reads its models from here (the first line of ``--list-langs``:
+    ``List of available languages in "/usr/share/tesseract-ocr/5/tessdata/" (7):``)."""
+    listing = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True, check=True)
+    return Path(listing.stdout.split('"')[1])
+
+
 class Result:
     """The outputs of one :func:`run`, read back."""
 
@@ -617,11 +624,7 @@ def test_a_models_directory_without_configs_is_a_clear_failure(
 ) -> None:
     """Tesseract exits 0 without the TSV when ``TESSDATA_PREFIX`` holds models but no
     ``configs/tsv``: the failure says so (it was a FileNotFoundError traceback)."""
-    system = Path(
-        subprocess.run(
-            ["tesseract", "--list-langs"], capture_output=True, text=True, check=True
-        ).stdout.split('"')[1]
-    )
+    system = system_models()
     models = tmp_path / "models"
     models.mkdir()
     (models / "eng.traineddata").symlink_to(system / "eng.traineddata")
