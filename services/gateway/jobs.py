@@ -104,7 +104,7 @@ def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
         raise InvalidArgument("webhook_url must be an http(s) URL", "INVALID_WEBHOOK_URL")
     try:
         host = httpx.URL(url).host  # as the reaper's client reads it (IDNA, full-width dots)
-    except httpx.InvalidURL:
+    except (httpx.InvalidURL, UnicodeError):  # UnicodeEncodeError: a lone surrogate
         raise InvalidArgument("webhook_url is not a valid URL", "INVALID_WEBHOOK_URL") from None
     if not allow_private and literal_private_host(host):
         raise InvalidArgument(

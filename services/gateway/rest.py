@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -76,6 +76,25 @@ def _not_json(request: Request, exc: RequestValidationError) -> bool:
     return any(tuple(error.get("loc", ())) == ("body",) for error in exc.errors())
 
 
+def _encodable(value: Any) -> bool:
+    """Whether every string and key in a parsed JSON value encodes as UTF-8."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
 class Operation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -92,6 +111,16 @@ class ProcessBody(BaseModel):
     )
     priority: StrictInt | None = Field(None, description="1 (highest) to 10; default 5")
     webhook_url: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        """JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 encoder (Postgres,
+        httpx, the JSON of an error answer) accepts: refused here, once for every string and key
+        of the body, not where each one is used."""
+        if not _encodable(data):
+            raise ValueError("the body holds a lone surrogate (\\ud800–\\udfff): not valid Unicode")
+        return data
 
 
 class ObjectOut(BaseModel):

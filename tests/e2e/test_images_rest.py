@@ -226,6 +226,27 @@ def test_a_json_body_sent_as_a_form_is_415_and_creates_nothing(
         assert (no_file.status_code, no_file.json()["error_code"]) == (422, "INVALID_REQUEST"), no_file.text
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"object_id": "OBJ", "operations": ["\\ud800"]}',
+        '{"object_id": "OBJ", "operations": [{"name": "thumbnail", "params": {"\\ud800": 1}}]}',
+        '{"object_id": "OBJ", "operations": ["thumbnail"], "webhook_url": "http://example.com/\\udfff"}',
+    ],
+)
+def test_lone_surrogates_in_the_body_are_422_not_500(client: httpx.Client, body: str) -> None:
+    """JSON escapes of lone surrogates: an operation name reached Postgres (DataError), a params
+    key broke the 422 answer's own JSON, a webhook path broke httpx's URL parser (all 500)."""
+    obj = upload(client, EXIF / "Landscape_1.jpg")
+    content = body.replace("OBJ", obj["object_id"]).encode()
+    response = client.post(
+        "/v1/hypermedia/process", content=content, headers={"Content-Type": "application/json"}
+    )
+    assert (response.status_code, response.json()["error_code"]) == (422, "INVALID_REQUEST"), response.text
+    assert "surrogate" in response.json()["errors"][0]["msg"]
+    assert client.get("/v1/credits").status_code == 200  # the connection lives on
+
+
 def test_objects_of_others_and_missing_ones_answer_the_same_404(
     platform: RunningPlatform, client: httpx.Client
 ) -> None:

@@ -106,7 +106,10 @@ def test_public_webhook_urls_pass() -> None:
         _check_webhook_url(url)
 
 
-def test_a_host_that_is_not_a_valid_name_is_a_422_not_a_500() -> None:
+@pytest.mark.parametrize(
+    "url", ["http://\ud800.example/hook", "http://example.com/\udfff", "http://example.com/?q=\ud800"]
+)
+def test_a_url_that_is_not_valid_unicode_is_a_422_not_a_500(url: str) -> None:
     with pytest.raises(InvalidArgument) as refused:
-        _check_webhook_url("http://\ud800.example/hook")
+        _check_webhook_url(url)
     assert refused.value.error_code == "INVALID_WEBHOOK_URL"
