@@ -9,7 +9,7 @@ STAMP := $(VENV)/.synced
 .PHONY: demo test test-fast lint proto proto-check bench chaos up clean help
 
 help:
-	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF, an ODT and scans (OCR)"
+	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF, an ODT, scans (OCR) and a generated phone video clip"
 	@echo "make test   - the whole test suite (real Postgres, NATS, libvips)"
 	@echo "make lint   - ruff, mypy, buf lint, stub drift, deploy linters"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
