@@ -97,6 +97,15 @@ DEFAULT_CHILD_ENV: Final[Mapping[str, str]] = {
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _LEN = struct.Struct(">I")
 
+ZYGOTE_START_SECONDS: Final = 60.0
+"""How long a (re)start of the zygote may take to import its preload modules and say it is ready
+(measured here: 0.3–1.5 s for the media and OCR preloads, several times that on a loaded
+machine); past it the start fails and the job is ``SANDBOX_UNAVAILABLE``."""
+ZYGOTE_RESTARTS_PER_RUN: Final = 2
+"""How often :meth:`Sandbox.run` restarts a zygote found dead, or lost before the job's child was
+forked, before it gives the job ``SANDBOX_UNAVAILABLE``: a job that arrives while the zygote
+restarts waits for the restart instead of failing an attempt."""
+
 # Linux constants (uapi/linux/prctl.h, uapi/linux/sched.h).
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -154,11 +163,13 @@ class SandboxResult:
     """What the entry returned; empty on failure."""
     error_code: str | None
     """``None`` on success; else a bounded code: the entry's ``DomainError.error_code``,
-    ``RESOURCE_LIMIT``, ``TIMEOUT``, ``SANDBOX_CRASHED``, ``CANCELLED`` or ``INTERNAL``."""
+    ``RESOURCE_LIMIT``, ``TIMEOUT``, ``SANDBOX_CRASHED``, ``SANDBOX_UNAVAILABLE``, ``CANCELLED``
+    or ``INTERNAL``."""
     error_message: str | None
     """Public message; never a path or a traceback."""
     retryable: bool
-    """Whether another attempt may succeed (``TIMEOUT`` and a lost zygote are)."""
+    """Whether another attempt may succeed (``TIMEOUT``, a lost zygote and one that would not
+    start are)."""
     duration_ms: int
     """Wall time of the child, fork to exit."""
     peak_memory_mb: int
@@ -264,7 +275,8 @@ class Sandbox:
 
         Raises:
             ValueError: the sandbox uid cannot reach ``work_dir``.
-            RuntimeError: the zygote failed to start (e.g. a preload module does not import).
+            RuntimeError: the zygote failed to start (e.g. a preload module does not import) or
+                was not ready within :data:`ZYGOTE_START_SECONDS`.
         """
         jobs_root = self.work_dir / "jobs"
         jobs_root.mkdir(parents=True, exist_ok=True)
@@ -286,10 +298,17 @@ class Sandbox:
             limit=2 * MAX_REPORT_BYTES + 4096,
         )
         assert self._proc.stdout is not None
-        line = await self._proc.stdout.readline()
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), ZYGOTE_START_SECONDS)
+        except TimeoutError:
+            line = b""
         if json.loads(line or b"{}").get("event") != "ready":
+            with contextlib.suppress(ProcessLookupError):  # it may have exited already
+                self._proc.kill()
             await self.close()
-            raise RuntimeError("sandbox zygote failed to start; see its stderr")
+            raise RuntimeError(
+                f"sandbox zygote exited or was not ready within {ZYGOTE_START_SECONDS:g} s; see its stderr"
+            )
         self._reader = asyncio.create_task(self._read_events(self._proc.stdout), name="sandbox-zygote")
 
     async def close(self) -> None:
@@ -370,8 +389,11 @@ class Sandbox:
         ``entry`` is ``"module:function"``; it returns a list of :class:`OutputFile`. The job dir
         must come from :meth:`prepare`; an input inside it is handed to the sandbox uid.
         ``entry_kwargs`` are pickled to the zygote (trusted direction), e.g.
-        ``{"limits": ImageLimits(...)}``. Never raises for a failed job: the failure is in the
-        result. Raises RuntimeError if the sandbox is not started, ValueError for a bad job id.
+        ``{"limits": ImageLimits(...)}``. A zygote found dead, or lost before it forked the job's
+        child, is restarted and the job waits for it (at most :data:`ZYGOTE_RESTARTS_PER_RUN`
+        restarts of :data:`ZYGOTE_START_SECONDS` each, then ``SANDBOX_UNAVAILABLE``, retryable).
+        Never raises for a failed job: the failure is in the result. Raises ValueError for a bad
+        job id or one already running.
         """
         job_dir = self.job_dir(job_id)
         if job_id in self._jobs:
@@ -379,45 +401,96 @@ class Sandbox:
         with _tracer.start_as_current_span(
             "sandbox.run", attributes={"job.id": job_id, "entry": entry}
         ) as span:
-            async with self._restart:  # one restart even when several jobs find the zygote gone
-                if self._proc is None or self._proc.returncode is not None:
-                    await self.close()
-                    await self.start()
-            proc = self._proc
-            assert proc is not None and proc.stdin is not None
-            owner = self.job_uid(job_id)
-            input_path = self._hand_over_input(job_dir, Path(input_path), owner)
-            job = _Job(job_id, job_dir / "output", limits, asyncio.get_running_loop().create_future())
-            self._jobs[job_id] = job
             request = {
                 "op": "run",
                 "job_id": job_id,
                 "entry": entry,
-                "args": (operation, params, input_path, job.output_dir),
                 "kwargs": dict(entry_kwargs or {}),
                 "job_dir": str(job_dir),
                 "limits": dataclasses.asdict(limits),
-                "uid": owner[0] if owner else None,
-                "gid": owner[1] if owner else None,
                 "isolate_network": self.isolate_network,
                 "env": {**self.env, "HOME": str(job_dir), "TMPDIR": str(job_dir)},
             }
-            try:
-                self._send(request)
+            result = _unavailable("The job's sandbox kept failing to start; it will be retried.")
+            for restarts in range(ZYGOTE_RESTARTS_PER_RUN + 1):
                 try:
-                    event = await asyncio.wait_for(asyncio.shield(job.done), limits.wall_seconds)
-                except TimeoutError:
-                    job.timed_out = True
-                    self._send({"op": "kill", "job_id": job_id})
-                    event = await asyncio.wait_for(job.done, 10)
-            except (TimeoutError, OSError, ConnectionError) as exc:
-                log.error("sandbox zygote lost during job %s: %r", job_id, exc)
-                event = {"status": None, "failure": "zygote lost"}
-            finally:
-                self._jobs.pop(job_id, None)
-            result = self._result(job, _exit_from_event(event))
+                    await self._ensure_zygote()
+                except (RuntimeError, OSError) as exc:
+                    log.error("sandbox zygote could not be started for job %s: %s", job_id, exc)
+                    result = _unavailable("The job's sandbox could not be started; it will be retried.")
+                    break
+                job, event = await self._submit(request, (operation, params), Path(input_path), limits)
+                if event.get("failure") != "zygote lost" or job.pid is not None or job.cancelled:
+                    result = self._result(job, _exit_from_event(event))
+                    break
+                # The zygote died before it forked this job's child (no "started" event): the job
+                # has not run. Wait for a new zygote instead of failing an attempt that never began.
+                log.warning(
+                    "sandbox zygote lost before job %s started (restart %d of %d)",
+                    job_id,
+                    restarts + 1,
+                    ZYGOTE_RESTARTS_PER_RUN,
+                )
             span.set_attribute("error_code", result.error_code or "")
             return result
+
+    def _alive(self) -> bool:
+        """Whether the zygote can take a job: running, its stdin open, its events still read. Its
+        exit is seen on stdout (the reader ends) before asyncio reaps it (``returncode``)."""
+        proc = self._proc
+        return (
+            proc is not None
+            and proc.returncode is None
+            and proc.stdin is not None
+            and not proc.stdin.is_closing()
+            and self._reader is not None
+            and not self._reader.done()
+        )
+
+    async def _ensure_zygote(self) -> None:
+        """Restarts the zygote when it is not :meth:`_alive`; one restart even when several jobs
+        find it gone (they wait on the lock). Raises RuntimeError/OSError from :meth:`start`."""
+        async with self._restart:
+            if not self._alive():
+                if self._proc is not None:
+                    log.warning("sandbox zygote is gone; restarting it")
+                await self.close()
+                await self.start()
+
+    async def _submit(
+        self, request: dict[str, Any], call: tuple[str, dict], input_path: Path, limits: SandboxLimits
+    ) -> tuple[_Job, dict[str, Any]]:
+        """Sends ``request`` (:meth:`run`'s, without the arguments: ``call`` is the operation and
+        its params) to the zygote and waits for the child's exit event, at most
+        ``limits.wall_seconds`` (then kills it). Returns the job and its event; a zygote lost on
+        the way is ``{"status": None, "failure": "zygote lost"}``."""
+        job_id = request["job_id"]
+        job_dir = Path(request["job_dir"])
+        owner = self.job_uid(job_id)
+        input_path = self._hand_over_input(job_dir, input_path, owner)
+        job = _Job(job_id, job_dir / "output", limits, asyncio.get_running_loop().create_future())
+        # Registered before the next await: a reader that ends from here on resolves it.
+        self._jobs[job_id] = job
+        request = {
+            **request,
+            "args": (*call, input_path, job.output_dir),
+            "uid": owner[0] if owner else None,
+            "gid": owner[1] if owner else None,
+        }
+        try:
+            self._send(request)
+            try:
+                event = await asyncio.wait_for(asyncio.shield(job.done), limits.wall_seconds)
+            except TimeoutError:
+                job.timed_out = True
+                self._send({"op": "kill", "job_id": job_id})
+                event = await asyncio.wait_for(job.done, 10)
+        except (TimeoutError, OSError, ConnectionError) as exc:
+            log.error("sandbox zygote lost during job %s: %r", job_id, exc)
+            event = {"status": None, "failure": "zygote lost"}
+        finally:
+            self._jobs.pop(job_id, None)
+        return job, event
 
     @staticmethod
     def _hand_over_input(job_dir: Path, input_path: Path, owner: tuple[int, int] | None) -> Path:
@@ -641,6 +714,11 @@ def _open_output(job_dir: Path, filename: str) -> tuple[int, int]:
         os.close(fd)
         raise
     return fd, info.st_size
+
+
+def _unavailable(message: str) -> SandboxResult:
+    """The result of a job whose sandbox could not be had: retryable, nothing ran."""
+    return SandboxResult([], "SANDBOX_UNAVAILABLE", message, True, 0, 0)
 
 
 def _exit_from_event(event: dict[str, Any]) -> _Exit:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import pyvips
 
+from hypermedia import sandbox as sandbox_module
 from hypermedia.imaging import ops
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 
@@ -368,6 +369,56 @@ async def test_lost_zygote_fails_running_jobs_and_restarts(work_dir: Path) -> No
             os.kill(grandchild, signal.SIGKILL)
         box.cleanup(job)
 
+        job, result = await run_entry(box, "noop")
+        assert result.error_code is None
+        box.cleanup(job)
+    finally:
+        await box.close()
+
+
+async def test_jobs_that_arrive_while_the_zygote_is_lost_wait_for_its_restart(work_dir: Path) -> None:
+    """The CI failure of issue 14: a job submitted at once after the zygote died (before asyncio
+    has reaped it, before its stdout has even closed) ran into the dead zygote and failed
+    ``SANDBOX_CRASHED``, spending an attempt. Such jobs wait for one restart and run."""
+    box = Sandbox(work_dir, preload=(ENTRIES,))
+    await box.start()
+    try:
+        for _ in range(3):  # the kill lands at a different point of the zygote's life each time
+            assert box._proc is not None
+            old = box._proc.pid
+            os.kill(old, signal.SIGKILL)
+            results = await asyncio.gather(*(run_entry(box, "noop") for _ in range(4)))
+            assert [r.error_code for _, r in results] == [None] * 4
+            assert box._proc is not None and box._proc.pid != old
+            for job, _ in results:
+                box.cleanup(job)
+    finally:
+        await box.close()
+
+
+async def test_a_zygote_that_cannot_restart_is_a_clear_retryable_error(
+    work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded: a restart whose preload fails, or that hangs past ``ZYGOTE_START_SECONDS``, gives
+    the job ``SANDBOX_UNAVAILABLE`` (retryable), never an exception or a wait without end; the
+    sandbox starts again once the cause is gone."""
+    (tmp_path / "hm_hangs_at_import.py").write_text("import time\ntime.sleep(3600)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sandbox_module, "ZYGOTE_START_SECONDS", 2.0)
+    box = Sandbox(work_dir, preload=(ENTRIES,))
+    await box.start()
+    try:
+        for preload in ("hm_no_such_module", "hm_hangs_at_import"):
+            box.preload = (ENTRIES, preload)
+            if box._proc is not None:  # the first time; then the failed restart left none
+                os.kill(box._proc.pid, signal.SIGKILL)
+            started = time.monotonic()
+            job, result = await run_entry(box, "noop")
+            assert (result.error_code, result.retryable) == ("SANDBOX_UNAVAILABLE", True)
+            assert "could not be started" in (result.error_message or "")
+            assert time.monotonic() - started < 30
+            box.cleanup(job)
+        box.preload = (ENTRIES,)
         job, result = await run_entry(box, "noop")
         assert result.error_code is None
         box.cleanup(job)
