@@ -300,7 +300,11 @@ async def test_image_job_thread_count_fits_the_nproc_budget(sandbox: Sandbox) ->
         entry_kwargs={"limits": IMAGE_LIMITS},
     )
     assert result.error_code is None, result
-    assert result.outputs[-1].metadata["peak_threads_without_watcher"] <= 4
+    # VIPS_CONCURRENCY=1 still gives each pipeline of the operation (decode, sink, write-behind)
+    # threads from libvips' pool; whether a finished pipeline's threads are back in the pool when
+    # the next one asks is a race: 4 or 5 "libvips worker" threads besides the main one, 5 seen
+    # under load (issue 14's loaded run). What matters is the margin below RLIMIT_NPROC 16.
+    assert result.outputs[-1].metadata["peak_threads_without_watcher"] <= 8
     sandbox.cleanup(job)
 
 
