@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import ipaddress
 import json
 import logging
 import resource
 import socket
-from collections import Counter
-from collections.abc import Callable
+import struct
+import termios
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Any, Literal
 
@@ -57,6 +59,9 @@ the soft ``RLIMIT_NOFILE`` is raised, up to the hard limit, to ``max_connections
 
 IPV6_CLIENT_PREFIX = 64
 """IPv6 clients are counted per /64: one host commonly holds a whole /64."""
+
+EVICTION_PEEKS = 16
+"""Sockets of one eviction tier asked (``FIONREAD``) whether bytes wait unread, per eviction."""
 
 RETRY_AFTER_SECONDS = 1
 """``Retry-After`` of a 429 or 503 connection refusal."""
@@ -116,9 +121,14 @@ class ConnectionGuard:
 
     A connection is *waiting* while no request of it is being served: from its connect, or from
     the end of a response, until a complete request head; *active* while a request is served;
-    *lingering* after its answer while what the client still sends is discarded. Waiting and
-    lingering connections are kept in the order they began to wait, so the one that has waited
-    longest is evicted first.
+    *lingering* after its answer while what the client still sends is discarded. When a cap is
+    reached, the connection evicted is, in this order: the longest-lingering one; the
+    longest-waiting one that has never had a request served and has no unread bytes in its
+    socket; the longest-waiting one idle after a served request (a real client's keep-alive
+    connection) without unread bytes; then any waiting one, longest-waiting first. Unread bytes
+    mean a head has arrived that the server has not read yet (a burst of connects is admitted
+    before any of them is read), so a real client's fresh connection is spared while silent
+    ones are there. Active connections are never evicted.
 
     Args:
         limits: the caps and deadlines (:class:`~hypermedia.config.HttpSettings`).
@@ -127,9 +137,11 @@ class ConnectionGuard:
     def __init__(self, limits: HttpSettings) -> None:
         self.limits = limits
         self.open: set[GuardedHttpProtocol] = set()
-        self.per_client: Counter[str] = Counter()
-        self._waiting: dict[GuardedHttpProtocol, None] = {}  # insertion order = oldest first
+        self._by_client: dict[str, dict[GuardedHttpProtocol, None]] = {}
+        # Eviction tiers, each in the order its connections entered it (oldest first).
         self._lingering: dict[GuardedHttpProtocol, None] = {}
+        self._fresh: dict[GuardedHttpProtocol, None] = {}  # waiting, never served a request
+        self._idle: dict[GuardedHttpProtocol, None] = {}  # waiting after a served request
         self.evicted = 0
         """Connections closed to make room for another one, since the start."""
         self.refused = 0
@@ -141,15 +153,16 @@ class ConnectionGuard:
         has ``max_connections_per_address`` connections all serving requests, 503 when the server
         has ``max_connections`` all serving requests)."""
         per_client = self.limits.max_connections_per_address
-        if per_client and self.per_client[conn.client_key] >= per_client:
-            if not self._evict(lambda c: c.client_key == conn.client_key):
+        same = self._by_client.get(conn.client_key, {})
+        if per_client and len(same) >= per_client:
+            if not self._evict(lambda tier: (c for c in same if c in tier)):  # ≤ per_client each
                 detail = f"more than {per_client} connections from one address are serving requests"
                 return self._refuse(429, detail, "TOO_MANY_CONNECTIONS")
-        if len(self.open) >= self.limits.max_connections and not self._evict(lambda c: True):
+        if len(self.open) >= self.limits.max_connections and not self._evict(lambda tier: iter(tier)):
             detail = f"all {self.limits.max_connections} connections are serving requests"
             return self._refuse(503, detail, "SERVER_BUSY")
         self.open.add(conn)
-        self.per_client[conn.client_key] += 1
+        self._by_client.setdefault(conn.client_key, {})[conn] = None
         self.set_state(conn, "waiting")
         return None
 
@@ -157,39 +170,51 @@ class ConnectionGuard:
         self.refused += 1
         return problem_response(status, detail, error_code, {"retry-after": str(RETRY_AFTER_SECONDS)})
 
-    def _evict(self, which: Callable[[GuardedHttpProtocol], bool]) -> bool:
-        """Close the longest-lingering, else the longest-waiting connection that ``which``
-        accepts; whether there was one."""
-        for queue in (self._lingering, self._waiting):
-            victim = next((c for c in queue if which(c)), None)
-            if victim is not None:
-                self.evicted += 1
-                self.release(victim)
-                victim.evict()
-                return True
-        return False
+    def _evict(
+        self, among: Callable[[dict[GuardedHttpProtocol, None]], Iterator[GuardedHttpProtocol]]
+    ) -> bool:
+        """Close the first connection of the eviction order (see the class) that ``among`` yields
+        from a tier; whether there was one. At most :data:`EVICTION_PEEKS` sockets of each tier
+        are asked for unread bytes."""
+        victim = next(among(self._lingering), None)
+        if victim is None:
+            for tier in (self._fresh, self._idle):
+                for _, candidate in zip(range(EVICTION_PEEKS), among(tier), strict=False):
+                    if not candidate.has_unread_input():
+                        victim = candidate
+                        break
+                if victim is not None:
+                    break
+        if victim is None:
+            victim = next(among(self._fresh), None) or next(among(self._idle), None)
+        if victim is None:
+            return False
+        self.evicted += 1
+        self.release(victim)
+        victim.evict()
+        return True
 
     def set_state(self, conn: GuardedHttpProtocol, state: _State) -> None:
         """Move an admitted connection to ``state``; a connection entering waiting or lingering
-        goes to the back of that queue."""
+        goes to the back of its tier."""
         if conn not in self.open:
             return
-        self._waiting.pop(conn, None)
-        self._lingering.pop(conn, None)
-        if state == "waiting":
-            self._waiting[conn] = None
-        elif state == "lingering":
+        for tier in (self._lingering, self._fresh, self._idle):
+            tier.pop(conn, None)
+        if state == "lingering":
             self._lingering[conn] = None
+        elif state == "waiting":
+            (self._idle if conn.served else self._fresh)[conn] = None
 
     def release(self, conn: GuardedHttpProtocol) -> None:
         """Count a connection out (idempotent)."""
         if conn in self.open:
+            self.set_state(conn, "active")  # out of every tier
             self.open.discard(conn)
-            self._waiting.pop(conn, None)
-            self._lingering.pop(conn, None)
-            self.per_client[conn.client_key] -= 1
-            if self.per_client[conn.client_key] <= 0:
-                del self.per_client[conn.client_key]
+            same = self._by_client[conn.client_key]
+            del same[conn]
+            if not same:
+                del self._by_client[conn.client_key]
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -203,6 +228,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.limits = self.guard.limits
         self.client_key = ""
         self.state: _State = "waiting"
+        self.served = 0  # responses completed on this connection
         self._refusal: bytes | None = None
         self._in_head = True  # the parser is between messages or inside a request head
         self._head_bytes = 0  # bytes received since the last message ended, while _in_head
@@ -235,6 +261,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if timer is not None:
                 timer.cancel()
         super().connection_lost(exc)
+
+    def has_unread_input(self) -> bool:
+        """Whether bytes the client sent wait in the socket, not read yet (``FIONREAD``)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            pending: int = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            return False
+        return pending > 0
 
     def evict(self) -> None:
         """Close this connection to make room (called by the guard, which has counted it out)."""
@@ -404,6 +441,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )
 
     def on_response_complete(self) -> None:
+        self.served += 1
         pipelined = bool(self.pipeline)
         super().on_response_complete()
         if self.transport.is_closing() or pipelined:
