@@ -355,6 +355,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refusal = None
             self._answer_and_linger(answer)
             return
+        if self.state == "active" and self._body_timer is None and self.cycle.more_body:
+            # A body still to come (armed here, not per request: most requests have none).
+            self._body_seen = self.loop.time()
+            self._body_timer = self.loop.call_later(self.limits.body_idle_seconds, self._body_idle)
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
             # More bytes than a head may have and still no complete head (a chunk that completed
             # it would have ended _in_head): a header line that never ends, or many of them.
@@ -405,9 +409,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.state = "active"
         self.guard.set_state(self, "active")
         super().on_headers_complete()
-        self._body_seen = self.loop.time()
-        if self._body_timer is None:
-            self._body_timer = self.loop.call_later(self.limits.body_idle_seconds, self._body_idle)
 
     def on_body(self, body: bytes) -> None:
         self._body_seen = self.loop.time()

@@ -108,11 +108,11 @@ class Flood:
             try:
                 writer.write(bytes([byte]))
                 await writer.drain()
-            except ConnectionError:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reader.read(1), 1.0)  # one byte a second
+            except ConnectionError:  # reset: evicted, or closed with our bytes unread
                 self.closed_by_server += 1
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(reader.read(1), 1.0)
             if reader.at_eof():
                 self.closed_by_server += 1
                 return
