@@ -275,7 +275,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def evict(self) -> None:
         """Close this connection to make room (called by the guard, which has counted it out)."""
-        self.transport.abort() if self.state == "lingering" else self.transport.close()
+        if self.state == "lingering":
+            self.transport.abort()  # its answer is out; what it still sends is not wanted
+        else:
+            self.transport.close()
 
     def shutdown(self) -> None:
         """The server stops: close a connection that waits for a head or lingers at once, let an

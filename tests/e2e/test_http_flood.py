@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import pyvips
@@ -27,6 +30,7 @@ from tests.e2e.conftest import RunningPlatform, isolated_platform
 
 IMAGE = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_1.jpg"
 HEAD_TIMEOUT = 3
+BODY_IDLE = 2
 MAX_CONNECTIONS = 128
 IDLE_PER_ADDRESS = 12
 """Idle connections per address and server: under the per-address cap (32), so the server cap
@@ -48,6 +52,7 @@ def flood_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator
         "flood",
         services="credits,storage,gateway,imageworker",
         HM_HTTP_HEAD_TIMEOUT_SECONDS=str(HEAD_TIMEOUT),
+        HM_HTTP_BODY_IDLE_SECONDS=str(BODY_IDLE),
         HM_HTTP_MAX_CONNECTIONS=str(MAX_CONNECTIONS),
     ) as running:
         yield running
@@ -187,3 +192,72 @@ async def test_idle_and_dripping_connections_do_not_take_the_gateway_or_storage_
     # After the release: everything normal, the same calls again.
     again = _job_round(flood_platform, account["api_key"])
     assert again["status"] == "completed"
+
+
+async def _exchange(port: int, data: bytes, pieces: list[bytes] | None = None, gap: float = 0.0) -> bytes:
+    """Send ``data``, then each of ``pieces`` ``gap`` seconds apart; read the answer until the
+    server closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        with contextlib.suppress(ConnectionError):
+            writer.write(data)
+            await writer.drain()
+            for piece in pieces or []:
+                await asyncio.sleep(gap)
+                writer.write(piece)
+                await writer.drain()
+        return await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+
+
+def _problem(raw: bytes) -> tuple[int, str]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"content-type: application/problem+json" in head.lower(), raw[:300]
+    return int(head.split(b" ", 2)[1]), str(json.loads(body)["error_code"])
+
+
+async def test_the_gateway_refuses_huge_heads_and_cuts_a_stalled_upload_but_not_a_slow_one(
+    flood_platform: RunningPlatform,
+) -> None:
+    account = flood_platform.admin("create-account", "--credits", "10")
+    port = int(flood_platform.rest_url.rsplit(":", 1)[1])
+    auth = f"Authorization: Bearer {account['api_key']}\r\n"
+
+    huge = f"GET /v1/credits HTTP/1.1\r\nHost: x\r\n{auth}X-Big: {'a' * 1024 * 1024}\r\n\r\n"
+    assert _problem(await _exchange(port, huge.encode())) == (431, "HEADERS_TOO_LARGE")
+    many = f"GET /v1/credits HTTP/1.1\r\nHost: x\r\n{auth}" + "".join(f"X-{i}: v\r\n" for i in range(5000))
+    assert _problem(await _exchange(port, (many + "\r\n").encode())) == (431, "HEADERS_TOO_LARGE")
+
+    # A multipart upload sent in 6 pieces a second apart (longer than both deadlines in all).
+    boundary = "hmflood"
+    content = bytes(range(256)) * 24  # 6 KiB
+    part = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="slow.bin"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    body = part + content + f"\r\n--{boundary}--\r\n".encode()
+    head = (
+        f"POST /v1/objects HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    step = -(-len(body) // 6)
+    pieces = [body[i : i + step] for i in range(0, len(body), step)]
+    slow = await _exchange(port, head, pieces, gap=1.0)
+    assert slow.startswith(b"HTTP/1.1 201"), slow[:300]
+    stored = json.loads(slow.partition(b"\r\n\r\n")[2])
+    assert stored["size_bytes"] == len(content)
+
+    # The same upload stopping after its first piece: 408, and no object is stored.
+    stalled = await _exchange(port, head + pieces[0])
+    assert _problem(stalled) == (408, "REQUEST_TIMEOUT")
+    with flood_platform.client(account) as client:
+        assert client.get("/v1/credits").status_code == 200  # normal requests still work
+    conn = await asyncpg.connect(flood_platform.env["DATABASE_URL"])
+    try:
+        count = await conn.fetchval(
+            "SELECT count(*) FROM objects WHERE pool_id = $1", uuid.UUID(account["pool_id"])
+        )
+    finally:
+        await conn.close()
+    assert count == 1  # the slow upload only
