@@ -38,6 +38,8 @@ import resource
 import socket
 import struct
 import termios
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Any, Literal
@@ -59,6 +61,9 @@ the soft ``RLIMIT_NOFILE`` is raised, up to the hard limit, to ``max_connections
 
 IPV6_CLIENT_PREFIX = 64
 """IPv6 clients are counted per /64: one host commonly holds a whole /64."""
+
+SUMMARY_SECONDS = 60.0
+"""Least time between two log warnings that count what the limits closed or refused."""
 
 EVICTION_PEEKS = 16
 """Sockets of one eviction tier asked (``FIONREAD``) whether bytes wait unread, per eviction."""
@@ -142,10 +147,29 @@ class ConnectionGuard:
         self._lingering: dict[GuardedHttpProtocol, None] = {}
         self._fresh: dict[GuardedHttpProtocol, None] = {}  # waiting, never served a request
         self._idle: dict[GuardedHttpProtocol, None] = {}  # waiting after a served request
-        self.evicted = 0
-        """Connections closed to make room for another one, since the start."""
-        self.refused = 0
-        """Connections refused with 429 or 503, since the start."""
+        self.closed: Counter[str] = Counter()
+        """Connections the limits closed or refused since the start, by reason: ``evicted``,
+        ``too_many_per_address`` (429), ``server_busy`` (503), ``head_timeout``, ``body_idle``,
+        ``send_idle``, ``head_too_large`` (431/414), ``malformed`` (400)."""
+        self._reported: Counter[str] = Counter()
+        self._reported_at = -SUMMARY_SECONDS
+
+    def note(self, reason: str) -> None:
+        """Count a connection closed or refused for ``reason`` (see :attr:`closed`); logs a warning
+        with the counts since the last one at the first such event and then at most once every
+        :data:`SUMMARY_SECONDS`, so a flood is visible in the log without a line per connection."""
+        self.closed[reason] += 1
+        now = time.monotonic()
+        if now - self._reported_at >= SUMMARY_SECONDS:
+            since = self.closed - self._reported
+            log.warning(
+                "HTTP connection limits closed or refused %s since %.0f s ago; %d connections open",
+                dict(since),
+                min(now - self._reported_at, SUMMARY_SECONDS),
+                len(self.open),
+            )
+            self._reported = self.closed.copy()
+            self._reported_at = now
 
     def admit(self, conn: GuardedHttpProtocol) -> bytes | None:
         """Count a new connection in, evicting a waiting one when a cap is reached. Returns
@@ -167,7 +191,7 @@ class ConnectionGuard:
         return None
 
     def _refuse(self, status: int, detail: str, error_code: str) -> bytes:
-        self.refused += 1
+        self.note("too_many_per_address" if status == 429 else "server_busy")
         return problem_response(status, detail, error_code, {"retry-after": str(RETRY_AFTER_SECONDS)})
 
     def _evict(
@@ -189,7 +213,7 @@ class ConnectionGuard:
             victim = next(among(self._fresh), None) or next(among(self._idle), None)
         if victim is None:
             return False
-        self.evicted += 1
+        self.note("evicted")
         self.release(victim)
         victim.evict()
         return True
@@ -297,6 +321,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_timer = None
         if self.state != "waiting" or self.transport.is_closing():
             return
+        self.guard.note("head_timeout")
         if self._head_bytes == 0:
             self.transport.close()  # an idle connection: nothing to answer
             return
@@ -352,6 +377,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserUpgrade:
             self._unsupported_upgrade_warning()  # no WebSocket here (ws="none"), as uvicorn does
         except httptools.HttpParserError:
+            self.guard.note("head_too_large" if self._refusal else "malformed")
             answer = self._refusal or problem_response(
                 400, "the request is not valid HTTP/1.1", "MALFORMED_REQUEST"
             )
@@ -365,6 +391,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
             # More bytes than a head may have and still no complete head (a chunk that completed
             # it would have ended _in_head): a header line that never ends, or many of them.
+            self.guard.note("head_too_large")
             self._answer_and_linger(
                 problem_response(
                     431,
@@ -439,6 +466,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if remaining > 0:
             self._body_timer = self.loop.call_later(remaining, self._body_idle)
             return
+        self.guard.note("body_idle")
         seconds = self.limits.body_idle_seconds
         self._answer_and_linger(
             problem_response(408, f"no part of the request body arrived for {seconds:g} s", "REQUEST_TIMEOUT")
@@ -462,7 +490,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.limits.send_idle_seconds, self.transport.abort)
+            self._send_timer = self.loop.call_later(self.limits.send_idle_seconds, self._send_stalled)
+
+    def _send_stalled(self) -> None:
+        """The client has not read the response for ``send_idle_seconds``: abort (a close would
+        wait for the full write buffer to drain)."""
+        self._send_timer = None
+        self.guard.note("send_idle")
+        self.transport.abort()
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -538,7 +573,7 @@ class HttpServer:
         self.port: int = self._sock.getsockname()[1]
         self._grace = grace_seconds
         self.guard = ConnectionGuard(limits)
-        """This server's connections (for tests and diagnostics: ``open``, ``evicted``, ``refused``)."""
+        """This server's connections (for tests and diagnostics: ``open``, ``closed``)."""
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 

@@ -29,12 +29,14 @@ SIGNING_KEY = b"test-signing-key-0123456789"
 MAX_PUT_BYTES = 64 * 1024 * 1024
 HEAD_TIMEOUT = 1.5
 BODY_IDLE = 1.5
+SEND_IDLE = 1.5
 PER_ADDRESS = 8
 MAX_CONNECTIONS = 24
 LIMITS = HttpSettings(
     HM_HTTP_HEAD_TIMEOUT_SECONDS=HEAD_TIMEOUT,
     HM_HTTP_BODY_IDLE_SECONDS=BODY_IDLE,
     HM_HTTP_LINGER_SECONDS=2,
+    HM_HTTP_SEND_IDLE_SECONDS=SEND_IDLE,
     HM_HTTP_MAX_CONNECTIONS=MAX_CONNECTIONS,
     HM_HTTP_MAX_CONNECTIONS_PER_ADDRESS=PER_ADDRESS,
 )
@@ -274,7 +276,7 @@ async def test_at_the_server_cap_a_new_connection_evicts_the_oldest_waiting_one(
         assert (response.status_code, response.content) == (200, b"v")
         assert await closed_by_server(flood[0][0], 0.5)
         assert not await closed_by_server(flood[-1][0], 0.05)
-        assert served.server.guard.evicted >= 1
+        assert served.server.guard.closed["evicted"] >= 1
 
 
 async def test_an_answer_sent_before_the_body_is_read_reaches_the_client(served: Store) -> None:
@@ -288,6 +290,25 @@ async def test_an_answer_sent_before_the_body_is_read_reaches_the_client(served:
         + body,
     )
     assert problem_code(raw) == (403, "URL_REJECTED")
+
+
+async def test_a_response_the_client_does_not_read_is_aborted(served: Store) -> None:
+    size = 32 * 1024 * 1024  # more than loopback's socket buffers hold on both sides
+    await served.store.write("big", _chunks([b"b" * (1024 * 1024)] * 32), MAX_PUT_BYTES)
+    get = target(await served.get_url("big"))
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.server.port)
+    writer.write(f"GET {get} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await asyncio.sleep(SEND_IDLE + 1.5)  # not reading: the server's writes stall
+    received = 0
+    try:
+        while chunk := await asyncio.wait_for(reader.read(1024 * 1024), 10):
+            received += len(chunk)
+    except ConnectionResetError:
+        pass  # aborted: what was still buffered on our side is dropped with it
+    finally:
+        writer.close()
+    assert received < size
+    assert served.server.guard.closed["send_idle"] == 1
 
 
 def test_clients_are_counted_per_address_and_ipv6_per_64() -> None:
