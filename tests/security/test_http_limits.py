@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from hypermedia import config
 from hypermedia.config import HttpSettings
 from hypermedia.httpserver import HttpServer, client_key
 from services.storage.localstore import LocalStore, build_app
@@ -322,3 +323,24 @@ def test_clients_are_counted_per_address_and_ipv6_per_64() -> None:
 async def _chunks(parts: list[bytes]) -> AsyncIterator[bytes]:
     for part in parts:
         yield part
+
+
+def test_the_limits_are_read_from_the_environment_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HM_HTTP_MAX_HEADERS", "50")
+    monkeypatch.setenv("HM_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "0")
+    limits = config.load(HttpSettings)
+    assert (limits.max_headers, limits.max_connections_per_address) == (50, 0)
+    assert (limits.head_timeout_seconds, limits.max_head_bytes) == (10.0, 64 * 1024)  # defaults
+
+    monkeypatch.setenv("HM_HTTP_MAX_HEADERS", "5")
+    monkeypatch.setenv("HM_HTTP_HEAD_TIMEOUT_SECONDS", "soon")
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(HttpSettings)
+    assert "HM_HTTP_MAX_HEADERS" in str(raised.value) and "HM_HTTP_HEAD_TIMEOUT_SECONDS" in str(raised.value)
+    assert "soon" not in str(raised.value)
+
+    monkeypatch.delenv("HM_HTTP_MAX_HEADERS")
+    monkeypatch.delenv("HM_HTTP_HEAD_TIMEOUT_SECONDS")
+    monkeypatch.setenv("HM_HTTP_MAX_TARGET_BYTES", str(128 * 1024))
+    with pytest.raises(config.ConfigError, match="HM_HTTP_MAX_TARGET_BYTES must not exceed"):
+        config.load(HttpSettings)
