@@ -16,9 +16,10 @@ the connections of one server, adds the limits of :class:`~hypermedia.config.Htt
 - a deadline for each request head (from the connect, or from the end of the previous response),
   an idle deadline between body pieces while the app reads, and one for a response the client
   does not read;
-- a cap on open connections per client address and per server, where a new connection evicts the
-  connection that has waited longest without sending a complete head instead of being refused,
-  so a flood of idle connections cannot keep real requests out;
+- a cap on open connections per client address and per server, where a new connection is
+  admitted and evicts a connection that is not serving a request (lingering, then silent and
+  never served, then idle after a served request; oldest first) instead of being refused, so a
+  flood of idle connections only replaces itself and cannot keep real requests out;
 - bounds on the request head (bytes, header fields, request target): ``431`` / ``414``;
 - a lingering close after an answer sent before the request was read, so the answer is read by the
   client instead of being destroyed by the reset a close with unread input sends.
