@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
     settings = config.load(config.GatewaySettings)
+    http_limits = config.load(config.HttpSettings)
     pool = await open_postgres(stack, infra, max_size=20)
     nc, js = await open_jetstream(stack, infra, "gateway")
     peers = open_peers(stack, infra)
@@ -102,7 +103,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     await grpc_server.start()
     stack.push_async_callback(grpc_server.stop)
 
-    http_server = HttpServer(settings.http_host, settings.http_port)
+    http_server = HttpServer(settings.http_host, settings.http_port, limits=http_limits)
     await http_server.start(build_app(api, authenticate, readiness, resolver))
     stack.push_async_callback(http_server.stop)
 

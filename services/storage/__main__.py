@@ -10,7 +10,7 @@ import logging
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from hypermedia.config import InfraSettings, StorageSettings, load
+from hypermedia.config import HttpSettings, InfraSettings, StorageSettings, load
 from hypermedia.httpserver import HttpServer
 from hypermedia.rpc import GrpcServer
 from hypermedia.service import Lifetime, open_postgres, run_service
@@ -31,11 +31,12 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     Unwound in reverse on stop: health NOT_SERVING and gRPC stop with grace → HTTP stop → pool."""
     infra = load(InfraSettings)
     settings = load(StorageSettings)
+    http_limits = load(HttpSettings)
     pool = await open_postgres(stack, infra, max_size=10)
 
     backend: ObjectBackend
     if settings.backend == "local":
-        http = HttpServer(settings.http_host, settings.http_port)
+        http = HttpServer(settings.http_host, settings.http_port, limits=http_limits)
         stack.push_async_callback(http.stop)
         public_url = settings.public_url or f"http://{settings.http_host}:{http.port}"
         local = LocalStore(

@@ -1,0 +1,346 @@
+"""The HTTP servers' connection limits (hypermedia.httpserver, issue 14), through a real
+``HttpServer`` around the storage service's real signed-URL app on loopback: raw TCP clients that
+send nothing, drip a head, stall a body, send huge or countless headers, or open too many
+connections, from 127.0.0.1 and other loopback addresses.
+
+Limits are small here (seconds, a few connections) so each test is short; the defaults are the
+same code with larger numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from hypermedia import config
+from hypermedia.config import HttpSettings
+from hypermedia.httpserver import HttpServer, client_key
+from services.storage.localstore import LocalStore, build_app
+
+SIGNING_KEY = b"test-signing-key-0123456789"
+MAX_PUT_BYTES = 64 * 1024 * 1024
+HEAD_TIMEOUT = 1.5
+BODY_IDLE = 1.5
+SEND_IDLE = 1.5
+PER_ADDRESS = 8
+MAX_CONNECTIONS = 24
+LIMITS = HttpSettings(
+    HM_HTTP_HEAD_TIMEOUT_SECONDS=HEAD_TIMEOUT,
+    HM_HTTP_BODY_IDLE_SECONDS=BODY_IDLE,
+    HM_HTTP_LINGER_SECONDS=2,
+    HM_HTTP_SEND_IDLE_SECONDS=SEND_IDLE,
+    HM_HTTP_MAX_CONNECTIONS=MAX_CONNECTIONS,
+    HM_HTTP_MAX_CONNECTIONS_PER_ADDRESS=PER_ADDRESS,
+)
+
+
+@dataclass
+class Store:
+    server: HttpServer
+    store: LocalStore
+
+    async def put_url(self, key: str, content_type: str = "application/octet-stream") -> str:
+        return (await self.store.presign_put(key, 300, content_type))[0]
+
+    async def get_url(self, key: str) -> str:
+        return (await self.store.presign_get(key, 300))[0]
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Store]:
+    server = HttpServer("127.0.0.1", 0, limits=LIMITS)
+    store = LocalStore(tmp_path / "objects", SIGNING_KEY, f"http://127.0.0.1:{server.port}")
+    await server.start(build_app(store, MAX_PUT_BYTES))
+    try:
+        yield Store(server, store)
+    finally:
+        await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def connections(
+    port: int, count: int, source: str = "127.0.0.1"
+) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
+    """``count`` TCP connections to ``port`` from ``source``, opened one after another (so their
+    order is the server's accept order); all closed at the end."""
+    opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(count):
+            opened.append(await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)))
+            await asyncio.sleep(0.01)  # accepted (and counted) in this order
+        yield opened
+    finally:
+        for _, writer in opened:
+            writer.close()
+        for _, writer in opened:
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def exchange(port: int, data: bytes, source: str = "127.0.0.1", timeout: float = 10) -> bytes:
+    """Send ``data`` on a new connection and read until the server closes it (or ``timeout``)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    try:
+        with contextlib.suppress(ConnectionError):
+            writer.write(data)
+            await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+def answer(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """(status, lower-cased headers, body) of one HTTP/1.1 answer."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ")[1]), headers, body
+
+
+def problem_code(raw: bytes) -> tuple[int, str]:
+    status, headers, body = answer(raw)
+    assert headers["content-type"] == "application/problem+json", raw[:300]
+    return status, json.loads(body)["error_code"]
+
+
+async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
+    """Whether the server ends the connection within ``within`` seconds (EOF or a reset)."""
+    try:
+        await asyncio.wait_for(reader.read(), within)
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+    return True
+
+
+def target(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.path}?{parts.query}"
+
+
+async def test_a_huge_head_thousands_of_headers_and_a_long_target_are_refused(served: Store) -> None:
+    port = served.server.port
+    await served.store.write("a/b", _chunks([b"stored"]), MAX_PUT_BYTES)
+    get = target(await served.get_url("a/b"))
+
+    huge = f"GET {get} HTTP/1.1\r\nHost: x\r\nX-Big: {'a' * 1024 * 1024}\r\n\r\n".encode()
+    assert problem_code(await exchange(port, huge)) == (431, "HEADERS_TOO_LARGE")
+
+    many = f"GET {get} HTTP/1.1\r\nHost: x\r\n".encode()
+    many += b"".join(b"X-H%d: v\r\n" % i for i in range(5000)) + b"\r\n"
+    assert problem_code(await exchange(port, many)) == (431, "HEADERS_TOO_LARGE")
+
+    # 101 small fields: over the count, far under the size.
+    over_count = f"GET {get} HTTP/1.1\r\nHost: x\r\n".encode() + b"X-A: 1\r\n" * 100 + b"\r\n"
+    assert problem_code(await exchange(port, over_count)) == (431, "HEADERS_TOO_LARGE")
+
+    long_target = f"GET /o/a/b?pad={'p' * 9000} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    assert problem_code(await exchange(port, long_target)) == (414, "URI_TOO_LONG")
+
+    assert problem_code(await exchange(port, b"NOT HTTP\r\n\r\n")) == (400, "MALFORMED_REQUEST")
+
+    # A head just under the limits is served, on the same server, right after.
+    fine = f"GET {get} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
+    fine += b"".join(b"X-F%d: %s\r\n" % (i, b"f" * 500) for i in range(90)) + b"\r\n"
+    status, _, body = answer(await exchange(port, fine))
+    assert (status, body) == (200, b"stored")
+
+
+async def test_a_head_sent_byte_by_byte_is_closed_at_its_deadline_and_a_silent_one_quietly(
+    served: Store,
+) -> None:
+    port = served.server.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    got = b""
+    try:
+        for byte in b"GET /o/a/b HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            with contextlib.suppress(TimeoutError):
+                got = await asyncio.wait_for(reader.read(), 0.2)  # one byte per 0.2 s
+            if got or reader.at_eof():
+                break
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+    elapsed = time.monotonic() - started
+    assert problem_code(got) == (408, "REQUEST_TIMEOUT")
+    assert HEAD_TIMEOUT <= elapsed < HEAD_TIMEOUT + 5  # closed at the deadline, not before
+
+    async with connections(port, 1) as [(silent, _)]:
+        started = time.monotonic()
+        assert await silent.read() == b""  # closed without an answer: it asked nothing
+        assert time.monotonic() - started >= HEAD_TIMEOUT - 0.1
+
+
+async def test_a_slow_steady_upload_completes_and_a_stalled_one_is_cut_off(served: Store) -> None:
+    port = served.server.port
+    piece = b"0123456789" * 100
+    pieces = 8  # one every 0.5 s: 4 s in all, longer than both deadlines, no gap as long as either
+    put = target(await served.put_url("slow/steady"))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"PUT {put} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        f"Content-Length: {len(piece) * pieces}\r\n\r\n".encode()
+    )
+    for _ in range(pieces):
+        await asyncio.sleep(0.5)
+        writer.write(piece)
+        await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert (served.store.root / "slow" / "steady").read_bytes() == piece * pieces
+
+    put = target(await served.put_url("slow/stalled"))
+    started = time.monotonic()
+    got = await exchange(
+        port,
+        f"PUT {put} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        f"Content-Length: 100000\r\n\r\n".encode()
+        + piece,
+    )
+    assert problem_code(got) == (408, "REQUEST_TIMEOUT")
+    assert time.monotonic() - started >= BODY_IDLE
+    await asyncio.sleep(0.2)  # the app's cleanup after the disconnect
+    assert not (served.store.root / "slow" / "stalled").exists()
+    assert [p.name for p in (served.store.root / "slow").iterdir()] == ["steady"]  # no .part left
+
+
+async def test_connections_per_address_evict_idle_ones_then_refuse_with_429(served: Store) -> None:
+    port = served.server.port
+    # Idle connections past the cap evict that address's oldest idle ones.
+    async with connections(port, PER_ADDRESS + 4, "127.0.0.5") as idle:
+        closed = await asyncio.gather(*(closed_by_server(r, 0.3) for r, _ in idle))
+        assert closed == [True] * 4 + [False] * PER_ADDRESS
+
+    # Connections all serving requests (uploads in progress): the next one is refused.
+    put = target(await served.put_url("busy/x"))
+    head = (
+        f"PUT {put} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        "Content-Length: 1000\r\n\r\n".encode()
+    )
+    async with connections(port, PER_ADDRESS, "127.0.0.6") as busy:
+
+        async def drip() -> None:  # a byte of each body every 0.3 s: slow, never idle long
+            for _, writer in busy:
+                writer.write(head)
+            while True:
+                for _, writer in busy:
+                    writer.write(b"x")
+                await asyncio.sleep(0.3)
+
+        dripping = asyncio.create_task(drip())
+        await asyncio.sleep(0.3)
+        refused = await exchange(port, b"", source="127.0.0.6")
+        status, headers, body = answer(refused)
+        assert (status, json.loads(body)["error_code"]) == (429, "TOO_MANY_CONNECTIONS")
+        assert headers["retry-after"] == "1"
+        # Another address is served meanwhile.
+        get = target(await served.get_url("missing"))
+        other = await exchange(
+            port, f"GET {get} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode(), "127.0.0.7"
+        )
+        assert problem_code(other) == (404, "NOT_FOUND")
+        still = await asyncio.gather(*(closed_by_server(r, 0.1) for r, _ in busy))
+        assert not any(still)  # all still being served
+        dripping.cancel()
+
+
+async def test_at_the_server_cap_a_new_connection_evicts_the_oldest_waiting_one(served: Store) -> None:
+    port = served.server.port
+    await served.store.write("k", _chunks([b"v"]), MAX_PUT_BYTES)
+    url = await served.get_url("k")
+    # The cap filled with idle connections from many addresses (none over its own cap) ...
+    async with contextlib.AsyncExitStack() as stack:
+        flood = []
+        for i in range(MAX_CONNECTIONS // 4):
+            flood += await stack.enter_async_context(connections(port, 4, f"127.0.1.{i + 1}"))
+        assert len(served.server.guard.open) == MAX_CONNECTIONS
+        # ... a real client is served, and the connection that waited longest made room for it.
+        async with httpx.AsyncClient() as http:
+            response = await http.get(url)
+        assert (response.status_code, response.content) == (200, b"v")
+        assert await closed_by_server(flood[0][0], 0.5)
+        assert not await closed_by_server(flood[-1][0], 0.05)
+        assert served.server.guard.closed["evicted"] >= 1
+
+
+async def test_an_answer_sent_before_the_body_is_read_reaches_the_client(served: Store) -> None:
+    # A PUT with a bad signature is refused before its 8 MiB body is read; the client, still
+    # sending, must get the 403 and not a reset.
+    body = b"z" * (8 * 1024 * 1024)
+    raw = await exchange(
+        served.server.port,
+        b"PUT /o/a/b?expires=1&sig=00 HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body,
+    )
+    assert problem_code(raw) == (403, "URL_REJECTED")
+
+
+async def test_a_response_the_client_does_not_read_is_aborted(served: Store) -> None:
+    size = 32 * 1024 * 1024  # more than loopback's socket buffers hold on both sides
+    await served.store.write("big", _chunks([b"b" * (1024 * 1024)] * 32), MAX_PUT_BYTES)
+    get = target(await served.get_url("big"))
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.server.port)
+    writer.write(f"GET {get} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await asyncio.sleep(SEND_IDLE + 1.5)  # not reading: the server's writes stall
+    received = 0
+    try:
+        while chunk := await asyncio.wait_for(reader.read(1024 * 1024), 10):
+            received += len(chunk)
+    except ConnectionResetError:
+        pass  # aborted: what was still buffered on our side is dropped with it
+    finally:
+        writer.close()
+    assert received < size
+    assert served.server.guard.closed["send_idle"] == 1
+
+
+def test_clients_are_counted_per_address_and_ipv6_per_64() -> None:
+    assert client_key("127.0.0.1") == "127.0.0.1"
+    assert client_key("::ffff:10.1.2.3") == "10.1.2.3"
+    assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
+    assert client_key("fe80::1%eth0") == "fe80::/64"
+
+
+async def _chunks(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def test_the_limits_are_read_from_the_environment_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HM_HTTP_MAX_HEADERS", "50")
+    monkeypatch.setenv("HM_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "0")
+    limits = config.load(HttpSettings)
+    assert (limits.max_headers, limits.max_connections_per_address) == (50, 0)
+    assert (limits.head_timeout_seconds, limits.max_head_bytes) == (10.0, 64 * 1024)  # defaults
+
+    monkeypatch.setenv("HM_HTTP_MAX_HEADERS", "5")
+    monkeypatch.setenv("HM_HTTP_HEAD_TIMEOUT_SECONDS", "soon")
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(HttpSettings)
+    assert "HM_HTTP_MAX_HEADERS" in str(raised.value) and "HM_HTTP_HEAD_TIMEOUT_SECONDS" in str(raised.value)
+    assert "soon" not in str(raised.value)
+
+    monkeypatch.delenv("HM_HTTP_MAX_HEADERS")
+    monkeypatch.delenv("HM_HTTP_HEAD_TIMEOUT_SECONDS")
+    monkeypatch.setenv("HM_HTTP_MAX_TARGET_BYTES", str(128 * 1024))
+    with pytest.raises(config.ConfigError, match="HM_HTTP_MAX_TARGET_BYTES must not exceed"):
+        config.load(HttpSettings)
