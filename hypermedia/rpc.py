@@ -3,7 +3,9 @@
 Every server built here serves the standard health service (``grpc.health.v1``) and server
 reflection, so ``grpcurl -plaintext HOST:PORT list`` and Kubernetes gRPC probes work against it.
 Domain errors become a status with the public message and an ``hm-error-code`` trailer; anything
-else becomes INTERNAL with a generic message while the cause is logged.
+else becomes INTERNAL with a generic message while the cause is logged. Before a unary handler runs,
+every string of its request is checked for NUL (:func:`hypermedia.pgtext.check_message`), which
+Postgres text refuses: INVALID_ARGUMENT naming the field.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from hypermedia import db, telemetry
+from hypermedia import db, pgtext, telemetry
 from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError, from_rpc_error
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,9 @@ _tracer = trace.get_tracer(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest gRPC message accepted or sent (bytes); bounds UploadObject."""
+SANITISED_STRING_FIELDS = frozenset({"hypermedia.jobs.v1.UploadObjectRequest.filename"})
+"""Request strings a NUL may reach the handler in: the service cleans them rather than storing them
+as sent (a file name becomes a display name without control characters, as over REST)."""
 
 
 async def abort(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
@@ -64,6 +69,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     @staticmethod
     async def _handle(inner: Any, request: Any, context: grpc.aio.ServicerContext, method: str) -> Any:
         try:
+            # Every string of every request, before any handler can store it (ADR 0030).
+            pgtext.check_message(request, SANITISED_STRING_FIELDS)
             return await inner(request, context)
         except DomainError as exc:
             if exc.grpc_code == grpc.StatusCode.INTERNAL:

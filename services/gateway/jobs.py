@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 
-from hypermedia import contenttype, db, jobsecrets, lifecycle
+from hypermedia import contenttype, db, jobsecrets, lifecycle, pgtext
 from hypermedia.clamav import ClamdScanner
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.documents import params as document_params
@@ -83,14 +83,20 @@ def _parse_uuid(value: str, what: str) -> str:
         raise NotFound(f"{what} not found", "NOT_FOUND") from None
 
 
+MAX_WEBHOOK_URL_LENGTH = 2048
+"""Longest ``webhook_url`` (characters)."""
+
+
 def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
     """Raises InvalidArgument (INVALID_WEBHOOK_URL) unless ``url`` is an absolute http(s) URL of at
     most 2048 characters with a host, a valid port and no whitespace or control characters, and,
     unless ``allow_private``, a host that is not a non-public IP literal or ``localhost``
     (:func:`hypermedia.webhooks.literal_private_host`; names are resolved and checked when the
     reaper sends)."""
-    if len(url) > 2048:
-        raise InvalidArgument("webhook_url may be at most 2048 characters", "INVALID_WEBHOOK_URL")
+    if len(url) > MAX_WEBHOOK_URL_LENGTH:
+        raise InvalidArgument(
+            f"webhook_url may be at most {MAX_WEBHOOK_URL_LENGTH} characters", "INVALID_WEBHOOK_URL"
+        )
     if any(ch <= " " or ch == "\x7f" for ch in url):
         raise InvalidArgument(
             "webhook_url must not contain spaces or control characters", "INVALID_WEBHOOK_URL"
@@ -111,6 +117,26 @@ def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
             "webhook_url must point to a public address, not a loopback, private or link-local one",
             "INVALID_WEBHOOK_URL",
         )
+
+
+def _check_text(
+    operations: list[OperationRequest], webhook_url: str | None, idempotency_key: str | None
+) -> None:
+    """The strings of a process request under :mod:`hypermedia.pgtext`'s rule, for REST and gRPC
+    alike: no NUL or lone surrogate anywhere (names, params keys and values, the webhook URL, the
+    key), an operation name of at most :data:`~hypermedia.pgtext.MAX_OPERATION_NAME_LENGTH`
+    characters, params of at most :data:`~hypermedia.pgtext.MAX_PARAMS_BYTES` bytes of JSON, a
+    key of at most :data:`~hypermedia.pgtext.MAX_IDEMPOTENCY_KEY_LENGTH` characters (the webhook
+    URL's 2048 is :func:`_check_webhook_url`'s). Raises InvalidText naming the field."""
+    pgtext.check(idempotency_key, "idempotency_key", pgtext.MAX_IDEMPOTENCY_KEY_LENGTH)
+    pgtext.check_json(webhook_url, "webhook_url")  # its length: _check_webhook_url
+    for i, op in enumerate(operations):
+        pgtext.check(op.name, f"operations[{i}].name", pgtext.MAX_OPERATION_NAME_LENGTH)
+        pgtext.check_json(op.params, f"operations[{i}].params")
+        if pgtext.json_size(op.params) > pgtext.MAX_PARAMS_BYTES:
+            raise pgtext.InvalidText(
+                f"operations[{i}].params", f"may be at most {pgtext.MAX_PARAMS_BYTES} bytes of JSON"
+            )
 
 
 MAX_DISPLAY_NAME_LENGTH = 255
@@ -324,10 +350,13 @@ class JobsAPI:
             ``password_key``. UnsupportedInput: the object's type is not accepted by an
             operation. PayloadTooLarge: the object exceeds a profile's max_input_bytes.
             InsufficientCredits: the hold failed. Conflict: Idempotency-Key reused with another body.
+            InvalidText (``INVALID_REQUEST``, naming the field): a string Postgres would refuse or
+            above its bound (:func:`_check_text`), before anything else is looked at.
         """
         object_id = _parse_uuid(object_id, "object")
         if len(operations) > self._max_operations:
             raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
+        _check_text(operations, webhook_url, idempotency_key)
         priority = DEFAULT_PRIORITY if priority is None else priority
         if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
             raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
