@@ -10,6 +10,7 @@ Postgres text refuses: INVALID_ARGUMENT naming the field.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -21,7 +22,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from hypermedia import db, pgtext, telemetry
-from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError, from_rpc_error
+from hypermedia.errors import (
+    ERROR_CODE_METADATA_KEY,
+    ERROR_DETAILS_METADATA_KEY,
+    DomainError,
+    from_rpc_error,
+)
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
@@ -35,9 +41,12 @@ as sent (a file name becomes a display name without control characters, as over 
 
 async def abort(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
     """End the call with ``exc``'s status and public message, its ``error_code`` in the
-    ``hm-error-code`` trailer. Raises grpc's AbortError, as ``context.abort`` does. For handlers the
+    ``hm-error-code`` trailer and its ``details`` (if any) as JSON in ``hm-error-details``. Raises grpc's AbortError, as ``context.abort`` does. For handlers the
     interceptor does not wrap (streams)."""
-    context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
+    trailers = [(ERROR_CODE_METADATA_KEY, exc.error_code)]
+    if exc.details:
+        trailers.append((ERROR_DETAILS_METADATA_KEY, json.dumps(exc.details, separators=(",", ":"))))
+    context.set_trailing_metadata(tuple(trailers))
     await context.abort(exc.grpc_code, exc.public_message)
 
 

@@ -232,7 +232,8 @@ class JobsAPI:
             ArchiveRejected (``ARCHIVE_*``, 422) and MacrosNotAllowed (415) from
             :mod:`hypermedia.archives`: a zip container that failed inspection or carries macros.
             VirusFound, TooLargeToScan, ScannerUnavailable (``hypermedia.clamav``): the virus scan,
-            when a scanner is configured; nothing is stored then.
+            when a scanner is configured; nothing is stored then. StorageQuotaExceeded (403): the
+            account's storage quota has no room for the file (ADR 0029); nothing is stored.
         """
         if not content:
             raise InvalidArgument("the file is empty", "EMPTY_FILE")
@@ -265,17 +266,10 @@ class JobsAPI:
             ),
         )
         try:
-            response = await self._http.put(created.put_url, content=content, headers={"Content-Type": mime})
-        except httpx.HTTPError as exc:
-            raise TransientError("object storage is unavailable", "STORAGE_UNAVAILABLE") from exc
-        if response.status_code >= 300:
-            log.error("storage PUT answered %s", response.status_code)
-            raise TransientError("object storage rejected the upload", "STORAGE_UNAVAILABLE")
-        done = await call(
-            self._storage.CompleteUpload,
-            storage_pb2.CompleteUploadRequest(object_id=created.object.object_id),
-        )
-        obj = done.object
+            obj = await self._store_bytes(created, content, mime)
+        except BaseException:
+            await self._give_back(caller, created.object.object_id)
+            raise
         log.info(
             "upload typed from its content",
             extra={
@@ -297,6 +291,59 @@ class JobsAPI:
             "claimed_mime_type": obj.claimed_mime_type or None,
             "name_mime_type": obj.name_mime_type or None,
             "type_mismatch": obj.type_mismatch,
+        }
+
+    async def _store_bytes(
+        self, created: storage_pb2.CreateUploadResponse, content: bytes, mime: str
+    ) -> storage_pb2.Object:
+        """PUT ``content`` to the reserved original's URL and complete it. Raises TransientError
+        (STORAGE_UNAVAILABLE) when the store fails, or the storage service's errors."""
+        try:
+            response = await self._http.put(created.put_url, content=content, headers={"Content-Type": mime})
+        except httpx.HTTPError as exc:
+            raise TransientError("object storage is unavailable", "STORAGE_UNAVAILABLE") from exc
+        if response.status_code >= 300:
+            log.error("storage PUT answered %s", response.status_code)
+            raise TransientError("object storage rejected the upload", "STORAGE_UNAVAILABLE")
+        done = await call(
+            self._storage.CompleteUpload,
+            storage_pb2.CompleteUploadRequest(object_id=created.object.object_id),
+        )
+        return done.object
+
+    async def _give_back(self, caller: Caller, object_id: str) -> None:
+        """Delete the pending original of an upload that failed after its row was made, so its
+        bytes do not stay counted against the quota; a failure here is logged (the row stays
+        pending and counted until the account deletes it)."""
+        try:
+            await call(
+                self._storage.DeleteObject,
+                storage_pb2.DeleteObjectRequest(account_id=caller.account_id, object_id=object_id),
+            )
+        except DomainError:
+            log.exception("could not delete the pending original of a failed upload")
+
+    async def delete_object(self, caller: Caller, object_id: str) -> dict[str, int]:
+        """Delete an original of the caller: its bytes go and its size and one object go back to
+        the account's storage quota; jobs keep referring to it, outputs derived from it stay.
+        Returns the storage usage after it, ``{used_bytes, limit_bytes, used_objects,
+        limit_objects}``.
+
+        Raises:
+            NotFound: unknown, derived, already deleted or another account's (alike).
+            Conflict (``OBJECT_IN_USE``): a job on it has not ended (cancel it or wait).
+        """
+        object_id = _parse_uuid(object_id, "object")
+        response = await call(
+            self._storage.DeleteObject,
+            storage_pb2.DeleteObjectRequest(account_id=caller.account_id, object_id=object_id),
+        )
+        usage = response.usage
+        return {
+            "used_bytes": usage.used_bytes,
+            "limit_bytes": usage.limit_bytes,
+            "used_objects": usage.used_objects,
+            "limit_objects": usage.limit_objects,
         }
 
     # -- job creation ----------------------------------------------------------------------

@@ -117,6 +117,13 @@ class ObjectOut(BaseModel):
     type_mismatch: bool = Field(description="A claimed type differs from mime_type")
 
 
+class StorageUsageOut(BaseModel):
+    used_bytes: int = Field(description="Bytes of the account's originals, pending uploads included")
+    limit_bytes: int
+    used_objects: int = Field(description="Originals stored, pending uploads included")
+    limit_objects: int
+
+
 class ProcessOut(BaseModel):
     job_ids: list[str]
     estimated_credits: float
@@ -283,6 +290,12 @@ def build_app(
         part's Content-Type and the file name's extension are recorded as claims."""
         content = await file.read(api.max_upload_bytes + 1)
         return await api.upload_object(who, content, file.filename or "", file.content_type)
+
+    @app.delete("/v1/objects/{object_id}", response_model=StorageUsageOut)
+    async def delete_object(object_id: str, who: Caller = Depends(caller)) -> dict[str, int]:
+        """Delete an original: its bytes go and its size goes back to the storage quota (ADR 0029);
+        jobs on it keep their history and outputs. 409 OBJECT_IN_USE while a job on it runs."""
+        return await api.delete_object(who, object_id)
 
     @app.post("/v1/hypermedia/process", status_code=202, response_model=ProcessOut)
     async def process(
