@@ -5,7 +5,8 @@ reflection, so ``grpcurl -plaintext HOST:PORT list`` and Kubernetes gRPC probes 
 Domain errors become a status with the public message and an ``hm-error-code`` trailer; anything
 else becomes INTERNAL with a generic message while the cause is logged. Before a unary handler runs,
 every string of its request is checked for NUL (:func:`hypermedia.pgtext.check_message`), which
-Postgres text refuses: INVALID_ARGUMENT naming the field.
+Postgres text refuses: INVALID_ARGUMENT naming the field; a request that does not parse (a string
+that is not UTF-8) is INVALID_ARGUMENT too, not grpc's UNKNOWN.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
@@ -26,6 +28,7 @@ from hypermedia.errors import (
     ERROR_CODE_METADATA_KEY,
     ERROR_DETAILS_METADATA_KEY,
     DomainError,
+    InvalidArgument,
     from_rpc_error,
 )
 
@@ -50,6 +53,10 @@ async def abort(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
     await context.abort(exc.grpc_code, exc.public_message)
 
 
+_UNPARSABLE = object()
+"""What :class:`ErrorInterceptor` hands its handler for a request that does not parse."""
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions raised by unary handlers onto gRPC statuses (see module docstring)."""
 
@@ -63,6 +70,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return handler
         inner = handler.unary_unary
         method = handler_call_details.method
+        parse = handler.request_deserializer
+
+        def deserialize(data: bytes) -> Any:
+            # grpc answers a parse error UNKNOWN with the exception's text: let _handle answer it.
+            try:
+                return parse(data) if parse is not None else data
+            except DecodeError:
+                return _UNPARSABLE
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             parent = telemetry.extract({k: str(v) for k, v in context.invocation_metadata() or ()})
@@ -71,13 +86,18 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserialize,
             response_serializer=handler.response_serializer,
         )
 
     @staticmethod
     async def _handle(inner: Any, request: Any, context: grpc.aio.ServicerContext, method: str) -> Any:
         try:
+            if request is _UNPARSABLE:
+                raise InvalidArgument(
+                    "the request is not a valid message of this method (a string field that is not UTF-8?)",
+                    "INVALID_REQUEST",
+                )
             # Every string of every request, before any handler can store it (ADR 0030).
             pgtext.check_message(request, SANITISED_STRING_FIELDS)
             return await inner(request, context)

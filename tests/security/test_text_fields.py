@@ -290,3 +290,20 @@ def test_rest_answers_stay_json_after_a_refusal(
             headers={"Content-Type": "application/json"},
         )
         assert (response.status_code, response.json()["field"]) == (422, "the body"), response.text
+
+
+def test_a_grpc_string_that_is_not_utf8_is_invalid_argument(
+    text_platform: RunningPlatform, account: dict[str, Any]
+) -> None:
+    """A client that writes the wire format itself can send a string field that is not UTF-8
+    (here a surrogate encoded as UTF-8 would encode it, which proto3 refuses to parse)."""
+    raw = b"\x0a\x03\xed\xa0\x80"  # ProcessRequest.object_id = ED A0 80
+
+    async def call() -> Any:
+        async with grpc.aio.insecure_channel(text_platform.grpc_addr) as chan:
+            method = chan.unary_unary("/hypermedia.jobs.v1.JobService/Process")
+            return await method(raw, metadata=(("authorization", f"Bearer {account['api_key']}"),))
+
+    code, error_code, message = _grpc_error(call)
+    assert (code, error_code) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"), message
+    _nothing_created(text_platform, account)
