@@ -11,9 +11,10 @@ that is not UTF-8) is INVALID_ARGUMENT too, not grpc's UNKNOWN.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -57,8 +58,21 @@ _UNPARSABLE = object()
 """What :class:`ErrorInterceptor` hands its handler for a request that does not parse."""
 
 
+def _check_request(request: Any) -> None:
+    """Raises InvalidArgument (INVALID_REQUEST) for a request that did not parse, InvalidText for
+    one with a NUL in a string: every string of every request, before any handler can store it
+    (ADR 0030)."""
+    if request is _UNPARSABLE:
+        raise InvalidArgument(
+            "the request is not a valid message of this method (a string field that is not UTF-8?)",
+            "INVALID_REQUEST",
+        )
+    pgtext.check_message(request, SANITISED_STRING_FIELDS)
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions raised by unary handlers onto gRPC statuses (see module docstring)."""
+    """Maps exceptions raised by unary handlers onto gRPC statuses, and checks the request of
+    every unary and server-streaming handler first (see module docstring)."""
 
     async def intercept_service(
         self,
@@ -66,18 +80,36 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        inner = handler.unary_unary
+        if handler is None or not (
+            handler.unary_unary is not None or inspect.isasyncgenfunction(handler.unary_stream)
+        ):
+            return handler  # client streams, and streams that write (health's Watch): as they are
         method = handler_call_details.method
         parse = handler.request_deserializer
 
         def deserialize(data: bytes) -> Any:
-            # grpc answers a parse error UNKNOWN with the exception's text: let _handle answer it.
+            # grpc answers a parse error UNKNOWN with the exception's text: let the handler answer it.
             try:
                 return parse(data) if parse is not None else data
             except DecodeError:
                 return _UNPARSABLE
+
+        if handler.unary_unary is None:
+            stream = handler.unary_stream
+
+            async def streamed(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                # Streams map their own domain errors (rpc.abort); only the request is checked here.
+                try:
+                    _check_request(request)
+                except DomainError as exc:
+                    await abort(context, exc)
+                async for item in stream(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                streamed, request_deserializer=deserialize, response_serializer=handler.response_serializer
+            )
+        inner = handler.unary_unary
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             parent = telemetry.extract({k: str(v) for k, v in context.invocation_metadata() or ()})
@@ -93,13 +125,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     @staticmethod
     async def _handle(inner: Any, request: Any, context: grpc.aio.ServicerContext, method: str) -> Any:
         try:
-            if request is _UNPARSABLE:
-                raise InvalidArgument(
-                    "the request is not a valid message of this method (a string field that is not UTF-8?)",
-                    "INVALID_REQUEST",
-                )
-            # Every string of every request, before any handler can store it (ADR 0030).
-            pgtext.check_message(request, SANITISED_STRING_FIELDS)
+            _check_request(request)
             return await inner(request, context)
         except DomainError as exc:
             if exc.grpc_code == grpc.StatusCode.INTERNAL:

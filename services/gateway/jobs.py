@@ -543,6 +543,12 @@ class JobsAPI:
                     conn,
                     [(j, p) for j, p in zip(job_ids, passwords, strict=True) if p is not None],
                 )
+                # The job rows' foreign keys hold the object's row against a DeleteObject from
+                # here on (it waits, then sees the jobs: OBJECT_IN_USE); one that committed since
+                # GetObject shows here as 'deleted' (ADR 0029).
+                state = await conn.fetchval("SELECT state FROM objects WHERE object_id = $1", object_id)
+                if state != "available":
+                    raise NotFound("object not found", "NOT_FOUND")
         except BaseException:
             if held:
                 for job_id in job_ids:

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hypermedia import pgtext
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
@@ -307,3 +308,38 @@ def test_a_grpc_string_that_is_not_utf8_is_invalid_argument(
     code, error_code, message = _grpc_error(call)
     assert (code, error_code) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"), message
     _nothing_created(text_platform, account)
+
+
+def test_a_watch_request_that_does_not_parse_or_holds_a_nul_is_invalid_argument(
+    text_platform: RunningPlatform, account: dict[str, Any]
+) -> None:
+    """The server stream (WatchJob) is checked like the unary calls; health's Watch still works."""
+    metadata = (("authorization", f"Bearer {account['api_key']}"),)
+
+    async def raw() -> Any:
+        async with grpc.aio.insecure_channel(text_platform.grpc_addr) as chan:
+            method = chan.unary_stream("/hypermedia.jobs.v1.JobService/WatchJob")
+            return [item async for item in method(b"\x0a\x03\xed\xa0\x80", metadata=metadata)]
+
+    async def nul() -> Any:
+        async with grpc.aio.insecure_channel(text_platform.grpc_addr) as chan:
+            stub = jobs_pb2_grpc.JobServiceStub(chan)
+            return [
+                item
+                async for item in stub.WatchJob(jobs_pb2.WatchJobRequest(job_id="\x00"), metadata=metadata)
+            ]
+
+    for call, start in ((raw, "the request is not a valid message"), (nul, "job_id holds a NUL")):
+        code, error_code, message = _grpc_error(call)
+        assert (code, error_code) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"), message
+        assert message.startswith(start), message
+
+    async def health() -> int:
+        async with grpc.aio.insecure_channel(text_platform.grpc_addr) as chan:
+            async for answer in health_pb2_grpc.HealthStub(chan).Watch(
+                health_pb2.HealthCheckRequest(service="")
+            ):
+                return int(answer.status)
+        return -1
+
+    assert asyncio.run(health()) == 1  # SERVING
