@@ -102,16 +102,18 @@ def check_json(value: Any, field: str = "") -> None:
             if reason is not None:
                 raise InvalidText(path or "the body", reason)
         elif isinstance(item, dict):
-            for key, inner in item.items():
+            for key in item:
                 if isinstance(key, str) and (reason := problem(key)) is not None:
                     raise InvalidText(path or "the body", f"has a key that {reason}")
-                stack.append((_member(path, str(key)), inner))
+            # Reversed onto the stack, so the first bad string in document order is the one named.
+            stack.extend((_member(path, str(key)), inner) for key, inner in reversed(item.items()))
         elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", inner) for i, inner in enumerate(item))
+            stack.extend((f"{path}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
 
 
 def json_size(value: Any) -> int:
-    """The size of ``value`` as compact JSON (bytes); checked strings only (see :func:`check_json`)."""
+    """The size of ``value`` as compact UTF-8 JSON (bytes). ``value`` must have passed
+    :func:`check_json` (a lone surrogate does not encode)."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
