@@ -117,6 +117,7 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
+_WALKED = frozenset({FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE})
 _STRUCT = "google.protobuf.Struct"
 _VALUE = "google.protobuf.Value"
 _LIST_VALUE = "google.protobuf.ListValue"
@@ -148,9 +149,21 @@ def _walk(message: Message, path: str, skip: frozenset[str]) -> None:
         for i, value in enumerate(message.values):  # type: ignore[attr-defined]
             _walk(value, f"{path}[{i}]", skip)
         return
-    for field, value in message.ListFields():
-        if field.full_name in skip:
+    # By descriptor, not ListFields(): that would copy every bytes field (91 ms for a 64 MiB
+    # UploadObject, measured), and bytes are never looked at here.
+    for field in message.DESCRIPTOR.fields:
+        if field.type not in _WALKED or field.full_name in skip:
             continue
+        if field.is_repeated:
+            value = getattr(message, field.name)
+            if not value:
+                continue
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            if not message.HasField(field.name):
+                continue
+            value = getattr(message, field.name)
+        else:
+            value = getattr(message, field.name)
         here = f"{path}.{field.name}" if path else field.name
         if field.type == FieldDescriptor.TYPE_STRING:
             if field.is_repeated:
