@@ -170,5 +170,57 @@ def grant_cmd(
         raise typer.Exit(1) from None
 
 
+async def _set_storage_quota(
+    account_id: str, max_bytes: int | None, max_objects: int | None, default: bool
+) -> dict[str, Any]:
+    pool = await db.create_pool(_database_url(), max_size=1)
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval("SELECT 1 FROM accounts WHERE account_id = $1", uuid.UUID(account_id)):
+                raise LookupError(f"no account {account_id}")
+            # The limits only: the usage counters are the storage service's (ADR 0029).
+            row = await conn.fetchrow(
+                """INSERT INTO storage_usage (account_id, max_bytes, max_objects) VALUES ($1, $2, $3)
+                   ON CONFLICT (account_id) DO UPDATE SET
+                       max_bytes = CASE WHEN $4 THEN NULL ELSE coalesce($2, storage_usage.max_bytes) END,
+                       max_objects = CASE WHEN $4 THEN NULL ELSE coalesce($3, storage_usage.max_objects) END,
+                       updated_at = now()
+                   RETURNING used_bytes, used_objects, max_bytes, max_objects""",
+                uuid.UUID(account_id),
+                None if default else max_bytes,
+                None if default else max_objects,
+                default,
+            )
+    finally:
+        await pool.close()
+    assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING yields the row
+    return {"account_id": account_id, **dict(row)}
+
+
+@admin.command("set-storage-quota")
+def set_storage_quota_cmd(
+    account_id: Annotated[str, typer.Argument(help="account whose quota to set")],
+    max_bytes: Annotated[int | None, typer.Option(min=0, help="bytes of originals it may store")] = None,
+    max_objects: Annotated[int | None, typer.Option(min=0, help="originals it may store at once")] = None,
+    default: Annotated[bool, typer.Option("--default", help="back to the service's defaults")] = False,
+) -> None:
+    """Set an account's storage quota (either limit, or both; the other stays); prints JSON
+    {account_id, used_bytes, used_objects, max_bytes, max_objects}, a null limit meaning the
+    storage service's default (HM_STORAGE_QUOTA_BYTES, HM_STORAGE_QUOTA_OBJECTS). Lowering a
+    limit below the usage deletes nothing: uploads are refused until the account is under it."""
+    logging.basicConfig(level=logging.WARNING)
+    if max_bytes is None and max_objects is None and not default:
+        raise typer.BadParameter("give --max-bytes, --max-objects or --default")
+    try:
+        uuid.UUID(account_id)
+    except ValueError:
+        raise typer.BadParameter(f"{account_id!r} is not an account id") from None
+    try:
+        print(json.dumps(asyncio.run(_set_storage_quota(account_id, max_bytes, max_objects, default))))
+    except (FileNotFoundError, LookupError) as exc:
+        print(f"hypermedia admin: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
 if __name__ == "__main__":
     app()

@@ -152,6 +152,11 @@ class StorageSettings(_Settings):
     """HMAC-SHA256 key of local presigned URLs (required for the local backend)."""
     url_ttl_seconds: int = Field(900, gt=0, le=7 * 24 * 3600, validation_alias="HM_STORAGE_URL_TTL_SECONDS")
     max_put_bytes: int = Field(1024 * 1024 * 1024, gt=0, validation_alias="HM_STORAGE_MAX_PUT_BYTES")
+    quota_bytes: int = Field(10 * 1024**3, ge=0, validation_alias="HM_STORAGE_QUOTA_BYTES")
+    """Default storage quota of an account, bytes of originals (ADR 0029); per account:
+    ``hypermedia admin set-storage-quota``."""
+    quota_objects: int = Field(100_000, ge=0, validation_alias="HM_STORAGE_QUOTA_OBJECTS")
+    """Default storage quota of an account, originals stored at once."""
     s3_bucket: str = Field("", validation_alias="HM_S3_BUCKET")
     s3_endpoint_url: str = Field("", validation_alias="HM_S3_ENDPOINT_URL")
     s3_region: str = Field("us-east-1", validation_alias="HM_S3_REGION")

@@ -10,7 +10,8 @@ Shape after temporalio's ``ApplicationError(non_retryable=...)`` and gotenberg's
 
 from __future__ import annotations
 
-from typing import ClassVar
+import json
+from typing import Any, ClassVar
 
 import grpc
 
@@ -29,15 +30,19 @@ class DomainError(Exception):
     retryable: ClassVar[bool] = False
     default_code: ClassVar[str] = "INTERNAL"
 
-    def __init__(self, message: str, error_code: str | None = None) -> None:
+    def __init__(
+        self, message: str, error_code: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.public_message = message
         self.error_code = error_code or self.default_code
+        self._details = dict(details or {})
 
     @property
-    def details(self) -> dict[str, str]:
-        """Extra public fields of the error (a REST problem's members), e.g. ``{"signature": …}``."""
-        return {}
+    def details(self) -> dict[str, Any]:
+        """Extra public fields of the error (a REST problem's members), e.g. ``{"signature": …}``;
+        JSON values. They cross gRPC in the ``hm-error-details`` trailer (:func:`from_rpc_error`)."""
+        return dict(self._details)
 
 
 class InvalidArgument(DomainError):
@@ -88,6 +93,17 @@ class PayloadTooLarge(DomainError):
     default_code = "INPUT_TOO_LARGE"
 
 
+class StorageQuotaExceeded(DomainError):
+    """An upload would take the account past its storage quota, in bytes or in objects (HTTP 403,
+    gRPC RESOURCE_EXHAUSTED). Permanent until the account deletes originals or gets a larger
+    quota. ``details``: ``used_bytes``, ``limit_bytes``, ``used_objects``, ``limit_objects`` (the
+    account's usage before this upload) and ``file_bytes`` (this upload's size); ADR 0029."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 403
+    default_code = "STORAGE_QUOTA_EXCEEDED"
+
+
 class UnsupportedInput(DomainError):
     """The content is not something the operation can process (HTTP 415). Permanent."""
 
@@ -124,18 +140,29 @@ _BY_GRPC_CODE: dict[grpc.StatusCode, type[DomainError]] = {
 }
 
 ERROR_CODE_METADATA_KEY = "hm-error-code"
+ERROR_DETAILS_METADATA_KEY = "hm-error-details"
+"""Trailer with a DomainError's ``details`` as ASCII JSON, when it has any."""
+_BY_ERROR_CODE: dict[str, type[DomainError]] = {
+    "INSUFFICIENT_CREDITS": InsufficientCredits,
+    "CONFLICT": Conflict,
+    "STORAGE_QUOTA_EXCEEDED": StorageQuotaExceeded,
+}
 
 
 def from_rpc_error(err: grpc.aio.AioRpcError) -> DomainError:
-    """Rebuild the DomainError a peer service raised from its status and ``hm-error-code`` trailer."""
+    """Rebuild the DomainError a peer service raised from its status and its ``hm-error-code`` and
+    ``hm-error-details`` trailers."""
     code = ""
+    extra: dict[str, Any] = {}
     for key, value in err.trailing_metadata() or ():
         if key == ERROR_CODE_METADATA_KEY:
             code = str(value)
-    details = err.details() or err.code().name
-    if code == "INSUFFICIENT_CREDITS":
-        return InsufficientCredits(details, code)
-    if code == "CONFLICT":
-        return Conflict(details, code)
-    cls = _BY_GRPC_CODE.get(err.code(), DomainError)
-    return cls(details, code or None)
+        elif key == ERROR_DETAILS_METADATA_KEY:
+            try:
+                parsed = json.loads(str(value))
+            except ValueError:
+                parsed = None
+            extra = parsed if isinstance(parsed, dict) else {}
+    message = err.details() or err.code().name
+    cls = _BY_ERROR_CODE.get(code) or _BY_GRPC_CODE.get(err.code(), DomainError)
+    return cls(message, code or None, extra)

@@ -3,41 +3,76 @@
 Every server built here serves the standard health service (``grpc.health.v1``) and server
 reflection, so ``grpcurl -plaintext HOST:PORT list`` and Kubernetes gRPC probes work against it.
 Domain errors become a status with the public message and an ``hm-error-code`` trailer; anything
-else becomes INTERNAL with a generic message while the cause is logged.
+else becomes INTERNAL with a generic message while the cause is logged. Before a unary handler runs,
+every string of its request is checked for NUL (:func:`hypermedia.pgtext.check_message`), which
+Postgres text refuses: INVALID_ARGUMENT naming the field; a request that does not parse (a string
+that is not UTF-8) is INVALID_ARGUMENT too, not grpc's UNKNOWN.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from hypermedia import db, telemetry
-from hypermedia.errors import ERROR_CODE_METADATA_KEY, DomainError, from_rpc_error
+from hypermedia import db, pgtext, telemetry
+from hypermedia.errors import (
+    ERROR_CODE_METADATA_KEY,
+    ERROR_DETAILS_METADATA_KEY,
+    DomainError,
+    InvalidArgument,
+    from_rpc_error,
+)
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest gRPC message accepted or sent (bytes); bounds UploadObject."""
+SANITISED_STRING_FIELDS = frozenset({"hypermedia.jobs.v1.UploadObjectRequest.filename"})
+"""Request strings a NUL may reach the handler in: the service cleans them rather than storing them
+as sent (a file name becomes a display name without control characters, as over REST)."""
 
 
 async def abort(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
     """End the call with ``exc``'s status and public message, its ``error_code`` in the
-    ``hm-error-code`` trailer. Raises grpc's AbortError, as ``context.abort`` does. For handlers the
+    ``hm-error-code`` trailer and its ``details`` (if any) as JSON in ``hm-error-details``. Raises grpc's AbortError, as ``context.abort`` does. For handlers the
     interceptor does not wrap (streams)."""
-    context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, exc.error_code),))
+    trailers = [(ERROR_CODE_METADATA_KEY, exc.error_code)]
+    if exc.details:
+        trailers.append((ERROR_DETAILS_METADATA_KEY, json.dumps(exc.details, separators=(",", ":"))))
+    context.set_trailing_metadata(tuple(trailers))
     await context.abort(exc.grpc_code, exc.public_message)
 
 
+_UNPARSABLE = object()
+"""What :class:`ErrorInterceptor` hands its handler for a request that does not parse."""
+
+
+def _check_request(request: Any) -> None:
+    """Raises InvalidArgument (INVALID_REQUEST) for a request that did not parse, InvalidText for
+    one with a NUL in a string: every string of every request, before any handler can store it
+    (ADR 0030)."""
+    if request is _UNPARSABLE:
+        raise InvalidArgument(
+            "the request is not a valid message of this method (a string field that is not UTF-8?)",
+            "INVALID_REQUEST",
+        )
+    pgtext.check_message(request, SANITISED_STRING_FIELDS)
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions raised by unary handlers onto gRPC statuses (see module docstring)."""
+    """Maps exceptions raised by unary handlers onto gRPC statuses, and checks the request of
+    every unary and server-streaming handler first (see module docstring)."""
 
     async def intercept_service(
         self,
@@ -45,10 +80,36 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        inner = handler.unary_unary
+        if handler is None or not (
+            handler.unary_unary is not None or inspect.isasyncgenfunction(handler.unary_stream)
+        ):
+            return handler  # client streams, and streams that write (health's Watch): as they are
         method = handler_call_details.method
+        parse = handler.request_deserializer
+
+        def deserialize(data: bytes) -> Any:
+            # grpc answers a parse error UNKNOWN with the exception's text: let the handler answer it.
+            try:
+                return parse(data) if parse is not None else data
+            except DecodeError:
+                return _UNPARSABLE
+
+        if handler.unary_unary is None:
+            stream = handler.unary_stream
+
+            async def streamed(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                # Streams map their own domain errors (rpc.abort); only the request is checked here.
+                try:
+                    _check_request(request)
+                except DomainError as exc:
+                    await abort(context, exc)
+                async for item in stream(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                streamed, request_deserializer=deserialize, response_serializer=handler.response_serializer
+            )
+        inner = handler.unary_unary
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             parent = telemetry.extract({k: str(v) for k, v in context.invocation_metadata() or ()})
@@ -57,13 +118,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserialize,
             response_serializer=handler.response_serializer,
         )
 
     @staticmethod
     async def _handle(inner: Any, request: Any, context: grpc.aio.ServicerContext, method: str) -> Any:
         try:
+            _check_request(request)
             return await inner(request, context)
         except DomainError as exc:
             if exc.grpc_code == grpc.StatusCode.INTERNAL:

@@ -17,11 +17,14 @@ import uuid
 import asyncpg
 import grpc
 
+from hypermedia import pgtext
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.errors import InsufficientCredits, InvalidArgument, NotFound
 
 LINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 """A charge line's name (``ocr_escalation``)."""
+MAX_GRANT_ID_LENGTH = 200
+"""Longest ``grant_id`` of a Grant (characters); ``hypermedia admin`` sends a UUID."""
 
 
 def price(base_cost: int, per_mb: int, size_bytes: int) -> int:
@@ -216,6 +219,7 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         account_id = _uuid(request.account_id, "account_id")
         if request.millicredits <= 0:
             raise InvalidArgument("a grant must be positive")
+        pgtext.check(request.grant_id, "grant_id", MAX_GRANT_ID_LENGTH)  # a unique index: bounded
         grant_id = request.grant_id or str(uuid.uuid4())
         async with self._pool.acquire() as conn, conn.transaction():
             exists = await conn.fetchval("SELECT 1 FROM accounts WHERE account_id = $1", account_id)

@@ -106,6 +106,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             **{k: v for k, v in obj.items() if k in fields and v is not None}
         )
 
+    async def DeleteObject(
+        self, request: jobs_pb2.DeleteObjectRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.DeleteObjectResponse:
+        caller = await self._caller(context)
+        return jobs_pb2.DeleteObjectResponse(**await self._api.delete_object(caller, request.object_id))
+
     async def Process(
         self, request: jobs_pb2.ProcessRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ProcessResponse:

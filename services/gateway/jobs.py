@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 
-from hypermedia import contenttype, db, jobsecrets, lifecycle
+from hypermedia import contenttype, db, jobsecrets, lifecycle, pgtext
 from hypermedia.clamav import ClamdScanner
 from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.documents import params as document_params
@@ -83,14 +83,20 @@ def _parse_uuid(value: str, what: str) -> str:
         raise NotFound(f"{what} not found", "NOT_FOUND") from None
 
 
+MAX_WEBHOOK_URL_LENGTH = 2048
+"""Longest ``webhook_url`` (characters)."""
+
+
 def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
     """Raises InvalidArgument (INVALID_WEBHOOK_URL) unless ``url`` is an absolute http(s) URL of at
     most 2048 characters with a host, a valid port and no whitespace or control characters, and,
     unless ``allow_private``, a host that is not a non-public IP literal or ``localhost``
     (:func:`hypermedia.webhooks.literal_private_host`; names are resolved and checked when the
     reaper sends)."""
-    if len(url) > 2048:
-        raise InvalidArgument("webhook_url may be at most 2048 characters", "INVALID_WEBHOOK_URL")
+    if len(url) > MAX_WEBHOOK_URL_LENGTH:
+        raise InvalidArgument(
+            f"webhook_url may be at most {MAX_WEBHOOK_URL_LENGTH} characters", "INVALID_WEBHOOK_URL"
+        )
     if any(ch <= " " or ch == "\x7f" for ch in url):
         raise InvalidArgument(
             "webhook_url must not contain spaces or control characters", "INVALID_WEBHOOK_URL"
@@ -111,6 +117,26 @@ def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
             "webhook_url must point to a public address, not a loopback, private or link-local one",
             "INVALID_WEBHOOK_URL",
         )
+
+
+def _check_text(
+    operations: list[OperationRequest], webhook_url: str | None, idempotency_key: str | None
+) -> None:
+    """The strings of a process request under :mod:`hypermedia.pgtext`'s rule, for REST and gRPC
+    alike: no NUL or lone surrogate anywhere (names, params keys and values, the webhook URL, the
+    key), an operation name of at most :data:`~hypermedia.pgtext.MAX_OPERATION_NAME_LENGTH`
+    characters, params of at most :data:`~hypermedia.pgtext.MAX_PARAMS_BYTES` bytes of JSON, a
+    key of at most :data:`~hypermedia.pgtext.MAX_IDEMPOTENCY_KEY_LENGTH` characters (the webhook
+    URL's 2048 is :func:`_check_webhook_url`'s). Raises InvalidText naming the field."""
+    pgtext.check(idempotency_key, "idempotency_key", pgtext.MAX_IDEMPOTENCY_KEY_LENGTH)
+    pgtext.check_json(webhook_url, "webhook_url")  # its length: _check_webhook_url
+    for i, op in enumerate(operations):
+        pgtext.check(op.name, f"operations[{i}].name", pgtext.MAX_OPERATION_NAME_LENGTH)
+        pgtext.check_json(op.params, f"operations[{i}].params")
+        if pgtext.json_size(op.params) > pgtext.MAX_PARAMS_BYTES:
+            raise pgtext.InvalidText(
+                f"operations[{i}].params", f"may be at most {pgtext.MAX_PARAMS_BYTES} bytes of JSON"
+            )
 
 
 MAX_DISPLAY_NAME_LENGTH = 255
@@ -206,7 +232,8 @@ class JobsAPI:
             ArchiveRejected (``ARCHIVE_*``, 422) and MacrosNotAllowed (415) from
             :mod:`hypermedia.archives`: a zip container that failed inspection or carries macros.
             VirusFound, TooLargeToScan, ScannerUnavailable (``hypermedia.clamav``): the virus scan,
-            when a scanner is configured; nothing is stored then.
+            when a scanner is configured; nothing is stored then. StorageQuotaExceeded (403): the
+            account's storage quota has no room for the file (ADR 0029); nothing is stored.
         """
         if not content:
             raise InvalidArgument("the file is empty", "EMPTY_FILE")
@@ -239,17 +266,10 @@ class JobsAPI:
             ),
         )
         try:
-            response = await self._http.put(created.put_url, content=content, headers={"Content-Type": mime})
-        except httpx.HTTPError as exc:
-            raise TransientError("object storage is unavailable", "STORAGE_UNAVAILABLE") from exc
-        if response.status_code >= 300:
-            log.error("storage PUT answered %s", response.status_code)
-            raise TransientError("object storage rejected the upload", "STORAGE_UNAVAILABLE")
-        done = await call(
-            self._storage.CompleteUpload,
-            storage_pb2.CompleteUploadRequest(object_id=created.object.object_id),
-        )
-        obj = done.object
+            obj = await self._store_bytes(created, content, mime)
+        except BaseException:
+            await self._give_back(caller, created.object.object_id)
+            raise
         log.info(
             "upload typed from its content",
             extra={
@@ -271,6 +291,59 @@ class JobsAPI:
             "claimed_mime_type": obj.claimed_mime_type or None,
             "name_mime_type": obj.name_mime_type or None,
             "type_mismatch": obj.type_mismatch,
+        }
+
+    async def _store_bytes(
+        self, created: storage_pb2.CreateUploadResponse, content: bytes, mime: str
+    ) -> storage_pb2.Object:
+        """PUT ``content`` to the reserved original's URL and complete it. Raises TransientError
+        (STORAGE_UNAVAILABLE) when the store fails, or the storage service's errors."""
+        try:
+            response = await self._http.put(created.put_url, content=content, headers={"Content-Type": mime})
+        except httpx.HTTPError as exc:
+            raise TransientError("object storage is unavailable", "STORAGE_UNAVAILABLE") from exc
+        if response.status_code >= 300:
+            log.error("storage PUT answered %s", response.status_code)
+            raise TransientError("object storage rejected the upload", "STORAGE_UNAVAILABLE")
+        done = await call(
+            self._storage.CompleteUpload,
+            storage_pb2.CompleteUploadRequest(object_id=created.object.object_id),
+        )
+        return done.object
+
+    async def _give_back(self, caller: Caller, object_id: str) -> None:
+        """Delete the pending original of an upload that failed after its row was made, so its
+        bytes do not stay counted against the quota; a failure here is logged (the row stays
+        pending and counted until the account deletes it)."""
+        try:
+            await call(
+                self._storage.DeleteObject,
+                storage_pb2.DeleteObjectRequest(account_id=caller.account_id, object_id=object_id),
+            )
+        except DomainError:
+            log.exception("could not delete the pending original of a failed upload")
+
+    async def delete_object(self, caller: Caller, object_id: str) -> dict[str, int]:
+        """Delete an original of the caller: its bytes go and its size and one object go back to
+        the account's storage quota; jobs keep referring to it, outputs derived from it stay.
+        Returns the storage usage after it, ``{used_bytes, limit_bytes, used_objects,
+        limit_objects}``.
+
+        Raises:
+            NotFound: unknown, derived, already deleted or another account's (alike).
+            Conflict (``OBJECT_IN_USE``): a job on it has not ended (cancel it or wait).
+        """
+        object_id = _parse_uuid(object_id, "object")
+        response = await call(
+            self._storage.DeleteObject,
+            storage_pb2.DeleteObjectRequest(account_id=caller.account_id, object_id=object_id),
+        )
+        usage = response.usage
+        return {
+            "used_bytes": usage.used_bytes,
+            "limit_bytes": usage.limit_bytes,
+            "used_objects": usage.used_objects,
+            "limit_objects": usage.limit_objects,
         }
 
     # -- job creation ----------------------------------------------------------------------
@@ -324,10 +397,13 @@ class JobsAPI:
             ``password_key``. UnsupportedInput: the object's type is not accepted by an
             operation. PayloadTooLarge: the object exceeds a profile's max_input_bytes.
             InsufficientCredits: the hold failed. Conflict: Idempotency-Key reused with another body.
+            InvalidText (``INVALID_REQUEST``, naming the field): a string Postgres would refuse or
+            above its bound (:func:`_check_text`), before anything else is looked at.
         """
         object_id = _parse_uuid(object_id, "object")
         if len(operations) > self._max_operations:
             raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
+        _check_text(operations, webhook_url, idempotency_key)
         priority = DEFAULT_PRIORITY if priority is None else priority
         if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
             raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
@@ -467,6 +543,12 @@ class JobsAPI:
                     conn,
                     [(j, p) for j, p in zip(job_ids, passwords, strict=True) if p is not None],
                 )
+                # The job rows' foreign keys hold the object's row against a DeleteObject from
+                # here on (it waits, then sees the jobs: OBJECT_IN_USE); one that committed since
+                # GetObject shows here as 'deleted' (ADR 0029).
+                state = await conn.fetchval("SELECT state FROM objects WHERE object_id = $1", object_id)
+                if state != "available":
+                    raise NotFound("object not found", "NOT_FOUND")
         except BaseException:
             if held:
                 for job_id in job_ids:

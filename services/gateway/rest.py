@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypermedia import db, telemetry
+from hypermedia import db, pgtext, telemetry
 from hypermedia.errors import DomainError, PayloadTooLarge
 from services.gateway.auth import Caller
 from services.gateway.jobs import JobsAPI
@@ -76,25 +76,6 @@ def _not_json(request: Request, exc: RequestValidationError) -> bool:
     return any(tuple(error.get("loc", ())) == ("body",) for error in exc.errors())
 
 
-def _encodable(value: Any) -> bool:
-    """Whether every string and key in a parsed JSON value encodes as UTF-8."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    return False
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
-
-
 class Operation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -114,12 +95,13 @@ class ProcessBody(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _unicode_only(cls, data: Any) -> Any:
-        """JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 encoder (Postgres,
-        httpx, the JSON of an error answer) accepts: refused here, once for every string and key
-        of the body, not where each one is used."""
-        if not _encodable(data):
-            raise ValueError("the body holds a lone surrogate (\\ud800–\\udfff): not valid Unicode")
+    def _storable_text(cls, data: Any) -> Any:
+        """Every string and key of the body under :mod:`hypermedia.pgtext`'s rule, before any
+        field is validated: JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8
+        encoder (Postgres, httpx, the JSON of pydantic's own error answer) accepts, and ``\\u0000``
+        to NUL, which Postgres refuses. Raises InvalidText, a DomainError pydantic lets through:
+        the answer is 422 ``INVALID_REQUEST`` with the field's path in ``field``."""
+        pgtext.check_json(data)
         return data
 
 
@@ -133,6 +115,13 @@ class ObjectOut(BaseModel):
     claimed_mime_type: str | None = Field(description="The part's Content-Type, normalised; null if none")
     name_mime_type: str | None = Field(description="The type the file name's extension implies")
     type_mismatch: bool = Field(description="A claimed type differs from mime_type")
+
+
+class StorageUsageOut(BaseModel):
+    used_bytes: int = Field(description="Bytes of the account's originals, pending uploads included")
+    limit_bytes: int
+    used_objects: int = Field(description="Originals stored, pending uploads included")
+    limit_objects: int
 
 
 class ProcessOut(BaseModel):
@@ -302,11 +291,17 @@ def build_app(
         content = await file.read(api.max_upload_bytes + 1)
         return await api.upload_object(who, content, file.filename or "", file.content_type)
 
+    @app.delete("/v1/objects/{object_id}", response_model=StorageUsageOut)
+    async def delete_object(object_id: str, who: Caller = Depends(caller)) -> dict[str, int]:
+        """Delete an original: its bytes go and its size goes back to the storage quota (ADR 0029);
+        jobs on it keep their history and outputs. 409 OBJECT_IN_USE while a job on it runs."""
+        return await api.delete_object(who, object_id)
+
     @app.post("/v1/hypermedia/process", status_code=202, response_model=ProcessOut)
     async def process(
         body: ProcessBody,
         who: Caller = Depends(caller),
-        idempotency_key: str | None = Header(None, max_length=200),
+        idempotency_key: str | None = Header(None),  # its bound: JobsAPI.process (pgtext)
     ) -> dict[str, Any]:
         """Create one job per operation; 402 when credits are short (nothing is queued then)."""
         ops = api.parse_operations([o if isinstance(o, str) else o.model_dump() for o in body.operations])

@@ -18,7 +18,7 @@ from hypermedia.storage.v1 import storage_pb2_grpc
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
-from services.storage.service import SERVICE_NAME, StorageServicer
+from services.storage.service import SERVICE_NAME, StorageQuota, StorageServicer
 
 GRPC_GRACE_SECONDS = 10.0
 """How long in-flight RPCs may finish after SIGTERM (seconds)."""
@@ -48,7 +48,11 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         backend = S3Store(settings.s3_bucket, settings.s3_region, settings.s3_endpoint_url)
 
     servicer = StorageServicer(
-        pool, backend, url_ttl_seconds=settings.url_ttl_seconds, max_put_bytes=settings.max_put_bytes
+        pool,
+        backend,
+        url_ttl_seconds=settings.url_ttl_seconds,
+        max_put_bytes=settings.max_put_bytes,
+        quota=StorageQuota(settings.quota_bytes, settings.quota_objects),
     )
     grpc_server = GrpcServer(
         settings.grpc_bind,

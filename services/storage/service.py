@@ -7,15 +7,17 @@ and "does not exist" and "may not see it" answer the same, so ids cannot be prob
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from hypermedia.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge
+from hypermedia.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge, StorageQuotaExceeded
 from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
 from services.storage.backends import (
     OUTPUT_TYPE,
@@ -25,6 +27,8 @@ from services.storage.backends import (
     original_key,
     output_key,
 )
+
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = "hypermedia.storage.v1.StorageService"
 MAX_URL_TTL_SECONDS = 7 * 24 * 3600
@@ -37,6 +41,40 @@ _OBJECT_COLUMNS = (
     "object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id, created_at,"
     " filename, claimed_mime_type, name_mime_type, type_mismatch"
 )
+
+
+@dataclass(frozen=True)
+class StorageQuota:
+    """The default storage quota of an account (ADR 0029); ``storage_usage.max_bytes`` and
+    ``max_objects`` override it per account."""
+
+    max_bytes: int = 10 * 1024**3
+    """Bytes of originals (pending or available) an account may store (HM_STORAGE_QUOTA_BYTES)."""
+    max_objects: int = 100_000
+    """Originals an account may store at once (HM_STORAGE_QUOTA_OBJECTS)."""
+
+
+_RESERVE = """
+    UPDATE storage_usage SET used_bytes = used_bytes + $2, used_objects = used_objects + 1, updated_at = now()
+    WHERE account_id = $1
+      AND used_bytes + $2 <= coalesce(max_bytes, $3) AND used_objects + 1 <= coalesce(max_objects, $4)
+    RETURNING used_bytes
+"""
+"""Takes one original of $2 bytes into the account's usage unless that passes a limit. Concurrent
+uploads of one account queue on the row, and each re-checks the limits against the row as the
+previous one left it (READ COMMITTED re-evaluates the WHERE of an UPDATE after a wait): the
+limits hold whatever the concurrency."""
+
+
+def _usage(row: asyncpg.Record | None, quota: StorageQuota) -> storage_pb2.StorageUsage:
+    if row is None:
+        return storage_pb2.StorageUsage(limit_bytes=quota.max_bytes, limit_objects=quota.max_objects)
+    return storage_pb2.StorageUsage(
+        used_bytes=row["used_bytes"],
+        limit_bytes=quota.max_bytes if row["max_bytes"] is None else row["max_bytes"],
+        used_objects=row["used_objects"],
+        limit_objects=quota.max_objects if row["max_objects"] is None else row["max_objects"],
+    )
 
 
 def _uuid(value: str, what: str = "object") -> uuid.UUID:
@@ -95,15 +133,23 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         backend: where the bytes live.
         url_ttl_seconds: lifetime of URLs when a request asks for 0 (seconds).
         max_put_bytes: largest object accepted (bytes); larger declared uploads are RESOURCE_EXHAUSTED.
+        quota: the default storage quota of an account (``storage_usage`` may override it).
     """
 
     def __init__(
-        self, pool: asyncpg.Pool, backend: ObjectBackend, *, url_ttl_seconds: int, max_put_bytes: int
+        self,
+        pool: asyncpg.Pool,
+        backend: ObjectBackend,
+        *,
+        url_ttl_seconds: int,
+        max_put_bytes: int,
+        quota: StorageQuota | None = None,
     ) -> None:
         self._pool = pool
         self._backend = backend
         self._ttl = url_ttl_seconds
         self._max_put_bytes = max_put_bytes
+        self._quota = quota or StorageQuota()
 
     def _ttl_of(self, requested: int) -> int:
         if requested == 0:
@@ -144,8 +190,14 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         The key is ``originals/{pool_id}/{object_id}``: the file name and the claimed types are
         stored as metadata only.
 
+        The original counts against the account's storage quota from here on (ADR 0029): its size
+        and one object are added to ``storage_usage`` in the transaction that inserts the row,
+        unless that would pass the account's limits.
+
         Errors: NOT_FOUND pool unknown or not the account's; INVALID_ARGUMENT bad size, mime type,
-        claimed type, SHA-256 or file name; RESOURCE_EXHAUSTED size above ``max_put_bytes``.
+        claimed type, SHA-256 or file name; RESOURCE_EXHAUSTED size above ``max_put_bytes``, or
+        ``STORAGE_QUOTA_EXCEEDED`` (:class:`~hypermedia.errors.StorageQuotaExceeded`, with the
+        numbers) when the quota has no room: nothing is inserted then.
         """
         account_id = _uuid(request.account_id, "pool")
         pool_id = _uuid(request.pool_id, "pool")
@@ -166,6 +218,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 "SELECT 1 FROM pools WHERE pool_id = $1 AND account_id = $2", pool_id, account_id
             ):
                 raise NotFound("pool not found")
+            await self._reserve(conn, account_id, request.size_bytes)
             row = await conn.fetchrow(
                 f"""INSERT INTO objects
                         (object_id, pool_id, key, size_bytes, mime_type, sha256, state, filename,
@@ -193,6 +246,89 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         return storage_pb2.CreateUploadResponse(
             object=_object(row), put_url=url, expires_at=_timestamp(expires_at)
         )
+
+    async def _reserve(self, conn: asyncpg.Connection, account_id: uuid.UUID, size_bytes: int) -> None:
+        """Count one original of ``size_bytes`` against the account's quota, in ``conn``'s
+        transaction. Raises StorageQuotaExceeded with the numbers."""
+        await conn.execute(
+            "INSERT INTO storage_usage (account_id) VALUES ($1) ON CONFLICT DO NOTHING", account_id
+        )
+        quota = self._quota
+        if (
+            await conn.fetchval(_RESERVE, account_id, size_bytes, quota.max_bytes, quota.max_objects)
+            is not None
+        ):
+            return
+        usage = _usage(
+            await conn.fetchrow("SELECT * FROM storage_usage WHERE account_id = $1", account_id), quota
+        )
+        what = "objects" if usage.used_objects + 1 > usage.limit_objects else "bytes"
+        if what == "bytes":
+            message = (
+                f"the storage quota has no room for this file: {usage.used_bytes} of {usage.limit_bytes}"
+                f" bytes are used and the file has {size_bytes}"
+            )
+        else:
+            message = (
+                f"the storage quota allows {usage.limit_objects} objects, and {usage.used_objects} are stored"
+            )
+        raise StorageQuotaExceeded(
+            message + "; delete originals (DELETE /v1/objects/{object_id}) or ask for a larger quota",
+            details={
+                "used_bytes": usage.used_bytes,
+                "limit_bytes": usage.limit_bytes,
+                "used_objects": usage.used_objects,
+                "limit_objects": usage.limit_objects,
+                "file_bytes": size_bytes,
+            },
+        )
+
+    async def DeleteObject(
+        self, request: storage_pb2.DeleteObjectRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.DeleteObjectResponse:
+        """Delete an original the account owns: its bytes go, its row stays as ``deleted`` (jobs and
+        their outputs refer to it; outputs derived from it are kept), and its size and one object
+        leave the account's ``storage_usage`` in the same transaction. A pending original (an
+        upload that never completed) is deleted the same way. Returns the usage after it.
+
+        Errors: NOT_FOUND unknown, derived, already deleted or not the account's (alike);
+        FAILED_PRECONDITION ``OBJECT_IN_USE`` while a job on it has not ended.
+        """
+        account_id = _uuid(request.account_id)
+        object_id = _uuid(request.object_id)
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                """SELECT o.key, o.size_bytes FROM objects o
+                   JOIN object_ownership w ON w.object_id = o.object_id AND w.account_id = $2 AND w.role = 'owner'
+                   WHERE o.object_id = $1 AND o.source_object_id IS NULL AND o.state IN ('pending', 'available')
+                   FOR UPDATE OF o""",
+                object_id,
+                account_id,
+            )
+            if row is None:
+                raise NotFound("object not found")
+            if await conn.fetchval(
+                "SELECT 1 FROM processing_jobs WHERE object_id = $1"
+                " AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1",
+                object_id,
+            ):
+                raise Conflict("a job on this object has not ended yet", "OBJECT_IN_USE")
+            await conn.execute(
+                "UPDATE objects SET state = 'deleted', deleted_at = now() WHERE object_id = $1", object_id
+            )
+            usage = await conn.fetchrow(
+                """UPDATE storage_usage SET used_bytes = greatest(used_bytes - $2, 0),
+                       used_objects = greatest(used_objects - 1, 0), updated_at = now()
+                   WHERE account_id = $1 RETURNING *""",
+                account_id,
+                row["size_bytes"],
+            )
+        # After the commit: a failure here leaves unreferenced bytes, never a row without them.
+        try:
+            await self._backend.delete(row["key"])
+        except Exception:
+            log.exception("the bytes of deleted object %s are left behind", object_id)
+        return storage_pb2.DeleteObjectResponse(usage=_usage(usage, self._quota))
 
     async def CompleteUpload(
         self, request: storage_pb2.CompleteUploadRequest, context: grpc.aio.ServicerContext

@@ -243,7 +243,7 @@ def test_lone_surrogates_in_the_body_are_422_not_500(client: httpx.Client, body:
         "/v1/hypermedia/process", content=content, headers={"Content-Type": "application/json"}
     )
     assert (response.status_code, response.json()["error_code"]) == (422, "INVALID_REQUEST"), response.text
-    assert "surrogate" in response.json()["errors"][0]["msg"]
+    assert "surrogate" in response.json()["detail"] and response.json()["field"]
     assert client.get("/v1/credits").status_code == 200  # the connection lives on
 
 
@@ -335,7 +335,7 @@ def test_two_renditions_of_one_object_do_not_overwrite_each_other(client: httpx.
         ({"priority": True}, 422, "INVALID_REQUEST"),
         ({"priority": "high"}, 422, "INVALID_REQUEST"),
         ({"colour": "blue"}, 422, "INVALID_REQUEST"),
-        ({"webhook_url": "http://a.b/\u0000"}, 422, "INVALID_WEBHOOK_URL"),
+        ({"webhook_url": "http://a.b/\u0000"}, 422, "INVALID_REQUEST"),  # hypermedia.pgtext's rule
         ({"webhook_url": "http://[::1"}, 422, "INVALID_WEBHOOK_URL"),
         ({"webhook_url": "http://x:abc/"}, 422, "INVALID_WEBHOOK_URL"),
         ({"webhook_url": "http://a b/"}, 422, "INVALID_WEBHOOK_URL"),

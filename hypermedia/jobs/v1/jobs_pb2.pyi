@@ -148,6 +148,53 @@ class Operation(_message.Message):
 Global___Operation: _TypeAlias = Operation  # noqa: Y015
 
 @_typing.final
+class DeleteObjectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    object_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        object_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_id", b"object_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteObjectRequest: _TypeAlias = DeleteObjectRequest  # noqa: Y015
+
+@_typing.final
+class DeleteObjectResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USED_BYTES_FIELD_NUMBER: _builtins.int
+    LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    USED_OBJECTS_FIELD_NUMBER: _builtins.int
+    LIMIT_OBJECTS_FIELD_NUMBER: _builtins.int
+    used_bytes: _builtins.int
+    limit_bytes: _builtins.int
+    used_objects: _builtins.int
+    limit_objects: _builtins.int
+    def __init__(
+        self,
+        *,
+        used_bytes: _builtins.int = ...,
+        limit_bytes: _builtins.int = ...,
+        used_objects: _builtins.int = ...,
+        limit_objects: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit_bytes", b"limit_bytes", "limit_objects", b"limit_objects", "used_bytes", b"used_bytes", "used_objects", b"used_objects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteObjectResponse: _TypeAlias = DeleteObjectResponse  # noqa: Y015
+
+@_typing.final
 class ProcessRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

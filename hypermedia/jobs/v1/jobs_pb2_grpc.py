@@ -40,6 +40,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectResponse.FromString,
                 _registered_method=True)
+        self.DeleteObject = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/DeleteObject',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectResponse.FromString,
+                _registered_method=True)
         self.Process = channel.unary_unary(
                 '/hypermedia.jobs.v1.JobService/Process',
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ProcessRequest.SerializeToString,
@@ -78,7 +83,17 @@ class JobServiceServicer:
 
     def UploadObject(self, request, context):
         """UploadObject stores an original. The type is decided from the content (magic bytes).
-        INVALID_ARGUMENT for an empty file, RESOURCE_EXHAUSTED above the upload limit.
+        INVALID_ARGUMENT for an empty file, RESOURCE_EXHAUSTED above the upload limit, and
+        RESOURCE_EXHAUSTED with error_code STORAGE_QUOTA_EXCEEDED when the account's storage quota
+        (bytes or objects) has no room for it; nothing is stored then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteObject(self, request, context):
+        """DeleteObject deletes an original of the caller and gives its bytes back to the quota.
+        NOT_FOUND for others' objects, FAILED_PRECONDITION (OBJECT_IN_USE) while a job on it runs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -139,6 +154,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectResponse.SerializeToString,
             ),
+            'DeleteObject': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteObject,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectResponse.SerializeToString,
+            ),
             'Process': grpc.unary_unary_rpc_method_handler(
                     servicer.Process,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ProcessRequest.FromString,
@@ -198,6 +218,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/UploadObject',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteObject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/DeleteObject',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -70,6 +70,11 @@ class StorageServiceStub:
                 request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteOutputRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteOutputResponse.FromString,
                 _registered_method=True)
+        self.DeleteObject = channel.unary_unary(
+                '/hypermedia.storage.v1.StorageService/DeleteObject',
+                request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteObjectRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteObjectResponse.FromString,
+                _registered_method=True)
 
 
 class StorageServiceServicer:
@@ -128,6 +133,14 @@ class StorageServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteObject(self, request, context):
+        """DeleteObject deletes an original of the account (its bytes; the row stays as `deleted` for
+        the jobs that refer to it) and gives its bytes and object back to the account's quota.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StorageServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -165,6 +178,11 @@ def add_StorageServiceServicer_to_server(servicer, server):
                     servicer.DeleteOutput,
                     request_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteOutputRequest.FromString,
                     response_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteOutputResponse.SerializeToString,
+            ),
+            'DeleteObject': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteObject,
+                    request_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteObjectRequest.FromString,
+                    response_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteObjectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,6 +375,33 @@ class StorageService:
             '/hypermedia.storage.v1.StorageService/DeleteOutput',
             hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteOutputRequest.SerializeToString,
             hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteObject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.storage.v1.StorageService/DeleteObject',
+            hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteObjectRequest.SerializeToString,
+            hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteObjectResponse.FromString,
             options,
             channel_credentials,
             insecure,
