@@ -239,25 +239,7 @@ class OfficeListener:
             "pipe": f"hm-office-{os.getpid()}-{self.name}-{secrets.token_hex(4)}",
             "start_timeout": self.settings.start_timeout,
         }
-        spec = {
-            "landlock": self._view(),
-            "argv": [self.settings.python, "-I", str(script), json.dumps(host_config)],
-            "dir": str(self.dir),
-            "uid": self.uid[0] if self.uid else None,
-            "gid": self.uid[1] if self.uid else None,
-            "private_tmp": str(self.dir / "tmp"),
-            "isolate_network": self.uid is not None,
-            "memory_bytes": self.settings.memory_mb << 20,
-            "fsize_bytes": self.settings.fsize_mb << 20,
-            "nproc": self.settings.nproc,
-            "env": {
-                "PATH": "/usr/local/bin:/usr/bin:/bin",
-                "LANG": "C.UTF-8",
-                "HOME": str(self.dir / "tmp"),
-                "TMPDIR": str(self.dir / "tmp"),
-                "SAL_USE_VCLPLUGIN": "svp",
-            },
-        }
+        spec = self.confinement([self.settings.python, "-I", str(script), json.dumps(host_config)])
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -289,6 +271,36 @@ class OfficeListener:
             raise TransientError("The document converter could not be started.", "OFFICE_UNAVAILABLE")
         self.soffice_pid = int(ready.get("soffice_pid") or 0) or None
         log.info("office listener %s ready (start %d)", self.name, self.starts)
+
+    def confinement(self, argv: list[str]) -> dict[str, Any]:
+        """The :func:`hypermedia.sandbox.confined_exec_main` spec that runs ``argv`` (an absolute
+        program path first) confined as this listener: its uid, namespaces, limits, environment
+        and Landlock view (:func:`listener_view`; None on a kernel without Landlock). The
+        listener's directory must exist (:meth:`start` makes it).
+
+        Raises:
+            TransientError: ``OFFICE_UNAVAILABLE`` on a kernel without Landlock when
+                ``HM_OFFICE_REQUIRE_LANDLOCK`` is set.
+        """
+        return {
+            "landlock": self._view(),
+            "argv": argv,
+            "dir": str(self.dir),
+            "uid": self.uid[0] if self.uid else None,
+            "gid": self.uid[1] if self.uid else None,
+            "private_tmp": str(self.dir / "tmp"),
+            "isolate_network": self.uid is not None,
+            "memory_bytes": self.settings.memory_mb << 20,
+            "fsize_bytes": self.settings.fsize_mb << 20,
+            "nproc": self.settings.nproc,
+            "env": {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "HOME": str(self.dir / "tmp"),
+                "TMPDIR": str(self.dir / "tmp"),
+                "SAL_USE_VCLPLUGIN": "svp",
+            },
+        }
 
     def _view(self) -> list[tuple[str, int]] | None:
         """The listener's Landlock rules, or None on a kernel without Landlock (logged; refused
