@@ -14,8 +14,10 @@ Shape::
   uid of its own (never a job's), in an empty network namespace (no remote resource can be
   fetched) and a mount namespace where the shared temp directories are hidden and ``/tmp`` is its
   own directory; ``RLIMIT_AS`` (``HM_OFFICE_MEMORY_MB``), ``RLIMIT_NPROC``,
-  ``RLIMIT_FSIZE``, no core dumps, ``no_new_privs``. Without root it keeps the worker's uid and
-  only the rlimits apply (as jobs, see docs/security.md).
+  ``RLIMIT_FSIZE``, no core dumps, ``no_new_privs``. With or without root, a Landlock ruleset
+  (:func:`listener_view`, docs/adr/0027) limits the files it can open to LibreOffice, Python,
+  fonts, LibreOffice's configuration and its own directory, so a document that makes LibreOffice
+  load a host file finds nothing to read. Without root it keeps the worker's uid, no namespaces.
 * **Throwaway profile**: each start gets a fresh directory (profile, ``/tmp``, input, output),
   removed when the listener stops; the profile disables macros outright and blocks links from
   untrusted documents (see ``office_host.REGISTRY``). Documents are opened hidden, read-only,
@@ -23,8 +25,9 @@ Shape::
   named by the upload's identified type (:data:`IMPORT_FILTERS`), so a file is never sniffed
   into another format (HTML, say) by LibreOffice itself.
 * **Linked content**: before a listener sees a document, :mod:`hypermedia.documents.links` looks
-  for what would load a file or URL (ODF ``xlink:href`` outside the package, external OOXML
-  relationships, ``INCLUDEPICTURE``-like fields in Word and RTF); such a document is
+  in every part of it, and of the packages inside it, for what would load a file or URL (ODF
+  ``xlink:href`` outside the package, external OOXML relationships, ``INCLUDEPICTURE``-like fields
+  in Word and RTF, DDE links); such a document is
   ``LINKED_CONTENT_NOT_ALLOWED``. LibreOffice's own settings do not stop all of them (an RTF
   ``INCLUDEPICTURE`` and an ODT paragraph background image were drawn from host files).
 * **Restarts**: after ``HM_OFFICE_MAX_CONVERSIONS`` conversions; after a conversion that
@@ -145,8 +148,10 @@ def listener_view(directory: Path, settings: OfficeSettings) -> list[tuple[str, 
     :data:`LISTENER_READ_PATHS` and ``settings.read_paths``; read and write: ``/dev/null`` and
     the listener's ``directory`` (its input, profile, private ``/tmp`` and output); and creating
     and removing Unix sockets in ``/tmp``, for when it is the host's (no mount namespace: a
-    worker without root): LibreOffice's UNO pipe is a socket there whatever ``TMPDIR`` says. No
-    file in the host's ``/tmp`` can be read or written."""
+    worker without root): LibreOffice's UNO pipe is a socket there whatever ``TMPDIR`` says, and
+    it does not start without also removing files there (measured: without ``REMOVE_FILE`` the
+    listener does not come up). No file in the host's ``/tmp`` can be read, written or renamed
+    elsewhere (no ``REFER`` there); one the uid owns could be unlinked."""
     programs = {"/usr"} | {
         str(Path(os.path.realpath(p)).parents[1]) for p in (settings.python, settings.soffice)
     }
@@ -515,7 +520,9 @@ class OfficePool:
             PermanentJobError: ``UNSUPPORTED_FORMAT`` for a type without an import filter;
                 ``LINKED_CONTENT_NOT_ALLOWED`` for a document that would load a file or URL
                 (:func:`hypermedia.documents.links.find_external_content`, checked before a
-                listener sees it); ``PARSE_ERROR`` for one whose XML that check cannot read; see
+                listener sees it); ``PARSE_ERROR`` for one whose XML that check cannot read;
+                ``RESOURCE_LIMIT`` for one nesting packages past ``links.MAX_NESTING`` or expanding past
+                ``links.MAX_CHECKED_BYTES``; see
                 :meth:`OfficeListener.convert` for the rest.
             TransientError: see :meth:`OfficeListener.convert`.
         """
@@ -526,6 +533,10 @@ class OfficePool:
             )
         try:
             external = await asyncio.to_thread(links.find_external_content, source, mime_type)
+        except links.CheckLimitExceeded as exc:
+            raise PermanentJobError(
+                f"The document is too complex to check: {exc}.", "RESOURCE_LIMIT"
+            ) from None
         except links.MalformedDocument:
             raise PermanentJobError("LibreOffice could not open the document.", "PARSE_ERROR") from None
         if external is not None:
