@@ -145,7 +145,8 @@ _OLE_LINKED: Final = 0x00000001
 
 
 class MalformedDocument(ValueError):
-    """A part this module reads is not well-formed XML, declares a DTD, or a container (the
+    """A part this module reads is not well-formed XML, declares a DTD with an internal subset
+    (entities), or a container (the
     document, or a package or compound file inside it) does not open: nothing is sure about what
     LibreOffice would make of it."""
 
@@ -353,10 +354,55 @@ def _parse(
     end: Callable[[str], None],
     text: Callable[[str], None],
 ) -> None:
-    """Expat over ``data`` with the three handlers; no DTD, no entities."""
-    parser = expat.ParserCreate(namespace_separator=" ")
+    """Expat over ``data`` with the three handlers (names as ``"namespace local"``); no internal
+    DTD subset, no entities (a DOCTYPE that only names an external DTD passes: it is never
+    loaded). A part whose prefixes are bound by its DTD alone (OpenOffice.org's wizard templates
+    have manifests so: ``<manifest:manifest>`` and no ``xmlns``) is read again without namespace
+    processing, its prefixes taken by their conventional names (:data:`_CONVENTIONAL_PREFIXES`)."""
+    try:
+        _expat(data, start, end, text, namespaces=True)
+    except expat.ExpatError as exc:
+        if exc.code != expat.errors.codes[expat.errors.XML_ERROR_UNBOUND_PREFIX]:
+            raise
+        _expat(
+            data,
+            lambda name, attrs: start(_by_prefix(name), {_by_prefix(k): v for k, v in attrs.items()}),
+            lambda name: end(_by_prefix(name)),
+            text,
+            namespaces=False,
+        )
+
+
+_CONVENTIONAL_PREFIXES: Final = {
+    "xlink": _XLINK,
+    "text": _TEXT,
+    "draw": _DRAW,
+    "office": _OFFICE,
+    "table": _TABLE,
+    "form": _FORM,
+    "script": _SCRIPT,
+    "presentation": _PRESENTATION,
+    "svg": _SVG,
+    "w": _W,
+}
+
+
+def _by_prefix(name: str) -> str:
+    prefix, _, local = name.rpartition(":")
+    return f"{_CONVENTIONAL_PREFIXES.get(prefix, prefix)} {local}" if prefix else local
+
+
+def _expat(
+    data: bytes,
+    start: Callable[[str, dict[str, str]], None],
+    end: Callable[[str], None],
+    text: Callable[[str], None],
+    *,
+    namespaces: bool,
+) -> None:
+    parser = expat.ParserCreate(namespace_separator=" " if namespaces else None)
     parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
-    parser.StartDoctypeDeclHandler = _refuse_dtd
+    parser.StartDoctypeDeclHandler = _refuse_internal_subset
     parser.EntityDeclHandler = _refuse_dtd
     parser.StartElementHandler = start
     parser.EndElementHandler = end
@@ -385,6 +431,14 @@ def _word_fields(data: bytes) -> str | None:
 
 def _refuse_dtd(*_: object) -> None:
     raise MalformedDocument("a document type declaration")
+
+
+def _refuse_internal_subset(_name: str, _system: str | None, _public: str | None, internal: bool) -> None:
+    """A DOCTYPE that only names a DTD (OpenOffice.org 2–3 wrote ``<!DOCTYPE manifest:manifest
+    PUBLIC … "Manifest.dtd">`` into every manifest, SVG editors write the SVG 1.1 one) declares
+    nothing: expat never loads it. One with an internal subset (entities) is refused."""
+    if internal:
+        _refuse_dtd()
 
 
 def _clip(value: str, limit: int = 80) -> str:
