@@ -14,8 +14,9 @@ review: an RTF ``INCLUDEPICTURE`` field and an ODT paragraph ``style:background-
 **Every part is read.** A package is walked as LibreOffice may render it, not by a list of part
 names (issue 14: a linked image in an embedded object's own ``Object 1/content.xml`` reached the
 PDF past a check of ``content.xml`` and ``styles.xml``). In a zip package (ODF, OOXML) every
-entry is sniffed by its first bytes, whatever its name: XML (``<`` after an optional BOM and
-white space: content, styles, meta, settings, manifest, embedded objects at any depth, charts,
+entry is sniffed by its first bytes, whatever its name (:func:`_kind`; one that starts with
+white space only is read on): XML (``<`` in UTF-8 or UTF-16, as an XML reader detects it: content,
+styles, meta, settings, manifest, embedded objects at any depth, charts,
 headers, footers, notes, comments, glossary, custom XML, SVG pictures, ``.rels``) is parsed; a
 zip (an embedded ``.docx``/``.xlsx``/``.odt``…) or an OLE compound file (``oleObject*.bin``,
 ``Object N`` in ODF, ``ObjectReplacements`` that are not pictures) is walked the same way, at
@@ -58,6 +59,7 @@ update them on load: ``UpdateDocMode`` NO_UPDATE) and formulas such as ``WEBSERV
 
 from __future__ import annotations
 
+import functools
 import io
 import posixpath
 import re
@@ -285,30 +287,44 @@ class _Walker:
         if self.checked_bytes > MAX_CHECKED_BYTES:
             raise CheckLimitExceeded(f"the document expands to more than {MAX_CHECKED_BYTES} bytes")
 
-    def member(self, name: str, data: bytes, depth: int) -> str | None:
-        """``data``, an entry or stream named ``name`` of a container at ``depth``, by its head."""
-        head = data[:64].lstrip(b"\xef\xbb\xbf \t\r\n")
-        if head.startswith(b"<"):
+    def member(self, kind: str, name: str, data: bytes, depth: int) -> str | None:
+        """``data``, an entry or stream named ``name`` of a container at ``depth``, as ``kind``
+        (:func:`_kind`)."""
+        if kind == "xml":
             return self.xml(name, data)
-        if head.startswith(b"{\\rtf"):
+        if kind == "rtf":
             return _rtf(data)
-        if archives.is_zip(data[:4]) or data.startswith(ole.SIGNATURE):
-            if depth + 1 > MAX_NESTING:
-                raise CheckLimitExceeded(f"packages nested more than {MAX_NESTING} deep")
-            if archives.is_zip(data[:4]):
-                archives.inspect(data)  # the upload checks' bounds, for the inner zip
-                with zipfile.ZipFile(io.BytesIO(data)) as package:
-                    return self.package(package, depth + 1)
-            ole.inspect(data)  # the upload checks' bounds on its directory
-            return self.ole(data, depth + 1)
-        return None
+        if depth + 1 > MAX_NESTING:
+            raise CheckLimitExceeded(f"packages nested more than {MAX_NESTING} deep")
+        if kind == "zip":
+            archives.inspect(data)  # the upload checks' bounds, for the inner zip
+            with zipfile.ZipFile(io.BytesIO(data)) as package:
+                return self.package(package, depth + 1)
+        ole.inspect(data)  # the upload checks' bounds on its directory
+        return self.ole(data, depth + 1)
+
+    def _read(self, head: bytes, size: int, read: Callable[[], bytes]) -> tuple[str, bytes] | None:
+        """``(kind, content)`` of a part whose first bytes are ``head`` and whose size is
+        ``size``, reading it whole (``read``, counted) only when it is one to check; a part
+        whose head is all white space is read whole to decide."""
+        kind = _kind(head)
+        if kind is None and (size <= len(head) or not _blank(head)):
+            return None
+        self._count(size)
+        data = read()
+        kind = kind or _kind(data.lstrip(_WHITE_SPACE + b"\x00"))
+        return None if kind is None else (kind, data)
 
     def package(self, package: zipfile.ZipFile, depth: int) -> str | None:
         for info in package.infolist():
             if info.is_dir() or info.file_size == 0:
                 continue
-            self._count(info.file_size)
-            found = self.member(info.filename, package.read(info), depth)
+            with package.open(info) as stream:
+                head = stream.read(_HEAD)
+            part = self._read(head, info.file_size, functools.partial(package.read, info))
+            if part is None:
+                continue
+            found = self.member(part[0], info.filename, part[1], depth)
             if found is not None:
                 return found if " in " in found else f"{found} in {info.filename}"
         return None
@@ -317,19 +333,23 @@ class _Walker:
         with olefile.OleFileIO(io.BytesIO(data)) as compound:
             for entry in compound.listdir(streams=True, storages=False):
                 size = compound.get_size(entry)
-                self._count(size)
-                stream = compound.openstream(entry).read()
+                if size == 0:
+                    continue
+                with compound.openstream(entry) as stream:
+                    head = stream.read(_HEAD)
                 name = "/".join(entry)
                 if (
                     entry[-1] == "\x01Ole"
-                    and len(stream) >= 8
-                    and int.from_bytes(stream[4:8], "little") & _OLE_LINKED
+                    and len(head) >= 8
+                    and int.from_bytes(head[4:8], "little") & _OLE_LINKED
                 ):
                     return "a linked OLE object"
                 if entry == ["WordDocument"]:
-                    found = _word_fields(stream)
+                    self._count(size)
+                    found = _word_fields(compound.openstream(entry).read())
                 else:
-                    found = self.member(name, stream, depth)
+                    part = self._read(head, size, functools.partial(_stream, compound, entry))
+                    found = None if part is None else self.member(part[0], name, part[1], depth)
                 if found is not None:
                     return found
         return None
@@ -346,6 +366,53 @@ class _Walker:
             if word.upper() in FIELD_INSTRUCTIONS:
                 return f"a Word {word.upper()} field in {name}"
         return None
+
+
+_HEAD: Final = 512
+_WHITE_SPACE: Final = b" \t\r\n"
+_XML_ENCODINGS: Final = (
+    (b"\xef\xbb\xbf", "utf-8"),
+    (b"\xff\xfe", "utf-16-le"),
+    (b"\xfe\xff", "utf-16-be"),
+)
+_EBCDIC_XML_DECLARATION: Final = b"\x4c\x6f\xa7\x94"  # "<?xm" (expat refuses EBCDIC: MalformedDocument)
+
+
+def _kind(head: bytes) -> str | None:
+    """What a part starting with ``head`` is to the check: ``"zip"``, ``"ole"``, ``"rtf"``,
+    ``"xml"`` (``<`` after white space in UTF-8, after a byte order mark in UTF-8 or UTF-16, in
+    UTF-16 without one, or EBCDIC ``<?xm``: what an XML reader detects, XML 1.0 Appendix F) or
+    None (a picture, media, a font, a property set: nothing that names another file)."""
+    if archives.is_zip(head[:4]):
+        return "zip"
+    if head.startswith(ole.SIGNATURE):
+        return "ole"
+    text = head.lstrip(_WHITE_SPACE)
+    if text.startswith(b"{\\rtf"):
+        return "rtf"
+    if text.startswith(b"<") or head.startswith(_EBCDIC_XML_DECLARATION):
+        return "xml"
+    candidates = [*_XML_ENCODINGS]
+    if head[1:2] == b"\x00":
+        candidates.append((b"", "utf-16-le"))
+    if head[:1] == b"\x00":
+        candidates.append((b"", "utf-16-be"))
+    for mark, codec in candidates:
+        if head.startswith(mark) and head[len(mark) :].decode(codec, "ignore").lstrip(" \t\r\n").startswith(
+            "<"
+        ):
+            return "xml"
+    return None
+
+
+def _stream(compound: olefile.OleFileIO, entry: list[str]) -> bytes:
+    return bytes(compound.openstream(entry).read())
+
+
+def _blank(head: bytes) -> bool:
+    """Whether ``head`` is white space alone (in UTF-8 or UTF-16): the part must be read further
+    to know what it is."""
+    return not head.strip(_WHITE_SPACE + b"\x00")
 
 
 def _parse(

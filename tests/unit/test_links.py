@@ -218,6 +218,30 @@ EVERY_PART = [
         "file URL",
     ),
     (
+        "odf-part-padded-with-white-space",
+        odt(
+            "<text:p/>",
+            {
+                "Object 1/content.xml": b" \n" * 2048
+                + _DRAW_OBJECT.format(href=HOST_IMAGE).removeprefix('<?xml version="1.0"?>').encode()
+            },
+        ),
+        ODT_MIME,
+        "Object 1/content.xml",
+    ),
+    (
+        "odf-part-in-utf-16",
+        odt("<text:p/>", {"Object 1/content.xml": _DRAW_OBJECT.format(href=HOST_IMAGE).encode("utf-16")}),
+        ODT_MIME,
+        "Object 1/content.xml",
+    ),
+    (
+        "odf-xml-named-as-a-picture",
+        odt("<text:p/>", {"Pictures/a.png": _DRAW_OBJECT.format(href=HOST_IMAGE).encode()}),
+        ODT_MIME,
+        "Pictures/a.png",
+    ),
+    (
         "odf-dde",
         odt('<text:p><office:dde-source office:dde-application="soffice"/></text:p>'),
         ODT_MIME,
