@@ -22,6 +22,7 @@ import ctypes
 import errno
 import os
 import platform
+import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -153,7 +154,7 @@ def restrict_self(rules: Iterable[Rule]) -> int:
                 continue
             try:
                 access = rule.access & handled
-                if not os.path.isdir(f"/proc/self/fd/{fd}"):
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
                     access &= _FILE_RIGHTS
                 beneath = struct.pack("=Qi", access, fd)  # packed struct landlock_path_beneath_attr
                 if (
