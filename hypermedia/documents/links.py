@@ -29,7 +29,8 @@ itself a zip, compound file or RTF is walked, ``WordDocument`` is checked for fi
 What counts as external, in any XML part:
 
 - an ``xlink:href`` (any element but a hyperlink or a script event, :data:`ODF_HYPERLINK_ELEMENTS`;
-  ``meta:template`` too), an ``href``/``src`` on an SVG element, a ``form:image-data``, whose
+  ``meta:template`` too), an ``href``/``src`` on an SVG element, a ``form:image-data``, a
+  SpreadsheetML data connection's ``url``, ``sourceFile`` or ``odcFile``, whose
   value is not inside the package: a URL with a scheme other than ``data:``, an absolute path,
   or a relative path that leaves the package (``..`` past the part's folder; LibreOffice
   resolves it against the document's own location). ODF 1.2 Part 1 §19.910.
@@ -136,6 +137,13 @@ DDE_ELEMENTS: Final = frozenset(
 §9.8; ECMA-376 Part 1 §18.14): always external."""
 
 _URL_ATTRIBUTES: Final = frozenset({(_XLINK, "href"), (_FORM, "image-data"), (_SVG, "href"), (_SVG, "src")})
+_LOCAL_URL_ATTRIBUTES: Final = {
+    _SVG: frozenset({"href", "src"}),
+    _SML: frozenset({"url", "sourceFile", "odcFile"}),
+}
+"""Attributes without a namespace that hold a URL or path, by their element's namespace: SVG 2's
+``href``, SpreadsheetML data connections' web query ``url``, text import ``sourceFile`` and
+connection file ``odcFile`` (ECMA-376 Part 1 §18.13)."""
 _SCHEME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _FILE_URL: Final = re.compile(r"(?<![A-Za-z0-9+.-])file:", re.IGNORECASE)
 _CSS_URL: Final = re.compile(r"url\(\s*['\"]?([^'\")]*)|@import\s+['\"]([^'\"]*)", re.IGNORECASE)
@@ -254,8 +262,8 @@ class _XmlPart:
             return
         for key, value in attrs.items():
             attribute = _element(key)
-            svg_url = element[0] == _SVG and attribute in {("", "href"), ("", "src")}
-            if (attribute in _URL_ATTRIBUTES or svg_url) and _is_external(value, self.folder):
+            local_url = attribute[0] == "" and attribute[1] in _LOCAL_URL_ATTRIBUTES.get(element[0], ())
+            if (attribute in _URL_ATTRIBUTES or local_url) and _is_external(value, self.folder):
                 self.found = f"a linked {element[1]} ({_clip(value)})"
                 return
             if _FILE_URL.search(value):

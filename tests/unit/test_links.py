@@ -271,6 +271,16 @@ EVERY_PART = [
         "DDE link",
     ),
     (
+        "xlsx-text-connection",
+        _zip(
+            {
+                "xl/connections.xml": f'<connections xmlns="{_SML}"><connection id="1"><textPr sourceFile="/srv/data.csv"/></connection></connections>'.encode()
+            }
+        ),
+        XLSX,
+        "linked textPr",
+    ),
+    (
         "docx-in-docx",
         _with_parts(
             docx(["outer"]),
