@@ -155,10 +155,9 @@ _OLE_LINKED: Final = 0x00000001
 
 
 class MalformedDocument(ValueError):
-    """A part this module reads is not well-formed XML, declares a DTD with an internal subset
-    (entities), or a container (the
-    document, or a package or compound file inside it) does not open: nothing is sure about what
-    LibreOffice would make of it."""
+    """A part this module reads is not well-formed XML or declares a DTD with an internal subset
+    (entities), or a container (the document, or a package or compound file inside it) does not
+    open: nothing is sure about what LibreOffice would make of it."""
 
 
 class CheckLimitExceeded(MalformedDocument):
