@@ -23,11 +23,15 @@ entry's 30-byte local header; no entry is decompressed. It refuses, each with it
   1032:1, zlib's technical notes; the classic single-entry bomb sits near that ceiling).
 - ``ARCHIVE_TOO_LARGE``: declared uncompressed sizes adding up to more than
   :data:`MAX_TOTAL_UNCOMPRESSED_BYTES`.
+- ``ARCHIVE_NESTED_TOO_DEEP`` (from :mod:`hypermedia.nested`, which checks the packages inside an
+  office package as packages of their own): packages nested deeper than ``nested.MAX_DEPTH``.
 
 Declared sizes are what a later reader trusts to bound its output (Python's ``zipfile`` stops at
 the declared size and checks the CRC), so checking declared sizes is enough for readers that do.
 :func:`find_macros` then names macro content: ``vbaProject.bin`` anywhere, macro-enabled or macro
-parts in an OOXML package's ``[Content_Types].xml``, ODF ``Basic/`` and ``Scripts/``.
+parts in an OOXML package's ``[Content_Types].xml``, ODF ``Basic/`` and ``Scripts/`` (at any
+depth: an embedded ODF object's own ``Object 1/Basic/``); :mod:`hypermedia.nested` applies it
+to every package inside the package.
 """
 
 from __future__ import annotations
@@ -130,6 +134,15 @@ class Archive:
         """Entries named ``name``, compared case-insensitively (OPC part names are)."""
         wanted = name.lower()
         return [i for i in self.entries if i.filename.lower() == wanted]
+
+    def read_head(self, info: zipfile.ZipInfo, size: int) -> bytes:
+        """The first ``size`` decompressed bytes of one entry (fewer for a shorter one). Raises
+        ArchiveRejected (ARCHIVE_CORRUPT) when they cannot be decompressed."""
+        try:
+            with self._zf.open(info) as stream:
+                return stream.read(size)
+        except Exception:  # as read: CRC, method, encryption
+            raise _corrupt(f"{info.filename} cannot be read") from None
 
     def read(self, info: zipfile.ZipInfo, limit: int) -> bytes:
         """The decompressed bytes of one entry of at most ``limit`` declared bytes. Raises
@@ -372,7 +385,7 @@ MACRO_CONTENT_TYPES = frozenset(
 data; [MS-XLSX] §2.1: Excel 4.0 macro sheets). Any type containing ``macroenabled`` also counts."""
 
 ODF_MACRO_FOLDERS = frozenset({"basic", "scripts"})
-"""Top-level folders of an ODF package that hold macros: StarBasic libraries (``Basic/``) and
+"""Folders of an ODF package (at the top, or of an embedded object) that hold macros: StarBasic libraries (``Basic/``) and
 scripts in other languages (``Scripts/``, e.g. Python, JavaScript, BeanShell)."""
 
 
@@ -380,7 +393,8 @@ def find_macros(archive: Archive, types: PackageTypes | None) -> str | None:
     """What makes the archive carry macros, or None: an entry named ``vbaProject.bin``
     (case-insensitive, in any folder), a macro-enabled or macro part content type in
     ``[Content_Types].xml``, or, in an ODF package (a ``mimetype`` entry or
-    ``META-INF/manifest.xml``), a ``Basic/`` or ``Scripts/`` folder."""
+    ``META-INF/manifest.xml``), a ``Basic/`` or ``Scripts/`` folder at any depth (an embedded
+    object ``Object 1/`` is a sub-document with its own; LibreOffice loads its libraries)."""
     for info in archive.entries:
         if re.split(r"[/\\]", info.filename)[-1].lower() == "vbaproject.bin":
             return "a VBA project (vbaProject.bin)"
@@ -389,6 +403,6 @@ def find_macros(archive: Archive, types: PackageTypes | None) -> str | None:
             return f"a macro part ({content_type})"
     if archive.find("mimetype") or archive.find("META-INF/manifest.xml"):
         for info in archive.entries:
-            if re.split(r"[/\\]", info.filename)[0].lower() in ODF_MACRO_FOLDERS and "/" in info.filename:
+            if any(part.lower() in ODF_MACRO_FOLDERS for part in re.split(r"[/\\]", info.filename)[:-1]):
                 return "ODF macros (Basic/ or Scripts/)"
     return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 QueueName = Literal["images", "documents", "ocr", "media", "bulk"]
@@ -228,6 +228,21 @@ class OfficeSettings(_Settings):
     """``RLIMIT_NPROC`` of a listener's uid (soffice runs about 10 threads)."""
     fsize_mb: int = Field(2048, ge=1, validation_alias="HM_OFFICE_FSIZE_MB")
     """``RLIMIT_FSIZE`` of a listener: the largest file it may write, MiB."""
+    require_landlock: bool = Field(False, validation_alias="HM_OFFICE_REQUIRE_LANDLOCK")
+    """Refuse to start a listener on a kernel without Landlock (its conversions then fail
+    ``OFFICE_UNAVAILABLE``) instead of starting it, with a warning, without the filesystem view
+    (:func:`hypermedia.documents.office.listener_view`)."""
+    read_paths: str = Field("", validation_alias="HM_OFFICE_READ_PATHS")
+    """More paths (``:``-separated, absolute) a listener may read besides
+    :func:`hypermedia.documents.office.listener_view`'s, e.g. a font directory outside ``/usr``."""
+
+    @field_validator("read_paths")
+    @classmethod
+    def _absolute_read_paths(cls, value: str) -> str:
+        for path in filter(None, value.split(":")):
+            if not path.startswith("/"):
+                raise ValueError(f"{path!r} is not an absolute path")
+        return value
 
 
 class ReaperSettings(_Settings):

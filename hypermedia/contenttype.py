@@ -18,7 +18,7 @@ from xml.parsers import expat
 
 import puremagic
 
-from hypermedia import archives, ole
+from hypermedia import archives, nested, ole
 
 HEAD_BYTES = 4096
 """How much of the start of a file detection reads."""
@@ -474,13 +474,16 @@ def identify(content: bytes) -> str:
         archives.ArchiveRejected: the zip or compound file failed a check (an ``ARCHIVE_*`` code,
             HTTP 422).
         archives.MacrosNotAllowed: the document carries macros (VBA in any container, macro-enabled
-            OOXML, Excel 4.0 macro sheets, ODF Basic or scripts, packaged or flat), whatever its name
+            OOXML, Excel 4.0 macro sheets, ODF Basic or scripts, packaged or flat), whatever its name,
+            itself or in a package embedded in it at any depth (:mod:`hypermedia.nested`:
+            a ``.docm`` in a ``.docx``, a VBA project in an ``oleObject*.bin``)
             (``MACROS_NOT_ALLOWED``, HTTP 415).
     """
     head = content[:HEAD_BYTES]
     if ole.is_ole(head):
         compound = ole.inspect(content)
         _refuse_macros(compound.macros)
+        _refuse_macros(nested.find_macros_in_ole(content))
         return compound.mime_type
     mime = detect(head)
     if mime == "text/rtf":
@@ -498,6 +501,8 @@ def identify(content: bytes) -> str:
     types = archives.package_types(archive)
     ooxml = ooxml_mime(types) if types else None
     _refuse_macros(archives.find_macros(archive, types))
+    if ooxml or mime.startswith("application/vnd.oasis.opendocument."):
+        _refuse_macros(nested.find_macros_in_zip(archive))
     if ooxml:
         archives.check_part_names(archive)
         return ooxml

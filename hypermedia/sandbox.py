@@ -79,6 +79,7 @@ from typing import Any, Final, NoReturn
 
 from opentelemetry import trace
 
+from hypermedia import landlock
 from hypermedia.errors import DomainError
 
 log = logging.getLogger(__name__)
@@ -1116,12 +1117,15 @@ def confined_exec_main() -> NoReturn:
     path), ``dir`` (its working directory; must exist), ``uid``/``gid`` (``null``: keep the
     caller's; else needs root), ``private_tmp`` (a directory bind-mounted over ``/tmp``, or
     ``null``), ``isolate_network`` (bool), ``memory_bytes`` (``RLIMIT_AS``), ``fsize_bytes``,
-    ``nproc`` (``RLIMIT_NPROC``, relative to the uid's tasks when the uid is kept), ``env``.
+    ``nproc`` (``RLIMIT_NPROC``, relative to the uid's tasks when the uid is kept), ``env``, and
+    ``landlock``: ``null``, or a list of ``[path, access]`` (:class:`hypermedia.landlock.Rule`):
+    the only files the helper may open (:func:`hypermedia.landlock.restrict_self`).
 
     Order as in :func:`_child_main`: network namespace, mount namespace, rlimits, drop to the uid
     (no supplementary groups), ``no_new_privs``, parent-death SIGKILL (set after the uid change,
-    which clears it), ``umask 077``. Exits 71 when a confinement step fails (namespaces refused
-    are not failures: the helper runs without them, as jobs do), 127 when ``execve`` fails."""
+    which clears it), then the Landlock ruleset, ``umask 077``. Exits 71 when a confinement step
+    fails (namespaces refused are not failures: the helper runs without them, as jobs do; a
+    Landlock ruleset given but refused is one), 127 when ``execve`` fails."""
     try:
         spec = json.loads(sys.argv[1])
         parent = os.getppid()
@@ -1133,8 +1137,10 @@ def confined_exec_main() -> NoReturn:
         _limit_and_drop(spec["memory_bytes"], spec["fsize_bytes"], spec["nproc"], spec["uid"], spec["gid"])
         if os.getppid() != parent:
             os._exit(71)
+        os.chdir(spec["dir"])  # before the ruleset: the path to it need not be in the view
+        if spec.get("landlock") is not None:
+            landlock.restrict_self(landlock.Rule(path, access) for path, access in spec["landlock"])
         os.umask(0o077)
-        os.chdir(spec["dir"])
     except BaseException:
         traceback.print_exc()
         os._exit(71)

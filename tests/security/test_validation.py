@@ -516,6 +516,47 @@ def test_macro_documents_are_refused_by_content(finding: str, data: bytes) -> No
     assert finding in _macros(data)
 
 
+def _nested(depth: int, inner: bytes) -> bytes:
+    """``inner`` embedded ``depth`` times, each time as ``word/embeddings/inner.docx`` of a docx."""
+    for _ in range(depth):
+        inner = ooxml(extra={"word/embeddings/inner.docx": inner})
+    return inner
+
+
+@pytest.mark.parametrize(
+    ("finding", "build"),
+    [
+        ("in word/embeddings/inner.docx", lambda: _nested(1, ooxml(main_type=MAIN_DOCM))),
+        ("vbaProject.bin", lambda: _nested(1, ooxml(extra={"word/vbaProject.bin": b"\xd0\xcf\x11\xe0"}))),
+        ("ODF macros", lambda: _nested(2, odt(ODF_BASIC_MACRO))),
+        ("ODF macros", lambda: odt({f"Object 1/{k}": v for k, v in ODF_BASIC_MACRO.items()})),
+        ("VBA project", lambda: ooxml(extra={"word/embeddings/oleObject1.bin": doc_with_vba()})),
+        ("VBA project", lambda: odt({"Object 2": doc_with_vba()})),
+    ],
+    ids=[
+        "docm-in-docx",
+        "vba-in-docx-in-docx",
+        "basic-two-levels-down",
+        "basic-in-an-odf-object",
+        "vba-in-an-ole-object",
+        "vba-in-an-odf-ole-object",
+    ],
+)
+def test_macros_in_embedded_packages_are_refused(finding: str, build: Any) -> None:
+    """Issue 14: an embedded object is a document of its own; its macros are refused as the
+    package's are (:mod:`hypermedia.nested`), whatever the container and at any depth."""
+    assert finding in _macros(build())
+
+
+def test_packages_nested_too_deep_are_refused() -> None:
+    from hypermedia import nested
+
+    assert contenttype.identify(_nested(nested.MAX_DEPTH, odt())) == DOCX
+    with pytest.raises(archives.ArchiveRejected) as caught:
+        contenttype.identify(_nested(nested.MAX_DEPTH + 1, odt()))
+    assert (caught.value.http_status, caught.value.error_code) == (422, "ARCHIVE_NESTED_TOO_DEEP")
+
+
 def test_folders_named_like_odf_macros_are_fine_in_a_plain_zip() -> None:
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as zf:

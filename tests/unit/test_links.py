@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia.documents.links import MalformedDocument, find_external_content
+from hypermedia import contenttype
+from hypermedia.documents.links import (
+    MAX_NESTING,
+    CheckLimitExceeded,
+    MalformedDocument,
+    find_external_content,
+)
 from tests.e2e.test_office_rest import DOCX_MIME, ODT, docx, written_by_libreoffice
 from tests.security.test_office_listener import ODT_MIME, odt, odt_background, odt_with_links
 
@@ -126,7 +132,182 @@ EXTERNAL = [
 ]
 
 
-@pytest.mark.parametrize(("name", "content", "mime", "fragment"), EXTERNAL, ids=[e[0] for e in EXTERNAL])
+def _zip(parts: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in parts.items():
+            z.writestr(name, data)
+    return out.getvalue()
+
+
+def _with_parts(package: bytes, parts: dict[str, bytes]) -> bytes:
+    with zipfile.ZipFile(io.BytesIO(package)) as src:
+        return _zip({**{i.filename: src.read(i) for i in src.infolist()}, **parts})
+
+
+_DRAW_OBJECT = (
+    '<?xml version="1.0"?><office:document-content xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
+    'xmlns:draw="urn:oasis:names:tc:opendocument:xmlns:drawing:1.0" xmlns:xlink="http://www.w3.org/1999/xlink">'
+    '<office:body><office:drawing><draw:page><draw:frame><draw:image xlink:href="{href}"/></draw:frame>'
+    "</draw:page></office:drawing></office:body></office:document-content>"
+)
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+_SML = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
+_W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+
+# Issue 14: every part LibreOffice renders, not two names.
+EVERY_PART = [
+    (
+        "odf-embedded-object-content",
+        odt("<text:p/>", {"Object 1/content.xml": _DRAW_OBJECT.format(href=f"file://{HOST_IMAGE}").encode()}),
+        ODT_MIME,
+        "in Object 1/content.xml",
+    ),
+    (
+        "odf-object-leaving-the-package",
+        odt("<text:p/>", {"Object 1/content.xml": _DRAW_OBJECT.format(href="../../x.png").encode()}),
+        ODT_MIME,
+        "Object 1/content.xml",
+    ),
+    (
+        "odf-nested-sub-document",
+        odt("<text:p/>", {"Object 1/Object 2/styles.xml": _DRAW_OBJECT.format(href=HOST_IMAGE).encode()}),
+        ODT_MIME,
+        "Object 1/Object 2/styles.xml",
+    ),
+    (
+        "odf-meta-template",
+        odt(
+            "<text:p/>",
+            {"meta.xml": b'<m xmlns:xlink="http://www.w3.org/1999/xlink"><t xlink:href="/srv/t.ott"/></m>'},
+        ),
+        ODT_MIME,
+        "meta.xml",
+    ),
+    (
+        "odf-svg-picture",
+        odt(
+            "<text:p/>",
+            {
+                "Pictures/p.svg": f'<svg xmlns="http://www.w3.org/2000/svg"><image href="file://{HOST_IMAGE}"/></svg>'.encode()
+            },
+        ),
+        ODT_MIME,
+        "Pictures/p.svg",
+    ),
+    (
+        "odf-svg-css-url",
+        odt(
+            "<text:p/>",
+            {
+                "Pictures/p.svg": b'<svg xmlns="http://www.w3.org/2000/svg"><style>rect{fill:url(/etc/x.svg#a)}</style></svg>'
+            },
+        ),
+        ODT_MIME,
+        "style sheet",
+    ),
+    (
+        "odf-formula-external-reference",
+        odt(
+            "<text:p/>",
+            {
+                "Object 1/content.xml": b'<t xmlns:table="urn:oasis:names:tc:opendocument:xmlns:table:1.0"><table:table-cell table:formula="of:=[\'file:///srv/a.ods\'#$Sheet1.A1]"/></t>'
+            },
+        ),
+        ODT_MIME,
+        "file URL",
+    ),
+    (
+        "odf-part-padded-with-white-space",
+        odt(
+            "<text:p/>",
+            {
+                "Object 1/content.xml": b" \n" * 2048
+                + _DRAW_OBJECT.format(href=HOST_IMAGE).removeprefix('<?xml version="1.0"?>').encode()
+            },
+        ),
+        ODT_MIME,
+        "Object 1/content.xml",
+    ),
+    (
+        "odf-part-in-utf-16",
+        odt("<text:p/>", {"Object 1/content.xml": _DRAW_OBJECT.format(href=HOST_IMAGE).encode("utf-16")}),
+        ODT_MIME,
+        "Object 1/content.xml",
+    ),
+    (
+        "odf-xml-named-as-a-picture",
+        odt("<text:p/>", {"Pictures/a.png": _DRAW_OBJECT.format(href=HOST_IMAGE).encode()}),
+        ODT_MIME,
+        "Pictures/a.png",
+    ),
+    (
+        "odf-dde",
+        odt('<text:p><office:dde-source office:dde-application="soffice"/></text:p>'),
+        ODT_MIME,
+        "DDE",
+    ),
+    (
+        "docx-field-outside-word",
+        _with_parts(
+            docx(["x"]),
+            {
+                "customXml/item9.xml": field_runs('INCLUDEPICTURE "/etc/x.png"')
+                .replace("<w:p>", f'<w:p xmlns:w="{_W}">')
+                .encode()
+            },
+        ),
+        DOCX_MIME,
+        "INCLUDEPICTURE field in customXml/item9.xml",
+    ),
+    (
+        "xlsx-dde-link",
+        _zip(
+            {
+                "xl/externalLinks/externalLink1.xml": f'<externalLink xmlns="{_SML}"><ddeLink ddeService="cmd" ddeTopic="x"/></externalLink>'.encode()
+            }
+        ),
+        XLSX,
+        "DDE link",
+    ),
+    (
+        "xlsx-text-connection",
+        _zip(
+            {
+                "xl/connections.xml": f'<connections xmlns="{_SML}"><connection id="1"><textPr sourceFile="/srv/data.csv"/></connection></connections>'.encode()
+            }
+        ),
+        XLSX,
+        "linked textPr",
+    ),
+    (
+        "docx-in-docx",
+        _with_parts(
+            docx(["outer"]),
+            {"word/embeddings/inner.docx": docx_with(field_runs(f'INCLUDEPICTURE "{HOST_IMAGE}"'))},
+        ),
+        DOCX_MIME,
+        "INCLUDEPICTURE",
+    ),
+    (
+        "rtf-in-docx",
+        _with_parts(
+            docx(["outer"]),
+            {
+                "word/afchunk.rtf": rtf(
+                    f'{{\\field{{\\*\\fldinst INCLUDETEXT "{HOST_IMAGE}"}}{{\\fldrslt }}}}'
+                )
+            },
+        ),
+        DOCX_MIME,
+        "RTF INCLUDETEXT field",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "mime", "fragment"), EXTERNAL + EVERY_PART, ids=[e[0] for e in EXTERNAL + EVERY_PART]
+)
 def test_external_content_is_found(
     tmp_path: Path, name: str, content: bytes, mime: str, fragment: str
 ) -> None:
@@ -208,3 +389,48 @@ def test_a_part_with_a_dtd_or_broken_xml_is_malformed(tmp_path: Path) -> None:
         path.write_bytes(buffer.getvalue())
         with pytest.raises(MalformedDocument):
             find_external_content(path, ODT_MIME)
+
+
+def test_internal_references_of_embedded_objects_are_not_external(tmp_path: Path) -> None:
+    """An object's own ``Pictures/``, a path up to the package's own, a ``data:`` image."""
+    document = odt(
+        '<text:p><draw:frame><draw:object xlink:href="./Object 1"/></draw:frame></text:p>',
+        {
+            "Object 1/content.xml": _DRAW_OBJECT.format(href="../Pictures/a.png").encode(),
+            "Object 1/styles.xml": _DRAW_OBJECT.format(href="Pictures/b.png").encode(),
+            "Pictures/p.svg": b'<svg xmlns="http://www.w3.org/2000/svg"><image href="data:image/png;base64,AA=="/></svg>',
+        },
+    )
+    path = tmp_path / "fine.odt"
+    path.write_bytes(document)
+    assert find_external_content(path, ODT_MIME) is None
+
+
+def test_packages_nested_too_deep_exceed_the_check(tmp_path: Path) -> None:
+    inner = docx(["deepest"])
+    for _ in range(MAX_NESTING + 1):
+        inner = _with_parts(docx(["outer"]), {"word/embeddings/inner.docx": inner})
+    path = tmp_path / "deep.docx"
+    path.write_bytes(inner)
+    with pytest.raises(CheckLimitExceeded):
+        find_external_content(path, DOCX_MIME)
+
+
+LIBREOFFICE_SHARE = Path("/usr/lib/libreoffice/share")
+
+
+@pytest.mark.skipif(not LIBREOFFICE_SHARE.is_dir(), reason="LibreOffice's templates are not installed")
+def test_every_document_libreoffice_ships_has_nothing_external_but_its_template() -> None:
+    """The ODF templates and samples LibreOffice installs (119 with 7.4 on Debian 12), read in
+    every part: old OpenOffice.org ones have a manifest with a DOCTYPE and prefixes bound only by
+    it. Nothing is external but a ``meta:template`` naming another file, which LibreOffice opens
+    when it loads the document (measured with strace), so it is refused like any link."""
+    found = {}
+    paths = sorted(p for p in LIBREOFFICE_SHARE.rglob("*.o[dt][tspg]") if p.is_file())
+    assert len(paths) >= 50
+    for path in paths:
+        result = find_external_content(path, contenttype.identify(path.read_bytes()))
+        if result is not None:
+            found[path.name] = result
+    assert all("linked template" in r and "in meta.xml" in r for r in found.values()), found
+    assert len(found) <= 2, found
