@@ -10,7 +10,8 @@ request and ended as 500/INTERNAL. Here they are refused once, as :class:`Invali
 - :func:`check`: one string field with its length bound (the ``MAX_*_LENGTH`` constants);
 - :func:`check_json`: every key and string of a parsed JSON value (a REST body, job params);
 - :func:`check_message`: every string of a protobuf message, ``Struct`` keys and values
-  included (the gRPC error interceptor runs it on each request of every service).
+  included, and every number of a ``Struct`` (NaN and ±Infinity, which a double on the wire may
+  hold and JSON may not); the gRPC error interceptor runs it on each request of every service.
 
 gRPC strings are UTF-8 on the wire, so only NUL can arrive there; lengths are per field and stay
 with the code that knows the field (:mod:`services.gateway.jobs`).
@@ -19,6 +20,7 @@ with the code that knows the field (:mod:`services.gateway.jobs`).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -125,7 +127,8 @@ _LIST_VALUE = "google.protobuf.ListValue"
 
 def check_message(message: Message, skip: frozenset[str] = frozenset()) -> None:
     """Raises InvalidText for the first string of ``message`` (nested messages, repeated fields,
-    maps, ``Struct`` keys and values) that holds a NUL. Fields whose full name is in ``skip``
+    maps, ``Struct`` keys and values) that holds a NUL, or the first ``Struct`` number that is
+    not finite. Fields whose full name is in ``skip``
     (``pkg.Message.field``) are not looked at: strings the service sanitises instead of storing."""
     _walk(message, "", skip)
 
@@ -142,6 +145,10 @@ def _walk(message: Message, path: str, skip: frozenset[str]) -> None:
         kind = message.WhichOneof("kind")
         if kind == "string_value":
             _string(message.string_value, path)  # type: ignore[attr-defined]
+        elif kind == "number_value" and not math.isfinite(message.number_value):  # type: ignore[attr-defined]
+            # A double on the wire may be NaN or ±Infinity; JSON (and jsonb) has neither, and
+            # json_format refuses to convert it (a ValueError: INTERNAL before this check).
+            raise InvalidText(path, "is not a finite number (NaN and Infinity are not JSON)")
         elif kind in ("struct_value", "list_value"):
             _walk(getattr(message, kind), path, skip)
         return

@@ -141,6 +141,11 @@ GRPC_CASES: list[tuple[dict[str, Any], str]] = [
     ({"operations": [_op("thumbnail")], "idempotency_key": "k" * 5000}, "idempotency_key"),
     ({"operations": [_op("thumbnail")], "webhook_url": "https://example.com/\x00"}, "webhook_url"),
     ({"operations": [_op("thumbnail")], "object_id": "\x00"}, "object_id"),
+    # A Struct's numbers are doubles: NaN and ±Infinity cross the wire, JSON has neither
+    # (json_format raised ValueError: INTERNAL, hostile review).
+    ({"operations": [_op("thumbnail", {"size": float("inf")})]}, "operations[0].params.size"),
+    ({"operations": [_op("thumbnail", {"zzz": float("nan")})]}, "operations[0].params.zzz"),
+    ({"operations": [_op("pdf_preview", {"pages": [1, float("-inf")]})]}, "operations[0].params.pages[1]"),
 ]
 
 
