@@ -287,8 +287,14 @@ def test_a_password_that_is_not_a_non_empty_string_of_1024_characters_is_422(
         response = client.post("/v1/hypermedia/process", json=body)
         assert response.status_code == 422, response.text
         problem = response.json()
-        assert problem["error_code"] == "INVALID_PARAMS"
-        assert problem["detail"].startswith("password ")
+        if isinstance(password, str) and "\x00" in password:
+            # A NUL is refused by the one rule for strings Postgres refuses (issue 14, ADR 0030),
+            # before the params are validated, naming the field and not the value.
+            assert problem["error_code"] == "INVALID_REQUEST"
+            assert problem["field"] == "operations[0].params.password"
+        else:
+            assert problem["error_code"] == "INVALID_PARAMS"
+            assert problem["detail"].startswith("password ")
         if shown is not None:
             assert shown not in response.text
         assert pg.execute(
