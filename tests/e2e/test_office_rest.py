@@ -22,7 +22,7 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 import pytest
 
-from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_job
+from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.security.test_legacy_office import (
     SLIDE,
     SLIDES_BODY,
@@ -361,7 +361,9 @@ def test_a_document_that_keeps_libreoffice_busy_is_killed_at_the_timeout(
         assert job["error_code"] == "TIMEOUT"
         assert len(job["attempts"]) == 1
         assert job["attempts"][0]["duration_ms"] < 30_000
-        assert client.get("/v1/credits").json()["held"] == 0
+        # The worker releases the hold right after it records the failure (credits is another
+        # service: docs/guarantees.md); under load a poll can land in between.
+        wait_for("hold released", lambda: client.get("/v1/credits").json()["held"] == 0, 10)
         objects = [upload(client, ODT)["object_id"] for _ in range(2)]
         created = [
             client.post("/v1/hypermedia/process", json={"object_id": o, "operations": ["office_to_pdf"]})

@@ -18,7 +18,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.e2e.conftest import RunningPlatform, isolated_platform, wait_job
+from tests.e2e.conftest import RunningPlatform, isolated_platform, wait_for, wait_job
 from tests.security.conftest import Listener
 from tests.security.test_documents_and_media import pdf_deeply_nested, pdf_flate_bomb, pdf_with_pages
 from tests.unit.test_pdf import PDF_DIR, build_pdf, one_page_pdf
@@ -132,8 +132,9 @@ def test_nothing_in_a_pdf_reaches_out_and_the_platform_is_unharmed(
         job = _run(client, data, "reaching-out.pdf", operation)
         assert job["status"] == "completed", job
     assert listener.connections == []
-    # Afterwards: no job left running, nothing held, no job directory left, and a normal job runs.
-    assert client.get("/v1/credits").json()["held"] == 0
+    # Afterwards: no job left running, nothing held (the charge follows the completion at once,
+    # from another service), no job directory left, and a normal job runs.
+    wait_for("charged", lambda: client.get("/v1/credits").json()["held"] == 0, 10)
     with psycopg.connect(pdf_platform.env["DATABASE_URL"]) as conn:
         unfinished = conn.execute(
             "SELECT count(*) FROM processing_jobs WHERE status NOT IN ('completed', 'failed', 'cancelled')"
