@@ -15,6 +15,7 @@ import pytest
 from hypermedia import contenttype
 from hypermedia.documents.links import (
     MAX_NESTING,
+    MAX_RTF_NESTING,
     CheckLimitExceeded,
     MalformedDocument,
     find_external_content,
@@ -348,6 +349,7 @@ RTF_SHAPES = [
         "after-binary-data",
         f"{{\\field{{\\*\\fldinst {{\\bin3 }}}}}}{_PICTURE}}}{{\\fldrslt x}}}}",
     ),
+    ("huge-bin-parameter", "{\\field{\\*\\fldinst {\\bin" + "9" * 5000 + " }" + _PICTURE + "}{\\fldrslt x}}"),
     ("a-picture-before-the-word", f"{{\\field{{\\*\\fldinst {{\\pict 00ab}}{_PICTURE}}}{{\\fldrslt x}}}}"),
     ("fldinst-outside-a-field", f"{{\\*\\fldinst {_PICTURE}}}"),
     ("linked-object-after-an-escape", "{\\'41}{\\object\\objlink{\\*\\objclass Excel.Sheet.8}}"),
@@ -436,6 +438,14 @@ REVIEW = [
         ),
         DOCX_MIME,
         "INCLUDEPICTURE",
+    ),
+    (
+        "docx-instruction-without-a-begin",
+        docx_with(
+            f'<w:p><w:r><w:instrText xml:space="preserve"> INCLUDETEXT "{HOST_IMAGE}"</w:instrText></w:r></w:p>'
+        ),
+        DOCX_MIME,
+        "INCLUDETEXT",
     ),
     (
         "docx-tab-before-the-word",
@@ -649,3 +659,14 @@ def test_every_document_libreoffice_ships_has_nothing_external_but_its_template(
             found[path.name] = result
     assert all("linked template" in r and "in meta.xml" in r for r in found.values()), found
     assert len(found) <= 2, found
+
+
+def test_rtf_groups_nested_too_deep_exceed_the_check(tmp_path: Path) -> None:
+    """The tokenizer's bound on nesting (the upload checks bound the size)."""
+    path = tmp_path / "deep.rtf"
+    fine = "{" * (MAX_RTF_NESTING - 1) + "}" * (MAX_RTF_NESTING - 1)
+    path.write_bytes(rtf(f"{{\\field{{\\*\\fldinst PAGE}}}}{fine}"))
+    assert find_external_content(path, RTF) is None
+    path.write_bytes(rtf("{\\field{\\*\\fldinst PAGE}}" + "{" * (MAX_RTF_NESTING + 1)))
+    with pytest.raises(CheckLimitExceeded):
+        find_external_content(path, RTF)
