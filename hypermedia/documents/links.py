@@ -7,7 +7,8 @@ documents blocked) stop most links but not all. Measured with LibreOffice 7.4 by
 review: an RTF ``INCLUDEPICTURE`` field and an ODT paragraph ``style:background-image`` with a
 ``file://`` URL drew a host image (or the pages of a host PDF or SVG) into the output, and with an
 ``http://`` URL fetched it when the listener has a network. Hyperlinks (``text:a``, OOXML
-``…/hyperlink`` relationships) are never followed by a conversion and stay allowed. Since issue
+hyperlink relationships named by hyperlink elements, ``HYPERLINK`` fields) are never followed by
+a conversion and stay allowed. Since issue
 14 the check is the first of two layers: the listener's Landlock view
 (:func:`hypermedia.documents.office.listener_view`) holds no host file to load.
 
@@ -202,8 +203,9 @@ cells, pictures and shapes). A hyperlink relationship that any other element nam
 
 
 MAX_FIELD_NESTING: Final = 20
-"""Most fields open inside one another that the check follows (Word's own limit on nesting is
-about as deep); past it the outermost is judged on the instruction text it has and dropped."""
+"""Most fields open inside one another that the check follows (Office writes two or three: an
+``IF`` around a ``MERGEFIELD``); past it the outermost is judged on the instruction text it has
+and dropped, so that stray field marks in a Word 97 stream's binary parts cost nothing."""
 
 MAX_RTF_NESTING: Final = 1000
 """Deepest RTF group nesting (``{`` inside ``{``) the check reads; deeper is
@@ -725,182 +727,27 @@ _RTF_SYMBOLS: Final = {
 """Control symbols that stand for text (``\\~`` no-break space, ``\\_`` no-break hyphen, escaped
 braces and backslash, a backslash before a line end is a paragraph); the others (``\\-``
 optional hyphen, ``\\:``, ``\\|``) stand for none."""
-RTF_DESTINATIONS: Final = frozenset(
-    {
-        "annotation",
-        "atnauthor",
-        "atndate",
-        "atnicn",
-        "atnid",
-        "atnparent",
-        "atnref",
-        "atntime",
-        "atrfend",
-        "atrfstart",
-        "author",
-        "background",
-        "bkmkend",
-        "bkmkstart",
-        "blipuid",
-        "buptim",
-        "category",
-        "colorschememapping",
-        "colortbl",
-        "comment",
-        "company",
-        "creatim",
-        "datafield",
-        "datastore",
-        "defchp",
-        "defpap",
-        "do",
-        "doccomm",
-        "docvar",
-        "dptxbxtext",
-        "ebcend",
-        "ebcstart",
-        "factoidname",
-        "falt",
-        "fchars",
-        "ffdeftext",
-        "ffentrymcr",
-        "ffexitmcr",
-        "ffformat",
-        "ffhelptext",
-        "ffl",
-        "ffname",
-        "ffstattext",
-        "file",
-        "filetbl",
-        "fldtype",
-        "fname",
-        "fontemb",
-        "fontfile",
-        "fonttbl",
-        "footer",
-        "footerf",
-        "footerl",
-        "footerr",
-        "footnote",
-        "formfield",
-        "ftncn",
-        "ftnsep",
-        "ftnsepc",
-        "g",
-        "generator",
-        "gridtbl",
-        "header",
-        "headerf",
-        "headerl",
-        "headerr",
-        "hl",
-        "hlfr",
-        "hlinkbase",
-        "hlloc",
-        "hlsrc",
-        "hsv",
-        "htmltag",
-        "info",
-        "keycode",
-        "keywords",
-        "latentstyles",
-        "lchars",
-        "levelnumbers",
-        "leveltext",
-        "lfolevel",
-        "linkval",
-        "list",
-        "listlevel",
-        "listname",
-        "listoverride",
-        "listoverridetable",
-        "listpicture",
-        "liststylename",
-        "listtable",
-        "listtext",
-        "lsdlockedexcept",
-        "macc",
-        "maccPr",
-        "mailmerge",
-        "manager",
-        "mhtmltag",
-        "mmath",
-        "mmathPr",
-        "nesttableprops",
-        "nextfile",
-        "nonesttables",
-        "nonshppict",
-        "objalias",
-        "objclass",
-        "objdata",
-        "object",
-        "objname",
-        "objsect",
-        "objtime",
-        "oldcprops",
-        "oldpprops",
-        "oldsprops",
-        "oldtprops",
-        "oleclsid",
-        "operator",
-        "panose",
-        "password",
-        "passwordhash",
-        "pgp",
-        "pgptbl",
-        "picprop",
-        "pict",
-        "pn",
-        "pnseclvl",
-        "pntext",
-        "pntxta",
-        "pntxtb",
-        "printim",
-        "private",
-        "propname",
-        "protend",
-        "protstart",
-        "protusertbl",
-        "pxe",
-        "result",
-        "revtbl",
-        "revtim",
-        "rsidtbl",
-        "rxe",
-        "shp",
-        "shpgrp",
-        "shpinst",
-        "shppict",
-        "shprslt",
-        "shptxt",
-        "sn",
-        "sp",
-        "staticval",
-        "stylesheet",
-        "subject",
-        "sv",
-        "svb",
-        "tc",
-        "template",
-        "themedata",
-        "title",
-        "txe",
-        "ud",
-        "upr",
-        "userprops",
-        "wgrffmtfilter",
-        "windowcaption",
-        "writereservation",
-        "writereservhash",
-        "xe",
-        "xform",
-        "xmlattrname",
-        "xmlattrvalue",
-        "xmlclose",
-        "xmlname",
-        "xmlnstbl",
-        "xmlopen",
-    }
+_RTF_DESTINATIONS: Final = frozenset(
+    (
+        "annotation atnauthor atndate atnicn atnid atnparent atnref atntime atrfend atrfstart "
+        "author background bkmkend bkmkstart blipuid buptim category colorschememapping colortbl "
+        "comment company creatim datafield datastore defchp defpap do doccomm docvar dptxbxtext "
+        "ebcend ebcstart factoidname falt fchars ffdeftext ffentrymcr ffexitmcr ffformat "
+        "ffhelptext ffl ffname ffstattext file filetbl fldtype fname fontemb fontfile fonttbl "
+        "footer footerf footerl footerr footnote formfield ftncn ftnsep ftnsepc g generator "
+        "gridtbl header headerf headerl headerr hl hlfr hlinkbase hlloc hlsrc hsv htmltag info "
+        "keycode keywords latentstyles lchars levelnumbers leveltext lfolevel linkval list "
+        "listlevel listname listoverride listoverridetable listpicture liststylename listtable "
+        "listtext lsdlockedexcept macc maccPr mailmerge manager mhtmltag mmath mmathPr "
+        "nesttableprops nextfile nonesttables nonshppict objalias objclass objdata object "
+        "objname objsect objtime oldcprops oldpprops oldsprops oldtprops oleclsid operator "
+        "panose password passwordhash pgp pgptbl picprop pict pn pnseclvl pntext pntxta pntxtb "
+        "printim private propname protend protstart protusertbl pxe result revtbl revtim rsidtbl "
+        "rxe shp shpgrp shpinst shppict shprslt shptxt sn sp staticval stylesheet subject sv svb "
+        "tc template themedata title txe ud upr userprops wgrffmtfilter windowcaption "
+        "writereservation writereservhash xe xform xmlattrname xmlattrvalue xmlclose xmlname "
+        "xmlnstbl xmlopen"
+    ).split()
 )
 """RTF 1.9.1's destinations (control words that send the rest of their group somewhere other
 than the text), less ``field``, ``fldinst`` and ``fldrslt``: text in one of them, inside a field
@@ -999,7 +846,7 @@ def _rtf(data: bytes) -> str | None:
                 stack[-2 if len(stack) > 1 else -1].fields += 1
             elif name in ("field", "fldrslt"):
                 pass
-            elif starred or name in RTF_DESTINATIONS:
+            elif starred or name in _RTF_DESTINATIONS:
                 group.evaluated = False
             elif name == "bin" and number is not None and number > 0:
                 position += number
