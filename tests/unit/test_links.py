@@ -10,6 +10,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import olefile
 import pytest
 
 from hypermedia import contenttype
@@ -670,3 +671,36 @@ def test_rtf_groups_nested_too_deep_exceed_the_check(tmp_path: Path) -> None:
     path.write_bytes(rtf("{\\field{\\*\\fldinst PAGE}}" + "{" * (MAX_RTF_NESTING + 1)))
     with pytest.raises(CheckLimitExceeded):
         find_external_content(path, RTF)
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice writes the document")
+@pytest.mark.parametrize(
+    ("instruction", "found"),
+    [
+        ('INCLUDETEXT "/nonexistent/t.txt"', "INCLUDETEXT"),
+        ('"INCLUDETEXT" /nonexistent/t.tx', "INCLUDETEXT"),
+        ('\t\\includetext "/nonexistent/t"', "INCLUDETEXT"),
+        ('QUOTE "INCLUDETEXT /nonexist"', None),
+    ],
+)
+def test_word_97_fields_are_judged_by_their_first_word(
+    tmp_path: Path, instruction: str, found: str | None
+) -> None:
+    """A ``.doc`` LibreOffice writes from an RTF with an ``INCLUDETEXT`` field (in UTF-16 in the
+    ``WordDocument`` stream), its instruction then rewritten in place (padded to the same length): a
+    quoted word, a tab and a backslash before it (which a pattern after the 0x13 mark missed),
+    and a field that only quotes the word."""
+    original = 'INCLUDETEXT "/nonexistent/t.txt"'
+    instruction = instruction.ljust(len(original))  # the same length: the stream is rewritten in place
+    assert len(instruction) == len(original)
+    source = rtf(f"Before {{\\field{{\\*\\fldinst {original}}}{{\\fldrslt y}}}} After\\par")
+    path = tmp_path / "fields.doc"
+    path.write_bytes(libreoffice_convert("fields.rtf", source, "doc"))
+    with olefile.OleFileIO(str(path), write_mode=True) as compound:
+        stream = compound.openstream("WordDocument").read()
+        assert stream.count(original.encode("utf-16-le")) == 1
+        compound.write_stream(
+            "WordDocument", stream.replace(original.encode("utf-16-le"), instruction.encode("utf-16-le"))
+        )
+    result = find_external_content(path, "application/msword")
+    assert (result is None) if found is None else (result == f"a Word {found} field"), result
