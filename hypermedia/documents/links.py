@@ -751,7 +751,7 @@ _RTF_DESTINATIONS: Final = frozenset(
 )
 """RTF 1.9.1's destinations (control words that send the rest of their group somewhere other
 than the text), less ``field``, ``fldinst`` and ``fldrslt``: text in one of them, inside a field
-instruction, is taken by the raw reading only (:class:`_Field`)."""
+instruction, is taken by the raw reading only (:class:`_Field`), in case a reader keeps it."""
 
 
 @dataclass
@@ -759,12 +759,20 @@ class _RtfGroup:
     """What an RTF group inherits from its parent and restores when it ends."""
 
     uc: int = 1
+    """Fallback characters after a ``\\uN`` (``\\ucN``)."""
     skip: int = 0
+    """Fallback characters still to pass over."""
     evaluated: bool = True
+    """False in a destination (:data:`_RTF_DESTINATIONS`): its text is the raw reading's only."""
+    ignored: bool = False
+    """In a ``{\\*\\dest …}`` group: LibreOffice and Word skip an unknown one whole, and route a
+    known one (a bookmark's name) away from the instruction; a ``\\fldinst`` in it is read."""
     starred: bool = False
+    """``\\*`` came last: the next control word names an ignorable destination."""
     fields: int = 0
     """Fields this group's ``\\fldinst`` groups began, ended with it (the ``\\field`` group)."""
     instruction: bool = False
+    """The group is a ``\\fldinst``: its end separates the instruction from the result."""
 
 
 def _rtf(data: bytes) -> str | None:
@@ -790,7 +798,7 @@ def _rtf(data: bytes) -> str | None:
             taken = min(group.skip, len(text))
             group.skip -= taken
             text = text[taken:]
-        if text and fields.open:
+        if text and fields.open and not group.ignored:
             fields.text(text, evaluated=group.evaluated)
 
     def flush() -> None:
@@ -819,7 +827,7 @@ def _rtf(data: bytes) -> str | None:
         elif brace == b"{":
             if len(stack) > MAX_RTF_NESTING:
                 raise CheckLimitExceeded(f"RTF groups nested more than {MAX_RTF_NESTING} deep")
-            stack.append(_RtfGroup(group.uc, group.skip, group.evaluated))
+            stack.append(_RtfGroup(group.uc, group.skip, group.evaluated, group.ignored))
         elif brace == b"}":
             if len(stack) > 1:
                 ended = stack.pop()
@@ -842,11 +850,13 @@ def _rtf(data: bytes) -> str | None:
             if name == "fldinst":
                 fields.begin()
                 group.instruction = True
-                group.evaluated = True
+                group.evaluated, group.ignored = True, False
                 stack[-2 if len(stack) > 1 else -1].fields += 1
             elif name in ("field", "fldrslt"):
                 pass
-            elif starred or name in _RTF_DESTINATIONS:
+            elif starred:
+                group.ignored = True
+            elif name in _RTF_DESTINATIONS:
                 group.evaluated = False
             elif name == "bin" and number is not None and number > 0:
                 position += number

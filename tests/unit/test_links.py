@@ -505,6 +505,11 @@ HYPERLINKS = [
         DOCX_MIME,
     ),
     (
+        "rtf-bookmark-named-link-in-a-hyperlink-field",
+        rtf('{\\field{\\*\\fldinst {\\*\\bkmkstart Link1}HYPERLINK "https://example.org/"}{\\fldrslt a}}'),
+        RTF,
+    ),
+    (
         "rtf-hyperlink-field-naming-a-loading-word",
         rtf('{\\field{\\*\\fldinst {HYPERLINK "file:///srv/a.pdf" \\\\o "LINK"}}{\\fldrslt a}}'),
         RTF,
