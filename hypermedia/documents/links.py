@@ -765,8 +765,9 @@ class _RtfGroup:
     evaluated: bool = True
     """False in a destination (:data:`_RTF_DESTINATIONS`): its text is the raw reading's only."""
     ignored: bool = False
-    """In a ``{\\*\\dest …}`` group: LibreOffice and Word skip an unknown one whole, and route a
-    known one (a bookmark's name) away from the instruction; a ``\\fldinst`` in it is read."""
+    """In a ``{\\*\\dest …}`` group whose destination readers do not know (they skip it whole) or
+    in a bookmark's name: no reading takes its text; a ``\\fldinst`` in it is read all the same.
+    A ``\\*`` destination they know (:data:`_RTF_DESTINATIONS`) is a destination like another."""
     starred: bool = False
     """``\\*`` came last: the next control word names an ignorable destination."""
     fields: int = 0
@@ -854,8 +855,10 @@ def _rtf(data: bytes) -> str | None:
                 stack[-2 if len(stack) > 1 else -1].fields += 1
             elif name in ("field", "fldrslt"):
                 pass
-            elif starred:
-                group.ignored = True
+            elif name == "ud":
+                group.evaluated = True  # LibreOffice reads a \\upr's Unicode half as plain text
+            elif (starred and name not in _RTF_DESTINATIONS) or name in ("bkmkstart", "bkmkend"):
+                group.ignored = True  # skipped whole, or a bookmark's name
             elif name in _RTF_DESTINATIONS:
                 group.evaluated = False
             elif name == "bin" and number is not None and number > 0:

@@ -351,6 +351,11 @@ RTF_SHAPES = [
         f"{{\\field{{\\*\\fldinst {{\\bin3 }}}}}}{_PICTURE}}}{{\\fldrslt x}}}}",
     ),
     ("huge-bin-parameter", "{\\field{\\*\\fldinst {\\bin" + "9" * 5000 + " }" + _PICTURE + "}{\\fldrslt x}}"),
+    ("in-a-unicode-pair", f"{{\\field{{\\*\\fldinst {{\\upr{{x}}{{\\*\\ud {_PICTURE}}}}}}}{{\\fldrslt x}}}}"),
+    (
+        "after-an-unknown-destination",
+        f"{{\\field{{\\*\\fldinst {{\\*\\hmunknown a}}{_PICTURE}}}{{\\fldrslt x}}}}",
+    ),
     ("a-picture-before-the-word", f"{{\\field{{\\*\\fldinst {{\\pict 00ab}}{_PICTURE}}}{{\\fldrslt x}}}}"),
     ("fldinst-outside-a-field", f"{{\\*\\fldinst {_PICTURE}}}"),
     ("linked-object-after-an-escape", "{\\'41}{\\object\\objlink{\\*\\objclass Excel.Sheet.8}}"),
