@@ -41,6 +41,7 @@ from tests.security.test_office_listener import (
     odt_background,
     rtf_includepicture,
 )
+from tests.unit.test_links import docx_linked_picture
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice is not installed"),
@@ -161,6 +162,23 @@ def docx_embedding(inner: bytes) -> bytes:
     return out.getvalue()
 
 
+def rtf_includepicture_doubled_brace(target: str) -> bytes:
+    """The hostile review's RTF (issue 14, F1): the instruction in a group inside a group, which
+    a pattern over the bytes did not see; LibreOffice follows it."""
+    return (
+        "{\\rtf1\\ansi\\deff0{\\fonttbl{\\f0 Arial;}}\\pard Before {\\field{\\*\\fldinst{{ INCLUDEPICTURE "
+        f'"{target}" \\\\d}}}}}}{{\\fldrslt{{x}}}}}} After\\par}}'
+    ).encode()
+
+
+def docx_hyperlink_typed_picture(target: str) -> bytes:
+    """The hostile review's DOCX (issue 14, F2): an external relationship of the hyperlink type
+    that an ``a:blip r:link`` names; LibreOffice's oox filter draws it as a linked image."""
+    return docx_linked_picture(
+        "http://schemas.openxmlformats.org/officeDocument/2006/relationships/hyperlink", target
+    )
+
+
 def hostile(c: Canary) -> list[tuple[str, bytes, str]]:
     png, svg, text, other = (p.as_uri() for p in (c.png, c.svg, c.text, c.other_job_png))
     return [
@@ -173,8 +191,10 @@ def hostile(c: Canary) -> list[tuple[str, bytes, str]]:
         ("rtf-includepicture", rtf_includepicture(png), RTF),
         ("rtf-includepicture-svg", rtf_includepicture(svg), RTF),
         ("rtf-includetext", rtf_includetext(str(c.text)), RTF),
+        ("rtf-includepicture-doubled-brace", rtf_includepicture_doubled_brace(png), RTF),
         ("docx-includepicture", docx_with_field(f"INCLUDEPICTURE &quot;{c.png}&quot; \\d"), DOCX_MIME),
         ("docx-includetext", docx_with_field(f"INCLUDETEXT &quot;{c.text}&quot;"), DOCX_MIME),
+        ("docx-hyperlink-typed-picture", docx_hyperlink_typed_picture(png), DOCX_MIME),
         (
             "nested-package",
             docx_embedding(docx_with_field(f"INCLUDEPICTURE &quot;{c.png}&quot; \\d")),
@@ -259,7 +279,7 @@ def test_without_the_view_the_same_documents_draw_the_canary(
     """The control: the listener without its Landlock view, past the check, does put the canary
     in the PDF (so the two tests above could fail)."""
     monkeypatch.setattr(OfficeListener, "_view", lambda self: None)
-    shapes = {"background", "background-other-job", "rtf-includepicture"}
+    shapes = {"background", "background-other-job", "rtf-includepicture", "rtf-includepicture-doubled-brace"}
     results = convert_all(tmp_path, [d for d in hostile(canary) if d[0] in shapes], direct=True)
     assert set(leaks(results, canary.marker)) == shapes, results
 

@@ -10,16 +10,19 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import olefile
 import pytest
 
 from hypermedia import contenttype
 from hypermedia.documents.links import (
     MAX_NESTING,
+    MAX_RTF_NESTING,
     CheckLimitExceeded,
     MalformedDocument,
     find_external_content,
 )
 from tests.e2e.test_office_rest import DOCX_MIME, ODT, docx, written_by_libreoffice
+from tests.security.test_legacy_office import flat_odf, libreoffice_convert
 from tests.security.test_office_listener import ODT_MIME, odt, odt_background, odt_with_links
 
 RTF = "application/rtf"
@@ -305,8 +308,164 @@ EVERY_PART = [
 ]
 
 
+def review_rtf(field: str) -> bytes:
+    """The hostile review's RTF around ``field`` (issue 14, F1)."""
+    return ("{\\rtf1\\ansi\\deff0{\\fonttbl{\\f0 Arial;}}\\pard Before " + field + " After\\par}").encode()
+
+
+_PICTURE = f'INCLUDEPICTURE "file://{HOST_IMAGE}" \\\\d'
+
+# Issue 14, F1: shapes of RTF field that passed a pattern over the bytes (the doubled brace drew
+# a host PNG into a PDF); the tokenizer reads each as LibreOffice does.
+RTF_SHAPES = [
+    ("doubled-brace", f"{{\\field{{\\*\\fldinst{{{{ {_PICTURE}}}}}}}{{\\fldrslt{{x}}}}}}"),
+    ("hex-escape", f"{{\\field{{\\*\\fldinst{{ \\'49{_PICTURE[1:]}}}}}{{\\fldrslt{{x}}}}}}"),
+    ("unicode-escape", f"{{\\field{{\\*\\fldinst{{ \\uc1\\u73?{_PICTURE[1:]}}}}}{{\\fldrslt{{x}}}}}}"),
+    ("split-over-groups", f"{{\\field{{\\*\\fldinst{{ INCLUDE}}{{{_PICTURE[7:]}}}}}{{\\fldrslt{{x}}}}}}"),
+    ("after-a-bookmark", f"{{\\field{{\\*\\fldinst{{\\*\\bkmkstart a}} {_PICTURE}}}{{\\fldrslt{{x}}}}}}"),
+    ("quoted", f'{{\\field{{\\*\\fldinst{{ "INCLUDEPICTURE" "file://{HOST_IMAGE}"}}}}{{\\fldrslt{{x}}}}}}'),
+    ("no-break-space", f"{{\\field{{\\*\\fldinst{{\\~{_PICTURE}}}}}{{\\fldrslt{{x}}}}}}"),
+    ("line-break", f"{{\\field{{\\*\\fldinst\r\n{{ {_PICTURE}}}}}{{\\fldrslt{{x}}}}}}"),
+    ("negative-parameter", f"{{\\field{{\\*\\fldinst{{\\f0\\fs-24 {_PICTURE}}}}}{{\\fldrslt{{x}}}}}}"),
+    ("two-spaces", f"{{\\field{{\\*\\fldinst{{\\fs24  {_PICTURE}}}}}{{\\fldrslt{{x}}}}}}"),
+    ("line-break-in-the-word", f"{{\\field{{\\*\\fldinst INCLUDE\r\n{_PICTURE[7:]}}}{{\\fldrslt x}}}}"),
+    (
+        "hex-escapes-in-a-code-page",
+        "{\\ansicpg1254" + f"{{\\field{{\\*\\fldinst \\'fd{_PICTURE[1:]}}}{{\\fldrslt x}}}}}}",
+    ),
+    (
+        "includetext-doubled-brace",
+        '{\\field{\\*\\fldinst{{ INCLUDETEXT "/tmp/rv/secret.txt"}}}{\\fldrslt{x}}}',
+    ),
+    (
+        "nested-field-inside-the-instruction",
+        f"{{\\field{{\\*\\fldinst {{\\field{{\\*\\fldinst {_PICTURE}}}{{\\fldrslt x}}}}}}{{\\fldrslt y}}}}",
+    ),
+    (
+        "command-from-a-nested-field-result",
+        '{\\field{\\*\\fldinst {\\field{\\*\\fldinst QUOTE "x"}{\\fldrslt INCLUDEPICTURE}}'
+        f' "file://{HOST_IMAGE}"}}{{\\fldrslt y}}}}',
+    ),
+    (
+        "after-binary-data",
+        f"{{\\field{{\\*\\fldinst {{\\bin3 }}}}}}{_PICTURE}}}{{\\fldrslt x}}}}",
+    ),
+    ("huge-bin-parameter", "{\\field{\\*\\fldinst {\\bin" + "9" * 5000 + " }" + _PICTURE + "}{\\fldrslt x}}"),
+    ("in-a-unicode-pair", f"{{\\field{{\\*\\fldinst {{\\upr{{x}}{{\\*\\ud {_PICTURE}}}}}}}{{\\fldrslt x}}}}"),
+    (
+        "after-an-unknown-destination",
+        f"{{\\field{{\\*\\fldinst {{\\*\\hmunknown a}}{_PICTURE}}}{{\\fldrslt x}}}}",
+    ),
+    ("a-picture-before-the-word", f"{{\\field{{\\*\\fldinst {{\\pict 00ab}}{_PICTURE}}}{{\\fldrslt x}}}}"),
+    ("fldinst-outside-a-field", f"{{\\*\\fldinst {_PICTURE}}}"),
+    ("linked-object-after-an-escape", "{\\'41}{\\object\\objlink{\\*\\objclass Excel.Sheet.8}}"),
+]
+
+# Issue 14, F2: an external relationship typed as a hyperlink, drawn as a picture.
+_HYPERLINK_TYPE = "http://schemas.openxmlformats.org/officeDocument/2006/relationships/hyperlink"
+_STRICT_HYPERLINK_TYPE = "http://purl.oclc.org/ooxml/officeDocument/relationships/hyperlink"
+_R = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
+
+
+def docx_linked_picture(kind: str, target: str, attribute: str = 'r:link="rId5"', before: str = "") -> bytes:
+    """The review's DOCX: an external relationship of type ``kind`` that an ``a:blip`` names
+    (after ``before`` in the body)."""
+    picture = (
+        f'<w:p><w:r><w:drawing><wp:inline xmlns:wp="http://schemas.openxmlformats.org/drawingml/2006/wordprocessingDrawing">'
+        '<wp:extent cx="1905000" cy="1905000"/><wp:docPr id="1" name="P1"/>'
+        '<a:graphic xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main">'
+        '<a:graphicData uri="http://schemas.openxmlformats.org/drawingml/2006/picture">'
+        '<pic:pic xmlns:pic="http://schemas.openxmlformats.org/drawingml/2006/picture">'
+        '<pic:nvPicPr><pic:cNvPr id="1" name="p.png"/><pic:cNvPicPr/></pic:nvPicPr>'
+        f'<pic:blipFill><a:blip xmlns:r="{_R}" {attribute}/><a:stretch><a:fillRect/></a:stretch></pic:blipFill>'
+        '<pic:spPr><a:xfrm><a:off x="0" y="0"/><a:ext cx="1905000" cy="1905000"/></a:xfrm>'
+        '<a:prstGeom prst="rect"/></pic:spPr></pic:pic></a:graphicData></a:graphic></wp:inline></w:drawing></w:r></w:p>'
+    )
+    return docx_with(
+        before + picture, f'<Relationship Id="rId5" Type="{kind}" Target="{target}" TargetMode="External"/>'
+    )
+
+
+REVIEW = [
+    *((f"rtf-{name}", review_rtf(field), RTF, "RTF") for name, field in RTF_SHAPES),
+    (
+        "docx-hyperlink-typed-picture",
+        docx_linked_picture(_HYPERLINK_TYPE, f"file://{HOST_IMAGE}"),
+        DOCX_MIME,
+        "external hyperlink used as blip",
+    ),
+    (
+        "docx-strict-hyperlink-typed-picture",
+        docx_linked_picture(_STRICT_HYPERLINK_TYPE, f"file://{HOST_IMAGE}", 'r:embed="rId5"'),
+        DOCX_MIME,
+        "external hyperlink used as blip",
+    ),
+    (
+        "docx-hyperlink-and-picture",
+        docx_linked_picture(
+            _HYPERLINK_TYPE,
+            f"file://{HOST_IMAGE}",
+            before=f'<w:hyperlink xmlns:r="{_R}" r:id="rId5"><w:r><w:t>a link</w:t></w:r></w:hyperlink>',
+        ),
+        DOCX_MIME,
+        "external hyperlink used as blip",
+    ),
+    (
+        "docx-vml-imagedata-relid",
+        docx_with(
+            '<w:p><w:r><w:pict><v:shape xmlns:v="urn:schemas-microsoft-com:vml" xmlns:o="urn:schemas-microsoft-com:office:office">'
+            '<v:imagedata o:relid="rId5"/></v:shape></w:pict></w:r></w:p>',
+            f'<Relationship Id="rId5" Type="{_HYPERLINK_TYPE}" Target="file://{HOST_IMAGE}" TargetMode="External"/>',
+        ),
+        DOCX_MIME,
+        "external hyperlink used as imagedata",
+    ),
+    (
+        "docx-type-ending-in-hyperlink",
+        docx_linked_picture("urn:x/hyperlink", f"file://{HOST_IMAGE}"),
+        DOCX_MIME,
+        "external hyperlink (file:",
+    ),
+    (
+        "docx-quoted-field-word",
+        docx_with(field_runs(f'"INCLUDEPICTURE" "{HOST_IMAGE}"')),
+        DOCX_MIME,
+        "INCLUDEPICTURE",
+    ),
+    (
+        "docx-command-from-a-nested-field-result",
+        docx_with(
+            '<w:p><w:r><w:fldChar w:fldCharType="begin"/></w:r>'
+            '<w:r><w:fldChar w:fldCharType="begin"/></w:r><w:r><w:instrText> QUOTE "x" </w:instrText></w:r>'
+            '<w:r><w:fldChar w:fldCharType="separate"/></w:r><w:r><w:t>INCLUDEPICTURE</w:t></w:r>'
+            '<w:r><w:fldChar w:fldCharType="end"/></w:r>'
+            f'<w:r><w:instrText xml:space="preserve"> "{HOST_IMAGE}"</w:instrText></w:r>'
+            '<w:r><w:fldChar w:fldCharType="end"/></w:r></w:p>'
+        ),
+        DOCX_MIME,
+        "INCLUDEPICTURE",
+    ),
+    (
+        "docx-instruction-without-a-begin",
+        docx_with(
+            f'<w:p><w:r><w:instrText xml:space="preserve"> INCLUDETEXT "{HOST_IMAGE}"</w:instrText></w:r></w:p>'
+        ),
+        DOCX_MIME,
+        "INCLUDETEXT",
+    ),
+    (
+        "docx-tab-before-the-word",
+        docx_with('<w:p><w:fldSimple w:instr="&#9;\\INCLUDETEXT &quot;/etc/hostname&quot;"/></w:p>'),
+        DOCX_MIME,
+        "INCLUDETEXT",
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    ("name", "content", "mime", "fragment"), EXTERNAL + EVERY_PART, ids=[e[0] for e in EXTERNAL + EVERY_PART]
+    ("name", "content", "mime", "fragment"),
+    EXTERNAL + EVERY_PART + REVIEW,
+    ids=[e[0] for e in EXTERNAL + EVERY_PART + REVIEW],
 )
 def test_external_content_is_found(
     tmp_path: Path, name: str, content: bytes, mime: str, fragment: str
@@ -337,6 +496,29 @@ HYPERLINKS = [
         DOCX_MIME,
     ),
     ("docx-page-field", docx_with(field_runs("PAGE \\* MERGEFORMAT")), DOCX_MIME),
+    (
+        "docx-hyperlink-field-naming-a-loading-word",
+        docx_with(field_runs('HYPERLINK "https://example.org/" \\o "INCLUDEPICTURE and LINK"')),
+        DOCX_MIME,
+    ),
+    (
+        "docx-picture-and-hyperlink-on-it",
+        docx_with(
+            f'<w:hyperlink xmlns:r="{_R}" r:id="rH"><w:r><w:t>a link</w:t></w:r></w:hyperlink>',
+            f'<Relationship Id="rH" Type="{_HYPERLINK_TYPE}" Target="file:///srv/shared/report.pdf" TargetMode="External"/>',
+        ),
+        DOCX_MIME,
+    ),
+    (
+        "rtf-bookmark-named-link-in-a-hyperlink-field",
+        rtf('{\\field{\\*\\fldinst {\\*\\bkmkstart Link1}HYPERLINK "https://example.org/"}{\\fldrslt a}}'),
+        RTF,
+    ),
+    (
+        "rtf-hyperlink-field-naming-a-loading-word",
+        rtf('{\\field{\\*\\fldinst {HYPERLINK "file:///srv/a.pdf" \\\\o "LINK"}}{\\fldrslt a}}'),
+        RTF,
+    ),
     (
         "rtf-page-field-and-words",
         rtf("Import, link and include these words. {\\field{\\*\\fldinst PAGE}{\\fldrslt 1}}"),
@@ -372,6 +554,60 @@ def test_documents_libreoffice_writes_have_nothing_external(
 ) -> None:
     path = tmp_path / f"document.{extension}"
     path.write_bytes(written_by_libreoffice(extension))
+    assert find_external_content(path, mime) is None
+
+
+_LINKS = (
+    '<text:a xlink:type="simple" xlink:href="https://example.org/page">web</text:a> '
+    '<text:a xlink:type="simple" xlink:href="file:///srv/shared/report.pdf">file</text:a> '
+    '<text:a xlink:type="simple" xlink:href="../other/doc.odt">relative</text:a> '
+    '<text:a xlink:type="simple" xlink:href="mailto:a@example.org">mail</text:a>'
+)
+_SHEET_LINKS = (
+    '<office:spreadsheet><table:table xmlns:table="urn:oasis:names:tc:opendocument:xmlns:table:1.0" table:name="S">'
+    '<table:table-row><table:table-cell office:value-type="string"><text:p>'
+    '<text:a xlink:href="https://example.org/x">web</text:a></text:p></table:table-cell>'
+    '<table:table-cell office:value-type="string"><text:p><text:a xlink:href="file:///srv/shared/data.ods">file</text:a>'
+    "</text:p></table:table-cell></table:table-row></table:table></office:spreadsheet>"
+)
+_SLIDE_LINKS = (
+    '<office:presentation><draw:page draw:name="p1"><draw:frame svg:x="1cm" svg:y="1cm" svg:width="10cm" '
+    f'svg:height="3cm"><draw:text-box><text:p>{_LINKS}</text:p></draw:text-box></draw:frame>'
+    "</draw:page></office:presentation>"
+)
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice writes these documents")
+@pytest.mark.parametrize(
+    ("source", "extension", "mime"),
+    [
+        ("text", "docx", DOCX_MIME),
+        ("text", "doc", "application/msword"),
+        ("text", "rtf", RTF),
+        ("spreadsheet", "xlsx", XLSX),
+        ("presentation", "pptx", "application/vnd.openxmlformats-officedocument.presentationml.presentation"),
+    ],
+)
+def test_hyperlinks_libreoffice_writes_are_not_external(
+    tmp_path: Path, source: str, extension: str, mime: str
+) -> None:
+    """Hyperlinks to the web, to a ``file:`` URL, to a relative path and to a mail address, as
+    LibreOffice writes them: OOXML external hyperlink relationships named by ``w:hyperlink``,
+    SpreadsheetML ``hyperlink`` and ``a:hlinkClick``; RTF and Word 97 ``HYPERLINK`` fields."""
+    body = {
+        "text": f"<office:text><text:p>Links: {_LINKS}</text:p></office:text>",
+        "spreadsheet": _SHEET_LINKS,
+        "presentation": _SLIDE_LINKS,
+    }[source]
+    content = libreoffice_convert(f"links.fod{source[0]}", flat_odf(source, body), extension)
+    if extension in ("docx", "xlsx", "pptx"):
+        with zipfile.ZipFile(io.BytesIO(content)) as package:
+            rels = b"".join(package.read(n) for n in package.namelist() if n.endswith(".rels"))
+        assert rels.count(_HYPERLINK_TYPE.encode()) >= 2 and b"shared/" in rels  # the file: link is there
+    else:
+        assert b"HYPERLINK" in content or b"H\x00Y\x00P\x00E\x00R\x00" in content
+    path = tmp_path / f"links.{extension}"
+    path.write_bytes(content)
     assert find_external_content(path, mime) is None
 
 
@@ -434,3 +670,47 @@ def test_every_document_libreoffice_ships_has_nothing_external_but_its_template(
             found[path.name] = result
     assert all("linked template" in r and "in meta.xml" in r for r in found.values()), found
     assert len(found) <= 2, found
+
+
+def test_rtf_groups_nested_too_deep_exceed_the_check(tmp_path: Path) -> None:
+    """The tokenizer's bound on nesting (the upload checks bound the size)."""
+    path = tmp_path / "deep.rtf"
+    fine = "{" * (MAX_RTF_NESTING - 1) + "}" * (MAX_RTF_NESTING - 1)
+    path.write_bytes(rtf(f"{{\\field{{\\*\\fldinst PAGE}}}}{fine}"))
+    assert find_external_content(path, RTF) is None
+    path.write_bytes(rtf("{\\field{\\*\\fldinst PAGE}}" + "{" * (MAX_RTF_NESTING + 1)))
+    with pytest.raises(CheckLimitExceeded):
+        find_external_content(path, RTF)
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice writes the document")
+@pytest.mark.parametrize(
+    ("instruction", "found"),
+    [
+        ('INCLUDETEXT "/nonexistent/t.txt"', "INCLUDETEXT"),
+        ('"INCLUDETEXT" /nonexistent/t.tx', "INCLUDETEXT"),
+        ('\t\\includetext "/nonexistent/t"', "INCLUDETEXT"),
+        ('QUOTE "INCLUDETEXT /nonexist"', None),
+    ],
+)
+def test_word_97_fields_are_judged_by_their_first_word(
+    tmp_path: Path, instruction: str, found: str | None
+) -> None:
+    """A ``.doc`` LibreOffice writes from an RTF with an ``INCLUDETEXT`` field (in UTF-16 in the
+    ``WordDocument`` stream), its instruction then rewritten in place (padded to the same length): a
+    quoted word, a tab and a backslash before it (which a pattern after the 0x13 mark missed),
+    and a field that only quotes the word."""
+    original = 'INCLUDETEXT "/nonexistent/t.txt"'
+    instruction = instruction.ljust(len(original))  # the same length: the stream is rewritten in place
+    assert len(instruction) == len(original)
+    source = rtf(f"Before {{\\field{{\\*\\fldinst {original}}}{{\\fldrslt y}}}} After\\par")
+    path = tmp_path / "fields.doc"
+    path.write_bytes(libreoffice_convert("fields.rtf", source, "doc"))
+    with olefile.OleFileIO(str(path), write_mode=True) as compound:
+        stream = compound.openstream("WordDocument").read()
+        assert stream.count(original.encode("utf-16-le")) == 1
+        compound.write_stream(
+            "WordDocument", stream.replace(original.encode("utf-16-le"), instruction.encode("utf-16-le"))
+        )
+    result = find_external_content(path, "application/msword")
+    assert (result is None) if found is None else (result == f"a Word {found} field"), result
