@@ -52,6 +52,12 @@ class GatewaySettings(_Settings):
     grpc_port: int = Field(50051, ge=0, le=65535, validation_alias="HYPERMEDIA_GRPC_PORT")
     max_upload_bytes: int = Field(100 * 1024 * 1024, gt=0, validation_alias="HM_MAX_UPLOAD_BYTES")
     """Largest original accepted by POST /v1/objects (bytes)."""
+    max_concurrent_uploads_per_account: int = Field(
+        16, ge=0, le=100_000, validation_alias="HM_MAX_CONCURRENT_UPLOADS_PER_ACCOUNT"
+    )
+    """Requests with a body (uploads and JSON bodies alike) one account may have in progress at
+    once on one gateway process; one more gets ``429 TOO_MANY_UPLOADS`` with ``Retry-After``
+    before its body is read. 0: no cap."""
     max_operations: int = Field(16, gt=0, le=100, validation_alias="HM_MAX_OPERATIONS")
     """Most operations in one process request."""
     relay_poll_seconds: float = Field(1.0, gt=0, validation_alias="HM_RELAY_POLL_SECONDS")
@@ -97,11 +103,28 @@ class HttpSettings(_Settings):
     """Time a connection has to send a complete request head, from its connect or from the end of
     the previous response; past it the connection is closed (``408`` if part of a head came)."""
     body_idle_seconds: float = Field(30.0, gt=0, le=3600, validation_alias="HM_HTTP_BODY_IDLE_SECONDS")
-    """Longest gap between two pieces of a request body while the server is reading it; the whole
-    body has no deadline (a 2 GiB upload over a slow link takes as long as it takes)."""
+    """Longest gap between two pieces of a request body while the server is reading it, and the
+    grace a body starts with under :attr:`body_min_bytes_per_second`."""
+    body_min_bytes_per_second: int = Field(
+        1024, ge=0, le=1024**3, validation_alias="HM_HTTP_BODY_MIN_BYTES_PER_SECOND"
+    )
+    """Least average rate of a request body (bytes per second), as Apache's mod_reqtimeout
+    ``MinRate``: a body's deadline starts at :attr:`body_idle_seconds` after its head and moves on
+    one second per this many bytes received; past it, ``408``. It bounds the rate, not the time:
+    a 2 GiB upload needs 2 GiB / 1 KiB/s = 2,097,152 s (24 days) at the default, so any real link
+    gets through; a connection dripping a byte every few seconds is cut after the grace. Time the
+    server is the one not reading is not counted. 0: no minimum rate."""
     send_idle_seconds: float = Field(60.0, gt=0, le=3600, validation_alias="HM_HTTP_SEND_IDLE_SECONDS")
     """Longest time a response may wait for a client that does not read it (the write buffer stays
-    full); past it the connection is aborted."""
+    full); past it the connection is aborted. Also the grace of :attr:`send_min_bytes_per_second`."""
+    send_min_bytes_per_second: int = Field(
+        1024, ge=0, le=1024**3, validation_alias="HM_HTTP_SEND_MIN_BYTES_PER_SECOND"
+    )
+    """Least average rate at which a client must take a response it keeps the server waiting on
+    (bytes per second): from the first time the write buffer fills, the connection's deadline is
+    :attr:`send_idle_seconds` later and moves on one second per this many bytes the client
+    acknowledges (time the server is the one not writing is not counted); past it the connection
+    is aborted. 0: no minimum rate."""
     linger_seconds: float = Field(5.0, gt=0, le=60, validation_alias="HM_HTTP_LINGER_SECONDS")
     """After an answer sent before its request was read (401, 413, 431…), how long the server keeps
     reading and discarding what the client still sends, so the answer reaches it instead of a reset."""
@@ -116,6 +139,10 @@ class HttpSettings(_Settings):
     that address's longest-waiting connection without a request; when all of them are serving
     requests it gets ``429`` with ``Retry-After``. 0: no per-address cap (behind a proxy, every
     client has the proxy's address)."""
+    reserve_connections: int = Field(16, ge=0, le=10_000, validation_alias="HM_HTTP_RESERVE_CONNECTIONS")
+    """Connections admitted over :attr:`max_connections` when every connection is serving a
+    request, for the server's health paths only (the gateway's ``/healthz`` and ``/readyz``): one
+    request each, then closed; any other request on them gets ``503 SERVER_BUSY``. 0: none."""
     max_head_bytes: int = Field(
         64 * 1024, ge=4096, le=16 * 1024 * 1024, validation_alias="HM_HTTP_MAX_HEAD_BYTES"
     )

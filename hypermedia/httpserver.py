@@ -14,12 +14,14 @@ the connections of one server, adds the limits of :class:`~hypermedia.config.Htt
 (ADR 0028):
 
 - a deadline for each request head (from the connect, or from the end of the previous response),
-  an idle deadline between body pieces while the app reads, and one for a response the client
-  does not read;
+  an idle deadline between body pieces while the app reads and a minimum average body rate (as
+  Apache's mod_reqtimeout ``MinRate``), and for a response the client keeps the server waiting
+  on, an idle deadline and a minimum average rate at which it must take it;
 - a cap on open connections per client address and per server, where a new connection is
   admitted and evicts a connection that is not serving a request (lingering, then silent and
   never served, then idle after a served request; oldest first) instead of being refused, so a
-  flood of idle connections only replaces itself and cannot keep real requests out;
+  flood of idle connections only replaces itself and cannot keep real requests out; when every
+  connection is serving, a small reserve over the cap answers the server's health paths;
 - bounds on the request head (bytes, header fields, request target): ``431`` / ``414``;
 - a lingering close after an answer sent before the request was read, so the answer is read by the
   client instead of being destroyed by the reset a close with unread input sends.
@@ -69,6 +71,9 @@ SUMMARY_SECONDS = 60.0
 EVICTION_PEEKS = 16
 """Sockets of one eviction tier asked (``FIONREAD``) whether bytes wait unread, per eviction."""
 
+STALL_SECONDS = 1.0
+"""Least paused time over which a response's send rate is judged for eviction (shorter is noise)."""
+
 RETRY_AFTER_SECONDS = 1
 """``Retry-After`` of a 429 or 503 connection refusal."""
 
@@ -86,6 +91,16 @@ def client_key(host: str) -> str:
             return str(address.ipv4_mapped)
         return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
     return str(address)
+
+
+def deadlines(seen: float, idle: float, started: float, count: int, rate: int) -> tuple[float, float]:
+    """The two deadlines of a transfer, in loop seconds: ``(idle, rate)``. The idle one is ``idle``
+    seconds after progress was last ``seen``; the rate one, as mod_reqtimeout's ``MinRate``,
+    starts ``idle`` seconds (the grace) after the transfer's clock ``started`` (moved on by the
+    time the wait was the server's) and moves on a second per ``rate`` bytes of the ``count``
+    transferred. ``rate`` 0: no rate deadline (it equals the idle one)."""
+    due = seen + idle
+    return due, (started + idle + count / rate if rate else due)
 
 
 def problem_response(
@@ -134,24 +149,35 @@ class ConnectionGuard:
     connection) without unread bytes; then any waiting one, longest-waiting first. Unread bytes
     mean a head has arrived that the server has not read yet (a burst of connects is admitted
     before any of them is read), so a real client's fresh connection is spared while silent
-    ones are there. Active connections are never evicted.
+    ones are there. An active connection is evicted only when none of those is left and its
+    response is stalled on a slow reader: writing paused, and the client has taken less than
+    ``send_min_bytes_per_second`` for the time since its write buffer first filled (at least a
+    second of it), longest-stalled first. Other active connections are never evicted.
 
     Args:
         limits: the caps and deadlines (:class:`~hypermedia.config.HttpSettings`).
+        reserve_paths: request paths (``/healthz``) that a connection admitted over the cap, into
+            the reserve of ``limits.reserve_connections``, may ask for with ``GET`` or ``HEAD``;
+            empty: no reserve.
     """
 
-    def __init__(self, limits: HttpSettings) -> None:
+    def __init__(self, limits: HttpSettings, reserve_paths: frozenset[str] = frozenset()) -> None:
         self.limits = limits
+        self.reserve_paths = reserve_paths
         self.open: set[GuardedHttpProtocol] = set()
+        self.reserved: set[GuardedHttpProtocol] = set()
+        """Connections admitted over the server cap for a health path (also in :attr:`open`)."""
         self._by_client: dict[str, dict[GuardedHttpProtocol, None]] = {}
         # Eviction tiers, each in the order its connections entered it (oldest first).
         self._lingering: dict[GuardedHttpProtocol, None] = {}
         self._fresh: dict[GuardedHttpProtocol, None] = {}  # waiting, never served a request
         self._idle: dict[GuardedHttpProtocol, None] = {}  # waiting after a served request
+        self._stalled: dict[GuardedHttpProtocol, None] = {}  # writing paused: the client is slow
         self.closed: Counter[str] = Counter()
         """Connections the limits closed or refused since the start, by reason: ``evicted``,
         ``too_many_per_address`` (429), ``server_busy`` (503), ``head_timeout``, ``body_idle``,
-        ``send_idle``, ``head_too_large`` (431/414), ``malformed`` (400)."""
+        ``body_slow`` (below ``body_min_bytes_per_second``), ``send_idle``, ``send_slow`` (below
+        ``send_min_bytes_per_second``), ``head_too_large`` (431/414), ``malformed`` (400)."""
         self._reported: Counter[str] = Counter()
         self._reported_at = -SUMMARY_SECONDS
 
@@ -176,16 +202,22 @@ class ConnectionGuard:
         """Count a new connection in, evicting a waiting one when a cap is reached. Returns
         ``None`` when admitted, else the answer to write before closing it (429 when its address
         has ``max_connections_per_address`` connections all serving requests, 503 when the server
-        has ``max_connections`` all serving requests)."""
+        has ``max_connections`` all serving requests and its reserve for health paths is full or
+        absent). A connection admitted into the reserve has ``reserved`` set."""
         per_client = self.limits.max_connections_per_address
         same = self._by_client.get(conn.client_key, {})
         if per_client and len(same) >= per_client:
             if not self._evict(lambda tier: (c for c in same if c in tier)):  # ≤ per_client each
                 detail = f"more than {per_client} connections from one address are serving requests"
                 return self._refuse(429, detail, "TOO_MANY_CONNECTIONS")
-        if len(self.open) >= self.limits.max_connections and not self._evict(lambda tier: iter(tier)):
-            detail = f"all {self.limits.max_connections} connections are serving requests"
-            return self._refuse(503, detail, "SERVER_BUSY")
+        if len(self.open) - len(self.reserved) >= self.limits.max_connections and not self._evict(
+            lambda tier: iter(tier)
+        ):
+            if not self.reserve_paths or len(self.reserved) >= self.limits.reserve_connections:
+                detail = f"all {self.limits.max_connections} connections are serving requests"
+                return self._refuse(503, detail, "SERVER_BUSY")
+            conn.reserved = True  # outside every eviction tier; one health request, then closed
+            self.reserved.add(conn)
         self.open.add(conn)
         self._by_client.setdefault(conn.client_key, {})[conn] = None
         self.set_state(conn, "waiting")
@@ -213,16 +245,28 @@ class ConnectionGuard:
         if victim is None:
             victim = next(among(self._fresh), None) or next(among(self._idle), None)
         if victim is None:
+            now = time.monotonic()
+            stalled = zip(range(EVICTION_PEEKS), among(self._stalled), strict=False)
+            victim = next((c for _, c in stalled if c.below_send_rate(now)), None)
+        if victim is None:
             return False
         self.note("evicted")
         self.release(victim)
         victim.evict()
         return True
 
+    def stalled(self, conn: GuardedHttpProtocol, paused: bool) -> None:
+        """Note that ``conn``'s writing paused (the client takes its response slower than it is
+        made) or resumed: a connection paused while under ``send_min_bytes_per_second`` may be
+        evicted at a cap, after every waiting one."""
+        self._stalled.pop(conn, None)
+        if paused and conn in self.open and not conn.reserved:
+            self._stalled[conn] = None
+
     def set_state(self, conn: GuardedHttpProtocol, state: _State) -> None:
         """Move an admitted connection to ``state``; a connection entering waiting or lingering
         goes to the back of its tier."""
-        if conn not in self.open:
+        if conn not in self.open or conn.reserved:
             return
         for tier in (self._lingering, self._fresh, self._idle):
             tier.pop(conn, None)
@@ -235,7 +279,9 @@ class ConnectionGuard:
         """Count a connection out (idempotent)."""
         if conn in self.open:
             self.set_state(conn, "active")  # out of every tier
+            self._stalled.pop(conn, None)
             self.open.discard(conn)
+            self.reserved.discard(conn)
             same = self._by_client[conn.client_key]
             del same[conn]
             if not same:
@@ -254,7 +300,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.client_key = ""
         self.state: _State = "waiting"
         self.served = 0  # responses completed on this connection
+        self.reserved = False  # admitted over the cap for a health path (ConnectionGuard.admit)
         self._refusal: bytes | None = None
+        self._refusal_reason = ""  # ConnectionGuard.closed's reason of _refusal
         self._in_head = True  # the parser is between messages or inside a request head
         self._head_bytes = 0  # bytes received since the last message ended, while _in_head
         self._head_fields = 0  # header fields of the request head being parsed
@@ -263,7 +311,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_seen = 0.0  # loop time a body piece last arrived
+        self._body_started = 0.0  # loop time the body's rate clock started
+        self._body_received = 0  # bytes of the body received
+        self._body_credit = 0.0  # seconds the server, not the client, was the one waiting
+        self._body_checked = 0.0  # loop time of the last check of the body's deadlines
         self._send_timer: asyncio.TimerHandle | None = None
+        self._send_started: float | None = None  # loop time the send-rate clock started
+        self._send_credit = 0.0  # seconds writing was not paused since then
+        self._send_seen = 0.0  # loop time the client was last seen taking bytes (or writing paused)
+        self._send_resumed = 0.0  # loop time writing last resumed
+        self._send_acked = 0  # bytes the client took while writing was paused, since the start
+        self._send_pending = 0  # bytes not yet acknowledged at the last look (buffer + socket)
         self._linger_timer: asyncio.TimerHandle | None = None
 
     # Connection
@@ -302,6 +360,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """Close this connection to make room (called by the guard, which has counted it out)."""
         if self.state == "lingering":
             self.transport.abort()  # its answer is out; what it still sends is not wanted
+        elif self.flow.write_paused:
+            self.reset()  # a response stalled on a slow reader: a close would wait for it
         else:
             self.transport.close()
 
@@ -378,17 +438,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserUpgrade:
             self._unsupported_upgrade_warning()  # no WebSocket here (ws="none"), as uvicorn does
         except httptools.HttpParserError:
-            self.guard.note("head_too_large" if self._refusal else "malformed")
+            self.guard.note(self._refusal_reason if self._refusal else "malformed")
             answer = self._refusal or problem_response(
                 400, "the request is not valid HTTP/1.1", "MALFORMED_REQUEST"
             )
             self._refusal = None
+            self._refusal_reason = ""
             self._answer_and_linger(answer)
             return
         if self.state == "active" and self._body_timer is None and self.cycle.more_body:
             # A body still to come (armed here, not per request: most requests have none).
-            self._body_seen = self.loop.time()
-            self._body_timer = self.loop.call_later(self.limits.body_idle_seconds, self._body_idle)
+            now = self.loop.time()
+            self._body_seen = self._body_started = self._body_checked = now
+            self._body_credit = 0.0
+            self._body_timer = self.loop.call_later(self.limits.body_idle_seconds, self._check_body)
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
             # More bytes than a head may have and still no complete head (a chunk that completed
             # it would have ended _in_head): a header line that never ends, or many of them.
@@ -411,6 +474,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refusal = problem_response(
                 414, f"the request target is longer than {self.limits.max_target_bytes} bytes", "URI_TOO_LONG"
             )
+            self._refusal_reason = "head_too_large"
             raise _Refused
         self._head_size += len(url)
         super().on_url(url)
@@ -422,6 +486,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refusal = problem_response(
                 431, f"the request has more than {self.limits.max_headers} header fields", "HEADERS_TOO_LARGE"
             )
+            self._refusal_reason = "head_too_large"
             raise _Refused
         if self._head_size > self.limits.max_head_bytes:
             self._refusal = problem_response(
@@ -429,6 +494,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 f"the request head is larger than {self.limits.max_head_bytes} bytes",
                 "HEADERS_TOO_LARGE",
             )
+            self._refusal_reason = "head_too_large"
             raise _Refused
         super().on_header(name, value)
 
@@ -437,12 +503,37 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if self.reserved and not self._is_reserve_request():
+            limit = self.limits.max_connections
+            self._refusal = problem_response(
+                503,
+                f"all {limit} connections are serving requests",
+                "SERVER_BUSY",
+                {"retry-after": str(RETRY_AFTER_SECONDS)},
+            )
+            self._refusal_reason = "server_busy"
+            raise _Refused
         self.state = "active"
+        self._body_received = 0
         self.guard.set_state(self, "active")
         super().on_headers_complete()
+        if self.reserved and self.cycle is not None:
+            self.cycle.keep_alive = False  # one request over the cap, then the connection ends
+
+    def _is_reserve_request(self) -> bool:
+        """Whether the request whose head was just parsed is a ``GET``/``HEAD`` of one of the
+        guard's reserve paths (the target's path, without its query)."""
+        if self.parser.get_method() not in (b"GET", b"HEAD"):
+            return False
+        try:
+            path = httptools.parse_url(self.url).path
+        except httptools.HttpParserInvalidURLError:
+            return False
+        return path is not None and path.decode("latin-1") in self.guard.reserve_paths
 
     def on_body(self, body: bytes) -> None:
         self._body_seen = self.loop.time()
+        self._body_received += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -453,25 +544,35 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._body_timer = None
         super().on_message_complete()
 
-    def _body_idle(self) -> None:
-        """No body piece for ``body_idle_seconds``: answer 408 and close, unless the wait is the
-        server's (reading paused while the app has not taken what arrived, or a client waiting for
-        its ``100 Continue``, which comes when the app first reads)."""
+    def _check_body(self) -> None:
+        """The body's two deadlines, checked when the earlier one is due: no piece for
+        ``body_idle_seconds``, or fewer bytes than ``body_min_bytes_per_second`` allow for the time
+        since the head (after a grace of ``body_idle_seconds``). Past either, answer 408 and close,
+        unless the wait is the server's (reading paused while the app has not taken what arrived,
+        or a client waiting for its ``100 Continue``, which comes when the app first reads): the
+        time since the last check is then not counted against the client."""
         self._body_timer = None
         if self.state != "active" or self.transport.is_closing():
             return
         now = self.loop.time()
         if self.flow.read_paused or (self.cycle is not None and self.cycle.waiting_for_100_continue):
             self._body_seen = now
-        remaining = self._body_seen + self.limits.body_idle_seconds - now
-        if remaining > 0:
-            self._body_timer = self.loop.call_later(remaining, self._body_idle)
-            return
-        self.guard.note("body_idle")
-        seconds = self.limits.body_idle_seconds
-        self._answer_and_linger(
-            problem_response(408, f"no part of the request body arrived for {seconds:g} s", "REQUEST_TIMEOUT")
+            self._body_credit += now - self._body_checked
+        self._body_checked = now
+        idle, rate = self.limits.body_idle_seconds, self.limits.body_min_bytes_per_second
+        due, slow_due = deadlines(
+            self._body_seen, idle, self._body_started + self._body_credit, self._body_received, rate
         )
+        if now < due and now < slow_due:
+            self._body_timer = self.loop.call_later(min(due, slow_due) - now, self._check_body)
+            return
+        if now >= due:
+            self.guard.note("body_idle")
+            detail = f"no part of the request body arrived for {idle:g} s"
+        else:
+            self.guard.note("body_slow")
+            detail = f"the request body arrived slower than {rate} bytes per second"
+        self._answer_and_linger(problem_response(408, detail, "REQUEST_TIMEOUT"))
 
     def on_response_complete(self) -> None:
         self.served += 1
@@ -490,18 +591,104 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
+        now = self.loop.time()
+        self._send_seen = now
+        if self._send_started is not None:
+            self._send_credit += now - self._send_resumed  # the server's own time, not the client's
+            self._send_pending = self._unacknowledged()
+            _, slow_due = deadlines(
+                now,
+                self.limits.send_idle_seconds,
+                self._send_started + self._send_credit,
+                self._send_acked,
+                self.limits.send_min_bytes_per_second,
+            )
+            delay = max(0.0, min(self.limits.send_idle_seconds, slow_due - now))
+        else:
+            delay = min(STALL_SECONDS, self.limits.send_idle_seconds)  # then the rate clock starts
+        self.guard.stalled(self, True)
         if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.limits.send_idle_seconds, self._send_stalled)
+            self._send_timer = self.loop.call_later(delay, self._check_send)
 
-    def _send_stalled(self) -> None:
-        """The client has not read the response for ``send_idle_seconds``: abort (a close would
-        wait for the full write buffer to drain)."""
+    def _unacknowledged(self) -> int:
+        """Bytes written but not yet acknowledged by the client: the transport's buffer plus the
+        socket's send queue (``SIOCOUTQ``: sent and unacknowledged, and not sent)."""
+        pending = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, ValueError):
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+                pending += struct.unpack("i", queued)[0]
+        return pending
+
+    def _took(self) -> None:
+        """Count what the client acknowledged since the last look (writing is paused: the app
+        writes nothing meanwhile, so the pending bytes only go down)."""
+        pending = self._unacknowledged()
+        if pending < self._send_pending:
+            self._send_acked += self._send_pending - pending
+            self._send_seen = self.loop.time()
+        self._send_pending = pending
+
+    def _check_send(self) -> None:
+        """While writing is paused (the client takes the response slower than the app makes it).
+        The first check, :data:`STALL_SECONDS` after the connection's first pause, starts the rate
+        clock: what the client's socket buffers took before it is not counted. Abort when the
+        client has acknowledged nothing for ``send_idle_seconds`` (seen at the checks, so between
+        one and two times that), or has taken less than ``send_min_bytes_per_second`` allow for
+        the paused time since the clock started (after a grace of ``send_idle_seconds``). Progress
+        is read from the kernel (``SIOCOUTQ``), not from the write buffer's pauses: a slow but
+        steady reader can keep writing paused far longer than the deadline while a few MiB of
+        socket buffer drain. An abort, as a close would wait for the buffer."""
         self._send_timer = None
-        self.guard.note("send_idle")
+        if self.transport.is_closing() or not self.flow.write_paused:
+            return
+        now = self.loop.time()
+        if self._send_started is None:
+            self._send_started = self._send_seen = now
+            self._send_pending = self._unacknowledged()
+        else:
+            self._took()
+        due, slow_due = deadlines(
+            self._send_seen,
+            self.limits.send_idle_seconds,
+            self._send_started + self._send_credit,
+            self._send_acked,
+            self.limits.send_min_bytes_per_second,
+        )
+        if now < due and now < slow_due:
+            self._send_timer = self.loop.call_later(min(due, slow_due) - now, self._check_send)
+            return
+        self.guard.note("send_idle" if now >= due else "send_slow")
+        self.reset()
+
+    def reset(self) -> None:
+        """Abort with a reset (``SO_LINGER`` 0): a plain abort closes the descriptor, but the
+        kernel goes on sending its socket's queue (MiBs on a fast link) to the slow client."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()
+
+    def below_send_rate(self, now: float) -> bool:
+        """Whether this connection's writing is paused and the client has taken less than
+        ``send_min_bytes_per_second`` over the paused time since its rate clock started (see
+        :meth:`_check_send`), which is at least :data:`STALL_SECONDS` (``now``: the loop's clock,
+        ``time.monotonic()``)."""
+        rate = self.limits.send_min_bytes_per_second
+        if not rate or not self.flow.write_paused or self._send_started is None:
+            return False
+        self._took()
+        paused = now - self._send_started - self._send_credit
+        return paused >= STALL_SECONDS and self._send_acked < rate * paused
 
     def resume_writing(self) -> None:
         super().resume_writing()
+        if self._send_started is not None:
+            self._took()
+        self._send_resumed = self.loop.time()
+        self.guard.stalled(self, False)
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
@@ -553,10 +740,17 @@ class HttpServer:
         grace_seconds: how long :meth:`stop` waits for in-flight requests.
         limits: deadlines and caps per connection (default: :data:`DEFAULT_LIMITS`; services pass
             ``load(HttpSettings)``, the ``HM_HTTP_*`` variables).
+        reserve_paths: paths a connection over the cap may still ``GET`` while every connection
+            is serving (``{"/healthz", "/readyz"}``; see :class:`ConnectionGuard`); none by default.
     """
 
     def __init__(
-        self, host: str, port: int, grace_seconds: float = 10.0, limits: HttpSettings = DEFAULT_LIMITS
+        self,
+        host: str,
+        port: int,
+        grace_seconds: float = 10.0,
+        limits: HttpSettings = DEFAULT_LIMITS,
+        reserve_paths: frozenset[str] = frozenset(),
     ) -> None:
         # IPPROTO_TCP explicitly: asyncio enables TCP_NODELAY on accepted connections only when the
         # listening socket says so; with protocol 0 every response waited ~40 ms for the client's
@@ -573,14 +767,17 @@ class HttpServer:
         self.host = host
         self.port: int = self._sock.getsockname()[1]
         self._grace = grace_seconds
-        self.guard = ConnectionGuard(limits)
+        self.guard = ConnectionGuard(limits, reserve_paths)
         """This server's connections (for tests and diagnostics: ``open``, ``closed``)."""
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, app: Any) -> None:
         """Serve ``app`` until :meth:`stop`; returns once the server accepts connections."""
-        ensure_descriptors(self.guard.limits.max_connections)
+        limits = self.guard.limits
+        ensure_descriptors(
+            limits.max_connections + (limits.reserve_connections if self.guard.reserve_paths else 0)
+        )
         config = uvicorn.Config(
             app,
             http=guarded_protocol(self.guard),

@@ -20,7 +20,7 @@ from services.gateway import auth
 from services.gateway.grpc_api import JobService
 from services.gateway.jobs import JobsAPI
 from services.gateway.resolved import LinkSigner, OutputResolver
-from services.gateway.rest import build_app
+from services.gateway.rest import HEALTH_PATHS, build_app
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,12 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     await grpc_server.start()
     stack.push_async_callback(grpc_server.stop)
 
-    http_server = HttpServer(settings.http_host, settings.http_port, limits=http_limits)
-    await http_server.start(build_app(api, authenticate, readiness, resolver))
+    http_server = HttpServer(
+        settings.http_host, settings.http_port, limits=http_limits, reserve_paths=HEALTH_PATHS
+    )
+    await http_server.start(
+        build_app(api, authenticate, readiness, resolver, settings.max_concurrent_uploads_per_account)
+    )
     stack.push_async_callback(http_server.stop)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
@@ -144,6 +145,10 @@ class BalanceOut(BaseModel):
 Readiness = Callable[[], Awaitable[dict[str, bool]]]
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+UPLOAD_RETRY_AFTER_SECONDS = 1
+"""``Retry-After`` of a ``429 TOO_MANY_UPLOADS``."""
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+"""Paths the HTTP server answers over its connection cap (``HttpServer(reserve_paths=…)``)."""
 
 
 class _BodyGuard:
@@ -155,6 +160,11 @@ class _BodyGuard:
     to the temp directory, or keep up to a thousand 1 MiB parts in memory, before the 401 (found by
     a hostile test).
 
+    One account may have at most ``max_per_account`` such requests in progress at once (0: no
+    cap); one more gets ``429 TOO_MANY_UPLOADS`` with ``Retry-After`` before its body is read, so
+    one key cannot hold every connection of the server with slow uploads (issue 14, F3). A slot
+    is held until the request's response ends (or its connection is lost).
+
     The authenticated caller is left in ``request.state.caller`` for the route's dependency.
     """
 
@@ -163,10 +173,14 @@ class _BodyGuard:
         app: Any,
         limit_for: Callable[[str], int],
         authenticate: Callable[[str | None], Awaitable[Caller]],
+        max_per_account: int = 0,
     ) -> None:
         self.app = app
         self.limit_for = limit_for
         self.authenticate = authenticate
+        self.max_per_account = max_per_account
+        self.in_progress: Counter[str] = Counter()
+        """Requests with a body in progress, by account id."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -190,6 +204,29 @@ class _BodyGuard:
                 await domain_problem(exc)(scope, receive, send)
                 return
             scope.setdefault("state", {})["caller"] = caller
+            account = caller.account_id
+            if self.max_per_account and self.in_progress[account] >= self.max_per_account:
+                busy = problem(
+                    429,
+                    "Too Many Requests",
+                    f"an account may send at most {self.max_per_account} request bodies at once",
+                    "TOO_MANY_UPLOADS",
+                )
+                busy.headers["Retry-After"] = str(UPLOAD_RETRY_AFTER_SECONDS)
+                await busy(scope, receive, send)
+                return
+            self.in_progress[account] += 1
+            try:
+                await self._counted(scope, receive, send, limit)
+            finally:
+                self.in_progress[account] -= 1
+                if not self.in_progress[account]:
+                    del self.in_progress[account]
+            return
+        await self._counted(scope, receive, send, limit)
+
+    async def _counted(self, scope: dict[str, Any], receive: Any, send: Any, limit: int) -> None:
+        """Run the app with a ``receive`` that cuts the body off past ``limit`` bytes (413)."""
         received = 0
 
         async def counted() -> dict[str, Any]:
@@ -209,10 +246,12 @@ def build_app(
     authenticate: Callable[[str | None], Awaitable[Caller]],
     readiness: Readiness,
     resolver: OutputResolver,
+    max_bodies_per_account: int = 0,
 ) -> FastAPI:
     """The FastAPI application over ``api``; ``authenticate`` maps an Authorization header to a
     caller; ``readiness`` reports each dependency for ``/readyz``; ``resolver`` serves resolved
-    playlists and WebVTT outputs."""
+    playlists and WebVTT outputs; ``max_bodies_per_account`` caps one account's requests with a
+    body in progress (``HM_MAX_CONCURRENT_UPLOADS_PER_ACCOUNT``; 0: no cap)."""
     app = FastAPI(title="hypermedia", version="1.0", description="Queued, sandboxed, billed file processing.")
 
     def body_limit(path: str) -> int:
@@ -223,7 +262,9 @@ def build_app(
     # Added first, so it is the innermost middleware: an error raised from its receive() reaches
     # the route directly (BaseHTTPMiddleware would wrap it in an exception group). It also refuses
     # an oversized Content-Length, so no request pays for a second middleware doing only that.
-    app.add_middleware(_BodyGuard, limit_for=body_limit, authenticate=authenticate)
+    app.add_middleware(
+        _BodyGuard, limit_for=body_limit, authenticate=authenticate, max_per_account=max_bodies_per_account
+    )
 
     @app.exception_handler(DomainError)
     async def _domain(_request: Request, exc: DomainError) -> JSONResponse:

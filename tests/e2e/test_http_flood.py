@@ -16,6 +16,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ IDLE_PER_ADDRESS = 12
 (128) is what the 21 addresses' 252 connections per server run into."""
 DRIPPING = 20
 """Connections per server sending a request head one byte per second."""
+UPLOADS_PER_ACCOUNT = 4
+"""``HM_MAX_CONCURRENT_UPLOADS_PER_ACCOUNT`` of the flood platform."""
 RECONNECT_SECONDS = 0.2
 """A flood slot's pause before it connects again after the server closed its connection. With
 272 slots per server over its cap of 128, that is about 700 new connections per second per
@@ -54,6 +57,7 @@ def flood_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator
         HM_HTTP_HEAD_TIMEOUT_SECONDS=str(HEAD_TIMEOUT),
         HM_HTTP_BODY_IDLE_SECONDS=str(BODY_IDLE),
         HM_HTTP_MAX_CONNECTIONS=str(MAX_CONNECTIONS),
+        HM_MAX_CONCURRENT_UPLOADS_PER_ACCOUNT=str(UPLOADS_PER_ACCOUNT),
     ) as running:
         yield running
 
@@ -261,3 +265,72 @@ async def test_the_gateway_refuses_huge_heads_and_cuts_a_stalled_upload_but_not_
     finally:
         await conn.close()
     assert count == 1  # the slow upload only
+
+
+async def _slow_upload_slot(
+    port: int, source: str, api_key: str, answers: Counter[str], stop: asyncio.Event
+) -> None:
+    """Upload after upload, as the review's F3 did: a valid key, a 10 MB multipart
+    ``Content-Length``, the first boundary, then a byte every 0.5 s, until the server answers;
+    each answer is counted as ``"{status} {error_code}"`` and the upload started again."""
+    head = (
+        f"POST /v1/objects HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api_key}\r\n"
+        "Content-Type: multipart/form-data; boundary=BND\r\nContent-Length: 10000000\r\n\r\n--BND\r\n"
+    ).encode()
+    while not stop.is_set():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+        try:
+            writer.write(head)
+            got = b""
+            while not got and not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    got = await asyncio.wait_for(reader.read(1), 0.5)
+                if not got:
+                    writer.write(b"a")
+            if got:
+                got += await asyncio.wait_for(reader.read(), 10)
+                status, code = _problem(got)
+                answers[f"{status} {code}"] += 1
+        except ConnectionError:
+            answers["reset"] += 1
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+
+
+async def test_one_key_s_slow_uploads_are_capped_while_health_and_another_account_s_job_answer(
+    flood_platform: RunningPlatform,
+) -> None:
+    flooder = flood_platform.admin("create-account", "--credits", "0")  # no credits needed
+    other = flood_platform.admin("create-account", "--credits", "100")
+    port = int(flood_platform.rest_url.rsplit(":", 1)[1])
+    answers: Counter[str] = Counter()
+    stop = asyncio.Event()
+    slots = [
+        asyncio.create_task(
+            _slow_upload_slot(port, f"127.0.1.{1 + i % 4}", flooder["api_key"], answers, stop)
+        )
+        for i in range(12 * UPLOADS_PER_ACCOUNT)
+    ]
+    try:
+        await asyncio.sleep(1)
+        job = await asyncio.to_thread(_job_round, flood_platform, other["api_key"])
+        assert job["status"] == "completed"
+        await asyncio.sleep(BODY_IDLE + 1)  # past the uploads' grace: the held ones are cut
+        health = await asyncio.to_thread(httpx.get, flood_platform.rest_url + "/healthz")
+        assert health.status_code == 200
+    finally:
+        stop.set()
+        await asyncio.gather(*slots)
+    # The key's uploads past its cap were refused before their bodies were read; those it held
+    # sent less than the minimum body rate and were cut at their deadline.
+    assert answers["429 TOO_MANY_UPLOADS"] >= 11 * UPLOADS_PER_ACCOUNT
+    assert answers["408 REQUEST_TIMEOUT"] >= UPLOADS_PER_ACCOUNT
+    assert set(answers) <= {"429 TOO_MANY_UPLOADS", "408 REQUEST_TIMEOUT"}, answers
+    # Its slots are free again: the same key uploads normally.
+    with flood_platform.client(flooder) as client:
+        uploaded = client.post("/v1/objects", files={"file": ("after.bin", b"after the flood")})
+    assert uploaded.status_code == 201, uploaded.text

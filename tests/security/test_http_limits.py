@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -191,18 +193,7 @@ async def test_a_slow_steady_upload_completes_and_a_stalled_one_is_cut_off(serve
     port = served.server.port
     piece = b"0123456789" * 100
     pieces = 8  # one every 0.5 s: 4 s in all, longer than both deadlines, no gap as long as either
-    put = target(await served.put_url("slow/steady"))
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        f"PUT {put} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
-        f"Content-Length: {len(piece) * pieces}\r\n\r\n".encode()
-    )
-    for _ in range(pieces):
-        await asyncio.sleep(0.5)
-        writer.write(piece)
-        await writer.drain()
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    writer.close()
+    head = await _put_in_pieces(port, target(await served.put_url("slow/steady")), piece, pieces, 0.5)
     assert head.startswith(b"HTTP/1.1 200"), head
     assert (served.store.root / "slow" / "steady").read_bytes() == piece * pieces
 
@@ -310,6 +301,197 @@ async def test_a_response_the_client_does_not_read_is_aborted(served: Store) -> 
         writer.close()
     assert received < size
     assert served.server.guard.closed["send_idle"] == 1
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, limits: HttpSettings, reserve_paths: frozenset[str] = frozenset()
+) -> AsyncIterator[Store]:
+    """A real ``HttpServer`` with ``limits`` around the storage app, which also answers
+    ``GET /healthz`` with ``ok`` (as the gateway does), for tests that need other limits."""
+    server = HttpServer("127.0.0.1", 0, limits=limits, reserve_paths=reserve_paths)
+    store = LocalStore(tmp_path / "objects", SIGNING_KEY, f"http://127.0.0.1:{server.port}")
+    storage_app = build_app(store, MAX_PUT_BYTES)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/healthz":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        await storage_app(scope, receive, send)
+
+    await server.start(app)
+    try:
+        yield Store(server, store)
+    finally:
+        await server.stop()
+
+
+async def _put_in_pieces(port: int, put: str, piece: bytes, pieces: int, gap: float) -> bytes:
+    """PUT ``pieces`` copies of ``piece`` to ``put``, ``gap`` seconds before each; the answer's head."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_put_head(put, len(piece) * pieces))
+    for _ in range(pieces):
+        await asyncio.sleep(gap)
+        writer.write(piece)
+        await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    writer.close()
+    return head
+
+
+def _put_head(put: str, length: int) -> bytes:
+    return (
+        f"PUT {put} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_body_below_the_minimum_rate_is_cut_at_its_deadline_and_a_slow_one_above_it_is_not(
+    tmp_path: Path,
+) -> None:
+    grace, rate = 1.0, 4096
+    limits = HttpSettings(HM_HTTP_BODY_IDLE_SECONDS=grace, HM_HTTP_BODY_MIN_BYTES_PER_SECOND=rate)
+    async with serving(tmp_path, limits) as served:
+        port = served.server.port
+        # Above the rate: 1,000 bytes every 0.1 s (10 KB/s) for 3 s, three times the grace.
+        piece, pieces = b"a" * 1000, 30
+        head = await _put_in_pieces(port, target(await served.put_url("rate/above")), piece, pieces, 0.1)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert (served.store.root / "rate" / "above").read_bytes() == piece * pieces
+
+        # Below it, never idle: 400 bytes every 0.25 s (1.6 KB/s). Its deadline is the grace plus a
+        # second per 4,096 bytes received: about 1.6 s, long before its 100,000 bytes would be in.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_put_head(target(await served.put_url("rate/below")), 100_000))
+        started = time.monotonic()
+        got = b""
+        with contextlib.suppress(ConnectionError):
+            for _ in range(200):
+                writer.write(b"b" * 400)
+                await writer.drain()
+                with contextlib.suppress(TimeoutError):
+                    got += await asyncio.wait_for(reader.read(4096), 0.25)
+                if got or reader.at_eof():
+                    break
+        elapsed = time.monotonic() - started
+        writer.close()
+        assert problem_code(got) == (408, "REQUEST_TIMEOUT")
+        assert b"slower than 4096 bytes per second" in got
+        assert grace <= elapsed < 10  # cut after the grace, not at the end of a 62 s upload
+        assert (served.server.guard.closed["body_slow"], served.server.guard.closed["body_idle"]) == (1, 0)
+        await asyncio.sleep(0.2)  # the app's cleanup after the disconnect
+        assert sorted(p.name for p in (served.store.root / "rate").iterdir()) == ["above"]
+
+
+async def _slow_reader(port: int, path: str, chunk: int, every: float, source: str = "127.0.0.1") -> int:
+    """GET ``path`` on a socket with a 4 KiB receive buffer, reading ``chunk`` bytes every
+    ``every`` seconds until the server ends the connection; returns the bytes received."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((source, 0))
+    sock.setblocking(False)
+    received = 0
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(sock, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        for _ in range(int(60 / every)):
+            await asyncio.sleep(every)
+            try:
+                data = await asyncio.wait_for(loop.sock_recv(sock, chunk), 5)
+            except ConnectionError:
+                break
+            if not data:
+                break
+            received += len(data)
+    finally:
+        sock.close()
+    return received
+
+
+BIG = 32 * 1024 * 1024
+"""A response larger than loopback's socket buffers on both sides hold, so writing pauses."""
+
+
+async def test_a_reader_below_the_minimum_send_rate_is_aborted_and_a_fast_one_is_not(tmp_path: Path) -> None:
+    grace, rate = 3.0, 128 * 1024
+    limits = HttpSettings(HM_HTTP_SEND_IDLE_SECONDS=grace, HM_HTTP_SEND_MIN_BYTES_PER_SECOND=rate)
+    async with serving(tmp_path, limits) as served:
+        await served.store.write("big", _chunks([b"b" * (1024 * 1024)] * 32), MAX_PUT_BYTES)
+        url = await served.get_url("big")
+        # Never still for the idle deadline (writing pauses and resumes every second or so), but
+        # at about 40 KB/s, a third of the minimum rate.
+        received = await _slow_reader(served.server.port, target(url), 4096, 0.1)
+        assert received < BIG
+        assert (served.server.guard.closed["send_slow"], served.server.guard.closed["send_idle"]) == (1, 0)
+        async with httpx.AsyncClient() as http:  # a client that reads at once gets it all
+            response = await http.get(url)
+        assert (response.status_code, len(response.content)) == (200, BIG)
+        assert served.server.guard.closed["send_slow"] == 1
+
+
+async def test_at_the_cap_a_reader_below_the_send_rate_is_evicted_for_a_new_client(tmp_path: Path) -> None:
+    cap = 16
+    limits = HttpSettings(
+        HM_HTTP_MAX_CONNECTIONS=cap,
+        HM_HTTP_MAX_CONNECTIONS_PER_ADDRESS=0,
+        HM_HTTP_SEND_IDLE_SECONDS=30,
+        HM_HTTP_SEND_MIN_BYTES_PER_SECOND=64 * 1024,
+    )
+    async with serving(tmp_path, limits) as served:
+        await served.store.write("big", _chunks([b"b" * (1024 * 1024)] * 32), MAX_PUT_BYTES)
+        await served.store.write("small", _chunks([b"s"]), MAX_PUT_BYTES)
+        big, small = target(await served.get_url("big")), await served.get_url("small")
+        # Every connection serves a response its client reads at 512 bytes a second.
+        readers = [asyncio.create_task(_slow_reader(served.server.port, big, 512, 1.0)) for _ in range(cap)]
+        try:
+            await asyncio.sleep(3)  # writing paused, and the rate clocks past their first second
+            assert len(served.server.guard.open) == cap
+            assert all(c.state == "active" for c in served.server.guard.open)
+            async with httpx.AsyncClient() as http:
+                response = await http.get(small)
+            assert (response.status_code, response.content) == (200, b"s")
+            assert served.server.guard.closed["evicted"] == 1
+            assert served.server.guard.closed["server_busy"] == 0
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def test_health_answers_over_the_cap_when_every_connection_is_serving(tmp_path: Path) -> None:
+    cap, reserve = 16, 2
+    limits = HttpSettings(
+        HM_HTTP_MAX_CONNECTIONS=cap,
+        HM_HTTP_MAX_CONNECTIONS_PER_ADDRESS=0,
+        HM_HTTP_RESERVE_CONNECTIONS=reserve,
+        HM_HTTP_BODY_IDLE_SECONDS=20,
+        HM_HTTP_BODY_MIN_BYTES_PER_SECOND=0,
+    )
+    async with serving(tmp_path, limits, reserve_paths=frozenset({"/healthz"})) as served:
+        port = served.server.port
+        put = target(await served.put_url("held"))
+        async with connections(port, cap) as held:
+            for _, writer in held:  # uploads whose bodies have not come yet: all serving
+                writer.write(_put_head(put, 1000))
+            await asyncio.sleep(0.3)
+            assert all(c.state == "active" for c in served.server.guard.open)
+
+            health = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, headers, body = answer(health)
+            assert (status, body, headers["connection"]) == (200, b"ok", "close")
+            # Anything else over the cap is refused once its head is read.
+            other = await exchange(
+                port, f"GET {target(await served.get_url('x'))} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            )
+            assert problem_code(other) == (503, "SERVER_BUSY")
+            # The reserve is bounded: with it full, a new connection is refused at once.
+            async with connections(port, reserve):
+                await asyncio.sleep(0.1)
+                refused = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert problem_code(refused) == (503, "SERVER_BUSY")
+            assert len(served.server.guard.open) - len(served.server.guard.reserved) == cap
 
 
 def test_clients_are_counted_per_address_and_ipv6_per_64() -> None:
