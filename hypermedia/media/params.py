@@ -12,7 +12,7 @@ in the worker (:func:`hypermedia.media.probe.run`, :func:`hypermedia.media.wavef
 | ``waveform`` | ``buckets_per_second`` (integer 1–1000, default 100) **or** ``buckets`` (the total, integer 16–100 000), not both; ``channels``: ``"all"`` (default: peaks per channel) or ``"mix"`` (one channel, the mean of all); ``image``: ``false`` for no PNG, or an object of ``width`` (64–8192 px, default 1800), ``height`` (32–2048 px, default 280), ``color`` (``"#RRGGBB"``, default ``"#3B82F6"``), ``background`` (``"#RRGGBB"`` or ``"transparent"``, the default); ``true`` or absent is the defaults |
 
 Normalised ``waveform`` params: ``{"buckets_per_second": int | None, "buckets": int | None,
-"channels": "all" | "mix", "image": {"width", "height", "color", "background"} | None}`` with
+"channels": "all" | "mix", "image": {"width", "height", "color", "background"} | false}`` with
 exactly one of the first two set and colours upper-case. Normalised ``poster`` params:
 ``{"width": int, "format": "jpeg" | "webp" | "png", "quality": int, "sprite": {"count", "columns",
 "width"} | None}``. Normalised ``transcode_video`` params: ``{"codec", "heights" (sorted high to
@@ -330,7 +330,9 @@ def _waveform(params: Mapping[str, Any]) -> dict[str, Any]:
         "buckets_per_second": per_second,
         "buckets": total,
         "channels": channels,
-        "image": _image(params.get("image")),
+        # False, not None, for "no PNG": None is what an absent image means (the defaults), and
+        # the worker validates these normalised params again (a stored null made a PNG anyway).
+        "image": _image(params.get("image")) or False,
     }
 
 

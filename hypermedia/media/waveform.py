@@ -178,7 +178,7 @@ def run(
         )
     ]
     image = options["image"]
-    if image is not None:
+    if image:  # False: no PNG (the normalised form)
         _write_png(out_dir / "waveform.png", mins, maxs, image)
         outputs.append(
             OutputFile(

@@ -139,6 +139,18 @@ def test_waveform_of_a_flac_tone_then_silence(client: httpx.Client, tmp_path: Pa
     assert (pixels[:, 210:] == 255).all() and (pixels[:, :190] != 255).any()
 
 
+def test_a_waveform_asked_without_an_image_has_peaks_only(client: httpx.Client, tmp_path: Path) -> None:
+    """``"image": false`` through REST: the job's params say false and its only output is the
+    peaks (issue 15, item 10: it was stored as null, which the worker read as the default PNG)."""
+    from tests.unit.test_media_waveform import write_tone
+
+    obj = upload(client, write_tone(tmp_path / "tone.flac", "flac", "flac", "s16"))
+    job = _process(client, obj["object_id"], {"name": "waveform", "params": {"image": False}})
+    assert job["status"] == "completed", (job["error_code"], job["error_message"])
+    assert job["params"]["image"] is False
+    assert [o["output_type"] for o in job["outputs"]] == ["peaks"]
+
+
 def test_waveform_of_a_video_without_sound_is_a_specific_error(client: httpx.Client, tmp_path: Path) -> None:
     obj = upload(client, write_video(tmp_path / "silent.mp4", seconds=1.0, audio=False))
     job = _process(client, obj["object_id"], "waveform")

@@ -248,7 +248,7 @@ def test_default_params() -> None:
     )
     assert normalised["buckets"] == 16 and normalised["buckets_per_second"] is None
     assert normalised["image"]["color"] == "#ABCDEF"
-    assert media_params.validate_params("waveform", {"image": False})["image"] is None
+    assert media_params.validate_params("waveform", {"image": False})["image"] is False
 
 
 @pytest.mark.parametrize(
