@@ -230,9 +230,18 @@ def _clip(value: str | None) -> str | None:
     return value[:MAX_INFO_STRING] if value else None
 
 
+_CONTROLS: Final = dict.fromkeys(
+    [c for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\t\n\f"]
+)
+"""C0 controls but tab, line feed and form feed, DEL and the C1 controls: dropped from page text.
+PDFium passes some through from the content stream (U+0003 in real files; issue 15), and no
+reader of a ``text`` output wants them (``\\r`` is a line end, mapped before)."""
+
+
 def page_text(document: pdfium.PdfDocument, index: int) -> str:
     """The text layer of page ``index`` (0-based) in content-stream order, with ``\\n`` line ends
-    (also the OCR engine's for a page it skips for its text layer). Raises pypdfium2.PdfiumError."""
+    and no control characters but tab, line feed and form feed (:data:`_CONTROLS`); also the OCR
+    engine's for a page it skips for its text layer. Raises pypdfium2.PdfiumError."""
     page = document[index]
     try:
         textpage = page.get_textpage()
@@ -242,7 +251,7 @@ def page_text(document: pdfium.PdfDocument, index: int) -> str:
             textpage.close()
     finally:
         page.close()
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_CONTROLS)
 
 
 def _has_text_layer(document: pdfium.PdfDocument, pages: int) -> bool:

@@ -4,6 +4,7 @@ PDFium renders and text made in the test."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,6 +25,7 @@ from tests.unit.test_pdf import (
     mean_abs_diff,
     pixel_box,
     reference_render,
+    text_pages_pdf,
 )
 
 EXIF = PDF_DIR.parent / "exif-orientation"
@@ -132,6 +134,21 @@ def test_form_field_values_are_visible_in_the_preview(client: httpx.Client) -> N
     inner = (name_box[0] + 4, name_box[1] + 4, name_box[2] - 8, name_box[3] - 8)
     assert ink(image, inner) > 150, f"{FILLED_NAME!r} is drawn in the Name field"
     assert ink(reference_render(filled, 0, 2.0), inner) == 0, "without the form layer the field is empty"
+
+
+def test_text_extract_drops_the_control_characters_pdfium_passes_through(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """A page whose text shows U+0003, U+0001, DEL and a C1 control between letters: PDFium hands
+    them on as they are; the ``text`` and ``text_json`` outputs keep the letters and the tab only
+    (issue 15)."""
+    path = tmp_path / "controls.pdf"
+    path.write_bytes(text_pages_pdf(["A\x03B\x01C\x7fD\x85E\tF"]))
+    job = _process(client, upload(client, path)["object_id"], "text_extract")
+    assert job["status"] == "completed", job
+    outputs = {o["output_type"]: o for o in job["outputs"]}
+    assert _download(outputs["text"]).content.decode().strip() == "ABCDE\tF"
+    assert _download(outputs["text_json"]).json()["pages"][0]["text"].strip() == "ABCDE\tF"
 
 
 def test_text_extract_of_a_two_column_pdf(client: httpx.Client) -> None:
