@@ -369,6 +369,35 @@ def _check_loader(image: pyvips.Image, expected: str) -> None:
         raise PermanentJobError("The input is not a supported image format.", "UNSUPPORTED_FORMAT")
 
 
+_SHRINKING_LOADERS: Final = frozenset({"jpegload"})
+"""Loaders :func:`_thumbnail_with_loader` can run itself, shrinking on load by their ``shrink``."""
+
+
+def _sniffed_loader(path: Path) -> str:
+    """The loader libvips' own sniffing picks for ``path`` (what ``thumbnail()`` would run), as
+    ``vips-loader`` names it: ``uhdrload`` for an Ultra HDR JPEG (a JPEG with a gain map, which
+    recent Android and Pixel cameras write), ``jpegload`` for a plain one."""
+    name = pyvips.vips_lib.vips_foreign_find_load(str(path).encode())
+    nickname = pyvips.ffi.string(name).decode() if name != pyvips.ffi.NULL else ""
+    # "VipsForeignLoadJpegFile" → "jpegload"
+    return nickname.removeprefix("VipsForeignLoad").removesuffix("File").lower() + "load"
+
+
+def _thumbnail_with_loader(source: _Source, width: int, options: dict[str, Any]) -> pyvips.Image:
+    """``thumbnail()`` of a file libvips would open with another loader than the checked one (an
+    Ultra HDR JPEG: ``uhdrload``, libultrahdr, not allowed): the checked loader reads it, the
+    base image only (the gain map is not read), shrinking on load by the largest power of two
+    that keeps both sides at least the box's (either orientation), as ``thumbnail()`` does."""
+    header = _header(source.loader, str(source.path))
+    box = max(width, options["height"])
+    fit = min(header.width, header.height) / box if box else 1
+    shrink = next((f for f in (8, 4, 2) if f <= fit), 1)
+    image = pyvips.Operation.call(
+        source.loader, str(source.path), shrink=shrink, access="sequential", fail_on="truncated"
+    )
+    return pyvips.Image.thumbnail_image(image, width, **{k: v for k, v in options.items() if k != "fail_on"})
+
+
 def _sized(source: _Source, width: int, height: int, *, size: str, crop: str = "none") -> pyvips.Image:
     """Opens the first frame through thumbnail(): shrink-on-load (SVG: rendered at the target
     scale), EXIF orientation applied, embedded ICC profile or CMYK converted to sRGB, 8-bit sRGB
@@ -382,6 +411,8 @@ def _sized(source: _Source, width: int, height: int, *, size: str, crop: str = "
     }
     if source.document is not None:
         image = pyvips.Image.thumbnail_buffer(source.document, width, **options)
+    elif source.loader in _SHRINKING_LOADERS and _sniffed_loader(source.path) != source.loader:
+        image = _thumbnail_with_loader(source, width, options)
     else:
         image = pyvips.Image.thumbnail(str(source.path), width, **options)
     _check_loader(image, source.loader)

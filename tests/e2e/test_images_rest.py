@@ -74,6 +74,23 @@ def test_thumbnail_of_every_exif_orientation_is_upright_256x171(
     assert upright < 12 and flipped > upright * 2, (upright, flipped)
 
 
+def test_an_ultra_hdr_phone_photo_is_thumbnailed_from_its_base_image(client: httpx.Client) -> None:
+    """Issue 15, item 2: an Ultra HDR JPEG (base image + gain map) was refused
+    UNSUPPORTED_FORMAT; through REST it is a JPEG and its thumbnail is the base image's."""
+    path = EXIF.parent / "ultrahdr" / "landscape-ultrahdr.jpg"
+    obj = upload(client, path)
+    assert obj["mime_type"] == "image/jpeg"
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    )
+    job = wait_job(client, created.json()["job_ids"][0])
+    assert job["status"] == "completed", job
+    image = _decode(client, job["outputs"][0])
+    assert (image.width, image.height) == (256, 171)
+    base = _signature(pyvips.Image.jpegload(str(path)).thumbnail_image(256))
+    assert _distance(_signature(image), base) < 4 < _distance(_signature(image.rot180()), base)
+
+
 def test_resize_compress_convert_decode_to_what_was_asked(client: httpx.Client) -> None:
     obj = upload(client, EXIF / "Landscape_6.jpg")
     ops = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import os
 import struct
 import time
@@ -82,6 +83,61 @@ def test_thumbnail_of_every_exif_orientation_is_upright_landscape(
     assert mean_abs_diff(image, upright_reference) < 8
     assert mean_abs_diff(image.rot180(), upright_reference) > 30
     assert mean_abs_diff(image.flip("horizontal"), upright_reference) > 30
+
+
+ULTRA_HDR = EXIF.parent / "ultrahdr" / "landscape-ultrahdr.jpg"
+
+
+def test_the_ultra_hdr_sample_is_what_libvips_opens_with_uhdrload() -> None:
+    """The sample is real Ultra HDR: libvips' sniffing picks uhdrload and finds a gain map."""
+    image = pyvips.Image.new_from_file(str(ULTRA_HDR))
+    assert image.get("vips-loader") == "uhdrload"
+    assert image.get_typeof("gainmap-data")
+
+
+def ultra_hdr_base_by_pillow() -> pyvips.Image:
+    """The sample's primary (base) image decoded by Pillow, an independent JPEG decoder."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    with Image.open(ULTRA_HDR) as decoded:
+        decoded.convert("RGB").save(buffer, "PNG")
+    return pyvips.Image.new_from_buffer(buffer.getvalue(), "")
+
+
+@pytest.mark.parametrize(
+    ("operation", "params", "size", "loader"),
+    [
+        ("thumbnail", {"size": 256}, (256, 171), "webpload"),
+        ("resize", {"width": 600, "height": 600, "fit": "cover"}, (600, 600), "jpegload"),
+        ("compress", {"quality": 60}, (1200, 800), "jpegload"),
+        ("convert", {"format": "png"}, (1200, 800), "pngload"),
+        ("convert", {"format": "avif"}, (1200, 800), "heifload"),
+    ],
+)
+def test_an_ultra_hdr_jpeg_is_read_as_its_base_image_without_the_gain_map(
+    operation: str,
+    params: dict,
+    size: tuple[int, int],
+    loader: str,
+    out_dir: Path,
+) -> None:
+    """Issue 15, item 2: an Ultra HDR JPEG was UNSUPPORTED_FORMAT (libvips chose uhdrload, not
+    the allowed jpegload). Its base image is decoded by jpegload; the gain map is dropped."""
+    _, path = run_one(operation, params, ULTRA_HDR, out_dir)
+    image = load(path)
+    assert image.get("vips-loader") == loader
+    assert (image.width, image.height) == size
+    assert not image.get_typeof("gainmap-data") and not image.get_typeof("exif-data")
+    assert image.interpretation == "srgb" and image.format == "uchar"
+    if operation != "resize":  # the cover crop shows part of the picture only
+        # Like the base image (the SDR rendition) as Pillow decodes it, not like the photo it was
+        # made from: libultrahdr tone-maps the base (mean difference 19 from Landscape_1).
+        base = ultra_hdr_base_by_pillow()
+        assert mean_abs_diff(image, base) < 4
+        assert mean_abs_diff(image.rot180(), base) > 20
+    data = path.read_bytes()
+    assert b"MPF\x00" not in data and data.count(b"\xff\xd8\xff") <= 1  # no second JPEG
 
 
 def test_source_md_describes_the_corpus() -> None:
