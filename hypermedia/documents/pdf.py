@@ -230,9 +230,7 @@ def _clip(value: str | None) -> str | None:
     return value[:MAX_INFO_STRING] if value else None
 
 
-_CONTROLS: Final = dict.fromkeys(
-    [c for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\t\n\f"]
-)
+_CONTROLS: Final = dict.fromkeys([c for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\t\n\f"])
 """C0 controls but tab, line feed and form feed, DEL and the C1 controls: dropped from page text.
 PDFium passes some through from the content stream (U+0003 in real files; issue 15), and no
 reader of a ``text`` output wants them (``\\r`` is a line end, mapped before)."""
