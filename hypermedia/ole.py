@@ -18,7 +18,8 @@ root stream                 format                               MIME type
 anything else               not an Office document               ``application/x-ole-storage``
 ==========================  ===================================  ==============================
 
-(checked in that order; names compare case-insensitively, as [MS-CFB] §2.6.4 says). The last
+(checked in that order, after ``EncryptedPackage`` or ``EncryptionInfo``, which make any file an
+encrypted OOXML package, ``application/x-ole-storage``: :data:`ENCRYPTED_PACKAGE_STREAMS`; names compare case-insensitively, as [MS-CFB] §2.6.4 says). The last
 type is the name puremagic's own database and freedesktop's shared-mime-info give a compound file
 of no known kind; it is not an office kind, so no operation accepts it.
 
@@ -64,6 +65,13 @@ MIME_BY_MAIN_STREAM = (
     ("powerpoint document", MSPOWERPOINT),
 )
 """Lowercased root stream name → the file's MIME type, in the order they are tried."""
+
+ENCRYPTED_PACKAGE_STREAMS = frozenset({"encryptedpackage", "encryptioninfo"})
+"""Root streams of an OOXML package encrypted with a password ([MS-OFFCRYPTO] §2.3.4: the
+package itself is ``EncryptedPackage``, its key material ``EncryptionInfo``). Such a file is
+:data:`OLE_STORAGE` whatever other streams it also holds: Office may put a ``WordDocument`` stub
+beside them, which made one typed ``application/msword``, accepted, held, and failed
+``PARSE_ERROR`` (issue 15)."""
 
 VBA_PROJECT_STORAGES = frozenset({"macros", "_vba_project_cur"})
 """Storages that hold a VBA project in legacy Office files: ``Macros`` in Word ([MS-DOC], the Macros
@@ -261,7 +269,12 @@ def inspect(data: bytes) -> CompoundFile:
     """
     ole = _open(data)
     try:
-        mime_type = next((mime for name, mime in MIME_BY_MAIN_STREAM if _root_stream(ole, name)), OLE_STORAGE)
+        if any(_root_stream(ole, name) for name in ENCRYPTED_PACKAGE_STREAMS):
+            mime_type = OLE_STORAGE
+        else:
+            mime_type = next(
+                (mime for name, mime in MIME_BY_MAIN_STREAM if _root_stream(ole, name)), OLE_STORAGE
+            )
         return CompoundFile(mime_type, find_macros(ole, mime_type))
     finally:
         ole.close()

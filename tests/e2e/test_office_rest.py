@@ -24,9 +24,11 @@ import pytest
 
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.security.test_legacy_office import (
+    OTHER_COMPOUND_FILES,
     SLIDE,
     SLIDES_BODY,
     TEXT,
+    compound_file,
     flat_odf,
     libreoffice_convert,
     text_body,
@@ -315,6 +317,24 @@ def test_a_pdf_is_refused_by_office_to_pdf(office_client: httpx.Client) -> None:
         "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["office_to_pdf"]}
     )
     assert response.status_code == 415, response.text
+
+
+def test_an_encrypted_ooxml_document_beside_a_word_stream_is_refused_at_creation(
+    office_client: httpx.Client,
+) -> None:
+    """Issue 15, item 7: a password-encrypted OOXML file that also carries a WordDocument stream
+    was typed application/msword, accepted, held and failed PARSE_ERROR. It is a compound file
+    of no office kind: 415 for office_to_pdf and text_extract, no job, nothing held."""
+    data = compound_file(OTHER_COMPOUND_FILES["encrypted_ooxml_with_a_word_stream"])
+    obj = _upload_bytes(office_client, "report.docx", data)
+    assert obj["mime_type"] == "application/x-ole-storage"
+    for operation in ("office_to_pdf", "text_extract"):
+        response = office_client.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+        )
+        assert response.status_code == 415, (operation, response.text)
+        assert response.json()["error_code"] == "UNSUPPORTED_FORMAT"
+    assert office_client.get("/v1/credits").json()["held"] == 0
 
 
 def test_a_document_libreoffice_cannot_open_fails_with_parse_error(office_client: httpx.Client) -> None:

@@ -460,6 +460,13 @@ OTHER_COMPOUND_FILES = {
             "Version": b"\x3c\x00\x00\x00" + "Microsoft.Container.DataSpaces".encode("utf-16-le")
         },
     },
+    # The same with a WordDocument stream beside the package (issue 15, item 7: it was typed
+    # application/msword, accepted, held, and failed PARSE_ERROR in LibreOffice).
+    "encrypted_ooxml_with_a_word_stream": {
+        "EncryptionInfo": b"\x04\x00\x04\x00\x40\x00\x00\x00" + os.urandom(200),
+        "EncryptedPackage": struct.pack("<Q", 9000) + os.urandom(9008),
+        "WordDocument": b"\xec\xa5" + bytes(4094),
+    },
 }
 
 
