@@ -576,8 +576,11 @@ def _column_of_lines(source: Path, index: int, lines: list[str]) -> list[str]:
     page = pdfium.PdfDocument(str(source))[index]
     width, height = page.get_size()
     textpage = page.get_textpage()
-    left = textpage.get_text_bounded(0, 0, width / 2, height).replace("\r\n", "\n")
-    right = textpage.get_text_bounded(width / 2, 0, width, height).replace("\r\n", "\n")
+    # As page_text gives it: PDFium's U+0002 (where it joined a word hyphenated at a line end)
+    # and the other control characters dropped.
+    controls = {c: None for c in range(0x20) if chr(c) not in "\t\n\f"}
+    left = textpage.get_text_bounded(0, 0, width / 2, height).replace("\r\n", "\n").translate(controls)
+    right = textpage.get_text_bounded(width / 2, 0, width, height).replace("\r\n", "\n").translate(controls)
     return [
         "L" if line in left and line not in right else "R" if line in right and line not in left else "?"
         for line in lines
