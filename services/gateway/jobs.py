@@ -119,20 +119,17 @@ def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
         )
 
 
-def _check_text(
-    operations: list[OperationRequest], webhook_url: str | None, idempotency_key: str | None
-) -> None:
-    """The strings of a process request under :mod:`hypermedia.pgtext`'s rule, for REST and gRPC
-    alike: no NUL or lone surrogate anywhere (names, params keys and values, the webhook URL, the
-    key), an operation name of at most :data:`~hypermedia.pgtext.MAX_OPERATION_NAME_LENGTH`
+def _check_text(operations: list[OperationRequest], idempotency_key: str | None) -> None:
+    """The bounds of a process request's strings under :mod:`hypermedia.pgtext`'s rule, for REST
+    and gRPC alike: an operation name of at most :data:`~hypermedia.pgtext.MAX_OPERATION_NAME_LENGTH`
     characters, params of at most :data:`~hypermedia.pgtext.MAX_PARAMS_BYTES` bytes of JSON, a
-    key of at most :data:`~hypermedia.pgtext.MAX_IDEMPOTENCY_KEY_LENGTH` characters (the webhook
-    URL's 2048 is :func:`_check_webhook_url`'s). Raises InvalidText naming the field."""
+    key of at most :data:`~hypermedia.pgtext.MAX_IDEMPOTENCY_KEY_LENGTH` characters and without
+    NUL (a header: no body check sees it; the webhook URL's 2048 is :func:`_check_webhook_url`'s).
+    NUL and lone surrogates in the body were refused where it entered, once: the REST body
+    validator, the gRPC interceptor. Raises InvalidText naming the field."""
     pgtext.check(idempotency_key, "idempotency_key", pgtext.MAX_IDEMPOTENCY_KEY_LENGTH)
-    pgtext.check_json(webhook_url, "webhook_url")  # its length: _check_webhook_url
     for i, op in enumerate(operations):
         pgtext.check(op.name, f"operations[{i}].name", pgtext.MAX_OPERATION_NAME_LENGTH)
-        pgtext.check_json(op.params, f"operations[{i}].params")
         if pgtext.json_size(op.params) > pgtext.MAX_PARAMS_BYTES:
             raise pgtext.InvalidText(
                 f"operations[{i}].params", f"may be at most {pgtext.MAX_PARAMS_BYTES} bytes of JSON"
@@ -403,7 +400,7 @@ class JobsAPI:
         object_id = _parse_uuid(object_id, "object")
         if len(operations) > self._max_operations:
             raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
-        _check_text(operations, webhook_url, idempotency_key)
+        _check_text(operations, idempotency_key)
         priority = DEFAULT_PRIORITY if priority is None else priority
         if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
             raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
