@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml uv.lock
 # GUI) with the Python-UNO bridge its listeners are driven through, and the metric-compatible fonts
 # that keep office page counts (Carlito for Calibri, Caladea for Cambria, Liberation for Arial,
 # Times New Roman and Courier New); deploy/check_policy.py keeps its image equal to this list. The
-# OCR engine's (issue 6, hypermedia/ocr/): tesseract with orientation detection and the languages
+# OCR engine's (issue 6, hypermedia/engines/ocr/): tesseract with orientation detection and the languages
 # of the OCR corpus. Installed when missing and running as root, otherwise the script says what
 # to install.
 DOCWORKER_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffice-impress-nogui \

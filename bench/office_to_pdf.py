@@ -11,7 +11,7 @@ listener). Issue 5's goal: a warm conversion takes at most 0.5× of a cold one.
    --convert-to pdf --outdir DIR FILE`` (the same ``soffice`` the listeners run, no confinement);
    (a) one at a time, each timed; (b) the whole series 2 at a time (the docworker's 2 slots), timed
    from the first start to the last exit.
-3. **Engine**: an :class:`hypermedia.documents.office.OfficePool` of 2 listeners in this process
+3. **Engine**: an :class:`hypermedia.engines.documents.office.OfficePool` of 2 listeners in this process
    (confined as the docworker confines them: own uids with root), started once; each
    ``OfficePool.convert`` of the series timed, one at a time (copy in, UNO load + PDF export, read
    back). Ratio warm / cold: the engine-level figure.
@@ -59,8 +59,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import common  # noqa: E402
-from hypermedia import config  # noqa: E402
-from hypermedia.documents.office import OfficePool  # noqa: E402
+from hypermedia.core import config  # noqa: E402
+from hypermedia.engines.documents.office import OfficePool  # noqa: E402
 
 GOAL = 0.5
 """Warm conversion / cold ``soffice --convert-to pdf`` (lower is better)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from hypermedia.embedded import free_port
+from hypermedia.devtools.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = REPO / "tests" / "data" / "exif-orientation"
@@ -176,7 +176,7 @@ def main() -> int:
     for var in ("DATABASE_URL", "NATS_URL"):
         env.pop(var, None)  # the demo always runs on embedded defaults
     log = STATE / "up.log"
-    hypermedia = [sys.executable, "-m", "hypermedia.cli"]
+    hypermedia = [sys.executable, "-m", "hypermedia.devtools.cli"]
     print(f"starting the platform (embedded Postgres and NATS, local object store in {STATE}) ...")
     with log.open("ab") as log_file:
         up = subprocess.Popen(

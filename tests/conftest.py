@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from hypermedia import db
-from hypermedia.embedded import EmbeddedNats, EmbeddedPostgres
+from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from hypermedia.infra import db
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"

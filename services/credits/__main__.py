@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from hypermedia import config
-from hypermedia.credits.v1 import credits_pb2_grpc
-from hypermedia.rpc import GrpcServer
-from hypermedia.service import Lifetime, open_postgres, run_service
+from hypermedia.api.credits.v1 import credits_pb2_grpc
+from hypermedia.core import config
+from hypermedia.infra.rpc import GrpcServer
+from hypermedia.infra.service import Lifetime, open_postgres, run_service
 from services.credits.service import CreditsService
 
 

@@ -17,9 +17,9 @@ import uuid
 import asyncpg
 import grpc
 
-from hypermedia import pgtext
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.errors import InsufficientCredits, InvalidArgument, NotFound
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.core import pgtext
+from hypermedia.core.errors import InsufficientCredits, InvalidArgument, NotFound
 
 LINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 """A charge line's name (``ocr_escalation``)."""

@@ -10,13 +10,16 @@ from functools import partial
 
 import httpx
 
-from hypermedia import clamav, config, jobsecrets, rpc
-from hypermedia.events import JobEventHub
-from hypermedia.httpserver import HttpServer
-from hypermedia.jobs.v1 import jobs_pb2_grpc
-from hypermedia.outbox import OutboxRelay
-from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
-from services.gateway import auth
+from hypermedia.api.jobs.v1 import jobs_pb2_grpc
+from hypermedia.core import config
+from hypermedia.infra import rpc
+from hypermedia.infra.httpserver import HttpServer
+from hypermedia.infra.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
+from hypermedia.intake import clamav
+from hypermedia.jobs import accounts as auth
+from hypermedia.jobs import secrets as jobsecrets
+from hypermedia.jobs.events import JobEventHub
+from hypermedia.jobs.outbox import OutboxRelay
 from services.gateway.grpc_api import JobService
 from services.gateway.jobs import JobsAPI
 from services.gateway.resolved import LinkSigner, OutputResolver

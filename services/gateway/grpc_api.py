@@ -9,10 +9,10 @@ from typing import Any
 import grpc
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from hypermedia import rpc
-from hypermedia.errors import DomainError
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from services.gateway.auth import Caller
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.core.errors import DomainError
+from hypermedia.infra import rpc
+from hypermedia.jobs.accounts import Caller
 from services.gateway.jobs import JobsAPI
 
 

@@ -18,11 +18,10 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 
-from hypermedia import contenttype, db, jobsecrets, lifecycle, pgtext
-from hypermedia.clamav import ClamdScanner
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.documents import params as document_params
-from hypermedia.errors import (
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core import pgtext
+from hypermedia.core.errors import (
     Conflict,
     DomainError,
     InvalidArgument,
@@ -31,15 +30,20 @@ from hypermedia.errors import (
     TransientError,
     UnsupportedInput,
 )
-from hypermedia.events import JobEvent, JobEventHub
-from hypermedia.imaging import ops as image_ops
-from hypermedia.media import params as media_params
-from hypermedia.ocr import params as ocr_params
-from hypermedia.outbox import OutboxRelay
-from hypermedia.rpc import call
-from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
-from hypermedia.webhooks import account_secret, literal_private_host
-from services.gateway.auth import Caller
+from hypermedia.engines.documents import params as document_params
+from hypermedia.engines.imaging import ops as image_ops
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.ocr import params as ocr_params
+from hypermedia.infra import db
+from hypermedia.infra.rpc import call
+from hypermedia.intake import contenttype
+from hypermedia.intake.clamav import ClamdScanner
+from hypermedia.jobs import lifecycle
+from hypermedia.jobs import secrets as jobsecrets
+from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.events import JobEvent, JobEventHub
+from hypermedia.jobs.outbox import OutboxRelay
+from hypermedia.jobs.webhooks import account_secret, literal_private_host
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +54,12 @@ PARAM_VALIDATORS = {
     "media": media_params.validate_params,
 }
 """Per queue: the function that normalises an operation's params or raises InvalidArgument. The
-``ocr`` queue's (:func:`hypermedia.ocr.params.validate_params`) also takes the installed languages."""
+``ocr`` queue's (:func:`hypermedia.engines.ocr.params.validate_params`) also takes the installed languages."""
 OCR_LANGUAGES_MAX_AGE = datetime.timedelta(days=1)
 """How long an ocrworker's report of its languages counts (workers report hourly)."""
 PASSWORD_QUEUES = frozenset({"documents"})
 """Queues whose operations accept a ``password`` param (kept in ``job_secrets``, never in
-``params``: :mod:`hypermedia.jobsecrets`)."""
+``params``: :mod:`hypermedia.jobs.secrets`)."""
 
 
 def credits_value(millicredits: int | None) -> float | None:
@@ -91,7 +95,7 @@ def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
     """Raises InvalidArgument (INVALID_WEBHOOK_URL) unless ``url`` is an absolute http(s) URL of at
     most 2048 characters with a host, a valid port and no whitespace or control characters, and,
     unless ``allow_private``, a host that is not a non-public IP literal or ``localhost``
-    (:func:`hypermedia.webhooks.literal_private_host`; names are resolved and checked when the
+    (:func:`hypermedia.jobs.webhooks.literal_private_host`; names are resolved and checked when the
     reaper sends)."""
     if len(url) > MAX_WEBHOOK_URL_LENGTH:
         raise InvalidArgument(
@@ -120,10 +124,10 @@ def _check_webhook_url(url: str, *, allow_private: bool = False) -> None:
 
 
 def _check_text(operations: list[OperationRequest], idempotency_key: str | None) -> None:
-    """The bounds of a process request's strings under :mod:`hypermedia.pgtext`'s rule, for REST
-    and gRPC alike: an operation name of at most :data:`~hypermedia.pgtext.MAX_OPERATION_NAME_LENGTH`
-    characters, params of at most :data:`~hypermedia.pgtext.MAX_PARAMS_BYTES` bytes of JSON, a
-    key of at most :data:`~hypermedia.pgtext.MAX_IDEMPOTENCY_KEY_LENGTH` characters and without
+    """The bounds of a process request's strings under :mod:`hypermedia.core.pgtext`'s rule, for REST
+    and gRPC alike: an operation name of at most :data:`~hypermedia.core.pgtext.MAX_OPERATION_NAME_LENGTH`
+    characters, params of at most :data:`~hypermedia.core.pgtext.MAX_PARAMS_BYTES` bytes of JSON, a
+    key of at most :data:`~hypermedia.core.pgtext.MAX_IDEMPOTENCY_KEY_LENGTH` characters and without
     NUL (a header: no body check sees it; the webhook URL's 2048 is :func:`_check_webhook_url`'s).
     NUL and lone surrogates in the body were refused where it entered, once: the REST body
     validator, the gRPC interceptor. Raises InvalidText naming the field."""
@@ -227,8 +231,8 @@ class JobsAPI:
         Raises:
             InvalidArgument: empty content. PayloadTooLarge: above ``max_upload_bytes``.
             ArchiveRejected (``ARCHIVE_*``, 422) and MacrosNotAllowed (415) from
-            :mod:`hypermedia.archives`: a zip container that failed inspection or carries macros.
-            VirusFound, TooLargeToScan, ScannerUnavailable (``hypermedia.clamav``): the virus scan,
+            :mod:`hypermedia.intake.archives`: a zip container that failed inspection or carries macros.
+            VirusFound, TooLargeToScan, ScannerUnavailable (``hypermedia.intake.clamav``): the virus scan,
             when a scanner is configured; nothing is stored then. StorageQuotaExceeded (403): the
             account's storage quota has no room for the file (ADR 0029); nothing is stored.
         """
@@ -697,7 +701,7 @@ class JobsAPI:
     async def watch_job(
         self, caller: Caller, job_id: str, after_event_id: int = 0
     ) -> AsyncIterator[JobEvent | None]:
-        """The job's events as they happen (see :class:`hypermedia.events.JobEventHub`), ending after
+        """The job's events as they happen (see :class:`hypermedia.jobs.events.JobEventHub`), ending after
         its terminal status; ``None`` marks a keep-alive. Raises NotFound before the first event."""
         job_id = _parse_uuid(job_id, "job")
         owned = await self._pool.fetchval(

@@ -38,8 +38,8 @@ import asyncpg
 import grpc
 import httpx
 
-from hypermedia import jobsecrets
-from hypermedia.errors import (
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core.errors import (
     Conflict,
     DomainError,
     InvalidArgument,
@@ -47,15 +47,15 @@ from hypermedia.errors import (
     TransientError,
     UnsupportedInput,
 )
-from hypermedia.rpc import call
-from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.infra.rpc import call
+from hypermedia.jobs import secrets as jobsecrets
 from services.gateway import manifests
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_LABEL = b"hypermedia/resolved-output-url/v1"
 """Label deriving the signing key of resolved-output URLs from ``HM_GATEWAY_SECRET_KEY``
-(:func:`hypermedia.jobsecrets.derive_key`), so these signatures never match another use's HMACs."""
+(:func:`hypermedia.jobs.secrets.derive_key`), so these signatures never match another use's HMACs."""
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 """Largest output resolved (bytes); a larger one answers 422 ``OUTPUT_TOO_LARGE``. An HLS media
 playlist of a two-hour rendition in 4 s segments is about 150 KiB."""

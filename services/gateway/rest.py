@@ -19,9 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypermedia import db, pgtext, telemetry
-from hypermedia.errors import DomainError, PayloadTooLarge
-from services.gateway.auth import Caller
+from hypermedia.core import pgtext, telemetry
+from hypermedia.core.errors import DomainError, PayloadTooLarge
+from hypermedia.infra import db
+from hypermedia.jobs.accounts import Caller
 from services.gateway.jobs import JobsAPI
 from services.gateway.resolved import OutputResolver
 
@@ -56,7 +57,7 @@ def problem(status: int, title: str, detail: str, error_code: str, **extra: Any)
 
 def domain_problem(exc: DomainError) -> JSONResponse:
     """The problem response of a domain error: its status, public message, ``error_code`` and
-    :attr:`~hypermedia.errors.DomainError.details`; a 401 also names the scheme in ``WWW-Authenticate``."""
+    :attr:`~hypermedia.core.errors.DomainError.details`; a 401 also names the scheme in ``WWW-Authenticate``."""
     response = problem(
         exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code, **exc.details
     )
@@ -97,7 +98,7 @@ class ProcessBody(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _storable_text(cls, data: Any) -> Any:
-        """Every string and key of the body under :mod:`hypermedia.pgtext`'s rule, before any
+        """Every string and key of the body under :mod:`hypermedia.core.pgtext`'s rule, before any
         field is validated: JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8
         encoder (Postgres, httpx, the JSON of pydantic's own error answer) accepts, and ``\\u0000``
         to NUL, which Postgres refuses. Raises InvalidText, a DomainError pydantic lets through:

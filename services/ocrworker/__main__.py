@@ -1,6 +1,6 @@
 """``python -m services.ocrworker``: the worker of queue ``ocr`` (the ``ocr`` operation: tesseract
-with preprocessing, table detection and escalation to RapidOCR; :mod:`hypermedia.ocr.engine`).
-Configures :func:`hypermedia.workerservice.serve_worker`: the engine runs in
+with preprocessing, table detection and escalation to RapidOCR; :mod:`hypermedia.engines.ocr.engine`).
+Configures :func:`hypermedia.worker.serve.serve_worker`: the engine runs in
 :class:`hypermedia.sandbox.Sandbox` children whose zygote has imported pyvips, pypdfium2 and the
 engine (RapidOCR and onnxruntime load in the child that escalates a page: onnxruntime starts
 thread pools, which a zygote that forks must not have). Each child runs one tesseract process at
@@ -26,14 +26,15 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
-from hypermedia.errors import DomainError
-from hypermedia.lifecycle import ClaimedJob
-from hypermedia.ocr import tesseract
-from hypermedia.ocr.engine import OcrLimits
-from hypermedia.runtime import SandboxHandler, WorkerRuntime
+from hypermedia.core.errors import DomainError
+from hypermedia.engines.ocr import tesseract
+from hypermedia.engines.ocr.engine import OcrLimits
+from hypermedia.infra.service import Lifetime, run_service
+from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, OutputFile
-from hypermedia.service import Lifetime, run_service
-from hypermedia.workerservice import queue_worker_settings, serve_worker
+from hypermedia.worker.handler import SandboxHandler
+from hypermedia.worker.runtime import WorkerRuntime
+from hypermedia.worker.serve import queue_worker_settings, serve_worker
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,10 @@ ESCALATION_LINE: Final = "ocr_escalation"
 
 
 class OcrHandler(SandboxHandler):
-    """Runs :func:`hypermedia.ocr.engine.run` with the profile's size and per-page pixel limits,
+    """Runs :func:`hypermedia.engines.ocr.engine.run` with the profile's size and per-page pixel limits,
     and charges escalated pages as a line of their own."""
 
-    entry = "hypermedia.ocr.engine:run"
+    entry = "hypermedia.engines.ocr.engine:run"
 
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
         return {"limits": OcrLimits(max_input_bytes=job.max_input_bytes, max_page_pixels=job.max_pixels)}
@@ -98,7 +99,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         stop,
         role="ocrworker",
         handler=OcrHandler(),
-        preload=("pyvips", "pypdfium2", "hypermedia.ocr.engine"),
+        preload=("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"),
         periodic=(LANGUAGE_REPORT_SECONDS, report_languages),
         child_env=child_env(os.environ),
     )

@@ -9,9 +9,9 @@ import os
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from hypermedia import config
-from hypermedia.outbox import OutboxRelay
-from hypermedia.service import Lifetime, every, open_jetstream, open_peers, open_postgres, run_service
+from hypermedia.core import config
+from hypermedia.infra.service import Lifetime, every, open_jetstream, open_peers, open_postgres, run_service
+from hypermedia.jobs.outbox import OutboxRelay
 from services.reaper.reaper import Reaper
 from services.reaper.webhooks import WebhookDispatcher, webhook_client
 

@@ -37,10 +37,11 @@ from pathlib import Path
 
 import asyncpg
 
-from hypermedia import db, lifecycle
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.errors import DomainError
-from hypermedia.rpc import call
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.core.errors import DomainError
+from hypermedia.infra import db
+from hypermedia.infra.rpc import call
+from hypermedia.jobs import lifecycle
 
 log = logging.getLogger(__name__)
 

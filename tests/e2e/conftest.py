@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.embedded import free_port
+from hypermedia.devtools.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class RunningPlatform:
 
     def admin(self, *args: str) -> dict[str, Any]:
         out = subprocess.run(
-            [sys.executable, "-m", "hypermedia.cli", "admin", *args],
+            [sys.executable, "-m", "hypermedia.devtools.cli", "admin", *args],
             env={k: v for k, v in self.env.items() if k not in ("DATABASE_URL", "HM_CREDITS_ADDR")},
             cwd=REPO,
             capture_output=True,
@@ -107,7 +107,7 @@ def start_platform(
         "HM_SANDBOX_UID_BASE": str(100_000 + 1_000 * secrets.randbelow(100_000)),
         **extra_env,
     }
-    cmd = [sys.executable, "-m", "hypermedia.cli", "up"]
+    cmd = [sys.executable, "-m", "hypermedia.devtools.cli", "up"]
     if services:
         cmd += ["--services", services]
     log = (state / "up.log").open("ab")

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from hypermedia import config
-from hypermedia.config import MediaSettings
-from hypermedia.service import Lifetime, run_service
-from hypermedia.workerservice import queue_worker_settings, serve_worker
+from hypermedia.core import config
+from hypermedia.core.config import MediaSettings
+from hypermedia.infra.service import Lifetime, run_service
+from hypermedia.worker.serve import queue_worker_settings, serve_worker
 from services.mediaworker.__main__ import DEFAULT_SLOTS, QUEUE, MediaHandler
 
 

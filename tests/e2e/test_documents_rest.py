@@ -13,7 +13,7 @@ import psycopg
 import pytest
 import pyvips
 
-from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
 from tests.unit.test_pdf import (
     FILLED_NAME,

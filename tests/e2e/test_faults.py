@@ -26,8 +26,8 @@ import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hypermedia.embedded import free_port
-from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.devtools.embedded import free_port
 from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.e2e.slowjob import make_slow_png
 

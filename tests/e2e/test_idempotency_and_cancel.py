@@ -27,7 +27,7 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.e2e.delayproxy import DelayingProxy
 

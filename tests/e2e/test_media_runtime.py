@@ -29,8 +29,8 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.embedded import free_port
-from hypermedia.media import transcode
+from hypermedia.devtools.embedded import free_port
+from hypermedia.engines.media import transcode
 from hypermedia.sandbox import SandboxLimits
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.e2e.media_entries import run_seconds

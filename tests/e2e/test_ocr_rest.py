@@ -22,9 +22,9 @@ import pypdfium2 as pdfium
 import pytest
 import pyvips
 
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from hypermedia.ocr import preprocess
-from hypermedia.ocr.metrics import cer
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.engines.ocr import preprocess
+from hypermedia.engines.ocr.metrics import cer
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, system_models
 from tests.unit.test_ocr_tables import AMOUNTS, render_table_page
@@ -295,7 +295,7 @@ def _pil_page() -> Any:
 
 
 def test_the_ocrworker_reports_its_status(platform: RunningPlatform) -> None:
-    from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+    from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 
     with grpc.insecure_channel(platform.info["workers"]["ocrworker"]) as channel:
         status = worker_pb2_grpc.WorkerServiceStub(channel).GetStatus(

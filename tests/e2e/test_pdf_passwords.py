@@ -20,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_job
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -14,7 +14,8 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia import db, lifecycle
+from hypermedia.infra import db
+from hypermedia.jobs import lifecycle
 from tests.e2e.conftest import REPO, RunningPlatform, start_platform, upload, wait_job
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"

@@ -9,9 +9,9 @@ import uuid
 import asyncpg
 import pytest
 
-from hypermedia.credits.v1 import credits_pb2
-from hypermedia.errors import InsufficientCredits, InvalidArgument, NotFound
-from hypermedia.rpc import call
+from hypermedia.api.credits.v1 import credits_pb2
+from hypermedia.core.errors import InsufficientCredits, InvalidArgument, NotFound
+from hypermedia.infra.rpc import call
 from services.credits.service import CreditsService
 from tests.integration.conftest import Credits, Seeder, Tenant
 

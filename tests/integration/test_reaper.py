@@ -13,11 +13,11 @@ from pathlib import Path
 
 import asyncpg
 
-from hypermedia import lifecycle
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.embedded import free_port
-from hypermedia.outbox import OutboxRelay
-from hypermedia.rpc import channel
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.devtools.embedded import free_port
+from hypermedia.infra.rpc import channel
+from hypermedia.jobs import lifecycle
+from hypermedia.jobs.outbox import OutboxRelay
 from services.reaper.reaper import SETTLE_GRACE_SECONDS, Reaper, ReapResult
 from tests.integration.conftest import Broker, Credits, Seeder, Tenant
 

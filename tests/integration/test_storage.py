@@ -27,11 +27,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from hypermedia.embedded import free_port
-from hypermedia.errors import ERROR_CODE_METADATA_KEY
-from hypermedia.httpserver import HttpServer
-from hypermedia.rpc import GrpcServer, channel
-from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
+from hypermedia.devtools.embedded import free_port
+from hypermedia.infra.httpserver import HttpServer
+from hypermedia.infra.rpc import GrpcServer, channel
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store

@@ -1,4 +1,4 @@
-"""The optional virus scan, against a real clamd: the client (``hypermedia.clamav``) over a unix
+"""The optional virus scan, against a real clamd: the client (``hypermedia.intake.clamav``) over a unix
 socket and TCP, and uploads through the platform's REST and gRPC APIs with and without CLAMD_URL.
 
 Each clamd here is started by the test with its own configuration and a one-signature database
@@ -28,8 +28,10 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia import config
-from hypermedia.clamav import (
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.core import config
+from hypermedia.devtools.embedded import free_port
+from hypermedia.intake.clamav import (
     CHUNK_BYTES,
     ClamdAddress,
     ClamdScanner,
@@ -37,8 +39,6 @@ from hypermedia.clamav import (
     TooLargeToScan,
     VirusFound,
 )
-from hypermedia.embedded import free_port
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, own_database, start_platform, upload, wait_job
 
 # Assembled from two halves so that this source file is not itself detected as the test file.

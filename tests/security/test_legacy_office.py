@@ -45,7 +45,7 @@ import olefile
 import puremagic
 import pytest
 
-from hypermedia import archives, contenttype, ole
+from hypermedia.intake import archives, contenttype, ole
 
 MSWORD = "application/msword"
 MSEXCEL = "application/vnd.ms-excel"

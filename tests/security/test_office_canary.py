@@ -5,7 +5,7 @@ it from every place found so far (a paragraph background, an embedded object's o
 SVG picture, a linked section, Word and RTF fields, a package inside the package). Each is run
 through the check and a real listener (refused ``LINKED_CONTENT_NOT_ALLOWED`` or converted
 without the canary), and straight to a listener *past* the check, where only its Landlock view
-(:func:`hypermedia.documents.office.listener_view`) stands between LibreOffice and the file. A
+(:func:`hypermedia.engines.documents.office.listener_view`) stands between LibreOffice and the file. A
 control run without the view proves the documents do draw the canary, and a probe run under the
 listener's confinement proves it cannot open the canary at all."""
 
@@ -29,9 +29,10 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
-from hypermedia import config, landlock
-from hypermedia.documents import office
-from hypermedia.documents.office import OfficeListener, OfficePool
+from hypermedia.core import config
+from hypermedia.engines.documents import office
+from hypermedia.engines.documents.office import OfficeListener, OfficePool
+from hypermedia.sandbox import landlock
 from tests.e2e.test_office_rest import DOCX_MIME, docx
 from tests.security.test_office_listener import (
     IS_ROOT,
@@ -319,7 +320,7 @@ def test_the_listener_cannot_open_the_canary(tmp_path: Path, canary: Canary) -> 
         [
             sys.executable,
             "-c",
-            "from hypermedia.sandbox import confined_exec_main; confined_exec_main()",
+            "from hypermedia.sandbox.helper import confined_exec_main; confined_exec_main()",
             json.dumps(spec),
         ],
         capture_output=True,

@@ -1,6 +1,6 @@
 """The docworker's LibreOffice listeners against hostile documents: what a listener process can see
 and do (its uid, namespaces, limits), linked and remote resources, macros. Each test starts real
-listeners (:class:`hypermedia.documents.office.OfficePool`) with the platform's defaults and
+listeners (:class:`hypermedia.engines.documents.office.OfficePool`) with the platform's defaults and
 converts documents the test writes; the listener's processes are inspected through ``/proc``."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 import pypdfium2 as pdfium
 import pytest
 
-from hypermedia import config
-from hypermedia.documents import office
-from hypermedia.documents.office import OfficePool, _copy_in
-from hypermedia.errors import PermanentJobError, TransientError
+from hypermedia.core import config
+from hypermedia.core.errors import PermanentJobError, TransientError
+from hypermedia.engines.documents import office
+from hypermedia.engines.documents.office import OfficePool, _copy_in
 from tests.e2e.test_office_rest import long_odt
 from tests.security.conftest import Listener
 from tests.security.test_documents_and_media import docx_with_external_image
@@ -254,7 +254,7 @@ def test_linked_and_remote_resources_are_not_fetched(
     tmp_path: Path, listener: Listener, uid: tuple[int, int] | None
 ) -> None:
     """Documents that would load a file or a URL are refused before a listener sees them
-    (``LINKED_CONTENT_NOT_ALLOWED``, :mod:`hypermedia.documents.links`), among them the two the
+    (``LINKED_CONTENT_NOT_ALLOWED``, :mod:`hypermedia.engines.documents.links`), among them the two the
     hostile review found LibreOffice follows despite its settings (an ODT paragraph background
     image, an RTF ``INCLUDEPICTURE`` field). Also without root (``worker-uid``: no network
     namespace, the listener has the worker's uid)."""

@@ -1,5 +1,5 @@
 """Validation at upload: hostile archives, macro documents, lying names and types, hostile file
-names. Every file is generated here. The archive checks are unit-tested on ``hypermedia.archives``;
+names. Every file is generated here. The archive checks are unit-tested on ``hypermedia.intake.archives``;
 every case is then sent through REST to a real platform (`hypermedia up` on its own database),
 checking the status, the ``error_code`` and that a refused upload left no row and no bytes."""
 
@@ -27,8 +27,8 @@ import psycopg
 import pytest
 import pyvips
 
-from hypermedia import archives, contenttype
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.intake import archives, contenttype
 from services.gateway.jobs import display_name
 from tests.e2e.conftest import RunningPlatform, isolated_platform, wait_job
 from tests.security.test_legacy_office import doc_with_vba, fodt_with_basic, legacy_document
@@ -280,7 +280,7 @@ def polyglot() -> bytes:
     return png() + out.getvalue()
 
 
-# -- unit: hypermedia.archives and contenttype -----------------------------------------------------
+# -- unit: hypermedia.intake.archives and contenttype -----------------------------------------------------
 
 
 def _rejected(data: bytes) -> str:
@@ -544,12 +544,12 @@ def _nested(depth: int, inner: bytes) -> bytes:
 )
 def test_macros_in_embedded_packages_are_refused(finding: str, build: Any) -> None:
     """Issue 14: an embedded object is a document of its own; its macros are refused as the
-    package's are (:mod:`hypermedia.nested`), whatever the container and at any depth."""
+    package's are (:mod:`hypermedia.intake.nested`), whatever the container and at any depth."""
     assert finding in _macros(build())
 
 
 def test_packages_nested_too_deep_are_refused() -> None:
-    from hypermedia import nested
+    from hypermedia.intake import nested
 
     assert contenttype.identify(_nested(nested.MAX_DEPTH, odt())) == DOCX
     with pytest.raises(archives.ArchiveRejected) as caught:

@@ -1,4 +1,4 @@
-"""hypermedia.imaging.ops against real files and real libvips; outputs checked by decoded values."""
+"""hypermedia.engines.imaging.ops against real files and real libvips; outputs checked by decoded values."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import pyvips
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.imaging import ops
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.imaging import ops
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
 LIMITS = ops.ImageLimits(max_pixels=50_000_000, max_input_bytes=50 * 1024 * 1024)

@@ -1,5 +1,5 @@
 """Document passwords before anything is stored: taken out of params and checked
-(:func:`hypermedia.jobsecrets.take_password`), and fingerprinted for the Idempotency-Key request
+(:func:`hypermedia.jobs.secrets.take_password`), and fingerprinted for the Idempotency-Key request
 hash with an HMAC keyed by the gateway's secret (the gateway's ``_take_passwords`` and
 ``_hashed_operations``)."""
 
@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from hypermedia import config, jobsecrets
-from hypermedia.errors import InvalidArgument
+from hypermedia.core import config
+from hypermedia.core.errors import InvalidArgument
+from hypermedia.jobs import secrets as jobsecrets
 from services.gateway.jobs import JobsAPI, OperationRequest
 
 SECRET = "gateway-secret-0123456789abcdef"

@@ -1,4 +1,4 @@
-"""hypermedia.documents.links on documents the tests write: every way found to make LibreOffice
+"""hypermedia.engines.documents.links on documents the tests write: every way found to make LibreOffice
 load a file or a URL (the hostile review's: an RTF INCLUDEPICTURE field and an ODT paragraph
 background image drew host files into the PDF), and documents that only carry hyperlinks or
 nothing external, including ones LibreOffice itself writes."""
@@ -13,14 +13,14 @@ from pathlib import Path
 import olefile
 import pytest
 
-from hypermedia import contenttype
-from hypermedia.documents.links import (
+from hypermedia.engines.documents.links import (
     MAX_NESTING,
     MAX_RTF_NESTING,
     CheckLimitExceeded,
     MalformedDocument,
     find_external_content,
 )
+from hypermedia.intake import contenttype
 from tests.e2e.test_office_rest import DOCX_MIME, ODT, docx, written_by_libreoffice
 from tests.security.test_legacy_office import flat_odf, libreoffice_convert
 from tests.security.test_office_listener import ODT_MIME, odt, odt_background, odt_with_links

@@ -1,4 +1,4 @@
-"""The ``transcode_audio`` operation (:mod:`hypermedia.media.audio`) on media these tests write with
+"""The ``transcode_audio`` operation (:mod:`hypermedia.engines.media.audio`) on media these tests write with
 PyAV; every output is decoded again with PyAV and measured with FFmpeg's ``ebur128`` filter."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from av.audio.stream import AudioStream
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import params as media_params
-from hypermedia.media.audio import run
-from hypermedia.media.probe import MediaLimits
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media.audio import run
+from hypermedia.engines.media.probe import MediaLimits
 from hypermedia.sandbox import OutputFile, read_progress
 from tests.unit.test_media_probe import write_adts, write_mp3_with_cover, write_video
 from tests.unit.test_media_waveform import LOSSLESS, write_tone

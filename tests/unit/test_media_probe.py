@@ -1,4 +1,4 @@
-"""The ``probe`` operation (:mod:`hypermedia.media.probe`) on media these tests write with PyAV:
+"""The ``probe`` operation (:mod:`hypermedia.engines.media.probe`) on media these tests write with PyAV:
 test patterns and tones, no fixture files."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from av.stream import Disposition
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import params as media_params
-from hypermedia.media import probe as probe_module
-from hypermedia.media.probe import MediaLimits, run
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media import probe as probe_module
+from hypermedia.engines.media.probe import MediaLimits, run
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
 RATE = 48000
@@ -425,7 +425,7 @@ def test_larger_than_the_limit(tmp_path: Path) -> None:
 def test_ogg_and_mpeg_ts_uploads_are_typed_as_media(tmp_path: Path) -> None:
     """Both containers are on the demuxer allowlist; typed from their heads as audio/video (not
     ``application/ogg`` or ``application/octet-stream``, kind ``other``), so probe accepts them."""
-    from hypermedia import contenttype
+    from hypermedia.intake import contenttype
 
     ogg = tmp_path / "sine.ogg"
     with av.open(str(ogg), "w", format="ogg") as container:
@@ -463,7 +463,7 @@ def test_every_video_stream_of_a_long_gop_file_is_read(tmp_path: Path) -> None:
 def test_a_codec_without_a_decoder_is_described_not_an_error(tmp_path: Path) -> None:
     """A Matroska audio track whose CodecID no decoder knows: probe lists it with codec null;
     waveform has nothing to decode (UNSUPPORTED_FORMAT), not an INTERNAL failure."""
-    from hypermedia.media import engine
+    from hypermedia.engines.media import engine
 
     path = tmp_path / "pcm.mkv"
     with av.open(str(path), "w") as container:

@@ -1,4 +1,4 @@
-"""The ``transcode_video`` operation (:mod:`hypermedia.media.transcode`) on media these tests write
+"""The ``transcode_video`` operation (:mod:`hypermedia.engines.media.transcode`) on media these tests write
 with PyAV; every output is decoded again with PyAV and its streams, sizes, durations and pixels
 checked (issue 7's quality bar)."""
 
@@ -15,11 +15,11 @@ import av
 import numpy as np
 import pytest
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import params as media_params
-from hypermedia.media.engine import OPERATION_ENTRIES
-from hypermedia.media.probe import MediaLimits
-from hypermedia.media.transcode import MAX_SIDE, plan_ladder, run, thread_need
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media.engine import OPERATION_ENTRIES
+from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.transcode import MAX_SIDE, plan_ladder, run, thread_need
 from tests.unit.test_media_probe import RATE, write_mp3_with_cover, write_video
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024, threads=2)
@@ -453,7 +453,7 @@ def test_unknown_operation(tmp_path: Path) -> None:
 _GRAPH_THREADS = """
 import os, sys
 import av, av.filter
-from hypermedia.media.engine import bound_ffmpeg_cpus
+from hypermedia.engines.media.engine import bound_ffmpeg_cpus
 assert bound_ffmpeg_cpus(int(sys.argv[1]))
 before = len(os.listdir("/proc/self/task"))
 graph = av.filter.Graph()  # threads left to FFmpeg, as PyAV's own resampler graphs are
@@ -488,8 +488,8 @@ def test_ffmpeg_thread_pools_follow_the_job_not_the_node() -> None:
 _TRANSCODE_THREADS = """
 import os, sys, threading, time
 from pathlib import Path
-from hypermedia.media import engine, transcode
-from hypermedia.media.probe import MediaLimits
+from hypermedia.engines.media import engine, transcode
+from hypermedia.engines.media.probe import MediaLimits
 engine.bound_ffmpeg_cpus(16)  # a 16-CPU node as FFmpeg sees it; engine.run bounds it again
 params = {"codec": sys.argv[3], "heights": [360, 240, 144]}
 base, peak, done = len(os.listdir("/proc/self/task")), [0], [False]

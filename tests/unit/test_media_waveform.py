@@ -1,4 +1,4 @@
-"""The ``waveform`` operation (:mod:`hypermedia.media.waveform`) on tones these tests write with PyAV:
+"""The ``waveform`` operation (:mod:`hypermedia.engines.media.waveform`) on tones these tests write with PyAV:
 1 s of a 1 kHz sine (0.5 left, 0.25 right) then 1 s of silence."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import pyvips
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import engine
-from hypermedia.media import params as media_params
-from hypermedia.media import waveform as waveform_module
-from hypermedia.media.probe import MediaLimits
-from hypermedia.media.waveform import run
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.media import engine
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media import waveform as waveform_module
+from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.waveform import run
 from tests.unit.test_media_probe import write_mp3_with_cover, write_video
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)

@@ -1,4 +1,4 @@
-"""The OCR engine (hypermedia.ocr) with the real tesseract on the corpus pages in ``tests/data/ocr/``
+"""The OCR engine (hypermedia.engines.ocr) with the real tesseract on the corpus pages in ``tests/data/ocr/``
 (see its ``SOURCE.md``) and on pages made here from them with libvips: character error rates
 against the ground truths, preprocessing steps, the four outputs, bad input; and one job through a
 real sandbox child, as the ocrworker will run it.
@@ -23,10 +23,10 @@ import pypdfium2 as pdfium
 import pytest
 import pyvips
 
-from hypermedia.errors import DomainError, InvalidArgument, PermanentJobError
-from hypermedia.ocr import assemble, params, preprocess, tesseract
-from hypermedia.ocr.engine import OcrLimits, run
-from hypermedia.ocr.metrics import cer, levenshtein, normalise_whitespace
+from hypermedia.core.errors import DomainError, InvalidArgument, PermanentJobError
+from hypermedia.engines.ocr import assemble, params, preprocess, tesseract
+from hypermedia.engines.ocr.engine import OcrLimits, run
+from hypermedia.engines.ocr.metrics import cer, levenshtein, normalise_whitespace
 from hypermedia.sandbox import OutputFile, Sandbox, SandboxLimits
 
 OCR_DIR = Path(__file__).resolve().parents[1] / "data" / "ocr"
@@ -653,7 +653,7 @@ async def sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
     work_dir = tmp_root / f"ocr-{secrets.token_hex(4)}"
     work_dir.mkdir(mode=0o755)
     uids = range(63100, 63102) if os.geteuid() == 0 else None
-    box = Sandbox(work_dir, preload=("pyvips", "pypdfium2", "hypermedia.ocr.engine"), uid=uids)
+    box = Sandbox(work_dir, preload=("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"), uid=uids)
     await box.start()
     yield box
     await box.close()
@@ -677,7 +677,7 @@ async def test_ocr_in_a_sandbox_child(sandbox: Sandbox, tmp_path: Path, make_pdf
     try:
         result = await sandbox.run(
             job_id,
-            "hypermedia.ocr.engine:run",
+            "hypermedia.engines.ocr.engine:run",
             "ocr",
             {"outputs": ALL_OUTPUTS},
             input_path,
@@ -705,7 +705,7 @@ def test_asking_for_tables_either_way_gives_both() -> None:
 
 def test_input_types_are_what_the_engine_reads() -> None:
     """The gateway's list (pure Python) and the engine's loaders (libvips) name the same types."""
-    from hypermedia.ocr import engine
+    from hypermedia.engines.ocr import engine
 
     assert params.INPUT_MIME_TYPES == {*engine.LOADERS, "application/pdf"}
     assert "image/svg+xml" not in params.INPUT_MIME_TYPES
@@ -741,7 +741,7 @@ def test_the_ocrworker_charges_escalated_pages_as_a_line() -> None:
 
 
 def _claimed_job() -> Any:
-    from hypermedia.lifecycle import ClaimedJob
+    from hypermedia.jobs.lifecycle import ClaimedJob
 
     return ClaimedJob(
         job_id="00000000-0000-0000-0000-000000000001",
@@ -781,7 +781,7 @@ def _image_only_page(document: pdfium.PdfDocument, image: Path) -> None:
 
 def _page_text(pdf: Path, index: int) -> str:
     """Page ``index``'s text layer as ``text_extract`` reads it."""
-    from hypermedia.documents.pdf import page_text
+    from hypermedia.engines.documents.pdf import page_text
 
     document = pdfium.PdfDocument(str(pdf))
     try:
@@ -877,7 +877,7 @@ def test_skip_text_pages_with_megabytes_of_text(tmp_path: Path) -> None:
 def test_a_page_exactly_at_the_pixel_limit_is_rendered_within_it() -> None:
     """1920 pt at 300 dpi is 8000 px, but 1920 × 300 / 72 is 8000.000000000001 in floating point
     and the render rounds up to 8001: the resolution steps down until the rounded size fits."""
-    from hypermedia.ocr.engine import _pixel_size, _render_dpi
+    from hypermedia.engines.ocr.engine import _pixel_size, _render_dpi
 
     dpi = _render_dpi(1920, 1920, 64_000_000)
     width, height = _pixel_size(1920, 1920, dpi)

@@ -1,4 +1,4 @@
-"""Table detection (hypermedia.ocr.tables) on pages rendered here with libvips' text rendering
+"""Table detection (hypermedia.engines.ocr.tables) on pages rendered here with libvips' text rendering
 (Pango, DejaVu Sans at 300 dpi) and read by the real tesseract: a heading paragraph above a table
 of 4 columns × 6 rows whose last column is right-aligned, with and without ruling lines; a ruled
 table with a cell of two lines; a page of justified prose. Plus word-geometry cases built by hand.
@@ -17,8 +17,8 @@ from typing import Literal
 import pytest
 import pyvips
 
-from hypermedia.ocr import tables, tesseract
-from hypermedia.ocr.recognition import PageText, Word
+from hypermedia.engines.ocr import tables, tesseract
+from hypermedia.engines.ocr.recognition import PageText, Word
 
 DPI = 300
 FONT = "DejaVu Sans 10"
@@ -280,7 +280,7 @@ def test_csv_quotes_commas_and_line_breaks() -> None:
 
 
 def test_the_ocr_operation_returns_the_table_as_json_and_csv(tmp_path: Path) -> None:
-    """Through the sandbox entry (``hypermedia.ocr.engine.run``) with ``table_detection``: a
+    """Through the sandbox entry (``hypermedia.engines.ocr.engine.run``) with ``table_detection``: a
     ``tables`` JSON output with the one 6 × 4 table, and a CSV output of it."""
     from tests.unit.test_ocr import ocr
 
@@ -313,7 +313,7 @@ def test_thousands_of_alternating_lines_do_not_reach_the_recursion_limit() -> No
 
 
 def test_csv_outputs_stop_at_the_cap_and_the_json_keeps_every_table(tmp_path: Path) -> None:
-    from hypermedia.ocr.engine import MAX_TABLE_OUTPUTS, _table_outputs
+    from hypermedia.engines.ocr.engine import MAX_TABLE_OUTPUTS, _table_outputs
 
     table = {"n_rows": 1, "n_cols": 2, "csv": "a,b\r\n"}
     records = [{"page": page, "tables": [table] * 30} for page in (1, 2, 3)]  # 90 tables

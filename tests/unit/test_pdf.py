@@ -1,4 +1,4 @@
-"""The PDF operations (hypermedia.documents) on the real corpus files and on PDFs made here, run
+"""The PDF operations (hypermedia.engines.documents) on the real corpus files and on PDFs made here, run
 the way the docworker runs them: in real sandbox children forked from a zygote that has imported
 pyvips and pypdfium2, with real rlimits. Outputs are checked by decoding them and comparing with
 PDFium renders made in this process.
@@ -29,10 +29,10 @@ import pypdfium2.raw as pdfium_c
 import pytest
 import pyvips
 
-from hypermedia.documents import engine_process
-from hypermedia.documents.params import MAX_PREVIEW_PAGES, parse_pages, validate_params
-from hypermedia.documents.pdf import DocumentLimits
-from hypermedia.errors import InvalidArgument, PermanentJobError
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.documents import engine_process
+from hypermedia.engines.documents.params import MAX_PREVIEW_PAGES, parse_pages, validate_params
+from hypermedia.engines.documents.pdf import DocumentLimits
 from hypermedia.sandbox import OutputFile, Sandbox, SandboxLimits, SandboxResult
 from tests.security.test_documents_and_media import (
     build_pdf,
@@ -42,7 +42,7 @@ from tests.security.test_documents_and_media import (
 )
 
 PDF_DIR = Path(__file__).resolve().parents[1] / "data" / "pdf"
-ENTRY = "hypermedia.documents.pdf:run"
+ENTRY = "hypermedia.engines.documents.pdf:run"
 THIS = "tests.unit.test_pdf"
 SANDBOX_LIMITS = SandboxLimits(cpu_seconds=30, wall_seconds=45, memory_bytes=2 << 30, fsize_bytes=1 << 30)
 """The seeded document profiles' limits: RLIMIT_AS 2048 MiB."""
@@ -248,7 +248,9 @@ async def sandbox(work_dir: Path) -> AsyncIterator[Sandbox]:
     counts them per uid, so four concurrent jobs on one shared uid would run out (measured:
     libvips then fails or crashes)."""
     uids = range(63000, 63004) if os.geteuid() == 0 else None  # apart from the platforms' 61000…
-    box = Sandbox(work_dir, preload=("pyvips", "pypdfium2", "hypermedia.documents.pdf", THIS), uid=uids)
+    box = Sandbox(
+        work_dir, preload=("pyvips", "pypdfium2", "hypermedia.engines.documents.pdf", THIS), uid=uids
+    )
     await box.start()
     yield box
     await box.close()

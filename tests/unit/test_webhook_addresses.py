@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from hypermedia.errors import InvalidArgument
-from hypermedia.webhooks import is_public_address, literal_private_host
+from hypermedia.core.errors import InvalidArgument
+from hypermedia.jobs.webhooks import is_public_address, literal_private_host
 from services.gateway.jobs import _check_webhook_url
 
 

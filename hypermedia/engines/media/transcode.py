@@ -1,0 +1,802 @@
+"""The ``transcode_video`` operation: a ladder of upright, 8-bit 4:2:0 renditions of a video, each
+with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
+
+``run("transcode_video", params, input_path, out_dir, limits=…)``:
+
+1. **Checks** before FFmpeg decodes anything: the params
+   (:func:`hypermedia.engines.media.params.validate_params`), the file's size (``INPUT_TOO_LARGE``), the
+   opening (:func:`hypermedia.engines.media.probe.open_media`: allowlisted demuxers, the local file
+   only), a header duration over :attr:`MediaLimits.max_duration_seconds` (``MEDIA_TOO_LONG``),
+   a video stream that is not cover art (``NO_VIDEO_STREAM``), at most :data:`MAX_PIXELS` coded
+   pixels (``INPUT_TOO_LARGE_PIXELS``).
+2. **Geometry**: the display size is the coded size with the sample aspect ratio applied, turned by
+   the display matrix of the first decoded frame (:func:`hypermedia.engines.media.probe.first_frame_rotation`:
+   quarter turns, as FFmpeg's ``autorotate``). :func:`plan_ladder` picks the renditions: a rung is
+   the *short* side of the upright picture; rungs above the source's short side are left out
+   (never upscaled); when none is left, one rendition keeps the source's size. Sides are even
+   (4:2:0 needs it).
+3. **One decode, every encoder at once**: the video is decoded once (frame threads:
+   :attr:`MediaLimits.threads`); each decoded frame goes through one FFmpeg filter graph per
+   rendition — ``transpose``/``hflip,vflip`` for the rotation, ``scale`` (bicubic), ``setsar=1``,
+   ``format=yuv420p`` (10-bit, 4:2:2 and 4:4:4 input become 8-bit 4:2:0) — into that rendition's
+   encoder. Timestamps pass through unchanged (shifted so the file starts at 0): a variable frame
+   rate stays variable, nothing is duplicated or dropped, each frame keeps its duration (a frame
+   whose time does not go on takes its decode timestamp, else is dropped). The first audio
+   stream (if any) is converted to stereo 48 kHz float
+   (:class:`hypermedia.engines.media.audio.AudioConverter`: layout and rate changes mid-stream, NaN and
+   infinite samples zeroed), stamped by its sample count, and encoded into every rendition. A
+   packet that does not decode is skipped and counted (``decode_errors``), as FFmpeg's command
+   line goes on past it. Before any of this, every packet's timestamp is read (nothing decoded:
+   :func:`hypermedia.engines.media.probe.demux_span`), so a header that understates the length is
+   ``MEDIA_TOO_LONG`` before anything is encoded. Nothing of the source's metadata (tags, chapters, the display
+   matrix, subtitles, data streams, cover art) is written.
+4. **Codecs** (:data:`CODECS`): H.264 (libx264, CRF, the params' preset) + AAC-LC in MP4 with the
+   index first (``movflags=+faststart``); VP9 (libvpx-vp9, constant quality, ``row-mt``) + Opus in
+   WebM; AV1 (SVT-AV1, CRF, preset 8) + AAC in MP4.
+5. **HLS** (h264 only, on request): each finished MP4 is remuxed (no second encode) by FFmpeg's
+   ``hls`` muxer into one fragmented MP4 per rendition (``hls_flags=single_file``: the
+   initialisation section and every segment are byte ranges of it) and a VOD media playlist;
+   keyframes are forced every ``hls_segment_seconds`` (closed GOPs, no scene-cut keyframes) so
+   segments of all renditions align. A master playlist lists the renditions with ``BANDWIDTH``
+   (the peak segment bit rate), ``AVERAGE-BANDWIDTH``, ``RESOLUTION``, ``FRAME-RATE`` and
+   ``CODECS`` (RFC 8216 §4.3.4.2). URIs inside the playlists are the sibling outputs'
+   ``output_type`` names (``hls_720p``, ``hls_720p_media``); the gateway's resolved-output
+   endpoint turns them into download URLs.
+
+Progress is reported while decoding (:func:`hypermedia.sandbox.report_progress`). Runs FFmpeg on
+untrusted input: call :func:`run` in the sandbox child only. Importing this module is fork-safe.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import math
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Final
+
+import av
+import av.error
+import av.filter
+from av.audio.stream import AudioStream
+from av.container import InputContainer, OutputContainer
+from av.stream import Disposition
+from av.video.frame import PictureType, VideoFrame
+from av.video.stream import VideoStream
+
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.contract import OutputFile, report_progress
+from hypermedia.engines.media.audio import AudioConverter
+from hypermedia.engines.media.params import validate_params
+from hypermedia.engines.media.poster import display_size, quarter_turns
+from hypermedia.engines.media.probe import (
+    MediaLimits,
+    audio_stream,
+    check_duration,
+    check_size,
+    demux_span,
+    first_frame_rotation,
+    header_seconds,
+    open_media,
+)
+
+__all__ = ["CODECS", "MAX_PIXELS", "MAX_SIDE", "Codec", "Rendition", "plan_ladder", "run", "thread_need"]
+
+MAX_PIXELS: Final = 8192 * 4320
+"""Largest coded frame transcoded (``INPUT_TOO_LARGE_PIXELS``): 8K UHD-2 (35.4 MP)."""
+MAX_SIDE: Final = 8192
+"""Longest side of a rendition, in pixels: a picture of an extreme aspect ratio is scaled down to
+it (H.264 level 6.2 allows 8,192 × 4,320; x264 refuses far larger frames)."""
+AUDIO_RATE: Final = 48_000
+AUDIO_LAYOUT: Final = "stereo"
+HLS_MIME: Final = "application/vnd.apple.mpegurl"
+
+
+@dataclass(frozen=True)
+class Codec:
+    """One ``codec`` param: its encoders, container and how quality is set."""
+
+    video_encoder: str
+    audio_encoder: str
+    muxer: str
+    extension: str
+    mime_type: str
+    mux_options: dict[str, str] = field(default_factory=dict)
+
+
+CODECS: Final[dict[str, Codec]] = {
+    "h264": Codec("libx264", "aac", "mp4", "mp4", "video/mp4", {"movflags": "+faststart"}),
+    "vp9": Codec("libvpx-vp9", "libopus", "webm", "webm", "video/webm"),
+    "av1": Codec("libsvtav1", "aac", "mp4", "mp4", "video/mp4", {"movflags": "+faststart"}),
+}
+"""``codec`` param → encoders and container."""
+
+
+@dataclass(frozen=True)
+class Rendition:
+    """One rung of the ladder as planned: ``name`` is ``{short side}p``."""
+
+    name: str
+    width: int
+    height: int
+
+
+def plan_ladder(display_width: int, display_height: int, heights: list[int]) -> list[Rendition]:
+    """The renditions of an upright picture of ``display_width`` × ``display_height`` pixels.
+
+    A rung in ``heights`` is the short side of a rendition; the long side follows the aspect
+    ratio, both rounded to even numbers (at least 2). Rungs above the source's short side are
+    left out (never upscaled); when none is left, one rendition of the source's own size (an odd
+    side one pixel shorter) is returned. A long side over :data:`MAX_SIDE` is scaled down to it
+    (the short side with it). Highest first.
+
+    >>> [r.name for r in plan_ladder(1280, 720, [1080, 720, 480])]
+    ['720p', '480p']
+    >>> plan_ladder(360, 640, [720, 360])[0]
+    Rendition(name='360p', width=360, height=640)
+    """
+    short, long = sorted((display_width, display_height))
+    portrait = display_height > display_width
+    renditions = []
+    for rung in sorted((h for h in heights if h <= short), reverse=True):
+        rung_short, rung_long = _even(rung), min(_even(rung * long / short), long - long % 2)
+        if rung_long > MAX_SIDE:
+            rung_short, rung_long = _even(rung_short * MAX_SIDE / rung_long), MAX_SIDE
+        width, height = (rung_short, rung_long) if portrait else (rung_long, rung_short)
+        renditions.append(Rendition(f"{rung}p", width, height))
+    if not renditions:  # the source's own size, odd sides one pixel shorter
+        rung_short, rung_long = max(2, short - short % 2), max(2, long - long % 2)
+        if rung_long > MAX_SIDE:
+            rung_short, rung_long = _even(rung_short * MAX_SIDE / rung_long), MAX_SIDE
+        width, height = (rung_short, rung_long) if portrait else (rung_long, rung_short)
+        renditions.append(Rendition(f"{rung_short}p", width, height))
+    return renditions
+
+
+def thread_need(params: dict[str, Any], threads: int) -> int:
+    """Threads a ``transcode_video`` job of these (normalised) params may start beyond the Python
+    interpreter's own, for its ``RLIMIT_NPROC``: the frame-threaded decoder (``threads`` + 3)
+    and, per requested rung, one encoder. Measured on a 3-rung ladder (1080p source, filter
+    graphs at one thread each): x264 and libvpx-vp9 start at most ``threads`` + 3 threads each
+    (17 in all at ``threads=2``, 25 at 4); SVT-AV1 starts far more whatever its ``lp`` (18 per
+    encoder at ``lp=1``, 50 at 2, 77 at 4), bounded here by 24 + 24 × ``threads``."""
+    renditions = len(params.get("heights") or ()) or 1
+    per_encoder = 24 + 24 * threads if params.get("codec") == "av1" else threads + 3
+    return threads + 3 + renditions * per_encoder
+
+
+def run(
+    operation: str,
+    params: dict,
+    input_path: Path,
+    out_dir: Path,
+    *,
+    limits: MediaLimits,
+) -> list[OutputFile]:
+    """Transcodes one video into its renditions (see the module doc).
+
+    Args:
+        operation: ``transcode_video``.
+        params: :func:`hypermedia.engines.media.params.validate_params`'s ``transcode_video`` params.
+        input_path: the uploaded file. out_dir: existing directory for the outputs.
+        limits: size and duration checked before decoding; ``threads`` per encoder and decoder.
+
+    Returns:
+        Per rendition, highest first, ``video_{rung}p`` (``video_720p.mp4``, ``video/mp4``; or
+        ``.webm``, ``video/webm``) with metadata ``width``, ``height`` (pixels), ``codec``
+        (``h264``/``vp9``/``av1``), ``audio_codec`` (``aac``/``opus`` or null without sound),
+        ``duration_seconds`` (of the written file), ``frame_count``, ``bit_rate`` (bits/s over the
+        file), ``rotation_applied`` (degrees, the source's display rotation when it was a quarter
+        turn that was applied, else 0), ``decode_errors`` (packets skipped), ``size_bytes``.
+        With ``hls``: then ``hls_{rung}p_media`` (the fragmented MP4, ``video/mp4``),
+        ``hls_{rung}p`` (its media playlist, ``application/vnd.apple.mpegurl``, metadata
+        ``segments``, ``bandwidth``, ``average_bandwidth``) per rendition, and ``hls_master``
+        (metadata ``renditions``).
+
+    Raises:
+        InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
+        PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT``, ``CORRUPT_INPUT`` (the
+            video cannot be decoded), ``MEDIA_TOO_LONG`` (from the header, or passed while
+            decoding), ``NO_VIDEO_STREAM``, ``INPUT_TOO_LARGE_PIXELS``, ``RESOURCE_LIMIT`` (an
+            encoder could not start or run within the job's thread and memory limits).
+        MemoryError: FFmpeg or an encoder hit the sandbox's memory limit.
+    """
+    if operation != "transcode_video":
+        raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
+    options = validate_params(operation, params)
+    check_size(input_path, limits)
+    with open_media(input_path) as container:
+        check_duration(header_seconds(container), limits)
+        video = _video_stream(container)
+        width, height = video.codec_context.width, video.codec_context.height
+        if width * height > MAX_PIXELS:
+            raise PermanentJobError(
+                f"The video is {width}×{height} pixels; at most {MAX_PIXELS} pixels are accepted.",
+                "INPUT_TOO_LARGE_PIXELS",
+            )
+        rotation = first_frame_rotation(video)
+    with open_media(input_path) as container:
+        # Every packet's timestamp, nothing decoded (about a second per million packets): a
+        # header that understates the length is MEDIA_TOO_LONG here, before hours are encoded.
+        demux_span(container, limits)
+    with open_media(input_path) as container:
+        job = _Transcode(container, options, out_dir, limits, rotation)
+        job.encode()
+    outputs = job.outputs()
+    if options["hls"]:
+        outputs += _package_hls(job, options["hls_segment_seconds"])
+    return outputs
+
+
+# --- the source ----------------------------------------------------------------------------------
+
+
+def _video_stream(container: InputContainer) -> VideoStream:
+    for stream in container.streams.video:
+        if stream.codec_context is not None and not stream.disposition & Disposition.attached_pic:
+            return stream
+    raise PermanentJobError("The input has no video stream to transcode.", "NO_VIDEO_STREAM")
+
+
+def _sound(container: InputContainer) -> AudioStream | None:
+    """The audio stream to encode; ``None`` for a silent video (an undecodable one still fails)."""
+    try:
+        return audio_stream(container, "")
+    except PermanentJobError as exc:
+        if exc.error_code == "NO_AUDIO_STREAM":
+            return None
+        raise
+
+
+def _display_size(stream: VideoStream, rotation: int) -> tuple[int, int]:
+    """The upright display size in whole pixels (:func:`hypermedia.engines.media.poster.display_size`)."""
+    context = stream.codec_context
+    width, height = display_size(context.width, context.height, context.sample_aspect_ratio, rotation)
+    return max(1, round(width)), max(1, round(height))
+
+
+def _even(value: float) -> int:
+    return max(2, 2 * round(value / 2))
+
+
+# --- encoding ------------------------------------------------------------------------------------
+
+
+class _Output:
+    """One rendition being written: its container, encoders and filter graph."""
+
+    def __init__(
+        self,
+        rendition: Rendition,
+        codec: Codec,
+        options: dict[str, Any],
+        path: Path,
+        source: VideoStream,
+        audio: AudioStream | None,
+        threads: int,
+        hls: bool,
+    ) -> None:
+        self.rendition = rendition
+        self.path = path
+        self.frames = 0
+        self.container: OutputContainer = av.open(
+            str(path), mode="w", format=codec.muxer, options=dict(codec.mux_options)
+        )
+        rate = source.average_rate or source.guessed_rate or Fraction(25)
+        if codec.video_encoder == "libsvtav1":
+            os.environ["SVT_LOG"] = "1"  # errors only: SVT-AV1 prints its configuration to stderr
+        video = self.container.add_stream(
+            codec.video_encoder, rate=rate, options=_encoder_options(options, threads, rate, hls)
+        )
+        assert isinstance(video, VideoStream)
+        self.video: VideoStream = video
+        context = video.codec_context
+        context.width, context.height = rendition.width, rendition.height
+        context.pix_fmt = "yuv420p"
+        context.time_base = source.time_base or Fraction(1, 90_000)
+        context.thread_count = threads
+        context.thread_type = "AUTO"  # type: ignore[assignment]  # frame threads, as FFmpeg's CLI
+        video.time_base = context.time_base
+        self.audio: AudioStream | None = None
+        if audio is not None:
+            sound = self.container.add_stream(codec.audio_encoder, rate=AUDIO_RATE)
+            assert isinstance(sound, AudioStream)
+            sound.layout = AUDIO_LAYOUT
+            sound.bit_rate = options["audio_bitrate"] * 1000
+            sound.codec_context.thread_count = 1
+            self.audio = sound
+        self.extradata = b""
+        """The video encoder's global header (SPS/PPS), copied by :meth:`close`."""
+        self.graph: av.filter.Graph | None = None
+        self.graph_key: tuple[int, int, str | None, Fraction | None] | None = None
+        context = source.codec_context
+        self.planned = (context.width, context.height, _square(context.sample_aspect_ratio))
+        """The coded size and sample aspect ratio the ladder was planned for: the stream's, as
+        FFmpeg's probe found them (:func:`_display_size`)."""
+
+    def filter(self, frame: VideoFrame, rotation: int, sar: Fraction | None) -> list[VideoFrame]:
+        """``frame`` upright, scaled and 8-bit 4:2:0; the graph is rebuilt when the input's size,
+        pixel format or sample aspect ratio ``sar`` (the decoder's, as of this frame: PyAV's
+        frames carry none) changes mid-stream. A frame whose size or ``sar`` differs from the
+        planned ones (a recording whose resolution changes, a broadcast switching between 4:3 and
+        16:9) is fitted inside the rendition, display aspect kept, and centred on black
+        (:func:`fit_inside`), never stretched to the rendition's shape."""
+        sar = _square(sar)
+        key = (frame.width, frame.height, frame.format.name, sar)
+        if self.graph is None or key != self.graph_key:
+            fit = None
+            if (frame.width, frame.height, sar) != self.planned:
+                fit = fit_inside(frame.width, frame.height, sar, rotation, self.rendition)
+            self.graph, self.graph_key = _graph(frame, rotation, self.rendition, fit), key
+        self.graph.push(frame)
+        return _pull(self.graph)
+
+    def encode_video(self, frame: VideoFrame | None) -> None:
+        if frame is not None:
+            # The decoder marks the source's keyframes; an encoder given an I frame makes it a
+            # keyframe (libx264 does), which would put the source's GOPs, scene cuts included,
+            # into every rendition and break the HLS segment grid. FFmpeg's CLI resets it too.
+            frame.pict_type = PictureType.NONE
+        with _writing():
+            for packet in self.video.encode(frame):
+                self.container.mux(packet)
+        if frame is not None:
+            self.frames += 1
+
+    def encode_audio(self, frame: Any) -> None:
+        assert self.audio is not None
+        with _writing():
+            for packet in self.audio.encode(frame):
+                self.container.mux(packet)
+
+    def close(self) -> None:
+        """Flushes the encoders and closes the file. The streams belong to the container: what is
+        needed of them later (the H.264 parameter sets) is copied first, never read after."""
+        self.encode_video(None)
+        if self.audio is not None:
+            self.encode_audio(None)
+        self.extradata = bytes(self.video.codec_context.extradata or b"")
+        with _writing():
+            self.container.close()
+
+
+class _EncoderFailure(Exception):
+    """An FFmpeg error on the writing side (encoder or muxer), kept apart from the decoding
+    side's: the input is not to blame for it."""
+
+
+@contextmanager
+def _writing() -> Iterator[None]:
+    try:
+        yield
+    except MemoryError:
+        raise
+    except av.error.FFmpegError as exc:
+        raise _EncoderFailure(str(exc)) from exc
+
+
+def _encoder_error(failure: _EncoderFailure) -> Exception:
+    """What a failed encoder or muxer means for the job. An encoder that cannot open — libx264's
+    ``x264_encoder_open`` fails with FFmpeg's "generic error in an external library" when it
+    cannot start its threads under ``RLIMIT_NPROC`` — or runs out of threads or memory
+    (``EAGAIN``, ``ENOMEM``) is ``RESOURCE_LIMIT``; anything else is a fault of ours (an
+    internal error, not blamed on the input)."""
+    cause = failure.__cause__
+    if isinstance(cause, av.error.ExternalError) or getattr(cause, "errno", None) in (
+        errno.EAGAIN,
+        errno.ENOMEM,
+    ):
+        return PermanentJobError(
+            "An encoder could not start or run within the job's thread and memory limits.", "RESOURCE_LIMIT"
+        )
+    return RuntimeError(f"encoding failed: {failure}")
+
+
+def _encoder_options(options: dict[str, Any], threads: int, rate: Fraction, hls: bool) -> dict[str, str]:
+    """AVOptions of the video encoder for the ``codec`` param (CRF, preset, threads, GOP)."""
+    quality = str(options["quality"])
+    codec = options["codec"]
+    if codec == "h264":
+        encoder = {"preset": options["preset"], "crf": quality}
+        if hls:
+            keyint = max(1, round(float(rate) * options["hls_segment_seconds"]))
+            encoder["x264-params"] = f"keyint={keyint}:min-keyint={keyint}:scenecut=0:open-gop=0"
+        return encoder
+    if codec == "vp9":
+        return {"crf": quality, "b": "0", "row-mt": "1", "deadline": "good", "cpu-used": "4"}
+    return {"crf": quality, "preset": "8", "svtav1-params": f"lp={threads}"}
+
+
+def _square(sar: Fraction | None) -> Fraction | None:
+    """``sar``, or ``None`` for square or unknown pixels (FFmpeg's 0:1 and 1:1 alike)."""
+    return sar if sar and sar != 1 else None
+
+
+def fit_inside(
+    width: int, height: int, sar: Fraction | None, rotation: int, rendition: Rendition
+) -> tuple[int, int]:
+    """The even size, at most the rendition's, that a ``width`` × ``height`` frame (sample aspect
+    ratio ``sar``, turned by ``rotation``) scales to with its display aspect ratio kept: the
+    picture of a frame whose size differs from the one the ladder was planned for."""
+    display_width, display_height = display_size(width, height, sar, rotation)
+    scale = min(rendition.width / display_width, rendition.height / display_height)
+    return (
+        min(rendition.width, _even(display_width * scale)),
+        min(rendition.height, _even(display_height * scale)),
+    )
+
+
+def _graph(
+    frame: VideoFrame, rotation: int, rendition: Rendition, fit: tuple[int, int] | None = None
+) -> av.filter.Graph:
+    """buffer → rotation → scale to the rendition's size (the sample aspect ratio is in that
+    size already: :func:`_display_size`) → square pixels → 8-bit 4:2:0 → buffersink. With
+    ``fit``, the scale is to that size and a black ``pad`` centres it in the rendition's."""
+    graph = av.filter.Graph()
+    graph.threads = 1  # else FFmpeg starts a pool of one thread per CPU of the node per graph
+    chain = [
+        graph.add_buffer(
+            width=frame.width,
+            height=frame.height,
+            format=frame.format,
+            time_base=frame.time_base or Fraction(1, 90_000),
+        )
+    ]
+    turns = quarter_turns(rotation)
+    if turns == 1:
+        chain.append(graph.add("transpose", "clock"))
+    elif turns == 2:
+        chain += [graph.add("hflip"), graph.add("vflip")]
+    elif turns == 3:
+        chain.append(graph.add("transpose", "cclock"))
+    if fit is None:
+        chain.append(graph.add("scale", f"{rendition.width}:{rendition.height}:flags=bicubic"))
+    else:
+        x, y = (rendition.width - fit[0]) // 4 * 2, (rendition.height - fit[1]) // 4 * 2
+        chain += [
+            graph.add("scale", f"{fit[0]}:{fit[1]}:flags=bicubic"),
+            graph.add("pad", f"{rendition.width}:{rendition.height}:{x}:{y}:black"),
+        ]
+    chain += [
+        graph.add("setsar", "1"),
+        graph.add("format", "yuv420p"),
+        graph.add("buffersink"),
+    ]
+    for upstream, downstream in itertools.pairwise(chain):
+        upstream.link_to(downstream)
+    graph.configure()
+    return graph
+
+
+def _pull(graph: av.filter.Graph) -> list[VideoFrame]:
+    frames: list[VideoFrame] = []
+    while True:
+        try:
+            frame = graph.pull()
+        except (av.error.BlockingIOError, av.error.EOFError):
+            return frames
+        assert isinstance(frame, VideoFrame)
+        frames.append(frame)
+
+
+class _Transcode:
+    """One pass over the input feeding every rendition (module doc, step 3)."""
+
+    def __init__(
+        self,
+        container: InputContainer,
+        options: dict[str, Any],
+        out_dir: Path,
+        limits: MediaLimits,
+        rotation: int,
+    ) -> None:
+        self.container = container
+        self.options = options
+        self.out_dir = out_dir
+        self.limits = limits
+        self.rotation = rotation
+        self.codec = CODECS[options["codec"]]
+        self.video = _video_stream(container)
+        self.audio = _sound(container)
+        context = self.video.codec_context
+        context.thread_count = max(1, limits.threads)
+        context.thread_type = "FRAME"  # type: ignore[assignment]  # PyAV takes the flag's name
+        display = _display_size(self.video, rotation)
+        self.ladder = plan_ladder(*display, options["heights"])
+        self.duration = header_seconds(container)
+        self.frame_rate: Fraction | None = self.video.average_rate or self.video.guessed_rate
+        """The source's frame rate, read while the input is open (the HLS master's FRAME-RATE)."""
+        start = container.start_time
+        self.origin = start / av.time_base if start is not None else 0.0
+        self.last_video_pts: int | None = None
+        self.decode_errors = 0
+        """Packets skipped because they did not decode (and a demuxer that gave up early)."""
+        self.converter = AudioConverter("fltp", AUDIO_LAYOUT, 0.0) if self.audio is not None else None
+        self.audio_samples: int | None = None
+        """Samples per channel written so far at 48 kHz, from the first audio frame's start."""
+        self.outputs_: list[_Output] = [
+            _Output(
+                rendition,
+                self.codec,
+                options,
+                out_dir / f"video_{rendition.name}.{self.codec.extension}",
+                self.video,
+                self.audio,
+                max(1, limits.threads),
+                options["hls"],
+            )
+            for rendition in self.ladder
+        ]
+
+    def encode(self) -> None:
+        """Demuxes and decodes the whole input into every rendition. A packet that does not
+        decode is skipped and counted (:attr:`decode_errors`), as FFmpeg's command line goes on
+        past a damaged packet; a demuxer that cannot go on ends the input there. A packet the
+        demuxer flags corrupt is decoded all the same, as FFmpeg's command line does unless
+        told ``-fflags discardcorrupt``: MPEG-TS flags the first packet after a continuity-counter
+        jump, which every ``cat a.ts b.ts`` join has, and its frame is usually whole.
+
+        Raises:
+            PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all, and see
+                :func:`run`.
+        """
+        streams: list[Any] = [self.video] + ([self.audio] if self.audio is not None else [])
+        try:
+            for packet in self.container.demux(streams):
+                try:
+                    frames = packet.decode()
+                except MemoryError:  # av.error.MemoryError is one, and an FFmpegError
+                    raise
+                except av.error.FFmpegError:
+                    self.decode_errors += 1
+                    continue
+                for frame in frames:
+                    if isinstance(frame, VideoFrame):
+                        self._video_frame(frame)
+                    else:
+                        self._audio_frame(frame)
+            if self.converter is not None:
+                for converted in self.converter.convert(None):
+                    self._encode_audio(converted)
+        except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
+            raise
+        except _EncoderFailure as failure:
+            raise _encoder_error(failure) from failure.__cause__
+        except av.error.FFmpegError as exc:
+            if self.outputs_[0].frames == 0:
+                raise PermanentJobError(
+                    "The video cannot be decoded: the file is truncated or damaged.", "CORRUPT_INPUT"
+                ) from exc
+            self.decode_errors += 1  # the demuxer gave up: a damaged tail, what decoded is kept
+        if self.outputs_[0].frames == 0:
+            raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
+        try:
+            for output in self.outputs_:
+                output.close()
+        except _EncoderFailure as failure:
+            raise _encoder_error(failure) from failure.__cause__
+        report_progress(self.out_dir, 1.0)
+
+    def _video_frame(self, frame: VideoFrame) -> None:
+        time_base = self.video.time_base
+        shift = round(self.origin / time_base) if time_base else 0
+        if (
+            frame.pts is not None
+            and self.last_video_pts is not None
+            and frame.pts - shift <= self.last_video_pts
+        ):
+            # Presentation timestamps out of order (H.264 with B-frames in AVI carries decode
+            # order): the decode timestamp, when it goes on, as FFmpeg's best-effort timestamp.
+            if frame.dts is not None and frame.dts - shift > self.last_video_pts:
+                frame.pts = frame.dts
+        if frame.pts is None:
+            # No timestamp (some raw streams): the previous one plus a frame at the nominal rate.
+            rate = self.video.average_rate or Fraction(25)
+            step = max(1, round(1 / (rate * time_base))) if time_base else 1
+            frame.pts = (self.last_video_pts if self.last_video_pts is not None else -step) + step
+        else:
+            frame.pts -= shift
+        if frame.pts < 0 or (self.last_video_pts is not None and frame.pts <= self.last_video_pts):
+            return  # before the file's start, or a repeated timestamp: the muxer would refuse it
+        self.last_video_pts = frame.pts
+        if frame.width * frame.height > MAX_PIXELS:
+            raise PermanentJobError(
+                f"A frame is {frame.width}×{frame.height} pixels; at most {MAX_PIXELS} pixels are accepted.",
+                "INPUT_TOO_LARGE_PIXELS",
+            )
+        seconds = float(frame.pts * time_base) if time_base else 0.0
+        check_duration(seconds, self.limits)
+        sar = self.video.codec_context.sample_aspect_ratio
+        for output in self.outputs_:
+            for filtered in output.filter(frame, self.rotation, sar):
+                output.encode_video(filtered)
+        if self.duration:
+            report_progress(self.out_dir, 0.98 * seconds / self.duration)
+
+    def _audio_frame(self, frame: Any) -> None:
+        """Audio is converted to stereo 48 kHz float (:class:`hypermedia.engines.media.audio.AudioConverter`:
+        a layout or rate change mid-stream rebuilds its graph; NaN and infinite samples are
+        zeroed) and stamped by a sample count from where the first audio frame starts, so
+        timestamps that go back or jump do not reach the muxer."""
+        assert self.audio is not None and self.converter is not None
+        if self.audio_samples is None:
+            start = 0.0
+            if frame.pts is not None and self.audio.time_base:
+                start = max(0.0, float(frame.pts * self.audio.time_base) - self.origin)
+            self.audio_samples = round(start * AUDIO_RATE)
+        for converted in self.converter.convert(frame):
+            self._encode_audio(converted)
+
+    def _encode_audio(self, frame: Any) -> None:
+        assert self.audio_samples is not None
+        frame.pts, frame.time_base = self.audio_samples, Fraction(1, AUDIO_RATE)
+        self.audio_samples += frame.samples
+        check_duration(self.audio_samples / AUDIO_RATE, self.limits)
+        for output in self.outputs_:
+            output.encode_audio(frame)
+
+    def outputs(self) -> list[OutputFile]:
+        return [self._describe(output) for output in self.outputs_]
+
+    def _describe(self, output: _Output) -> OutputFile:
+        size = output.path.stat().st_size
+        with av.open(str(output.path)) as written:
+            duration = written.duration / av.time_base if written.duration is not None else None
+        metadata = {
+            "width": output.rendition.width,
+            "height": output.rendition.height,
+            "codec": self.options["codec"],
+            "audio_codec": None
+            if output.audio is None
+            else ("opus" if self.options["codec"] == "vp9" else "aac"),
+            "duration_seconds": round(duration, 3) if duration is not None else None,
+            "frame_count": output.frames,
+            "bit_rate": round(size * 8 / duration) if duration else None,
+            "rotation_applied": self.rotation if quarter_turns(self.rotation) else 0,
+            "decode_errors": self.decode_errors,
+            "size_bytes": size,
+        }
+        return OutputFile(f"video_{output.rendition.name}", output.path.name, self.codec.mime_type, metadata)
+
+
+# --- HLS -----------------------------------------------------------------------------------------
+
+_EXTINF: Final = re.compile(r"#EXTINF:([0-9.]+)")
+_BYTERANGE: Final = re.compile(r"#EXT-X-BYTERANGE:(\d+)@(\d+)")
+
+
+def _package_hls(job: _Transcode, segment_seconds: int) -> list[OutputFile]:
+    """Remuxes every rendition into single-file fragmented MP4 HLS and writes the master playlist
+    (module doc, step 5)."""
+    outputs: list[OutputFile] = []
+    variants = []
+    for output in job.outputs_:
+        name = f"hls_{output.rendition.name}"
+        media_name = f"{name}_media"
+        playlist_path = job.out_dir / f"{name}.m3u8"
+        media_path = job.out_dir / f"{media_name}.mp4"
+        _remux_hls(output.path, playlist_path, media_path, segment_seconds)
+        text = playlist_path.read_text()
+        text = text.replace(f'URI="{media_path.name}"', f'URI="{media_name}"')
+        text = re.sub(rf"^{re.escape(media_path.name)}$", media_name, text, flags=re.MULTILINE)
+        playlist_path.write_text(text)
+        bandwidth, average, segments = _bandwidth(text)
+        codecs = _codecs_attribute(output)
+        variants.append((name, output, bandwidth, average, codecs))
+        outputs.append(
+            OutputFile(
+                media_name,
+                media_path.name,
+                "video/mp4",
+                {
+                    "size_bytes": media_path.stat().st_size,
+                    "width": output.rendition.width,
+                    "height": output.rendition.height,
+                },
+            )
+        )
+        outputs.append(
+            OutputFile(
+                name,
+                playlist_path.name,
+                HLS_MIME,
+                {
+                    "segments": segments,
+                    "bandwidth": bandwidth,
+                    "average_bandwidth": average,
+                    "size_bytes": len(text.encode()),
+                },
+            )
+        )
+    rate = job.frame_rate
+    lines = ["#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-INDEPENDENT-SEGMENTS"]
+    for name, output, bandwidth, average, codecs in variants:
+        attributes = [
+            f"BANDWIDTH={bandwidth}",
+            f"AVERAGE-BANDWIDTH={average}",
+            f"RESOLUTION={output.rendition.width}x{output.rendition.height}",
+            f'CODECS="{codecs}"',
+        ]
+        if rate:
+            attributes.append(f"FRAME-RATE={float(rate):.3f}")
+        lines += ["#EXT-X-STREAM-INF:" + ",".join(attributes), name]
+    master = "\n".join(lines) + "\n"
+    (job.out_dir / "hls_master.m3u8").write_text(master)
+    outputs.append(
+        OutputFile(
+            "hls_master",
+            "hls_master.m3u8",
+            HLS_MIME,
+            {"renditions": [name for name, *_ in variants], "size_bytes": len(master.encode())},
+        )
+    )
+    return outputs
+
+
+def _remux_hls(source: Path, playlist: Path, media: Path, segment_seconds: int) -> None:
+    with av.open(str(source)) as inp:
+        out = av.open(
+            str(playlist),
+            mode="w",
+            format="hls",
+            options={
+                "hls_time": str(segment_seconds),
+                "hls_segment_type": "fmp4",
+                "hls_flags": "single_file+independent_segments",
+                "hls_playlist_type": "vod",
+                "hls_segment_filename": str(media),
+            },
+        )
+        try:
+            streams = {stream.index: out.add_stream_from_template(stream) for stream in inp.streams}
+            for packet in inp.demux():
+                if packet.dts is None:
+                    continue
+                packet.stream = streams[packet.stream.index]
+                out.mux(packet)
+        finally:
+            out.close()
+
+
+def _bandwidth(playlist: str) -> tuple[int, int, int]:
+    """``(peak, average, segments)`` of a byte-range media playlist: bits/s of the largest
+    segment over its duration, of all segments over the total, and the number of segments."""
+    peak = 0.0
+    total_bytes = 0
+    total_seconds = 0.0
+    segments = 0
+    seconds: float | None = None
+    for line in playlist.splitlines():
+        if (match := _EXTINF.match(line)) is not None:
+            seconds = float(match.group(1))
+        elif (match := _BYTERANGE.match(line)) is not None and seconds is not None:
+            length = int(match.group(1))
+            segments += 1
+            total_bytes += length
+            total_seconds += seconds
+            if seconds > 0:
+                peak = max(peak, length * 8 / seconds)
+            seconds = None
+    average = total_bytes * 8 / total_seconds if total_seconds else 0.0
+    return math.ceil(peak), math.ceil(average), segments
+
+
+def _codecs_attribute(output: _Output) -> str:
+    """RFC 6381 codec strings: ``avc1.PPCCLL`` from the H.264 SPS (profile_idc, constraint flags,
+    level_idc) and ``mp4a.40.2`` for AAC-LC."""
+    extradata = output.extradata
+    video = "avc1.640028"
+    for start in (m.end() for m in re.finditer(b"\x00\x00\x01", extradata)):
+        if start + 3 < len(extradata) and extradata[start] & 0x1F == 7:  # SPS
+            video = "avc1." + extradata[start + 1 : start + 4].hex()
+            break
+    else:
+        if len(extradata) >= 4 and extradata[0] == 1:  # avcC: version, profile, compat, level
+            video = "avc1." + extradata[1:4].hex()
+    return video if output.audio is None else f"{video},mp4a.40.2"
