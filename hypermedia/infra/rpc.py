@@ -18,11 +18,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+import httpx
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from hypermedia.core import pgtext, telemetry
 from hypermedia.core.errors import (
@@ -30,6 +32,7 @@ from hypermedia.core.errors import (
     ERROR_DETAILS_METADATA_KEY,
     DomainError,
     InvalidArgument,
+    TransientError,
     from_rpc_error,
 )
 from hypermedia.infra import db
@@ -229,3 +232,15 @@ async def healthy(chan: grpc.aio.Channel, service: str = "", timeout: float = 2.
     except grpc.aio.AioRpcError:
         return False
     return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def infra_retry() -> AsyncRetrying:
+    """Bounded retries of infrastructure calls (gRPC to a platform service, HTTP to a presigned URL)
+    inside one job attempt: 3 tries, 0.2–2 s exponential backoff, on :class:`TransientError` and
+    httpx transport errors only. Use as ``async for attempt in infra_retry(): with attempt: ...``."""
+    return AsyncRetrying(
+        stop=stop_after_attempt(3),
+        wait=wait_exponential(multiplier=0.2, max=2),
+        retry=retry_if_exception_type((TransientError, httpx.TransportError)),
+        reraise=True,
+    )

@@ -43,7 +43,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
-from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core import telemetry
 from hypermedia.core.config import WorkerSettings
@@ -52,10 +52,11 @@ from hypermedia.infra import db
 from hypermedia.infra.rpc import call
 from hypermedia.infra.service import every
 from hypermedia.jobs import lifecycle, queues
+from hypermedia.jobs.settlement import Settlement
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_progress
 from hypermedia.worker.admission import Admission
 from hypermedia.worker.handler import JobHandler, JobInput
-from hypermedia.worker.transfer import Transfers, infra_retry
+from hypermedia.worker.transfer import Transfers
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class WorkerRuntime:
         self._nc = nc
         self._prefix = prefix
         self._storage = storage
-        self._credits = credits
+        self._settlement = Settlement(credits)
         self._sandbox = sandbox
         self._interruptible: dict[str, asyncio.Task[Any]] = {}
         """Work of a job before its sandbox runs, by job id: its wait for admission or its
@@ -573,7 +574,7 @@ class WorkerRuntime:
         """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only
         this path (not a drain's hand-back, which queues the job again) releases the hold."""
         if await self._db(lifecycle.mark_cancelled, job, self.worker_id, _ms(started)):
-            await self._release(job)
+            await self._release(job, "cancelled")
 
     async def _settle_failure(
         self, job: lifecycle.ClaimedJob, exc: DomainError, started: float, result: SandboxResult | None
@@ -604,20 +605,21 @@ class WorkerRuntime:
             return
         log.info("job attempt failed: %s → %s", exc.error_code, status, extra={"job_id": job.job_id})
         if status == "failed":
-            await self._release(job)
+            await self._release(job, "failed")
 
-    async def _release(self, job: lifecycle.ClaimedJob) -> None:
-        async for attempt in infra_retry():
-            with attempt:
-                await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job.job_id))
+    async def _release(self, job: lifecycle.ClaimedJob, outcome: str) -> None:
+        """Settles a job that ended without completing (``failed`` or ``cancelled``)."""
+        await self._settlement.settle(job.job_id, outcome, retry=True)
 
     async def _commit(self, job: lifecycle.ClaimedJob, lines: dict[str, int]) -> None:
-        async for attempt in infra_retry():
-            with attempt:
-                await call(
-                    self._credits.Commit,
-                    lifecycle.commit_request(job.job_id, job.estimated_credits + sum(lines.values()), lines),
-                )
+        """Settles a completed job: its estimate plus its charge lines."""
+        await self._settlement.settle(
+            job.job_id,
+            "completed",
+            actual_millicredits=job.estimated_credits + sum(lines.values()),
+            lines=lines,
+            retry=True,
+        )
 
 
 def _ms(started: float) -> int:

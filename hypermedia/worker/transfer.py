@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
-from hypermedia.infra.rpc import call
+from hypermedia.infra.rpc import call, infra_retry
 from hypermedia.jobs import lifecycle
 from hypermedia.sandbox import read_output
 
@@ -149,13 +148,3 @@ def rendition_name(job: lifecycle.ClaimedJob, output_type: str) -> str:
     widths) never share a key."""
     canonical = json.dumps([job.operation, job.params], sort_keys=True, separators=(",", ":"))
     return f"{output_type}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
-
-
-def infra_retry() -> AsyncRetrying:
-    """Bounded retries of infrastructure calls inside one attempt: 3 tries, 0.2–2 s backoff."""
-    return AsyncRetrying(
-        stop=stop_after_attempt(3),
-        wait=wait_exponential(multiplier=0.2, max=2),
-        retry=retry_if_exception_type((TransientError, httpx.TransportError)),
-        reraise=True,
-    )

@@ -43,6 +43,7 @@ from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.events import JobEvent, JobEventHub
 from hypermedia.jobs.outbox import OutboxRelay
+from hypermedia.jobs.settlement import UNCREATED, Settlement
 from hypermedia.jobs.webhooks import account_secret, literal_private_host
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ class JobsAPI:
         self._pool = pool
         self._storage = storage
         self._credits = credits
+        self._settlement = Settlement(credits)
         self._relay = relay
         self._events = events
         self._http = http
@@ -517,29 +519,30 @@ class JobsAPI:
                         request_id,
                         job_ids,
                     )
-                for job_id, (name, params, profile), amount in zip(job_ids, normalised, amounts, strict=True):
-                    await conn.execute(
-                        """
-                        INSERT INTO processing_jobs (job_id, account_id, object_id, request_id, operation,
-                            profile_version, queue, params, priority, status, max_attempts, estimated_credits,
-                            webhook_url, idempotency_key, queued_at)
-                        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'queued', $10, $11, $12, $13, now())
-                        """,
-                        job_id,
-                        caller.account_id,
-                        object_id,
-                        request_id,
-                        name,
-                        profile["version"],
-                        profile["queue"],
-                        params,
-                        priority,
-                        profile["max_attempts"],
-                        amount,
-                        webhook_url or None,
-                        idempotency_key,
-                    )
-                    await lifecycle.enqueue_outbox(conn, self._prefix, job_id, profile["queue"], priority)
+                await lifecycle.create_queued(
+                    conn,
+                    self._prefix,
+                    [
+                        lifecycle.NewJob(
+                            job_id=job_id,
+                            account_id=caller.account_id,
+                            object_id=object_id,
+                            request_id=request_id,
+                            operation=name,
+                            profile_version=profile["version"],
+                            queue=profile["queue"],
+                            params=params,
+                            priority=priority,
+                            max_attempts=profile["max_attempts"],
+                            estimated_credits=amount,
+                            webhook_url=webhook_url or None,
+                            idempotency_key=idempotency_key,
+                        )
+                        for job_id, (name, params, profile), amount in zip(
+                            job_ids, normalised, amounts, strict=True
+                        )
+                    ],
+                )
                 await jobsecrets.store(
                     conn,
                     [(j, p) for j, p in zip(job_ids, passwords, strict=True) if p is not None],
@@ -554,7 +557,7 @@ class JobsAPI:
             if held:
                 for job_id in job_ids:
                     try:
-                        await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
+                        await self._settlement.settle(job_id, UNCREATED)
                     except DomainError:
                         # The reaper releases holds whose job was never created.
                         log.exception("could not release the hold of an uncreated job")
@@ -716,32 +719,15 @@ class JobsAPI:
         ``claimed``/``processing`` → ``cancel_requested`` (the worker stops it). Raises NotFound, or
         Conflict (JOB_NOT_CANCELLABLE) for a job that already ended."""
         job_id = _parse_uuid(job_id, "job")
-        status = await self._pool.fetchval(
-            """
-            UPDATE processing_jobs SET
-                status = CASE WHEN status IN ('created', 'queued', 'retry_wait') THEN 'cancelled'
-                              ELSE 'cancel_requested' END,
-                completed_at = CASE WHEN status IN ('created', 'queued', 'retry_wait') THEN now() END,
-                updated_at = now()
-            WHERE job_id = $1 AND account_id = $2
-              AND status IN ('created', 'queued', 'retry_wait', 'claimed', 'processing')
-            RETURNING status
-            """,
-            job_id,
-            caller.account_id,
-        )
+        status = await lifecycle.request_cancel(self._pool, job_id, caller.account_id)
         if status is None:
-            current = await self._pool.fetchval(
-                "SELECT status FROM processing_jobs WHERE job_id = $1 AND account_id = $2",
-                job_id,
-                caller.account_id,
-            )
+            current = await lifecycle.job_status(self._pool, job_id, caller.account_id)
             if current is None:
                 raise NotFound("job not found", "NOT_FOUND")
             if current != "cancel_requested":
                 raise Conflict(f"the job is already {current}", "JOB_NOT_CANCELLABLE")
         if status == "cancelled":
-            await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
+            await self._settlement.settle(job_id, "cancelled")
         return await self.get_job(caller, job_id)
 
     async def account(self, caller: Caller) -> dict[str, Any]:

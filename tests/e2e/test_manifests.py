@@ -28,7 +28,7 @@ import pytest
 from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.infra import db
-from hypermedia.jobs import lifecycle
+from hypermedia.jobs import lifecycle, settlement
 from hypermedia.worker import transfer
 from services.gateway.resolved import LinkSigner
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload
@@ -118,7 +118,7 @@ async def _work(platform: RunningPlatform, job_id: str, outputs: list[Stored]) -
                 )
             assert await lifecycle.complete(pool, job, WORKER_ID, registered, job.estimated_credits, 5, 20)
             await credits_pb2_grpc.CreditsServiceStub(credits_chan).Commit(
-                lifecycle.commit_request(job_id, job.estimated_credits, {})
+                settlement.commit_request(job_id, job.estimated_credits, {})
             )
     finally:
         await pool.close()

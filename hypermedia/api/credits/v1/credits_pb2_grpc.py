@@ -65,6 +65,11 @@ class CreditsServiceStub:
                 request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.GrantRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.GrantResponse.FromString,
                 _registered_method=True)
+        self.ListHolds = channel.unary_unary(
+                '/hypermedia.credits.v1.CreditsService/ListHolds',
+                request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsResponse.FromString,
+                _registered_method=True)
 
 
 class CreditsServiceServicer:
@@ -119,6 +124,16 @@ class CreditsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHolds(self, request, context):
+        """ListHolds pages through the holds still held that were made more than `older_than_seconds`
+        ago, oldest first (created_at, then job id): the reaper settles those whose job has ended or
+        was never created. `page_size` 1–1000 (0: 500); `page_token` from the previous page's
+        `next_page_token`, empty on the last page. INVALID_ARGUMENT for a malformed token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CreditsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +166,11 @@ def add_CreditsServiceServicer_to_server(servicer, server):
                     servicer.Grant,
                     request_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.GrantRequest.FromString,
                     response_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.GrantResponse.SerializeToString,
+            ),
+            'ListHolds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHolds,
+                    request_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsRequest.FromString,
+                    response_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -316,6 +336,33 @@ class CreditsService:
             '/hypermedia.credits.v1.CreditsService/Grant',
             hypermedia_dot_credits_dot_v1_dot_credits__pb2.GrantRequest.SerializeToString,
             hypermedia_dot_credits_dot_v1_dot_credits__pb2.GrantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHolds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.credits.v1.CreditsService/ListHolds',
+            hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsRequest.SerializeToString,
+            hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsResponse.FromString,
             options,
             channel_credentials,
             insecure,
