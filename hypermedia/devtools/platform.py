@@ -1,6 +1,6 @@
 """``hypermedia up``: every service as its own process on one machine, supervised.
 
-On embedded defaults when ``DATABASE_URL`` / ``NATS_URL`` / S3 settings are absent: an embedded
+On embedded defaults when ``HM_DATABASE_URL`` / ``HM_NATS_URL`` / S3 settings are absent: an embedded
 Postgres cluster and a pinned nats-server under the state directory (``./.hypermedia/`` by default,
 ``HM_STATE_DIR``), and the local object store. Internal services get free ports, so two platforms
 run side by side; the choices are written to ``{state}/platform.json`` so that ``hypermedia admin …``
@@ -29,10 +29,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hypermedia.core import config
 from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_for_port
 from hypermedia.infra import db
 
@@ -169,12 +171,12 @@ class Platform:
         """Set by a signal handler; a plain flag because handlers must not take locks."""
 
     def _infrastructure(self) -> tuple[str, str]:
-        database_url = self.base_env.get("DATABASE_URL", "")
+        database_url = _setting(self.base_env, "HM_DATABASE_URL", "")
         if not database_url:
             self.postgres = EmbeddedPostgres(self.root / "pg").start()
             self.postgres.ensure_database("hypermedia")
             database_url = self.postgres.dsn("hypermedia")
-        nats_url = self.base_env.get("NATS_URL", "")
+        nats_url = _setting(self.base_env, "HM_NATS_URL", "")
         if not nats_url:
             self.nats = EmbeddedNats(self.root / "nats").start()
             nats_url = self.nats.url
@@ -201,8 +203,8 @@ class Platform:
         env = dict(self.base_env)
         # One machine, everything on 127.0.0.1: a developer's webhook receiver is local too.
         env.setdefault("HM_WEBHOOK_ALLOW_PRIVATE", "true")
-        http_port = int(env.get("HYPERMEDIA_HTTP_PORT", "8080"))
-        grpc_port = int(env.get("HYPERMEDIA_GRPC_PORT", "50051"))
+        http_port = int(_setting(env, "HM_GATEWAY_HTTP_PORT", "8080"))
+        grpc_port = int(_setting(env, "HM_GATEWAY_GRPC_PORT", "50051"))
         credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()
         work_dir = env.get("HM_WORK_DIR", str(self.root / "work"))
         uid_base = int(env.get("HM_SANDBOX_UID_BASE", "61000"))
@@ -223,10 +225,10 @@ class Platform:
         }
         env.update(
             {
-                "DATABASE_URL": database_url,
-                "NATS_URL": nats_url,
-                "HYPERMEDIA_HTTP_PORT": str(http_port),
-                "HYPERMEDIA_GRPC_PORT": str(grpc_port),
+                "HM_DATABASE_URL": database_url,
+                "HM_NATS_URL": nats_url,
+                "HM_GATEWAY_HTTP_PORT": str(http_port),
+                "HM_GATEWAY_GRPC_PORT": str(grpc_port),
                 "HM_CREDITS_BIND": f"127.0.0.1:{credits_port}",
                 "HM_CREDITS_ADDR": f"127.0.0.1:{credits_port}",
                 "HM_STORAGE_BIND": f"127.0.0.1:{storage_port}",
@@ -346,3 +348,14 @@ class Platform:
         if self.postgres is not None:
             self.postgres.stop()
         (self.root / "platform.json").unlink(missing_ok=True)
+
+
+def _setting(env: Mapping[str, str], name: str, default: str) -> str:
+    """``env[name]``, else the value of its deprecated old name (:data:`config.DEPRECATED_NAMES`),
+    else ``default``: what the services themselves will read."""
+    if name in env:
+        return env[name]
+    for old, new in config.DEPRECATED_NAMES.items():
+        if new == name and old in env:
+            return env[old]
+    return default

@@ -10,7 +10,7 @@ no limit on a request head's size or header count with httptools, and its ``limi
 answers 503 to every request once that many connections are open, so a few hundred connections
 that send nothing took the gateway and the storage service down (issue 14).
 :class:`GuardedHttpProtocol`, uvicorn's httptools protocol with a :class:`ConnectionGuard` shared by
-the connections of one server, adds the limits of :class:`~hypermedia.core.config.HttpSettings`
+the connections of one server, adds the limits of :class:`~hypermedia.infra.httplimits.HttpSettings`
 (ADR 0028):
 
 - a deadline for each request head (from the connect, or from the end of the previous response),
@@ -51,12 +51,12 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from hypermedia.core.config import HttpSettings
+from hypermedia.infra.httplimits import HttpSettings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMITS = HttpSettings.model_construct()
-"""The limits of :class:`~hypermedia.core.config.HttpSettings` at their defaults (no environment)."""
+"""The limits of :class:`~hypermedia.infra.httplimits.HttpSettings` at their defaults (no environment)."""
 
 FD_HEADROOM = 256
 """File descriptors kept for everything but HTTP connections (database pool, gRPC, NATS, files):
@@ -155,7 +155,7 @@ class ConnectionGuard:
     second of it), longest-stalled first. Other active connections are never evicted.
 
     Args:
-        limits: the caps and deadlines (:class:`~hypermedia.core.config.HttpSettings`).
+        limits: the caps and deadlines (:class:`~hypermedia.infra.httplimits.HttpSettings`).
         reserve_paths: request paths (``/healthz``) that a connection admitted over the cap, into
             the reserve of ``limits.reserve_connections``, may ask for with ``GET`` or ``HEAD``;
             empty: no reserve.

@@ -26,15 +26,12 @@ from typing import Any
 
 import asyncpg
 import grpc
-from nats.aio.client import Client as NatsClient
-from nats.js import JetStreamContext
 
 from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.api.storage.v1 import storage_pb2_grpc
 from hypermedia.core import telemetry
 from hypermedia.core.config import ConfigError, InfraSettings
 from hypermedia.infra import db, rpc
-from hypermedia.jobs import queues
 
 log = logging.getLogger(__name__)
 
@@ -162,16 +159,6 @@ async def open_postgres(stack: AsyncExitStack, infra: InfraSettings, *, max_size
     pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=max_size)
     stack.push_async_callback(pool.close)
     return pool
-
-
-async def open_jetstream(
-    stack: AsyncExitStack, infra: InfraSettings, client_name: str
-) -> tuple[NatsClient, JetStreamContext]:
-    """A NATS connection (drained when ``stack`` unwinds) with the queue streams in place."""
-    nc, js = await queues.connect(infra.nats_url, client_name)
-    stack.push_async_callback(nc.drain)
-    await queues.ensure_streams(js, infra.stream_prefix)
-    return nc, js
 
 
 def open_peers(stack: AsyncExitStack, infra: InfraSettings) -> Peers:

@@ -87,7 +87,7 @@ class ClamdAddress:
         """``unix:///run/clamav/clamd.ctl`` or ``tcp://host:3310`` (``tcp://[::1]:3310``).
 
         Raises:
-            ValueError: any other form. The message names ``CLAMD_URL`` and not the value.
+            ValueError: any other form. The message names ``HM_CLAMD_URL`` and not the value.
         """
         parts = urlsplit(url)
         if parts.scheme == "unix" and not parts.netloc and parts.path.startswith("/"):
@@ -98,7 +98,7 @@ class ClamdAddress:
             port = None
         if parts.scheme == "tcp" and parts.hostname and port and parts.path in ("", "/"):
             return cls(host=parts.hostname, port=port)
-        raise ValueError("CLAMD_URL must be unix:///absolute/path or tcp://host:port")
+        raise ValueError("HM_CLAMD_URL must be unix:///absolute/path or tcp://host:port")
 
     def __str__(self) -> str:
         return f"unix://{self.unix_path}" if self.unix_path else f"tcp://{self.host}:{self.port}"

@@ -12,6 +12,7 @@ Whenever a job (re-)enters ``queued`` an outbox row is written in the same trans
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -532,38 +533,37 @@ async def job_status(pool: asyncpg.Pool, job_id: str, account_id: str) -> str | 
 
 
 async def settleable(
-    pool: asyncpg.Pool, job_ids: list[str], grace_seconds: float
+    pool: asyncpg.Pool, holds: list[tuple[str, datetime.datetime]], grace_seconds: float
 ) -> dict[str, tuple[str, int, dict[str, int]]]:
-    """Of the jobs ``job_ids`` whose holds are still held (their holds older than the grace), the
-    ones to settle now: ``{job_id: (outcome, actual millicredits, charge lines)}`` for each that
-    ended more than ``grace_seconds`` ago (its status), and each that was never created
-    (:data:`hypermedia.jobs.settlement.UNCREATED`, 0, ``{}``). Jobs still running, or ended within
-    the grace (their own path is settling them), are left out."""
-    if not job_ids:
+    """Of the jobs whose holds are still held (``[(job_id, hold created_at)]``), the ones to settle
+    now: ``{job_id: (outcome, actual millicredits, charge lines)}`` for each job that ended more
+    than ``grace_seconds`` ago (its status), and for each job never created whose hold is older
+    than the grace (:data:`hypermedia.jobs.settlement.UNCREATED`, 0, ``{}``). Jobs still running,
+    or ended within the grace (their own path is settling them), are left out."""
+    if not holds:
         return {}
     rows = await pool.fetch(
         """
-        SELECT job_id, status, actual_credits, charge_lines,
-               status IN ('completed', 'failed', 'cancelled')
-               AND updated_at < now() - make_interval(secs => $2) AS due
-        FROM processing_jobs WHERE job_id = ANY($1::uuid[])
+        SELECT h.job_id, j.status, j.actual_credits, j.charge_lines,
+               CASE WHEN j.job_id IS NULL THEN h.created_at < now() - make_interval(secs => $3)
+                    ELSE j.status IN ('completed', 'failed', 'cancelled')
+                         AND j.updated_at < now() - make_interval(secs => $3) END AS due
+        FROM unnest($1::uuid[], $2::timestamptz[]) AS h (job_id, created_at)
+        LEFT JOIN processing_jobs j ON j.job_id = h.job_id
         """,
-        job_ids,
+        [job_id for job_id, _ in holds],
+        [created for _, created in holds],
         grace_seconds,
     )
-    found = {str(r["job_id"]): r for r in rows}
-    out: dict[str, tuple[str, int, dict[str, int]]] = {}
-    for job_id in job_ids:
-        row = found.get(job_id)
-        if row is None:
-            out[job_id] = ("uncreated", 0, {})
-        elif row["due"]:
-            out[job_id] = (
-                str(row["status"]),
-                int(row["actual_credits"] or 0),
-                dict(row["charge_lines"] or {}),
-            )
-    return out
+    return {
+        str(r["job_id"]): (
+            str(r["status"]) if r["status"] is not None else "uncreated",
+            int(r["actual_credits"] or 0),
+            dict(r["charge_lines"] or {}),
+        )
+        for r in rows
+        if r["due"]
+    }
 
 
 async def progress(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, fraction: float, stage: str) -> bool:

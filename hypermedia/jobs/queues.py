@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 import nats
@@ -27,7 +28,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError
 
-from hypermedia.core.config import QUEUES
+from hypermedia.core.config import QUEUES, InfraSettings
 
 log = logging.getLogger(__name__)
 
@@ -197,3 +198,13 @@ class PriorityFetcher:
             for task in pending:
                 task.cancel()
         return None
+
+
+async def open_jetstream(
+    stack: AsyncExitStack, infra: InfraSettings, client_name: str
+) -> tuple[NatsClient, JetStreamContext]:
+    """A NATS connection (drained when ``stack`` unwinds) with the queue streams in place."""
+    nc, js = await connect(infra.nats_url, client_name)
+    stack.push_async_callback(nc.drain)
+    await ensure_streams(js, infra.stream_prefix)
+    return nc, js

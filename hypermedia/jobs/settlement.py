@@ -16,6 +16,7 @@ worker and the reaper at the same moment) charges or releases once.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import Any, Final
 
@@ -35,7 +36,7 @@ RELEASED: Final = frozenset({"failed", "cancelled", UNCREATED})
 """Outcomes whose hold is released without a charge."""
 SWEEP_PAGES: Final = 20
 """Pages of held holds (``ListHolds``) one :meth:`Settlement.sweep` reads at most, so a run stays
-bounded when many long jobs hold credits."""
+bounded when many queued or running jobs hold credits (the next sweep goes on from there)."""
 
 
 def commit_request(job_id: str, actual_millicredits: int, lines: dict[str, int]) -> credits_pb2.CommitRequest:
@@ -59,6 +60,8 @@ class Settlement:
 
     def __init__(self, credits: credits_pb2_grpc.CreditsServiceStub) -> None:
         self._credits = credits
+        self._cursor = ""
+        """Where the next :meth:`sweep` goes on (a ListHolds page token; empty: the start)."""
 
     async def settle(
         self,
@@ -101,21 +104,24 @@ class Settlement:
         """The reaper's settlement of what no path settled: every hold still held more than
         ``grace_seconds`` after its job ended (or after it was taken, for a job never created) is
         settled as :meth:`settle` would have. Reads at most :data:`SWEEP_PAGES` pages of ``batch``
-        holds (oldest first); a failure to settle one is logged and left to the next run.
+        held holds, oldest first, going on where the previous sweep of this object stopped (and
+        from the start again after the last page), so every hold is looked at however many jobs
+        hold credits. A failure to settle one is logged and left to a later sweep.
 
-        Returns how many holds this run settled.
+        Returns how many holds this sweep settled.
+
+        Raises:
+            DomainError: the credits service could not list its holds.
         """
-        settled, token = 0, ""
+        settled = 0
         for _ in range(SWEEP_PAGES):
             page = await call(
                 self._credits.ListHolds,
-                credits_pb2.ListHoldsRequest(
-                    older_than_seconds=grace_seconds, page_size=batch, page_token=token
-                ),
+                credits_pb2.ListHoldsRequest(page_size=batch, page_token=self._cursor),
             )
-            job_ids = [hold.job_id for hold in page.holds]
-            outcomes = await lifecycle.settleable(pool, job_ids, grace_seconds)
-            for job_id in job_ids:
+            holds = [(hold.job_id, hold.created_at.ToDatetime(datetime.UTC)) for hold in page.holds]
+            outcomes = await lifecycle.settleable(pool, holds, grace_seconds)
+            for job_id, _ in holds:
                 if job_id not in outcomes:
                     continue  # still running, or ended within the grace
                 status, actual, lines = outcomes[job_id]
@@ -124,7 +130,7 @@ class Settlement:
                         settled += 1
                 except DomainError:
                     log.exception("could not settle the credits of an ended job")
-            token = page.next_page_token
-            if not token:
+            self._cursor = page.next_page_token
+            if not self._cursor:
                 break
         return settled

@@ -71,7 +71,7 @@ def _prctl(option: int, value: int) -> None:
 def make_undumpable() -> None:
     """``prctl(PR_SET_DUMPABLE, 0)``: this process's ``/proc/<pid>`` files become root's and it
     cannot be ptraced, so a job running under the same uid (a worker without root) cannot read its
-    environment (``DATABASE_URL``) or memory. See prctl(2), proc(5)."""
+    environment (``HM_DATABASE_URL``) or memory. See prctl(2), proc(5)."""
     _prctl(_PR_SET_DUMPABLE, 0)
 
 

@@ -46,7 +46,6 @@ from opentelemetry.trace import SpanKind
 from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core import telemetry
-from hypermedia.core.config import WorkerSettings
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.infra import db
 from hypermedia.infra.rpc import call
@@ -56,6 +55,7 @@ from hypermedia.jobs.settlement import Settlement
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_progress
 from hypermedia.worker.admission import Admission
 from hypermedia.worker.handler import JobHandler, JobInput
+from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.transfer import Transfers
 
 log = logging.getLogger(__name__)

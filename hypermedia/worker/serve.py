@@ -19,10 +19,12 @@ from google.protobuf import timestamp_pb2
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from hypermedia.core import config
 from hypermedia.infra import rpc
-from hypermedia.infra.service import Lifetime, every, open_jetstream, open_peers, open_postgres
+from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres
+from hypermedia.jobs import queues
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, make_undumpable
 from hypermedia.worker.handler import JobHandler
 from hypermedia.worker.runtime import WorkerRuntime
+from hypermedia.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +55,17 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
         )
 
 
-def queue_worker_settings(role: str, queue: str, default_slots: int) -> config.WorkerSettings:
+def queue_worker_settings(role: str, queue: str, default_slots: int) -> WorkerSettings:
     """The settings of a worker service that consumes one queue only (the docworker, the
-    ocrworker): ``HM_WORKER_QUEUE`` and ``HM_WORKER_SLOTS`` default to ``queue`` and
-    ``default_slots`` in the environment (where :func:`serve_worker` reads them too).
+    ocrworker, the mediaworker): ``HM_WORKER_QUEUE`` and ``HM_WORKER_SLOTS`` default to ``queue``
+    and ``default_slots`` (the environment still overrides them). Pass the result to
+    :func:`serve_worker`.
 
     Raises:
         config.ConfigError: ``HM_WORKER_QUEUE`` names another queue (exit 78), or a setting is
             invalid.
     """
-    os.environ.setdefault("HM_WORKER_QUEUE", queue)
-    os.environ.setdefault("HM_WORKER_SLOTS", str(default_slots))
-    settings = config.load(config.WorkerSettings)
+    settings = config.load(WorkerSettings, HM_WORKER_QUEUE=queue, HM_WORKER_SLOTS=default_slots)
     if settings.queue != queue:
         raise config.ConfigError(
             f"invalid configuration:\n  HM_WORKER_QUEUE: the {role} consumes {queue} only"
@@ -81,6 +82,7 @@ async def serve_worker(
     preload: Sequence[str],
     periodic: tuple[float, Callable[[WorkerRuntime], Awaitable[object]]] | None = None,
     child_env: Mapping[str, str] = DEFAULT_CHILD_ENV,
+    settings: WorkerSettings | None = None,
 ) -> None:
     """Wire and run one worker service: the sandbox zygote (started first, before anything else
     runs: it must never have run a native library such as libvips), Postgres, NATS, the peer
@@ -95,11 +97,13 @@ async def serve_worker(
             the next interval), e.g. the ocrworker's report of its installed languages.
         child_env: the whole environment of the zygote and the job children (the worker's own is
             never inherited), e.g. the ocrworker's with ``TESSDATA_PREFIX``.
+        settings: the worker's settings (:func:`queue_worker_settings`); read from the
+            environment when not given.
     """
     infra = config.load(config.InfraSettings)
-    settings = config.load(config.WorkerSettings)
+    settings = settings or config.load(WorkerSettings)
     # Jobs may run under this process's uid (a worker without root): keep its /proc/<pid>
-    # (environment with DATABASE_URL, memory) out of their reach.
+    # (environment with HM_DATABASE_URL, memory) out of their reach.
     make_undumpable()
     sandbox = Sandbox(
         Path(settings.work_dir),
@@ -112,7 +116,7 @@ async def serve_worker(
     await sandbox.start()
     stack.push_async_callback(sandbox.close)
     pool = await open_postgres(stack, infra, max_size=settings.slots + 4)
-    nc, _js = await open_jetstream(stack, infra, f"{role}-{settings.deployment}")
+    nc, _js = await queues.open_jetstream(stack, infra, f"{role}-{settings.deployment}")
     peers = open_peers(stack, infra)
     http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
     stack.push_async_callback(http.aclose)

@@ -9,11 +9,12 @@ from hypermedia.core import config
 from hypermedia.infra.rpc import GrpcServer
 from hypermedia.infra.service import Lifetime, open_postgres, run_service
 from services.credits.service import CreditsService
+from services.credits.settings import CreditsSettings
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> GrpcServer:
     infra = config.load(config.InfraSettings)
-    settings = config.load(config.CreditsSettings)
+    settings = config.load(CreditsSettings)
     pool = await open_postgres(stack, infra, max_size=10)
     server = GrpcServer(
         settings.grpc_bind,

@@ -29,6 +29,7 @@ from hypermedia.core import config
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.documents.office import OfficePool
 from hypermedia.engines.documents.pdf import DocumentLimits
+from hypermedia.engines.documents.settings import OfficeSettings
 from hypermedia.infra import db
 from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.intake import contenttype
@@ -107,7 +108,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     office = OfficePool(
         Path(settings.work_dir) / "office",
         [(first + i, first + i) if is_root else None for i in range(settings.slots)],
-        config.load(config.OfficeSettings),
+        config.load(OfficeSettings),
     )
     office.start()  # in the background: jobs wait for a listener still starting
     stack.push_async_callback(office.close)
@@ -115,6 +116,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         stack,
         stop,
         role="docworker",
+        settings=settings,
         handler=DocumentHandler(office),
         preload=("pyvips", "pypdfium2", "hypermedia.engines.documents.pdf"),
     )

@@ -13,10 +13,12 @@ import httpx
 from hypermedia.api.jobs.v1 import jobs_pb2_grpc
 from hypermedia.core import config
 from hypermedia.infra import rpc
+from hypermedia.infra.httplimits import HttpSettings
 from hypermedia.infra.httpserver import HttpServer
-from hypermedia.infra.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
+from hypermedia.infra.service import Lifetime, open_peers, open_postgres, run_service
 from hypermedia.intake import clamav
 from hypermedia.jobs import accounts as auth
+from hypermedia.jobs import queues
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.events import JobEventHub
 from hypermedia.jobs.outbox import OutboxRelay
@@ -24,16 +26,17 @@ from services.gateway.grpc_api import JobService
 from services.gateway.jobs import JobsAPI
 from services.gateway.resolved import LinkSigner, OutputResolver
 from services.gateway.rest import HEALTH_PATHS, build_app
+from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
-    settings = config.load(config.GatewaySettings)
-    http_limits = config.load(config.HttpSettings)
+    settings = config.load(GatewaySettings)
+    http_limits = config.load(HttpSettings)
     pool = await open_postgres(stack, infra, max_size=20)
-    nc, js = await open_jetstream(stack, infra, "gateway")
+    nc, js = await queues.open_jetstream(stack, infra, "gateway")
     peers = open_peers(stack, infra)
     http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
     stack.push_async_callback(http.aclose)

@@ -210,7 +210,7 @@ class JobsAPI:
         self._prefix = stream_prefix
         self.max_upload_bytes = max_upload_bytes
         self._max_operations = max_operations
-        self._scanner = scanner  # None: uploads are not scanned (CLAMD_URL unset)
+        self._scanner = scanner  # None: uploads are not scanned (HM_CLAMD_URL unset)
         # HMAC key of passwords in request hashes (jobsecrets.derive_key of HM_GATEWAY_SECRET_KEY);
         # None: requests with a password are refused.
         self._password_key = password_key

@@ -9,7 +9,7 @@ Its defaults differ from the imageworker's: ``HM_WORKER_QUEUE`` is ``media`` and
 ``HM_WORKER_SLOTS`` is 1 (the seed's media profile: one job at a time, 30 s – 30 min) when the
 environment does not set them. Any queue other than ``media`` is a configuration error (exit 78).
 
-**The media coordinator** (:class:`MediaHandler`, settings :class:`hypermedia.core.config.MediaSettings`):
+**The media coordinator** (:class:`MediaHandler`, settings :class:`services.mediaworker.settings.MediaSettings`):
 within the slots, at most ``HM_MEDIA_MAX_VIDEO_JOBS`` (3) ``transcode_video`` and
 ``HM_MEDIA_MAX_AUDIO_JOBS`` (1) ``transcode_audio`` jobs run at once; ``probe``, ``waveform`` and
 ``poster`` are bounded by the slots alone. With the default single slot it never holds a job back:
@@ -28,7 +28,6 @@ from contextlib import AsyncExitStack
 from typing import Any, Final
 
 from hypermedia.core import config
-from hypermedia.core.config import MediaSettings
 from hypermedia.engines.media import transcode
 from hypermedia.engines.media.probe import MediaLimits
 from hypermedia.infra.service import Lifetime, run_service
@@ -36,6 +35,7 @@ from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import SandboxLimits
 from hypermedia.worker.handler import SandboxHandler
 from hypermedia.worker.serve import queue_worker_settings, serve_worker
+from services.mediaworker.settings import MediaSettings
 
 QUEUE: Final = "media"
 DEFAULT_SLOTS: Final = 1
@@ -122,9 +122,11 @@ class MediaHandler(SandboxHandler):
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
-    queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)  # the defaults, and a check of the queue
+    settings = queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)
     media = config.load(MediaSettings)
-    await serve_worker(stack, stop, role="mediaworker", handler=MediaHandler(media), preload=PRELOAD)
+    await serve_worker(
+        stack, stop, role="mediaworker", handler=MediaHandler(media), preload=PRELOAD, settings=settings
+    )
 
 
 if __name__ == "__main__":

@@ -93,11 +93,12 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
-    queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)  # the defaults, and a check of the queue
+    settings = queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)
     await serve_worker(
         stack,
         stop,
         role="ocrworker",
+        settings=settings,
         handler=OcrHandler(),
         preload=("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"),
         periodic=(LANGUAGE_REPORT_SECONDS, report_languages),

@@ -1,7 +1,7 @@
 """Entry point of the storage service: ``python -m services.storage``. Only wiring lives here.
 
-Environment: ``DATABASE_URL`` and the ``HM_STORAGE_*`` / ``HM_S3_*`` variables of
-:class:`hypermedia.core.config.StorageSettings`. Exits 78 (EX_CONFIG) when they are invalid.
+Environment: ``HM_DATABASE_URL`` and the ``HM_STORAGE_*`` / ``HM_S3_*`` variables of
+:class:`services.storage.settings.StorageSettings`. Exits 78 (EX_CONFIG) when they are invalid.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from hypermedia.api.storage.v1 import storage_pb2_grpc
-from hypermedia.core.config import HttpSettings, InfraSettings, StorageSettings, load
+from hypermedia.core.config import InfraSettings, load
+from hypermedia.infra.httplimits import HttpSettings
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer
 from hypermedia.infra.service import Lifetime, open_postgres, run_service
@@ -19,6 +20,7 @@ from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
 from services.storage.service import SERVICE_NAME, StorageQuota, StorageServicer
+from services.storage.settings import StorageSettings
 
 GRPC_GRACE_SECONDS = 10.0
 """How long in-flight RPCs may finish after SIGTERM (seconds)."""

@@ -195,11 +195,11 @@ class Chaos:
         env = {
             **os.environ,
             **PLATFORM_ENV,
-            "DATABASE_URL": self.database_url,
-            "NATS_URL": self.nats.url,
+            "HM_DATABASE_URL": self.database_url,
+            "HM_NATS_URL": self.nats.url,
             "HM_STATE_DIR": str(self.state),
-            "HYPERMEDIA_HTTP_PORT": str(free_port()),
-            "HYPERMEDIA_GRPC_PORT": str(free_port()),
+            "HM_GATEWAY_HTTP_PORT": str(free_port()),
+            "HM_GATEWAY_GRPC_PORT": str(free_port()),
         }
         self.state.mkdir(parents=True, exist_ok=True)
         with (self.workdir / "up.log").open("ab") as log:

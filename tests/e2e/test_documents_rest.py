@@ -229,7 +229,7 @@ def test_page_past_the_end_fails_the_job_with_invalid_params(client: httpx.Clien
 
 
 def test_profiles_and_the_docworker(platform: RunningPlatform) -> None:
-    with psycopg.connect(platform.env["DATABASE_URL"]) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"]) as conn:
         rows = conn.execute(
             "SELECT operation, queue, input_kinds, timeout_seconds, memory_limit_mb, max_pixels, active"
             " FROM processing_profiles WHERE queue = 'documents' ORDER BY operation, version"

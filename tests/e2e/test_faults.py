@@ -65,7 +65,7 @@ def slow_png(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def pg(idle_platform: RunningPlatform) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(idle_platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(idle_platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         yield conn
         # A test that failed half-way must not leave work for the next test's worker.
         conn.execute(
@@ -124,7 +124,7 @@ def _start_worker(platform: RunningPlatform, name: str, **env: str) -> Worker:
             [sys.executable, "-m", "services.imageworker"], env=full_env, cwd=REPO, stdout=log, stderr=log
         )
     deadline = time.monotonic() + 60
-    with psycopg.connect(platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         while True:
             row = conn.execute(
                 "SELECT worker_id FROM workers WHERE pid = %s AND status = 'running'", (proc.pid,)

@@ -59,7 +59,7 @@ def idle_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[
 
 @pytest.fixture
 def pg(idle_platform: RunningPlatform) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(idle_platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(idle_platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         yield conn
 
 

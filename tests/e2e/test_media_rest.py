@@ -89,7 +89,7 @@ def test_media_longer_than_the_profile_allows_is_refused_at_probe_time(
     MEDIA_TOO_LONG from its header, permanently, and costs nothing."""
     obj = upload(client, write_video(tmp_path / "two-seconds.mp4"))
     balance = client.get("/v1/credits").json()
-    with psycopg.connect(platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         conn.execute(
             "UPDATE processing_profiles SET max_duration_seconds = 1 WHERE operation = 'probe' AND active"
         )

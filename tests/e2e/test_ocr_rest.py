@@ -176,7 +176,7 @@ def test_a_blurred_page_is_escalated_and_charged_as_its_own_line(
     assert set(page["confidences"]) == {"tesseract", "rapidocr"}
     assert outputs["text"]["metadata"]["escalated_pages"] == 1
 
-    with psycopg.connect(platform.env["DATABASE_URL"]) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"]) as conn:
         per_page = conn.execute(
             "SELECT escalation_per_page FROM processing_profiles WHERE operation = 'ocr' AND active"
         ).fetchone()[0]

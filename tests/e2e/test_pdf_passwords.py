@@ -52,7 +52,7 @@ def idle_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[
 
 
 def _pg(platform: RunningPlatform) -> psycopg.Connection[Any]:
-    return psycopg.connect(platform.env["DATABASE_URL"], autocommit=True)
+    return psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True)
 
 
 def _op(name: str, password: Any = None, **params: Any) -> dict[str, Any]:

@@ -575,7 +575,7 @@ async def test_s3_unreachable_is_unavailable(
 def test_main_exits_78_on_bad_config_without_printing_secrets() -> None:
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": "postgresql://hm:supersecretpw@db/hm",
+        "HM_DATABASE_URL": "postgresql://hm:supersecretpw@db/hm",
         "HM_STORAGE_SIGNING_KEY": "shortkey",
         "HM_STORAGE_HTTP_PORT": "99999",
     }
@@ -596,7 +596,7 @@ async def test_main_serves_and_stops_on_sigterm(database_url: str, tmp_path: Pat
     grpc_port, http_port = free_port(), free_port()
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": database_url,
+        "HM_DATABASE_URL": database_url,
         "HM_STORAGE_BIND": f"127.0.0.1:{grpc_port}",
         "HM_STORAGE_HTTP_PORT": str(http_port),
         "HM_STORAGE_DIR": str(tmp_path / "objects"),

@@ -189,7 +189,7 @@ def test_documents_and_media_are_stored_typed_and_refused_by_image_operations(
                     "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["probe"]}
                 )
                 assert probed.status_code == 415, (name, probed.text)
-            with psycopg.connect(docs_platform.env["DATABASE_URL"]) as conn:
+            with psycopg.connect(docs_platform.env["HM_DATABASE_URL"]) as conn:
                 jobs = conn.execute(
                     "SELECT count(*) FROM processing_jobs WHERE object_id = %s", (obj["object_id"],)
                 ).fetchone()

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from hypermedia.core import config
-from hypermedia.core.config import HttpSettings
+from hypermedia.infra.httplimits import HttpSettings
 from hypermedia.infra.httpserver import HttpServer, client_key
 from services.storage.localstore import LocalStore, build_app
 

@@ -32,6 +32,7 @@ from PIL import Image
 from hypermedia.core import config
 from hypermedia.engines.documents import office
 from hypermedia.engines.documents.office import OfficeListener, OfficePool
+from hypermedia.engines.documents.settings import OfficeSettings
 from hypermedia.sandbox import landlock
 from tests.e2e.test_office_rest import DOCX_MIME, docx
 from tests.security.test_office_listener import (
@@ -226,7 +227,7 @@ def convert_all(
     uid = (LISTENER_UID, LISTENER_UID) if IS_ROOT else None
 
     async def go() -> dict[str, object]:
-        pool = OfficePool(tmp_path / "office", [uid], config.load(config.OfficeSettings))
+        pool = OfficePool(tmp_path / "office", [uid], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         results: dict[str, object] = {}
@@ -304,7 +305,7 @@ def test_the_listener_cannot_open_the_canary(tmp_path: Path, canary: Canary) -> 
     LibreOffice needs and nothing else: not the canary in ``/srv``, not another job's input,
     not ``/etc/hostname``."""
     uid = (LISTENER_UID, LISTENER_UID) if IS_ROOT else None
-    settings = config.load(config.OfficeSettings)
+    settings = config.load(OfficeSettings)
     listener = OfficeListener("probe", tmp_path / "office", uid, settings)
     (listener.dir / "tmp").mkdir(parents=True)  # its private /tmp, as start() makes it
     if uid is not None:

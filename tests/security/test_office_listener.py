@@ -23,6 +23,7 @@ from hypermedia.core import config
 from hypermedia.core.errors import PermanentJobError, TransientError
 from hypermedia.engines.documents import office
 from hypermedia.engines.documents.office import OfficePool, _copy_in
+from hypermedia.engines.documents.settings import OfficeSettings
 from tests.e2e.test_office_rest import long_odt
 from tests.security.conftest import Listener
 from tests.security.test_documents_and_media import docx_with_external_image
@@ -152,7 +153,7 @@ def run_pool(
     base = tmp_path / "office"
 
     async def go() -> list[object]:
-        pool = OfficePool(base, [uid], config.load(config.OfficeSettings))
+        pool = OfficePool(base, [uid], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         results: list[object] = []
@@ -210,9 +211,7 @@ def test_a_listener_runs_as_its_own_uid_without_network_with_a_private_tmp(tmp_p
     marker.write_text("the host's /tmp")
 
     async def go() -> None:
-        pool = OfficePool(
-            tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings)
-        )
+        pool = OfficePool(tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -375,7 +374,7 @@ def test_a_compromised_listener_cannot_redirect_the_workers_writes() -> None:
     os.chmod(root, 0o755)
 
     async def go() -> None:
-        pool = OfficePool(root / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings))
+        pool = OfficePool(root / "office", [(LISTENER_UID, LISTENER_UID)], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -412,7 +411,7 @@ def test_a_listener_that_dies_while_loading_is_restarted(tmp_path: Path) -> None
     source.write_bytes(ODT_TEXT)
 
     async def go() -> None:
-        settings = config.load(config.OfficeSettings)
+        settings = config.load(OfficeSettings)
         pool = OfficePool(tmp_path / "office", [(LISTENER_UID, LISTENER_UID) if IS_ROOT else None], settings)
         pool.start()
         await pool.started()
@@ -442,7 +441,7 @@ def test_a_listener_is_restarted_after_its_conversions_and_a_dead_one_falls_back
     monkeypatch.setenv("HM_OFFICE_MAX_CONVERSIONS", "2")
 
     async def go() -> None:
-        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        pool = OfficePool(tmp_path / "office", [None], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -456,7 +455,7 @@ def test_a_listener_is_restarted_after_its_conversions_and_a_dead_one_falls_back
         # A LibreOffice that does not start: the warm listener fails, one cold start is tried.
         monkeypatch.setenv("HM_OFFICE_SOFFICE", "/nonexistent/soffice")
         monkeypatch.setenv("HM_OFFICE_START_TIMEOUT", "5")
-        broken = OfficePool(tmp_path / "broken", [None], config.load(config.OfficeSettings))
+        broken = OfficePool(tmp_path / "broken", [None], config.load(OfficeSettings))
         broken.start()
         await broken.started()
         try:
@@ -479,9 +478,7 @@ def test_the_document_being_converted_is_readable_by_the_listener_only(tmp_path:
     source.write_bytes(ODT_TEXT)
 
     async def go() -> None:
-        pool = OfficePool(
-            tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings)
-        )
+        pool = OfficePool(tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -514,7 +511,7 @@ def test_a_listener_starts_from_a_checkout_under_tmp(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(office, "HOST_SCRIPT", script)
 
     async def go() -> None:
-        pool = OfficePool(work / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings))
+        pool = OfficePool(work / "office", [(LISTENER_UID, LISTENER_UID)], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -543,7 +540,7 @@ def test_a_cancelled_conversion_kills_its_listener_and_the_next_one_works(tmp_pa
     small.write_bytes(ODT_TEXT)
 
     async def go() -> None:
-        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        pool = OfficePool(tmp_path / "office", [None], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -587,7 +584,7 @@ def test_a_conversion_cancelled_while_its_listener_starts_leaves_no_half_started
     small.write_bytes(ODT_TEXT)
 
     async def go() -> None:
-        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        pool = OfficePool(tmp_path / "office", [None], config.load(OfficeSettings))
         try:  # not started: the conversion starts the listener itself
             conversion = asyncio.create_task(pool.convert(small, ODT_MIME, 60))
             await asyncio.sleep(0.3)

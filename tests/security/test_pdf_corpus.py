@@ -135,7 +135,7 @@ def test_nothing_in_a_pdf_reaches_out_and_the_platform_is_unharmed(
     # Afterwards: no job left running, nothing held (the charge follows the completion at once,
     # from another service), no job directory left, and a normal job runs.
     wait_for("charged", lambda: client.get("/v1/credits").json()["held"] == 0, 10)
-    with psycopg.connect(pdf_platform.env["DATABASE_URL"]) as conn:
+    with psycopg.connect(pdf_platform.env["HM_DATABASE_URL"]) as conn:
         unfinished = conn.execute(
             "SELECT count(*) FROM processing_jobs WHERE status NOT IN ('completed', 'failed', 'cancelled')"
         ).fetchone()

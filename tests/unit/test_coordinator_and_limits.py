@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from hypermedia.core import config
-from hypermedia.core.config import ConfigError, MediaSettings
+from hypermedia.core.config import ConfigError
 from hypermedia.engines.media import transcode
 from hypermedia.engines.media.params import validate_params
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from services.mediaworker.__main__ import MediaHandler
+from services.mediaworker.settings import MediaSettings
 from tests.unit.test_media_probe import write_video
 
 LIMITS = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=8 << 30, fsize_bytes=1 << 30)

@@ -16,6 +16,7 @@ from hypermedia.core import config
 from hypermedia.core.errors import InvalidArgument
 from hypermedia.jobs import secrets as jobsecrets
 from services.gateway.jobs import JobsAPI, OperationRequest
+from services.gateway.settings import GatewaySettings
 
 SECRET = "gateway-secret-0123456789abcdef"
 
@@ -116,9 +117,9 @@ def test_without_a_secret_key_a_password_is_refused() -> None:
 def test_a_short_gateway_secret_stops_the_start_without_showing_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HM_GATEWAY_SECRET_KEY", "short-secret")
     with pytest.raises(config.ConfigError) as err:
-        config.load(config.GatewaySettings)
+        config.load(GatewaySettings)
     assert "HM_GATEWAY_SECRET_KEY" in str(err.value) and "short-secret" not in str(err.value)
     monkeypatch.setenv("HM_GATEWAY_SECRET_KEY", SECRET)
-    assert config.load(config.GatewaySettings).secret_key.get_secret_value() == SECRET
+    assert config.load(GatewaySettings).secret_key.get_secret_value() == SECRET
     monkeypatch.delenv("HM_GATEWAY_SECRET_KEY")
-    assert config.load(config.GatewaySettings).secret_key.get_secret_value() == ""
+    assert config.load(GatewaySettings).secret_key.get_secret_value() == ""

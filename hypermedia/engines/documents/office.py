@@ -62,9 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from hypermedia.core.config import OfficeSettings
 from hypermedia.core.errors import PermanentJobError, TransientError
 from hypermedia.engines.documents import links
+from hypermedia.engines.documents.settings import OfficeSettings
 from hypermedia.sandbox import kill_uid, landlock, read_output
 
 __all__ = [
@@ -185,7 +185,7 @@ class OfficeListener:
         base_dir: parent of the listener's directory ``{base_dir}/{name}/`` (recreated at each
             start); every ancestor must be searchable by ``uid``.
         uid: ``(uid, gid)`` of the listener (needs root), or ``None`` to keep the worker's.
-        settings: see :class:`hypermedia.core.config.OfficeSettings`.
+        settings: see :class:`hypermedia.engines.documents.settings.OfficeSettings`.
     """
 
     def __init__(
@@ -460,7 +460,7 @@ class OfficePool:
         base_dir: parent of the listeners' directories.
         uids: one ``(uid, gid)`` per listener (root), or ``None`` per listener to keep the
             worker's uid; its length is the number of listeners.
-        settings: see :class:`hypermedia.core.config.OfficeSettings`.
+        settings: see :class:`hypermedia.engines.documents.settings.OfficeSettings`.
     """
 
     def __init__(

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from hypermedia.core.errors import InvalidArgument
-from hypermedia.jobs.params import params_object
+from hypermedia.engines.params import params_object
 
 __all__ = [
     "DEFAULT_DPI",

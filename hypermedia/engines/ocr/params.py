@@ -26,7 +26,7 @@ from typing import Any, Final
 from hypermedia.core.errors import InvalidArgument
 from hypermedia.engines.documents import params as document_params
 from hypermedia.engines.documents.params import MAX_DOCUMENT_PAGES
-from hypermedia.jobs.params import params_object
+from hypermedia.engines.params import params_object
 
 __all__ = [
     "DEFAULT_ESCALATE",
