@@ -31,7 +31,6 @@ class OutputFile:
 
 
 PROGRESS_FILE: Final = "progress"
-
 """File in the job dir where an entry reports how far it is (:func:`report_progress`)."""
 
 _PROGRESS_MIN_INTERVAL: Final = 0.5

@@ -36,7 +36,6 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 
 SHARED_WRITABLE_DIRS: Final = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
-
 """Directories every user may write to (mode 1777 on Debian); hidden from jobs (see module doc)."""
 
 

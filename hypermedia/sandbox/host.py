@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
 
 MAX_REPORT_BYTES: Final = 1 << 20
-
 """Largest JSON report a child may send; a longer one is cut off and the job fails ``INTERNAL``."""
 
 DEFAULT_CHILD_ENV: Final[Mapping[str, str]] = {
@@ -42,7 +41,6 @@ DEFAULT_CHILD_ENV: Final[Mapping[str, str]] = {
     "LANG": "C.UTF-8",
     "VIPS_CONCURRENCY": "1",
 }
-
 """Environment of the zygote and the children; ``HOME`` and ``TMPDIR`` are set to the job dir."""
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -50,13 +48,11 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _LEN = struct.Struct(">I")
 
 ZYGOTE_START_SECONDS: Final = 60.0
-
 """How long a (re)start of the zygote may take to import its preload modules and say it is ready
 (measured here: 0.3–1.5 s for the media and OCR preloads, several times that on a loaded
 machine); past it the start fails and the job is ``SANDBOX_UNAVAILABLE``."""
 
 ZYGOTE_RESTARTS_PER_RUN: Final = 2
-
 """How often :meth:`Sandbox.run` restarts a zygote found dead, or lost before the job's child was
 forked, before it gives the job ``SANDBOX_UNAVAILABLE``: a job that arrives while the zygote
 restarts waits for the restart instead of failing an attempt."""

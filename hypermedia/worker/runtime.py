@@ -67,26 +67,21 @@ T = TypeVar("T")
 CANCEL_POLL_SECONDS = 1.0
 
 PROGRESS_POLL_SECONDS = 2.0
-
 """How often the progress a sandboxed entry reports (:func:`hypermedia.sandbox.report_progress`) is
 read while its child runs; the entry writes it at most every 0.5 s."""
 
 PROGRESS_MIN_STEP = 0.01
-
 """Least advance of the entry's fraction (0–1) worth a progress event: at most 100 events a job."""
 
 PROCESSING_PROGRESS = (0.25, 0.75)
-
 """The span of the job's progress the sandbox run covers: ``downloaded`` is 0.25, ``processed``
 0.75, and the entry's fraction ``f`` is recorded as ``0.25 + 0.5 × f`` (stage ``processing``)."""
 
 ADMISSION_NOTICE_SECONDS = 0.05
-
 """A job its handler has not admitted (:meth:`JobHandler.admit`) within this long records one
 ``waiting`` progress event; a free admission is entered within a loop turn or two."""
 
 FSIZE_LIMIT_BYTES = 10 * 1024**3
-
 """RLIMIT_FSIZE of a sandboxed job: the seed's 10 GB of temp space."""
 
 

@@ -23,7 +23,6 @@ from hypermedia.sandbox import read_output
 log = logging.getLogger(__name__)
 
 UPLOAD_CONCURRENCY = 4
-
 """Outputs of one job uploaded at once (a ``pdf_preview`` of 20 pages has 20): each upload is
 mostly waiting on storage (presign, PUT, register), so a few overlap well on 2 cores."""
 

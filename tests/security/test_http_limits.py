@@ -24,8 +24,9 @@ import httpx
 import pytest
 
 from hypermedia.core import config
+from hypermedia.infra.httpguard import client_key
 from hypermedia.infra.httplimits import HttpSettings
-from hypermedia.infra.httpserver import HttpServer, client_key
+from hypermedia.infra.httpserver import HttpServer
 from services.storage.localstore import LocalStore, build_app
 
 SIGNING_KEY = b"test-signing-key-0123456789"

@@ -1,37 +1,21 @@
-"""The job lifecycle in Postgres: every state transition of ``processing_jobs`` lives here.
-
-States (the seed's): ``created → queued → claimed → processing → completed``, with ``retry_wait``,
-``failed``, ``cancelled`` and ``cancel_requested``. Each function is one transition, written as a
-conditional ``UPDATE … WHERE status = …`` so that racing processes cannot both win; every write a
-worker makes about a job is fenced by ``(claimed_by, attempt_count)``, so a worker whose lease
-expired cannot complete, fail or charge a job someone else now holds.
-
-Whenever a job (re-)enters ``queued`` an outbox row is written in the same transaction; the relay
-(:mod:`hypermedia.jobs.outbox`) publishes it. Postgres is the truth, JetStream the delivery.
-"""
+"""A worker's transitions of the jobs it holds: claim, complete, fail, cancel, hand back, progress,
+leases. Every write is fenced by ``(claimed_by, attempt_count)`` (see :mod:`hypermedia.jobs.lifecycle`)."""
 
 from __future__ import annotations
 
-import datetime
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from hypermedia.core import telemetry
 from hypermedia.infra import db
-from hypermedia.jobs import queues
-
-LEASE_MARGIN_SECONDS = 60
-"""Added to ``timeout_seconds × 1.5`` (the sandbox wall clock) to get the lease length."""
-MAX_LOST_ATTEMPTS = 10
-"""Attempts a job may lose to the infrastructure (its worker killed or stuck, handed back at a
-drain) before it fails with ``WORKER_LOST``. Counted apart from ``max_attempts``, which bounds the
-attempts that failed on the job's own account, so that a rollout or a crashing node does not use
-up a job's retries (as Kubernetes' ``podFailurePolicy`` ignores disruptions); bounded all the same,
-so a job that somehow takes its worker down with it is not retried forever. ADR 0014."""
+from hypermedia.jobs.lifecycle.rules import (
+    LEASE_MARGIN_SECONDS,
+    MAX_LOST_ATTEMPTS,
+    enqueue_outbox,
+    lost_attempt_sql,
+)
 
 
 @dataclass(frozen=True)
@@ -58,78 +42,6 @@ class ClaimedJob:
     """Millicredits per page an OCR job escalated (the profile's; 0 elsewhere)."""
     max_duration_seconds: int = 14_400
     """Longest audio or video a media job takes, in seconds (the profile's)."""
-
-
-async def enqueue_outbox(conn: db.Connection, prefix: str, job_id: str, queue: str, priority: int) -> None:
-    """Write the outbox row announcing that ``job_id`` is queued (call inside the job's transaction).
-    The current trace context goes with it, so the worker's span continues the caller's trace."""
-    await enqueue_outbox_many(conn, prefix, [(job_id, queue, priority)])
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """A job to create (the gateway's, after its params, profile and price were decided)."""
-
-    job_id: str
-    account_id: str
-    object_id: str
-    request_id: str
-    operation: str
-    profile_version: int
-    queue: str
-    params: dict[str, Any]
-    priority: int
-    max_attempts: int
-    estimated_credits: int
-    """Millicredits held for it."""
-    webhook_url: str | None
-    idempotency_key: str | None
-
-
-async def create_queued(conn: db.Connection, prefix: str, jobs: Iterable[NewJob]) -> None:
-    """Creates ``jobs`` as ``queued`` and writes their outbox rows, in the caller's transaction
-    (the one that also records the request and the jobs' secrets, after their credits were held)."""
-    for job in jobs:
-        await conn.execute(
-            """
-            INSERT INTO processing_jobs (job_id, account_id, object_id, request_id, operation,
-                profile_version, queue, params, priority, status, max_attempts, estimated_credits,
-                webhook_url, idempotency_key, queued_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'queued', $10, $11, $12, $13, now())
-            """,
-            job.job_id,
-            job.account_id,
-            job.object_id,
-            job.request_id,
-            job.operation,
-            job.profile_version,
-            job.queue,
-            job.params,
-            job.priority,
-            job.max_attempts,
-            job.estimated_credits,
-            job.webhook_url,
-            job.idempotency_key,
-        )
-        await enqueue_outbox(conn, prefix, job.job_id, job.queue, job.priority)
-
-
-async def enqueue_outbox_many(
-    conn: db.Connection, prefix: str, jobs: Iterable[tuple[object, str, int]]
-) -> None:
-    """:func:`enqueue_outbox` for several ``(job_id, queue, priority)`` in one round trip."""
-    trace = telemetry.inject()
-    await conn.executemany(
-        "INSERT INTO outbox (subject, msg_id, payload) VALUES ($1, $2, $3)",
-        [
-            (
-                queues.subject(prefix, queue, priority),
-                f"{job_id}:{uuid.uuid4().hex[:16]}",
-                {"job_id": str(job_id), "queue": queue, "priority": priority, "trace": trace},
-            )
-            for job_id, queue, priority in jobs
-        ],
-    )
 
 
 async def claim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:
@@ -372,37 +284,15 @@ async def mark_cancelled(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, du
     return True
 
 
-_LOST_ATTEMPT = """
-    status = CASE WHEN j.status = 'cancel_requested' THEN 'cancelled'
-                  WHEN j.lost_attempts + 1 >= $%(max)d THEN 'failed' ELSE 'queued' END,
-    error_code = CASE WHEN j.status <> 'cancel_requested' AND j.lost_attempts + 1 >= $%(max)d
-                      THEN 'WORKER_LOST' ELSE j.error_code END,
-    error_message = CASE WHEN j.status <> 'cancel_requested' AND j.lost_attempts + 1 >= $%(max)d
-                         THEN 'the job lost its worker too many times' ELSE j.error_message END,
-    completed_at = CASE WHEN j.status = 'cancel_requested' OR j.lost_attempts + 1 >= $%(max)d
-                        THEN now() END,
-    lost_attempts = j.lost_attempts + 1,
-    claimed_by = NULL, visibility_timeout = NULL, queued_at = now(), updated_at = now()
-"""
-"""The one rule for a lost attempt (a drain's hand-back, an expired lease, a dead worker), as the
-SET list of an ``UPDATE processing_jobs j``; ``$%(max)d`` is :data:`MAX_LOST_ATTEMPTS`. The job
-goes back to ``queued``, or is ``failed`` with ``WORKER_LOST`` once it lost that many attempts, or
-``cancelled`` when its cancellation was requested. ADR 0014."""
-
-
-def _lost_attempt(max_param: int) -> str:
-    return _LOST_ATTEMPT % {"max": max_param}
-
-
 async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix: str) -> bool:
     """Return a job this worker will not finish (drain deadline passed) to ``queued`` and publish it
     again. The attempt is recorded as ``lost``: it counts against :data:`MAX_LOST_ATTEMPTS`, not
-    against ``max_attempts`` (the rule of :data:`_LOST_ATTEMPT`). False when the lease was lost or
+    against ``max_attempts`` (the rule of :data:`LOST_ATTEMPT`). False when the lease was lost or
     the job is no longer ``processing``."""
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(
             f"""
-            UPDATE processing_jobs j SET {_lost_attempt(4)}
+            UPDATE processing_jobs j SET {lost_attempt_sql(4)}
             WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
             RETURNING status, queue, priority
             """,
@@ -417,153 +307,6 @@ async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix:
         if row["status"] == "queued":
             await enqueue_outbox(conn, prefix, job.job_id, row["queue"], row["priority"])
     return True
-
-
-async def expire_leases(pool: asyncpg.Pool, prefix: str, batch: int) -> list[tuple[str, str]]:
-    """The reaper's lost attempts: up to ``batch`` jobs in ``claimed``/``processing``/
-    ``cancel_requested`` whose ``visibility_timeout`` passed or whose worker is dead get the rule of
-    :data:`_LOST_ATTEMPT`; their attempts are recorded ``lost`` and the requeued ones published
-    again, in one transaction (``FOR UPDATE SKIP LOCKED``: replicas never take the same job).
-
-    Returns ``[(job_id, new status)]``; the caller settles the credits of those that ended.
-    """
-    async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(
-            f"""
-            WITH expired AS (
-                SELECT job_id FROM processing_jobs
-                WHERE status IN ('claimed', 'processing', 'cancel_requested')
-                  AND (visibility_timeout < now()
-                       OR claimed_by IN (SELECT worker_id FROM workers WHERE status = 'dead'))
-                ORDER BY visibility_timeout LIMIT $1 FOR UPDATE SKIP LOCKED
-            )
-            UPDATE processing_jobs j SET {_lost_attempt(2)}
-            FROM expired WHERE j.job_id = expired.job_id
-            RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count
-            """,
-            batch,
-            MAX_LOST_ATTEMPTS,
-        )
-        await conn.executemany(
-            """
-            UPDATE job_attempts SET status = 'lost', error_code = 'WORKER_LOST',
-                   error_message = 'worker lost: lease expired or worker dead', finished_at = now()
-            WHERE job_id = $1 AND attempt_number = $2 AND status = 'processing'
-            """,
-            [(r["job_id"], r["attempt_count"]) for r in rows],
-        )
-        await enqueue_outbox_many(
-            conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows if r["status"] == "queued"]
-        )
-    return [(str(r["job_id"]), str(r["status"])) for r in rows]
-
-
-async def promote_retries(pool: asyncpg.Pool, prefix: str, batch: int) -> int:
-    """``retry_wait → queued`` for up to ``batch`` jobs whose ``next_attempt_at`` passed, published
-    again in the same transaction. Returns how many."""
-    async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(
-            """
-            WITH due AS (
-                SELECT job_id FROM processing_jobs
-                WHERE status = 'retry_wait' AND next_attempt_at <= now()
-                ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED
-            )
-            UPDATE processing_jobs j SET status = 'queued', claimed_by = NULL, queued_at = now(),
-                   updated_at = now()
-            FROM due WHERE j.job_id = due.job_id
-            RETURNING j.job_id, j.queue, j.priority
-            """,
-            batch,
-        )
-        await enqueue_outbox_many(conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows])
-    return len(rows)
-
-
-async def republish_stale(pool: asyncpg.Pool, prefix: str, batch: int, stale_seconds: float) -> int:
-    """Publishes again up to ``batch`` jobs ``queued`` for more than ``stale_seconds`` (a message
-    the broker lost never strands a job: claims are idempotent, duplicates dropped). Returns how many."""
-    async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(
-            """
-            WITH stale AS (
-                SELECT job_id FROM processing_jobs
-                WHERE status = 'queued' AND queued_at < now() - make_interval(secs => $2)
-                ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED
-            )
-            UPDATE processing_jobs j SET queued_at = now(), updated_at = now()
-            FROM stale WHERE j.job_id = stale.job_id
-            RETURNING j.job_id, j.queue, j.priority
-            """,
-            batch,
-            stale_seconds,
-        )
-        await enqueue_outbox_many(conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows])
-    return len(rows)
-
-
-async def request_cancel(pool: asyncpg.Pool, job_id: str, account_id: str) -> str | None:
-    """A caller's cancellation: ``created``/``queued``/``retry_wait`` → ``cancelled`` at once (never
-    executed; the caller settles its credits), ``claimed``/``processing`` → ``cancel_requested`` (its
-    worker stops it and settles). Returns the new status, or None when the account has no such job
-    in a cancellable status (:func:`job_status` tells which)."""
-    status = await pool.fetchval(
-        """
-        UPDATE processing_jobs SET
-            status = CASE WHEN status IN ('created', 'queued', 'retry_wait') THEN 'cancelled'
-                          ELSE 'cancel_requested' END,
-            completed_at = CASE WHEN status IN ('created', 'queued', 'retry_wait') THEN now() END,
-            updated_at = now()
-        WHERE job_id = $1 AND account_id = $2
-          AND status IN ('created', 'queued', 'retry_wait', 'claimed', 'processing')
-        RETURNING status
-        """,
-        job_id,
-        account_id,
-    )
-    return None if status is None else str(status)
-
-
-async def job_status(pool: asyncpg.Pool, job_id: str, account_id: str) -> str | None:
-    """The status of the account's job, or None when it has no job ``job_id``."""
-    status = await pool.fetchval(
-        "SELECT status FROM processing_jobs WHERE job_id = $1 AND account_id = $2", job_id, account_id
-    )
-    return None if status is None else str(status)
-
-
-async def settleable(
-    pool: asyncpg.Pool, holds: list[tuple[str, datetime.datetime]], grace_seconds: float
-) -> dict[str, tuple[str, int, dict[str, int]]]:
-    """Of the jobs whose holds are still held (``[(job_id, hold created_at)]``), the ones to settle
-    now: ``{job_id: (outcome, actual millicredits, charge lines)}`` for each job that ended more
-    than ``grace_seconds`` ago (its status), and for each job never created whose hold is older
-    than the grace (:data:`hypermedia.jobs.settlement.UNCREATED`, 0, ``{}``). Jobs still running,
-    or ended within the grace (their own path is settling them), are left out."""
-    if not holds:
-        return {}
-    rows = await pool.fetch(
-        """
-        SELECT h.job_id, j.status, j.actual_credits, j.charge_lines,
-               CASE WHEN j.job_id IS NULL THEN h.created_at < now() - make_interval(secs => $3)
-                    ELSE j.status IN ('completed', 'failed', 'cancelled')
-                         AND j.updated_at < now() - make_interval(secs => $3) END AS due
-        FROM unnest($1::uuid[], $2::timestamptz[]) AS h (job_id, created_at)
-        LEFT JOIN processing_jobs j ON j.job_id = h.job_id
-        """,
-        [job_id for job_id, _ in holds],
-        [created for _, created in holds],
-        grace_seconds,
-    )
-    return {
-        str(r["job_id"]): (
-            str(r["status"]) if r["status"] is not None else "uncreated",
-            int(r["actual_credits"] or 0),
-            dict(r["charge_lines"] or {}),
-        )
-        for r in rows
-        if r["due"]
-    }
 
 
 async def progress(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, fraction: float, stage: str) -> bool:
