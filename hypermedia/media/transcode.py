@@ -74,6 +74,7 @@ from av.video.stream import VideoStream
 
 from hypermedia.errors import InvalidArgument, PermanentJobError
 from hypermedia.media.audio import AudioConverter
+from hypermedia.media.decoding import DecodeErrors
 from hypermedia.media.orientation import Orientation
 from hypermedia.media.params import validate_params
 from hypermedia.media.poster import display_size
@@ -198,7 +199,7 @@ def run(
         file), ``rotation_applied`` (degrees, the source's display rotation as ``probe`` reports
         it when its display matrix was applied, else 0), ``mirror_applied`` (the matrix mirrored
         the picture and the flip was applied: a front camera's clip), ``decode_errors`` (packets
-        skipped), ``size_bytes``.
+        skipped: :class:`hypermedia.media.decoding.DecodeErrors`), ``size_bytes``.
         With ``hls``: then ``hls_{rung}p_media`` (the fragmented MP4, ``video/mp4``),
         ``hls_{rung}p`` (its media playlist, ``application/vnd.apple.mpegurl``, metadata
         ``segments``, ``bandwidth``, ``average_bandwidth``) per rendition, and ``hls_master``
@@ -514,7 +515,7 @@ class _Transcode:
         start = container.start_time
         self.origin = start / av.time_base if start is not None else 0.0
         self.last_video_pts: int | None = None
-        self.decode_errors = 0
+        self.errors = DecodeErrors()
         """Packets skipped because they did not decode (and a demuxer that gave up early)."""
         self.converter = AudioConverter("fltp", AUDIO_LAYOUT, 0.0) if self.audio is not None else None
         self.audio_samples: int | None = None
@@ -535,31 +536,24 @@ class _Transcode:
 
     def encode(self) -> None:
         """Demuxes and decodes the whole input into every rendition. A packet that does not
-        decode is skipped and counted (:attr:`decode_errors`), as FFmpeg's command line goes on
+        decode is skipped and counted (:attr:`errors`: :class:`hypermedia.media.decoding.DecodeErrors`,
+        whose bound fails a stream that mostly does not decode), as FFmpeg's command line goes on
         past a damaged packet; a demuxer that cannot go on ends the input there. A packet the
         demuxer flags corrupt is decoded all the same, as FFmpeg's command line does unless
         told ``-fflags discardcorrupt``: MPEG-TS flags the first packet after a continuity-counter
         jump, which every ``cat a.ts b.ts`` join has, and its frame is usually whole.
 
         Raises:
-            PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all, and see
-                :func:`run`.
+            PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all or a stream
+                mostly does not decode, and see :func:`run`.
         """
         streams: list[Any] = [self.video] + ([self.audio] if self.audio is not None else [])
         try:
-            for packet in self.container.demux(streams):
-                try:
-                    frames = packet.decode()
-                except MemoryError:  # av.error.MemoryError is one, and an FFmpegError
-                    raise
-                except av.error.FFmpegError:
-                    self.decode_errors += 1
-                    continue
-                for frame in frames:
-                    if isinstance(frame, VideoFrame):
-                        self._video_frame(frame)
-                    else:
-                        self._audio_frame(frame)
+            for frame in self.errors.decode(self.container, streams):
+                if isinstance(frame, VideoFrame):
+                    self._video_frame(frame)
+                else:
+                    self._audio_frame(frame)
             if self.converter is not None:
                 for converted in self.converter.convert(None):
                     self._encode_audio(converted)
@@ -567,12 +561,13 @@ class _Transcode:
             raise
         except _EncoderFailure as failure:
             raise _encoder_error(failure) from failure.__cause__
-        except av.error.FFmpegError as exc:
+        except av.error.FFmpegError as exc:  # a filter graph: what was encoded before stands
             if self.outputs_[0].frames == 0:
                 raise PermanentJobError(
                     "The video cannot be decoded: the file is truncated or damaged.", "CORRUPT_INPUT"
                 ) from exc
-            self.decode_errors += 1  # the demuxer gave up: a damaged tail, what decoded is kept
+            self.errors.ended_early = True
+        self.errors.check()
         if self.outputs_[0].frames == 0:
             raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
         try:
@@ -659,7 +654,7 @@ class _Transcode:
             "bit_rate": round(size * 8 / duration) if duration else None,
             "rotation_applied": self.orientation.rotation if self.orientation.applied else 0,
             "mirror_applied": self.orientation.mirrored and self.orientation.applied,
-            "decode_errors": self.decode_errors,
+            "decode_errors": self.errors.count,
             "size_bytes": size,
         }
         return OutputFile(f"video_{output.rendition.name}", output.path.name, self.codec.mime_type, metadata)
