@@ -58,9 +58,9 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "Devanagari": ("हिन्दी देवनागरी परीक्षण", r"NotoS(ans|erif)Devanagari"),
     "Thai": ("ภาษาไทย ทดสอบ", r"(NotoS(ans|erif)Thai|NotoLoopedThai)"),
 }
-"""Script → (a line of it, the base font names that may draw it: the Noto face of the script,
-or DejaVu Sans, which has Arabic and Hebrew and is installed with fontconfig). No line holds a
-character whose real glyph is itself a hollow rectangle (such as 口)."""
+"""Script → (a line of it, the base font names that may draw it: the Noto face of the script, or
+DejaVu Sans, which has Arabic and Hebrew: fontconfig depends on fonts-dejavu-core). No line holds
+a character whose real glyph is itself a hollow rectangle (such as 口)."""
 
 SCALE = 4.0
 """Rendering scale of the test's own renders (288 dpi: an 11 pt character is about 44 px high)."""
