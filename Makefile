@@ -25,14 +25,23 @@ $(STAMP): pyproject.toml uv.lock
 	@touch $(STAMP)
 
 # Debian packages the platform runs for real. The docworker's: LibreOffice (headless, without the
-# GUI) with the Python-UNO bridge its listeners are driven through, and the metric-compatible fonts
+# GUI) with the Python-UNO bridge its listeners are driven through, the metric-compatible fonts
 # that keep office page counts (Carlito for Calibri, Caladea for Cambria, Liberation for Arial,
-# Times New Roman and Courier New); deploy/check_policy.py keeps its image equal to this list. The
+# Times New Roman and Courier New), and the fonts of the other scripts, without which LibreOffice
+# draws every character no installed font has as an empty box (issue 15): fonts-noto-cjk (Noto
+# Sans and Serif CJK, Simplified and Traditional Chinese, Japanese, Korean; 55 MB download, 91 MB
+# installed) and fonts-noto-core (Noto Sans and Serif of Arabic, Hebrew, Devanagari, Thai and
+# the other living scripts: Bengali, Tamil, Georgian, Armenian, Ethiopic, Khmer, ...; 12 MB
+# download, 43 MB installed). Smaller per-script packages (fonts-thai-tlwg, fonts-lohit-deva,
+# DejaVu's Arabic and Hebrew: about 4 MB) would leave every other script boxed, and
+# fonts-wqy-zenhei (16 MB) draws Japanese kanji in Chinese forms. deploy/check_policy.py keeps
+# the docworker image equal to this list. The
 # OCR engine's (issue 6, hypermedia/engines/ocr/): tesseract with orientation detection and the languages
 # of the OCR corpus. Installed when missing and running as root, otherwise the script says what
 # to install.
 DOCWORKER_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffice-impress-nogui \
-	python3-uno fonts-crosextra-carlito fonts-crosextra-caladea fonts-liberation2
+	python3-uno fonts-crosextra-carlito fonts-crosextra-caladea fonts-liberation2 fonts-noto-cjk \
+	fonts-noto-core
 OCR_PACKAGES := tesseract-ocr tesseract-ocr-osd tesseract-ocr-eng tesseract-ocr-deu tesseract-ocr-fra \
 	tesseract-ocr-ita tesseract-ocr-spa tesseract-ocr-por
 DEBIAN_PACKAGES := $(DOCWORKER_PACKAGES) $(OCR_PACKAGES)

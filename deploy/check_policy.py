@@ -22,7 +22,8 @@ this says whether the files keep the platform's rules and agree with each other:
   default and, in the Deployment, the bind, a container port and every gRPC probe's port;
 - only the targets of ``APT_PACKAGES`` install Debian packages, each exactly its Makefile list (what
   ``make test`` installs on a developer's machine): the docworker ``DOCWORKER_PACKAGES``
-  (LibreOffice, python3-uno, fonts; it also sets ``HM_OFFICE_PYTHON``), the ocrworker
+  (LibreOffice, python3-uno, the office fonts and those of the other scripts; it also sets
+  ``HM_OFFICE_PYTHON``), the ocrworker
   ``OCR_PACKAGES`` (tesseract, its orientation model and languages).
 
 Usage: ``python deploy/check_policy.py [DEPLOY_DIR]``; prints one line per problem, exits 1 on any.

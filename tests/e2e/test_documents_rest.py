@@ -10,11 +10,13 @@ from typing import Any
 import grpc
 import httpx
 import psycopg
+import pypdfium2 as pdfium
 import pytest
 import pyvips
 
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
+from tests.integration import test_office_scripts as scripts
 from tests.unit.test_pdf import (
     FILLED_NAME,
     LETTER,
@@ -134,6 +136,24 @@ def test_form_field_values_are_visible_in_the_preview(client: httpx.Client) -> N
     inner = (name_box[0] + 4, name_box[1] + 4, name_box[2] - 8, name_box[3] - 8)
     assert ink(image, inner) > 150, f"{FILLED_NAME!r} is drawn in the Name field"
     assert ink(reference_render(filled, 0, 2.0), inner) == 0, "without the form layer the field is empty"
+
+
+def test_a_preview_draws_cjk_fonts_the_pdf_does_not_embed(client: httpx.Client) -> None:
+    """The Adobe CJK fonts a PDF names without embedding them are drawn in the docworker's Noto
+    CJK (PDFium substitutes an installed font with the character collection; without one it
+    draws nothing); the text layer is the same either way (issue 15)."""
+    data = scripts.non_embedded_cjk_pdf()
+    obj = _upload_bytes(client, "cjk-not-embedded.pdf", data)
+    dpi = 144
+    job = _process(client, obj["object_id"], {"name": "pdf_preview", "params": {"format": "png", "dpi": dpi}})
+    assert job["status"] == "completed", job
+    image = pyvips.Image.new_from_buffer(_download(job["outputs"][0]).content, "")
+    page = pdfium.PdfDocument(data)[0]
+    scripts.check_glyphs(page, scripts.grey(image), dpi / 72, list(scripts.SCRIPTS)[:4])
+    text = _process(client, obj["object_id"], "text_extract")
+    assert text["status"] == "completed", text
+    body = _download(next(o for o in text["outputs"] if o["output_type"] == "text")).content.decode()
+    assert all(scripts.SCRIPTS[script][0] in body for script in list(scripts.SCRIPTS)[:4]), body
 
 
 def test_text_extract_drops_the_control_characters_pdfium_passes_through(

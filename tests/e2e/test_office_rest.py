@@ -21,6 +21,7 @@ import psycopg
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 import pytest
+import pyvips
 
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.security.test_legacy_office import (
@@ -257,6 +258,32 @@ def test_calibri_is_set_in_carlito_and_the_page_count_is_libreoffices(office_cli
     assert len(cold) >= 3  # long enough that a font with other metrics would change the count
     text = "".join(pdf_text(pdf))
     assert "59. Lorem ipsum" in text
+
+
+def test_every_script_converts_and_previews_in_real_glyphs(office_client: httpx.Client) -> None:
+    """A DOCX in Calibri with a line in each of Chinese, Japanese, Korean, Arabic, Hebrew,
+    Devanagari and Thai (no Calibri has them: the docworker's Noto fonts draw them): every letter
+    of the PDF and of its ``pdf_preview`` is a real glyph, not the .notdef box (issue 15; the checks
+    are those of ``tests/integration/test_office_scripts.py``)."""
+    # Imported here: that module imports this one's document writers.
+    from tests.integration.test_office_scripts import SCALE, SCRIPTS, check_glyphs, grey, render
+
+    obj = _upload_bytes(office_client, "scripts.docx", docx([line for line, _ in SCRIPTS.values()]))
+    job = _process(office_client, obj["object_id"], "office_to_pdf")
+    assert job["status"] == "completed", job
+    [output] = job["outputs"]
+    pdf = _download(output)
+    page = pdfium.PdfDocument(pdf)[0]
+    check_glyphs(page, render(page), SCALE, list(SCRIPTS))
+    operation = {"name": "pdf_preview", "params": {"format": "png", "dpi": round(72 * SCALE)}}
+    created = office_client.post(
+        "/v1/hypermedia/process", json={"object_id": output["object_id"], "operations": [operation]}
+    )
+    assert created.status_code == 202, created.text
+    preview = wait_job(office_client, created.json()["job_ids"][0], timeout=180)
+    assert preview["status"] == "completed", preview
+    image = pyvips.Image.new_from_buffer(_download(preview["outputs"][0]), "")
+    check_glyphs(page, grey(image), SCALE, list(SCRIPTS))
 
 
 FIGURES_CSV = b"quarter,revenue\nQ1,100\nQ2,120\n"

@@ -182,6 +182,7 @@ def test_png_with_a_background_is_inked_in_its_first_half_only(tmp_path: Path) -
         "duration_seconds": 2.0,
         "channels": 2,
         "length": 200,
+        "decode_errors": 0,
         "width": 400,
         "height": 200,
     }

@@ -136,7 +136,10 @@ conversion, LibreOffice 7.4 on Debian 12): fontconfig's configuration and cache,
 configuration (``/usr/lib/libreoffice/share/registry`` and ``program/sofficerc`` link into
 ``/etc/libreoffice``, the bundled extensions into ``/var/lib`` and ``/var/spool``), the dynamic
 loader's cache, the time zone, the user and group databases (the user's name; no passwords
-there), random bytes, and the CPU count."""
+there), random bytes, and the CPU count. The fonts themselves (``/usr/share/fonts``, among them the
+Noto CJK and Noto core faces of the scripts other than Latin) and fontconfig's ``conf.avail`` are
+under ``/usr``; with the system cache readable a listener writes no fontconfig cache of its own
+(``tests/integration/test_office_scripts.py`` checks both)."""
 
 
 def listener_view(directory: Path, settings: OfficeSettings) -> list[tuple[str, int]]:

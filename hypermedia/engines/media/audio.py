@@ -26,7 +26,10 @@ the requested bit rate, with nothing of the source's metadata (no tags, no cover
    layout or rate differs from the one before (a broadcast recording switching from 5.1 to
    stereo) gets a new graph after the old one is flushed. Samples are placed one after the other
    from 0 (timestamps are not consulted: a gap in them is not a gap in the output), so the output
-   lasts as many samples as were decoded.
+   lasts as many samples as were decoded. A packet that does not decode (a damaged MP3 frame) is
+   skipped and counted (``decode_errors``), as FFmpeg's command line and players go on past it;
+   more than :data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE` of them (FFmpeg's
+   ``-max_error_rate``) is ``CORRUPT_INPUT`` (:class:`hypermedia.engines.media.decoding.DecodeErrors`).
 3. **Loudness** (``loudness`` given), linear and in two passes over the decoded audio, following
    EBU R 128 (2020) with the measurement of ITU-R BS.1770-4:
 
@@ -80,6 +83,7 @@ from av.container import InputContainer
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
+from hypermedia.engines.media.decoding import DecodeErrors
 from hypermedia.engines.media.params import validate_params
 from hypermedia.engines.media.probe import (
     MediaLimits,
@@ -172,6 +176,7 @@ def run(
              "sample_rate": 48000,         # Hz
              "channels": 2,
              "duration_seconds": 2.0,      # samples encoded / 48000
+             "decode_errors": 0,           # packets of the source skipped: they did not decode
              "size_bytes": 41188,
              "loudness": {                 # only when normalised
                  "input_lufs": -20.1,      # integrated loudness (LUFS) of the converted input;
@@ -189,8 +194,9 @@ def run(
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
         PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT`` (from
             :func:`~hypermedia.engines.media.probe.open_media`; audio without a decoder),
-            ``CORRUPT_INPUT`` (from :func:`~hypermedia.engines.media.probe.open_media`; packets that do not
-            decode; no sample decoded), ``NO_AUDIO_STREAM``, ``MEDIA_TOO_LONG``.
+            ``CORRUPT_INPUT`` (from :func:`~hypermedia.engines.media.probe.open_media`; more than
+            :data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE` of the packets do not decode; no
+            sample decoded), ``NO_AUDIO_STREAM``, ``MEDIA_TOO_LONG``.
         MemoryError: FFmpeg hit the sandbox's memory limit.
     """
     if operation != OPERATION:
@@ -229,8 +235,18 @@ def run(
             progress = _progress(out_dir, measured.samples / SAMPLE_RATE, 0.5, 0.5)
         else:
             progress = _progress(out_dir, declared_seconds, 0.0, 1.0)
+        errors = DecodeErrors()
         written = _encode(
-            source, audio_format, layout, bitrate, gain_db, loudness is not None, path, limits, progress
+            source,
+            audio_format,
+            layout,
+            bitrate,
+            gain_db,
+            loudness is not None,
+            path,
+            limits,
+            progress,
+            errors,
         )
     report_progress(out_dir, 1.0)
     metadata: dict[str, Any] = {
@@ -240,6 +256,7 @@ def run(
         "sample_rate": SAMPLE_RATE,
         "channels": options["channels"],
         "duration_seconds": round(written.samples / SAMPLE_RATE, 6),
+        "decode_errors": errors.count,
         "size_bytes": path.stat().st_size,
     }
     if loudness is not None and measured is not None:
@@ -256,10 +273,6 @@ def run(
 
 
 # --- the stream ----------------------------------------------------------------------------------
-
-
-def _corrupt() -> PermanentJobError:
-    return PermanentJobError("The audio stream is damaged: its packets cannot be decoded.", "CORRUPT_INPUT")
 
 
 # --- filter graphs -------------------------------------------------------------------------------
@@ -374,13 +387,20 @@ class AudioConverter:
 
 
 def _converted(
-    stream: AudioStream, converter: AudioConverter, limits: MediaLimits, progress: Callable[[int], None]
+    stream: AudioStream,
+    converter: AudioConverter,
+    limits: MediaLimits,
+    progress: Callable[[int], None],
+    errors: DecodeErrors,
 ) -> Iterator[AudioFrame]:
     """The stream decoded (one thread) and converted, with timestamps in samples at 48 kHz from 0.
+    A packet that does not decode is skipped and counted in ``errors``
+    (:class:`hypermedia.engines.media.decoding.DecodeErrors`), as FFmpeg's command line goes on past it.
 
     Raises:
-        PermanentJobError: ``CORRUPT_INPUT`` (a packet does not decode; no sample at all),
-            ``MEDIA_TOO_LONG``.
+        PermanentJobError: ``CORRUPT_INPUT`` (more than
+            :data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE` of the packets do not decode; the
+            demuxer fails before any; no sample at all), ``MEDIA_TOO_LONG``.
     """
     container = stream.container
     assert isinstance(container, InputContainer)
@@ -388,24 +408,18 @@ def _converted(
     ctx.thread_type = "NONE"
     ctx.thread_count = 1
     samples = 0
-    try:
-        for packet in container.demux(stream):
-            # A packet of size 0 ends the stream: None flushes the decoder.
-            for decoded in ctx.decode(None if packet.size == 0 else packet):
-                for frame in converter.convert(decoded):
-                    frame.pts, frame.time_base = samples, Fraction(1, SAMPLE_RATE)
-                    samples += frame.samples
-                    check_duration(samples / SAMPLE_RATE, limits)
-                    progress(samples)
-                    yield frame
-        for frame in converter.convert(None):
+    for decoded in errors.decode(container, [stream]):
+        for frame in converter.convert(decoded):
             frame.pts, frame.time_base = samples, Fraction(1, SAMPLE_RATE)
             samples += frame.samples
+            check_duration(samples / SAMPLE_RATE, limits)
+            progress(samples)
             yield frame
-    except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
-        raise
-    except av.error.FFmpegError as exc:
-        raise _corrupt() from exc
+    for frame in converter.convert(None):
+        frame.pts, frame.time_base = samples, Fraction(1, SAMPLE_RATE)
+        samples += frame.samples
+        yield frame
+    errors.check()
     if samples == 0:
         raise PermanentJobError("The audio stream holds no decodable samples.", "CORRUPT_INPUT")
 
@@ -478,7 +492,8 @@ def _measure(
     """
     meter = _Meter(sample_format, layout, true_peak=True)
     samples = 0
-    for frame in _converted(stream, AudioConverter(sample_format, layout, 0.0), limits, progress):
+    converter = AudioConverter(sample_format, layout, 0.0)
+    for frame in _converted(stream, converter, limits, progress, DecodeErrors()):
         meter.add(frame)
         samples += frame.samples
     return meter.result(samples)
@@ -512,8 +527,10 @@ def _encode(
     path: Path,
     limits: MediaLimits,
     progress: Callable[[int], None],
+    errors: DecodeErrors,
 ) -> _Loudness:
-    """Decodes, converts (with the gain) and encodes the stream into ``path``.
+    """Decodes, converts (with the gain) and encodes the stream into ``path``; the packets
+    skipped are counted in ``errors``.
 
     Returns:
         The samples encoded, and their integrated loudness when ``meter_output``.
@@ -533,7 +550,7 @@ def _encode(
         encoded.codec_context.thread_type = "NONE"
         encoded.codec_context.thread_count = 1
         converter = AudioConverter(audio_format.sample_format, layout, gain_db)
-        for frame in _converted(stream, converter, limits, progress):
+        for frame in _converted(stream, converter, limits, progress, errors):
             if meter is not None:
                 meter.add(frame)
             samples += frame.samples

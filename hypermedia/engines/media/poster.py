@@ -18,14 +18,15 @@ cover (issue 7); when asked, also a sprite sheet of thumbnails with a WebVTT ind
    (:func:`_blank`) is the poster; when every sampled frame is blank, the one with the largest
    luma standard deviation. A frame over :data:`MAX_PIXELS` is ``INPUT_TOO_LARGE_PIXELS`` before
    it is converted.
-4. **Picture**: rotated upright from the frame's display matrix (as FFmpeg's ``autorotate``
-   does: quarter turns; a mirrored matrix is not flipped), scaled with pyvips to ``width`` (never
+4. **Picture**: put upright from the frame's display matrix as FFmpeg's ``autorotate`` does
+   (:mod:`hypermedia.engines.media.orientation`: quarter turns, and the flip of a mirrored matrix: a
+   front camera's clip), scaled with pyvips to ``width`` (never
    wider than the display width) and the height of the display aspect ratio (the sample aspect
    ratio applied), encoded as JPEG, WebP or PNG without metadata.
 5. **Sprite** (``sprite`` params): the same video stream, opened again, sampled at ``count`` even
    intervals by :func:`hypermedia.engines.media.sprite.write_sprite`, which shares this module's frame
    checks and geometry (:func:`check_pixels`, :func:`one_thread`, :func:`display_size`,
-   :func:`quarter_turns`).
+   :meth:`~hypermedia.engines.media.orientation.Orientation.upright`).
 
 Runs FFmpeg on untrusted input: call :func:`run` in the sandbox child only. Importing this module
 is fork-safe (pyvips is imported when the picture is encoded).
@@ -48,13 +49,13 @@ from av.video.stream import VideoStream
 
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.media.orientation import UPRIGHT, Orientation, frame_orientation
 from hypermedia.engines.media.params import validate_params
 from hypermedia.engines.media.probe import (
     MediaLimits,
     check_duration,
     check_size,
     first_frame,
-    frame_rotation,
     open_media,
 )
 
@@ -68,7 +69,6 @@ __all__ = [
     "check_pixels",
     "display_size",
     "one_thread",
-    "quarter_turns",
     "run",
 ]
 
@@ -144,11 +144,11 @@ def run(
             )
         check_pixels(stream.codec_context.width, stream.codec_context.height)
         choice = _choose_frame(stream) if source == "video_frame" else _cover_frame(stream)
-        rotation = frame_rotation(choice.frame) if source == "video_frame" else 0
+        orientation = frame_orientation(choice.frame) if source == "video_frame" else UPRIGHT
         sar = stream.codec_context.sample_aspect_ratio or stream.sample_aspect_ratio
         check_pixels(choice.frame.width, choice.frame.height)
         pixels = choice.frame.to_ndarray(format="rgb24")
-    data, width, height = _encode(pixels, rotation, sar, options)
+    data, width, height = _encode(pixels, orientation, sar, options)
     filename = f"poster.{_EXTENSIONS[options['format']]}"
     (out_dir / filename).write_bytes(data)
     metadata = {
@@ -300,22 +300,21 @@ def _blank(frame: VideoFrame) -> tuple[bool, float]:
 
 
 def _encode(
-    pixels: np.ndarray, rotation: int, sar: Fraction | None, options: dict[str, Any]
+    pixels: np.ndarray, orientation: Orientation, sar: Fraction | None, options: dict[str, Any]
 ) -> tuple[bytes, int, int]:
-    """The RGB frame rotated upright, scaled to the display aspect and encoded.
+    """The RGB frame (as coded) put upright, scaled to the display aspect and encoded.
 
     Returns:
         The encoded picture, its width and its height.
     """
     import pyvips  # here, not at import time: the module stays fork-safe and light
 
-    height, width, bands = pixels.shape
-    image = pyvips.Image.new_from_memory(np.ascontiguousarray(pixels).data, width, height, bands, "uchar")
+    height, width, _ = pixels.shape
+    display_width, display_height = display_size(width, height, sar, orientation)
+    upright = np.ascontiguousarray(orientation.upright(pixels))
+    rows, columns, bands = upright.shape
+    image = pyvips.Image.new_from_memory(upright.data, columns, rows, bands, "uchar")
     image = image.copy(interpretation="srgb")
-    turns = quarter_turns(rotation)
-    if turns:
-        image = image.rot(("d0", "d90", "d180", "d270")[turns])
-    display_width, display_height = display_size(width, height, sar, rotation)
     out_width = max(1, min(options["width"], round(display_width)))
     out_height = max(1, round(out_width * display_height / display_width))
     if (out_width, out_height) != (image.width, image.height):
@@ -332,23 +331,14 @@ def _encode(
     return bytes(data), out_width, out_height
 
 
-def quarter_turns(rotation: int) -> int:
-    """Quarter turns clockwise (0–3) that put a frame upright, from its display matrix's
-    ``rotation`` (:func:`~hypermedia.engines.media.probe.frame_rotation`).
-
-    The display matrix turns the picture ``rotation`` degrees counter-clockwise; FFmpeg's
-    autorotate turns the pixels by the same angle: −90 (a phone's portrait video) is one quarter
-    turn clockwise (libvips' ``d90``). An angle that is not a multiple of 90 is not turned.
-    """
-    turn = (-rotation) % 360
-    return turn // 90 if turn % 90 == 0 else 0
-
-
-def display_size(width: int, height: int, sar: Fraction | None, rotation: int) -> tuple[float, float]:
+def display_size(
+    width: int, height: int, sar: Fraction | None, orientation: Orientation
+) -> tuple[float, float]:
     """The display size of a ``width`` × ``height`` frame, upright: the sample aspect ratio
-    stretches the coded width (at least 1 pixel), and a quarter turn swaps the two."""
+    stretches the coded width (at least 1 pixel), and a quarter turn (the orientation's
+    transposition) swaps the two."""
     ratio = float(sar) if sar else 1.0
     display_width, display_height = max(1.0, width * ratio), float(height)
-    if quarter_turns(rotation) % 2:
+    if orientation.transpose:
         return display_height, display_width
     return display_width, display_height

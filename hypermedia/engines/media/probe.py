@@ -19,7 +19,7 @@
    An MP4/MOV whose sample index points past the end of the file is ``CORRUPT_INPUT``
    (truncated).
 4. **First frame** of every video stream that is not a cover picture is decoded (one thread), for
-   the rotation of its display matrix: PyAV 18 exposes a stream's coded side data to writers
+   the rotation and mirroring of its display matrix (:mod:`hypermedia.engines.media.orientation`): PyAV 18 exposes a stream's coded side data to writers
    only (``VideoStream.set_display_rotation``), while FFmpeg's decoder copies it onto every frame
    (``VideoFrame.side_data``). A first frame cut off or undecodable is ``CORRUPT_INPUT``.
 5. **Exact duration** by demuxing (packets only, nothing decoded) when the header has none
@@ -37,7 +37,6 @@ library then fails the attempt, not the worker). Importing this module is fork-s
 from __future__ import annotations
 
 import json
-import math
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +55,7 @@ from av.video.stream import VideoStream
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.media.orientation import Orientation, frame_orientation
 from hypermedia.engines.media.params import validate_params
 
 __all__ = [
@@ -71,8 +71,7 @@ __all__ = [
     "check_size",
     "demux_span",
     "first_frame",
-    "first_frame_rotation",
-    "frame_rotation",
+    "first_frame_orientation",
     "header_seconds",
     "open_media",
     "run",
@@ -113,7 +112,7 @@ SAMPLE_INDEX_TAIL: Final = 4096
 """Entries at the end of each MP4/MOV track's sample index checked against the file's size."""
 MAX_DECODED_VIDEO_STREAMS: Final = 8
 """Video streams whose first frame is decoded for its rotation (the file is opened once for each);
-the streams after them report ``rotation`` null (not read). Real files have one or two."""
+the streams after them report ``rotation`` and ``mirrored`` null (not read). Real files have one or two."""
 FIRST_FRAME_MAX_PACKETS: Final = 256
 """Most packets of one video stream sent to its decoder for the first frame (an open GOP or
 a decoder delay needs a few)."""
@@ -185,7 +184,10 @@ def run(
         depth of the pixel format: 8, 10, 12…), ``sample_aspect_ratio`` (``"1:1"`` or null),
         ``rotation`` (degrees counter-clockwise the picture is turned for display, from the display
         matrix, as ffprobe reports it: ``-90`` for a phone's portrait video; ``0`` without one),
-        ``display_width``, ``display_height`` (the size after rotation), ``average_frame_rate``
+        ``mirrored`` (the matrix also mirrors the picture, as a front camera's clip does: it is
+        shown flipped top to bottom, then turned by ``rotation``; see
+        :mod:`hypermedia.engines.media.orientation`), ``display_width``, ``display_height`` (the size
+        after rotation), ``average_frame_rate``
         (frames/s over the stream), ``nominal_frame_rate`` (the base rate FFmpeg guesses:
         timestamps are multiples of it), both floats or null, and ``frame_count`` (from the
         header or counted while demuxing, or null). Audio adds ``sample_rate`` (Hz),
@@ -216,14 +218,14 @@ def run(
         s for s in report["streams"] if s["type"] == "video" and not s["attached_picture"] and s["codec"]
     ]
     for record in video[MAX_DECODED_VIDEO_STREAMS:]:
-        record["rotation"] = None  # not read
+        record["rotation"] = record["mirrored"] = None  # not read
     for record in video[:MAX_DECODED_VIDEO_STREAMS]:
         # A container of its own per stream: one demux pass consumes the other streams' packets,
         # the keyframe of the next stream among them.
         with open_media(input_path) as container:
             stream = container.streams[record["index"]]
             assert isinstance(stream, VideoStream)
-            _set_rotation(record, first_frame_rotation(stream))
+            _set_orientation(record, first_frame_orientation(stream))
     if report["duration_seconds"] is None or report["container"]["format"] in ESTIMATED_DURATION:
         with open_media(input_path) as container:
             _demux_duration(container, report, limits)
@@ -372,6 +374,7 @@ def _stream(stream: Stream) -> dict[str, Any]:
             bit_depth=_bit_depth(pix_fmt),
             sample_aspect_ratio=f"{sar.numerator}:{sar.denominator}" if sar else None,
             rotation=0,
+            mirrored=False,
             display_width=stream.codec_context.width,
             display_height=stream.codec_context.height,
             average_frame_rate=None if record["attached_picture"] else _rate(stream.average_rate),
@@ -496,14 +499,14 @@ def _check_sample_index(container: InputContainer, size: int) -> None:
 # --- first frames --------------------------------------------------------------------------------
 
 
-def first_frame_rotation(stream: VideoStream) -> int:
-    """Degrees counter-clockwise of the display matrix on the stream's first decoded frame (0
-    without one), as ``av_display_rotation_get`` computes them, rounded to an integer.
+def first_frame_orientation(stream: VideoStream) -> Orientation:
+    """The display matrix on the stream's first decoded frame
+    (:func:`hypermedia.engines.media.orientation.frame_orientation`; upright without one).
 
     Raises:
         PermanentJobError: ``CORRUPT_INPUT`` (:func:`first_frame`).
     """
-    return frame_rotation(first_frame(stream))
+    return frame_orientation(first_frame(stream))
 
 
 def first_frame(stream: VideoStream) -> VideoFrame:
@@ -556,35 +559,10 @@ def _bad_first_frame(index: int) -> PermanentJobError:
     )
 
 
-def frame_rotation(frame: Any) -> int:
-    """Degrees counter-clockwise of a decoded frame's display matrix (0 without one), rounded
-    (:func:`_matrix_rotation`); the poster turns its frame by it too. ``frame`` is typed ``Any``:
-    PyAV's stubs give ``VideoFrame.side_data`` the iteration of a mapping's keys."""
-    for side_data in frame.side_data:
-        if side_data.type.name == "DISPLAYMATRIX":
-            return _matrix_rotation(bytes(side_data))
-    return 0
-
-
-def _matrix_rotation(data: bytes) -> int:
-    """``av_display_rotation_get`` in Python (libavutil/display.c), rounded: the 3×3 matrix of
-    32-bit integers in native byte order, 16.16 fixed point in its first two columns. PyAV's
-    ``VideoFrame.rotation`` truncates the same value to an integer, so −89.99… would be −89."""
-    if len(data) < 36:
-        return 0
-    m = struct.unpack("=9i", data[:36])
-    scale0 = math.hypot(m[0], m[3])
-    scale1 = math.hypot(m[1], m[4])
-    if scale0 == 0 or scale1 == 0:
-        return 0
-    degrees = -math.degrees(math.atan2(m[1] / scale1, m[0] / scale0))
-    rounded = round(degrees)
-    return 180 if rounded == -180 else int(rounded)
-
-
-def _set_rotation(record: dict[str, Any], rotation: int) -> None:
-    record["rotation"] = rotation
-    if rotation % 180 == 90:
+def _set_orientation(record: dict[str, Any], orientation: Orientation) -> None:
+    record["rotation"] = orientation.rotation
+    record["mirrored"] = orientation.mirrored
+    if orientation.transpose:
         record["display_width"], record["display_height"] = record["height"], record["width"]
 
 

@@ -31,8 +31,9 @@ with a WebVTT index for scrubbing previews (issue 7). :func:`hypermedia.engines.
    file cut short, its index pointing past the end) the last thumbnail's frame is repeated, and
    only a first thumbnail without any frame is ``CORRUPT_INPUT``.
 3. **Thumbnails**: every frame is scaled by swscale (area averaging) straight to the
-   thumbnail's size in its coded orientation, then turned upright
-   (:func:`~hypermedia.engines.media.poster.quarter_turns` of the frame's display matrix). The size is
+   thumbnail's size in its coded orientation, then put upright from the frame's display matrix
+   (:meth:`~hypermedia.engines.media.orientation.Orientation.upright`: quarter turns and mirroring, as
+   the poster). The size is
    that of the poster's picture (:func:`~hypermedia.engines.media.poster.display_size`: the sample
    aspect ratio applied, turned upright): ``width`` wide, never wider than the display width,
    and the display aspect's height rounded to an even number (at least 2). When the sheet would
@@ -70,8 +71,9 @@ from av.video.stream import VideoStream
 
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
-from hypermedia.engines.media.poster import MAX_PIXELS, check_pixels, display_size, one_thread, quarter_turns
-from hypermedia.engines.media.probe import MediaLimits, demux_span, frame_rotation, open_media
+from hypermedia.engines.media.orientation import frame_orientation
+from hypermedia.engines.media.poster import MAX_PIXELS, check_pixels, display_size, one_thread
+from hypermedia.engines.media.probe import MediaLimits, demux_span, open_media
 
 __all__ = [
     "SPRITE_MAX_PACKETS",
@@ -434,7 +436,7 @@ def _cell_size(
     """One thumbnail's width and height, and whether they were reduced to fit the sheet's limits
     (module doc, step 3)."""
     sar = stream.codec_context.sample_aspect_ratio or stream.sample_aspect_ratio
-    display_width, display_height = display_size(frame.width, frame.height, sar, frame_rotation(frame))
+    display_width, display_height = display_size(frame.width, frame.height, sar, frame_orientation(frame))
     aspect = display_height / display_width
     wanted = max(1, min(width, round(display_width)))
     cell_width = wanted
@@ -457,11 +459,10 @@ def _fits(cell_width: int, cell_height: int, columns: int, rows: int) -> bool:
 
 def _thumbnail(frame: VideoFrame, cell_width: int, cell_height: int) -> np.ndarray:
     """The frame as an upright ``cell_height`` × ``cell_width`` RGB array."""
-    turns = quarter_turns(frame_rotation(frame))
-    width, height = (cell_height, cell_width) if turns % 2 else (cell_width, cell_height)
+    orientation = frame_orientation(frame)
+    width, height = (cell_height, cell_width) if orientation.transpose else (cell_width, cell_height)
     small = frame.reformat(width=width, height=height, format="rgb24", interpolation="AREA")
-    pixels = small.to_ndarray(format="rgb24")
-    return np.rot90(pixels, k=-turns) if turns else pixels  # k < 0: clockwise
+    return orientation.upright(small.to_ndarray(format="rgb24"))
 
 
 def _encode(sheet: np.ndarray) -> bytes:

@@ -10,14 +10,16 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
    a video stream that is not cover art (``NO_VIDEO_STREAM``), at most :data:`MAX_PIXELS` coded
    pixels (``INPUT_TOO_LARGE_PIXELS``).
 2. **Geometry**: the display size is the coded size with the sample aspect ratio applied, turned by
-   the display matrix of the first decoded frame (:func:`hypermedia.engines.media.probe.first_frame_rotation`:
-   quarter turns, as FFmpeg's ``autorotate``). :func:`plan_ladder` picks the renditions: a rung is
+   the display matrix of the first decoded frame (:func:`hypermedia.engines.media.probe.first_frame_orientation`:
+   quarter turns and the flip of a mirrored matrix, as FFmpeg's ``autorotate``:
+   :mod:`hypermedia.engines.media.orientation`). :func:`plan_ladder` picks the renditions: a rung is
    the *short* side of the upright picture; rungs above the source's short side are left out
    (never upscaled); when none is left, one rendition keeps the source's size. Sides are even
    (4:2:0 needs it).
 3. **One decode, every encoder at once**: the video is decoded once (frame threads:
    :attr:`MediaLimits.threads`); each decoded frame goes through one FFmpeg filter graph per
-   rendition — ``transpose``/``hflip,vflip`` for the rotation, ``scale`` (bicubic), ``setsar=1``,
+   rendition — the ``transpose``, ``hflip`` or ``vflip`` that ``autorotate`` inserts for the
+   display matrix (:meth:`~hypermedia.engines.media.orientation.Orientation.filters`), ``scale`` (bicubic), ``setsar=1``,
    ``format=yuv420p`` (10-bit, 4:2:2 and 4:4:4 input become 8-bit 4:2:0) — into that rendition's
    encoder. Timestamps pass through unchanged (shifted so the file starts at 0): a variable frame
    rate stays variable, nothing is duplicated or dropped, each frame keeps its duration (a frame
@@ -73,15 +75,17 @@ from av.video.stream import VideoStream
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
 from hypermedia.engines.media.audio import AudioConverter
+from hypermedia.engines.media.decoding import DecodeErrors
+from hypermedia.engines.media.orientation import Orientation
 from hypermedia.engines.media.params import validate_params
-from hypermedia.engines.media.poster import display_size, quarter_turns
+from hypermedia.engines.media.poster import display_size
 from hypermedia.engines.media.probe import (
     MediaLimits,
     audio_stream,
     check_duration,
     check_size,
     demux_span,
-    first_frame_rotation,
+    first_frame_orientation,
     header_seconds,
     open_media,
 )
@@ -192,8 +196,10 @@ def run(
         ``.webm``, ``video/webm``) with metadata ``width``, ``height`` (pixels), ``codec``
         (``h264``/``vp9``/``av1``), ``audio_codec`` (``aac``/``opus`` or null without sound),
         ``duration_seconds`` (of the written file), ``frame_count``, ``bit_rate`` (bits/s over the
-        file), ``rotation_applied`` (degrees, the source's display rotation when it was a quarter
-        turn that was applied, else 0), ``decode_errors`` (packets skipped), ``size_bytes``.
+        file), ``rotation_applied`` (degrees, the source's display rotation as ``probe`` reports
+        it when its display matrix was applied, else 0), ``mirror_applied`` (the matrix mirrored
+        the picture and the flip was applied: a front camera's clip), ``decode_errors`` (packets
+        skipped: :class:`hypermedia.engines.media.decoding.DecodeErrors`), ``size_bytes``.
         With ``hls``: then ``hls_{rung}p_media`` (the fragmented MP4, ``video/mp4``),
         ``hls_{rung}p`` (its media playlist, ``application/vnd.apple.mpegurl``, metadata
         ``segments``, ``bandwidth``, ``average_bandwidth``) per rendition, and ``hls_master``
@@ -220,13 +226,13 @@ def run(
                 f"The video is {width}×{height} pixels; at most {MAX_PIXELS} pixels are accepted.",
                 "INPUT_TOO_LARGE_PIXELS",
             )
-        rotation = first_frame_rotation(video)
+        orientation = first_frame_orientation(video)
     with open_media(input_path) as container:
         # Every packet's timestamp, nothing decoded (about a second per million packets): a
         # header that understates the length is MEDIA_TOO_LONG here, before hours are encoded.
         demux_span(container, limits)
     with open_media(input_path) as container:
-        job = _Transcode(container, options, out_dir, limits, rotation)
+        job = _Transcode(container, options, out_dir, limits, orientation)
         job.encode()
     outputs = job.outputs()
     if options["hls"]:
@@ -254,10 +260,10 @@ def _sound(container: InputContainer) -> AudioStream | None:
         raise
 
 
-def _display_size(stream: VideoStream, rotation: int) -> tuple[int, int]:
+def _display_size(stream: VideoStream, orientation: Orientation) -> tuple[int, int]:
     """The upright display size in whole pixels (:func:`hypermedia.engines.media.poster.display_size`)."""
     context = stream.codec_context
-    width, height = display_size(context.width, context.height, context.sample_aspect_ratio, rotation)
+    width, height = display_size(context.width, context.height, context.sample_aspect_ratio, orientation)
     return max(1, round(width)), max(1, round(height))
 
 
@@ -320,7 +326,7 @@ class _Output:
         """The coded size and sample aspect ratio the ladder was planned for: the stream's, as
         FFmpeg's probe found them (:func:`_display_size`)."""
 
-    def filter(self, frame: VideoFrame, rotation: int, sar: Fraction | None) -> list[VideoFrame]:
+    def filter(self, frame: VideoFrame, orientation: Orientation, sar: Fraction | None) -> list[VideoFrame]:
         """``frame`` upright, scaled and 8-bit 4:2:0; the graph is rebuilt when the input's size,
         pixel format or sample aspect ratio ``sar`` (the decoder's, as of this frame: PyAV's
         frames carry none) changes mid-stream. A frame whose size or ``sar`` differs from the
@@ -332,8 +338,8 @@ class _Output:
         if self.graph is None or key != self.graph_key:
             fit = None
             if (frame.width, frame.height, sar) != self.planned:
-                fit = fit_inside(frame.width, frame.height, sar, rotation, self.rendition)
-            self.graph, self.graph_key = _graph(frame, rotation, self.rendition, fit), key
+                fit = fit_inside(frame.width, frame.height, sar, orientation, self.rendition)
+            self.graph, self.graph_key = _graph(frame, orientation, self.rendition, fit), key
         self.graph.push(frame)
         return _pull(self.graph)
 
@@ -419,12 +425,12 @@ def _square(sar: Fraction | None) -> Fraction | None:
 
 
 def fit_inside(
-    width: int, height: int, sar: Fraction | None, rotation: int, rendition: Rendition
+    width: int, height: int, sar: Fraction | None, orientation: Orientation, rendition: Rendition
 ) -> tuple[int, int]:
     """The even size, at most the rendition's, that a ``width`` × ``height`` frame (sample aspect
-    ratio ``sar``, turned by ``rotation``) scales to with its display aspect ratio kept: the
+    ratio ``sar``, put upright by ``orientation``) scales to with its display aspect ratio kept: the
     picture of a frame whose size differs from the one the ladder was planned for."""
-    display_width, display_height = display_size(width, height, sar, rotation)
+    display_width, display_height = display_size(width, height, sar, orientation)
     scale = min(rendition.width / display_width, rendition.height / display_height)
     return (
         min(rendition.width, _even(display_width * scale)),
@@ -433,9 +439,9 @@ def fit_inside(
 
 
 def _graph(
-    frame: VideoFrame, rotation: int, rendition: Rendition, fit: tuple[int, int] | None = None
+    frame: VideoFrame, orientation: Orientation, rendition: Rendition, fit: tuple[int, int] | None = None
 ) -> av.filter.Graph:
-    """buffer → rotation → scale to the rendition's size (the sample aspect ratio is in that
+    """buffer → upright (:meth:`~hypermedia.engines.media.orientation.Orientation.filters`) → scale to the rendition's size (the sample aspect ratio is in that
     size already: :func:`_display_size`) → square pixels → 8-bit 4:2:0 → buffersink. With
     ``fit``, the scale is to that size and a black ``pad`` centres it in the rendition's."""
     graph = av.filter.Graph()
@@ -448,13 +454,7 @@ def _graph(
             time_base=frame.time_base or Fraction(1, 90_000),
         )
     ]
-    turns = quarter_turns(rotation)
-    if turns == 1:
-        chain.append(graph.add("transpose", "clock"))
-    elif turns == 2:
-        chain += [graph.add("hflip"), graph.add("vflip")]
-    elif turns == 3:
-        chain.append(graph.add("transpose", "cclock"))
+    chain += [graph.add(name, args) for name, args in orientation.filters()]
     if fit is None:
         chain.append(graph.add("scale", f"{rendition.width}:{rendition.height}:flags=bicubic"))
     else:
@@ -494,20 +494,20 @@ class _Transcode:
         options: dict[str, Any],
         out_dir: Path,
         limits: MediaLimits,
-        rotation: int,
+        orientation: Orientation,
     ) -> None:
         self.container = container
         self.options = options
         self.out_dir = out_dir
         self.limits = limits
-        self.rotation = rotation
+        self.orientation = orientation
         self.codec = CODECS[options["codec"]]
         self.video = _video_stream(container)
         self.audio = _sound(container)
         context = self.video.codec_context
         context.thread_count = max(1, limits.threads)
         context.thread_type = "FRAME"  # type: ignore[assignment]  # PyAV takes the flag's name
-        display = _display_size(self.video, rotation)
+        display = _display_size(self.video, orientation)
         self.ladder = plan_ladder(*display, options["heights"])
         self.duration = header_seconds(container)
         self.frame_rate: Fraction | None = self.video.average_rate or self.video.guessed_rate
@@ -515,7 +515,7 @@ class _Transcode:
         start = container.start_time
         self.origin = start / av.time_base if start is not None else 0.0
         self.last_video_pts: int | None = None
-        self.decode_errors = 0
+        self.errors = DecodeErrors()
         """Packets skipped because they did not decode (and a demuxer that gave up early)."""
         self.converter = AudioConverter("fltp", AUDIO_LAYOUT, 0.0) if self.audio is not None else None
         self.audio_samples: int | None = None
@@ -536,31 +536,24 @@ class _Transcode:
 
     def encode(self) -> None:
         """Demuxes and decodes the whole input into every rendition. A packet that does not
-        decode is skipped and counted (:attr:`decode_errors`), as FFmpeg's command line goes on
+        decode is skipped and counted (:attr:`errors`: :class:`hypermedia.engines.media.decoding.DecodeErrors`,
+        whose bound fails a stream that mostly does not decode), as FFmpeg's command line goes on
         past a damaged packet; a demuxer that cannot go on ends the input there. A packet the
         demuxer flags corrupt is decoded all the same, as FFmpeg's command line does unless
         told ``-fflags discardcorrupt``: MPEG-TS flags the first packet after a continuity-counter
         jump, which every ``cat a.ts b.ts`` join has, and its frame is usually whole.
 
         Raises:
-            PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all, and see
-                :func:`run`.
+            PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all or a stream
+                mostly does not decode, and see :func:`run`.
         """
         streams: list[Any] = [self.video] + ([self.audio] if self.audio is not None else [])
         try:
-            for packet in self.container.demux(streams):
-                try:
-                    frames = packet.decode()
-                except MemoryError:  # av.error.MemoryError is one, and an FFmpegError
-                    raise
-                except av.error.FFmpegError:
-                    self.decode_errors += 1
-                    continue
-                for frame in frames:
-                    if isinstance(frame, VideoFrame):
-                        self._video_frame(frame)
-                    else:
-                        self._audio_frame(frame)
+            for frame in self.errors.decode(self.container, streams):
+                if isinstance(frame, VideoFrame):
+                    self._video_frame(frame)
+                else:
+                    self._audio_frame(frame)
             if self.converter is not None:
                 for converted in self.converter.convert(None):
                     self._encode_audio(converted)
@@ -568,12 +561,13 @@ class _Transcode:
             raise
         except _EncoderFailure as failure:
             raise _encoder_error(failure) from failure.__cause__
-        except av.error.FFmpegError as exc:
+        except av.error.FFmpegError as exc:  # a filter graph: what was encoded before stands
             if self.outputs_[0].frames == 0:
                 raise PermanentJobError(
                     "The video cannot be decoded: the file is truncated or damaged.", "CORRUPT_INPUT"
                 ) from exc
-            self.decode_errors += 1  # the demuxer gave up: a damaged tail, what decoded is kept
+            self.errors.ended_early = True
+        self.errors.check()
         if self.outputs_[0].frames == 0:
             raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
         try:
@@ -614,7 +608,7 @@ class _Transcode:
         check_duration(seconds, self.limits)
         sar = self.video.codec_context.sample_aspect_ratio
         for output in self.outputs_:
-            for filtered in output.filter(frame, self.rotation, sar):
+            for filtered in output.filter(frame, self.orientation, sar):
                 output.encode_video(filtered)
         if self.duration:
             report_progress(self.out_dir, 0.98 * seconds / self.duration)
@@ -658,8 +652,9 @@ class _Transcode:
             "duration_seconds": round(duration, 3) if duration is not None else None,
             "frame_count": output.frames,
             "bit_rate": round(size * 8 / duration) if duration else None,
-            "rotation_applied": self.rotation if quarter_turns(self.rotation) else 0,
-            "decode_errors": self.decode_errors,
+            "rotation_applied": self.orientation.rotation if self.orientation.applied else 0,
+            "mirror_applied": self.orientation.mirrored and self.orientation.applied,
+            "decode_errors": self.errors.count,
             "size_bytes": size,
         }
         return OutputFile(f"video_{output.rendition.name}", output.path.name, self.codec.mime_type, metadata)

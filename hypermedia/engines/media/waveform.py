@@ -28,6 +28,10 @@ the smallest and the largest sample of each channel (or of their mean, ``channel
    packed float at the stream's own rate and layout (no resampling: values −1…1 whatever the
    codec's sample format; packed, as :func:`_channels` says why), in batches of :data:`BATCH_SAMPLES`; min/max per bucket are reduced
    with NumPy as the batches come (memory is the batch and the peaks, never the decoded audio).
+   A packet that does not decode (a damaged MP3 frame) is skipped and counted
+   (``decode_errors``), as FFmpeg's command line goes on past it; its samples are missing, not
+   silent; more than :data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE` of them is
+   ``CORRUPT_INPUT`` (:class:`hypermedia.engines.media.decoding.DecodeErrors`).
    ``mix`` is the arithmetic mean of the channels (not FFmpeg's downmix, which weights the centre
    and surround channels and drops the LFE). The peaks are bounded: more than
    :data:`MAX_PEAK_VALUES` values is ``MEDIA_TOO_LONG`` (a long file at a fine resolution).
@@ -54,6 +58,7 @@ from av.container import InputContainer
 
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.media.decoding import DecodeErrors
 from hypermedia.engines.media.params import validate_params
 from hypermedia.engines.media.probe import (
     MediaLimits,
@@ -127,14 +132,16 @@ def run(
         background: ``color`` over ``background``, or ``color`` with that coverage as alpha
         over ``transparent`` (RGBA; RGB otherwise).
 
-        Metadata of both: ``duration_seconds``, ``channels``, ``length``; the JSON adds
+        Metadata of both: ``duration_seconds``, ``channels``, ``length``, ``decode_errors``
+        (packets of the source skipped: they did not decode); the JSON adds
         ``sample_rate`` and ``size_bytes``, the PNG ``width`` and ``height``.
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
         PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT``, ``CORRUPT_INPUT`` (from
-            :func:`~hypermedia.engines.media.probe.open_media`; packets that do not decode; an audio
-            stream with no sample), ``NO_AUDIO_STREAM``, ``MEDIA_TOO_LONG`` (the duration, or
+            :func:`~hypermedia.engines.media.probe.open_media`; more than
+            :data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE` of the packets do not decode; an
+            audio stream with no sample), ``NO_AUDIO_STREAM``, ``MEDIA_TOO_LONG`` (the duration, or
             more than :data:`MAX_PEAK_VALUES`).
         MemoryError: FFmpeg hit the sandbox's memory limit.
     """
@@ -151,7 +158,8 @@ def run(
     with open_media(input_path) as container:
         audio = container.streams[index]
         assert isinstance(audio, AudioStream)
-        peaks = _decode(audio, options, total_samples, declared_seconds, limits)
+        errors = DecodeErrors()
+        peaks = _decode(audio, options, total_samples, declared_seconds, limits, errors)
     mins, maxs = peaks.result()
     channels, length = mins.shape
     duration = round(peaks.samples / peaks.rate, 6)
@@ -168,7 +176,12 @@ def run(
     }
     data = json.dumps(report, separators=(",", ":")).encode()
     (out_dir / "waveform.json").write_bytes(data)
-    common = {"duration_seconds": duration, "channels": channels, "length": length}
+    common = {
+        "duration_seconds": duration,
+        "channels": channels,
+        "length": length,
+        "decode_errors": errors.count,
+    }
     outputs = [
         OutputFile(
             "peaks",
@@ -347,11 +360,15 @@ def _decode(
     total_samples: int | None,
     declared_seconds: float | None,
     limits: MediaLimits,
+    errors: DecodeErrors,
 ) -> _Peaks:
-    """Decodes the stream (one thread) into :class:`_Peaks`.
+    """Decodes the stream (one thread) into :class:`_Peaks`; a packet that does not decode is
+    skipped and counted in ``errors`` (:class:`hypermedia.engines.media.decoding.DecodeErrors`).
 
     Raises:
-        PermanentJobError: ``CORRUPT_INPUT``, ``MEDIA_TOO_LONG``.
+        PermanentJobError: ``CORRUPT_INPUT`` (more than
+            :data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE` of the packets do not decode; a
+            frame's layout changes; no sample), ``MEDIA_TOO_LONG``.
     """
     container = stream.container
     assert isinstance(container, InputContainer)
@@ -389,11 +406,8 @@ def _decode(
                 flush()
 
     try:
-        for packet in container.demux(stream):
-            if packet.size == 0:
-                take(ctx.decode(None))  # end of the stream: flush the decoder
-            else:
-                take(ctx.decode(packet))
+        for frame in errors.decode(container, [stream]):
+            take([frame])
         if resampler is not None and peaks is not None:
             for converted in resampler.resample(None):
                 samples = _channels(converted)
@@ -403,6 +417,7 @@ def _decode(
     except (av.error.FFmpegError, ValueError) as exc:  # ValueError: a frame's layout changed
         raise _corrupt() from exc
     flush()
+    errors.check()
     if peaks is None or peaks.samples == 0:
         raise PermanentJobError("The audio stream holds no decodable samples.", "CORRUPT_INPUT")
     return peaks
