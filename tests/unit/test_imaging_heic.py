@@ -323,3 +323,57 @@ def test_ocr_reads_a_heic_photo_of_a_page(tmp_path: Path) -> None:
     gold = (ocr_dir / "phototest.gold.txt").read_text(encoding="utf-8")
     assert outputs[0].metadata["source_format"] == "heif"
     assert cer(text, gold) < 0.05, text
+
+
+# --- pixel layouts ---------------------------------------------------------------------------------------------
+
+
+def test_a_10_bit_grey_heic_becomes_8_bit_grey_values(tmp_path: Path) -> None:
+    """A monochrome 10-bit HEIC comes from libheif as 16-bit grey; the output holds its levels."""
+    ramp = Image.new("I;16", (256, 32))
+    ramp.putdata([x * 257 for _ in range(32) for x in range(256)])  # 0…65535 across
+    source = tmp_path / "grey10.heic"
+    pillow_heif.from_pillow(ramp).save(source, quality=-1)
+    assert pillow_heif.open_heif(source).info["bit_depth"] == 10
+    _, path = run_one("convert", {"format": "png"}, source, tmp_path)
+    image = decoded(path).convert("L")
+    assert image.size == (256, 32)
+    for x in (0, 64, 128, 192, 255):
+        assert abs(image.getpixel((x, 16)) - x) <= 3, x
+
+
+def test_alpha_is_kept_and_flattened_onto_white_for_jpeg(tmp_path: Path) -> None:
+    left = Image.new("RGBA", (64, 64), (200, 30, 40, 255))
+    right = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    both = Image.new("RGBA", (128, 64))
+    both.paste(left, (0, 0))
+    both.paste(right, (64, 0))
+    source = tmp_path / "alpha.heic"
+    pillow_heif.from_pillow(both).save(source, quality=90)
+    _, png = run_one("convert", {"format": "png"}, source, tmp_path)
+    with Image.open(png) as image:
+        rgba = image.convert("RGBA")
+    assert rgba.getpixel((32, 32))[3] == 255 and rgba.getpixel((96, 32))[3] == 0
+    assert rgba.getpixel((32, 32))[:3] == pytest.approx((200, 30, 40), abs=6)
+    _, jpeg = run_one("convert", {"format": "jpeg"}, source, tmp_path)
+    assert decoded(jpeg).getpixel((96, 32)) == pytest.approx((255, 255, 255), abs=3)
+
+
+def box(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", 8 + len(payload)) + kind + payload
+
+
+def test_an_hevc_sequence_without_a_still_image_is_unsupported_and_said_so(tmp_path: Path) -> None:
+    """An image sequence (brand msf1) whose frames are only a moov track of hvc1 samples, no
+    meta/pitm: the box reader names its codec from the track's sample entry."""
+    sample_entry = box(b"hvc1", bytes(78) + box(b"hvcC", bytes(23)))
+    stsd = box(b"stsd", bytes(4) + struct.pack(">I", 1) + sample_entry)
+    moov = box(b"moov", box(b"trak", box(b"mdia", box(b"minf", box(b"stbl", stsd)))))
+    data = box(b"ftyp", b"msf1" + bytes(4) + b"msf1iso8") + moov
+    codec = heifcodec.primary_codec(data)
+    assert (codec.item_type, codec.sequence_only, codec.name) == ("hvc1", True, "HEVC")
+    source = tmp_path / "sequence.heics"
+    source.write_bytes(data)
+    assert ops.sniff_mime(data[:64]) == "image/heif"
+    err = error_of(source, tmp_path)
+    assert err.error_code == "UNSUPPORTED_FORMAT" and "sequences without a still image" in str(err)
