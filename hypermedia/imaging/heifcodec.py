@@ -45,7 +45,9 @@ Image File Format §2.1, ISO/IEC 23001-17): the names error messages use."""
 _CONFIG_PROPERTY: Final = {"hvc1": b"hvcC", "av01": b"av1C"}
 """The decoder configuration property an item of these types must have (23008-12 §E.2.2, AVIF §2.2)."""
 
-_DERIVED: Final = frozenset({"grid", "iden", "iovl"})
+_DERIVED: Final = frozenset({"grid", "iden", "iovl", "tmap"})
+"""Derived image items (23008-12 §6.6.2; ``tmap``, an ISO 21496-1 gain-map tone map, whose first
+input is the base image)."""
 _MAX_DERIVATION_DEPTH: Final = 4
 """A derived image's inputs may be derived in turn; deeper chains are refused as corrupt."""
 
