@@ -51,6 +51,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,14 +292,20 @@ _MISSING_DECODER: Final = ("has not been built in", "no decoder", "unsupported c
 ``heif_suberror_Unsupported_codec``, ``heif_error_Plugin_loading_error``)."""
 
 
+_MISSING_CODEC: Final = re.compile(r"has not been built in: ([A-Za-z0-9.-]+)")
+
+
 def missing_decoder(text: str) -> PermanentJobError | None:
-    """``UNSUPPORTED_FORMAT`` (naming what libvips said) when a libvips error ``text`` says the
-    codec has no decoder here; ``None`` otherwise. A valid file in a codec this platform cannot
-    decode is not ``CORRUPT_INPUT``."""
+    """``UNSUPPORTED_FORMAT`` when a libvips error ``text`` says the codec has no decoder here
+    (naming the codec when libheif did: "…has not been built in: HEVC…"); ``None`` otherwise. A
+    valid file in a codec this platform cannot decode is not ``CORRUPT_INPUT``. The full text is
+    logged, not sent."""
     if not any(marker in text.lower() for marker in _MISSING_DECODER):
         return None
-    detail = " ".join(text.split())[:200]
-    return PermanentJobError(f"The image's codec cannot be decoded here ({detail}).", "UNSUPPORTED_FORMAT")
+    log.info("libvips has no decoder: %s", " ".join(text.split())[:300])
+    codec = _MISSING_CODEC.search(text)
+    what = f"coded with {codec.group(1)}" if codec else "in a codec"
+    return PermanentJobError(f"The image is {what}, which cannot be decoded here.", "UNSUPPORTED_FORMAT")
 
 
 @dataclass(frozen=True)
