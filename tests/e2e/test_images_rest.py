@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import io
 import json
 import secrets
 import struct
@@ -89,6 +90,42 @@ def test_an_ultra_hdr_phone_photo_is_thumbnailed_from_its_base_image(client: htt
     assert (image.width, image.height) == (256, 171)
     base = _signature(pyvips.Image.jpegload(str(path)).thumbnail_image(256))
     assert _distance(_signature(image), base) < 4 < _distance(_signature(image.rot180()), base)
+
+
+def test_an_iphone_heic_is_thumbnailed_upright_and_another_codec_is_named(client: httpx.Client) -> None:
+    """Issue 15, item 1: an iPhone photo (HEIF, HEVC tiles, irot 270°, Display P3) failed
+    CORRUPT_INPUT; now its thumbnail is upright portrait, the drawn arrow pointing up, without
+    metadata. A HEIF in a codec nothing here decodes (VVC) fails UNSUPPORTED_FORMAT naming it."""
+    heic = EXIF.parent / "heic"
+    obj = upload(client, heic / "iphone-8-plus-arrow.heic")
+    assert obj["mime_type"] == "image/heif"
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    )
+    assert created.status_code == 202, created.text
+    job = wait_job(client, created.json()["job_ids"][0])
+    assert job["status"] == "completed", job
+    [output] = job["outputs"]
+    assert output["mime_type"] == "image/webp"
+    response = httpx.get(output["url"], timeout=30)
+    assert b"Apple" not in response.content and b"Exif" not in response.content
+    from PIL import Image  # decoded by Pillow, not by the libvips that made it
+
+    with Image.open(io.BytesIO(response.content)) as decoded:
+        assert decoded.format == "WEBP" and decoded.size == (192, 256)
+        grey = decoded.convert("L").tobytes()
+    half = len(grey) // 2
+    top, bottom = (sum(1 for v in part if v < 100) for part in (grey[:half], grey[half:]))
+    assert top > 1.4 * bottom, (top, bottom)  # the arrowhead is in the top half
+
+    vvc = upload(client, heic / "relabelled-vvc.heic")
+    assert vvc["mime_type"] == "image/heif"
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": vvc["object_id"], "operations": ["thumbnail"]}
+    )
+    job = wait_job(client, created.json()["job_ids"][0])
+    assert (job["status"], job["error_code"], job["attempt_count"]) == ("failed", "UNSUPPORTED_FORMAT", 1)
+    assert "H.266 (VVC)" in job["error_message"], job
 
 
 def test_resize_compress_convert_decode_to_what_was_asked(client: httpx.Client) -> None:

@@ -133,6 +133,24 @@ def gps_jpeg() -> bytes:
 SVG_NS = 'xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"'
 
 
+HEIC = EXIF.parent / "heic" / "landscape-6-p3.heic"
+
+
+def heic_claiming(width: int, height: int) -> bytes:
+    """The HEIC sample (600×400, HEVC) with its ``ispe`` box claiming ``width × height``."""
+    data = bytearray(HEIC.read_bytes())
+    ispe = data.index(b"ispe")
+    data[ispe + 8 : ispe + 16] = struct.pack(">II", width, height)
+    return bytes(data)
+
+
+def heic_with_meta_size(size: int) -> bytes:
+    data = bytearray(HEIC.read_bytes())
+    meta = data.index(b"meta") - 4
+    data[meta : meta + 4] = struct.pack(">I", size)
+    return bytes(data)
+
+
 def svg(body: str, prolog: str = "", size: str = 'width="40" height="30"') -> bytes:
     return f'<?xml version="1.0" encoding="UTF-8"?>{prolog}<svg {SVG_NS} {size}>{body}</svg>'.encode()
 
@@ -169,6 +187,12 @@ CASES: dict[str, Case] = {
     "png_signature_then_garbage": Case(lambda _: garbage_after(b"\x89PNG\r\n\x1a\n"), "CORRUPT_INPUT"),
     "jpeg_signature_then_garbage": Case(lambda _: garbage_after(b"\xff\xd8\xff\xe0"), "CORRUPT_INPUT"),
     "random_bytes": Case(lambda _: random.Random(5).randbytes(4096), "UNSUPPORTED_FORMAT"),
+    "heic_ispe_65535x65535": Case(lambda _: heic_claiming(65535, 65535), "INPUT_TOO_LARGE_PIXELS"),
+    "heic_truncated": Case(lambda _: HEIC.read_bytes()[:20000], "CORRUPT_INPUT"),
+    "heic_meta_overruns_the_file": Case(lambda _: heic_with_meta_size(1 << 30), "CORRUPT_INPUT"),
+    "heif_vvc_codec": Case(
+        lambda _: (HEIC.parent / "relabelled-vvc.heic").read_bytes(), "UNSUPPORTED_FORMAT"
+    ),
     "svg_xxe_file": Case(
         lambda _: svg("<text>&x;</text>", '<!DOCTYPE svg [<!ENTITY x SYSTEM "file:///etc/passwd">]>'),
         "SVG_FORBIDDEN",

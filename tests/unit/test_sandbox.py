@@ -308,6 +308,35 @@ async def test_image_job_thread_count_fits_the_nproc_budget(sandbox: Sandbox) ->
     sandbox.cleanup(job)
 
 
+async def test_an_iphone_heic_is_decoded_in_the_confined_child_within_the_thread_budget(
+    sandbox: Sandbox,
+) -> None:
+    """Issue 15, item 1: libheif (pillow-heif) is imported by the zygote with hypermedia.engines.imaging.ops
+    and decodes in the child, confined (sandbox uid, mount namespace, rlimits): libde265 adds one
+    thread to the job's, which stays far below RLIMIT_NPROC."""
+    job = job_id()
+    source = sandbox.prepare(job) / "input" / "upload"
+    shutil.copy(EXIF.parent / "heic" / "iphone-8-plus-arrow.heic", source)
+    os.chmod(source, 0o600)
+    result = await sandbox.run(
+        job,
+        f"{ENTRIES}:image_threads",
+        "thumbnail",
+        {"size": 256},
+        source,
+        LIMITS,
+        entry_kwargs={"limits": IMAGE_LIMITS},
+    )
+    assert result.error_code is None, result
+    thumbnail, info = result.outputs
+    assert (thumbnail.metadata["width"], thumbnail.metadata["height"]) == (192, 256)
+    assert thumbnail.metadata["source_format"] == "heif"
+    assert info.metadata["peak_threads_without_watcher"] <= 8
+    image = pyvips.Image.new_from_file(str(sandbox.job_dir(job) / "output" / thumbnail.filename))
+    assert (image.width, image.height) == (192, 256)
+    sandbox.cleanup(job)
+
+
 async def test_start_overhead_is_small(sandbox: Sandbox) -> None:
     job = job_id()
     sandbox.prepare(job)

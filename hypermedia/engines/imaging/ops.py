@@ -6,7 +6,12 @@ Every operation goes through the same pipeline, so every output is treated alike
 2. **Format** from the magic bytes (:func:`sniff_mime`); only the loader chosen for that format
    reads the file, and the ``vips-loader`` libvips reports must be that loader (one of
    :data:`ALLOWED_LOADERS`, or :data:`SVG_LOADER` for SVG). PDF, ImageMagick, matrix, CSV, raw and
-   ``.vips`` files are ``UNSUPPORTED_FORMAT``; libvips' untrusted operations stay blocked.
+   ``.vips`` files are ``UNSUPPORTED_FORMAT``; libvips' untrusted operations stay blocked. An
+   HEIF (``image/heif``, ``image/avif``) goes by the codec of its primary image, read from its
+   boxes (:func:`heif_decoder`): AV1 to libvips' ``heifload``, HEVC (iPhone photos) to libheif
+   with libde265 (:mod:`hypermedia.engines.imaging.hevc`, from memory, feeding ``thumbnail_image``),
+   any other codec ``UNSUPPORTED_FORMAT`` naming it; a libvips error saying a codec has no
+   decoder is ``UNSUPPORTED_FORMAT`` too (:func:`missing_decoder`), never ``CORRUPT_INPUT``.
 3. **SVG** only after :func:`hypermedia.engines.imaging.svg.vet` accepted it (references local to the
    document, no DTD subset, XInclude, script, ``foreignObject``…: ``SVG_EXTERNAL_REFERENCE``,
    ``SVG_FORBIDDEN``). libvips flags ``svgload`` untrusted (``VIPS_OPERATION_UNTRUSTED``, libvips
@@ -20,7 +25,8 @@ Every operation goes through the same pipeline, so every output is treated alike
    (``n-pages``) against ``ImageLimits.max_pages``, before a single pixel is decoded or rendered.
 5. ``pyvips.Image.thumbnail`` (shrink-on-load) sizes the image, applies the EXIF orientation and
    converts embedded ICC profiles and CMYK to sRGB; operations that do not resize ask it for a box
-   that is never smaller than the image, which leaves pixels untouched.
+   that is never smaller than the image, which leaves pixels untouched. An HEVC HEIF's primary
+   image is decoded upright (``irot``/``imir``) by libheif and sized by ``thumbnail_image``.
 6. **Animated input** (GIF, WebP, multi-page TIFF/HEIF): the first frame only, on purpose; the
    output is always a single still image. ``metadata["source_pages"]`` tells when frames were dropped.
    Only the first frame is decoded, so its size is what the pixel limit bounds; the page count
@@ -45,6 +51,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,9 +61,9 @@ import pyvips
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
-from hypermedia.engines.imaging import svg
-from hypermedia.engines.params import params_object
+from hypermedia.engines.imaging import heifcodec, hevc, svg
 from hypermedia.intake import contenttype
+from hypermedia.jobs.params import params_object
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,8 @@ __all__ = [
     "SVG_LOADER",
     "ImageLimits",
     "OutputFile",
+    "heif_decoder",
+    "missing_decoder",
     "run",
     "sniff_mime",
     "validate_params",
@@ -272,7 +281,31 @@ def _reraise_vips_error(exc: pyvips.Error) -> None:
         raise MemoryError("libvips ran out of memory") from exc
     if "file too large" in text:
         raise OSError(errno.EFBIG, "output exceeds the file size limit") from exc
+    missing = missing_decoder(f"{exc.message} {exc.detail}")
+    if missing is not None:
+        raise missing from exc
     raise _corrupt() from exc
+
+
+_MISSING_DECODER: Final = ("has not been built in", "no decoder", "unsupported codec")
+"""How libheif (through libvips) says it has no decoder for a file's codec (libheif
+``heif_suberror_Unsupported_codec``, ``heif_error_Plugin_loading_error``)."""
+
+
+_MISSING_CODEC: Final = re.compile(r"has not been built in: ([A-Za-z0-9.-]+)")
+
+
+def missing_decoder(text: str) -> PermanentJobError | None:
+    """``UNSUPPORTED_FORMAT`` when a libvips error ``text`` says the codec has no decoder here
+    (naming the codec when libheif did: "…has not been built in: HEVC…"); ``None`` otherwise. A
+    valid file in a codec this platform cannot decode is not ``CORRUPT_INPUT``. The full text is
+    logged, not sent."""
+    if not any(marker in text.lower() for marker in _MISSING_DECODER):
+        return None
+    log.info("libvips has no decoder: %s", " ".join(text.split())[:300])
+    codec = _MISSING_CODEC.search(text)
+    what = f"coded with {codec.group(1)}" if codec else "in a codec"
+    return PermanentJobError(f"The image is {what}, which cannot be decoded here.", "UNSUPPORTED_FORMAT")
 
 
 @dataclass(frozen=True)
@@ -284,6 +317,8 @@ class _Source:
     pages: int
     document: bytes | None = None
     """SVG only: the vetted document, loaded from memory (librsvg then has no base file)."""
+    hevc: hevc.HevcFile | None = None
+    """An HEVC-coded HEIF only: opened by libheif (:mod:`hypermedia.engines.imaging.hevc`), not by libvips."""
 
 
 def _too_many_pixels(what: str, limits: ImageLimits) -> PermanentJobError:
@@ -316,6 +351,10 @@ def _open(input_path: Path, limits: ImageLimits) -> _Source:
     if mime == "image/svg+xml":
         return _open_svg(input_path, limits)
     loader = _LOADER_BY_MIME[mime]
+    if loader == "heifload":
+        data = input_path.read_bytes()
+        if heif_decoder(data) == "hevc":
+            return _open_hevc(data, input_path, mime, limits)
     header = _header(loader, str(input_path))
     _check_loader(header, loader)
     if header.width * header.height > limits.max_pixels:
@@ -326,6 +365,48 @@ def _open(input_path: Path, limits: ImageLimits) -> _Source:
             f"The image has more than {limits.max_pages} frames or pages.", "INPUT_TOO_MANY_PAGES"
         )
     return _Source(path=input_path, mime=mime, loader=loader, pages=pages)
+
+
+def heif_decoder(data: bytes) -> str:
+    """Which decoder reads an HEIF file (``image/heif`` or ``image/avif``), from the codec of its
+    primary image (:func:`hypermedia.engines.imaging.heifcodec.primary_codec`: the ``hvc1``/``av01``
+    item type and its ``hvcC``/``av1C`` configuration), never by trying one.
+
+    Args:
+        data: the whole file.
+
+    Returns:
+        ``"hevc"``: libheif with libde265 (:mod:`hypermedia.engines.imaging.hevc`); ``"heifload"``:
+        libvips' loader, whose libheif decodes AV1 (also a file with only an AV1 sequence).
+
+    Raises:
+        PermanentJobError: ``UNSUPPORTED_FORMAT`` naming the codec for any other (JPEG, JPEG
+            2000, H.264, VVC, uncompressed…) and for an HEVC sequence without a still image;
+            ``CORRUPT_INPUT`` for damaged boxes.
+    """
+    codec = heifcodec.primary_codec(data)
+    if codec.is_av1:
+        return "heifload"
+    if codec.is_hevc and not codec.sequence_only:
+        return "hevc"
+    what = "image sequences without a still image" if codec.sequence_only else "images"
+    raise PermanentJobError(
+        f"HEIF {what} coded with {codec.name} are not supported (HEVC and AV1 images are).",
+        "UNSUPPORTED_FORMAT",
+    )
+
+
+def _open_hevc(data: bytes, input_path: Path, mime: str, limits: ImageLimits) -> _Source:
+    """Opens an HEVC HEIF with libheif and checks the primary image's displayed size and the
+    image count against the limits; decodes nothing."""
+    opened = hevc.open_hevc(data)
+    if opened.width * opened.height > limits.max_pixels:
+        raise _too_many_pixels("The image has", limits)
+    if opened.pages > limits.max_pages:
+        raise PermanentJobError(
+            f"The image has more than {limits.max_pages} frames or pages.", "INPUT_TOO_MANY_PAGES"
+        )
+    return _Source(path=input_path, mime=mime, loader="heifload", pages=opened.pages, hevc=opened)
 
 
 def _open_svg(input_path: Path, limits: ImageLimits) -> _Source:
@@ -409,6 +490,8 @@ def _sized(source: _Source, width: int, height: int, *, size: str, crop: str = "
         "output_profile": "srgb",
         "fail_on": "truncated",
     }
+    if source.hevc is not None:
+        return _plain(_thumbnail_hevc(source.hevc, width, options))
     if source.document is not None:
         image = pyvips.Image.thumbnail_buffer(source.document, width, **options)
     elif source.loader in _SHRINKING_LOADERS and _sniffed_loader(source.path) != source.loader:
@@ -416,6 +499,11 @@ def _sized(source: _Source, width: int, height: int, *, size: str, crop: str = "
     else:
         image = pyvips.Image.thumbnail(str(source.path), width, **options)
     _check_loader(image, source.loader)
+    return _plain(image)
+
+
+def _plain(image: pyvips.Image) -> pyvips.Image:
+    """sRGB, without the frame fields of an animation."""
     if image.interpretation != "srgb":
         image = image.colourspace("srgb")
     image = image.copy()
@@ -423,6 +511,14 @@ def _sized(source: _Source, width: int, height: int, *, size: str, crop: str = "
         if image.get_typeof(field):
             image.remove(field)
     return image
+
+
+def _thumbnail_hevc(opened: hevc.HevcFile, width: int, options: dict[str, Any]) -> pyvips.Image:
+    """``thumbnail()`` of the primary image of an HEVC HEIF: libheif decodes it (upright, at full
+    size: HEVC has no shrink-on-load), ``thumbnail_image`` sizes it and converts its ICC profile
+    to sRGB."""
+    image = hevc.decode(opened)
+    return pyvips.Image.thumbnail_image(image, width, **{k: v for k, v in options.items() if k != "fail_on"})
 
 
 def _save(image: pyvips.Image, output_format: str, path: Path, quality: int | None, *, png_max: bool) -> None:

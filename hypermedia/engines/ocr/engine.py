@@ -14,7 +14,10 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.engines.ocr.para
    or :data:`MAX_SIDE`), so a 256-megapixel image never reaches libvips' decoder or tesseract.
 2. **Pages.** Images are decoded by libvips with the loader the magic bytes chose (libvips'
    untrusted loaders stay blocked; the loader it reports must be that one), one page at a time
-   (``page=i`` of a multi-page TIFF, GIF, WebP or HEIF), the EXIF orientation applied. PDFs are
+   (``page=i`` of a multi-page TIFF, GIF, WebP or HEIF), the EXIF orientation applied; an
+   HEVC-coded HEIF (an iPhone photo: :func:`hypermedia.engines.imaging.ops.heif_decoder` reads its
+   codec from its boxes) is decoded by libheif instead (:mod:`hypermedia.engines.imaging.hevc`), one
+   top-level image per page, ``irot``/``imir`` applied. PDFs are
    rendered by PDFium at :data:`PDF_DPI` (lower, down to :data:`MIN_PDF_DPI`, for a page that
    would exceed the pixel limit), in grey, with form fields drawn, in an engine process of their
    own (:mod:`hypermedia.engines.documents.engine_process`: PDFium aborting on a failed allocation is
@@ -72,7 +75,8 @@ import pyvips
 from hypermedia.core.errors import DomainError, InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.documents import engine_process, pdf
-from hypermedia.engines.imaging.ops import RASTER_LOADER_BY_MIME
+from hypermedia.engines.imaging import hevc
+from hypermedia.engines.imaging.ops import RASTER_LOADER_BY_MIME, heif_decoder, missing_decoder
 from hypermedia.engines.ocr import assemble, escalation, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.params import (
@@ -251,7 +255,10 @@ def run(
                     "The input is not an image or PDF that OCR can read.", "UNSUPPORTED_FORMAT"
                 )
             source_format = mime.removeprefix("image/")
-            page_count, pages = _image_pages(input_path, LOADERS[mime], params["pages"], limits)
+            if LOADERS[mime] == "heifload" and heif_decoder(data := input_path.read_bytes()) == "hevc":
+                page_count, pages = _hevc_pages(data, params["pages"], limits)
+            else:
+                page_count, pages = _image_pages(input_path, LOADERS[mime], params["pages"], limits)
         records: list[dict[str, Any]] = []
         texts: list[str] = []
         hocr_pages: list[tuple[int, Path]] = []
@@ -328,7 +335,7 @@ def _vips_error(exc: pyvips.Error) -> BaseException:
         return MemoryError("libvips ran out of memory")
     if "file too large" in text:
         return OSError(errno.EFBIG, "output exceeds the file size limit")
-    return _corrupt()
+    return missing_decoder(f"{exc.message} {exc.detail}") or _corrupt()
 
 
 def _image_pages(
@@ -375,6 +382,26 @@ def _image_pages(
             raise _vips_error(exc) from exc
 
     return count, [_Page(number, functools.partial(load, number - 1)) for number in numbers]
+
+
+def _hevc_pages(data: bytes, requested: list[int] | None, limits: OcrLimits) -> tuple[int, list[_Page]]:
+    """The selected top-level images of an HEVC HEIF (an iPhone photo), each checked from its
+    header; decoded by libheif (:mod:`hypermedia.engines.imaging.hevc`, upright) only when loaded."""
+    opened = hevc.open_hevc(data)
+    if opened.pages > limits.max_document_pages:
+        raise PermanentJobError(
+            f"The image has more than {limits.max_document_pages} pages.", "INPUT_TOO_MANY_PAGES"
+        )
+    numbers = _select(requested, opened.pages, limits, "image")
+    for number in numbers:
+        width, height = hevc.page_size(opened, number - 1)
+        if width * height > limits.max_page_pixels or max(width, height) > MAX_SIDE:
+            raise _too_many_pixels(
+                f"Page {number}" if opened.pages > 1 else "The image", width, height, limits
+            )
+    return opened.pages, [
+        _Page(number, functools.partial(hevc.decode, opened, number - 1)) for number in numbers
+    ]
 
 
 def _pdf_pages(
