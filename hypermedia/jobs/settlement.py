@@ -9,7 +9,7 @@ cancelling; the gateway after cancelling a job that had not started, or when cre
 the hold); the reaper calls :meth:`Settlement.sweep` for the settlements that never happened (a
 call that failed, a process that died between the job's transition and the call).
 
-The credits service owns its tables (``credit_holds``, ``credit_ledger``, ``credit_accounts``); this
+The credits service owns its tables (the holds, the ledger, the accounts' balances); this
 module only asks it over gRPC. Commit and Release are idempotent per job, so settling twice (a
 worker and the reaper at the same moment) charges or releases once.
 """

@@ -62,8 +62,8 @@ import pyvips
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.imaging import heifcodec, hevc, svg
+from hypermedia.engines.params import params_object
 from hypermedia.intake import contenttype
-from hypermedia.jobs.params import params_object
 
 log = logging.getLogger(__name__)
 
