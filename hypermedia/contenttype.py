@@ -196,6 +196,18 @@ equal). Other ODF types (formula, chart, database, master and web documents), fl
 are not among them."""
 
 
+KIND_OTHER_EXPLAINED = {
+    ole.OLE_STORAGE: (
+        "a compound file that is no Word, Excel or PowerPoint document LibreOffice can open: an Outlook "
+        "message, an installer, or an office document encrypted with a password"
+    ),
+    "application/zip": "a zip that is no office package, or an ODF document encrypted with a password",
+}
+"""Containers an upload of kind ``other`` may be typed as for more than one reason: what the
+gateway's ``415 UNSUPPORTED_FORMAT`` at job creation says of each (an encrypted document is typed
+by its container, :func:`identify`)."""
+
+
 def kind(mime_type: str) -> str:
     """The kind of input a MIME type is, as named in ``processing_profiles.input_kinds``:
     ``image``, ``pdf``, ``office`` (:data:`OFFICE_MIME_TYPES`), ``audio``, ``video`` or ``other``,

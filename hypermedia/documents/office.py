@@ -124,10 +124,12 @@ LEGACY_IMPORT_FILTERS: Final[dict[str, dict[str, str]]] = {
 LibreOffice import filter for it: an allowlist, so a file chooses among these and nothing else
 (it never reaches LibreOffice's own type detection, which could sniff it into another format).
 
-- Word 6.0/95 (FIB ``wIdent`` 0xA5DC) needs LibreOffice's Word 6 reader: "MS Word 97" refuses
-  its FIB (issue 15: ``PARSE_ERROR``). "MS WinWord 6.0" (user data ``CWW6``) reads FIBs whose
-  ``nFib`` is 101–105, Word 6.0 and Word 95 alike; "MS Word 95" (``CWW7``) wants 105 alone, so
-  it is not used.
+- Word 6.0/95 (FIB ``wIdent`` 0xA5DC) needs LibreOffice's Word 6 reader: "MS Word 97" reads
+  the FIB as Word 97's and refuses the file (issue 15: ``PARSE_ERROR``). LibreOffice's table of
+  ``nFib`` by reader (``WW8Fib``) gives 101–105 to its Word 6 reader ("MS WinWord 6.0", user data
+  ``CWW6``, "6 stands for 6 or 7") and 105 alone to Word 95's ("MS Word 95", ``CWW7``), so "MS
+  WinWord 6.0" is chosen for every Word 6.0 and Word 95 file (measured: it opens both, nFib 101
+  and 104, with their text).
 - Excel 5.0/95 (a ``Book`` stream, BIFF5/7) opens with "MS Excel 95" (BIFF5 forced); "MS Excel
   97" finds either stream itself, and reads BIFF8 (measured, LibreOffice 7.4, on a Gnumeric
   BIFF7 workbook: both give its cells).

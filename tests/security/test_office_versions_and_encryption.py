@@ -6,8 +6,10 @@ Real files (``tests/data/office-legacy/SOURCE.md``): an Excel 5.0/95 workbook wr
 Word, Excel and PowerPoint 97–2003 files encrypted by Office (msoffcrypto-tool's and oletools'
 test files), an ODT and a ``.doc`` that LibreOffice saved with a password, and the plain ``.doc``,
 ``.xls``, ``.ppt`` LibreOffice writes (:func:`legacy_document`). No Word 6.0/95 writer exists here
-(LibreOffice 7.4 imports Word 6/95 only): those cases rebuild a LibreOffice ``.doc`` with a
-Word 6/95 FIB header (:func:`word6_fib`), and check what the header alone decides.
+(LibreOffice 7.4 imports Word 6/95 only, and no such file is on PyPI, npm or in Debian's
+packages): :func:`word6_document` writes the smallest Word 6.0/95 document LibreOffice reads (a
+FIB and 8-bit text, no style sheet, no formatting), and :func:`word6_fib` gives a LibreOffice
+``.doc`` a Word 6/95 FIB header, for what the header alone decides.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tests.security.test_legacy_office import (
 DATA = Path(__file__).resolve().parents[1] / "data" / "office-legacy"
 EXCEL95 = DATA / "excel95-gnumeric.xls"
 ODT_MIME = "application/vnd.oasis.opendocument.text"
+WORD95_TEXT = "Minutes of the meeting held in nineteen ninety five"
 
 ENCRYPTED_LEGACY = [
     ("msoffcrypto-rc4cryptoapi-password.doc", "Word encryption (the FIB's fEncrypted flag)"),
@@ -51,6 +54,29 @@ ENCRYPTED_LEGACY = [
     ),
     ("oletools-encrypted.ppt", "PowerPoint encryption (an EncryptedSummary stream)"),
 ]
+
+
+def word6_document(text: str, nfib: int = 0x0065, flags: int = 0) -> bytes:
+    """A Word 6.0 (``nFib`` 101) or Word 95 (104) document holding ``text`` as one paragraph: a
+    compound file whose ``WordDocument`` stream is a Word 6/95 FIB and the text after it.
+
+    The FIB's layout is the one LibreOffice's ``WW8Fib`` reads for Word 6/95 (no ``csw``/``rgsw``
+    block of Word 97; offsets in bytes): ``wIdent`` 0xA5DC at 0, ``nFib`` 2, ``nProduct`` 4,
+    ``lid`` 6, ``pnNext`` 8, the flags 10 (``fComplex`` clear: the text is one run from ``fcMin``,
+    8-bit, code page 1252), ``nFibBack`` 12, ``fcMin`` 24 and ``fcMac`` 28 (where the text starts
+    and ends), ``cbMac`` 32 (the stream's length), ``ccpText`` 52 (characters of main text,
+    the final paragraph mark included); every FC/LCB pair from 88 on is empty (no style sheet,
+    no character or paragraph formatting, no sections: LibreOffice's defaults). ``fcMin`` is
+    0x300, as LibreOffice's own (export) code for Word 6 sets it."""
+    body = text.encode("cp1252") + b"\r"
+    fc_min = 0x300
+    stream = bytearray(fc_min) + body
+    stream += bytes((-len(stream)) % 512)
+    struct.pack_into("<HHHhhH", stream, 0, 0xA5DC, nfib, 0xC02D, 0x0409, 0, flags)
+    struct.pack_into("<H", stream, 12, 0x0065)
+    struct.pack_into("<iii", stream, 24, fc_min, fc_min + len(body), len(stream))
+    struct.pack_into("<i", stream, 52, len(body))
+    return compound_file({"WordDocument": bytes(stream)})
 
 
 def word6_fib(document: bytes, ident: int = 0xA5DC, nfib: int = 0x0065, flags: int | None = None) -> bytes:
@@ -109,11 +135,9 @@ def test_plain_legacy_documents_keep_their_type(extension: str, mime: str) -> No
 
 def test_an_encrypted_word6_file_and_an_encrypted_excel95_file_are_ole_storage() -> None:
     """The same flags in the older headers: Word 6/95's FIB ``fEncrypted``, a ``FilePass`` in an
-    Excel 5.0/95 ``Book`` stream (both rebuilt from real files: no encrypted original exists here)."""
-    word = _word_stream()
-    flags = struct.unpack_from("<H", word, 10)[0]
-    plain6 = doc_with_word_stream(word6_fib(word), keep_table=False)
-    encrypted6 = doc_with_word_stream(word6_fib(word, flags=flags | 0x0100), keep_table=False)
+    Excel 5.0/95 ``Book`` stream (Gnumeric's workbook rebuilt: no encrypted original exists here)."""
+    plain6 = word6_document(WORD95_TEXT, nfib=0x0068)
+    encrypted6 = word6_document(WORD95_TEXT, nfib=0x0068, flags=0x0100)
     assert contenttype.identify(plain6) == MSWORD
     assert ole.legacy_format(plain6) == (ole.WORD_6_95, None)
     assert contenttype.identify(encrypted6) == OLE_STORAGE
@@ -242,11 +266,15 @@ def test_every_legacy_filter_is_a_libreoffice_import_filter() -> None:
 
 
 def test_legacy_files_of_each_family_convert_with_their_text(tmp_path: Path) -> None:
-    """Excel 5.0/95 (Gnumeric's), and Word, Excel, PowerPoint 97–2003 (LibreOffice's), through a
-    real listener with the filter their header chose; the PDFs' text by PDFium."""
+    """Word 6.0 and Word 95 (:func:`word6_document`), Excel 5.0/95 (Gnumeric's), and Word, Excel,
+    PowerPoint 97–2003 (LibreOffice's), through a real listener with the filter their header
+    chose; the PDFs' text by PDFium. An encrypted ``.doc`` that reaches the worker (stored before
+    uploads were typed by container) is ``UNSUPPORTED_FORMAT``, not ``PARSE_ERROR``."""
     from tests.security.test_office_listener import run_pool
 
     documents = [
+        (word6_document(WORD95_TEXT, nfib=0x0065), MSWORD),
+        (word6_document(WORD95_TEXT, nfib=0x0068), MSWORD),
         (EXCEL95.read_bytes(), MSEXCEL),
         (legacy_document("doc"), MSWORD),
         (legacy_document("xls"), MSEXCEL),
@@ -255,11 +283,22 @@ def test_legacy_files_of_each_family_convert_with_their_text(tmp_path: Path) -> 
     ]
     results = run_pool(tmp_path, None, documents)
     texts = []
-    for result in results[:4]:
+    for result in results[:6]:
         assert isinstance(result, office.Conversion), result
         texts.append(" ".join(p.get_textpage().get_text_range() for p in pdfium.PdfDocument(result.pdf)))
-    assert "Quarterly sales" in texts[0] and "1995" in texts[0] and "Apples" in texts[0] and "42" in texts[0]
-    assert "Minutes of the meeting" in texts[1]
-    assert "Q2" in texts[2] and "120" in texts[2]
-    assert "Slide one" in texts[3]
-    assert isinstance(results[4], PermanentJobError) and results[4].error_code == "UNSUPPORTED_FORMAT"
+    assert texts[0].strip() == texts[1].strip() == WORD95_TEXT
+    assert "Quarterly sales" in texts[2] and "1995" in texts[2] and "Apples" in texts[2] and "42" in texts[2]
+    assert "Minutes of the meeting" in texts[3]
+    assert "Q2" in texts[4] and "120" in texts[4]
+    assert "Slide one" in texts[5]
+    assert isinstance(results[6], PermanentJobError) and results[6].error_code == "UNSUPPORTED_FORMAT"
+
+
+def test_word97s_filter_cannot_open_a_word6_file(tmp_path: Path) -> None:
+    """What every ``.doc`` was opened with before (issue 15, item 6): "MS Word 97" reads a Word
+    6/95 FIB as Word 97's and LibreOffice refuses the file, ``PARSE_ERROR``."""
+    from tests.security.test_office_listener import run_pool
+
+    [result] = run_pool(tmp_path, None, [(word6_document(WORD95_TEXT), MSWORD)], direct=True)
+    assert office.IMPORT_FILTERS[MSWORD] == "MS Word 97"
+    assert isinstance(result, PermanentJobError) and result.error_code == "PARSE_ERROR", result
