@@ -372,7 +372,7 @@ def legacy_format(data: bytes) -> tuple[str, str | None]:
 
     Returns:
         ``(format, encryption)``: one of the names above, or a description of what the file is
-        instead (``"Word (FIB ident 0xA59B, nFib 45)"``, ``"a compound file of no Office
+        instead (``"Word (FIB ident 0xA5DB, nFib 45)"``, ``"a compound file of no Office
         format"``), and :func:`find_encryption` of it.
 
     Raises:
@@ -392,7 +392,7 @@ def legacy_format(data: bytes) -> tuple[str, str | None]:
                 return WORD_97, encryption
             if ident == _FIB_IDENT_WORD6 and nfib in _FIB_NFIB_WORD6_95:
                 return WORD_6_95, encryption
-            return f"Word (FIB ident {ident:#06X}, nFib {nfib})", encryption
+            return f"Word (FIB ident 0x{ident:04X}, nFib {nfib})", encryption
         if mime_type == MSEXCEL:
             return (EXCEL_97 if _root_stream(ole, "workbook") else EXCEL_5_95), encryption
         if mime_type == MSPOWERPOINT:

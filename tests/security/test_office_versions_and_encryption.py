@@ -229,8 +229,8 @@ def test_the_import_filter_follows_the_header(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("build", "mime", "code", "message"),
     [
-        (lambda: doc_with_word_stream(word6_fib(_word_stream(), ident=0xA5DC, nfib=0x002D)), MSWORD,
-         "UNSUPPORTED_FORMAT", "Word (FIB ident 0XA5DC, nFib 45) documents cannot be converted"),
+        (lambda: doc_with_word_stream(word6_fib(_word_stream(), ident=0xA5DB, nfib=0x002D)), MSWORD,
+         "UNSUPPORTED_FORMAT", "Word (FIB ident 0xA5DB, nFib 45) documents cannot be converted"),
         (lambda: (DATA / "msoffcrypto-rc4cryptoapi-password.xls").read_bytes(), MSEXCEL,
          "UNSUPPORTED_FORMAT", "encrypted with a password (Excel encryption"),
         (lambda: legacy_document("xls"), MSWORD, "UNSUPPORTED_FORMAT",
@@ -243,7 +243,7 @@ def test_what_has_no_filter_is_refused_by_name(
     tmp_path: Path, build: object, mime: str, code: str, message: str
 ) -> None:
     """A format LibreOffice has no filter for is ``UNSUPPORTED_FORMAT`` naming it (Word for Windows
-    2.0's nFib here), and so is an encrypted file stored before uploads typed it by its container;
+    2.0's FIB ident and nFib here), and so is an encrypted file stored before uploads typed it by its container;
     a file of another family than its type, or not a compound file, never picks a filter."""
     with pytest.raises(PermanentJobError) as caught:
         _filter(tmp_path, build(), mime)  # type: ignore[operator]
