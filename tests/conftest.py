@@ -55,7 +55,7 @@ def database_url(tmp_root: Path) -> Iterator[str]:
     server = (
         os.environ.get("TEST_DATABASE_URL")
         or os.environ.get("HM_DATABASE_URL")
-        or os.environ.get("DATABASE_URL")
+        or os.environ.get("HM_DATABASE_URL")
     )
     name = f"hm_test_{secrets.token_hex(4)}"
     if server:

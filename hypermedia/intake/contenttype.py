@@ -196,6 +196,18 @@ equal). Other ODF types (formula, chart, database, master and web documents), fl
 are not among them."""
 
 
+KIND_OTHER_EXPLAINED = {
+    ole.OLE_STORAGE: (
+        "a compound file that is no Word, Excel or PowerPoint document LibreOffice can open: an Outlook "
+        "message, an installer, or an office document encrypted with a password"
+    ),
+    "application/zip": "a zip that is no office package, or an ODF document encrypted with a password",
+}
+"""Containers an upload of kind ``other`` may be typed as for more than one reason: what the
+gateway's ``415 UNSUPPORTED_FORMAT`` at job creation says of each (an encrypted document is typed
+by its container, :func:`identify`)."""
+
+
 def kind(mime_type: str) -> str:
     """The kind of input a MIME type is, as named in ``processing_profiles.input_kinds``:
     ``image``, ``pdf``, ``office`` (:data:`OFFICE_MIME_TYPES`), ``audio``, ``video`` or ``other``,
@@ -461,10 +473,14 @@ def identify(content: bytes) -> str:
     - A compound file (OLE2, :func:`ole.is_ole`) is checked by :func:`ole.inspect` and typed from
       its root streams: ``application/msword``, ``application/vnd.ms-excel``,
       ``application/vnd.ms-powerpoint``, or ``application/x-ole-storage`` for any other (an
-      ``.msg``, an MSI: never an office kind).
+      ``.msg``, an MSI, an encrypted OOXML package, a Word, Excel or PowerPoint file encrypted
+      with a password, :func:`ole.find_encryption`: never an office kind).
     - A zip container is checked by :func:`archives.inspect` (nothing is unpacked), then typed from
       inside (OOXML by ``[Content_Types].xml``; ODF by its ``mimetype`` entry; any other zip is
-      ``application/zip``).
+      ``application/zip``, and so is an ODF document saved with a password,
+      :func:`archives.find_encryption`; OOXML encrypted with one is a compound file, above).
+      An encrypted document is thus typed by its container, of kind ``other``: the gateway
+      refuses it at job creation with ``415 UNSUPPORTED_FORMAT`` (LibreOffice gets no password).
     - XML whose root is ``office:document`` with a known ``office:mimetype`` is flat ODF
       (:data:`FLAT_ODF_MIME_BY_DECLARED`) when the whole file parses
       (:func:`find_flat_odf_macros`); otherwise it keeps puremagic's type.
@@ -508,6 +524,8 @@ def identify(content: bytes) -> str:
         return ooxml
     if mime.startswith("application/vnd.oasis.opendocument."):
         archives.check_part_names(archive)
+        if archives.find_encryption(archive):
+            return "application/zip"  # encrypted with a password: no operation could open it
         return mime  # ODF, from its first entry (see detect)
     # puremagic guesses zips from the names it sees in the head (a zip holding a.txt "is" a docx):
     # whatever an inspected zip is not typed as from inside, it is a plain zip.

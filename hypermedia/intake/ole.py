@@ -19,9 +19,18 @@ anything else               not an Office document               ``application/x
 ==========================  ===================================  ==============================
 
 (checked in that order, after ``EncryptedPackage`` or ``EncryptionInfo``, which make any file an
-encrypted OOXML package, ``application/x-ole-storage``: :data:`ENCRYPTED_PACKAGE_STREAMS`; names compare case-insensitively, as [MS-CFB] §2.6.4 says). The last
-type is the name puremagic's own database and freedesktop's shared-mime-info give a compound file
-of no known kind; it is not an office kind, so no operation accepts it.
+encrypted OOXML package, ``application/x-ole-storage``: :data:`ENCRYPTED_PACKAGE_STREAMS`; names
+compare case-insensitively, as [MS-CFB] §2.6.4 says). A Word, Excel or PowerPoint file encrypted
+in its own streams (:func:`find_encryption`: the FIB's flags, a ``FilePass`` record, PowerPoint's
+``Current User`` token) is ``application/x-ole-storage`` too: LibreOffice gets no password, so no
+operation could open it, and the gateway refuses it at job creation (415) instead of holding
+credits for a job that fails ``PARSE_ERROR`` (issue 15). The last type is the name puremagic's own
+database and freedesktop's shared-mime-info give a compound file of no known kind; it is not an
+office kind, so no operation accepts it.
+
+Which version of its family a file is (Word 6.0/95 or 97–2003, Excel 5.0/95 or 97–2003) is read
+from its header by :func:`legacy_format`, for the docworker's choice of LibreOffice's import
+filter.
 
 The directory is parsed by ``olefile`` (PyPI, Philippe Lagadec; the parser under oletools), from
 memory, with every defect from ``DEFECT_INCORRECT`` up raised instead of logged: a directory
@@ -110,6 +119,9 @@ class CompoundFile:
     """:data:`MSWORD`, :data:`MSEXCEL`, :data:`MSPOWERPOINT` or :data:`OLE_STORAGE`."""
     macros: str | None
     """What makes the file carry macros (for the refusal's message), or None."""
+    encryption: str | None = None
+    """What says the document is encrypted with a password (:func:`find_encryption`), or None;
+    such a file is :data:`OLE_STORAGE` whatever its streams."""
 
 
 def is_ole(head: bytes) -> bool:
@@ -169,11 +181,35 @@ def _stream(ole: olefile.OleFileIO, path: list[str]) -> bytes:
         raise _corrupt(f"the stream {'/'.join(path)!r} cannot be read ({exc})") from None
 
 
+def _stream_head(ole: olefile.OleFileIO, path: list[str], size: int) -> bytes:
+    try:
+        return bytes(ole.openstream(path).read(size))
+    except Exception as exc:
+        raise _corrupt(f"the stream {'/'.join(path)!r} cannot be read ({exc})") from None
+
+
 def _root_stream(ole: olefile.OleFileIO, lowered: str) -> list[str] | None:
     for kid in ole.root.kids:
         if kid.entry_type == olefile.STGTY_STREAM and kid.name.lower() == lowered:
             return [kid.name]
     return None
+
+
+def _workbook_globals(workbook: bytes) -> Iterator[tuple[int, int, int]]:
+    """``(record type, offset, size)`` of each record of the workbook globals substream of a
+    BIFF5/BIFF8 ``Workbook``/``Book`` stream ([MS-XLS] §2.1.4: records of a 2-byte type and a
+    2-byte size), up to its ``EOF`` record or the stream's end. Raises ArchiveRejected
+    (``ARCHIVE_CORRUPT``) for globals of more than :data:`MAX_BIFF_GLOBAL_RECORDS` records."""
+    pos = 0
+    for _record in range(MAX_BIFF_GLOBAL_RECORDS):
+        if pos + 4 > len(workbook):
+            return
+        record, size = struct.unpack_from("<HH", workbook, pos)
+        if record == _BIFF_EOF:
+            return
+        yield record, pos, size
+        pos += 4 + size
+    raise _corrupt(f"the workbook globals run past {MAX_BIFF_GLOBAL_RECORDS} records")
 
 
 def _excel_code_sheet(workbook: bytes) -> str | None:
@@ -182,19 +218,14 @@ def _excel_code_sheet(workbook: bytes) -> str | None:
     plugin_biff), or None. Past a ``FilePass`` record the sheet types are encrypted
     ([MS-XLS] §2.2.10) and are not read. Raises ArchiveRejected (``ARCHIVE_CORRUPT``) for globals
     of more than :data:`MAX_BIFF_GLOBAL_RECORDS` records."""
-    pos = 0
-    for _record in range(MAX_BIFF_GLOBAL_RECORDS):
-        if pos + 4 > len(workbook):
-            return None
-        record, size = struct.unpack_from("<HH", workbook, pos)
-        if record in (_BIFF_EOF, _BIFF_FILEPASS):
+    for record, pos, size in _workbook_globals(workbook):
+        if record == _BIFF_FILEPASS:
             return None
         if record == _BIFF_BOUNDSHEET and size >= 6 and pos + 10 <= len(workbook):
             found = _BIFF_SHEET_TYPES.get(workbook[pos + 9])
             if found:
                 return found
-        pos += 4 + size
-    raise _corrupt(f"the workbook globals run past {MAX_BIFF_GLOBAL_RECORDS} records")
+    return None
 
 
 def _ppt_has_vba(document: bytes) -> bool:
@@ -251,6 +282,126 @@ def find_macros(ole: olefile.OleFileIO, mime_type: str) -> str | None:
     return None
 
 
+_FIB_IDENT_WORD97 = 0xA5EC
+_FIB_IDENT_WORD6 = 0xA5DC
+_FIB_NFIB_WORD6_95 = range(0x0065, 0x006A)
+_FIB_ENCRYPTED = 0x0100
+_FIB_OBFUSCATED = 0x8000
+_PPT_ENCRYPTED_TOKEN = 0xF3D1C4DF
+
+WORD_97 = "Word 97–2003"
+WORD_6_95 = "Word 6.0/95"
+EXCEL_97 = "Excel 97–2003"
+EXCEL_5_95 = "Excel 5.0/95"
+POWERPOINT_97 = "PowerPoint 97–2003"
+"""The legacy formats :func:`legacy_format` tells apart, by the file's own header (the names are
+the refusal messages' and the docs'; ``hypermedia.engines.documents.office.LEGACY_IMPORT_FILTERS`` maps
+each to a LibreOffice import filter)."""
+
+
+def _fib(word_document: bytes) -> tuple[int, int, int]:
+    """``(wIdent, nFib, flags)`` of the FIB at the start of a ``WordDocument`` stream: the first
+    12 bytes of [MS-DOC] §2.5.2 FibBase (Word 97 and later), laid out the same in Word 6.0 and
+    Word 95's FIB (LibreOffice's ``WW8Fib`` reads both with one code path). Raises
+    ArchiveRejected (``ARCHIVE_CORRUPT``) for a stream shorter than that."""
+    if len(word_document) < 12:
+        raise _corrupt("the WordDocument stream is too short for a FIB")
+    ident, nfib = struct.unpack_from("<HH", word_document, 0)
+    (flags,) = struct.unpack_from("<H", word_document, 10)
+    return ident, nfib, flags
+
+
+def find_encryption(ole: olefile.OleFileIO, mime_type: str) -> str | None:
+    """What says an opened compound file of ``mime_type`` (from its root streams) is encrypted
+    with a password, or None. Only headers are read, never anything encrypted.
+
+    - Word 97–2003 and Word 6.0/95: the FIB's ``fEncrypted`` bit (0x0100 of the flags at offset
+      10; [MS-DOC] §2.5.2, and the same bit in Word 6/95's FIB) or ``fObfuscated`` (0x8000, XOR
+      obfuscation; [MS-DOC] says it implies ``fEncrypted``, both are looked at).
+    - Excel 97–2003 (``Workbook``, BIFF8) and Excel 5.0/95 (``Book``, BIFF5/7): a ``FilePass``
+      record (0x002F, [MS-XLS] §2.4.117) in the workbook globals, before their ``EOF``.
+    - PowerPoint 97–2003: the ``Current User`` stream's ``CurrentUserAtom.headerToken``
+      ([MS-PPT] §2.3.2: 0xF3D1C4DF for an encrypted document, 0xE391C05F otherwise), or an
+      ``EncryptedSummary`` root stream ([MS-PPT] §2.3.7, where an encrypted presentation keeps its
+      summary information).
+
+    Measured on real encrypted files (msoffcrypto-tool's and oletools' test files): the
+    ``.doc`` has flags 0x13F0, the ``.xls`` a ``FilePass`` second, the ``.ppt`` the token.
+
+    Raises:
+        ArchiveRejected: ``ARCHIVE_CORRUPT`` when a stream cannot be read, or a
+            ``WordDocument`` stream is too short for a FIB.
+    """
+    if mime_type == MSWORD:
+        word = _root_stream(ole, "worddocument")
+        if word:
+            _ident, _nfib, flags = _fib(_stream_head(ole, word, 12))
+            if flags & _FIB_OBFUSCATED:
+                return "Word XOR obfuscation (the FIB's fObfuscated flag)"
+            if flags & _FIB_ENCRYPTED:
+                return "Word encryption (the FIB's fEncrypted flag)"
+    if mime_type == MSEXCEL:
+        workbook = _root_stream(ole, "workbook") or _root_stream(ole, "book")
+        if workbook and any(r == _BIFF_FILEPASS for r, _p, _s in _workbook_globals(_stream(ole, workbook))):
+            return f"Excel encryption (a FilePass record in the {workbook[0]} stream)"
+    if mime_type == MSPOWERPOINT:
+        if _root_stream(ole, "encryptedsummary"):
+            return "PowerPoint encryption (an EncryptedSummary stream)"
+        current_user = _root_stream(ole, "current user")
+        if current_user:
+            atom = _stream_head(ole, current_user, 16)
+            if len(atom) == 16 and struct.unpack_from("<I", atom, 12)[0] == _PPT_ENCRYPTED_TOKEN:
+                return "PowerPoint encryption (the Current User stream's header token)"
+    return None
+
+
+def legacy_format(data: bytes) -> tuple[str, str | None]:
+    """Which legacy Office format a compound file is, by its own header, and whether it is
+    encrypted: what the docworker chooses LibreOffice's import filter by (issue 15: every
+    ``.doc`` was opened with Word 97's filter, and a Word 6.0/95 file failed ``PARSE_ERROR``).
+
+    - ``WordDocument``: the FIB's ``wIdent`` 0xA5EC is :data:`WORD_97`; 0xA5DC with ``nFib``
+      101–105 (Word 6.0 for Windows 101, for the Macintosh 103, Word 95 104; the range
+      LibreOffice's Word 6 reader accepts) is :data:`WORD_6_95`. Word 97's FIB also has its
+      tables in a ``0Table``/``1Table`` stream, which Word 6/95 files lack (LibreOffice's own type
+      detection tells the two apart by those streams, ``SwIoSystem::IsValidStgFilter``).
+    - ``Workbook`` is :data:`EXCEL_97` (BIFF8; LibreOffice's Excel 97 filter also reads a BIFF5
+      ``Workbook``); a ``Book`` stream without it is :data:`EXCEL_5_95` (BIFF5, or Excel 95's
+      BIFF7).
+    - ``PowerPoint Document`` is :data:`POWERPOINT_97`.
+
+    Returns:
+        ``(format, encryption)``: one of the names above, or a description of what the file is
+        instead (``"Word (FIB ident 0xA5DB, nFib 45)"``, ``"a compound file of no Office
+        format"``), and :func:`find_encryption` of it.
+
+    Raises:
+        ArchiveRejected: as :func:`inspect`.
+    """
+    ole = _open(data)
+    try:
+        mime_type = next((mime for name, mime in MIME_BY_MAIN_STREAM if _root_stream(ole, name)), OLE_STORAGE)
+        encryption = find_encryption(ole, mime_type)
+        if any(_root_stream(ole, name) for name in ENCRYPTED_PACKAGE_STREAMS):
+            encryption = "an encrypted OOXML package"
+        if mime_type == MSWORD:
+            word = _root_stream(ole, "worddocument")
+            assert word is not None
+            ident, nfib, _flags = _fib(_stream_head(ole, word, 12))
+            if ident == _FIB_IDENT_WORD97:
+                return WORD_97, encryption
+            if ident == _FIB_IDENT_WORD6 and nfib in _FIB_NFIB_WORD6_95:
+                return WORD_6_95, encryption
+            return f"Word (FIB ident 0x{ident:04X}, nFib {nfib})", encryption
+        if mime_type == MSEXCEL:
+            return (EXCEL_97 if _root_stream(ole, "workbook") else EXCEL_5_95), encryption
+        if mime_type == MSPOWERPOINT:
+            return POWERPOINT_97, encryption
+        return "a compound file of no Office format", encryption
+    finally:
+        ole.close()
+
+
 def inspect(data: bytes) -> CompoundFile:
     """Parse a compound file's directory and say what it is and whether it carries macros.
 
@@ -258,8 +409,11 @@ def inspect(data: bytes) -> CompoundFile:
         data: the whole file (:func:`is_ole` of its head is true).
 
     Returns:
-        Its MIME type from its root streams (see the module docstring) and what makes it carry
-        macros (:func:`find_macros`), or None.
+        Its MIME type from its root streams (see the module docstring; :data:`OLE_STORAGE` for a
+        document encrypted with a password, :func:`find_encryption`, or an encrypted OOXML
+        package), what makes it carry macros (:func:`find_macros`, judged by its root streams'
+        family, encrypted or not: VBA storages are not encrypted), or None, and what says it is
+        encrypted, or None.
 
     Raises:
         ArchiveRejected: ``ARCHIVE_CORRUPT`` for a file olefile cannot parse or finds incorrect
@@ -270,11 +424,10 @@ def inspect(data: bytes) -> CompoundFile:
     ole = _open(data)
     try:
         if any(_root_stream(ole, name) for name in ENCRYPTED_PACKAGE_STREAMS):
-            mime_type = OLE_STORAGE
-        else:
-            mime_type = next(
-                (mime for name, mime in MIME_BY_MAIN_STREAM if _root_stream(ole, name)), OLE_STORAGE
-            )
-        return CompoundFile(mime_type, find_macros(ole, mime_type))
+            return CompoundFile(OLE_STORAGE, find_macros(ole, OLE_STORAGE), "an encrypted OOXML package")
+        mime_type = next((mime for name, mime in MIME_BY_MAIN_STREAM if _root_stream(ole, name)), OLE_STORAGE)
+        macros = find_macros(ole, mime_type)
+        encryption = find_encryption(ole, mime_type)
+        return CompoundFile(OLE_STORAGE if encryption else mime_type, macros, encryption)
     finally:
         ole.close()

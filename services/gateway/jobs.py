@@ -452,8 +452,11 @@ class JobsAPI:
                     "INVALID_PARAMS",
                 )
             if input_kind not in profile["input_kinds"]:
+                explained = contenttype.KIND_OTHER_EXPLAINED.get(obj.mime_type)
                 raise UnsupportedInput(
-                    f"operation {op.name!r} does not accept {obj.mime_type} input", "UNSUPPORTED_FORMAT"
+                    f"operation {op.name!r} does not accept {obj.mime_type} input"
+                    + (f" ({explained})" if explained else ""),
+                    "UNSUPPORTED_FORMAT",
                 )
             if obj.size_bytes > profile["max_input_bytes"]:
                 raise PayloadTooLarge(

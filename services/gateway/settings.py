@@ -48,7 +48,7 @@ class GatewaySettings(ComponentSettings):
         if self.clamd_url:
             from hypermedia.intake.clamav import ClamdAddress  # here: only a gateway that scans needs it
 
-            ClamdAddress.parse(self.clamd_url)  # ValueError naming CLAMD_URL, not its value
+            ClamdAddress.parse(self.clamd_url)  # ValueError naming HM_CLAMD_URL, not its value
         return self
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ from tests.security.test_legacy_office import (
     libreoffice_convert,
     text_body,
 )
+from tests.security.test_office_versions_and_encryption import WORD95_TEXT, word6_document
 
 OFFICE_DIR = Path(__file__).resolve().parents[1] / "data" / "office"
 ODT = OFFICE_DIR / "libre-office-writer.odt"
@@ -361,6 +362,61 @@ def test_an_encrypted_ooxml_document_beside_a_word_stream_is_refused_at_creation
         )
         assert response.status_code == 415, (operation, response.text)
         assert response.json()["error_code"] == "UNSUPPORTED_FORMAT"
+    assert office_client.get("/v1/credits").json()["held"] == 0
+
+
+LEGACY_DIR = Path(__file__).resolve().parents[1] / "data" / "office-legacy"
+
+
+@pytest.mark.parametrize("nfib", [0x0065, 0x0068])
+def test_a_word_6_or_95_document_converts_with_its_text(office_client: httpx.Client, nfib: int) -> None:
+    """Issue 15, item 6: every .doc was opened with "MS Word 97", and a Word 6.0 or Word 95 file
+    (FIB ident 0xA5DC) failed PARSE_ERROR; its header now chooses "MS WinWord 6.0"."""
+    obj = _upload_bytes(office_client, "minutes.doc", word6_document(WORD95_TEXT, nfib=nfib))
+    assert obj["mime_type"] == "application/msword"
+    job = _process(office_client, obj["object_id"], "office_to_pdf")
+    assert job["status"] == "completed", job
+    [output] = job["outputs"]
+    assert normalised(" ".join(pdf_text(_download(output)))) == WORD95_TEXT
+
+
+def test_an_excel_95_workbook_converts_with_its_cells(office_client: httpx.Client) -> None:
+    """Issue 15, item 6: an Excel 5.0/95 workbook (a ``Book`` stream, BIFF7, written by Gnumeric)
+    opens with the filter its header says; the PDF's text is its cells."""
+    obj = _upload_bytes(office_client, "sales.xls", (LEGACY_DIR / "excel95-gnumeric.xls").read_bytes())
+    assert obj["mime_type"] == "application/vnd.ms-excel"
+    job = _process(office_client, obj["object_id"], "office_to_pdf")
+    assert job["status"] == "completed", job
+    [output] = job["outputs"]
+    text = normalised(" ".join(pdf_text(_download(output))))
+    assert "Quarterly sales 1995" in text and "Apples 42" in text, text
+
+
+@pytest.mark.parametrize(
+    ("name", "mime_type"),
+    [
+        ("msoffcrypto-rc4cryptoapi-password.doc", "application/x-ole-storage"),
+        ("msoffcrypto-rc4cryptoapi-password.xls", "application/x-ole-storage"),
+        ("msoffcrypto-rc4cryptoapi-password.ppt", "application/x-ole-storage"),
+        ("libreoffice-password.odt", "application/zip"),
+    ],
+)
+def test_documents_encrypted_with_a_password_are_refused_at_creation(
+    office_client: httpx.Client, name: str, mime_type: str
+) -> None:
+    """Issue 15, item 7: Word, Excel and PowerPoint 97–2003 files encrypted in their own streams,
+    and an ODT saved with a password, were typed by their family, accepted, held and failed
+    PARSE_ERROR. They are typed by their container now: 415 at creation, nothing held."""
+    obj = _upload_bytes(office_client, name, (LEGACY_DIR / name).read_bytes())
+    assert obj["mime_type"] == mime_type
+    assert obj["type_mismatch"] is True
+    for operation in ("office_to_pdf", "text_extract"):
+        response = office_client.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+        )
+        assert response.status_code == 415, (operation, response.text)
+        assert response.json()["error_code"] == "UNSUPPORTED_FORMAT"
+        assert "encrypted with a password" in response.json()["detail"], response.text
     assert office_client.get("/v1/credits").json()["held"] == 0
 
 

@@ -38,6 +38,7 @@ import pyvips
 
 from hypermedia.core import config
 from hypermedia.engines.documents.office import OfficePool
+from hypermedia.engines.documents.settings import OfficeSettings
 from hypermedia.sandbox import Sandbox
 from tests.e2e.test_office_rest import DOCX_MIME, ODT_MIME, docx
 from tests.security.test_office_listener import odt
@@ -297,7 +298,7 @@ def converted(tmp_root: Path) -> Conversions:
         pool = OfficePool(
             base / "office",
             [(LISTENER_UID, LISTENER_UID) if IS_ROOT else None],
-            config.load(config.OfficeSettings),
+            config.load(OfficeSettings),
         )
         pool.start()
         await pool.started()

@@ -24,10 +24,11 @@ import pytest
 import pyvips
 
 from hypermedia.core.errors import DomainError, InvalidArgument, PermanentJobError
+from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.ocr import assemble, params, preprocess, tesseract
 from hypermedia.engines.ocr.engine import OcrLimits, run
 from hypermedia.engines.ocr.metrics import cer, levenshtein, normalise_whitespace
-from hypermedia.sandbox import OutputFile, Sandbox, SandboxLimits
+from hypermedia.sandbox import Sandbox, SandboxLimits
 
 OCR_DIR = Path(__file__).resolve().parents[1] / "data" / "ocr"
 PHOTOTEST = OCR_DIR / "phototest.tif"

@@ -30,10 +30,11 @@ import pytest
 import pyvips
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.documents import engine_process
 from hypermedia.engines.documents.params import MAX_PREVIEW_PAGES, parse_pages, validate_params
 from hypermedia.engines.documents.pdf import DocumentLimits
-from hypermedia.sandbox import OutputFile, Sandbox, SandboxLimits, SandboxResult
+from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from tests.security.test_documents_and_media import (
     build_pdf,
     pdf_deeply_nested,
