@@ -447,7 +447,7 @@ def _thumbnail_of_pillow_tiff(
     ``size`` is that page's in libvips' header): the decoded page in memory (upright: Pillow
     applies the orientation tag), sized and converted from its ICC profile (or CMYK) to sRGB by
     ``thumbnail_image``, as ``thumbnail()`` would."""
-    decoded = tiff.decode_first_page(path, *size)
+    decoded = tiff.decode_page(path, *size)
     return pyvips.Image.thumbnail_image(decoded, width, **_without_fail_on(options))
 
 

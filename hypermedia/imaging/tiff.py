@@ -5,21 +5,24 @@ strips use one of them, libvips reads the header, then either fails the decode (
 "Old-style JPEG compression support is not configured", which the pipeline reported as
 ``CORRUPT_INPUT``) or, with ``fail_on="truncated"``, returns **black pixels without an error**
 (LZMA, ZSTD, JBIG, LERC, PixarLog and the schemes libtiff does not know: libtiff reports those as
-errors libvips only fails on at ``fail_on="error"``). So the compression of the first page is read
-from its IFD before anything is decoded, and decides the decoder:
+errors libvips only fails on at ``fail_on="error"``). So the compression of a page is read from
+its IFD before anything is decoded, and decides the decoder:
 
 * :data:`LIBVIPS_COMPRESSIONS`: libvips' ``tiffload``, as before;
 * :data:`PILLOW_COMPRESSIONS` (old-style JPEG, LZMA, ZSTD): Pillow's TIFF plugin, whose libtiff
   (inside the Pillow wheel) has these codecs, in the sandbox child like libvips, after the same
-  pixel limit was checked on libvips' header of the file (:func:`decode_first_page` checks that
+  pixel limit was checked on libvips' header of the file (:func:`decode_page` checks that
   Pillow's header says the same size);
 * any other: ``UNSUPPORTED_FORMAT`` naming the compression (:func:`decoder_for`).
 
+The image operations decode the first page only; OCR (:mod:`hypermedia.ocr.engine`) decides for
+each selected page of a multi-page TIFF by that page's own IFD (:func:`page_compression`).
+
 Both sets were measured on ``pyvips-binary`` 8.18.7 and Pillow 13.0.0 (a TIFF of each compression
-scheme libtiff 4.7 names, decoded with ``fail_on="error"``); ``tests/unit/test_imaging.py`` measures
+scheme libtiff 4.7 names, decoded with ``fail_on="error"``); ``tests/unit/test_imaging_avif_tiff.py`` measures
 them again, so an upgrade that changes a build's codecs fails there.
 
-Importing this module is fork-safe (the zygote preloads it); :func:`decode_first_page` runs
+Importing this module is fork-safe (the zygote preloads it); :func:`decode_page` runs
 Pillow's decoder: call it in the sandbox child.
 """
 
@@ -40,9 +43,9 @@ __all__ = [
     "COMPRESSION_NAMES",
     "LIBVIPS_COMPRESSIONS",
     "PILLOW_COMPRESSIONS",
-    "decode_first_page",
+    "decode_page",
     "decoder_for",
-    "first_page_compression",
+    "page_compression",
 ]
 
 COMPRESSION_NAMES: Final = {
@@ -94,12 +97,13 @@ _MAX_IFD_ENTRIES: Final = 4096
 """Most IFD entries read while looking for the compression (a real first IFD has a few dozen)."""
 
 
-def first_page_compression(path: Path) -> int | None:
-    """The ``Compression`` of the first IFD of a TIFF or BigTIFF file, read without decoding.
+def page_compression(path: Path, page: int = 0) -> int | None:
+    """The ``Compression`` of IFD ``page`` (0 = the first page) of a TIFF or BigTIFF file, read
+    without decoding, following the chain of next-IFD offsets.
 
     Returns:
         The tag's value; 1 (none, the TIFF 6.0 default) when the IFD has no such tag; ``None``
-        when the header or the first IFD cannot be read (libvips then judges the file).
+        when the header or the IFDs up to ``page`` cannot be read (libvips then judges the file).
     """
     with path.open("rb") as f:
         head = f.read(16)
@@ -112,17 +116,35 @@ def first_page_compression(path: Path) -> int | None:
         if len(head) < 16:
             return None
         (version,) = struct.unpack(order + "H", head[2:4])
-        if version == 42:  # classic TIFF: 2-byte count, 12-byte entries, 4-byte values
+        if version == 42:  # classic TIFF: 2-byte count, 12-byte entries, 4-byte values and offsets
             (offset,) = struct.unpack(order + "I", head[4:8])
-            count_format, entry_size, value_size = "H", 12, 4
-        elif version == 43:  # BigTIFF: 8-byte count, 20-byte entries, 8-byte values
+            count_format, entry_size, value_format = "H", 12, "I"
+        elif version == 43:  # BigTIFF: 8-byte count, 20-byte entries, 8-byte values and offsets
             (offset,) = struct.unpack(order + "Q", head[8:16])
-            count_format, entry_size, value_size = "Q", 20, 8
+            count_format, entry_size, value_format = "Q", 20, "Q"
         else:
             return None
+        count_size, value_size = struct.calcsize(count_format), struct.calcsize(value_format)
+        seen: set[int] = set()
+        for _ in range(page):  # skip to IFD `page`: count, entries, then the next IFD's offset
+            if offset in seen:
+                return None  # a loop of IFDs
+            seen.add(offset)
+            f.seek(offset)
+            raw = f.read(count_size)
+            if len(raw) != count_size:
+                return None
+            (count,) = struct.unpack(order + count_format, raw)
+            f.seek(offset + count_size + count * entry_size)
+            raw = f.read(value_size)
+            if len(raw) != value_size:
+                return None
+            (offset,) = struct.unpack(order + value_format, raw)
+            if offset == 0:
+                return None  # no such page
         f.seek(offset)
-        raw = f.read(struct.calcsize(count_format))
-        if len(raw) != struct.calcsize(count_format):
+        raw = f.read(count_size)
+        if len(raw) != count_size:
             return None
         (count,) = struct.unpack(order + count_format, raw)
         entries = f.read(min(count, _MAX_IFD_ENTRIES) * entry_size)
@@ -145,14 +167,14 @@ def compression_name(compression: int) -> str:
     return f"{name} ({compression})"
 
 
-def decoder_for(path: Path) -> Literal["libvips", "pillow"]:
-    """Which decoder reads the first page of the TIFF at ``path``.
+def decoder_for(path: Path, page: int = 0) -> Literal["libvips", "pillow"]:
+    """Which decoder reads page ``page`` (0 = the first) of the TIFF at ``path``.
 
     Raises:
         PermanentJobError: ``UNSUPPORTED_FORMAT`` naming the compression when neither has a codec
             for it (JBIG, LERC, PixarLog, JPEG 2000, JPEG XL, unknown values).
     """
-    compression = first_page_compression(path)
+    compression = page_compression(path, page)
     if compression is None or compression in LIBVIPS_COMPRESSIONS:
         return "libvips"
     if compression in PILLOW_COMPRESSIONS:
@@ -200,13 +222,14 @@ def _data_past_the_end(tags: Mapping[int, Any], file_size: int) -> bool:
     return False
 
 
-def decode_first_page(path: Path, width: int, height: int) -> pyvips.Image:
-    """Decodes the first page of a TIFF with Pillow's TIFF plugin (its libtiff), into memory.
+def decode_page(path: Path, width: int, height: int, page: int = 0) -> pyvips.Image:
+    """Decodes one page of a TIFF with Pillow's TIFF plugin (its libtiff), into memory.
 
     Args:
         path: a TIFF :func:`decoder_for` sent to Pillow.
-        width, height: the first page's size in libvips' header, which the pixel limit was
-            checked against; Pillow's header must say the same (turned, for orientations 5–8).
+        width, height: the page's size in libvips' header, which the pixel limit was checked
+            against; Pillow's header must say the same (turned, for orientations 5–8).
+        page: 0 for the first page.
 
     Returns:
         An 8-bit image (``b-w``, ``srgb`` or ``cmyk``, alpha kept), already upright (Pillow 13's
@@ -225,13 +248,15 @@ def decode_first_page(path: Path, width: int, height: int) -> pyvips.Image:
             with Image.open(path, formats=("TIFF",)) as picture:
                 if not isinstance(picture, TiffImagePlugin.TiffImageFile):
                     raise _corrupt()
+                if page:
+                    picture.seek(page)
                 # Pillow reports (and decodes) the page turned upright by its orientation tag.
                 turned = picture.tag_v2.get(_ORIENTATION_TAG) in (5, 6, 7, 8)
                 if picture.size != ((height, width) if turned else (width, height)):
                     raise _corrupt()
                 if _data_past_the_end(picture.tag_v2, path.stat().st_size):
                     raise _corrupt()
-                picture.load()  # the first page only
+                picture.load()  # this page only
                 icc = picture.info.get("icc_profile")
                 decoded = _eight_bit(picture)
                 data = decoded.tobytes()

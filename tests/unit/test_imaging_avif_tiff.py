@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pyvips
@@ -20,7 +21,13 @@ from PIL import Image, TiffImagePlugin
 from hypermedia import contenttype
 from hypermedia.errors import PermanentJobError
 from hypermedia.imaging import ops, sequence, tiff
+from hypermedia.ocr import assemble
+from hypermedia.ocr import engine as ocr_engine
+from hypermedia.ocr.metrics import cer
 from tests.unit.test_imaging import EXIF, LIMITS, load, mean_abs_diff, run_one
+from tests.unit.test_ocr import EUROTEXT_LANGUAGES, OCR_DIR
+from tests.unit.test_ocr import GOLD as PHOTOTEST_GOLD
+from tests.unit.test_ocr import LIMITS as OCR_LIMITS
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STAR = DATA / "avif" / "star.avifs"
@@ -197,7 +204,7 @@ def test_the_libvips_compressions_are_the_codecs_its_libtiff_has(compression: in
 def test_the_pillow_compressions_are_decoded_by_pillow_and_not_by_libvips(
     path: Path, compression: int
 ) -> None:
-    assert tiff.first_page_compression(path) == compression
+    assert tiff.page_compression(path) == compression
     assert compression in tiff.PILLOW_COMPRESSIONS
     assert libtiff_lacks(path.read_bytes())
     with Image.open(path) as picture:
@@ -293,28 +300,72 @@ def test_the_pixel_limit_bounds_the_pillow_decode_from_the_header(out_dir: Path)
 
 def test_a_pillow_decode_of_another_size_than_libvips_read_is_corrupt() -> None:
     with pytest.raises(PermanentJobError) as caught:
-        tiff.decode_first_page(OJPEG, 4160, 871)
+        tiff.decode_page(OJPEG, 4160, 871)
     assert caught.value.error_code == "CORRUPT_INPUT"
 
 
-def test_first_page_compression_reads_classic_big_and_big_endian_tiffs(tmp_path: Path) -> None:
+def test_page_compression_reads_classic_big_and_big_endian_tiffs(tmp_path: Path) -> None:
     image = pyvips.Image.black(16, 16)
     for name, options in (
         ("lzw.tif", {"compression": "lzw"}),
         ("big.tif", {"compression": "deflate", "bigtiff": True}),
     ):
         image.tiffsave(str(tmp_path / name), **options)
-    assert tiff.first_page_compression(tmp_path / "lzw.tif") == 5
+    assert tiff.page_compression(tmp_path / "lzw.tif") == 5
     assert (tmp_path / "big.tif").read_bytes()[2:4] in (b"+\0", b"\0+")
-    assert tiff.first_page_compression(tmp_path / "big.tif") == 8
+    assert tiff.page_compression(tmp_path / "big.tif") == 8
     big_endian = tmp_path / "mm.tif"
     # Big-endian header, IFD at 8 with one entry: Compression (259) SHORT 1 = 34925.
     big_endian.write_bytes(b"MM\0*" + struct.pack(">I", 8) + struct.pack(">HHHIHH", 1, 259, 3, 1, 34925, 0))
-    assert tiff.first_page_compression(big_endian) == 34925
-    assert tiff.first_page_compression(OJPEG) == 6
+    assert tiff.page_compression(big_endian) == 34925
+    assert tiff.page_compression(OJPEG) == 6
     no_tag = tmp_path / "no-tag.tif"
     no_tag.write_bytes(b"II*\0" + struct.pack("<I", 8) + struct.pack("<H", 0) + bytes(6))
-    assert tiff.first_page_compression(no_tag) == 1  # the TIFF 6.0 default
+    assert tiff.page_compression(no_tag) == 1  # the TIFF 6.0 default
+    looped = tmp_path / "looped.tif"  # one IFD whose next-IFD offset is itself
+    looped.write_bytes(
+        b"II*\0" + struct.pack("<I", 8) + struct.pack("<H", 0) + struct.pack("<I", 8) + bytes(2)
+    )
+    assert tiff.page_compression(looped, 0) == 1
+    assert tiff.page_compression(looped, 5) is None
+    assert tiff.page_compression(OJPEG, 1) is None  # one page only
     broken = tmp_path / "broken.tif"
     broken.write_bytes(b"II*\0" + struct.pack("<I", 10_000) + bytes(8))  # the IFD lies past the end
-    assert tiff.first_page_compression(broken) is None
+    assert tiff.page_compression(broken) is None
+
+
+# --- OCR reads the same TIFFs ---------------------------------------------------------------------
+
+
+def ocr_text(source: Path, tmp_path: Path, **job_params: Any) -> str:
+    out_dir = tmp_path / f"ocr-{len(list(tmp_path.iterdir()))}"
+    out_dir.mkdir()
+    outputs = ocr_engine.run("ocr", {"outputs": ["text"], **job_params}, source, out_dir, limits=OCR_LIMITS)
+    (text,) = (output for output in outputs if output.output_type == "text")
+    return (out_dir / text.filename).read_text(encoding="utf-8")
+
+
+def test_ocr_reads_an_old_style_jpeg_scan(tmp_path: Path) -> None:
+    """The Kodak grey-scale card the old-style JPEG sample shows is captioned "KODAK Gray Scale";
+    before, OCR failed CORRUPT_INPUT on it."""
+    assert "Gray Scale" in ocr_text(OJPEG, tmp_path)
+
+
+def test_ocr_reads_each_tiff_page_by_its_own_compression(tmp_path: Path) -> None:
+    """Page 1 (eurotext.tif) ZSTD, page 2 (phototest.tif) LZMA, written by Pillow's libtiff: libvips
+    read both as blank pages without an error before; a JBIG page is refused by name."""
+    first, second = (Image.open(OCR_DIR / name).convert("L") for name in ("eurotext.tif", "phototest.tif"))
+    second.encoderinfo = {"compression": "lzma", "dpi": (300, 300)}  # the appended page's own options
+    source = tmp_path / "two.tif"
+    first.save(source, compression="zstd", save_all=True, append_images=[second], dpi=(300, 300))
+    assert [tiff.page_compression(source, page) for page in (0, 1, 2)] == [50000, 34925, None]
+    pages = ocr_text(source, tmp_path, languages=EUROTEXT_LANGUAGES).split(assemble.PAGE_SEPARATOR)
+    assert len(pages) == 2
+    assert "preguiçoso" in pages[0]
+    assert cer(pages[1], PHOTOTEST_GOLD) < 0.03
+
+    jbig = tmp_path / "jbig.tif"
+    jbig.write_bytes(tiff_with_compression(34661))
+    with pytest.raises(PermanentJobError) as caught:
+        ocr_text(jbig, tmp_path)
+    assert caught.value.error_code == "UNSUPPORTED_FORMAT" and "ISO JBIG (34661)" in str(caught.value)
