@@ -8,8 +8,8 @@ Every operation goes through the same pipeline, so every output is treated alike
    :data:`ALLOWED_LOADERS`, or :data:`SVG_LOADER` for SVG). PDF, ImageMagick, matrix, CSV, raw and
    ``.vips`` files are ``UNSUPPORTED_FORMAT``; libvips' untrusted operations stay blocked. A TIFF's
    first-page compression picks its decoder (:mod:`hypermedia.imaging.tiff`): libvips, Pillow for
-   the codecs libvips' libtiff lacks (old-style JPEG, LZMA, ZSTD), else ``UNSUPPORTED_FORMAT``
-   naming the compression.
+   the codecs libvips' libtiff lacks (old-style JPEG, LZMA, ZSTD) and for tiles with separate
+   planes, else ``UNSUPPORTED_FORMAT`` naming the compression.
 3. **SVG** only after :func:`hypermedia.imaging.svg.vet` accepted it (references local to the
    document, no DTD subset, XInclude, script, ``foreignObject``…: ``SVG_EXTERNAL_REFERENCE``,
    ``SVG_FORBIDDEN``). libvips flags ``svgload`` untrusted (``VIPS_OPERATION_UNTRUSTED``, libvips
@@ -346,9 +346,10 @@ def _sequence_frames(path: Path) -> int:
 
 
 def _tiff_pillow_size(path: Path, header: pyvips.Image) -> tuple[int, int] | None:
-    """The first page's size when its compression is one libvips' libtiff lacks and Pillow decodes
-    (old-style JPEG, LZMA, ZSTD), ``None`` when libvips decodes it; ``UNSUPPORTED_FORMAT`` naming
-    a compression neither decodes (:func:`hypermedia.imaging.tiff.decoder_for`)."""
+    """The first page's size when Pillow decodes it (a compression libvips' libtiff lacks: old-style
+    JPEG, LZMA, ZSTD; or tiles with separate planes), ``None`` when libvips does;
+    ``UNSUPPORTED_FORMAT`` naming a compression neither decodes
+    (:func:`hypermedia.imaging.tiff.decoder_for`)."""
     if tiff.decoder_for(path) == "pillow":
         return header.width, header.height
     return None

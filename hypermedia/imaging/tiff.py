@@ -1,4 +1,4 @@
-"""TIFF compressions: the ones libvips decodes here, the ones Pillow decodes instead, the rest refused.
+"""TIFF pages libvips decodes here, the ones Pillow decodes instead (by compression and layout), the rest refused.
 
 The libtiff inside the ``pyvips-binary`` wheel is built without some codecs. For a TIFF whose
 strips use one of them, libvips reads the header, then either fails the decode (old-style JPEG:
@@ -8,7 +8,8 @@ strips use one of them, libvips reads the header, then either fails the decode (
 errors libvips only fails on at ``fail_on="error"``). So the compression of a page is read from
 its IFD before anything is decoded, and decides the decoder:
 
-* :data:`LIBVIPS_COMPRESSIONS`: libvips' ``tiffload``, as before;
+* :data:`LIBVIPS_COMPRESSIONS`: libvips' ``tiffload``, as before, except tiles with separate
+  planes (``PlanarConfiguration`` 2), which libvips refuses and Pillow decodes;
 * :data:`PILLOW_COMPRESSIONS` (old-style JPEG, LZMA, ZSTD): Pillow's TIFF plugin, whose libtiff
   (inside the Pillow wheel) has these codecs, in the sandbox child like libvips, after the same
   pixel limit was checked on libvips' header of the file (:func:`decode_page` checks that
@@ -92,6 +93,9 @@ PILLOW_COMPRESSIONS: Final = frozenset({6, 34925, 50000})
 """Compressions that libtiff lacks and Pillow 13.0's libtiff decodes: old-style JPEG, LZMA, ZSTD."""
 
 _COMPRESSION_TAG: Final = 259
+_PLANAR_CONFIGURATION_TAG: Final = 284
+_TILE_WIDTH_TAG: Final = 322
+_LAYOUT_TAGS: Final = frozenset({_COMPRESSION_TAG, _PLANAR_CONFIGURATION_TAG, _TILE_WIDTH_TAG})
 _ORIENTATION_TAG: Final = 274
 _MAX_IFD_ENTRIES: Final = 4096
 """Most IFD entries read while looking for the compression (a real first IFD has a few dozen)."""
@@ -105,6 +109,13 @@ def page_compression(path: Path, page: int = 0) -> int | None:
         The tag's value; 1 (none, the TIFF 6.0 default) when the IFD has no such tag; ``None``
         when the header or the IFDs up to ``page`` cannot be read (libvips then judges the file).
     """
+    tags = _page_tags(path, page)
+    return None if tags is None else tags.get(_COMPRESSION_TAG, 1)
+
+
+def _page_tags(path: Path, page: int) -> dict[int, int] | None:
+    """The single SHORT or LONG values of :data:`_LAYOUT_TAGS` in IFD ``page``; ``None`` when the
+    header or the IFDs up to ``page`` cannot be read."""
     with path.open("rb") as f:
         head = f.read(16)
         if head[:2] == b"II":
@@ -148,17 +159,19 @@ def page_compression(path: Path, page: int = 0) -> int | None:
             return None
         (count,) = struct.unpack(order + count_format, raw)
         entries = f.read(min(count, _MAX_IFD_ENTRIES) * entry_size)
+    tags: dict[int, int] = {}
     for start in range(0, len(entries) - entry_size + 1, entry_size):
         tag, kind = struct.unpack(order + "HH", entries[start : start + 4])
-        if tag != _COMPRESSION_TAG:
+        if tag not in _LAYOUT_TAGS:
             continue
         value = entries[start + entry_size - value_size : start + entry_size]
         if kind == 3:  # SHORT, left-justified in the value field
-            return int(struct.unpack(order + "H", value[:2])[0])
-        if kind == 4:  # LONG
-            return int(struct.unpack(order + "I", value[:4])[0])
-        return None
-    return 1
+            tags[tag] = int(struct.unpack(order + "H", value[:2])[0])
+        elif kind == 4:  # LONG
+            tags[tag] = int(struct.unpack(order + "I", value[:4])[0])
+        elif tag == _COMPRESSION_TAG:
+            return None  # a compression of another type: unreadable
+    return tags
 
 
 def compression_name(compression: int) -> str:
@@ -168,17 +181,24 @@ def compression_name(compression: int) -> str:
 
 
 def decoder_for(path: Path, page: int = 0) -> Literal["libvips", "pillow"]:
-    """Which decoder reads page ``page`` (0 = the first) of the TIFF at ``path``.
+    """Which decoder reads page ``page`` (0 = the first) of the TIFF at ``path``: Pillow for the
+    :data:`PILLOW_COMPRESSIONS`, and for tiles with separate planes (``PlanarConfiguration`` 2 and
+    ``TileWidth``: libvips' tiff2vips fails "tiled separate planes not supported", which was
+    ``CORRUPT_INPUT``), libvips for everything else it has a codec for.
 
     Raises:
         PermanentJobError: ``UNSUPPORTED_FORMAT`` naming the compression when neither has a codec
             for it (JBIG, LERC, PixarLog, JPEG 2000, JPEG XL, unknown values).
     """
-    compression = page_compression(path, page)
-    if compression is None or compression in LIBVIPS_COMPRESSIONS:
+    tags = _page_tags(path, page)
+    if tags is None:
         return "libvips"
+    compression = tags.get(_COMPRESSION_TAG, 1)
     if compression in PILLOW_COMPRESSIONS:
         return "pillow"
+    if compression in LIBVIPS_COMPRESSIONS:
+        planar_tiles = tags.get(_PLANAR_CONFIGURATION_TAG) == 2 and _TILE_WIDTH_TAG in tags
+        return "pillow" if planar_tiles else "libvips"
     raise PermanentJobError(
         f"TIFF compression {compression_name(compression)} is not supported.", "UNSUPPORTED_FORMAT"
     )

@@ -97,7 +97,7 @@ def test_an_animated_avif_and_an_old_style_jpeg_tiff_give_their_first_image(clie
     image) is compared with libavif's decode of frame 0 (Pillow), the TIFF with libvips' decode of
     the JPEG stream it carries (JPEGInterchangeFormat at byte 768, one strip of 212,992 bytes)."""
     star = EXIF.parent / "avif" / "star.avifs"
-    tif = EXIF.parent / "tiff-compression" / "old-style-jpeg-compression.tif"
+    tif = EXIF.parent / "tiff-fallback" / "old-style-jpeg-compression.tif"
     objects = [upload(client, star), upload(client, tif)]
     assert [obj["mime_type"] for obj in objects] == ["image/avif", "image/tiff"]
     assert objects[0]["name_mime_type"] == "image/avif" and not objects[0]["type_mismatch"]

@@ -1,7 +1,7 @@
 """Issue 15, items 3 and 4: animated AVIF gives its first frame; TIFFs whose compression the libtiff
 inside pyvips-binary lacks are decoded by Pillow (old-style JPEG, LZMA, ZSTD) or refused by name.
 
-Samples: ``tests/data/avif`` and ``tests/data/tiff-compression`` (see their ``SOURCE.md``). Outputs
+Samples: ``tests/data/avif`` and ``tests/data/tiff-fallback`` (see their ``SOURCE.md``). Outputs
 are decoded by libvips and compared with independent decodes: Pillow's libavif for AVIF frames,
 libvips' JPEG loader for the JPEG stream an old-style JPEG TIFF carries, the photo the lossless
 TIFFs were made from.
@@ -32,9 +32,9 @@ from tests.unit.test_ocr import LIMITS as OCR_LIMITS
 DATA = Path(__file__).resolve().parents[1] / "data"
 STAR = DATA / "avif" / "star.avifs"
 BARS = DATA / "avif" / "ffmpeg-bars.avif"
-OJPEG = DATA / "tiff-compression" / "old-style-jpeg-compression.tif"
-LZMA = DATA / "tiff-compression" / "landscape-6-lzma.tif"
-ZSTD = DATA / "tiff-compression" / "landscape-6-zstd.tif"
+OJPEG = DATA / "tiff-fallback" / "old-style-jpeg-compression.tif"
+LZMA = DATA / "tiff-fallback" / "landscape-6-lzma.tif"
+ZSTD = DATA / "tiff-fallback" / "landscape-6-zstd.tif"
 
 
 @pytest.fixture
@@ -260,6 +260,21 @@ def test_lzma_and_zstd_tiffs_are_decoded_upright_not_black(path: Path, out_dir: 
     assert float((image - upright).abs().max()) <= 1  # lossless: the very pixels
     thumbnail, _ = run_one("thumbnail", {"size": 64}, path, out_dir)
     assert (thumbnail.metadata["width"], thumbnail.metadata["height"]) == (64, 43)
+
+
+def test_a_tiff_of_tiles_with_separate_planes_is_decoded_by_pillow(out_dir: Path) -> None:
+    """libvips refuses tiled separate planes ("tiled separate planes not supported"): it was
+    CORRUPT_INPUT. Compared with libvips' decode of the chunky 16-bit file GDAL made it from."""
+    planar = DATA / "tiff-fallback" / "tiff_tiled_planar_16bit_RGB.tiff"
+    with pytest.raises(pyvips.Error, match="tiled separate planes not supported"):
+        pyvips.Image.tiffload(str(planar)).avg()
+    assert tiff.page_compression(planar) == 5 and tiff.decoder_for(planar) == "pillow"
+    _, path = run_one("convert", {"format": "png"}, planar, out_dir)
+    image = load(path)
+    assert (image.width, image.height, image.bands) == (100, 40, 3)
+    chunky = pyvips.Image.tiffload(str(DATA / "tiff-fallback" / "tiff_16bit_RGB.tiff"), fail_on="error")
+    assert chunky.format == "ushort" and float(chunky.avg()) > 1000
+    assert float((image - (chunky / 256).cast("uchar")).abs().max()) <= 1
 
 
 @pytest.mark.parametrize(
