@@ -258,8 +258,9 @@ def decode_page(path: Path, width: int, height: int, page: int = 0) -> pyvips.Im
 
     Raises:
         PermanentJobError: ``CORRUPT_INPUT`` when Pillow cannot read or decode it, reads another
-            size than libvips did, or the page's data runs past the end of the file (truncated); ``INPUT_TOO_LARGE_PIXELS`` past Pillow's own bomb limit
-            (``2 × PIL.Image.MAX_IMAGE_PIXELS``, 179 million pixels), only reached when the profile's
+            size than libvips did, or the page's data runs past the end of the file (truncated);
+            ``INPUT_TOO_LARGE_PIXELS`` past Pillow's own bomb limit (``2 ×
+            PIL.Image.MAX_IMAGE_PIXELS``, 179 million pixels), only reached when the profile's
             pixel limit is larger.
     """
     try:
