@@ -562,6 +562,7 @@ _EXTENSIONS_MIMETYPES_LACKS = {
     ".webp": "image/webp",
     ".heif": "image/heif",
     ".heic": "image/heif",
+    ".avifs": "image/avif",  # an AVIF image sequence (animated AVIF): still an AVIF file
     ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
     ".dotx": "application/vnd.openxmlformats-officedocument.wordprocessingml.template",
     ".xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",

@@ -19,6 +19,7 @@ import asyncpg
 import httpx
 import pytest
 import pyvips
+from PIL import Image
 from standardwebhooks import Webhook
 
 from tests.e2e.conftest import RunningPlatform, upload, wait_for, wait_job
@@ -126,6 +127,48 @@ def test_an_iphone_heic_is_thumbnailed_upright_and_another_codec_is_named(client
     job = wait_job(client, created.json()["job_ids"][0])
     assert (job["status"], job["error_code"], job["attempt_count"]) == ("failed", "UNSUPPORTED_FORMAT", 1)
     assert "H.266 (VVC)" in job["error_message"], job
+
+
+def test_an_animated_avif_and_an_old_style_jpeg_tiff_give_their_first_image(client: httpx.Client) -> None:
+    """Issue 15, items 3 and 4: both failed CORRUPT_INPUT. The AVIF's first frame (its primary
+    image) is compared with libavif's decode of frame 0 (Pillow), the TIFF with libvips' decode of
+    the JPEG stream it carries (JPEGInterchangeFormat at byte 768, one strip of 212,992 bytes)."""
+    star = EXIF.parent / "avif" / "star.avifs"
+    tif = EXIF.parent / "tiff-fallback" / "old-style-jpeg-compression.tif"
+    objects = [upload(client, star), upload(client, tif)]
+    assert [obj["mime_type"] for obj in objects] == ["image/avif", "image/tiff"]
+    assert objects[0]["name_mime_type"] == "image/avif" and not objects[0]["type_mismatch"]
+    jobs = []
+    for obj in objects:
+        created = client.post(
+            "/v1/hypermedia/process",
+            json={
+                "object_id": obj["object_id"],
+                "operations": [{"name": "convert", "params": {"format": "png"}}],
+            },
+        )
+        assert created.status_code == 202, created.text
+        jobs.append(created.json()["job_ids"][0])
+    animated, tiff = (wait_job(client, job_id) for job_id in jobs)
+    assert animated["status"] == "completed" and tiff["status"] == "completed", (animated, tiff)
+
+    frame = _decode(client, animated["outputs"][0])
+    assert (frame.width, frame.height) == (159, 159)
+    assert animated["outputs"][0]["metadata"]["source_pages"] == 5
+    with Image.open(star) as picture:  # frame 0 as libavif decodes it; the star turns in frame 2
+        outlines = []
+        for index in (0, 2):
+            picture.seek(index)
+            alpha = picture.convert("RGBA").getchannel("A").tobytes()
+            outlines.append(pyvips.Image.new_from_memory(alpha, 159, 159, 1, "uchar"))
+    mismatch = [float(((frame[3] > 128) ^ (outline > 128)).avg() / 255) for outline in outlines]
+    assert mismatch[0] < 0.01 and mismatch[1] > 0.2, mismatch
+
+    page = _decode(client, tiff["outputs"][0])
+    assert (page.width, page.height) == (4160, 870)
+    embedded = pyvips.Image.jpegload_buffer(tif.read_bytes()[768 : 768 + 212_992])
+    assert _distance(_signature(page), _signature(embedded)) < 2
+    assert float((page - embedded).abs().avg()) < 2
 
 
 def test_resize_compress_convert_decode_to_what_was_asked(client: httpx.Client) -> None:

@@ -12,6 +12,9 @@ Every operation goes through the same pipeline, so every output is treated alike
    with libde265 (:mod:`hypermedia.engines.imaging.hevc`, from memory, feeding ``thumbnail_image``),
    any other codec ``UNSUPPORTED_FORMAT`` naming it; a libvips error saying a codec has no
    decoder is ``UNSUPPORTED_FORMAT`` too (:func:`missing_decoder`), never ``CORRUPT_INPUT``.
+   A TIFF's first-page compression picks its decoder (:mod:`hypermedia.engines.imaging.tiff`): libvips,
+   Pillow for the codecs libvips' libtiff lacks (old-style JPEG, LZMA, ZSTD) and for tiles with
+   separate planes, else ``UNSUPPORTED_FORMAT`` naming the compression.
 3. **SVG** only after :func:`hypermedia.engines.imaging.svg.vet` accepted it (references local to the
    document, no DTD subset, XInclude, script, ``foreignObject``…: ``SVG_EXTERNAL_REFERENCE``,
    ``SVG_FORBIDDEN``). libvips flags ``svgload`` untrusted (``VIPS_OPERATION_UNTRUSTED``, libvips
@@ -27,8 +30,10 @@ Every operation goes through the same pipeline, so every output is treated alike
    converts embedded ICC profiles and CMYK to sRGB; operations that do not resize ask it for a box
    that is never smaller than the image, which leaves pixels untouched. An HEVC HEIF's primary
    image is decoded upright (``irot``/``imir``) by libheif and sized by ``thumbnail_image``.
-6. **Animated input** (GIF, WebP, multi-page TIFF/HEIF): the first frame only, on purpose; the
-   output is always a single still image. ``metadata["source_pages"]`` tells when frames were dropped.
+6. **Animated input** (GIF, WebP, multi-page TIFF/HEIF, animated AVIF): the first frame only, on
+   purpose; the output is always a single still image. ``metadata["source_pages"]`` tells when
+   frames were dropped. An animated AVIF gives its primary image (the still encoders write as the
+   first frame); its frames are counted from its track (:mod:`hypermedia.engines.imaging.sequence`).
    Only the first frame is decoded, so its size is what the pixel limit bounds; the page count
    bounds the header parsing that counts them (100,000 TIFF pages: 1.1 s for the header, 3.4 s
    for a thumbnail, measured).
@@ -61,7 +66,7 @@ import pyvips
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
-from hypermedia.engines.imaging import heifcodec, hevc, svg
+from hypermedia.engines.imaging import heifcodec, hevc, sequence, svg, tiff
 from hypermedia.engines.params import params_object
 from hypermedia.intake import contenttype
 
@@ -319,6 +324,9 @@ class _Source:
     """SVG only: the vetted document, loaded from memory (librsvg then has no base file)."""
     hevc: hevc.HevcFile | None = None
     """An HEVC-coded HEIF only: opened by libheif (:mod:`hypermedia.engines.imaging.hevc`), not by libvips."""
+    pillow_size: tuple[int, int] | None = None
+    """TIFF whose first page Pillow decodes (:mod:`hypermedia.engines.imaging.tiff`): that page's width and
+    height in libvips' header, which the pixel limit bounded; ``None`` when libvips decodes."""
 
 
 def _too_many_pixels(what: str, limits: ImageLimits) -> PermanentJobError:
@@ -360,11 +368,30 @@ def _open(input_path: Path, limits: ImageLimits) -> _Source:
     if header.width * header.height > limits.max_pixels:
         raise _too_many_pixels("The image has", limits)
     pages = int(header.get("n-pages")) if header.get_typeof("n-pages") else 1
+    if loader == "heifload":
+        pages = max(pages, _sequence_frames(input_path))
     if pages > limits.max_pages:
         raise PermanentJobError(
             f"The image has more than {limits.max_pages} frames or pages.", "INPUT_TOO_MANY_PAGES"
         )
-    return _Source(path=input_path, mime=mime, loader=loader, pages=pages)
+    pillow_size = _tiff_pillow_size(input_path, header) if loader == "tiffload" else None
+    return _Source(path=input_path, mime=mime, loader=loader, pages=pages, pillow_size=pillow_size)
+
+
+def _sequence_frames(path: Path) -> int:
+    """Frames of an animated AVIF's or HEIF sequence's track (:mod:`hypermedia.engines.imaging.sequence`),
+    which libvips' ``n-pages`` (still images only) does not count; 0 for a still image."""
+    return sequence.track_frames(path) or 0
+
+
+def _tiff_pillow_size(path: Path, header: pyvips.Image) -> tuple[int, int] | None:
+    """The first page's size when Pillow decodes it (a compression libvips' libtiff lacks: old-style
+    JPEG, LZMA, ZSTD; or tiles with separate planes), ``None`` when libvips does;
+    ``UNSUPPORTED_FORMAT`` naming a compression neither decodes
+    (:func:`hypermedia.engines.imaging.tiff.decoder_for`)."""
+    if tiff.decoder_for(path) == "pillow":
+        return header.width, header.height
+    return None
 
 
 def heif_decoder(data: bytes) -> str:
@@ -457,26 +484,53 @@ _SHRINKING_LOADERS: Final = frozenset({"jpegload"})
 def _sniffed_loader(path: Path) -> str:
     """The loader libvips' own sniffing picks for ``path`` (what ``thumbnail()`` would run), as
     ``vips-loader`` names it: ``uhdrload`` for an Ultra HDR JPEG (a JPEG with a gain map, which
-    recent Android and Pixel cameras write), ``jpegload`` for a plain one."""
+    recent Android and Pixel cameras write), ``jpegload`` for a plain one; ``load`` when it picks
+    none (an animated AVIF: libvips' HEIF sniffing knows the ``avif`` major brand, not ``avis``)."""
     name = pyvips.vips_lib.vips_foreign_find_load(str(path).encode())
+    if name == pyvips.ffi.NULL:
+        pyvips.vips_lib.vips_error_clear()  # "not a known file format": not this job's error
     nickname = pyvips.ffi.string(name).decode() if name != pyvips.ffi.NULL else ""
     # "VipsForeignLoadJpegFile" → "jpegload"
     return nickname.removeprefix("VipsForeignLoad").removesuffix("File").lower() + "load"
 
 
 def _thumbnail_with_loader(source: _Source, width: int, options: dict[str, Any]) -> pyvips.Image:
-    """``thumbnail()`` of a file libvips would open with another loader than the checked one (an
-    Ultra HDR JPEG: ``uhdrload``, libultrahdr, not allowed): the checked loader reads it, the
-    base image only (the gain map is not read), shrinking on load by the largest power of two
-    that keeps both sides at least the box's (either orientation), as ``thumbnail()`` does."""
-    header = _header(source.loader, str(source.path))
-    box = max(width, options["height"])
-    fit = min(header.width, header.height) / box if box else 1
-    shrink = next((f for f in (8, 4, 2) if f <= fit), 1)
+    """``thumbnail()`` of a file libvips' sniffing opens with another loader than the checked one,
+    or with none, read by the checked loader:
+
+    * an Ultra HDR JPEG (``uhdrload``, libultrahdr, not allowed): ``jpegload`` reads the base
+      image only (the gain map is not read), shrinking on load by the largest power of two that
+      keeps both sides at least the box's (either orientation), as ``thumbnail()`` does;
+    * an animated AVIF (major brand ``avis``, which libvips' sniffing does not know: ``thumbnail()``
+      failed "not a known file format"): ``heifload`` reads its primary image, the still that
+      encoders write as the first frame (libavif, FFmpeg), not the frames of its track.
+    """
+    shrink: dict[str, int] = {}
+    if source.loader in _SHRINKING_LOADERS:
+        header = _header(source.loader, str(source.path))
+        box = max(width, options["height"])
+        fit = min(header.width, header.height) / box if box else 1
+        shrink["shrink"] = next((f for f in (8, 4, 2) if f <= fit), 1)
     image = pyvips.Operation.call(
-        source.loader, str(source.path), shrink=shrink, access="sequential", fail_on="truncated"
+        source.loader, str(source.path), access="sequential", fail_on="truncated", **shrink
     )
-    return pyvips.Image.thumbnail_image(image, width, **{k: v for k, v in options.items() if k != "fail_on"})
+    return pyvips.Image.thumbnail_image(image, width, **_without_fail_on(options))
+
+
+def _without_fail_on(options: dict[str, Any]) -> dict[str, Any]:
+    """``thumbnail()`` options for ``thumbnail_image()``, which takes no ``fail_on`` (the loader did)."""
+    return {k: v for k, v in options.items() if k != "fail_on"}
+
+
+def _thumbnail_of_pillow_tiff(
+    path: Path, size: tuple[int, int], width: int, options: dict[str, Any]
+) -> pyvips.Image:
+    """``thumbnail()`` of a TIFF whose first page Pillow decodes (:mod:`hypermedia.engines.imaging.tiff`;
+    ``size`` is that page's in libvips' header): the decoded page in memory (upright: Pillow
+    applies the orientation tag), sized and converted from its ICC profile (or CMYK) to sRGB by
+    ``thumbnail_image``, as ``thumbnail()`` would."""
+    decoded = tiff.decode_page(path, *size)
+    return pyvips.Image.thumbnail_image(decoded, width, **_without_fail_on(options))
 
 
 def _sized(source: _Source, width: int, height: int, *, size: str, crop: str = "none") -> pyvips.Image:
@@ -494,11 +548,14 @@ def _sized(source: _Source, width: int, height: int, *, size: str, crop: str = "
         return _plain(_thumbnail_hevc(source.hevc, width, options))
     if source.document is not None:
         image = pyvips.Image.thumbnail_buffer(source.document, width, **options)
-    elif source.loader in _SHRINKING_LOADERS and _sniffed_loader(source.path) != source.loader:
+    elif source.pillow_size is not None:
+        image = _thumbnail_of_pillow_tiff(source.path, source.pillow_size, width, options)
+    elif _sniffed_loader(source.path) != source.loader:
         image = _thumbnail_with_loader(source, width, options)
     else:
         image = pyvips.Image.thumbnail(str(source.path), width, **options)
-    _check_loader(image, source.loader)
+    if source.pillow_size is None:  # Pillow's decode comes from memory, with no loader to check
+        _check_loader(image, source.loader)
     return _plain(image)
 
 

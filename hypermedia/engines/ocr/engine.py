@@ -75,7 +75,7 @@ import pyvips
 from hypermedia.core.errors import DomainError, InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.documents import engine_process, pdf
-from hypermedia.engines.imaging import hevc
+from hypermedia.engines.imaging import hevc, tiff
 from hypermedia.engines.imaging.ops import RASTER_LOADER_BY_MIME, heif_decoder, missing_decoder
 from hypermedia.engines.ocr import assemble, escalation, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
@@ -365,14 +365,19 @@ def _image_pages(
             f"The image has more than {limits.max_document_pages} pages.", "INPUT_TOO_MANY_PAGES"
         )
     numbers = _select(requested, count, limits, "image")
+    sizes: dict[int, tuple[int, int]] = {}
     for number in numbers:
         image = first if number == 1 else header(number - 1)
         if image.width * image.height > limits.max_page_pixels or max(image.width, image.height) > MAX_SIDE:
             raise _too_many_pixels(
                 f"Page {number}" if count > 1 else "The image", image.width, image.height, limits
             )
+        sizes[number] = image.width, image.height
+    by_pillow = _pillow_tiff_pages(input_path, numbers) if loader == "tiffload" else frozenset()
 
     def load(index: int) -> pyvips.Image:
+        if index + 1 in by_pillow:  # already upright: Pillow applies the orientation tag
+            return tiff.decode_page(input_path, *sizes[index + 1], index)
         options: dict[str, Any] = {"fail_on": "truncated"}
         if multi_page:
             options["page"] = index
@@ -402,6 +407,18 @@ def _hevc_pages(data: bytes, requested: list[int] | None, limits: OcrLimits) -> 
     return opened.pages, [
         _Page(number, functools.partial(hevc.decode, opened, number - 1)) for number in numbers
     ]
+
+
+def _pillow_tiff_pages(path: Path, numbers: list[int]) -> frozenset[int]:
+    """The selected TIFF pages (1-based) in a compression libvips' libtiff lacks and Pillow decodes
+    (old-style JPEG, LZMA, ZSTD: :mod:`hypermedia.engines.imaging.tiff`), which libvips would read as blank
+    pages without an error, or fail.
+
+    Raises:
+        PermanentJobError: ``UNSUPPORTED_FORMAT`` naming a compression neither decodes (JBIG,
+            LERC, unknown values).
+    """
+    return frozenset(number for number in numbers if tiff.decoder_for(path, number - 1) == "pillow")
 
 
 def _pdf_pages(
