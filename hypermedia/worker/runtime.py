@@ -28,8 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -37,7 +35,6 @@ from typing import Any, TypeVar
 
 import asyncpg
 import httpx
-import psutil
 from nats.aio.client import Client as NatsClient
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -53,6 +50,7 @@ from hypermedia.infra.service import every
 from hypermedia.jobs import lifecycle, queues
 from hypermedia.jobs.settlement import Settlement
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_progress
+from hypermedia.worker import registry
 from hypermedia.worker.admission import Admission
 from hypermedia.worker.handler import JobHandler, JobInput
 from hypermedia.worker.settings import WorkerSettings
@@ -90,18 +88,6 @@ class _Stopped(Exception):
     that means is settled already: ``cancelled`` recorded, or the lost lease logged."""
 
 
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
-
-
-def worker_identity(settings: WorkerSettings, role: str) -> str:
-    """``{deployment}/{role}/{host}/{boot[:8]}/g{generation}/{pid}``: unique per process launch."""
-    return f"{settings.deployment}/{role}/{socket.gethostname()}/{boot_id()[:8]}/g{settings.generation}/{os.getpid()}"
-
-
 class WorkerRuntime:
     """Runs jobs of one queue. See the module docstring for the loop.
 
@@ -129,7 +115,7 @@ class WorkerRuntime:
     ) -> None:
         self.settings = settings
         self.role = role
-        self.worker_id = worker_identity(settings, role)
+        self.worker_id = registry.worker_identity(settings, role)
         self._pool = pool
         self._nc = nc
         self._prefix = prefix
@@ -161,52 +147,24 @@ class WorkerRuntime:
     # -- registration and background loops ------------------------------------------------
 
     async def register(self) -> None:
-        deployment, role = self.settings.deployment, self.role
-        await self._pool.execute(
-            """
-            INSERT INTO workers (worker_id, deployment, boot_id, role, generation, queue, slots, hostname, pid, status)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running')
-            ON CONFLICT (worker_id) DO UPDATE SET status = 'running', last_heartbeat = now()
-            """,
-            self.worker_id,
-            deployment,
-            boot_id(),
-            role,
-            self.settings.generation,
-            self.settings.queue,
-            self.settings.slots,
-            socket.gethostname(),
-            os.getpid(),
-        )
+        """Registers this worker in ``workers`` as running (:func:`registry.register`)."""
+        await registry.register(self._pool, self.worker_id, self.settings, self.role)
 
     async def heartbeat_once(self) -> None:
         """Record liveness, extend the leases of running jobs, stop cancelled ones."""
-        await self._pool.execute(
-            "UPDATE workers SET last_heartbeat = now(), status = $2 WHERE worker_id = $1",
-            self.worker_id,
-            "draining" if self.admission.draining else "running",
-        )
+        await registry.beat(self._pool, self.worker_id, draining=self.admission.draining)
         for job_id in await lifecycle.extend_leases(self._pool, self.worker_id, list(self.running)):
             self._stop_job(job_id)
 
     async def metrics_once(self) -> None:
         """One ``worker_metrics`` row: CPU, memory, disk, slots and throughput counters."""
-        vm = psutil.virtual_memory()
-        disk = await asyncio.to_thread(psutil.disk_usage, self.settings.work_dir)
-        await self._pool.execute(
-            """
-            INSERT INTO worker_metrics (worker_id, cpu_percent, memory_mb, memory_available_mb, disk_free_mb,
-                                        slots_busy, jobs_completed, jobs_failed)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING
-            """,
+        await registry.record_metrics(
+            self._pool,
             self.worker_id,
-            psutil.cpu_percent(interval=None),
-            int(psutil.Process().memory_info().rss // (1024 * 1024)),
-            int(vm.available // (1024 * 1024)),
-            int(disk.free // (1024 * 1024)),
-            self.admission.busy,
-            self.jobs_completed,
-            self.jobs_failed,
+            self.settings.work_dir,
+            busy=self.admission.busy,
+            completed=self.jobs_completed,
+            failed=self.jobs_failed,
         )
 
     async def _poll_cancellations(self) -> None:
