@@ -69,6 +69,8 @@ __all__ = [
     "MIN_ROWS",
     "MIN_RULE_HEIGHTS",
     "MIN_SEPARATOR_SUPPORT",
+    "MIN_TEXT_COLUMN_WORDS",
+    "TEXT_COLUMN_FILL",
     "Block",
     "Cell",
     "Rule",
@@ -94,6 +96,13 @@ MIN_SEPARATOR_SUPPORT: Final = 2
 """Fewest lines that must have words on both sides of a column separator."""
 MAX_MEAN_CELL_WORDS: Final = 5.0
 """Most words per filled cell, on average, of a table: columns of prose hold 8–12 words a line."""
+MIN_TEXT_COLUMN_WORDS: Final = 3.0
+"""Fewest words per filled cell, on average, of a column of running text (with
+:data:`TEXT_COLUMN_FILL`): a table needs one column that is not (its codes, numbers, dates); a
+page set in three narrow columns of prose (5–6 words a line) is not a table."""
+TEXT_COLUMN_FILL: Final = 2 / 3
+"""A column of running text: three quarters of its filled cells at least this share of its width
+wide (lines broken to fill a measure)."""
 MIN_RULE_HEIGHTS: Final = 4.0
 """Shortest ruling line, in median word heights (no letter stroke is that long)."""
 INK_THRESHOLD: Final = 128
@@ -101,6 +110,9 @@ INK_THRESHOLD: Final = 128
 background normalised)."""
 DEFAULT_WORD_HEIGHT: Final = 32
 """Median word height assumed without words, in pixels (10 pt text at 300 dpi)."""
+
+Align = Literal["left", "right", "centre"]
+"""How a column's cells are set: their left edges, right edges or middles line up."""
 
 Box = tuple[int, int, int, int]
 """``(x, y, width, height)`` in pixels of the page image, origin top left (as :attr:`Word.bbox`)."""
@@ -152,6 +164,8 @@ class Table:
     the columns and bound the rows, and its box includes them."""
     block_ids: tuple[int, ...] = ()
     """Tesseract blocks that hold its words, sorted."""
+    align: tuple[Align, ...] = ()
+    """Each column's alignment, inferred from its filled cells (:func:`_alignment`)."""
 
     @property
     def n_rows(self) -> int:
@@ -189,6 +203,12 @@ def _union(boxes: Iterable[Box]) -> Box:
     x1 = max(b[0] + b[2] for b in boxes)
     y1 = max(b[1] + b[3] for b in boxes)
     return (x0, y0, x1 - x0, y1 - y0)
+
+
+def _inside(box: Box, outer: Box) -> bool:
+    """Whether the middle of ``box`` lies in ``outer``."""
+    mx, my = box[0] + box[2] / 2, box[1] + box[3] / 2
+    return outer[0] <= mx < outer[0] + outer[2] and outer[1] <= my < outer[1] + outer[3]
 
 
 @dataclass
@@ -408,6 +428,35 @@ def find_rules(page_image: pyvips.Image, *, min_length: int) -> list[Rule]:
 # --- tables --------------------------------------------------------------------------------------
 
 
+def _is_mark(word: Word) -> bool:
+    """Whether a word has no letter or digit (``-``, ``—``, ``_``, ``=``, ``*``): it takes no part
+    in finding lines and columns (step 6 of the module docstring)."""
+    return not any(ch.isalnum() for ch in word.text)
+
+
+def _with_marks(
+    part: Sequence[_Line], separators: Sequence[tuple[int, int]], marks: Sequence[Word]
+) -> tuple[list[_Line], list[Word]]:
+    """The part's lines with the marks that belong to them, and the marks dropped as specks of a
+    gutter. A mark joins the line whose extent holds its vertical middle, when its horizontal
+    middle lies within the part's width; it is dropped when that middle lies in a separator."""
+    x0, x1 = min(line.x0 for line in part), max(line.x1 for line in part)
+    lines = [_Line(list(line.words), line.top, line.bottom) for line in part]
+    dropped: list[Word] = []
+    for mark in marks:
+        mx, my = mark.bbox[0] + mark.bbox[2] / 2, mark.bbox[1] + mark.bbox[3] / 2
+        home = next((line for line in lines if line.top <= my < line.bottom), None)
+        if home is None or not x0 <= mx < x1:
+            continue
+        if any(s0 <= mx < s1 for s0, s1 in separators):
+            dropped.append(mark)
+        else:
+            home.words.append(mark)
+    for line in lines:
+        line.words.sort(key=lambda w: w.bbox[0])
+    return lines, dropped
+
+
 def _median_height(words: Sequence[Word]) -> float:
     return statistics.median(w.bbox[3] for w in words) if words else float(DEFAULT_WORD_HEIGHT)
 
@@ -429,6 +478,37 @@ def _row_bands(run: Sequence[_Line], h_rules: Sequence[Rule], span: tuple[int, i
         band = sum(1 for cut in cuts if cut < middle)
         rows.setdefault(band, []).append(line)
     return [rows[key] for key in sorted(rows)]
+
+
+def _alignment(cells: Sequence[Cell], tolerance: float) -> Align:
+    """A column's alignment: the edge (left, right or middle) of its filled cells that varies
+    least, by the mean absolute deviation from its median (a header or a total set otherwise
+    moves every spread alike). Within ``tolerance`` pixels of the least, left wins over right over centre (a
+    column of cells of one width is all three; it reads as left)."""
+    filled = [c.bbox for c in cells if c.words]
+    if not filled:
+        return "left"
+    edges: dict[Align, list[float]] = {
+        "left": [b[0] for b in filled],
+        "right": [b[0] + b[2] for b in filled],
+        "centre": [b[0] + b[2] / 2 for b in filled],
+    }
+    spread = {}
+    for how, values in edges.items():
+        middle = statistics.median(values)
+        spread[how] = statistics.fmean(abs(v - middle) for v in values)
+    least = min(spread.values())
+    return next(how for how in ("left", "right", "centre") if spread[how] <= least + tolerance)
+
+
+def _is_text_column(cells: Sequence[Cell], extent: tuple[int, int]) -> bool:
+    """Whether a column holds running text (:data:`MIN_TEXT_COLUMN_WORDS`,
+    :data:`TEXT_COLUMN_FILL`)."""
+    filled = [c for c in cells if c.words]
+    if not filled or sum(len(c.words) for c in filled) / len(filled) < MIN_TEXT_COLUMN_WORDS:
+        return False
+    full = sum(1 for c in filled if c.bbox[2] >= TEXT_COLUMN_FILL * (extent[1] - extent[0]))
+    return full >= 0.75 * len(filled)
 
 
 def _build(
@@ -472,16 +552,20 @@ def _build(
         rows.append(tuple(cells))
     if len(rows) < MIN_ROWS or n_cols < MIN_COLUMNS or len(words) / max(1, filled) > MAX_MEAN_CELL_WORDS:
         return None
+    if all(_is_text_column([row[c] for row in rows], columns[c]) for c in range(n_cols)):
+        return None
     box = _union(w.bbox for w in words)
     ruled = ruled_grid
     if ruled:
         box = _union([box, *(r.bbox for r in rules)])
+    tolerance = 0.1 * _median_height(words)  # a few pixels: OCR boxes of aligned text vary by 1–3
     return Table(
         bbox=box,
         rows=tuple(rows),
         columns=tuple(columns),
         ruled=ruled,
         block_ids=tuple(sorted({w.block for w in words})),
+        align=tuple(_alignment([row[c] for row in rows], tolerance) for c in range(n_cols)),
     )
 
 
@@ -511,7 +595,8 @@ def detect_tables(words: Sequence[Word], page_image: pyvips.Image | None = None)
         Tables of at least :data:`MIN_ROWS` rows and :data:`MIN_COLUMNS` columns; ``[]`` for a page
         without one. Every word belongs to at most one table.
     """
-    words = [w for w in words if w.text.strip()]
+    marks = [w for w in words if w.text.strip() and _is_mark(w)]
+    words = [w for w in words if not _is_mark(w)]
     if not words:
         return []
     height = _median_height(words)
@@ -534,6 +619,7 @@ def detect_tables(words: Sequence[Word], page_image: pyvips.Image | None = None)
                 for r in near
                 if r.orientation == "vertical" and x0 < r.bbox[0] and r.bbox[0] + r.bbox[2] < x1
             ]
+            part, _specks = _with_marks(part, separators, marks)
             table = _build(part, separators, near, ruled_grid=bool(interior_v))
             if table is not None:
                 tables.append(table)
@@ -567,7 +653,10 @@ def classify_blocks(words: Sequence[Word], tables: Sequence[Table] | None = None
     for word in words:
         if not word.text.strip():
             continue
-        groups.setdefault((word.block, owner.get(id(word), -1)), []).append(word)
+        index = owner.get(id(word), -1)
+        if index < 0 and _is_mark(word):  # a speck of a gutter, dropped from the cells
+            index = next((i for i, t in enumerate(tables) if _inside(word.bbox, t.bbox)), -1)
+        groups.setdefault((word.block, index), []).append(word)
     return [
         Block(
             block_id=block_id,
@@ -593,7 +682,7 @@ def to_json(table: Table) -> dict[str, Any]:
     """The table as JSON::
 
         {"bbox": [x, y, w, h], "n_rows": 6, "n_cols": 4, "ruled": false, "block_ids": [2, 3],
-         "columns": [[x0, x1], …],
+         "columns": [[x0, x1], …], "align": ["left", "left", "centre", "right"],
          "rows": [[{"row": 0, "col": 0, "text": "Item", "bbox": [x, y, w, h], "conf": 91.7}, …], …]}
 
     Boxes in pixels of the page image (as the words'), ``conf`` 0–100 or null for an empty cell.
@@ -605,6 +694,7 @@ def to_json(table: Table) -> dict[str, Any]:
         "ruled": table.ruled,
         "block_ids": list(table.block_ids),
         "columns": [list(c) for c in table.columns],
+        "align": list(table.align),
         "rows": [
             [
                 {
