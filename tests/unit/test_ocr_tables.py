@@ -1,7 +1,11 @@
 """Table detection (hypermedia.ocr.tables) on pages rendered here with libvips' text rendering
 (Pango, DejaVu Sans at 300 dpi) and read by the real tesseract: a heading paragraph above a table
 of 4 columns × 6 rows whose last column is right-aligned, with and without ruling lines; a ruled
-table with a cell of two lines; a page of justified prose. Plus word-geometry cases built by hand.
+table with a cell of two lines; a page of justified prose. Invoices, a price list and prose
+in columns typeset here with Pillow in DejaVu Sans, Serif, Sans Condensed and Sans Mono (8–12 pt,
+300 dpi): right-aligned number columns a few digit widths before a left-aligned column, centred
+columns, empty cells, rows spanning columns, dot leaders, paragraphs above and below; every cell
+of every table asserted on tesseract's reading. Plus word-geometry cases built by hand.
 """
 
 from __future__ import annotations
@@ -361,11 +365,14 @@ def render_invoice_page(
     rows: Sequence[Sequence[str]] = INVOICE,
     align: Sequence[Align] = INVOICE_ALIGN,
     paragraphs: bool = True,
+    totals: Sequence[tuple[str, str]] = (),
 ) -> Path:
     """An A4 page at 300 dpi typeset with Pillow in a DejaVu font: two lines of text, the table,
     two lines of text. Each column is as wide as its widest cell, and every gutter is ``gutter``
     widths of the font's digit ``0`` (2 is a right-aligned number ending two digits before the
-    next column's text starts); cells are placed in their column by ``align``."""
+    next column's text starts); cells are placed in their column by ``align``. Each of
+    ``totals``, ``(label, amount)``, adds a row below: the label from the first column's left
+    edge on (reaching into the next columns), the amount set right in the last column."""
     px = round(points * DPI / 72)
     face = ImageFont.truetype(str(DEJAVU / font), px)
     page = Image.new("L", (2480, 3508), 255)
@@ -384,6 +391,10 @@ def render_invoice_page(
             length = face.getlength(cell)
             x = {"left": left, "right": left + width - length, "centre": left + (width - length) / 2}[how]
             draw.text((x, y), cell, font=face, fill=0)
+        y += round(px * 1.6)
+    for label, amount in totals:
+        draw.text((lefts[0], y), label, font=face, fill=0)
+        draw.text((lefts[-1] + widths[-1] - face.getlength(amount), y), amount, font=face, fill=0)
         y += round(px * 1.6)
     if paragraphs:
         y += 2 * px
@@ -523,3 +534,100 @@ def test_a_mark_in_a_gutter_is_dropped_and_one_in_a_column_kept() -> None:
         (1, "table"),
         (2, "table"),
     ]
+
+
+@needs_tesseract
+def test_invoice_with_rows_spanning_columns(tmp_path: Path) -> None:
+    """Two rows below the items whose labels reach into the gutter after the code column (a
+    delivery note across it and on into the next gutter, the total into it): they keep the
+    table's columns (a label over a gutter once removed it from every row: code, description and
+    price came back as one column); the note is one cell spanning code and description (the cell
+    it covers empty, span 0), the total's label one cell of the code column."""
+    totals = [("Delivery by road freight, insured", "25.00"), ("Total due", "1,449.20")]
+    path = render_invoice_page(tmp_path / "totals.png", gutter=3, totals=totals)
+    result = recognise(path)
+    [table] = tables.detect_tables(result.words)
+    assert cells(table) == [list(row) for row in INVOICE] + [
+        [label, "", "", "", amount] for label, amount in totals
+    ]
+    assert table.align == INVOICE_ALIGN
+    assert [[cell.span for cell in row] for row in table.rows[-2:]] == [[2, 0, 1, 1, 1], [1] * 5]
+    assert all(cell.span == 1 for row in table.rows[:-2] for cell in row)
+    assert [cell["span"] for cell in tables.to_json(table)["rows"][-2]] == [2, 0, 1, 1, 1]
+    assert_paragraphs_are_text(result.words, table)
+
+
+INVOICE_TOTALS = [("Delivery by road freight, insured", "25.00"), ("Total due", "1,449.20")]
+
+
+def render_invoice(path: Path) -> Path:
+    """The invoice page of the operation's and the REST test: DejaVu Sans 10 pt, gutters of two
+    digits, the delivery and total rows below the items."""
+    return render_invoice_page(path, gutter=2, totals=INVOICE_TOTALS)
+
+
+def expected_invoice_cells() -> list[list[str]]:
+    return [list(row) for row in INVOICE] + [[label, "", "", "", amount] for label, amount in INVOICE_TOTALS]
+
+
+def test_the_ocr_operation_finds_the_invoice(tmp_path: Path) -> None:
+    """Through the sandbox entry (preprocessing included): the invoice as one 8 × 5 table in
+    ``tables.json`` with its alignments and spans, and as CSV."""
+    from tests.unit.test_ocr import ocr
+
+    result = ocr(render_invoice(tmp_path / "invoice.png"), tmp_path, table_detection=True, escalate=False)
+    [page] = json.loads(result.path("tables").read_text())["pages"]
+    [table] = page["tables"]
+    assert [[cell["text"] for cell in row] for row in table["rows"]] == expected_invoice_cells()
+    assert table["align"] == list(INVOICE_ALIGN)
+    assert [cell["span"] for cell in table["rows"][6]] == [2, 0, 1, 1, 1]
+    rows = list(csv.reader(io.StringIO(result.path("table_p1_1").read_text(), newline="")))
+    assert rows == expected_invoice_cells()
+    assert {b["kind"] for b in page["blocks"]} == {"text", "table"}
+
+
+PRICE_LIST = [
+    ("Espresso", "2.50", "cup", "hot"),
+    ("Cappuccino", "3.20", "cup", "hot"),
+    ("Iced tea, lemon", "12.00", "jug", "cold"),
+    ("Water", "0.90", "glass", "cold"),
+    ("Hot chocolate", "3.80", "mug", "hot"),
+]
+
+
+def render_price_list(path: Path, font: str) -> Path:
+    """A price list typeset with Pillow at 10 pt, 300 dpi: each item followed by a dot leader
+    (``. . .``) up to a digit's width before its price, prices set right, the unit two digits
+    after the prices' right edge, the serving three digits after the widest unit."""
+    px = round(10 * DPI / 72)
+    face = ImageFont.truetype(str(DEJAVU / font), px)
+    page = Image.new("L", (2480, 1800), 255)
+    draw = ImageDraw.Draw(page)
+    digit = face.getlength("0")
+    price_right = 150 + max(face.getlength(r[0]) for r in PRICE_LIST) + 4 * digit + face.getlength("12.00")
+    unit_left = price_right + 2 * digit
+    serving_left = unit_left + max(face.getlength(r[2]) for r in PRICE_LIST) + 3 * digit
+    for i, (item, price, unit, serving) in enumerate(PRICE_LIST):
+        y = 200 + i * round(px * 1.6)
+        draw.text((150, y), item, font=face, fill=0)
+        start, end = 150 + face.getlength(item) + digit, price_right - face.getlength(price) - digit
+        dots = ". " * int((end - start) // face.getlength(". "))
+        draw.text((start, y), dots.strip(), font=face, fill=0)
+        draw.text((price_right - face.getlength(price), y), price, font=face, fill=0)
+        draw.text((unit_left, y), unit, font=face, fill=0)
+        draw.text((serving_left, y), serving, font=face, fill=0)
+    page.save(path, dpi=(DPI, DPI))
+    return path
+
+
+@needs_tesseract
+@pytest.mark.parametrize("font", ["DejaVuSans.ttf", "DejaVuSerif.ttf"])
+def test_price_list_with_dot_leaders(tmp_path: Path, font: str) -> None:
+    """Dot leaders run from each item across the gutter to its price (tesseract reads each as one
+    word of dots): they are not cells, and do not bridge the gutter."""
+    result = recognise(render_price_list(tmp_path / "prices.png", font))
+    assert any(set(w.text) == {"."} for w in result.words)
+    [table] = tables.detect_tables(result.words)
+    assert cells(table) == [list(row) for row in PRICE_LIST]
+    assert table.align == ("left", "right", "left", "left")
+    assert {b.kind for b in tables.classify_blocks(result.words, [table])} == {"table"}
