@@ -96,6 +96,7 @@ __all__ = [
     "MIN_SEPARATOR_SUPPORT",
     "MIN_TEXT_COLUMN_WORDS",
     "TEXT_COLUMN_FILL",
+    "Align",
     "Block",
     "Cell",
     "Rule",
