@@ -27,7 +27,13 @@ from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.metrics import cer
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, system_models
-from tests.unit.test_ocr_tables import AMOUNTS, render_table_page
+from tests.unit.test_ocr_tables import (
+    AMOUNTS,
+    INVOICE_ALIGN,
+    expected_invoice_cells,
+    render_invoice,
+    render_table_page,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tesseract") is None,
@@ -132,6 +138,27 @@ def test_a_rendered_table_comes_back_as_four_columns(client: httpx.Client, tmp_p
     rows = list(csv.reader(io.StringIO(_download(outputs["table_p1_1"]).decode("utf-8"), newline="")))
     assert [len(row) for row in rows] == [4] * 6
     assert [row[3] for row in rows] == AMOUNTS
+
+
+def test_an_invoice_with_narrow_gutters_comes_back_cell_for_cell(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """An invoice page (a right-aligned price column two digits from the unit column, a delivery
+    row spanning two columns, text above and below): its one table, every cell, alignment and
+    span, in ``tables.json`` and its CSV; the paragraphs stay text."""
+    obj = upload(client, render_invoice(tmp_path / "invoice.png"))
+    outputs = _outputs(_ocr(client, obj["object_id"], outputs=["text", "tables"], escalate=False))
+    [page] = json.loads(_download(outputs["tables"]))["pages"]
+    [table] = page["tables"]
+    assert [[cell["text"] for cell in row] for row in table["rows"]] == expected_invoice_cells()
+    assert table["align"] == list(INVOICE_ALIGN)
+    assert [cell["span"] for cell in table["rows"][6]] == [2, 0, 1, 1, 1]
+    rows = list(csv.reader(io.StringIO(_download(outputs["table_p1_1"]).decode("utf-8"), newline="")))
+    assert rows == expected_invoice_cells()
+    text_blocks = [b for b in page["blocks"] if b["kind"] == "text"]
+    table_top, table_bottom = table["bbox"][1], table["bbox"][1] + table["bbox"][3]
+    assert any(b["bbox"][1] + b["bbox"][3] <= table_top for b in text_blocks)
+    assert any(b["bbox"][1] >= table_bottom for b in text_blocks)
 
 
 def test_every_page_of_a_multi_page_tiff(client: httpx.Client, tmp_path: Path) -> None:

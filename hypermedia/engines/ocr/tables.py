@@ -20,9 +20,20 @@ Method (whitespace analysis on the x-projection of word boxes):
    at least the minimum gap wide (or holding a vertical rule), that no word of the run covers,
    and across which at least :data:`MIN_SEPARATOR_SUPPORT` lines have words on both sides. A
    column is the span between two separators, not a left edge, so right-aligned and centred
-   columns are found like left-aligned ones. A run of at least :data:`MIN_ROWS` lines with at
-   least :data:`MIN_COLUMNS` columns, whose cells hold on average at most
-   :data:`MAX_MEAN_CELL_WORDS` words (columns of prose hold whole lines), is a table.
+   columns are found like left-aligned ones, however narrow the gutter between a right-aligned
+   column and a left-aligned one after it (down to the minimum gap). An
+   interval that a few lines cover (at most :data:`MAX_SPANNING_SHARE` of the run's lines, and
+   :data:`MAX_SPANNING_LINES`) is a separator too when each of those lines only reaches into it
+   from a column beside it or across it, none with a segment inside it: a subtotal's label over
+   the code and description columns does not merge them for every row, while a column with one
+   filled cell stays a column. A line's words are cut into cells at wide gaps and at separators;
+   a group of words reaching across a separator is one cell of its first word's column, with
+   :attr:`Cell.span` the columns it covers (those are empty, span 0). A run of at least
+   :data:`MIN_ROWS` lines with at least :data:`MIN_COLUMNS` columns, whose cells hold on average
+   at most :data:`MAX_MEAN_CELL_WORDS` words (columns of prose hold whole lines), and with a
+   column that is not running text (:data:`MIN_TEXT_COLUMN_WORDS`, :data:`TEXT_COLUMN_FILL`: a
+   page of three narrow columns of ragged prose is not a table), is a table. Each column's
+   alignment (left, right, centre) is the edge of its cells that varies least.
 5. **Ruling lines** (``page_image`` given): dark runs at least :data:`MIN_RULE_HEIGHTS` median
    word heights long, found by eroding the ink mask with a line segment (log₂ steps of
    shift-and-AND in libvips) and projecting the result. Vertical rules inside a table are column
@@ -30,6 +41,13 @@ Method (whitespace analysis on the x-projection of word boxes):
    grid), its horizontal rules bound the rows and every text line between two of them belongs
    to one row (cells of several lines). Horizontal rules alone (``booktabs`` style: top, header
    and bottom rules) do not split rows.
+6. **Marks.** Words of no letter or digit (``-``, ``—``, ``_``, ``=``) take no part in steps 1–4:
+   tesseract reads such a mark out of a blank gutter now and then (``_`` after a header word,
+   ``—-`` or ``=`` between two cells, confidences 4–67 on the clean pages of the tests), which
+   would bridge the gutter. After the columns are found, a mark whose middle lies in a separator
+   is dropped (its block counts as the table's), and so is a dot leader (``........`` from a
+   price list's item to its price, wherever it ends); another mark inside a column joins its cell
+   (a ``-`` for nil).
 
 Sources: the projection-profile / whitespace approach of T. Kieninger and A. Dengel, "The T-Recs
 table recognition and analysis system" (DAS 1998, LNCS 1655) — blocks of words linked across
@@ -40,9 +58,13 @@ R. Zanibbi, D. Blostein and J. Cordy, "A survey of table recognition" (IJDAR 7, 
 terms (separators, cells, spanning). Ruling-line detection by morphological opening with a line
 structuring element is the method of ``linefind.cpp`` (Leptonica ``pixOpenBrick``).
 
-Limits: a cell spanning several columns (a merged header) removes the separators it crosses
-from the whole table; cells of several lines without a ruled grid become several rows; stacked
-tables with different columns and no text between them are one table. Work is linear in the
+Limits: cells spanning columns on more lines than :data:`MAX_SPANNING_SHARE` allows (a table of
+merged headers) remove the separators they cross from the whole table; a line of one segment
+across a separator (a note with no amount beside it) splits the table there and stays text; a
+gutter narrower than the minimum gap (about 1.5 digit widths of DejaVu Sans) is not found, and a
+mark tesseract glues to a word (``A-100__``) stays in its cell; cells of several lines without a
+ruled grid become several rows; stacked tables with different columns and no text between them
+are one table. Work is linear in the
 number of words per line and quadratic at most in the lines of one run (bounded by the page).
 
 Pure Python but for :func:`find_rules`, which runs libvips on the page image.
@@ -50,11 +72,12 @@ Pure Python but for :func:`find_rules`, which runs libvips on the page image.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 import pyvips
@@ -64,11 +87,16 @@ from hypermedia.engines.ocr.recognition import Word
 __all__ = [
     "MAX_MEAN_CELL_WORDS",
     "MAX_ROW_GAP_HEIGHTS",
+    "MAX_SPANNING_LINES",
+    "MAX_SPANNING_SHARE",
     "MIN_COLUMNS",
     "MIN_GAP_HEIGHTS",
     "MIN_ROWS",
     "MIN_RULE_HEIGHTS",
     "MIN_SEPARATOR_SUPPORT",
+    "MIN_TEXT_COLUMN_WORDS",
+    "TEXT_COLUMN_FILL",
+    "Align",
     "Block",
     "Cell",
     "Rule",
@@ -90,10 +118,23 @@ MIN_ROWS: Final = 3
 """Fewest lines (rows) of a table."""
 MIN_COLUMNS: Final = 3
 """Fewest columns of a table (two columns of words are as often a list or a form as a table)."""
+MAX_SPANNING_SHARE: Final = 0.25
+"""Largest share of a table's lines whose cells may span a column separator (a subtotal or a note
+over several columns) without removing it; with :data:`MAX_SPANNING_LINES`, and none in a table
+of fewer than 4 lines."""
+MAX_SPANNING_LINES: Final = 3
+"""Most lines of one table with cells spanning one separator."""
 MIN_SEPARATOR_SUPPORT: Final = 2
 """Fewest lines that must have words on both sides of a column separator."""
 MAX_MEAN_CELL_WORDS: Final = 5.0
 """Most words per filled cell, on average, of a table: columns of prose hold 8–12 words a line."""
+MIN_TEXT_COLUMN_WORDS: Final = 3.0
+"""Fewest words per filled cell, on average, of a column of running text (with
+:data:`TEXT_COLUMN_FILL`): a table needs one column that is not (its codes, numbers, dates); a
+page set in three narrow columns of prose (5–6 words a line) is not a table."""
+TEXT_COLUMN_FILL: Final = 2 / 3
+"""A column of running text: three quarters of its filled cells at least this share of its width
+wide (lines broken to fill a measure)."""
 MIN_RULE_HEIGHTS: Final = 4.0
 """Shortest ruling line, in median word heights (no letter stroke is that long)."""
 INK_THRESHOLD: Final = 128
@@ -101,6 +142,12 @@ INK_THRESHOLD: Final = 128
 background normalised)."""
 DEFAULT_WORD_HEIGHT: Final = 32
 """Median word height assumed without words, in pixels (10 pt text at 300 dpi)."""
+
+Align = Literal["left", "right", "centre"]
+"""How a column's cells are set: their left edges, right edges or middles line up."""
+
+LEADER_DOTS: Final = frozenset(".·…•")
+"""The characters of a dot leader (:func:`_is_leader`)."""
 
 Box = tuple[int, int, int, int]
 """``(x, y, width, height)`` in pixels of the page image, origin top left (as :attr:`Word.bbox`)."""
@@ -130,6 +177,10 @@ class Cell:
     its row's extent)."""
     words: tuple[Word, ...] = ()
     """The cell's words, in reading order."""
+    span: int = 1
+    """How many columns it spans, from its own rightwards: a cell whose words reach across a
+    column separator (a subtotal's label over two columns) is held by its first column; the
+    cells it covers are empty, with span ``0``."""
 
     @property
     def conf(self) -> float | None:
@@ -152,6 +203,8 @@ class Table:
     the columns and bound the rows, and its box includes them."""
     block_ids: tuple[int, ...] = ()
     """Tesseract blocks that hold its words, sorted."""
+    align: tuple[Align, ...] = ()
+    """Each column's alignment, inferred from its filled cells (:func:`_alignment`)."""
 
     @property
     def n_rows(self) -> int:
@@ -189,6 +242,12 @@ def _union(boxes: Iterable[Box]) -> Box:
     x1 = max(b[0] + b[2] for b in boxes)
     y1 = max(b[1] + b[3] for b in boxes)
     return (x0, y0, x1 - x0, y1 - y0)
+
+
+def _inside(box: Box, outer: Box) -> bool:
+    """Whether the middle of ``box`` lies in ``outer``."""
+    mx, my = box[0] + box[2] / 2, box[1] + box[3] / 2
+    return outer[0] <= mx < outer[0] + outer[2] and outer[1] <= my < outer[1] + outer[3]
 
 
 @dataclass
@@ -257,8 +316,53 @@ def _segments(line: _Line, min_gap: float, v_rules: Sequence[Rule]) -> int:
     return count
 
 
+def _pieces(line: _Line, min_gap: float) -> list[tuple[int, int]]:
+    """The x-extents of the line's segments (words closer than ``min_gap`` joined)."""
+    pieces: list[tuple[int, int]] = []
+    for word in line.words:
+        x0, x1 = word.bbox[0], word.bbox[0] + word.bbox[2]
+        if pieces and x0 - pieces[-1][1] < min_gap:
+            pieces[-1] = (pieces[-1][0], max(pieces[-1][1], x1))
+        else:
+            pieces.append((x0, x1))
+    return pieces
+
+
+def _spanned_gaps(lines: Sequence[_Line], min_gap: float, most: int) -> list[tuple[int, int]]:
+    """Gaps that at most ``most`` lines cover, each of them with segments that reach into the gap
+    from a column beside it or across it (a spanning cell: a subtotal's label over the code and
+    description columns), none lying inside it (a column with one filled cell is a column, not a
+    gap)."""
+    events: list[tuple[int, int]] = []
+    for line in lines:
+        for word in line.words:
+            events += [(word.bbox[0], 1), (word.bbox[0] + word.bbox[2], -1)]
+    events.sort()
+    regions: list[tuple[int, int]] = []
+    depth, start = 0, None
+    for x, step in events:
+        before = depth
+        depth += step
+        if before > most >= depth:
+            start = x
+        elif depth > most >= before and start is not None:
+            if x - start >= min_gap:
+                regions.append((start, x))
+            start = None
+    gaps = []
+    for r0, r1 in regions:
+        over = [
+            line for line in lines if any(w.bbox[0] < r1 and w.bbox[0] + w.bbox[2] > r0 for w in line.words)
+        ]
+        inside = [(p0, p1) for line in over for p0, p1 in _pieces(line, min_gap) if p0 < r1 and p1 > r0]
+        if over and all(p0 < r0 or p1 > r1 for p0, p1 in inside):
+            gaps.append((r0, r1))
+    return gaps
+
+
 def _separators(lines: Sequence[_Line], min_gap: float, v_rules: Sequence[Rule]) -> list[tuple[int, int]]:
-    """Column separators of a run of lines (step 4): ``(x0, x1)`` intervals no word covers."""
+    """Column separators of a run of lines (step 4): ``(x0, x1)`` intervals no word covers, or
+    only segments of a few spanning lines (:data:`MAX_SPANNING_SHARE`) reaching across them."""
     spans = sorted((w.bbox[0], w.bbox[0] + w.bbox[2]) for line in lines for w in line.words)
     top, bottom = min(line.top for line in lines), max(line.bottom for line in lines)
     gaps: list[tuple[int, int]] = []
@@ -267,6 +371,10 @@ def _separators(lines: Sequence[_Line], min_gap: float, v_rules: Sequence[Rule])
         if x0 > reach and (x0 - reach >= min_gap or _crosses_rule(reach, x0, top, bottom, v_rules)):
             gaps.append((reach, x0))
         reach = max(reach, x1)
+    most = min(MAX_SPANNING_LINES, int(len(lines) * MAX_SPANNING_SHARE))
+    if most:
+        spanned = _spanned_gaps(lines, min_gap, most)
+        gaps = sorted(spanned + [g for g in gaps if not any(s0 <= g[0] and g[1] <= s1 for s0, s1 in spanned)])
     supported = []
     for gap in gaps:
         support = sum(1 for line in lines if line.x0 < gap[0] and line.x1 > gap[1] and len(line.words) > 1)
@@ -408,6 +516,43 @@ def find_rules(page_image: pyvips.Image, *, min_length: int) -> list[Rule]:
 # --- tables --------------------------------------------------------------------------------------
 
 
+def _is_mark(word: Word) -> bool:
+    """Whether a word has no letter or digit (``-``, ``—``, ``_``, ``=``, ``*``): it takes no part
+    in finding lines and columns (step 6 of the module docstring)."""
+    return not any(ch.isalnum() for ch in word.text)
+
+
+def _is_leader(word: Word) -> bool:
+    """Whether a mark is a dot leader (``........`` from a price list's name to its price): two
+    or more dots, never a cell's content, dropped wherever it lies."""
+    text = word.text.strip()
+    return len(text) >= 2 and all(ch in LEADER_DOTS for ch in text)
+
+
+def _with_marks(
+    part: Sequence[_Line], separators: Sequence[tuple[int, int]], marks: Sequence[Word]
+) -> list[_Line]:
+    """The part's lines with the marks that belong to them (step 6): a mark joins the line whose
+    extent holds its vertical middle, when its horizontal middle lies within the part's width and
+    in no separator (there it is a speck of the gutter, dropped), and it is not a dot leader
+    (dropped). ``marks`` sorted by their vertical middles."""
+    x0, x1 = min(line.x0 for line in part), max(line.x1 for line in part)
+    lines = [_Line(list(line.words), line.top, line.bottom) for line in part]
+    middles = [m.bbox[1] + m.bbox[3] / 2 for m in marks]
+    first = bisect.bisect_left(middles, lines[0].top)
+    last = bisect.bisect_left(middles, max(line.bottom for line in lines))
+    for mark, my in zip(marks[first:last], middles[first:last], strict=True):
+        mx = mark.bbox[0] + mark.bbox[2] / 2
+        if not x0 <= mx < x1 or _is_leader(mark) or any(s0 <= mx < s1 for s0, s1 in separators):
+            continue
+        home = next((line for line in lines if line.top <= my < line.bottom), None)
+        if home is not None:
+            home.words.append(mark)
+    for line in lines:
+        line.words.sort(key=lambda w: w.bbox[0])
+    return lines
+
+
 def _median_height(words: Sequence[Word]) -> float:
     return statistics.median(w.bbox[3] for w in words) if words else float(DEFAULT_WORD_HEIGHT)
 
@@ -431,22 +576,78 @@ def _row_bands(run: Sequence[_Line], h_rules: Sequence[Rule], span: tuple[int, i
     return [rows[key] for key in sorted(rows)]
 
 
-def _build(
-    run: Sequence[_Line], separators: Sequence[tuple[int, int]], rules: Sequence[Rule], ruled_grid: bool
-) -> Table | None:
-    words = [w for line in run for w in line.words]
-    n_cols = len(separators) + 1
+def _alignment(cells: Sequence[Cell], tolerance: float) -> Align:
+    """A column's alignment: the edge (left, right or middle) of its filled cells that varies
+    least, by the mean absolute deviation from its median (a header or a total set otherwise
+    moves every spread alike). Within ``tolerance`` pixels of the least, left wins over right over centre (a
+    column of cells of one width is all three; it reads as left)."""
+    filled = [c.bbox for c in cells if c.words]
+    if not filled:
+        return "left"
+    edges: dict[Align, list[float]] = {
+        "left": [b[0] for b in filled],
+        "right": [b[0] + b[2] for b in filled],
+        "centre": [b[0] + b[2] / 2 for b in filled],
+    }
+    spread = {}
+    for how, values in edges.items():
+        middle = statistics.median(values)
+        spread[how] = statistics.fmean(abs(v - middle) for v in values)
+    least = min(spread.values())
+    return next(how for how in ("left", "right", "centre") if spread[how] <= least + tolerance)
+
+
+def _is_text_column(cells: Sequence[Cell], extent: tuple[int, int]) -> bool:
+    """Whether a column holds running text (:data:`MIN_TEXT_COLUMN_WORDS`,
+    :data:`TEXT_COLUMN_FILL`)."""
+    filled = [c for c in cells if c.words]
+    if not filled or sum(len(c.words) for c in filled) / len(filled) < MIN_TEXT_COLUMN_WORDS:
+        return False
+    full = sum(1 for c in filled if c.bbox[2] >= TEXT_COLUMN_FILL * (extent[1] - extent[0]))
+    return full >= 0.75 * len(filled)
+
+
+def _line_cells(
+    line: _Line, separators: Sequence[tuple[int, int]], min_gap: float
+) -> list[tuple[int, int, list[Word]]]:
+    """The line's cells as ``(first column, last column, words)``: its words cut at gaps of at
+    least ``min_gap`` and at separators; a group of words that reaches across a separator (a
+    spanning cell) belongs to the column of its first word and spans to that of its last."""
 
     def column_of(word: Word) -> int:
         middle = word.bbox[0] + word.bbox[2] / 2
         return sum(1 for s0, s1 in separators if middle >= (s0 + s1) / 2)
 
+    groups: list[list[Word]] = []
+    for word in line.words:
+        if groups:
+            left, right = groups[-1][-1].bbox[0] + groups[-1][-1].bbox[2], word.bbox[0]
+            if right - left < min_gap and not any(left <= s0 and s1 <= right for s0, s1 in separators):
+                groups[-1].append(word)
+                continue
+        groups.append([word])
+    return [(column_of(g[0]), max(column_of(g[0]), column_of(g[-1])), g) for g in groups]
+
+
+def _build(
+    run: Sequence[_Line],
+    separators: Sequence[tuple[int, int]],
+    rules: Sequence[Rule],
+    ruled_grid: bool,
+    min_gap: float,
+) -> Table | None:
+    words = [w for line in run for w in line.words]
+    n_cols = len(separators) + 1
+    line_cells = {id(line): _line_cells(line, separators, min_gap) for line in run}
+
     columns: list[tuple[int, int]] = []
     by_column: dict[int, list[Word]] = {}
-    for word in words:
-        by_column.setdefault(column_of(word), []).append(word)
+    spanning: dict[int, list[Word]] = {}
+    for found in line_cells.values():
+        for first, last, group in found:
+            (by_column if first == last else spanning).setdefault(first, []).extend(group)
     for c in range(n_cols):
-        in_column = by_column.get(c, [])
+        in_column = by_column.get(c) or spanning.get(c, [])
         if not in_column:
             return None
         columns.append((min(w.bbox[0] for w in in_column), max(w.bbox[0] + w.bbox[2] for w in in_column)))
@@ -461,27 +662,37 @@ def _build(
         for c, (c0, c1) in enumerate(columns):
             lines_text = []
             members: list[Word] = []
+            reach = c
             for line in band:
-                in_cell = [w for w in line.words if column_of(w) == c]
+                in_cell = [(last, group) for first, last, group in line_cells[id(line)] if first == c]
                 if in_cell:
-                    lines_text.append(" ".join(w.text for w in in_cell))
-                    members.extend(in_cell)
+                    lines_text.append(" ".join(w.text for _, group in in_cell for w in group))
+                    members.extend(w for _, group in in_cell for w in group)
+                    reach = max(reach, *(last for last, _ in in_cell))
             bbox = _union(w.bbox for w in members) if members else (c0, top, c1 - c0, bottom - top)
             filled += bool(members)
-            cells.append(Cell(r, c, "\n".join(lines_text), bbox, tuple(members)))
+            cells.append(Cell(r, c, "\n".join(lines_text), bbox, tuple(members), reach - c + 1))
+        for c, cell in enumerate(cells):
+            for covered in range(c + 1, c + cell.span):
+                cells[covered] = replace(cells[covered], span=0)
         rows.append(tuple(cells))
     if len(rows) < MIN_ROWS or n_cols < MIN_COLUMNS or len(words) / max(1, filled) > MAX_MEAN_CELL_WORDS:
+        return None
+    single = [[row[c] for row in rows if row[c].span == 1] for c in range(n_cols)]
+    if all(_is_text_column(single[c], columns[c]) for c in range(n_cols)):
         return None
     box = _union(w.bbox for w in words)
     ruled = ruled_grid
     if ruled:
         box = _union([box, *(r.bbox for r in rules)])
+    tolerance = 0.1 * _median_height(words)  # a few pixels: OCR boxes of aligned text vary by 1–3
     return Table(
         bbox=box,
         rows=tuple(rows),
         columns=tuple(columns),
         ruled=ruled,
         block_ids=tuple(sorted({w.block for w in words})),
+        align=tuple(_alignment(single[c], tolerance) for c in range(n_cols)),
     )
 
 
@@ -511,7 +722,10 @@ def detect_tables(words: Sequence[Word], page_image: pyvips.Image | None = None)
         Tables of at least :data:`MIN_ROWS` rows and :data:`MIN_COLUMNS` columns; ``[]`` for a page
         without one. Every word belongs to at most one table.
     """
-    words = [w for w in words if w.text.strip()]
+    marks = sorted(
+        (w for w in words if w.text.strip() and _is_mark(w)), key=lambda w: w.bbox[1] + w.bbox[3] / 2
+    )
+    words = [w for w in words if not _is_mark(w)]
     if not words:
         return []
     height = _median_height(words)
@@ -534,7 +748,8 @@ def detect_tables(words: Sequence[Word], page_image: pyvips.Image | None = None)
                 for r in near
                 if r.orientation == "vertical" and x0 < r.bbox[0] and r.bbox[0] + r.bbox[2] < x1
             ]
-            table = _build(part, separators, near, ruled_grid=bool(interior_v))
+            part = _with_marks(part, separators, marks)
+            table = _build(part, separators, near, ruled_grid=bool(interior_v), min_gap=min_gap)
             if table is not None:
                 tables.append(table)
     return tables
@@ -567,7 +782,10 @@ def classify_blocks(words: Sequence[Word], tables: Sequence[Table] | None = None
     for word in words:
         if not word.text.strip():
             continue
-        groups.setdefault((word.block, owner.get(id(word), -1)), []).append(word)
+        index = owner.get(id(word), -1)
+        if index < 0 and _is_mark(word):  # a speck of a gutter, dropped from the cells
+            index = next((i for i, t in enumerate(tables) if _inside(word.bbox, t.bbox)), -1)
+        groups.setdefault((word.block, index), []).append(word)
     return [
         Block(
             block_id=block_id,
@@ -593,8 +811,9 @@ def to_json(table: Table) -> dict[str, Any]:
     """The table as JSON::
 
         {"bbox": [x, y, w, h], "n_rows": 6, "n_cols": 4, "ruled": false, "block_ids": [2, 3],
-         "columns": [[x0, x1], …],
-         "rows": [[{"row": 0, "col": 0, "text": "Item", "bbox": [x, y, w, h], "conf": 91.7}, …], …]}
+         "columns": [[x0, x1], …], "align": ["left", "left", "centre", "right"],
+         "rows": [[{"row": 0, "col": 0, "text": "Item", "bbox": [x, y, w, h], "conf": 91.7, "span": 1},
+                   …], …]}
 
     Boxes in pixels of the page image (as the words'), ``conf`` 0–100 or null for an empty cell.
     """
@@ -605,6 +824,7 @@ def to_json(table: Table) -> dict[str, Any]:
         "ruled": table.ruled,
         "block_ids": list(table.block_ids),
         "columns": [list(c) for c in table.columns],
+        "align": list(table.align),
         "rows": [
             [
                 {
@@ -613,6 +833,7 @@ def to_json(table: Table) -> dict[str, Any]:
                     "text": cell.text,
                     "bbox": list(cell.bbox),
                     "conf": round(cell.conf, 2) if cell.conf is not None else None,
+                    "span": cell.span,
                 }
                 for cell in row
             ]
