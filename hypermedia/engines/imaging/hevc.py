@@ -4,7 +4,7 @@ The libvips in ``pyvips-binary`` reads HEIF through a libheif that has an AV1 de
 ``heifload`` opens an HEIC's header and then fails on the first pixel ("Support for this
 compression format has not been built in: HEVC"). ``pillow-heif`` ships libheif 1.23 with
 libde265 (and x265, which the tests use to make samples; its wheels are GPLv2 for that reason,
-see ``docs/adr/00XX-hevc-heif-decoded-by-libheif-from-pillow-heif.md``). This module opens such
+see ``docs/adr/0031-hevc-heif-decoded-by-libheif-from-pillow-heif.md``). This module opens such
 a file from memory with it, reports the primary image's size and the image count before anything
 is decoded (:func:`open_hevc`), and decodes one image into a libvips image in memory
 (:func:`decode`), so that the rest of the pipeline (thumbnail, colour, metadata-free save) is the
