@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{call['wall_ratio']:.2f}x",
                 f"CPU {call['cpu_ratio']:.2f}x; the direct call costs no more (>= 1.0x): "
                 + ("met" if call["wall_ratio"] >= 1.0 else "MISSED")
-                + " (ADR 0033)",
+                + " (ADR 0034)",
             )
         )
     print(common.table(rows, ("benchmark", "baseline", "platform", "ratio", "note")))
