@@ -26,7 +26,8 @@ from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.metrics import cer
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
-from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, system_models
+from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, save_png, system_models
+from tests.unit.test_ocr_orientation import PARAGRAPH, typeset
 from tests.unit.test_ocr_tables import (
     AMOUNTS,
     INVOICE_ALIGN,
@@ -116,6 +117,23 @@ def test_rotated_page_gives_the_same_text(client: httpx.Client) -> None:
     assert cer(_download(outputs["text"]).decode("utf-8"), GOLD) < 0.02
     steps = {s["step"]: s for s in json.loads(_download(outputs["words"]))["pages"][0]["preprocessing"]}
     assert steps["orientation"]["applied"] and steps["orientation"]["rotate"] in (90, 270)
+
+
+def test_a_page_upside_down_reads_as_the_same_page_upright(client: httpx.Client, tmp_path: Path) -> None:
+    """A 26-word paragraph typeset at 12 pt, 300 dpi, uploaded upright and upside down: the same
+    text (tesseract's orientation confidence there, 6.63, is under its own margin of 7)."""
+    upright = typeset(12, 300)
+    texts, steps = {}, {}
+    for name, image in (("upright", upright), ("turned", upright.rot("d180"))):
+        obj = upload(client, save_png(image, tmp_path / f"{name}.png", dpi=300))
+        outputs = _outputs(_ocr(client, obj["object_id"], escalate=False))
+        texts[name] = _download(outputs["text"]).decode("utf-8")
+        page = json.loads(_download(outputs["words"]))["pages"][0]
+        steps[name] = {s["step"]: s for s in page["preprocessing"]}
+    assert cer(texts["upright"], PARAGRAPH) < 0.02, texts["upright"]
+    assert texts["turned"] == texts["upright"]
+    assert not steps["upright"]["orientation"]["applied"]
+    assert steps["turned"]["orientation"]["applied"] and steps["turned"]["orientation"]["rotate"] == 180
 
 
 def test_eurotext_keeps_its_accents_with_its_languages(client: httpx.Client) -> None:

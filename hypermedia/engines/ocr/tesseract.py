@@ -52,6 +52,8 @@ from hypermedia.engines.ocr.recognition import PageText, Word
 __all__ = [
     "EXECUTABLE",
     "OSD_MIN_CONFIDENCE",
+    "OSD_MIN_CONFIDENCE_CLEAR_SCRIPT",
+    "OSD_MIN_SCRIPT_CONFIDENCE",
     "Orientation",
     "Tesseract",
     "TesseractFailure",
@@ -70,11 +72,38 @@ EXECUTABLE: Final = "tesseract"
 """Looked up on ``PATH`` (the sandbox child's ``PATH`` is ``/usr/local/bin:/usr/bin:/bin``)."""
 
 OSD_MIN_CONFIDENCE: Final = 7.0
-"""Least orientation confidence for which a page is turned: tesseract's own
+"""Orientation confidence from which a detected turn is trusted on its own: tesseract's
 ``min_orientation_margin`` (default 7, ``tesseract --print-parameters``), the margin its automatic
 page segmentation with OSD (``--psm 1``) trusts. Measured here, on pages upscaled to 300 dpi:
 8.9–10.1 for the corpus' ``phototest.tif`` turned by 90, 180 or 270 degrees, 10.4–31.6 for the
-other corpus pages, upright or turned."""
+other corpus pages, upright or turned. Below it, see :data:`OSD_MIN_CONFIDENCE_CLEAR_SCRIPT`."""
+
+OSD_MIN_CONFIDENCE_CLEAR_SCRIPT: Final = 2.0
+"""Orientation confidence from which a detected turn is trusted when the script is clear (script
+confidence at least :data:`OSD_MIN_SCRIPT_CONFIDENCE`).
+
+The orientation confidence is a sum over the blobs tesseract samples (at most 250,
+``osdetect.cpp``) of each blob's log-likelihood margin, so it measures how much text a page has
+as much as how right the detection is. On clean print typeset here (a paragraph of 8, 16, 32 or
+64 words in DejaVu Serif, Sans and Mono at 9, 12 and 20 pt, 300 dpi, every quarter turn: 144
+pages) the detection was right every time, at 1.1–3.7 for 8 words, 2.0–7.6 for 16, 4.3–15.6 for
+32 and 9.9–30.4 for 64, so tesseract's margin of 7 alone trusted none of the 8-word pages, 3 of
+36 of the 16-word and 17 of 36 of the 32-word ones: the others were read upside down or not at
+all (issue 15, item 11). Wrong detections (the corpus' nine photos; ``phototest.tif`` blurred by
+σ 3–4.5 px or faded to a quarter of its contrast under noise; ``8071_093.3B.tif`` blurred by σ
+4 px; each in every quarter turn) came at 0.01–3.84, those over 2 with a script confidence of
+0.09–2.05 (blobs of noise match no one script: "Bengali" at 0.44 on the faded phototest page).
+The right detections between 2 and 7 had script confidences of 2.0 (8 of 66: Sans at 20 pt and
+Mono, 8 or 16 words; and a 17-word Serif paragraph at 20 pt, upright and upside down) or 6.7–97:
+a script confidence is a ratio of counts of blobs, coarse on a short text. With both rules, 12
+of the 36 pages of 8 words, 30 of 36 of 16 and all of 32 words or more are turned; a shorter
+text may stay as it is found."""
+
+OSD_MIN_SCRIPT_CONFIDENCE: Final = 5.0
+"""Script confidence (how far the best script's score exceeds the second's, in units of
+tesseract's ``kScriptAcceptRatio`` 1.3 over 1) from which a page's text is taken to be in one
+script, so that :data:`OSD_MIN_CONFIDENCE_CLEAR_SCRIPT` applies: between the wrong detections'
+2.05 and the 6.7 of the right ones (measured, see there)."""
 
 LIST_LANGS_TIMEOUT: Final = 10.0
 """Seconds ``tesseract --list-langs`` and ``--version`` may take (they read a directory)."""
@@ -247,10 +276,23 @@ class Orientation:
     orientation: int
     """How far the text is turned counter-clockwise (``360 - rotate``, modulo 360)."""
     confidence: float
-    """Orientation confidence (see the module docstring); trusted from :data:`OSD_MIN_CONFIDENCE`."""
+    """Orientation confidence (see the module docstring and :attr:`trusted`)."""
     script: str
     """Detected script (``Latin``, ``Cyrillic``, ``Han``…)."""
     script_confidence: float
+    """How clearly the page is in that one script (see :data:`OSD_MIN_SCRIPT_CONFIDENCE`)."""
+
+    @property
+    def trusted(self) -> bool:
+        """Whether a page should be turned by :attr:`rotate`: its confidence is at least
+        :data:`OSD_MIN_CONFIDENCE`, or at least :data:`OSD_MIN_CONFIDENCE_CLEAR_SCRIPT` with a
+        script confidence of at least :data:`OSD_MIN_SCRIPT_CONFIDENCE`."""
+        if self.confidence >= OSD_MIN_CONFIDENCE:
+            return True
+        return (
+            self.confidence >= OSD_MIN_CONFIDENCE_CLEAR_SCRIPT
+            and self.script_confidence >= OSD_MIN_SCRIPT_CONFIDENCE
+        )
 
 
 def parse_osd(output: str) -> Orientation | None:
