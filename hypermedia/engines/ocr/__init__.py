@@ -10,6 +10,8 @@
 | :mod:`~hypermedia.engines.ocr.escalation` | when a page goes to the second engine and which reading is kept (threshold and calibration, measured) | pure Python |
 | :mod:`~hypermedia.engines.ocr.preprocess` | grey conversion, upscaling, orientation, deskew and background normalisation of one page, each step recorded | pyvips |
 | :mod:`~hypermedia.engines.ocr.assemble` | per-page results merged into the outputs: text, words JSON, hOCR, searchable PDF | pypdfium2 |
+| :mod:`~hypermedia.engines.ocr.pages` | where the pages come from: image frames, HEVC and Pillow TIFF pages, PDF pages rendered or their text layer, each checked from its header | pyvips, pypdfium2 |
+| :mod:`~hypermedia.engines.ocr.outputs` | the outputs written from the page records (text, words, hOCR, searchable PDF, tables) | pypdfium2 |
 | :mod:`~hypermedia.engines.ocr.engine` | the sandbox entry ``run(operation, params, input_path, out_dir, *, limits)`` | all of the above |
 
 Importing this package imports nothing heavy; :mod:`~hypermedia.engines.ocr.engine` runs libvips and must
