@@ -14,7 +14,7 @@ request and ended as 500/INTERNAL. Here they are refused once, as :class:`Invali
   hold and JSON may not); the gRPC error interceptor runs it on each request of every service.
 
 gRPC strings are UTF-8 on the wire, so only NUL can arrive there; lengths are per field and stay
-with the code that knows the field (:mod:`services.gateway.jobs`).
+with the code that knows the field (:mod:`services.gateway.process_request`).
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from hypermedia.core.errors import (
 from hypermedia.infra.rpc import call
 from hypermedia.jobs import secrets as jobsecrets
 from services.gateway import manifests
+from services.gateway.ids import parse_uuid
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +130,6 @@ EndpointUrl = Callable[[str, str, int, str], str]
 knows how its clients reach it (scheme, host, path prefix)."""
 
 
-def _job_uuid(job_id: str) -> str:
-    try:
-        return str(uuid.UUID(job_id))
-    except (ValueError, TypeError, AttributeError):
-        raise NotFound("job not found", "NOT_FOUND") from None
-
-
 class OutputResolver:
     """The resolved-output use case. Dependencies come in through the constructor.
 
@@ -196,7 +190,7 @@ class OutputResolver:
                 UTF-8; ``SIGNED_URLS_NOT_ENABLED`` (see the constructor).
             TransientError: storage unreachable or answering with an error.
         """
-        job_id = _job_uuid(job_id)
+        job_id = parse_uuid(job_id, "job")
         job = await self._pool.fetchrow(
             "SELECT status, profile_version FROM processing_jobs"
             " WHERE job_id = $1 AND ($2::uuid IS NULL OR account_id = $2::uuid)",

@@ -42,7 +42,7 @@ QUEUE: Final = "ocr"
 DEFAULT_SLOTS: Final = 2
 LANGUAGE_REPORT_SECONDS: Final = 3600.0
 """How often a worker reports its languages again; the gateway forgets a worker's report after a
-day (``services.gateway.jobs.OCR_LANGUAGES_MAX_AGE``), so a stopped worker's languages go."""
+day (``services.gateway.creation.OCR_LANGUAGES_MAX_AGE``), so a stopped worker's languages go."""
 ESCALATION_LINE: Final = "ocr_escalation"
 """The charge line of pages read again by the second engine."""
 

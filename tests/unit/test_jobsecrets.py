@@ -15,23 +15,22 @@ import pytest
 from hypermedia.core import config
 from hypermedia.core.errors import InvalidArgument
 from hypermedia.jobs import secrets as jobsecrets
-from services.gateway.jobs import JobsAPI, OperationRequest
+from services.gateway.creation import JobCreation
+from services.gateway.process_request import OperationRequest
 from services.gateway.settings import GatewaySettings
 
 SECRET = "gateway-secret-0123456789abcdef"
 
 
-def _api(password_key: bytes | None) -> JobsAPI:
-    """A JobsAPI whose dependencies are never touched by the methods under test."""
-    return JobsAPI(
-        None,  # type: ignore[arg-type]
+def _api(password_key: bytes | None) -> JobCreation:
+    """A JobCreation whose dependencies are never touched by the methods under test."""
+    return JobCreation(
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         stream_prefix="HM",
-        max_upload_bytes=1,
         max_operations=16,
         password_key=password_key,
     )
