@@ -144,6 +144,8 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 account_id,
                 total,
             )
+        if row is None:  # not after the row was locked above; for the type checker
+            raise NotFound("no credit account", "ACCOUNT_NOT_FOUND")
         return credits_pb2.HoldResponse(balance_millicredits=row["balance"], held_millicredits=row["held"])
 
     async def Commit(

@@ -19,6 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge, StorageQuotaExceeded
+from hypermedia.infra import db
 from services.storage.backends import (
     OUTPUT_TYPE,
     ObjectBackend,
@@ -247,7 +248,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             object=_object(row), put_url=url, expires_at=_timestamp(expires_at)
         )
 
-    async def _reserve(self, conn: asyncpg.Connection, account_id: uuid.UUID, size_bytes: int) -> None:
+    async def _reserve(self, conn: db.Connection, account_id: uuid.UUID, size_bytes: int) -> None:
         """Count one original of ``size_bytes`` against the account's quota, in ``conn``'s
         transaction. Raises StorageQuotaExceeded with the numbers."""
         await conn.execute(
