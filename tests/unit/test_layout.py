@@ -31,7 +31,12 @@ EXCEPTIONS: dict[str, set[str]] = {
 """Modules allowed one import more, with the reason: the LibreOffice listener pool runs in the
 docworker (not in a job's child) and confines its listeners with the sandbox's helper entry."""
 
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "hypermedia.engines.ocr.preprocess": "one pipeline of page steps (grey, background, upscale, "
+    "orientation, deskew), each recorded, whose measurements are tuned together",
+    "hypermedia.engines.ocr.tables": "one detection pipeline (lines, gutters, spanning rows, runs, cells, "
+    "alignment) whose thresholds are tuned together on the same pages",
+}
 """Modules allowed over :data:`MAX_LINES`, each with the reason (one cohesive pipeline)."""
 MAX_LINES = 600
 
