@@ -24,8 +24,9 @@ import httpx
 
 from hypermedia.api.storage.v1 import storage_pb2
 from hypermedia.core.errors import Conflict, NotFound
+from hypermedia.engines.contract import OutputFile
 from hypermedia.jobs import lifecycle
-from hypermedia.sandbox import OutputFile, SandboxLimits, SandboxResult
+from hypermedia.sandbox import SandboxLimits, SandboxResult
 from hypermedia.worker.handler import SandboxHandler
 from services.storage.service import _object as _object_message
 

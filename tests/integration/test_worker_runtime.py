@@ -29,8 +29,8 @@ import pytest
 from nats.aio.msg import Msg
 
 from hypermedia.api.credits.v1 import credits_pb2
+from hypermedia.engines.contract import OutputFile
 from hypermedia.jobs import lifecycle, queues
-from hypermedia.sandbox import OutputFile
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.settings import WorkerSettings
 from tests.helpers.fakes import FakeSandbox, FakeStorage, GatedHandler, failure, success
