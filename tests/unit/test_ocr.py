@@ -878,7 +878,7 @@ def test_skip_text_pages_with_megabytes_of_text(tmp_path: Path) -> None:
 def test_a_page_exactly_at_the_pixel_limit_is_rendered_within_it() -> None:
     """1920 pt at 300 dpi is 8000 px, but 1920 × 300 / 72 is 8000.000000000001 in floating point
     and the render rounds up to 8001: the resolution steps down until the rounded size fits."""
-    from hypermedia.engines.ocr.engine import _pixel_size, _render_dpi
+    from hypermedia.engines.ocr.pages import _pixel_size, _render_dpi
 
     dpi = _render_dpi(1920, 1920, 64_000_000)
     width, height = _pixel_size(1920, 1920, dpi)
