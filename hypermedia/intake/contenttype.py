@@ -189,7 +189,7 @@ OFFICE_MIME_TYPES = frozenset(
     }
 )
 """The office documents the docworker converts to PDF: exactly the types that have a LibreOffice
-import filter (``IMPORT_FILTERS`` in :mod:`hypermedia.engines.documents.office`; a unit test keeps the two
+import filter (``IMPORT_FILTERS`` in :mod:`hypermedia.engines.documents.filters`; a unit test keeps the two
 equal). Other ODF types (formula, chart, database, master and web documents), flat ODF
 (``…-flat-xml``, typed and checked for macros) and generic compound files (:data:`ole.OLE_STORAGE`)
 are not among them."""
