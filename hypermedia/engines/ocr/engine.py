@@ -15,7 +15,7 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.engines.ocr.para
 2. **Pages.** Images are decoded by libvips with the loader the magic bytes chose (libvips'
    untrusted loaders stay blocked; the loader it reports must be that one), one page at a time
    (``page=i`` of a multi-page TIFF, GIF, WebP or HEIF), the EXIF orientation applied; an
-   HEVC-coded HEIF (an iPhone photo: :func:`hypermedia.engines.imaging.ops.heif_decoder` reads its
+   HEVC-coded HEIF (an iPhone photo: :func:`hypermedia.engines.imaging.sources.heif_decoder` reads its
    codec from its boxes) is decoded by libheif instead (:mod:`hypermedia.engines.imaging.hevc`), one
    top-level image per page, ``irot``/``imir`` applied. PDFs are
    rendered by PDFium at :data:`PDF_DPI` (lower, down to :data:`MIN_PDF_DPI`, for a page that
@@ -76,7 +76,7 @@ from hypermedia.core.errors import DomainError, InvalidArgument, PermanentJobErr
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.documents import engine_process, pdf
 from hypermedia.engines.imaging import hevc, tiff
-from hypermedia.engines.imaging.ops import RASTER_LOADER_BY_MIME, heif_decoder, missing_decoder
+from hypermedia.engines.imaging.sources import RASTER_LOADER_BY_MIME, heif_decoder, missing_decoder
 from hypermedia.engines.ocr import assemble, escalation, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.params import (
@@ -127,7 +127,7 @@ DEFAULT_PAGE_TIMEOUT: Final = 60.0
 """Seconds one tesseract process (one page) may take: 16 times the slowest corpus page (3.7 s)."""
 
 LOADERS: Final = RASTER_LOADER_BY_MIME
-"""libvips loader per image type (as :mod:`hypermedia.engines.imaging.ops`, without SVG)."""
+"""libvips loader per image type (as :mod:`hypermedia.engines.imaging.sources`, without SVG)."""
 _MULTI_PAGE_LOADERS: Final = frozenset({"webpload", "gifload", "tiffload", "heifload"})
 
 TEXT_MIME: Final = "text/plain; charset=utf-8"
@@ -329,7 +329,7 @@ def _corrupt() -> PermanentJobError:
 
 def _vips_error(exc: pyvips.Error) -> BaseException:
     """The error a libvips failure stands for: the input is to blame unless a resource ran out
-    (the same reading as :mod:`hypermedia.engines.imaging.ops`)."""
+    (the same reading as :mod:`hypermedia.engines.imaging.sources`)."""
     text = f"{exc.message} {exc.detail}".lower()
     if any(marker in text for marker in ("out of memory", "cannot allocate memory", "failed to allocate")):
         return MemoryError("libvips ran out of memory")
