@@ -5,7 +5,8 @@
 | module | responsibility | imports |
 |---|---|---|
 | :mod:`~hypermedia.engines.media.params` | the media operations' params, checked at job creation and in the worker | pure Python (the gateway imports it) |
-| :mod:`~hypermedia.engines.media.probe` | the sandbox entry ``run("probe", params, input_path, out_dir, *, limits)``: container, streams, chapters, exact duration; opening media safely (allowlisted demuxers, local file only), shared by every operation | PyAV |
+| :mod:`~hypermedia.engines.media.sources` | opening media safely (allowlisted demuxers, local file only), ``MediaLimits`` and the size and duration checks, the first audio stream, a video stream's first frame, the span of every packet: shared by every operation | PyAV |
+| :mod:`~hypermedia.engines.media.probe` | the sandbox entry ``run("probe", params, input_path, out_dir, *, limits)``: container, streams, chapters, exact duration | PyAV |
 | :mod:`~hypermedia.engines.media.orientation` | a frame's display matrix read (rotation, mirroring) and applied as FFmpeg's ``autorotate`` does: to RGB arrays (posters, sprites) or as FFmpeg filters (transcodes) | NumPy |
 | :mod:`~hypermedia.engines.media.decoding` | ``DecodeErrors``: decoding past packets that do not decode, counted (``decode_errors``), with FFmpeg's ``-max_error_rate`` bound past which a stream is ``CORRUPT_INPUT`` (waveform, both transcodes) | PyAV |
 | :mod:`~hypermedia.engines.media.waveform` | the sandbox entry ``run("waveform", …)``: min/max peaks per bucket and channel of the first audio stream, decoded in bounded memory, as JSON and a PNG | PyAV, NumPy, pyvips (when drawing) |

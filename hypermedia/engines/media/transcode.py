@@ -5,12 +5,12 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
 
 1. **Checks** before FFmpeg decodes anything: the params
    (:func:`hypermedia.engines.media.params.validate_params`), the file's size (``INPUT_TOO_LARGE``), the
-   opening (:func:`hypermedia.engines.media.probe.open_media`: allowlisted demuxers, the local file
+   opening (:func:`hypermedia.engines.media.sources.open_media`: allowlisted demuxers, the local file
    only), a header duration over :attr:`MediaLimits.max_duration_seconds` (``MEDIA_TOO_LONG``),
    a video stream that is not cover art (``NO_VIDEO_STREAM``), at most :data:`MAX_PIXELS` coded
    pixels (``INPUT_TOO_LARGE_PIXELS``).
 2. **Geometry**: the display size is the coded size with the sample aspect ratio applied, turned by
-   the display matrix of the first decoded frame (:func:`hypermedia.engines.media.probe.first_frame_orientation`:
+   the display matrix of the first decoded frame (:func:`hypermedia.engines.media.sources.first_frame_orientation`:
    quarter turns and the flip of a mirrored matrix, as FFmpeg's ``autorotate``:
    :mod:`hypermedia.engines.media.orientation`). :func:`plan_ladder` picks the renditions: a rung is
    the *short* side of the upright picture; rungs above the source's short side are left out
@@ -29,7 +29,7 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
    infinite samples zeroed), stamped by its sample count, and encoded into every rendition. A
    packet that does not decode is skipped and counted (``decode_errors``), as FFmpeg's command
    line goes on past it. Before any of this, every packet's timestamp is read (nothing decoded:
-   :func:`hypermedia.engines.media.probe.demux_span`), so a header that understates the length is
+   :func:`hypermedia.engines.media.sources.demux_span`), so a header that understates the length is
    ``MEDIA_TOO_LONG`` before anything is encoded. Nothing of the source's metadata (tags, chapters, the display
    matrix, subtitles, data streams, cover art) is written.
 4. **Codecs** (:data:`CODECS`): H.264 (libx264, CRF, the params' preset) + AAC-LC in MP4 with the
@@ -79,7 +79,7 @@ from hypermedia.engines.media.decoding import DecodeErrors
 from hypermedia.engines.media.orientation import Orientation
 from hypermedia.engines.media.params import validate_params
 from hypermedia.engines.media.poster import display_size
-from hypermedia.engines.media.probe import (
+from hypermedia.engines.media.sources import (
     MediaLimits,
     audio_stream,
     check_duration,
