@@ -3,17 +3,18 @@
 Every operation goes through the same pipeline, so every output is treated alike:
 
 1. **Size** of the file against ``ImageLimits.max_input_bytes``.
-2. **Format** from the magic bytes (:func:`~hypermedia.engines.imaging.sources.sniff_mime`); only the loader chosen
-   for that format reads the file, and the ``vips-loader`` libvips reports must be that loader
-   (one of :data:`~hypermedia.engines.imaging.sources.ALLOWED_LOADERS`, or
-   :data:`~hypermedia.engines.imaging.sources.SVG_LOADER` for SVG). PDF, ImageMagick, matrix, CSV, raw and ``.vips`` files are ``UNSUPPORTED_FORMAT``;
-   libvips' untrusted operations stay blocked. An HEIF (``image/heif``, ``image/avif``) goes by
-   the codec of its primary image, read from its boxes (:func:`~hypermedia.engines.imaging.sources.heif_decoder`):
-   AV1 to libvips' ``heifload``, HEVC (iPhone photos) to libheif with libde265
-   (:mod:`hypermedia.engines.imaging.hevc`, from memory, feeding ``thumbnail_image``), any other
-   codec ``UNSUPPORTED_FORMAT`` naming it; a libvips error saying a codec has no decoder is
-   ``UNSUPPORTED_FORMAT`` too (:func:`~hypermedia.engines.imaging.sources.missing_decoder`), never ``CORRUPT_INPUT``.
-   A TIFF's first-page compression picks its decoder (:mod:`hypermedia.engines.imaging.tiff`): libvips,
+2. **Format** from the magic bytes (:func:`~hypermedia.engines.imaging.sources.sniff_mime`); only
+   the loader chosen for that format reads the file, and the ``vips-loader`` libvips reports must be
+   that loader (one of :data:`~hypermedia.engines.imaging.sources.ALLOWED_LOADERS`, or
+   :data:`~hypermedia.engines.imaging.sources.SVG_LOADER` for SVG). PDF, ImageMagick, matrix, CSV,
+   raw and ``.vips`` files are ``UNSUPPORTED_FORMAT``; libvips' untrusted operations stay blocked.
+   An HEIF (``image/heif``, ``image/avif``) goes by the codec of its primary image, read from its
+   boxes (:func:`~hypermedia.engines.imaging.sources.heif_decoder`): AV1 to libvips' ``heifload``,
+   HEVC (iPhone photos) to libheif with libde265 (:mod:`hypermedia.engines.imaging.hevc`, from
+   memory, feeding ``thumbnail_image``), any other codec ``UNSUPPORTED_FORMAT`` naming it; a libvips
+   error saying a codec has no decoder is ``UNSUPPORTED_FORMAT`` too
+   (:func:`~hypermedia.engines.imaging.sources.missing_decoder`), never ``CORRUPT_INPUT``. A TIFF's
+   first-page compression picks its decoder (:mod:`hypermedia.engines.imaging.tiff`): libvips,
    Pillow for the codecs libvips' libtiff lacks (old-style JPEG, LZMA, ZSTD) and for tiles with
    separate planes, else ``UNSUPPORTED_FORMAT`` naming the compression.
 3. **SVG** only after :func:`hypermedia.engines.imaging.svg.vet` accepted it (references local to the

@@ -6,29 +6,29 @@
 1. **Checks** before FFmpeg reads the file: the params (none); the file's size
    (``INPUT_TOO_LARGE``); a text playlist (``#EXTM3U``, ``ffconcat``) is ``UNSUPPORTED_FORMAT``
    whatever its name.
-2. **Opening** (:func:`~hypermedia.engines.media.sources.open_media`, for every media operation): the local
-   file only (``protocol_whitelist=file``) and only through the demuxers of
-   :data:`~hypermedia.engines.media.sources.DEMUXERS`
-   (``format_whitelist``). FFmpeg checks the whitelist after probing the format and *before* the
-   demuxer reads its header, so a playlist demuxer (``hls``, ``dash``), ``concat``, ``image2``
-   sequences, ``sdp``/``rtp`` or any other demuxer that opens further files or URLs never runs
-   (``UNSUPPORTED_FORMAT``); the detected format is checked again in Python. A file FFmpeg cannot
-   open is ``CORRUPT_INPUT`` when its first bytes are those of an allowlisted container
-   (an MP4 without its ``moov`` box says so), ``UNSUPPORTED_FORMAT`` otherwise.
+2. **Opening** (:func:`~hypermedia.engines.media.sources.open_media`, for every media operation):
+   the local file only (``protocol_whitelist=file``) and only through the demuxers of
+   :data:`~hypermedia.engines.media.sources.DEMUXERS` (``format_whitelist``). FFmpeg checks the
+   whitelist after probing the format and *before* the demuxer reads its header, so a playlist
+   demuxer (``hls``, ``dash``), ``concat``, ``image2`` sequences, ``sdp``/``rtp`` or any other
+   demuxer that opens further files or URLs never runs (``UNSUPPORTED_FORMAT``); the detected format
+   is checked again in Python. A file FFmpeg cannot open is ``CORRUPT_INPUT`` when its first bytes
+   are those of an allowlisted container (an MP4 without its ``moov`` box says so),
+   ``UNSUPPORTED_FORMAT`` otherwise.
 3. **Header facts**: container, streams, chapters. A duration over
-   :attr:`~hypermedia.engines.media.sources.MediaLimits.max_duration_seconds` is ``MEDIA_TOO_LONG`` before
-   any packet is decoded. An MP4/MOV whose sample index points past the end of the file is ``CORRUPT_INPUT``
-   (truncated).
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.max_duration_seconds` is ``MEDIA_TOO_LONG``
+   before any packet is decoded. An MP4/MOV whose sample index points past the end of the file is
+   ``CORRUPT_INPUT`` (truncated).
 4. **First frame** of every video stream that is not a cover picture is decoded (one thread), for
    the rotation and mirroring of its display matrix (:mod:`hypermedia.engines.media.orientation`): PyAV 18 exposes a stream's coded side data to writers
    only (``VideoStream.set_display_rotation``), while FFmpeg's decoder copies it onto every frame
    (``VideoFrame.side_data``). A first frame cut off or undecodable is ``CORRUPT_INPUT``.
-5. **Exact duration** by demuxing (packets only, nothing decoded) when the header has none
-   (Matroska written live, a raw stream) or FFmpeg only estimates it (:data:`ESTIMATED_DURATION`:
-   ADTS AAC from its bit rate, MPEG-TS from its first and last timestamps): the last
-   packet end minus the first packet start over all streams, at most
-   :attr:`~hypermedia.engines.media.sources.MediaLimits.max_probe_packets` packets (beyond, the estimate
-   stays and ``duration_source`` says so); passing
+5. **Exact duration** by demuxing (packets only, nothing decoded) when the header has none (Matroska
+   written live, a raw stream) or FFmpeg only estimates it (:data:`ESTIMATED_DURATION`: ADTS AAC
+   from its bit rate, MPEG-TS from its first and last timestamps): the last packet end minus the
+   first packet start over all streams, at most
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.max_probe_packets` packets (beyond, the
+   estimate stays and ``duration_source`` says so); passing
    :attr:`~hypermedia.engines.media.sources.MediaLimits.max_duration_seconds` stops the pass with
    ``MEDIA_TOO_LONG``.
 

@@ -4,10 +4,11 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
 ``run("transcode_video", params, input_path, out_dir, limits=…)``:
 
 1. **Checks** before FFmpeg decodes anything: the params
-   (:func:`hypermedia.engines.media.params.validate_params`), the file's size (``INPUT_TOO_LARGE``), the
-   opening (:func:`hypermedia.engines.media.sources.open_media`: allowlisted demuxers, the local file
-   only), a header duration over :attr:`~hypermedia.engines.media.sources.MediaLimits.max_duration_seconds`
-   (``MEDIA_TOO_LONG``), a video stream that is not cover art (``NO_VIDEO_STREAM``), at most :data:`MAX_PIXELS` coded
+   (:func:`hypermedia.engines.media.params.validate_params`), the file's size (``INPUT_TOO_LARGE``),
+   the opening (:func:`hypermedia.engines.media.sources.open_media`: allowlisted demuxers, the local
+   file only), a header duration over
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.max_duration_seconds` (``MEDIA_TOO_LONG``),
+   a video stream that is not cover art (``NO_VIDEO_STREAM``), at most :data:`MAX_PIXELS` coded
    pixels (``INPUT_TOO_LARGE_PIXELS``).
 2. **Geometry**: the display size is the coded size with the sample aspect ratio applied, turned by
    the display matrix of the first decoded frame (:func:`hypermedia.engines.media.sources.first_frame_orientation`:
@@ -17,32 +18,33 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
    (never upscaled); when none is left, one rendition keeps the source's size. Sides are even
    (4:2:0 needs it).
 3. **One decode, every encoder at once**: the video is decoded once (frame threads:
-   :attr:`~hypermedia.engines.media.sources.MediaLimits.threads`); each decoded frame goes through one FFmpeg
-   filter graph per rendition (:class:`hypermedia.engines.media.encoding.Output`) — the ``transpose``, ``hflip`` or ``vflip`` that ``autorotate`` inserts for the
-   display matrix (:meth:`~hypermedia.engines.media.orientation.Orientation.filters`), ``scale`` (bicubic), ``setsar=1``,
-   ``format=yuv420p`` (10-bit, 4:2:2 and 4:4:4 input become 8-bit 4:2:0) — into that rendition's
-   encoder. Timestamps pass through unchanged (shifted so the file starts at 0): a variable frame
-   rate stays variable, nothing is duplicated or dropped, each frame keeps its duration (a frame
-   whose time does not go on takes its decode timestamp, else is dropped). The first audio
-   stream (if any) is converted to stereo 48 kHz float
-   (:class:`hypermedia.engines.media.audio.AudioConverter`: layout and rate changes mid-stream, NaN and
-   infinite samples zeroed), stamped by its sample count, and encoded into every rendition. A
-   packet that does not decode is skipped and counted (``decode_errors``), as FFmpeg's command
-   line goes on past it. Before any of this, every packet's timestamp is read (nothing decoded:
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.threads`); each decoded frame goes through
+   one FFmpeg filter graph per rendition (:class:`hypermedia.engines.media.encoding.Output`) — the
+   ``transpose``, ``hflip`` or ``vflip`` that ``autorotate`` inserts for the display matrix
+   (:meth:`~hypermedia.engines.media.orientation.Orientation.filters`), ``scale`` (bicubic),
+   ``setsar=1``, ``format=yuv420p`` (10-bit, 4:2:2 and 4:4:4 input become 8-bit 4:2:0) — into that
+   rendition's encoder. Timestamps pass through unchanged (shifted so the file starts at 0): a
+   variable frame rate stays variable, nothing is duplicated or dropped, each frame keeps its
+   duration (a frame whose time does not go on takes its decode timestamp, else is dropped). The
+   first audio stream (if any) is converted to stereo 48 kHz float
+   (:class:`hypermedia.engines.media.audio.AudioConverter`: layout and rate changes mid-stream, NaN
+   and infinite samples zeroed), stamped by its sample count, and encoded into every rendition. A
+   packet that does not decode is skipped and counted (``decode_errors``), as FFmpeg's command line
+   goes on past it. Before any of this, every packet's timestamp is read (nothing decoded:
    :func:`hypermedia.engines.media.sources.demux_span`), so a header that understates the length is
-   ``MEDIA_TOO_LONG`` before anything is encoded. Nothing of the source's metadata (tags, chapters, the display
-   matrix, subtitles, data streams, cover art) is written.
+   ``MEDIA_TOO_LONG`` before anything is encoded. Nothing of the source's metadata (tags, chapters,
+   the display matrix, subtitles, data streams, cover art) is written.
 4. **Codecs** (:data:`hypermedia.engines.media.encoding.CODECS`): H.264 (libx264, CRF, the params'
-   preset) + AAC-LC in MP4 with the index first (``movflags=+faststart``); VP9 (libvpx-vp9, constant quality, ``row-mt``) + Opus in
-   WebM; AV1 (SVT-AV1, CRF, preset 8) + AAC in MP4.
+   preset) + AAC-LC in MP4 with the index first (``movflags=+faststart``); VP9 (libvpx-vp9, constant
+   quality, ``row-mt``) + Opus in WebM; AV1 (SVT-AV1, CRF, preset 8) + AAC in MP4.
 5. **HLS** (h264 only, on request; :mod:`hypermedia.engines.media.hls`): each finished MP4 is
-   remuxed (no second encode) by FFmpeg's ``hls`` muxer into one fragmented MP4 per rendition (``hls_flags=single_file``: the
-   initialisation section and every segment are byte ranges of it) and a VOD media playlist;
-   keyframes are forced every ``hls_segment_seconds`` (closed GOPs, no scene-cut keyframes) so
-   segments of all renditions align. A master playlist lists the renditions with ``BANDWIDTH``
-   (the peak segment bit rate), ``AVERAGE-BANDWIDTH``, ``RESOLUTION``, ``FRAME-RATE`` and
-   ``CODECS`` (RFC 8216 §4.3.4.2). URIs inside the playlists are the sibling outputs'
-   ``output_type`` names (``hls_720p``, ``hls_720p_media``); the gateway's resolved-output
+   remuxed (no second encode) by FFmpeg's ``hls`` muxer into one fragmented MP4 per rendition
+   (``hls_flags=single_file``: the initialisation section and every segment are byte ranges of it)
+   and a VOD media playlist; keyframes are forced every ``hls_segment_seconds`` (closed GOPs, no
+   scene-cut keyframes) so segments of all renditions align. A master playlist lists the renditions
+   with ``BANDWIDTH`` (the peak segment bit rate), ``AVERAGE-BANDWIDTH``, ``RESOLUTION``,
+   ``FRAME-RATE`` and ``CODECS`` (RFC 8216 §4.3.4.2). URIs inside the playlists are the sibling
+   outputs' ``output_type`` names (``hls_720p``, ``hls_720p_media``); the gateway's resolved-output
    endpoint turns them into download URLs.
 
 Progress is reported while decoding (:func:`hypermedia.sandbox.report_progress`). Runs FFmpeg on
