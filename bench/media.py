@@ -277,7 +277,7 @@ def bare_audio(source: Path, target: Path, audio_format: str) -> None:
 
 def _job(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs one job in this (fresh) process: wall and CPU seconds of the call alone."""
-    from hypermedia.engines.media.probe import MediaLimits
+    from hypermedia.engines.media.sources import MediaLimits
 
     limits = MediaLimits(max_input_bytes=MAX_INPUT_BYTES, threads=spec["threads"])
     source, out_dir = Path(spec["input"]), Path(spec["out_dir"])
@@ -460,7 +460,7 @@ class SandboxJobs:
     def run(self, operation: str, params: dict[str, Any], source: Path) -> Measured:
         """One job: the input copied into the job dir (not timed), then ``Sandbox.run`` timed."""
         from hypermedia.engines.media.params import validate_params
-        from hypermedia.engines.media.probe import MediaLimits
+        from hypermedia.engines.media.sources import MediaLimits
         from hypermedia.engines.media.transcode import thread_need
         from hypermedia.sandbox import SandboxLimits
 

@@ -42,7 +42,7 @@ def _init_worker(vips_concurrency: int | None) -> None:
     # Set explicitly: the spawned process re-imports the main module, which may import pyvips (and
     # so initialise libvips) before this runs, after which VIPS_CONCURRENCY is no longer read.
     pyvips.concurrency_set(vips_concurrency or os.cpu_count() or 1)
-    pyvips.cache_set_max(0)  # as hypermedia.engines.imaging.ops does: no operation cache
+    pyvips.cache_set_max(0)  # as hypermedia.engines.imaging.sources does: no operation cache
     # Warm-up, so the timed loop does not pay libvips' first-operation costs (type system, thread
     # pool, webp encoder set-up); the platform's zygote is warm in the same sense (imports only).
     pyvips.Image.black(64, 64, bands=3).webpsave_buffer()

@@ -295,7 +295,7 @@ EXCEL_97 = "Excel 97–2003"
 EXCEL_5_95 = "Excel 5.0/95"
 POWERPOINT_97 = "PowerPoint 97–2003"
 """The legacy formats :func:`legacy_format` tells apart, by the file's own header (the names are
-the refusal messages' and the docs'; ``hypermedia.engines.documents.office.LEGACY_IMPORT_FILTERS`` maps
+the refusal messages' and the docs'; ``hypermedia.engines.documents.filters.LEGACY_IMPORT_FILTERS`` maps
 each to a LibreOffice import filter)."""
 
 

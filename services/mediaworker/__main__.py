@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from hypermedia.core import config
 from hypermedia.engines.media import transcode
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import SandboxLimits

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hypermedia.engines.contract import OutputFile, report_progress
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 
 PROGRESS_STEPS: Final = 12
 """Progress reports of a ``transcode_video`` run, evenly spaced over its run time."""

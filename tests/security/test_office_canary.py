@@ -30,7 +30,7 @@ import pytest
 from PIL import Image
 
 from hypermedia.core import config
-from hypermedia.engines.documents import office
+from hypermedia.engines.documents import filters, office
 from hypermedia.engines.documents.office import OfficeListener, OfficePool
 from hypermedia.engines.documents.settings import OfficeSettings
 from hypermedia.sandbox import landlock
@@ -238,7 +238,7 @@ def convert_all(
                 try:
                     if direct:
                         listener = pool.listeners[0]
-                        results[name] = await listener.convert(path, office.IMPORT_FILTERS[mime], 60)
+                        results[name] = await listener.convert(path, filters.IMPORT_FILTERS[mime], 60)
                     else:
                         results[name] = await pool.convert(path, mime, 60)
                 except Exception as exc:

@@ -21,7 +21,7 @@ import pytest
 
 from hypermedia.core import config
 from hypermedia.core.errors import PermanentJobError, TransientError
-from hypermedia.engines.documents import office
+from hypermedia.engines.documents import filters, office
 from hypermedia.engines.documents.office import OfficePool, _copy_in
 from hypermedia.engines.documents.settings import OfficeSettings
 from tests.e2e.test_office_rest import long_odt
@@ -163,7 +163,9 @@ def run_pool(
                 path.write_bytes(content)
                 try:
                     if direct:
-                        results.append(await pool.listeners[0].convert(path, office.IMPORT_FILTERS[mime], 60))
+                        results.append(
+                            await pool.listeners[0].convert(path, filters.IMPORT_FILTERS[mime], 60)
+                        )
                     else:
                         results.append(await pool.convert(path, mime, 60))
                 except Exception as exc:

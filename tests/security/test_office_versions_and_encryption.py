@@ -25,6 +25,7 @@ import pytest
 
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.documents import office
+from hypermedia.engines.documents.filters import IMPORT_FILTERS, LEGACY_IMPORT_FILTERS, import_filter
 from hypermedia.intake import archives, contenttype, ole
 from tests.security.test_legacy_office import (
     MSEXCEL,
@@ -210,7 +211,7 @@ def test_a_package_with_zip_encrypted_parts_is_refused_at_upload() -> None:
 def _filter(tmp_path: Path, data: bytes, mime: str) -> str:
     path = tmp_path / "document"
     path.write_bytes(data)
-    return office.import_filter(path, mime)
+    return import_filter(path, mime)
 
 
 def test_the_import_filter_follows_the_header(tmp_path: Path) -> None:
@@ -257,7 +258,7 @@ def test_every_legacy_filter_is_a_libreoffice_import_filter() -> None:
     registry = "".join(
         p.read_text(errors="replace") for p in Path("/usr/lib/libreoffice/share/registry").glob("*.xcd")
     )
-    for filters in office.LEGACY_IMPORT_FILTERS.values():
+    for filters in LEGACY_IMPORT_FILTERS.values():
         for name in filters.values():
             assert f'<node oor:name="{name}" oor:op="replace">' in registry, name
 
@@ -300,5 +301,5 @@ def test_word97s_filter_cannot_open_a_word6_file(tmp_path: Path) -> None:
     from tests.security.test_office_listener import run_pool
 
     [result] = run_pool(tmp_path, None, [(word6_document(WORD95_TEXT), MSWORD)], direct=True)
-    assert office.IMPORT_FILTERS[MSWORD] == "MS Word 97"
+    assert IMPORT_FILTERS[MSWORD] == "MS Word 97"
     assert isinstance(result, PermanentJobError) and result.error_code == "PARSE_ERROR", result

@@ -14,7 +14,7 @@ import pytest
 import pyvips
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
-from hypermedia.engines.imaging import ops
+from hypermedia.engines.imaging import ops, sources
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
 LIMITS = ops.ImageLimits(max_pixels=50_000_000, max_input_bytes=50 * 1024 * 1024)
@@ -272,7 +272,7 @@ def test_convert_decodes_with_the_right_loader(fmt: str, loader: str, mime: str,
     assert image.get("vips-loader") == loader
     assert output.mime_type == mime and output.metadata["format"] == fmt
     assert (image.width, image.height) == (1800, 1200)
-    assert ops.sniff_mime(path.read_bytes()[:64]) == mime
+    assert sources.sniff_mime(path.read_bytes()[:64]) == mime
     assert mean_abs_diff(image, load(EXIF / "Landscape_1.jpg")) < 8
 
 
@@ -751,7 +751,7 @@ def test_run_validates_params_too(out_dir: Path) -> None:
     ],
 )
 def test_sniff_mime(head: bytes, mime: str | None) -> None:
-    assert ops.sniff_mime(head) == mime
+    assert sources.sniff_mime(head) == mime
 
 
 @pytest.mark.parametrize(
@@ -764,7 +764,7 @@ def test_sniff_mime(head: bytes, mime: str | None) -> None:
 )
 def test_allocation_failures_are_resource_limits_not_corrupt_input(detail: str) -> None:
     with pytest.raises(MemoryError):
-        ops._reraise_vips_error(pyvips.Error("save failed", detail))
+        sources.reraise_vips_error(pyvips.Error("save failed", detail))
     with pytest.raises(PermanentJobError) as corrupt:
-        ops._reraise_vips_error(pyvips.Error("load failed", "Premature end of JPEG file"))
+        sources.reraise_vips_error(pyvips.Error("load failed", "Premature end of JPEG file"))
     assert corrupt.value.error_code == "CORRUPT_INPUT"

@@ -19,7 +19,7 @@ import pyvips
 from PIL import Image, TiffImagePlugin
 
 from hypermedia.core.errors import PermanentJobError
-from hypermedia.engines.imaging import ops, sequence, tiff
+from hypermedia.engines.imaging import ops, sequence, sources, tiff
 from hypermedia.engines.ocr import assemble
 from hypermedia.engines.ocr import engine as ocr_engine
 from hypermedia.engines.ocr.metrics import cer
@@ -88,7 +88,7 @@ def test_libvips_sniffing_does_not_know_the_avis_brand(path: Path) -> None:
         pyvips.Image.thumbnail(str(path), 64)
     assert ops._sniffed_loader(path) == "load"
     assert pyvips.Image.heifload(str(path)).get("vips-loader") == "heifload"
-    assert ops.sniff_mime(path.read_bytes()[:64]) == "image/avif"
+    assert sources.sniff_mime(path.read_bytes()[:64]) == "image/avif"
     assert contenttype.name_mime(path.name) == "image/avif"  # .avifs too: no type mismatch
 
 

@@ -17,7 +17,7 @@ import pyvips
 from PIL import Image, ImageOps
 
 from hypermedia.core.errors import PermanentJobError
-from hypermedia.engines.imaging import heifcodec, ops
+from hypermedia.engines.imaging import heifcodec, ops, sources
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HEIC = DATA / "heic"
@@ -84,7 +84,7 @@ def test_libvips_alone_cannot_decode_hevc() -> None:
     assert "has not been built in: HEVC" in err.value.detail
     # ...which ops reads as a missing decoder, not as a damaged file.
     with pytest.raises(PermanentJobError) as mapped:
-        ops._reraise_vips_error(err.value)
+        sources.reraise_vips_error(err.value)
     assert mapped.value.error_code == "UNSUPPORTED_FORMAT" and "HEVC" in str(mapped.value)
 
 
@@ -249,8 +249,8 @@ def test_an_av1_heif_still_goes_to_libvips(tmp_path: Path, upright: Image.Image)
     """An AVIF (av01 item, av1C) is libvips' heifload's, as before; the HEVC path is not tried."""
     source = tmp_path / "photo.avif"
     pyvips.Image.thumbnail(str(EXIF / "Landscape_6.jpg"), 600).heifsave(str(source), compression="av1")
-    assert ops.heif_decoder(source.read_bytes()) == "heifload"
-    assert ops.heif_decoder((HEIC / "landscape-6-p3.heic").read_bytes()) == "hevc"
+    assert sources.heif_decoder(source.read_bytes()) == "heifload"
+    assert sources.heif_decoder((HEIC / "landscape-6-p3.heic").read_bytes()) == "hevc"
     output, path = run_one("thumbnail", {"size": 256}, source, tmp_path)
     assert output.metadata["source_format"] == "avif"
     assert distance(decoded(path), upright) < 8
@@ -374,6 +374,6 @@ def test_an_hevc_sequence_without_a_still_image_is_unsupported_and_said_so(tmp_p
     assert (codec.item_type, codec.sequence_only, codec.name) == ("hvc1", True, "HEVC")
     source = tmp_path / "sequence.heics"
     source.write_bytes(data)
-    assert ops.sniff_mime(data[:64]) == "image/heif"
+    assert sources.sniff_mime(data[:64]) == "image/heif"
     err = error_of(source, tmp_path)
     assert err.error_code == "UNSUPPORTED_FORMAT" and "sequences without a still image" in str(err)

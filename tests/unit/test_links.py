@@ -15,11 +15,11 @@ import pytest
 
 from hypermedia.engines.documents.links import (
     MAX_NESTING,
-    MAX_RTF_NESTING,
     CheckLimitExceeded,
     MalformedDocument,
     find_external_content,
 )
+from hypermedia.engines.documents.rtf import MAX_RTF_NESTING
 from hypermedia.intake import contenttype
 from tests.e2e.test_office_rest import DOCX_MIME, ODT, docx, written_by_libreoffice
 from tests.security.test_legacy_office import flat_odf, libreoffice_convert

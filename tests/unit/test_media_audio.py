@@ -19,7 +19,7 @@ from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.media import params as media_params
 from hypermedia.engines.media.audio import run
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 from hypermedia.sandbox import read_progress
 from tests.unit.test_media_probe import write_adts, write_mp3_with_cover, write_video
 from tests.unit.test_media_waveform import LOSSLESS, write_tone

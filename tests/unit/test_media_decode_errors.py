@@ -17,7 +17,7 @@ import pytest
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.media import audio, transcode, waveform
 from hypermedia.engines.media.decoding import MAX_ERROR_RATE
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 from tests.unit.test_media_audio import decode
 from tests.unit.test_media_probe import write_video
 from tests.unit.test_media_transcode import _remux

@@ -18,8 +18,9 @@ from av.stream import Disposition
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.media import params as media_params
-from hypermedia.engines.media import probe as probe_module
-from hypermedia.engines.media.probe import MediaLimits, run
+from hypermedia.engines.media import sources as sources_module
+from hypermedia.engines.media.probe import run
+from hypermedia.engines.media.sources import MediaLimits
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
 RATE = 48000
@@ -338,7 +339,7 @@ def test_hls_playlist_is_refused_without_reading_its_segments(
     if not sniff:
         # Without the #EXTM3U check, FFmpeg's format whitelist alone must refuse the hls demuxer
         # it probed, before that demuxer reads its header (and the segments).
-        monkeypatch.setattr(probe_module, "_PLAYLIST_PREFIXES", ())
+        monkeypatch.setattr(sources_module, "_PLAYLIST_PREFIXES", ())
     # The segment is a FIFO: opening it would block, so a probe that returns opened no segment.
     fifo = tmp_path / "segment-fifo.ts"
     os.mkfifo(fifo)
@@ -383,7 +384,7 @@ def test_demuxers_off_the_allowlist_are_unsupported(tmp_path: Path) -> None:
         container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     with av.open(str(image)) as container:
-        assert container.format.name not in probe_module.DEMUXERS
+        assert container.format.name not in sources_module.DEMUXERS
     assert _error(image, tmp_path).error_code == "UNSUPPORTED_FORMAT"
 
 

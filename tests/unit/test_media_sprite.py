@@ -17,7 +17,7 @@ from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import PROGRESS_FILE
 from hypermedia.engines.media import params as media_params
 from hypermedia.engines.media.poster import run
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 from hypermedia.engines.media.sprite import SPRITE_MAX_PIXELS, SPRITE_MAX_SIDE
 from tests.unit.test_media_probe import write_mp3_with_cover
 from tests.unit.test_media_waveform import write_tone

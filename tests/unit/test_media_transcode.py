@@ -18,7 +18,7 @@ import pytest
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.media import params as media_params
 from hypermedia.engines.media.engine import OPERATION_ENTRIES
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 from hypermedia.engines.media.transcode import MAX_SIDE, plan_ladder, run, thread_need
 from tests.unit.test_media_probe import RATE, write_mp3_with_cover, write_video
 
@@ -489,7 +489,7 @@ _TRANSCODE_THREADS = """
 import os, sys, threading, time
 from pathlib import Path
 from hypermedia.engines.media import engine, transcode
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 engine.bound_ffmpeg_cpus(16)  # a 16-CPU node as FFmpeg sees it; engine.run bounds it again
 params = {"codec": sys.argv[3], "heights": [360, 240, 144]}
 base, peak, done = len(os.listdir("/proc/self/task")), [0], [False]

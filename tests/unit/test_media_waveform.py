@@ -17,7 +17,7 @@ from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.media import engine
 from hypermedia.engines.media import params as media_params
 from hypermedia.engines.media import waveform as waveform_module
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 from hypermedia.engines.media.waveform import run
 from tests.unit.test_media_probe import write_mp3_with_cover, write_video
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypermedia.engines.documents.office import IMPORT_FILTERS
+from hypermedia.engines.documents.filters import IMPORT_FILTERS
 from hypermedia.intake import contenttype
 
 

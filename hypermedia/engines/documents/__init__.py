@@ -11,4 +11,11 @@
 - :mod:`hypermedia.engines.documents.office`: office documents → PDF with warm LibreOffice listeners (one
   per slot, confined, restarted after N conversions or a hang), driven through
   :mod:`hypermedia.engines.documents.office_host` (a script run under the system Python with ``uno``).
+- :mod:`hypermedia.engines.documents.links`: the linked-content check run before a listener sees a
+  document, reading with :mod:`~hypermedia.engines.documents.xmlparts` (XML parts, OOXML
+  relationships), :mod:`~hypermedia.engines.documents.rtf` (RTF) and
+  :mod:`~hypermedia.engines.documents.fields` (Word fields); its errors in
+  :mod:`~hypermedia.engines.documents.linkerrors`.
+- :mod:`hypermedia.engines.documents.filters`: the LibreOffice import filter each upload is opened
+  with (by its identified type, and for legacy Word, Excel and PowerPoint by its header's version).
 """

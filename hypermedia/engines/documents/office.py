@@ -22,8 +22,9 @@ Shape::
   removed when the listener stops; the profile disables macros outright and blocks links from
   untrusted documents (see ``office_host.REGISTRY``). Documents are opened hidden, read-only,
   with ``MacroExecutionMode`` NEVER_EXECUTE, ``UpdateDocMode`` NO_UPDATE and the import filter
-  named by the upload's identified type (:data:`IMPORT_FILTERS`; for legacy Word, Excel and
-  PowerPoint, the one of the version its header says, :func:`import_filter`), so a file is never
+  named by the upload's identified type (:data:`~hypermedia.engines.documents.filters.IMPORT_FILTERS`;
+  for legacy Word, Excel and PowerPoint, the one of the version its header says,
+  :func:`~hypermedia.engines.documents.filters.import_filter`), so a file is never
   sniffed into another format (HTML, say) by LibreOffice itself.
 * **Linked content**: before a listener sees a document, :mod:`hypermedia.engines.documents.links` looks
   in every part of it, and of the packages inside it, for what would load a file or URL (ODF
@@ -65,19 +66,15 @@ from typing import Any, Final
 
 from hypermedia.core.errors import PermanentJobError, TransientError
 from hypermedia.engines.documents import links
+from hypermedia.engines.documents.filters import import_filter
 from hypermedia.engines.documents.settings import OfficeSettings
-from hypermedia.intake import ole
-from hypermedia.intake.archives import ArchiveRejected
 from hypermedia.sandbox import kill_uid, landlock, read_output
 
 __all__ = [
     "HOST_SCRIPT",
-    "IMPORT_FILTERS",
-    "LEGACY_IMPORT_FILTERS",
     "Conversion",
     "OfficeListener",
     "OfficePool",
-    "import_filter",
     "listener_view",
 ]
 
@@ -85,55 +82,6 @@ log = logging.getLogger(__name__)
 
 HOST_SCRIPT: Final = Path(__file__).with_name("office_host.py")
 
-IMPORT_FILTERS: Final[dict[str, str]] = {
-    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": "MS Word 2007 XML",
-    "application/vnd.openxmlformats-officedocument.wordprocessingml.template": "MS Word 2007 XML Template",
-    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": "Calc MS Excel 2007 XML",
-    "application/vnd.openxmlformats-officedocument.spreadsheetml.template": "Calc MS Excel 2007 XML Template",
-    "application/vnd.openxmlformats-officedocument.presentationml.presentation": "Impress MS PowerPoint 2007 XML",
-    "application/vnd.openxmlformats-officedocument.presentationml.slideshow": (
-        "Impress MS PowerPoint 2007 XML AutoPlay"
-    ),
-    "application/vnd.openxmlformats-officedocument.presentationml.template": (
-        "Impress MS PowerPoint 2007 XML Template"
-    ),
-    "application/vnd.oasis.opendocument.text": "writer8",
-    "application/vnd.oasis.opendocument.text-template": "writer8_template",
-    "application/vnd.oasis.opendocument.spreadsheet": "calc8",
-    "application/vnd.oasis.opendocument.spreadsheet-template": "calc8_template",
-    "application/vnd.oasis.opendocument.presentation": "impress8",
-    "application/vnd.oasis.opendocument.presentation-template": "impress8_template",
-    "application/vnd.oasis.opendocument.graphics": "draw8",
-    "application/msword": "MS Word 97",
-    "application/vnd.ms-excel": "MS Excel 97",
-    "application/vnd.ms-powerpoint": "MS PowerPoint 97",
-    "application/rtf": "Rich Text Format",
-    "text/rtf": "Rich Text Format",
-}
-"""Identified upload type → LibreOffice import filter (names as registered in LibreOffice's
-``filter/source/config/fragments/filters/*.xcu``). Its keys are
-:data:`hypermedia.intake.contenttype.OFFICE_MIME_TYPES` (the gateway refuses other types for the office
-operations); a type not here is ``UNSUPPORTED_FORMAT``."""
-
-LEGACY_IMPORT_FILTERS: Final[dict[str, dict[str, str]]] = {
-    ole.MSWORD: {ole.WORD_97: "MS Word 97", ole.WORD_6_95: "MS WinWord 6.0"},
-    ole.MSEXCEL: {ole.EXCEL_97: "MS Excel 97", ole.EXCEL_5_95: "MS Excel 95"},
-    ole.MSPOWERPOINT: {ole.POWERPOINT_97: "MS PowerPoint 97"},
-}
-"""Legacy upload type → the format its header says (:func:`hypermedia.intake.ole.legacy_format`) → the
-LibreOffice import filter for it: an allowlist, so a file chooses among these and nothing else
-(it never reaches LibreOffice's own type detection, which could sniff it into another format).
-
-- Word 6.0/95 (FIB ``wIdent`` 0xA5DC) needs LibreOffice's Word 6 reader: "MS Word 97" reads
-  the FIB as Word 97's and refuses the file (issue 15: ``PARSE_ERROR``). LibreOffice's table of
-  ``nFib`` by reader (``WW8Fib``) gives 101–105 to its Word 6 reader ("MS WinWord 6.0", user data
-  ``CWW6``, "6 stands for 6 or 7") and 105 alone to Word 95's ("MS Word 95", ``CWW7``), so "MS
-  WinWord 6.0" is chosen for every Word 6.0 and Word 95 file (measured: it opens both, nFib 101
-  and 104, with their text).
-- Excel 5.0/95 (a ``Book`` stream, BIFF5/7) opens with "MS Excel 95" (BIFF5 forced); "MS Excel
-  97" finds either stream itself, and reads BIFF8 (measured, LibreOffice 7.4, on a Gnumeric
-  BIFF7 workbook: both give its cells).
-- PowerPoint: "MS PowerPoint 97" reads 97–2003; LibreOffice has no import of PowerPoint 95."""
 
 MAX_PDF_BYTES: Final = 1 << 30
 """Largest PDF a conversion may ever produce (a bigger one is ``RESOURCE_LIMIT``); the docworker
@@ -165,45 +113,6 @@ there), random bytes, and the CPU count. The fonts themselves (``/usr/share/font
 Noto CJK and Noto core faces of the scripts other than Latin) and fontconfig's ``conf.avail`` are
 under ``/usr``; with the system cache readable a listener writes no fontconfig cache of its own
 (``tests/integration/test_office_scripts.py`` checks both)."""
-
-
-def import_filter(source: Path, mime_type: str) -> str:
-    """The LibreOffice import filter for ``source``, an upload identified as ``mime_type``: the
-    one of :data:`IMPORT_FILTERS`, and for a legacy Word, Excel or PowerPoint file the one of
-    :data:`LEGACY_IMPORT_FILTERS` for the format its own header says. Reads the whole file
-    (a compound file's directory is at its end).
-
-    Raises:
-        PermanentJobError: ``UNSUPPORTED_FORMAT`` for a type without an import filter, a legacy
-            format LibreOffice has no filter for (named in the message), or a document encrypted
-            with a password (:func:`hypermedia.intake.ole.find_encryption`; uploads are typed
-            ``application/x-ole-storage`` then, this catches what was stored before);
-            ``PARSE_ERROR`` for a legacy file that is not a compound file olefile reads, or
-            whose main stream is another family's.
-    """
-    default = IMPORT_FILTERS.get(mime_type)
-    if default is None:
-        raise PermanentJobError(f"{mime_type} documents cannot be converted to PDF.", "UNSUPPORTED_FORMAT")
-    filters = LEGACY_IMPORT_FILTERS.get(mime_type)
-    if filters is None:
-        return default
-    data = source.read_bytes()
-    if not ole.is_ole(data):
-        raise PermanentJobError("LibreOffice could not open the document.", "PARSE_ERROR")
-    try:
-        found, encryption = ole.legacy_format(data)
-    except ArchiveRejected:
-        raise PermanentJobError("LibreOffice could not open the document.", "PARSE_ERROR") from None
-    if encryption:
-        raise PermanentJobError(
-            f"The document is encrypted with a password ({encryption}); password-protected office "
-            "documents are not supported.",
-            "UNSUPPORTED_FORMAT",
-        )
-    chosen = filters.get(found)
-    if chosen is None:
-        raise PermanentJobError(f"{found} documents cannot be converted to PDF.", "UNSUPPORTED_FORMAT")
-    return chosen
 
 
 def listener_view(directory: Path, settings: OfficeSettings) -> list[tuple[str, int]]:
@@ -421,7 +330,8 @@ class OfficeListener:
 
         Args:
             source: a file the worker may read (it is copied into the listener's directory).
-            import_filter: a value of :data:`IMPORT_FILTERS` or :data:`LEGACY_IMPORT_FILTERS`.
+            import_filter: a value of :data:`~hypermedia.engines.documents.filters.IMPORT_FILTERS` or
+                :data:`~hypermedia.engines.documents.filters.LEGACY_IMPORT_FILTERS`.
             timeout: seconds the conversion may take (a listener start is not counted).
             max_pdf_bytes: largest PDF accepted (read into memory), at most :data:`MAX_PDF_BYTES`.
 
@@ -584,7 +494,8 @@ class OfficePool:
 
         Raises:
             PermanentJobError: ``UNSUPPORTED_FORMAT`` for a type without an import filter, or
-                a legacy format or encrypted document :func:`import_filter` refuses;
+                a legacy format or encrypted document
+                :func:`~hypermedia.engines.documents.filters.import_filter` refuses;
                 ``PARSE_ERROR`` for a legacy file it cannot read; ``LINKED_CONTENT_NOT_ALLOWED`` for a document that would load a file or URL
                 (:func:`hypermedia.engines.documents.links.find_external_content`, checked before a
                 listener sees it); ``PARSE_ERROR`` for one whose XML that check cannot read;

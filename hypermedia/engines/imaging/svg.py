@@ -39,7 +39,7 @@ is ``SVG_FORBIDDEN``. Public messages never echo the document's content. What st
 to bound: rendering work (its ``MAX_REFERENCED_ELEMENTS`` = 500,000 and ``MAX_LOADED_ELEMENTS``
 = 1,000,000 in ``rsvg/src/limits.rs``), and the sandbox's CPU and memory limits behind it.
 
-This module is pure Python and runs no libvips; :mod:`hypermedia.engines.imaging.ops` checks the pixel
+This module is pure Python and runs no libvips; :mod:`hypermedia.engines.imaging.sources` checks the pixel
 sizes of the result (declared size, embedded images, libvips' header) before anything renders.
 """
 

@@ -7,14 +7,14 @@ the requested bit rate, with nothing of the source's metadata (no tags, no cover
 
 1. **Checks** before FFmpeg reads the file: the params
    (:func:`hypermedia.engines.media.params.validate_params`); the file's size (``INPUT_TOO_LARGE``).
-   Opening is :func:`hypermedia.engines.media.probe.open_media`'s: the local file only, the allowlisted
+   Opening is :func:`hypermedia.engines.media.sources.open_media`'s: the local file only, the allowlisted
    demuxers only. No audio stream is ``NO_AUDIO_STREAM``; one in a codec this FFmpeg has no decoder
    for is ``UNSUPPORTED_FORMAT``. A header duration over :attr:`MediaLimits.max_duration_seconds`
    is ``MEDIA_TOO_LONG`` before anything is decoded, and so is a file whose packets span longer
    (one demux pass reading every timestamp, nothing decoded:
-   :func:`hypermedia.engines.media.probe.demux_span` — a header that understates the length); while
+   :func:`hypermedia.engines.media.sources.demux_span` — a header that understates the length); while
    decoding, the converted samples so far are checked against it too (a header without a duration, or one FFmpeg only estimates), with
-   :func:`hypermedia.engines.media.probe.check_duration`.
+   :func:`hypermedia.engines.media.sources.check_duration`.
 2. **Conversion**: every decoded frame goes through an FFmpeg filter graph of one thread,
    ``abuffer → aformat → abuffersink``: libswresample (which ``aformat`` inserts) resamples to
    48 kHz, mixes down (or up) to ``mono`` or ``stereo`` with FFmpeg's default matrix, and converts
@@ -85,7 +85,7 @@ from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
 from hypermedia.engines.media.decoding import DecodeErrors
 from hypermedia.engines.media.params import validate_params
-from hypermedia.engines.media.probe import (
+from hypermedia.engines.media.sources import (
     MediaLimits,
     audio_stream,
     check_duration,
@@ -193,8 +193,8 @@ def run(
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
         PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT`` (from
-            :func:`~hypermedia.engines.media.probe.open_media`; audio without a decoder),
-            ``CORRUPT_INPUT`` (from :func:`~hypermedia.engines.media.probe.open_media`; more than
+            :func:`~hypermedia.engines.media.sources.open_media`; audio without a decoder),
+            ``CORRUPT_INPUT`` (from :func:`~hypermedia.engines.media.sources.open_media`; more than
             :data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE` of the packets do not decode; no
             sample decoded), ``NO_AUDIO_STREAM``, ``MEDIA_TOO_LONG``.
         MemoryError: FFmpeg hit the sandbox's memory limit.

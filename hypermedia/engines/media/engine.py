@@ -20,7 +20,7 @@ from typing import Final
 from hypermedia.core.errors import InvalidArgument
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.media import audio, poster, probe, transcode, waveform
-from hypermedia.engines.media.probe import MediaLimits
+from hypermedia.engines.media.sources import MediaLimits
 
 __all__ = ["OPERATION_ENTRIES", "MediaLimits", "bound_ffmpeg_cpus", "run"]
 

@@ -6,7 +6,7 @@ cover (issue 7); when asked, also a sprite sheet of thumbnails with a WebVTT ind
 
 1. **Checks** before FFmpeg reads the file: the params
    (:func:`hypermedia.engines.media.params.validate_params`); the file's size (``INPUT_TOO_LARGE``).
-   Opening is :func:`hypermedia.engines.media.probe.open_media`'s. A header duration over
+   Opening is :func:`hypermedia.engines.media.sources.open_media`'s. A header duration over
    :attr:`MediaLimits.max_duration_seconds` is ``MEDIA_TOO_LONG`` before anything is decoded.
 2. **Source**: the first video stream that is not an attached picture; else the first attached
    picture (cover art: its one packet is a PNG or JPEG image, decoded by the stream's decoder
@@ -51,13 +51,7 @@ from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.media.orientation import UPRIGHT, Orientation, frame_orientation
 from hypermedia.engines.media.params import validate_params
-from hypermedia.engines.media.probe import (
-    MediaLimits,
-    check_duration,
-    check_size,
-    first_frame,
-    open_media,
-)
+from hypermedia.engines.media.sources import MediaLimits, check_duration, check_size, first_frame, open_media
 
 __all__ = [
     "BLANK_MAX_LUMA",
@@ -125,7 +119,7 @@ def run(
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
         PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT``, ``CORRUPT_INPUT`` (from
-            :func:`~hypermedia.engines.media.probe.open_media`; no frame decodes), ``MEDIA_TOO_LONG``,
+            :func:`~hypermedia.engines.media.sources.open_media`; no frame decodes), ``MEDIA_TOO_LONG``,
             ``NO_VIDEO_STREAM`` (neither video nor a cover picture; or a sprite asked of a file
             without video), ``INPUT_TOO_LARGE_PIXELS``.
         MemoryError: FFmpeg hit the sandbox's memory limit.
@@ -265,7 +259,7 @@ def _choose_frame(stream: VideoStream) -> _Choice:
 
 def _cover_frame(stream: VideoStream) -> _Choice:
     """The cover picture: the attached picture's packet decoded like a video frame
-    (:func:`hypermedia.engines.media.probe.first_frame`).
+    (:func:`hypermedia.engines.media.sources.first_frame`).
 
     Raises:
         PermanentJobError: ``CORRUPT_INPUT`` when the picture does not decode.

@@ -73,7 +73,7 @@ from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
 from hypermedia.engines.media.orientation import frame_orientation
 from hypermedia.engines.media.poster import MAX_PIXELS, check_pixels, display_size, one_thread
-from hypermedia.engines.media.probe import MediaLimits, demux_span, open_media
+from hypermedia.engines.media.sources import MediaLimits, demux_span, open_media
 
 __all__ = [
     "SPRITE_MAX_PACKETS",
@@ -227,7 +227,7 @@ def _timeline(container: InputContainer, stream: VideoStream, limits: MediaLimit
 
 def _demux_span(container: InputContainer, limits: MediaLimits) -> tuple[float, float]:
     """The first packet's start and the last packet's end over all streams, in seconds
-    (:func:`hypermedia.engines.media.probe.demux_span`; a pass stopped at the packet limit keeps what it saw).
+    (:func:`hypermedia.engines.media.sources.demux_span`; a pass stopped at the packet limit keeps what it saw).
 
     Raises:
         PermanentJobError: ``CORRUPT_INPUT`` without a timestamped packet; ``MEDIA_TOO_LONG``.

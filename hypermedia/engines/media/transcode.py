@@ -4,45 +4,47 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
 ``run("transcode_video", params, input_path, out_dir, limits=…)``:
 
 1. **Checks** before FFmpeg decodes anything: the params
-   (:func:`hypermedia.engines.media.params.validate_params`), the file's size (``INPUT_TOO_LARGE``), the
-   opening (:func:`hypermedia.engines.media.probe.open_media`: allowlisted demuxers, the local file
-   only), a header duration over :attr:`MediaLimits.max_duration_seconds` (``MEDIA_TOO_LONG``),
+   (:func:`hypermedia.engines.media.params.validate_params`), the file's size (``INPUT_TOO_LARGE``),
+   the opening (:func:`hypermedia.engines.media.sources.open_media`: allowlisted demuxers, the local
+   file only), a header duration over
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.max_duration_seconds` (``MEDIA_TOO_LONG``),
    a video stream that is not cover art (``NO_VIDEO_STREAM``), at most :data:`MAX_PIXELS` coded
    pixels (``INPUT_TOO_LARGE_PIXELS``).
 2. **Geometry**: the display size is the coded size with the sample aspect ratio applied, turned by
-   the display matrix of the first decoded frame (:func:`hypermedia.engines.media.probe.first_frame_orientation`:
+   the display matrix of the first decoded frame (:func:`hypermedia.engines.media.sources.first_frame_orientation`:
    quarter turns and the flip of a mirrored matrix, as FFmpeg's ``autorotate``:
    :mod:`hypermedia.engines.media.orientation`). :func:`plan_ladder` picks the renditions: a rung is
    the *short* side of the upright picture; rungs above the source's short side are left out
    (never upscaled); when none is left, one rendition keeps the source's size. Sides are even
    (4:2:0 needs it).
 3. **One decode, every encoder at once**: the video is decoded once (frame threads:
-   :attr:`MediaLimits.threads`); each decoded frame goes through one FFmpeg filter graph per
-   rendition — the ``transpose``, ``hflip`` or ``vflip`` that ``autorotate`` inserts for the
-   display matrix (:meth:`~hypermedia.engines.media.orientation.Orientation.filters`), ``scale`` (bicubic), ``setsar=1``,
-   ``format=yuv420p`` (10-bit, 4:2:2 and 4:4:4 input become 8-bit 4:2:0) — into that rendition's
-   encoder. Timestamps pass through unchanged (shifted so the file starts at 0): a variable frame
-   rate stays variable, nothing is duplicated or dropped, each frame keeps its duration (a frame
-   whose time does not go on takes its decode timestamp, else is dropped). The first audio
-   stream (if any) is converted to stereo 48 kHz float
-   (:class:`hypermedia.engines.media.audio.AudioConverter`: layout and rate changes mid-stream, NaN and
-   infinite samples zeroed), stamped by its sample count, and encoded into every rendition. A
-   packet that does not decode is skipped and counted (``decode_errors``), as FFmpeg's command
-   line goes on past it. Before any of this, every packet's timestamp is read (nothing decoded:
-   :func:`hypermedia.engines.media.probe.demux_span`), so a header that understates the length is
-   ``MEDIA_TOO_LONG`` before anything is encoded. Nothing of the source's metadata (tags, chapters, the display
-   matrix, subtitles, data streams, cover art) is written.
-4. **Codecs** (:data:`CODECS`): H.264 (libx264, CRF, the params' preset) + AAC-LC in MP4 with the
-   index first (``movflags=+faststart``); VP9 (libvpx-vp9, constant quality, ``row-mt``) + Opus in
-   WebM; AV1 (SVT-AV1, CRF, preset 8) + AAC in MP4.
-5. **HLS** (h264 only, on request): each finished MP4 is remuxed (no second encode) by FFmpeg's
-   ``hls`` muxer into one fragmented MP4 per rendition (``hls_flags=single_file``: the
-   initialisation section and every segment are byte ranges of it) and a VOD media playlist;
-   keyframes are forced every ``hls_segment_seconds`` (closed GOPs, no scene-cut keyframes) so
-   segments of all renditions align. A master playlist lists the renditions with ``BANDWIDTH``
-   (the peak segment bit rate), ``AVERAGE-BANDWIDTH``, ``RESOLUTION``, ``FRAME-RATE`` and
-   ``CODECS`` (RFC 8216 §4.3.4.2). URIs inside the playlists are the sibling outputs'
-   ``output_type`` names (``hls_720p``, ``hls_720p_media``); the gateway's resolved-output
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.threads`); each decoded frame goes through
+   one FFmpeg filter graph per rendition (:class:`hypermedia.engines.media.encoding.Output`) — the
+   ``transpose``, ``hflip`` or ``vflip`` that ``autorotate`` inserts for the display matrix
+   (:meth:`~hypermedia.engines.media.orientation.Orientation.filters`), ``scale`` (bicubic),
+   ``setsar=1``, ``format=yuv420p`` (10-bit, 4:2:2 and 4:4:4 input become 8-bit 4:2:0) — into that
+   rendition's encoder. Timestamps pass through unchanged (shifted so the file starts at 0): a
+   variable frame rate stays variable, nothing is duplicated or dropped, each frame keeps its
+   duration (a frame whose time does not go on takes its decode timestamp, else is dropped). The
+   first audio stream (if any) is converted to stereo 48 kHz float
+   (:class:`hypermedia.engines.media.audio.AudioConverter`: layout and rate changes mid-stream, NaN
+   and infinite samples zeroed), stamped by its sample count, and encoded into every rendition. A
+   packet that does not decode is skipped and counted (``decode_errors``), as FFmpeg's command line
+   goes on past it. Before any of this, every packet's timestamp is read (nothing decoded:
+   :func:`hypermedia.engines.media.sources.demux_span`), so a header that understates the length is
+   ``MEDIA_TOO_LONG`` before anything is encoded. Nothing of the source's metadata (tags, chapters,
+   the display matrix, subtitles, data streams, cover art) is written.
+4. **Codecs** (:data:`hypermedia.engines.media.encoding.CODECS`): H.264 (libx264, CRF, the params'
+   preset) + AAC-LC in MP4 with the index first (``movflags=+faststart``); VP9 (libvpx-vp9, constant
+   quality, ``row-mt``) + Opus in WebM; AV1 (SVT-AV1, CRF, preset 8) + AAC in MP4.
+5. **HLS** (h264 only, on request; :mod:`hypermedia.engines.media.hls`): each finished MP4 is
+   remuxed (no second encode) by FFmpeg's ``hls`` muxer into one fragmented MP4 per rendition
+   (``hls_flags=single_file``: the initialisation section and every segment are byte ranges of it)
+   and a VOD media playlist; keyframes are forced every ``hls_segment_seconds`` (closed GOPs, no
+   scene-cut keyframes) so segments of all renditions align. A master playlist lists the renditions
+   with ``BANDWIDTH`` (the peak segment bit rate), ``AVERAGE-BANDWIDTH``, ``RESOLUTION``,
+   ``FRAME-RATE`` and ``CODECS`` (RFC 8216 §4.3.4.2). URIs inside the playlists are the sibling
+   outputs' ``output_type`` names (``hls_720p``, ``hls_720p_media``); the gateway's resolved-output
    endpoint turns them into download URLs.
 
 Progress is reported while decoding (:func:`hypermedia.sandbox.report_progress`). Runs FFmpeg on
@@ -51,14 +53,6 @@ untrusted input: call :func:`run` in the sandbox child only. Importing this modu
 
 from __future__ import annotations
 
-import errno
-import itertools
-import math
-import os
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
@@ -67,19 +61,30 @@ import av
 import av.error
 import av.filter
 from av.audio.stream import AudioStream
-from av.container import InputContainer, OutputContainer
+from av.container import InputContainer
 from av.stream import Disposition
-from av.video.frame import PictureType, VideoFrame
+from av.video.frame import VideoFrame
 from av.video.stream import VideoStream
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
 from hypermedia.engines.media.audio import AudioConverter
 from hypermedia.engines.media.decoding import DecodeErrors
+from hypermedia.engines.media.encoding import (
+    AUDIO_LAYOUT,
+    AUDIO_RATE,
+    CODECS,
+    EncoderFailure,
+    Output,
+    Rendition,
+    encoder_error,
+    even,
+)
+from hypermedia.engines.media.hls import package_hls
 from hypermedia.engines.media.orientation import Orientation
 from hypermedia.engines.media.params import validate_params
 from hypermedia.engines.media.poster import display_size
-from hypermedia.engines.media.probe import (
+from hypermedia.engines.media.sources import (
     MediaLimits,
     audio_stream,
     check_duration,
@@ -90,45 +95,13 @@ from hypermedia.engines.media.probe import (
     open_media,
 )
 
-__all__ = ["CODECS", "MAX_PIXELS", "MAX_SIDE", "Codec", "Rendition", "plan_ladder", "run", "thread_need"]
+__all__ = ["MAX_PIXELS", "MAX_SIDE", "Transcode", "plan_ladder", "run", "thread_need"]
 
 MAX_PIXELS: Final = 8192 * 4320
 """Largest coded frame transcoded (``INPUT_TOO_LARGE_PIXELS``): 8K UHD-2 (35.4 MP)."""
 MAX_SIDE: Final = 8192
 """Longest side of a rendition, in pixels: a picture of an extreme aspect ratio is scaled down to
 it (H.264 level 6.2 allows 8,192 × 4,320; x264 refuses far larger frames)."""
-AUDIO_RATE: Final = 48_000
-AUDIO_LAYOUT: Final = "stereo"
-HLS_MIME: Final = "application/vnd.apple.mpegurl"
-
-
-@dataclass(frozen=True)
-class Codec:
-    """One ``codec`` param: its encoders, container and how quality is set."""
-
-    video_encoder: str
-    audio_encoder: str
-    muxer: str
-    extension: str
-    mime_type: str
-    mux_options: dict[str, str] = field(default_factory=dict)
-
-
-CODECS: Final[dict[str, Codec]] = {
-    "h264": Codec("libx264", "aac", "mp4", "mp4", "video/mp4", {"movflags": "+faststart"}),
-    "vp9": Codec("libvpx-vp9", "libopus", "webm", "webm", "video/webm"),
-    "av1": Codec("libsvtav1", "aac", "mp4", "mp4", "video/mp4", {"movflags": "+faststart"}),
-}
-"""``codec`` param → encoders and container."""
-
-
-@dataclass(frozen=True)
-class Rendition:
-    """One rung of the ladder as planned: ``name`` is ``{short side}p``."""
-
-    name: str
-    width: int
-    height: int
 
 
 def plan_ladder(display_width: int, display_height: int, heights: list[int]) -> list[Rendition]:
@@ -149,15 +122,15 @@ def plan_ladder(display_width: int, display_height: int, heights: list[int]) -> 
     portrait = display_height > display_width
     renditions = []
     for rung in sorted((h for h in heights if h <= short), reverse=True):
-        rung_short, rung_long = _even(rung), min(_even(rung * long / short), long - long % 2)
+        rung_short, rung_long = even(rung), min(even(rung * long / short), long - long % 2)
         if rung_long > MAX_SIDE:
-            rung_short, rung_long = _even(rung_short * MAX_SIDE / rung_long), MAX_SIDE
+            rung_short, rung_long = even(rung_short * MAX_SIDE / rung_long), MAX_SIDE
         width, height = (rung_short, rung_long) if portrait else (rung_long, rung_short)
         renditions.append(Rendition(f"{rung}p", width, height))
     if not renditions:  # the source's own size, odd sides one pixel shorter
         rung_short, rung_long = max(2, short - short % 2), max(2, long - long % 2)
         if rung_long > MAX_SIDE:
-            rung_short, rung_long = _even(rung_short * MAX_SIDE / rung_long), MAX_SIDE
+            rung_short, rung_long = even(rung_short * MAX_SIDE / rung_long), MAX_SIDE
         width, height = (rung_short, rung_long) if portrait else (rung_long, rung_short)
         renditions.append(Rendition(f"{rung_short}p", width, height))
     return renditions
@@ -232,11 +205,11 @@ def run(
         # header that understates the length is MEDIA_TOO_LONG here, before hours are encoded.
         demux_span(container, limits)
     with open_media(input_path) as container:
-        job = _Transcode(container, options, out_dir, limits, orientation)
+        job = Transcode(container, options, out_dir, limits, orientation)
         job.encode()
     outputs = job.outputs()
     if options["hls"]:
-        outputs += _package_hls(job, options["hls_segment_seconds"])
+        outputs += package_hls(job, options["hls_segment_seconds"])
     return outputs
 
 
@@ -267,225 +240,7 @@ def _display_size(stream: VideoStream, orientation: Orientation) -> tuple[int, i
     return max(1, round(width)), max(1, round(height))
 
 
-def _even(value: float) -> int:
-    return max(2, 2 * round(value / 2))
-
-
-# --- encoding ------------------------------------------------------------------------------------
-
-
-class _Output:
-    """One rendition being written: its container, encoders and filter graph."""
-
-    def __init__(
-        self,
-        rendition: Rendition,
-        codec: Codec,
-        options: dict[str, Any],
-        path: Path,
-        source: VideoStream,
-        audio: AudioStream | None,
-        threads: int,
-        hls: bool,
-    ) -> None:
-        self.rendition = rendition
-        self.path = path
-        self.frames = 0
-        self.container: OutputContainer = av.open(
-            str(path), mode="w", format=codec.muxer, options=dict(codec.mux_options)
-        )
-        rate = source.average_rate or source.guessed_rate or Fraction(25)
-        if codec.video_encoder == "libsvtav1":
-            os.environ["SVT_LOG"] = "1"  # errors only: SVT-AV1 prints its configuration to stderr
-        video = self.container.add_stream(
-            codec.video_encoder, rate=rate, options=_encoder_options(options, threads, rate, hls)
-        )
-        assert isinstance(video, VideoStream)
-        self.video: VideoStream = video
-        context = video.codec_context
-        context.width, context.height = rendition.width, rendition.height
-        context.pix_fmt = "yuv420p"
-        context.time_base = source.time_base or Fraction(1, 90_000)
-        context.thread_count = threads
-        context.thread_type = "AUTO"  # type: ignore[assignment]  # frame threads, as FFmpeg's CLI
-        video.time_base = context.time_base
-        self.audio: AudioStream | None = None
-        if audio is not None:
-            sound = self.container.add_stream(codec.audio_encoder, rate=AUDIO_RATE)
-            assert isinstance(sound, AudioStream)
-            sound.layout = AUDIO_LAYOUT
-            sound.bit_rate = options["audio_bitrate"] * 1000
-            sound.codec_context.thread_count = 1
-            self.audio = sound
-        self.extradata = b""
-        """The video encoder's global header (SPS/PPS), copied by :meth:`close`."""
-        self.graph: av.filter.Graph | None = None
-        self.graph_key: tuple[int, int, str | None, Fraction | None] | None = None
-        context = source.codec_context
-        self.planned = (context.width, context.height, _square(context.sample_aspect_ratio))
-        """The coded size and sample aspect ratio the ladder was planned for: the stream's, as
-        FFmpeg's probe found them (:func:`_display_size`)."""
-
-    def filter(self, frame: VideoFrame, orientation: Orientation, sar: Fraction | None) -> list[VideoFrame]:
-        """``frame`` upright, scaled and 8-bit 4:2:0; the graph is rebuilt when the input's size,
-        pixel format or sample aspect ratio ``sar`` (the decoder's, as of this frame: PyAV's
-        frames carry none) changes mid-stream. A frame whose size or ``sar`` differs from the
-        planned ones (a recording whose resolution changes, a broadcast switching between 4:3 and
-        16:9) is fitted inside the rendition, display aspect kept, and centred on black
-        (:func:`fit_inside`), never stretched to the rendition's shape."""
-        sar = _square(sar)
-        key = (frame.width, frame.height, frame.format.name, sar)
-        if self.graph is None or key != self.graph_key:
-            fit = None
-            if (frame.width, frame.height, sar) != self.planned:
-                fit = fit_inside(frame.width, frame.height, sar, orientation, self.rendition)
-            self.graph, self.graph_key = _graph(frame, orientation, self.rendition, fit), key
-        self.graph.push(frame)
-        return _pull(self.graph)
-
-    def encode_video(self, frame: VideoFrame | None) -> None:
-        if frame is not None:
-            # The decoder marks the source's keyframes; an encoder given an I frame makes it a
-            # keyframe (libx264 does), which would put the source's GOPs, scene cuts included,
-            # into every rendition and break the HLS segment grid. FFmpeg's CLI resets it too.
-            frame.pict_type = PictureType.NONE
-        with _writing():
-            for packet in self.video.encode(frame):
-                self.container.mux(packet)
-        if frame is not None:
-            self.frames += 1
-
-    def encode_audio(self, frame: Any) -> None:
-        assert self.audio is not None
-        with _writing():
-            for packet in self.audio.encode(frame):
-                self.container.mux(packet)
-
-    def close(self) -> None:
-        """Flushes the encoders and closes the file. The streams belong to the container: what is
-        needed of them later (the H.264 parameter sets) is copied first, never read after."""
-        self.encode_video(None)
-        if self.audio is not None:
-            self.encode_audio(None)
-        self.extradata = bytes(self.video.codec_context.extradata or b"")
-        with _writing():
-            self.container.close()
-
-
-class _EncoderFailure(Exception):
-    """An FFmpeg error on the writing side (encoder or muxer), kept apart from the decoding
-    side's: the input is not to blame for it."""
-
-
-@contextmanager
-def _writing() -> Iterator[None]:
-    try:
-        yield
-    except MemoryError:
-        raise
-    except av.error.FFmpegError as exc:
-        raise _EncoderFailure(str(exc)) from exc
-
-
-def _encoder_error(failure: _EncoderFailure) -> Exception:
-    """What a failed encoder or muxer means for the job. An encoder that cannot open — libx264's
-    ``x264_encoder_open`` fails with FFmpeg's "generic error in an external library" when it
-    cannot start its threads under ``RLIMIT_NPROC`` — or runs out of threads or memory
-    (``EAGAIN``, ``ENOMEM``) is ``RESOURCE_LIMIT``; anything else is a fault of ours (an
-    internal error, not blamed on the input)."""
-    cause = failure.__cause__
-    if isinstance(cause, av.error.ExternalError) or getattr(cause, "errno", None) in (
-        errno.EAGAIN,
-        errno.ENOMEM,
-    ):
-        return PermanentJobError(
-            "An encoder could not start or run within the job's thread and memory limits.", "RESOURCE_LIMIT"
-        )
-    return RuntimeError(f"encoding failed: {failure}")
-
-
-def _encoder_options(options: dict[str, Any], threads: int, rate: Fraction, hls: bool) -> dict[str, str]:
-    """AVOptions of the video encoder for the ``codec`` param (CRF, preset, threads, GOP)."""
-    quality = str(options["quality"])
-    codec = options["codec"]
-    if codec == "h264":
-        encoder = {"preset": options["preset"], "crf": quality}
-        if hls:
-            keyint = max(1, round(float(rate) * options["hls_segment_seconds"]))
-            encoder["x264-params"] = f"keyint={keyint}:min-keyint={keyint}:scenecut=0:open-gop=0"
-        return encoder
-    if codec == "vp9":
-        return {"crf": quality, "b": "0", "row-mt": "1", "deadline": "good", "cpu-used": "4"}
-    return {"crf": quality, "preset": "8", "svtav1-params": f"lp={threads}"}
-
-
-def _square(sar: Fraction | None) -> Fraction | None:
-    """``sar``, or ``None`` for square or unknown pixels (FFmpeg's 0:1 and 1:1 alike)."""
-    return sar if sar and sar != 1 else None
-
-
-def fit_inside(
-    width: int, height: int, sar: Fraction | None, orientation: Orientation, rendition: Rendition
-) -> tuple[int, int]:
-    """The even size, at most the rendition's, that a ``width`` × ``height`` frame (sample aspect
-    ratio ``sar``, put upright by ``orientation``) scales to with its display aspect ratio kept: the
-    picture of a frame whose size differs from the one the ladder was planned for."""
-    display_width, display_height = display_size(width, height, sar, orientation)
-    scale = min(rendition.width / display_width, rendition.height / display_height)
-    return (
-        min(rendition.width, _even(display_width * scale)),
-        min(rendition.height, _even(display_height * scale)),
-    )
-
-
-def _graph(
-    frame: VideoFrame, orientation: Orientation, rendition: Rendition, fit: tuple[int, int] | None = None
-) -> av.filter.Graph:
-    """buffer → upright (:meth:`~hypermedia.engines.media.orientation.Orientation.filters`) → scale to the rendition's size (the sample aspect ratio is in that
-    size already: :func:`_display_size`) → square pixels → 8-bit 4:2:0 → buffersink. With
-    ``fit``, the scale is to that size and a black ``pad`` centres it in the rendition's."""
-    graph = av.filter.Graph()
-    graph.threads = 1  # else FFmpeg starts a pool of one thread per CPU of the node per graph
-    chain = [
-        graph.add_buffer(
-            width=frame.width,
-            height=frame.height,
-            format=frame.format,
-            time_base=frame.time_base or Fraction(1, 90_000),
-        )
-    ]
-    chain += [graph.add(name, args) for name, args in orientation.filters()]
-    if fit is None:
-        chain.append(graph.add("scale", f"{rendition.width}:{rendition.height}:flags=bicubic"))
-    else:
-        x, y = (rendition.width - fit[0]) // 4 * 2, (rendition.height - fit[1]) // 4 * 2
-        chain += [
-            graph.add("scale", f"{fit[0]}:{fit[1]}:flags=bicubic"),
-            graph.add("pad", f"{rendition.width}:{rendition.height}:{x}:{y}:black"),
-        ]
-    chain += [
-        graph.add("setsar", "1"),
-        graph.add("format", "yuv420p"),
-        graph.add("buffersink"),
-    ]
-    for upstream, downstream in itertools.pairwise(chain):
-        upstream.link_to(downstream)
-    graph.configure()
-    return graph
-
-
-def _pull(graph: av.filter.Graph) -> list[VideoFrame]:
-    frames: list[VideoFrame] = []
-    while True:
-        try:
-            frame = graph.pull()
-        except (av.error.BlockingIOError, av.error.EOFError):
-            return frames
-        assert isinstance(frame, VideoFrame)
-        frames.append(frame)
-
-
-class _Transcode:
+class Transcode:
     """One pass over the input feeding every rendition (module doc, step 3)."""
 
     def __init__(
@@ -520,8 +275,8 @@ class _Transcode:
         self.converter = AudioConverter("fltp", AUDIO_LAYOUT, 0.0) if self.audio is not None else None
         self.audio_samples: int | None = None
         """Samples per channel written so far at 48 kHz, from the first audio frame's start."""
-        self.outputs_: list[_Output] = [
-            _Output(
+        self.outputs_: list[Output] = [
+            Output(
                 rendition,
                 self.codec,
                 options,
@@ -559,8 +314,8 @@ class _Transcode:
                     self._encode_audio(converted)
         except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
             raise
-        except _EncoderFailure as failure:
-            raise _encoder_error(failure) from failure.__cause__
+        except EncoderFailure as failure:
+            raise encoder_error(failure) from failure.__cause__
         except av.error.FFmpegError as exc:  # a filter graph: what was encoded before stands
             if self.outputs_[0].frames == 0:
                 raise PermanentJobError(
@@ -573,8 +328,8 @@ class _Transcode:
         try:
             for output in self.outputs_:
                 output.close()
-        except _EncoderFailure as failure:
-            raise _encoder_error(failure) from failure.__cause__
+        except EncoderFailure as failure:
+            raise encoder_error(failure) from failure.__cause__
         report_progress(self.out_dir, 1.0)
 
     def _video_frame(self, frame: VideoFrame) -> None:
@@ -638,7 +393,7 @@ class _Transcode:
     def outputs(self) -> list[OutputFile]:
         return [self._describe(output) for output in self.outputs_]
 
-    def _describe(self, output: _Output) -> OutputFile:
+    def _describe(self, output: Output) -> OutputFile:
         size = output.path.stat().st_size
         with av.open(str(output.path)) as written:
             duration = written.duration / av.time_base if written.duration is not None else None
@@ -658,140 +413,3 @@ class _Transcode:
             "size_bytes": size,
         }
         return OutputFile(f"video_{output.rendition.name}", output.path.name, self.codec.mime_type, metadata)
-
-
-# --- HLS -----------------------------------------------------------------------------------------
-
-_EXTINF: Final = re.compile(r"#EXTINF:([0-9.]+)")
-_BYTERANGE: Final = re.compile(r"#EXT-X-BYTERANGE:(\d+)@(\d+)")
-
-
-def _package_hls(job: _Transcode, segment_seconds: int) -> list[OutputFile]:
-    """Remuxes every rendition into single-file fragmented MP4 HLS and writes the master playlist
-    (module doc, step 5)."""
-    outputs: list[OutputFile] = []
-    variants = []
-    for output in job.outputs_:
-        name = f"hls_{output.rendition.name}"
-        media_name = f"{name}_media"
-        playlist_path = job.out_dir / f"{name}.m3u8"
-        media_path = job.out_dir / f"{media_name}.mp4"
-        _remux_hls(output.path, playlist_path, media_path, segment_seconds)
-        text = playlist_path.read_text()
-        text = text.replace(f'URI="{media_path.name}"', f'URI="{media_name}"')
-        text = re.sub(rf"^{re.escape(media_path.name)}$", media_name, text, flags=re.MULTILINE)
-        playlist_path.write_text(text)
-        bandwidth, average, segments = _bandwidth(text)
-        codecs = _codecs_attribute(output)
-        variants.append((name, output, bandwidth, average, codecs))
-        outputs.append(
-            OutputFile(
-                media_name,
-                media_path.name,
-                "video/mp4",
-                {
-                    "size_bytes": media_path.stat().st_size,
-                    "width": output.rendition.width,
-                    "height": output.rendition.height,
-                },
-            )
-        )
-        outputs.append(
-            OutputFile(
-                name,
-                playlist_path.name,
-                HLS_MIME,
-                {
-                    "segments": segments,
-                    "bandwidth": bandwidth,
-                    "average_bandwidth": average,
-                    "size_bytes": len(text.encode()),
-                },
-            )
-        )
-    rate = job.frame_rate
-    lines = ["#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-INDEPENDENT-SEGMENTS"]
-    for name, output, bandwidth, average, codecs in variants:
-        attributes = [
-            f"BANDWIDTH={bandwidth}",
-            f"AVERAGE-BANDWIDTH={average}",
-            f"RESOLUTION={output.rendition.width}x{output.rendition.height}",
-            f'CODECS="{codecs}"',
-        ]
-        if rate:
-            attributes.append(f"FRAME-RATE={float(rate):.3f}")
-        lines += ["#EXT-X-STREAM-INF:" + ",".join(attributes), name]
-    master = "\n".join(lines) + "\n"
-    (job.out_dir / "hls_master.m3u8").write_text(master)
-    outputs.append(
-        OutputFile(
-            "hls_master",
-            "hls_master.m3u8",
-            HLS_MIME,
-            {"renditions": [name for name, *_ in variants], "size_bytes": len(master.encode())},
-        )
-    )
-    return outputs
-
-
-def _remux_hls(source: Path, playlist: Path, media: Path, segment_seconds: int) -> None:
-    with av.open(str(source)) as inp:
-        out = av.open(
-            str(playlist),
-            mode="w",
-            format="hls",
-            options={
-                "hls_time": str(segment_seconds),
-                "hls_segment_type": "fmp4",
-                "hls_flags": "single_file+independent_segments",
-                "hls_playlist_type": "vod",
-                "hls_segment_filename": str(media),
-            },
-        )
-        try:
-            streams = {stream.index: out.add_stream_from_template(stream) for stream in inp.streams}
-            for packet in inp.demux():
-                if packet.dts is None:
-                    continue
-                packet.stream = streams[packet.stream.index]
-                out.mux(packet)
-        finally:
-            out.close()
-
-
-def _bandwidth(playlist: str) -> tuple[int, int, int]:
-    """``(peak, average, segments)`` of a byte-range media playlist: bits/s of the largest
-    segment over its duration, of all segments over the total, and the number of segments."""
-    peak = 0.0
-    total_bytes = 0
-    total_seconds = 0.0
-    segments = 0
-    seconds: float | None = None
-    for line in playlist.splitlines():
-        if (match := _EXTINF.match(line)) is not None:
-            seconds = float(match.group(1))
-        elif (match := _BYTERANGE.match(line)) is not None and seconds is not None:
-            length = int(match.group(1))
-            segments += 1
-            total_bytes += length
-            total_seconds += seconds
-            if seconds > 0:
-                peak = max(peak, length * 8 / seconds)
-            seconds = None
-    average = total_bytes * 8 / total_seconds if total_seconds else 0.0
-    return math.ceil(peak), math.ceil(average), segments
-
-
-def _codecs_attribute(output: _Output) -> str:
-    """RFC 6381 codec strings: ``avc1.PPCCLL`` from the H.264 SPS (profile_idc, constraint flags,
-    level_idc) and ``mp4a.40.2`` for AAC-LC."""
-    extradata = output.extradata
-    video = "avc1.640028"
-    for start in (m.end() for m in re.finditer(b"\x00\x00\x01", extradata)):
-        if start + 3 < len(extradata) and extradata[start] & 0x1F == 7:  # SPS
-            video = "avc1." + extradata[start + 1 : start + 4].hex()
-            break
-    else:
-        if len(extradata) >= 4 and extradata[0] == 1:  # avcC: version, profile, compat, level
-            video = "avc1." + extradata[1:4].hex()
-    return video if output.audio is None else f"{video},mp4a.40.2"

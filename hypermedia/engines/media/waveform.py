@@ -6,11 +6,11 @@ the smallest and the largest sample of each channel (or of their mean, ``channel
 
 1. **Checks** before FFmpeg reads the file: the params
    (:func:`hypermedia.engines.media.params.validate_params`); the file's size (``INPUT_TOO_LARGE``).
-   Opening is :func:`hypermedia.engines.media.probe.open_media`'s: the local file only, the allowlisted
+   Opening is :func:`hypermedia.engines.media.sources.open_media`'s: the local file only, the allowlisted
    demuxers only. No audio stream is ``NO_AUDIO_STREAM``. A header duration over
    :attr:`MediaLimits.max_duration_seconds` is ``MEDIA_TOO_LONG`` before anything is decoded;
    while decoding, the samples counted so far are checked against it too (a header without a
-   duration, or one FFmpeg only estimates), with :func:`hypermedia.engines.media.probe.check_duration`.
+   duration, or one FFmpeg only estimates), with :func:`hypermedia.engines.media.sources.check_duration`.
 2. **Buckets** by sample index, from the first decoded sample (timestamps are not consulted:
    a gap in them is not a gap in the peaks). ``buckets_per_second`` *b* at sample rate *r*:
    bucket *i* holds samples ``[i·r/b, (i+1)·r/b)`` (integer arithmetic, ``s·b // r``; a
@@ -60,7 +60,7 @@ from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.media.decoding import DecodeErrors
 from hypermedia.engines.media.params import validate_params
-from hypermedia.engines.media.probe import (
+from hypermedia.engines.media.sources import (
     MediaLimits,
     audio_stream,
     check_duration,
@@ -139,7 +139,7 @@ def run(
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
         PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT``, ``CORRUPT_INPUT`` (from
-            :func:`~hypermedia.engines.media.probe.open_media`; more than
+            :func:`~hypermedia.engines.media.sources.open_media`; more than
             :data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE` of the packets do not decode; an
             audio stream with no sample), ``NO_AUDIO_STREAM``, ``MEDIA_TOO_LONG`` (the duration, or
             more than :data:`MAX_PEAK_VALUES`).

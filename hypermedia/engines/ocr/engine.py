@@ -66,7 +66,7 @@ import pyvips
 
 from hypermedia.core.errors import DomainError, PermanentJobError
 from hypermedia.engines.contract import OutputFile
-from hypermedia.engines.imaging.ops import heif_decoder
+from hypermedia.engines.imaging.sources import heif_decoder
 from hypermedia.engines.ocr import escalation, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.outputs import job_summary, write_outputs

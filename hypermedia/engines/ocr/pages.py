@@ -22,7 +22,7 @@ import pyvips
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.documents import engine_process, pdf
 from hypermedia.engines.imaging import hevc, tiff
-from hypermedia.engines.imaging.ops import RASTER_LOADER_BY_MIME, missing_decoder
+from hypermedia.engines.imaging.sources import RASTER_LOADER_BY_MIME, missing_decoder
 from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.params import (
