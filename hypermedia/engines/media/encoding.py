@@ -29,8 +29,8 @@ from av.video.frame import PictureType, VideoFrame
 from av.video.stream import VideoStream
 
 from hypermedia.core.errors import PermanentJobError
+from hypermedia.engines.media.frames import display_size
 from hypermedia.engines.media.orientation import Orientation
-from hypermedia.engines.media.poster import display_size
 
 __all__ = [
     "AUDIO_LAYOUT",

@@ -49,35 +49,38 @@ from av.video.stream import VideoStream
 
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.media.frames import check_pixels, display_size, one_thread
 from hypermedia.engines.media.orientation import UPRIGHT, Orientation, frame_orientation
 from hypermedia.engines.media.params import validate_params
 from hypermedia.engines.media.sources import MediaLimits, check_duration, check_size, first_frame, open_media
+from hypermedia.engines.media.sprite import write_sprite
 
 __all__ = [
     "BLANK_MAX_LUMA",
     "BLANK_MIN_LUMA",
     "BLANK_MIN_STDDEV",
-    "MAX_PIXELS",
     "POSTER_MAX_FRAMES",
     "POSTER_MAX_SECONDS",
-    "check_pixels",
-    "display_size",
-    "one_thread",
     "run",
 ]
 
 POSTER_MAX_SECONDS: Final = 30.0
 """Most stream time (from the first decoded frame) searched for a frame that is not blank."""
+
 POSTER_MAX_FRAMES: Final = 900
 """Most frames decoded looking for one that is not blank (30 s at 30 fps)."""
-MAX_PIXELS: Final = 64_000_000
-"""Largest frame converted to RGB (``INPUT_TOO_LARGE_PIXELS``): 192 MB as 8-bit RGB."""
+
 BLANK_MIN_LUMA: Final = 16.0
+
 BLANK_MAX_LUMA: Final = 239.0
+
 BLANK_MIN_STDDEV: Final = 8.0
+
 _SAMPLE_SIZE: Final = 64
 """The blank test's copy of a frame: 64 × 64 pixels, averaged (swscale's area filter)."""
+
 _MIMES: Final = {"jpeg": "image/jpeg", "webp": "image/webp", "png": "image/png"}
+
 _EXTENSIONS: Final = {"jpeg": "jpg", "webp": "webp", "png": "png"}
 
 
@@ -155,14 +158,8 @@ def run(
     }
     outputs = [OutputFile("poster", filename, _MIMES[options["format"]], metadata)]
     if options["sprite"] is not None:
-        # Imported here: the sprite module imports this one's helpers.
-        from hypermedia.engines.media.sprite import write_sprite
-
         outputs += write_sprite(input_path, stream_index, options["sprite"], out_dir, limits=limits)
     return outputs
-
-
-# --- the stream and its frame --------------------------------------------------------------------
 
 
 def _source_stream(container: InputContainer) -> tuple[VideoStream, str]:
@@ -180,23 +177,6 @@ def _source_stream(container: InputContainer) -> tuple[VideoStream, str]:
     raise PermanentJobError(
         "The input has no video stream and no cover picture to make a poster of.", "NO_VIDEO_STREAM"
     )
-
-
-def check_pixels(width: int, height: int) -> None:
-    """Raises PermanentJobError ``INPUT_TOO_LARGE_PIXELS`` for a frame over :data:`MAX_PIXELS`;
-    called before a frame is converted (the sprite sheet calls it too)."""
-    if width * height > MAX_PIXELS:
-        raise PermanentJobError(
-            f"The picture is {width}×{height} pixels; at most {MAX_PIXELS} pixels are accepted.",
-            "INPUT_TOO_LARGE_PIXELS",
-        )
-
-
-def one_thread(stream: VideoStream) -> None:
-    """Decodes ``stream`` with one thread: no frame threads, no slice threads."""
-    context = stream.codec_context
-    context.thread_count = 1
-    context.thread_type = "NONE"  # type: ignore[assignment]  # PyAV takes the flag's name
 
 
 def _frames(stream: VideoStream) -> Any:
@@ -323,16 +303,3 @@ def _encode(
     else:
         data = image.pngsave_buffer(keep="none")
     return bytes(data), out_width, out_height
-
-
-def display_size(
-    width: int, height: int, sar: Fraction | None, orientation: Orientation
-) -> tuple[float, float]:
-    """The display size of a ``width`` × ``height`` frame, upright: the sample aspect ratio
-    stretches the coded width (at least 1 pixel), and a quarter turn (the orientation's
-    transposition) swaps the two."""
-    ratio = float(sar) if sar else 1.0
-    display_width, display_height = max(1.0, width * ratio), float(height)
-    if orientation.transpose:
-        return display_height, display_width
-    return display_width, display_height

@@ -34,11 +34,11 @@ with a WebVTT index for scrubbing previews (issue 7). :func:`hypermedia.engines.
    thumbnail's size in its coded orientation, then put upright from the frame's display matrix
    (:meth:`~hypermedia.engines.media.orientation.Orientation.upright`: quarter turns and mirroring, as
    the poster). The size is
-   that of the poster's picture (:func:`~hypermedia.engines.media.poster.display_size`: the sample
+   that of the poster's picture (:func:`~hypermedia.engines.media.frames.display_size`: the sample
    aspect ratio applied, turned upright): ``width`` wide, never wider than the display width,
    and the display aspect's height rounded to an even number (at least 2). When the sheet would
    exceed :data:`SPRITE_MAX_PIXELS` or :data:`SPRITE_MAX_SIDE`, the thumbnails are made narrower
-   (``reduced_to_fit``). A frame over :data:`~hypermedia.engines.media.poster.MAX_PIXELS` is
+   (``reduced_to_fit``). A frame over :data:`~hypermedia.engines.media.frames.MAX_PIXELS` is
    ``INPUT_TOO_LARGE_PIXELS`` before it is converted.
 4. **Sheet**: the thumbnails row-major in ``min(columns, count)`` columns (empty cells of the last
    row black), JPEG quality :data:`SPRITE_QUALITY` without metadata (optimised Huffman tables up
@@ -71,8 +71,8 @@ from av.video.stream import VideoStream
 
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
+from hypermedia.engines.media.frames import MAX_PIXELS, check_pixels, display_size, one_thread
 from hypermedia.engines.media.orientation import frame_orientation
-from hypermedia.engines.media.poster import MAX_PIXELS, check_pixels, display_size, one_thread
 from hypermedia.engines.media.sources import MediaLimits, demux_span, open_media
 
 __all__ = [

@@ -80,10 +80,10 @@ from hypermedia.engines.media.encoding import (
     encoder_error,
     even,
 )
+from hypermedia.engines.media.frames import display_size
 from hypermedia.engines.media.hls import package_hls
 from hypermedia.engines.media.orientation import Orientation
 from hypermedia.engines.media.params import validate_params
-from hypermedia.engines.media.poster import display_size
 from hypermedia.engines.media.sources import (
     MediaLimits,
     audio_stream,
@@ -234,7 +234,7 @@ def _sound(container: InputContainer) -> AudioStream | None:
 
 
 def _display_size(stream: VideoStream, orientation: Orientation) -> tuple[int, int]:
-    """The upright display size in whole pixels (:func:`hypermedia.engines.media.poster.display_size`)."""
+    """The upright display size in whole pixels (:func:`hypermedia.engines.media.frames.display_size`)."""
     context = stream.codec_context
     width, height = display_size(context.width, context.height, context.sample_aspect_ratio, orientation)
     return max(1, round(width)), max(1, round(height))
