@@ -119,3 +119,64 @@ def test_only_the_lifecycle_writes_job_state_and_only_credits_touches_its_tables
             credit_tables.append(relative)
     assert not writers
     assert not credit_tables
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The modules ``path`` imports when it runs: :func:`_imports` without those under
+    ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = []
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_no_import_circle() -> None:
+    """No two modules of the library import each other, directly or through others (a function-level
+    import included: it only hides the circle, as ``media/poster.py`` and ``media/sprite.py`` did)."""
+    modules = {_name(path): path for path in _modules()}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def ancestors(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+    # A module's own packages are imported before it whatever it says, so they are no edge.
+    graph = {
+        name: {
+            target
+            for imported in _runtime_imports(path)
+            if imported.startswith("hypermedia.")
+            and (target := imported if imported in modules else resolve(imported)) is not None
+            and target != name
+            and target not in ancestors(name)
+        }
+        for name, path in modules.items()
+    }
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        seen[name] = 1
+        for target in sorted(graph[name]):
+            if seen.get(target) == 1:
+                return [*path[path.index(target) :], target] if target in path else [name, target]
+            if target not in seen and (circle := visit(target, [*path, target])):
+                return circle
+        seen[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in seen:
+            circle = visit(name, [name])
+            assert circle is None, " -> ".join(circle)
