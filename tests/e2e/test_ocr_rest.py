@@ -26,14 +26,14 @@ from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.metrics import cer
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
-from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, system_models
-from tests.unit.test_ocr_tables import (
+from tests.helpers.tables import (
     AMOUNTS,
     INVOICE_ALIGN,
     expected_invoice_cells,
     render_invoice,
     render_table_page,
 )
+from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, system_models
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tesseract") is None,

@@ -31,7 +31,8 @@ from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.intake import archives, contenttype
 from services.gateway.jobs import display_name
 from tests.e2e.conftest import RunningPlatform, isolated_platform, wait_job
-from tests.security.test_legacy_office import doc_with_vba, fodt_with_basic, legacy_document
+from tests.helpers.legacy_office import doc_with_vba, legacy_document
+from tests.helpers.office import fodt_with_basic
 
 # -- generated files -----------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from hypermedia.engines.ocr import assemble
 from hypermedia.engines.ocr import engine as ocr_engine
 from hypermedia.engines.ocr.metrics import cer
 from hypermedia.intake import contenttype
-from tests.unit.test_imaging import EXIF, LIMITS, load, mean_abs_diff, run_one
+from tests.helpers.images import EXIF, LIMITS, load, mean_abs_diff, run_one
 from tests.unit.test_ocr import EUROTEXT_LANGUAGES, OCR_DIR
 from tests.unit.test_ocr import GOLD as PHOTOTEST_GOLD
 from tests.unit.test_ocr import LIMITS as OCR_LIMITS

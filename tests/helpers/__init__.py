@@ -1,0 +1,1 @@
+"""Builders and checks the test suites share (documents, media, images, renders); no tests here."""
