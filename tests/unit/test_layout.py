@@ -114,3 +114,47 @@ def test_only_the_lifecycle_writes_job_state_and_only_credits_touches_its_tables
             credit_tables.append(relative)
     assert not writers
     assert not credit_tables
+
+
+TESTS = ROOT / "tests"
+TEST_MODULE_IMPORTS_ALLOWED = {"tests.unit.test_ocr"}
+"""Test modules others may still import, and that may still import others (both ways). For now
+only ``tests.unit.test_ocr``: its builders are being changed on another branch, and the lead moves
+them into ``tests/helpers/`` next; then this set is empty."""
+
+
+def _is_test_module(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "tests" and parts[-1].startswith("test_")
+
+
+def _test_modules_imported(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` for each test module (``tests.*.test_*``) ``path`` imports, at any depth;
+    relative imports resolved against ``path``'s package, ``from tests.x import test_y`` included."""
+    package = _name(path).split(".")[:-1] if path.name != "__init__.py" else _name(path).split(".")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        modules: list[str] = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            modules = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        found.extend((node.lineno, module) for module in modules if _is_test_module(module))
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared builders live in ``tests/helpers/``; a test module (``test_*.py``) imports no other
+    one, and nothing else under ``tests/`` imports a test module either, so each runs on its own."""
+    wrong = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if _name(path) in TEST_MODULE_IMPORTS_ALLOWED:
+            continue
+        for line, module in _test_modules_imported(path):
+            if module not in TEST_MODULE_IMPORTS_ALLOWED:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not wrong, "test modules imported (move the builders to tests/helpers/):\n" + "\n".join(wrong)
