@@ -311,6 +311,8 @@ BASIC_LIBRARY = {
     b'<library:element library:name="Module1"/></library:library>',
     "Basic/Standard/Module1.xml": BASIC_MODULE,
 }
+"""A Basic library ``Standard`` with one module (:data:`BASIC_MODULE`), as LibreOffice stores it
+in an ODF package: ``{path in the zip: bytes}``."""
 
 
 @functools.cache
