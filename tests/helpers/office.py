@@ -28,6 +28,15 @@ LOREM = (
 )
 
 
+_WORD_PACKAGE_RELS = (
+    '<?xml version="1.0" encoding="UTF-8"?>'
+    '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+    '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
+    'relationships/officeDocument" Target="word/document.xml"/></Relationships>'
+)
+"""``_rels/.rels`` of a WordprocessingML package whose main part is ``word/document.xml``."""
+
+
 def docx(paragraphs: list[str], font: str = "Calibri", size_half_points: int = 22) -> bytes:
     """A minimal WordprocessingML package (ECMA-376 Part 1): one run per paragraph in ``font``
     (``w:rFonts`` on the document defaults and on every run), 11 pt by default."""
@@ -51,13 +60,7 @@ def docx(paragraphs: list[str], font: str = "Calibri", size_half_points: int = 2
             '<Override PartName="/word/styles.xml" ContentType="application/'
             'vnd.openxmlformats-officedocument.wordprocessingml.styles+xml"/></Types>',
         )
-        z.writestr(
-            "_rels/.rels",
-            '<?xml version="1.0" encoding="UTF-8"?>'
-            '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
-            '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
-            'relationships/officeDocument" Target="word/document.xml"/></Relationships>',
-        )
+        z.writestr("_rels/.rels", _WORD_PACKAGE_RELS)
         z.writestr(
             "word/_rels/document.xml.rels",
             '<?xml version="1.0" encoding="UTF-8"?>'
@@ -395,13 +398,7 @@ def docx_with_external_image(url: str) -> bytes:
             '<Override PartName="/word/document.xml" ContentType="application/'
             'vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>',
         )
-        z.writestr(
-            "_rels/.rels",
-            '<?xml version="1.0" encoding="UTF-8"?>'
-            '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
-            '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
-            'relationships/officeDocument" Target="word/document.xml"/></Relationships>',
-        )
+        z.writestr("_rels/.rels", _WORD_PACKAGE_RELS)
         z.writestr(
             "word/_rels/document.xml.rels",
             '<?xml version="1.0" encoding="UTF-8"?>'
