@@ -32,7 +32,7 @@ from hypermedia.jobs import lifecycle, settlement
 from hypermedia.worker import transfer
 from services.gateway.resolved import LinkSigner
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload
-from tests.unit.test_media_probe import write_video
+from tests.helpers.media import write_video
 
 HLS = "application/vnd.apple.mpegurl"
 WORKER_ID = "test/manifests/worker"

@@ -34,7 +34,7 @@ from hypermedia.engines.media import transcode
 from hypermedia.sandbox import SandboxLimits
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.e2e.media_entries import run_seconds
-from tests.unit.test_media_probe import write_video
+from tests.helpers.media import write_video
 
 SLOTS = 3
 HEARTBEAT_SECONDS = 1

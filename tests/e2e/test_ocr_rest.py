@@ -26,9 +26,17 @@ from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.metrics import cer
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
-from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, save_png, system_models
-from tests.unit.test_ocr_orientation import PARAGRAPH, typeset
-from tests.unit.test_ocr_tables import (
+from tests.helpers.ocr import (
+    EUROTEXT_LANGUAGES,
+    GOLD,
+    OCR_DIR,
+    PARAGRAPH,
+    PHOTOTEST,
+    save_png,
+    system_models,
+    typeset,
+)
+from tests.helpers.tables import (
     AMOUNTS,
     INVOICE_ALIGN,
     expected_invoice_cells,

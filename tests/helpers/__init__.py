@@ -1,1 +1,2 @@
-"""Test helpers shared across test folders: small fakes of what a test cannot run here (:mod:`.fakes`)."""
+"""Builders, checks and small fakes the test suites share (documents, media, images, renders; fakes of
+what a test cannot run here: :mod:`.fakes`); no tests here."""

@@ -34,16 +34,17 @@ from hypermedia.engines.documents import filters, office
 from hypermedia.engines.documents.office import OfficeListener, OfficePool
 from hypermedia.engines.documents.settings import OfficeSettings
 from hypermedia.sandbox import landlock
-from tests.e2e.test_office_rest import DOCX_MIME, docx
-from tests.security.test_office_listener import (
+from tests.helpers.office import (
+    DOCX_MIME,
     IS_ROOT,
     LISTENER_UID,
     ODT_MIME,
+    docx,
+    docx_linked_picture,
     odt,
     odt_background,
     rtf_includepicture,
 )
-from tests.unit.test_links import docx_linked_picture
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice is not installed"),

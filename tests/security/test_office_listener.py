@@ -6,14 +6,12 @@ converts documents the test writes; the listener's processes are inspected throu
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import shutil
 import signal
 import stat
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import pypdfium2 as pdfium
@@ -21,72 +19,28 @@ import pytest
 
 from hypermedia.core import config
 from hypermedia.core.errors import PermanentJobError, TransientError
-from hypermedia.engines.documents import filters, office
+from hypermedia.engines.documents import office
 from hypermedia.engines.documents.office import OfficePool, _copy_in
 from hypermedia.engines.documents.settings import OfficeSettings
-from tests.e2e.test_office_rest import long_odt
+from tests.helpers.office import (
+    DOCX_MIME,
+    IS_ROOT,
+    LISTENER_UID,
+    ODT_MIME,
+    docx_with_external_image,
+    long_odt,
+    odt,
+    odt_background,
+    odt_with_links,
+    rtf_includepicture,
+    run_pool,
+)
 from tests.security.conftest import Listener
-from tests.security.test_documents_and_media import docx_with_external_image
 
 pytestmark = pytest.mark.skipif(
     shutil.which("soffice") is None,
     reason="LibreOffice is not installed (make test installs it as root: scripts/ensure_debian_packages.sh)",
 )
-
-ODT_MIME = "application/vnd.oasis.opendocument.text"
-DOCX_MIME = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
-LISTENER_UID = 59_900
-"""A uid no other test uses (platforms started by tests take theirs from 100,000 up; the default
-range starts at 61,000)."""
-IS_ROOT = os.geteuid() == 0
-
-_NS = {
-    "office": "urn:oasis:names:tc:opendocument:xmlns:office:1.0",
-    "text": "urn:oasis:names:tc:opendocument:xmlns:text:1.0",
-    "draw": "urn:oasis:names:tc:opendocument:xmlns:drawing:1.0",
-    "xlink": "http://www.w3.org/1999/xlink",
-    "svg": "urn:oasis:names:tc:opendocument:xmlns:svg-compatible:1.0",
-    "script": "urn:oasis:names:tc:opendocument:xmlns:script:1.0",
-}
-
-
-def odt(body: str, extra: dict[str, bytes] | None = None, head: str = "") -> bytes:
-    """An ODT package (ODF 1.2 part 3) with ``body`` inside ``office:text`` and ``head`` before
-    ``office:body``; ``extra`` files are added to the package and its manifest."""
-    xmlns = " ".join(f'xmlns:{k}="{v}"' for k, v in _NS.items())
-    content = (
-        f'<?xml version="1.0" encoding="UTF-8"?><office:document-content {xmlns} office:version="1.2">'
-        f"{head}<office:body><office:text>{body}</office:text></office:body></office:document-content>"
-    )
-    entries = "".join(
-        f'<manifest:file-entry manifest:full-path="{name}" manifest:media-type="text/xml"/>'
-        for name in extra or {}
-    )
-    manifest = (
-        '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
-        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
-        f'<manifest:file-entry manifest:full-path="/" manifest:media-type="{ODT_MIME}"/>'
-        '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
-        f"{entries}</manifest:manifest>"
-    )
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as z:
-        z.writestr(zipfile.ZipInfo("mimetype"), ODT_MIME)
-        z.writestr("content.xml", content)
-        z.writestr("META-INF/manifest.xml", manifest)
-        for name, data in (extra or {}).items():
-            z.writestr(name, data)
-    return buffer.getvalue()
-
-
-def odt_with_links(image_href: str, section_href: str) -> bytes:
-    """A linked (not embedded) image and a section whose content is linked from another file."""
-    return odt(
-        '<text:p>linked: <draw:frame draw:name="f" svg:width="2cm" svg:height="2cm" text:anchor-type="as-char">'
-        f'<draw:image xlink:href="{image_href}" xlink:type="simple" xlink:show="embed" xlink:actuate="onLoad"/>'
-        "</draw:frame></text:p>"
-        f'<text:section text:name="s"><text:section-source xlink:href="{section_href}"/></text:section>'
-    )
 
 
 def odt_with_macro(marker: Path) -> bytes:
@@ -142,40 +96,6 @@ def descendants(pid: int) -> list[int]:
 def status(pid: int) -> dict[str, str]:
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
-
-
-def run_pool(
-    tmp_path: Path, uid: tuple[int, int] | None, documents: list[tuple[bytes, str]], *, direct: bool = False
-) -> list[object]:
-    """Starts a one-listener pool, converts ``documents`` in turn, stops it; returns each
-    conversion or the exception it raised. ``direct``: hand the documents to the listener itself,
-    past the pool's checks (what LibreOffice's own settings do with a document)."""
-    base = tmp_path / "office"
-
-    async def go() -> list[object]:
-        pool = OfficePool(base, [uid], config.load(OfficeSettings))
-        pool.start()
-        await pool.started()
-        results: list[object] = []
-        try:
-            for n, (content, mime) in enumerate(documents):
-                path = tmp_path / f"doc{n}"
-                path.write_bytes(content)
-                try:
-                    if direct:
-                        results.append(
-                            await pool.listeners[0].convert(path, filters.IMPORT_FILTERS[mime], 60)
-                        )
-                    else:
-                        results.append(await pool.convert(path, mime, 60))
-                except Exception as exc:
-                    results.append(exc)
-        finally:
-            await pool.close()
-        return results
-
-    os.chmod(tmp_path, 0o755)
-    return asyncio.run(go())
 
 
 def check_confined(host_pid: int, marker: Path) -> None:
@@ -294,24 +214,6 @@ def test_libreoffice_settings_alone_block_the_links_they_can(tmp_path: Path, lis
         assert not isinstance(result, Exception), result
         assert "SECRET-CONTENT" not in pdf_text(result.pdf)  # type: ignore[attr-defined]
     assert listener.connections == []
-
-
-def odt_background(href: str) -> bytes:
-    """An ODT whose paragraph style has a linked background image (LibreOffice 7.4 loads it)."""
-    return odt(
-        '<text:p text:style-name="P1">styled</text:p>',
-        head='<office:automatic-styles><style:style xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" '
-        'style:name="P1" style:family="paragraph"><style:paragraph-properties>'
-        f'<style:background-image xlink:href="{href}" xlink:type="simple" xlink:actuate="onLoad"/>'
-        "</style:paragraph-properties></style:style></office:automatic-styles>",
-    )
-
-
-def rtf_includepicture(target: str) -> bytes:
-    """An RTF with an ``INCLUDEPICTURE`` field (LibreOffice 7.4 loads the picture)."""
-    return (
-        '{\\rtf1\\ansi PIC {\\field{\\*\\fldinst INCLUDEPICTURE "' + target + '" \\\\d}{\\fldrslt }}}'
-    ).encode()
 
 
 def test_a_document_macro_does_not_run(tmp_path: Path) -> None:

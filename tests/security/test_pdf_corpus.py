@@ -19,9 +19,15 @@ import psycopg
 import pytest
 
 from tests.e2e.conftest import RunningPlatform, isolated_platform, wait_for, wait_job
+from tests.helpers.pdf import (
+    PDF_DIR,
+    build_pdf,
+    one_page_pdf,
+    pdf_deeply_nested,
+    pdf_flate_bomb,
+    pdf_with_pages,
+)
 from tests.security.conftest import Listener
-from tests.security.test_documents_and_media import pdf_deeply_nested, pdf_flate_bomb, pdf_with_pages
-from tests.unit.test_pdf import PDF_DIR, build_pdf, one_page_pdf
 
 TIMEOUT_SECONDS = {"pdf_info": 30, "pdf_preview": 60, "text_extract": 60}
 """The seeded profiles' CPU limits; the wall clock is 1.5 times that."""

@@ -22,7 +22,7 @@ from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from services.mediaworker.__main__ import MediaHandler
 from services.mediaworker.settings import MediaSettings
-from tests.unit.test_media_probe import write_video
+from tests.helpers.media import write_video
 
 LIMITS = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=8 << 30, fsize_bytes=1 << 30)
 UIDS = (61390,) if os.geteuid() == 0 else None

@@ -15,9 +15,7 @@ import pyvips
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.imaging import ops, sources
-
-EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
-LIMITS = ops.ImageLimits(max_pixels=50_000_000, max_input_bytes=50 * 1024 * 1024)
+from tests.helpers.images import EXIF, LIMITS, load, mean_abs_diff, run_one
 
 
 @pytest.fixture
@@ -25,27 +23,6 @@ def out_dir(tmp_path: Path) -> Path:
     path = tmp_path / "output"
     path.mkdir()
     return path
-
-
-def run_one(operation: str, params: dict, input_path: Path, out_dir: Path) -> tuple[ops.OutputFile, Path]:
-    (output,) = ops.run(operation, params, input_path, out_dir, LIMITS)
-    assert "/" not in output.filename
-    return output, out_dir / output.filename
-
-
-def load(path: Path) -> pyvips.Image:
-    return pyvips.Image.new_from_file(str(path))
-
-
-def small_gray(image: pyvips.Image) -> pyvips.Image:
-    """48×32 grayscale, for comparing orientation and content."""
-    gray = image.flatten(background=[255, 255, 255]) if image.hasalpha() else image
-    gray = gray.colourspace("b-w")
-    return gray.resize(48 / gray.width, vscale=32 / gray.height)
-
-
-def mean_abs_diff(a: pyvips.Image, b: pyvips.Image) -> float:
-    return float((small_gray(a) - small_gray(b)).abs().avg())
 
 
 def write_png_header(path: Path, width: int, height: int) -> None:

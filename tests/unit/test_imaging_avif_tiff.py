@@ -24,10 +24,10 @@ from hypermedia.engines.ocr import assemble
 from hypermedia.engines.ocr import engine as ocr_engine
 from hypermedia.engines.ocr.metrics import cer
 from hypermedia.intake import contenttype
-from tests.unit.test_imaging import EXIF, LIMITS, load, mean_abs_diff, run_one
-from tests.unit.test_ocr import EUROTEXT_LANGUAGES, OCR_DIR
-from tests.unit.test_ocr import GOLD as PHOTOTEST_GOLD
-from tests.unit.test_ocr import LIMITS as OCR_LIMITS
+from tests.helpers.images import EXIF, LIMITS, load, mean_abs_diff, run_one
+from tests.helpers.ocr import EUROTEXT_LANGUAGES, OCR_DIR
+from tests.helpers.ocr import GOLD as PHOTOTEST_GOLD
+from tests.helpers.ocr import LIMITS as OCR_LIMITS
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STAR = DATA / "avif" / "star.avifs"

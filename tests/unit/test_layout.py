@@ -180,3 +180,40 @@ def test_no_import_circle() -> None:
         if name not in seen:
             circle = visit(name, [name])
             assert circle is None, " -> ".join(circle)
+
+
+TESTS = ROOT / "tests"
+
+
+def _is_test_module(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "tests" and parts[-1].startswith("test_")
+
+
+def _test_modules_imported(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` for each test module (``tests.*.test_*``) ``path`` imports, at any depth;
+    relative imports resolved against ``path``'s package, ``from tests.x import test_y`` included."""
+    package = _name(path).split(".")[:-1] if path.name != "__init__.py" else _name(path).split(".")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        modules: list[str] = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            modules = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        found.extend((node.lineno, module) for module in modules if _is_test_module(module))
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared builders live in ``tests/helpers/``; a test module (``test_*.py``) imports no other
+    one, and nothing else under ``tests/`` imports a test module either, so each runs on its own."""
+    wrong = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for line, module in _test_modules_imported(path):
+            wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not wrong, "test modules imported (move the builders to tests/helpers/):\n" + "\n".join(wrong)

@@ -18,9 +18,7 @@ from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.media import audio, transcode, waveform
 from hypermedia.engines.media.decoding import MAX_ERROR_RATE
 from hypermedia.engines.media.sources import MediaLimits
-from tests.unit.test_media_audio import decode
-from tests.unit.test_media_probe import write_video
-from tests.unit.test_media_transcode import _remux
+from tests.helpers.media import _remux, decode, write_video
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "damaged-mp3"
 LIMITS = MediaLimits(max_input_bytes=10 * 1024 * 1024)

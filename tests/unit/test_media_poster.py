@@ -14,7 +14,7 @@ from hypermedia.engines.media import params as media_params
 from hypermedia.engines.media.engine import OPERATION_ENTRIES
 from hypermedia.engines.media.poster import run
 from hypermedia.engines.media.sources import MediaLimits
-from tests.unit.test_media_probe import write_mp3_with_cover, write_video
+from tests.helpers.media import write_mp3_with_cover, write_video
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
 

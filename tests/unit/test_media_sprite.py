@@ -19,8 +19,7 @@ from hypermedia.engines.media import params as media_params
 from hypermedia.engines.media.poster import run
 from hypermedia.engines.media.sources import MediaLimits
 from hypermedia.engines.media.sprite import SPRITE_MAX_PIXELS, SPRITE_MAX_SIDE
-from tests.unit.test_media_probe import write_mp3_with_cover
-from tests.unit.test_media_waveform import write_tone
+from tests.helpers.media import write_mp3_with_cover, write_tone
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
 FPS = 25

@@ -14,7 +14,6 @@ import os
 import random
 import secrets
 import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,74 +25,23 @@ import pyvips
 from hypermedia.core.errors import DomainError, InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.ocr import assemble, params, preprocess, tesseract
-from hypermedia.engines.ocr.engine import OcrLimits, run
+from hypermedia.engines.ocr.engine import OcrLimits
 from hypermedia.engines.ocr.metrics import cer, levenshtein, normalise_whitespace
 from hypermedia.sandbox import Sandbox, SandboxLimits
-
-OCR_DIR = Path(__file__).resolve().parents[1] / "data" / "ocr"
-PHOTOTEST = OCR_DIR / "phototest.tif"
-GOLD = (OCR_DIR / "phototest.gold.txt").read_text(encoding="utf-8")
-LIMITS = OcrLimits(max_input_bytes=100 << 20, max_page_pixels=100_000_000)
-ALL_OUTPUTS = ["text", "words", "hocr", "searchable_pdf"]
-EUROTEXT_LANGUAGES = ["spa", "por", "deu", "fra", "ita", "eng"]
-"""The six languages of ``eurotext.tif``, Spanish first: with the Debian (tessdata_fast) models the
-first language is the primary one, and with ``eng`` first tesseract keeps the English-looking
-readings "marron rapido" of two Spanish words (measured)."""
-
-needs_tesseract = pytest.mark.skipif(
-    shutil.which("tesseract") is None,
-    reason="tesseract is not installed (scripts/ensure_debian_packages.sh tesseract-ocr tesseract-ocr-eng …)",
+from tests.helpers.ocr import (
+    EUROTEXT_LANGUAGES,
+    GOLD,
+    LIMITS,
+    OCR_DIR,
+    PHOTOTEST,
+    grey_page,
+    needs_tesseract,
+    ocr,
+    save_png,
+    system_models,
 )
 
-
-def system_models() -> Path:
-    """The directory tesseract reads its models from here (the first line of ``--list-langs``:
-    ``List of available languages in "/usr/share/tesseract-ocr/5/tessdata/" (7):``)."""
-    listing = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True, check=True)
-    return Path(listing.stdout.split('"')[1])
-
-
-class Result:
-    """The outputs of one :func:`run`, read back."""
-
-    def __init__(self, outputs: list[OutputFile], out_dir: Path) -> None:
-        self.outputs = {o.output_type: o for o in outputs}
-        self.out_dir = out_dir
-
-    def path(self, output_type: str) -> Path:
-        return self.out_dir / self.outputs[output_type].filename
-
-    @property
-    def text(self) -> str:
-        return self.path("text").read_text(encoding="utf-8")
-
-    @property
-    def words(self) -> Any:
-        return json.loads(self.path("words").read_text(encoding="utf-8"))
-
-    def steps(self, page: int = 1) -> dict[str, dict]:
-        """The preprocessing records of a page, by step name."""
-        return {s["step"]: s for s in self.words["pages"][page - 1]["preprocessing"]}
-
-
-def ocr(
-    source: Path, tmp_path: Path, limits: OcrLimits = LIMITS, *, preprocessing: bool = True, **job_params: Any
-) -> Result:
-    out_dir = tmp_path / f"out-{secrets.token_hex(4)}"
-    out_dir.mkdir()
-    outputs = run("ocr", job_params, source, out_dir, limits=limits, preprocessing=preprocessing)
-    return Result(outputs, out_dir)
-
-
-def grey_page(path: Path) -> pyvips.Image:
-    return preprocess.to_grey(pyvips.Image.new_from_file(str(path))).copy_memory()
-
-
-def save_png(image: pyvips.Image, path: Path, dpi: float | None = None) -> Path:
-    if dpi is not None:
-        image = image.copy(xres=dpi / 25.4, yres=dpi / 25.4)
-    image.pngsave(str(path))
-    return path
+ALL_OUTPUTS = ["text", "words", "hocr", "searchable_pdf"]
 
 
 # --- params (pure Python) --------------------------------------------------------------------------
@@ -894,7 +842,7 @@ def test_a_skipped_page_is_copied_without_its_form_fields_but_with_their_values(
     and the typed value is still there, flattened into the page."""
     import pypdfium2.raw as pdfium_c
 
-    from tests.unit.test_pdf import FILLED_NAME, filled_forms_pdf
+    from tests.helpers.pdf import FILLED_NAME, filled_forms_pdf
 
     source = tmp_path / "filled.pdf"
     source.write_bytes(filled_forms_pdf())

@@ -21,29 +21,13 @@ from PIL import Image
 
 from hypermedia.engines.ocr import preprocess, tesseract
 from hypermedia.engines.ocr.metrics import cer
-from tests.unit.test_ocr import PHOTOTEST, grey_page, needs_tesseract, ocr, save_png
+from tests.helpers.ocr import PARAGRAPH, PHOTOTEST, grey_page, needs_tesseract, ocr, save_png, typeset
 
-PARAGRAPH = (
-    "A clean page scanned upside down or on its side must read like the same page scanned "
-    "upright: every line with its words in their order."
-)
-"""The text typeset on every page (26 words, 135 characters)."""
-FONT = "DejaVu Serif"
-"""Found by fontconfig (Debian's ``fonts-dejavu-core``, which LibreOffice and Pango depend on)."""
 SIZES = [(9, 300), (12, 300), (20, 300), (12, 150)]
 """``(points, dots per inch)``: body, small and large print at the working resolution, and body
 text at half of it (upscaled by the preprocessing)."""
 TURNS = [90, 180, 270]
 """Clockwise quarter turns applied to the upright page (libvips ``rot``, lossless)."""
-
-
-def typeset(points: int, dpi: int) -> pyvips.Image:
-    """The paragraph, black on white, in lines of 4 inches with half-inch margins; 8-bit grey
-    (Pango's antialiased edges kept)."""
-    ink = pyvips.Image.text(PARAGRAPH, font=f"{FONT} {points}", dpi=dpi, width=4 * dpi)
-    margin = dpi // 2
-    page = (255 - ink).embed(margin, margin, ink.width + 2 * margin, ink.height + 2 * margin, extend="white")
-    return page.cast("uchar").copy(interpretation="b-w")
 
 
 def decoded(path: Path) -> np.ndarray:
