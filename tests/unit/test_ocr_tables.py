@@ -277,7 +277,7 @@ def test_thousands_of_alternating_lines_do_not_reach_the_recursion_limit() -> No
 
 
 def test_csv_outputs_stop_at_the_cap_and_the_json_keeps_every_table(tmp_path: Path) -> None:
-    from hypermedia.engines.ocr.engine import MAX_TABLE_OUTPUTS, _table_outputs
+    from hypermedia.engines.ocr.outputs import MAX_TABLE_OUTPUTS, _table_outputs
 
     table = {"n_rows": 1, "n_cols": 2, "csv": "a,b\r\n"}
     records = [{"page": page, "tables": [table] * 30} for page in (1, 2, 3)]  # 90 tables
