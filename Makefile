@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml uv.lock
 # DejaVu's Arabic and Hebrew: about 4 MB) would leave every other script boxed, and
 # fonts-wqy-zenhei (16 MB) draws Japanese kanji in Chinese forms. deploy/check_policy.py keeps
 # the docworker image equal to this list. The
-# OCR engine's (issue 6, hypermedia/ocr/): tesseract with orientation detection and the languages
+# OCR engine's (issue 6, hypermedia/engines/ocr/): tesseract with orientation detection and the languages
 # of the OCR corpus. Installed when missing and running as root, otherwise the script says what
 # to install.
 DOCWORKER_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffice-impress-nogui \

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from hypermedia.embedded import EmbeddedNats, EmbeddedPostgres  # noqa: E402
+from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres  # noqa: E402
 from tests.e2e.conftest import RunningPlatform, start_platform  # noqa: E402
 
 TERMINAL = ("completed", "failed", "cancelled")

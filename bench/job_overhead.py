@@ -5,7 +5,7 @@
 Baselines, in one warm spawned process (never in this one, which starts the platform):
 
 * ``bare``: ``Image.thumbnail(png, 32).webpsave(out)``, median per operation;
-* ``pipeline``: the platform's own entry ``hypermedia.imaging.ops.run`` (sniff, header check,
+* ``pipeline``: the platform's own entry ``hypermedia.engines.imaging.ops.run`` (sniff, header check,
   thumbnail with sRGB output, save without metadata) — what a sandbox child runs, without the fork;
 * ``sandbox``: the same entry through :class:`hypermedia.sandbox.Sandbox` (zygote → forked,
   rlimited child per job), one at a time, measured from this process.
@@ -106,9 +106,9 @@ def probe(bp: common.BenchPlatform, job_id: str, repeats: int = 50) -> dict[str,
 
     import asyncpg
 
-    from hypermedia import rpc
-    from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-    from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+    from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+    from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+    from hypermedia.infra import rpc
 
     info = bp.platform.info
     account_id = bp.account["account_id"]

@@ -21,12 +21,12 @@ the ``ffmpeg`` command line with the same codec, preset, resolution and threads 
      FFmpeg and x264): demux → decode (``T`` frame threads) → ``VideoFrame.reformat`` (bicubic,
      one thread) → libx264 (``T`` threads) → mux; audio through ``AudioStream.encode``. Engine /
      bare is the engine's own overhead; bare / ffmpeg is the version difference.
-   * **engine**: :func:`hypermedia.media.transcode.run` with ``{"heights": [720], "preset":
+   * **engine**: :func:`hypermedia.engines.media.transcode.run` with ``{"heights": [720], "preset":
      "veryfast", "quality": 23}`` and ``MediaLimits(threads=T)``, in a fresh process.
    * **engine in the sandbox**: the same through :class:`hypermedia.sandbox.Sandbox` as the
      mediaworker runs it (warm zygote with ``av`` and the engine preloaded, a forked child per job
      with ``RLIMIT_AS`` 8 GiB as the profile, ``RLIMIT_NPROC`` =
-     :func:`~hypermedia.media.transcode.thread_need` + 16, its own uid and namespaces as root).
+     :func:`~hypermedia.engines.media.transcode.thread_need` + 16, its own uid and namespaces as root).
 
    Each run is timed (wall and CPU of the job's process and its threads; for the PyAV variants
    the call alone, without the interpreter's start) and its output checked (every frame, 1280 ×
@@ -99,8 +99,8 @@ AUDIO_MEMORY_MB = 2048
 """``memory_limit_mb`` of the profiles (migration 0013): the sandbox's ``RLIMIT_AS``."""
 DEBIAN_PACKAGES = ("ffmpeg",)
 """What the baseline needs; installed by ``scripts/ensure_debian_packages.sh``."""
-ENTRY = "hypermedia.media.engine:run"
-PRELOAD = ("av", "hypermedia.media.engine")
+ENTRY = "hypermedia.engines.media.engine:run"
+PRELOAD = ("av", "hypermedia.engines.media.engine")
 """As the mediaworker's sandbox."""
 UID_BASE = 62500
 """Sandbox uid when running as root (the platform's pool starts at 61000, bench/sandboxed.py's at
@@ -277,15 +277,15 @@ def bare_audio(source: Path, target: Path, audio_format: str) -> None:
 
 def _job(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs one job in this (fresh) process: wall and CPU seconds of the call alone."""
-    from hypermedia.media.probe import MediaLimits
+    from hypermedia.engines.media.sources import MediaLimits
 
     limits = MediaLimits(max_input_bytes=MAX_INPUT_BYTES, threads=spec["threads"])
     source, out_dir = Path(spec["input"]), Path(spec["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     if spec["kind"] == "engine":
-        from hypermedia.media.transcode import run as entry
+        from hypermedia.engines.media.transcode import run as entry
     elif spec["kind"] == "audio":
-        from hypermedia.media.audio import run as entry
+        from hypermedia.engines.media.audio import run as entry
     else:
         import av  # noqa: F401  (imported before the clock starts, as the engine's)
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -459,9 +459,9 @@ class SandboxJobs:
 
     def run(self, operation: str, params: dict[str, Any], source: Path) -> Measured:
         """One job: the input copied into the job dir (not timed), then ``Sandbox.run`` timed."""
-        from hypermedia.media.params import validate_params
-        from hypermedia.media.probe import MediaLimits
-        from hypermedia.media.transcode import thread_need
+        from hypermedia.engines.media.params import validate_params
+        from hypermedia.engines.media.sources import MediaLimits
+        from hypermedia.engines.media.transcode import thread_need
         from hypermedia.sandbox import SandboxLimits
 
         # As the mediaworker's MediaHandler: T threads and thread_need + 16 tasks for a video

@@ -7,9 +7,9 @@ and escalation, and the ``ocr`` queue's throughput against bare ``tesseract`` pr
    and ``phototest-rotated-R.png`` against ``phototest.gold.txt``, ``eurotext.tif`` with the six
    languages the tests use, ``8071_093.3B.tif``), read four ways, one page at a time:
    (a) bare ``tesseract PAGE out -l LANGS txt`` (``OMP_THREAD_LIMIT=1``, default ``--psm 3``);
-   (b) :func:`hypermedia.ocr.engine.run` with ``preprocessing=False`` (the page only made grey)
+   (b) :func:`hypermedia.engines.ocr.engine.run` with ``preprocessing=False`` (the page only made grey)
    and ``escalate`` false; (c) with preprocessing; (d) with preprocessing and escalation. CER from
-   :func:`hypermedia.ocr.metrics.cer` (whitespace-normalised; for the UNLV page, whose ground truth
+   :func:`hypermedia.engines.ocr.metrics.cer` (whitespace-normalised; for the UNLV page, whose ground truth
    is typed in ASCII, typographic quotes folded to ASCII in both texts). One more row, not a corpus
    page: ``phototest.tif`` blurred with σ = 2.5 px (as ``tests/unit/test_ocr_escalation.py`` makes
    it), the kind of page escalation is for. Seconds per page of each variant are printed, and for
@@ -65,7 +65,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import common  # noqa: E402
-from hypermedia.ocr.metrics import cer  # noqa: E402  (pure Python)
+from hypermedia.engines.ocr.metrics import cer  # noqa: E402  (pure Python)
 
 GOAL = 0.9
 """Platform pages/minute over bare tesseract's, one process per core (issue 6)."""
@@ -146,7 +146,7 @@ def _init_engine_process() -> None:
     import pyvips
 
     pyvips.concurrency_set(1)
-    from hypermedia.ocr import engine, preprocess, rapid_ocr, tesseract  # noqa: F401  (pyvips settings)
+    from hypermedia.engines.ocr import engine, preprocess, rapid_ocr, tesseract  # noqa: F401  (pyvips settings)
 
     # Module attributes looked up at call time. ``_orient`` is the probe PNG + ``tesseract --psm 0``;
     # ``_deskew`` the angle search (the turn itself is lazy: computed by ``save``). A step missing
@@ -178,9 +178,9 @@ def _children_cpu_seconds() -> float:
 def engine_page(
     path: str, languages: list[str], preprocessing: bool, escalate: bool, out_dir: str, words: bool = True
 ) -> dict[str, Any]:
-    """One :func:`hypermedia.ocr.engine.run` on one page: its text, wall and CPU seconds, the
+    """One :func:`hypermedia.engines.ocr.engine.run` on one page: its text, wall and CPU seconds, the
     seconds of each step, and (with ``words``) what escalation and preprocessing did."""
-    from hypermedia.ocr.engine import OcrLimits, run
+    from hypermedia.engines.ocr.engine import OcrLimits, run
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,7 +227,7 @@ def make_blurred(path: str) -> str:
     """``phototest.tif`` in grey, blurred with a Gaussian of σ = :data:`BLUR_SIGMA` px, as PNG."""
     import pyvips
 
-    from hypermedia.ocr import preprocess
+    from hypermedia.engines.ocr import preprocess
 
     image = preprocess.to_grey(pyvips.Image.new_from_file(str(OCR_DIR / "phototest.tif")))
     image.gaussblur(BLUR_SIGMA).pngsave(path)
@@ -251,7 +251,7 @@ def engine_pool(workers: int) -> ProcessPoolExecutor:
 
 
 def _tesseract_env() -> dict[str, str]:
-    """As :mod:`hypermedia.ocr.tesseract` runs it: ``PATH``, ``LANG``, ``OMP_THREAD_LIMIT=1``."""
+    """As :mod:`hypermedia.engines.ocr.tesseract` runs it: ``PATH``, ``LANG``, ``OMP_THREAD_LIMIT=1``."""
     env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
     if "TESSDATA_PREFIX" in os.environ:
         env["TESSDATA_PREFIX"] = os.environ["TESSDATA_PREFIX"]
@@ -479,7 +479,7 @@ def print_cer_table(pages: list[Page], results: dict[str, dict[str, dict[str, An
 
 
 def ocr_available() -> bool:
-    from hypermedia import platform
+    from hypermedia.devtools import platform
 
     return "ocrworker" in platform.SERVICES
 

@@ -11,7 +11,7 @@ listener). Issue 5's goal: a warm conversion takes at most 0.5× of a cold one.
    --convert-to pdf --outdir DIR FILE`` (the same ``soffice`` the listeners run, no confinement);
    (a) one at a time, each timed; (b) the whole series 2 at a time (the docworker's 2 slots), timed
    from the first start to the last exit.
-3. **Engine**: an :class:`hypermedia.documents.office.OfficePool` of 2 listeners in this process
+3. **Engine**: an :class:`hypermedia.engines.documents.office.OfficePool` of 2 listeners in this process
    (confined as the docworker confines them: own uids with root), started once; each
    ``OfficePool.convert`` of the series timed, one at a time (copy in, UNO load + PDF export, read
    back). Ratio warm / cold: the engine-level figure.
@@ -59,8 +59,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import common  # noqa: E402
-from hypermedia import config  # noqa: E402
-from hypermedia.documents.office import OfficePool  # noqa: E402
+from hypermedia.core import config  # noqa: E402
+from hypermedia.engines.documents.office import OfficePool  # noqa: E402
+from hypermedia.engines.documents.settings import OfficeSettings  # noqa: E402
 
 GOAL = 0.5
 """Warm conversion / cold ``soffice --convert-to pdf`` (lower is better)."""
@@ -115,7 +116,7 @@ def cold_convert(source: Path, work: Path) -> tuple[float, int]:
         started = time.perf_counter()
         subprocess.run(
             [
-                config.load(config.OfficeSettings).soffice,
+                config.load(OfficeSettings).soffice,
                 f"-env:UserInstallation={(work / 'profile').as_uri()}",
                 "--headless",
                 "--convert-to",
@@ -189,7 +190,7 @@ class Engine:
         uid_base = _uid_base() + ENGINE_UID_OFFSET
         uids = [(uid_base + i, uid_base + i) if os.geteuid() == 0 else None for i in range(SLOTS)]
         self.base_dir = base_dir
-        self.pool = OfficePool(base_dir, uids, config.load(config.OfficeSettings))
+        self.pool = OfficePool(base_dir, uids, config.load(OfficeSettings))
         self.runner = asyncio.Runner()
 
     def start(self) -> float:
@@ -347,7 +348,7 @@ def _medians(per_kind: dict[str, list[float]]) -> dict[str, float]:
 
 def run(rounds: int = 3, documents: int = 8, keep_logs: Path | None = None) -> dict[str, Any] | None:
     """The benchmark; None (with a message) when LibreOffice is not installed."""
-    settings = config.load(config.OfficeSettings)
+    settings = config.load(OfficeSettings)
     if not (os.access(settings.soffice, os.X_OK) and os.access(settings.python, os.X_OK)):
         print(
             f"office_to_pdf: skipped, no LibreOffice ({settings.soffice}) or its Python ({settings.python})"

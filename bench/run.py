@@ -1,8 +1,9 @@
 """All benchmarks (``make bench``): thumbnail throughput, per-job overhead, office_to_pdf (warm
 LibreOffice listeners against a cold ``soffice`` per document), OCR (the ``ocr`` queue against
-bare ``tesseract`` processes, and the CER of each corpus page) and the media transcodes
+bare ``tesseract`` processes, and the CER of each corpus page), the media transcodes
 (``transcode_video`` and ``transcode_audio`` against the ``ffmpeg`` command line, and peak memory
-per job), each against a baseline measured in the same run, then a summary table. Ratios, never
+per job) and the engine's tesseract call (direct against pytesseract), each against a baseline
+measured in the same run, then a summary table. Ratios, never
 timed assertions.
 
     .venv/bin/python bench/run.py [--quick] [--logs DIR]
@@ -23,7 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import common, job_overhead, media, ocr, office_to_pdf, thumbnail_throughput  # noqa: E402
+from bench import (  # noqa: E402
+    common,
+    job_overhead,
+    media,
+    ocr,
+    office_to_pdf,
+    tesseract_call,
+    thumbnail_throughput,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ocr_result = ocr.run(rounds=rounds, pages=pages, keep_logs=logs / "ocr" if logs else None)
     print()
     media_result = media.run(**({"runs": 1, "seconds": 10, "audio_seconds": 30} if args.quick else {}))
+    print()
+    call = tesseract_call.run(rounds=1 if args.quick else 5)
     print()
     print(f"summary ({common.machine()}):")
     rows = [
@@ -123,6 +134,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     rows += _media_rows(media_result)
+    if call is not None:
+        rows.append(
+            (
+                "tesseract call, s/page (direct -> pytesseract)",
+                round(call["direct_wall"], 3),
+                round(call["pytesseract_wall"], 3),
+                f"{call['wall_ratio']:.2f}x",
+                f"CPU {call['cpu_ratio']:.2f}x; the direct call costs no more (>= 1.0x): "
+                + ("met" if call["wall_ratio"] >= 1.0 else "MISSED")
+                + " (ADR 0034)",
+            )
+        )
     print(common.table(rows, ("benchmark", "baseline", "platform", "ratio", "note")))
     print(
         f"background load from other processes: {tp['background_cores']:.2f} cores (throughput, median), "

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO  # noqa: F401  (puts the repository on sys.path)
-from hypermedia.imaging.ops import ImageLimits
+from hypermedia.engines.imaging.ops import ImageLimits
 from hypermedia.sandbox import Sandbox, SandboxLimits
 
-ENTRY = "hypermedia.imaging.ops:run"
+ENTRY = "hypermedia.engines.imaging.ops:run"
 LIMITS = SandboxLimits(
     cpu_seconds=30, wall_seconds=45, memory_bytes=2048 * 1024 * 1024, fsize_bytes=10 * 1024**3
 )
@@ -32,7 +32,7 @@ UID_BASE = 62000
 
 def _sandbox(work_dir: Path, slots: int) -> Sandbox:
     uids = range(UID_BASE, UID_BASE + slots) if os.geteuid() == 0 else None
-    return Sandbox(work_dir, preload=("pyvips", "hypermedia.imaging.ops"), uid=uids)
+    return Sandbox(work_dir, preload=("pyvips", "hypermedia.engines.imaging.ops"), uid=uids)
 
 
 async def _one(sandbox: Sandbox, path: Path, size: int) -> tuple[float, int]:

@@ -42,7 +42,7 @@ def _init_worker(vips_concurrency: int | None) -> None:
     # Set explicitly: the spawned process re-imports the main module, which may import pyvips (and
     # so initialise libvips) before this runs, after which VIPS_CONCURRENCY is no longer read.
     pyvips.concurrency_set(vips_concurrency or os.cpu_count() or 1)
-    pyvips.cache_set_max(0)  # as hypermedia.imaging.ops does: no operation cache
+    pyvips.cache_set_max(0)  # as hypermedia.engines.imaging.sources does: no operation cache
     # Warm-up, so the timed loop does not pay libvips' first-operation costs (type system, thread
     # pool, webp encoder set-up); the platform's zygote is warm in the same sense (imports only).
     pyvips.Image.black(64, 64, bands=3).webpsave_buffer()
@@ -104,13 +104,13 @@ def bare_thumbnail(path: str, out_path: str, size: int) -> float:
 def per_op_times(path: str, out_dir: str, size: int, repeats: int) -> dict[str, Any]:
     """Per-operation wall times (ms) in one warm process of the same small thumbnail two ways:
     ``bare`` (``Image.thumbnail`` → ``webpsave``) and ``pipeline`` (the platform's own
-    ``hypermedia.imaging.ops.run``: sniff, header check, thumbnail with sRGB output, save without
+    ``hypermedia.engines.imaging.ops.run``: sniff, header check, thumbnail with sRGB output, save without
     metadata) — the work a sandbox child does, without the fork."""
     import sys
 
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from hypermedia.imaging.ops import ImageLimits, run
+    from hypermedia.engines.imaging.ops import ImageLimits, run
 
     limits = ImageLimits(max_pixels=100_000_000, max_input_bytes=50 * 1024 * 1024)
     out = Path(out_dir)

@@ -51,7 +51,7 @@ equal (versions aside); every other target installs none."""
 PRIORITIES = range(1, 11)
 """Priority bands of a queue: one JetStream consumer ``{queue}-p{n}`` each."""
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
-SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|_KEY$|KEY_ID$|^DATABASE_URL$)", re.IGNORECASE)
+SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|_KEY$|KEY_ID$|^HM_DATABASE_URL$)", re.IGNORECASE)
 MIN_WORKER_GRACE_SECONDS = 45
 """Workers drain for 35 s after SIGTERM (HM_DRAIN_SECONDS); the kubelet must wait longer."""
 

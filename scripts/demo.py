@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from hypermedia.embedded import free_port
+from hypermedia.devtools.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = REPO / "tests" / "data" / "exif-orientation"
@@ -170,13 +170,13 @@ def main() -> int:
     env = {
         **os.environ,
         "HM_STATE_DIR": str(STATE),
-        "HYPERMEDIA_HTTP_PORT": str(http_port),
-        "HYPERMEDIA_GRPC_PORT": str(grpc_port),
+        "HM_GATEWAY_HTTP_PORT": str(http_port),
+        "HM_GATEWAY_GRPC_PORT": str(grpc_port),
     }
-    for var in ("DATABASE_URL", "NATS_URL"):
+    for var in ("HM_DATABASE_URL", "HM_NATS_URL"):
         env.pop(var, None)  # the demo always runs on embedded defaults
     log = STATE / "up.log"
-    hypermedia = [sys.executable, "-m", "hypermedia.cli"]
+    hypermedia = [sys.executable, "-m", "hypermedia.devtools.cli"]
     print(f"starting the platform (embedded Postgres and NATS, local object store in {STATE}) ...")
     with log.open("ab") as log_file:
         up = subprocess.Popen(

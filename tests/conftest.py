@@ -1,6 +1,6 @@
 """Shared fixtures: real Postgres and real NATS JetStream, isolated per test session.
 
-Postgres: when ``TEST_DATABASE_URL`` (or ``DATABASE_URL``) names a server, a fresh database
+Postgres: when ``TEST_DATABASE_URL`` (or ``HM_DATABASE_URL``) names a server, a fresh database
 ``hm_test_<random>`` is created there and dropped afterwards; otherwise an embedded cluster is
 started in a temporary directory. NATS: always a private nats-server on a free port with its own
 JetStream store, so tests never see another run's streams.
@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from hypermedia import db
-from hypermedia.embedded import EmbeddedNats, EmbeddedPostgres
+from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from hypermedia.infra import db
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
@@ -52,7 +52,11 @@ def tmp_root() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def database_url(tmp_root: Path) -> Iterator[str]:
     """DSN of a fresh, migrated database that lives for the test session."""
-    server = os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
+    server = (
+        os.environ.get("TEST_DATABASE_URL")
+        or os.environ.get("HM_DATABASE_URL")
+        or os.environ.get("HM_DATABASE_URL")
+    )
     name = f"hm_test_{secrets.token_hex(4)}"
     if server:
         import psycopg

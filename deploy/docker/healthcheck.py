@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     service = argv[1]
     try:
         if service == "gateway":
-            port = os.environ.get("HYPERMEDIA_HTTP_PORT", "8080")
+            port = os.environ.get("HM_GATEWAY_HTTP_PORT", "8080")
             healthy = check_http(f"http://127.0.0.1:{port}/healthz")
         elif service in GRPC_BIND_VARIABLES:
             variable, default = GRPC_BIND_VARIABLES[service]

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from hypermedia import config
-from hypermedia.credits.v1 import credits_pb2_grpc
-from hypermedia.rpc import GrpcServer
-from hypermedia.service import Lifetime, open_postgres, run_service
+from hypermedia.api.credits.v1 import credits_pb2_grpc
+from hypermedia.core import config
+from hypermedia.infra.rpc import GrpcServer
+from hypermedia.infra.service import Lifetime, open_postgres, run_service
 from services.credits.service import CreditsService
+from services.credits.settings import CreditsSettings
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> GrpcServer:
     infra = config.load(config.InfraSettings)
-    settings = config.load(config.CreditsSettings)
+    settings = config.load(CreditsSettings)
     pool = await open_postgres(stack, infra, max_size=10)
     server = GrpcServer(
         settings.grpc_bind,

@@ -10,6 +10,7 @@ into charge lines (``ocr_escalation`` beside ``base``), one ledger row each.
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import uuid
@@ -17,14 +18,19 @@ import uuid
 import asyncpg
 import grpc
 
-from hypermedia import pgtext
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.errors import InsufficientCredits, InvalidArgument, NotFound
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.core import pgtext
+from hypermedia.core.errors import InsufficientCredits, InvalidArgument, NotFound
 
 LINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 """A charge line's name (``ocr_escalation``)."""
 MAX_GRANT_ID_LENGTH = 200
 """Longest ``grant_id`` of a Grant (characters); ``hypermedia admin`` sends a UUID."""
+DEFAULT_HOLDS_PAGE = 500
+"""Holds in a ListHolds page when the request names no size (the reaper's batch)."""
+MAX_HOLDS_PAGE = 1000
+"""Largest ListHolds page."""
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 def price(base_cost: int, per_mb: int, size_bytes: int) -> int:
@@ -138,6 +144,8 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 account_id,
                 total,
             )
+        if row is None:  # not after the row was locked above; for the type checker
+            raise NotFound("no credit account", "ACCOUNT_NOT_FOUND")
         return credits_pb2.HoldResponse(balance_millicredits=row["balance"], held_millicredits=row["held"])
 
     async def Commit(
@@ -245,3 +253,49 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 "SELECT balance FROM credit_accounts WHERE account_id = $1", account_id
             )
         return credits_pb2.GrantResponse(balance_millicredits=balance)
+
+    async def ListHolds(
+        self, request: credits_pb2.ListHoldsRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.ListHoldsResponse:
+        page_size = request.page_size or DEFAULT_HOLDS_PAGE
+        if not 1 <= page_size <= MAX_HOLDS_PAGE:
+            raise InvalidArgument(f"page_size must be 1–{MAX_HOLDS_PAGE}")
+        if not math.isfinite(request.older_than_seconds) or request.older_than_seconds < 0:
+            raise InvalidArgument("older_than_seconds must be a finite number ≥ 0")
+        after_at, after_id = _holds_cursor(request.page_token)
+        rows = await self._pool.fetch(
+            """
+            SELECT job_id, created_at FROM credit_holds
+            WHERE status = 'held' AND created_at < now() - make_interval(secs => $1)
+              AND (created_at, job_id) > ($2, $3)
+            ORDER BY created_at, job_id LIMIT $4
+            """,
+            request.older_than_seconds,
+            after_at,
+            after_id,
+            page_size,
+        )
+        holds = []
+        for row in rows:
+            hold = credits_pb2.HeldHold(job_id=str(row["job_id"]))
+            hold.created_at.FromDatetime(row["created_at"])
+            holds.append(hold)
+        token = ""
+        if len(rows) == page_size:
+            token = f"{rows[-1]['created_at'].isoformat()}|{rows[-1]['job_id']}"
+        return credits_pb2.ListHoldsResponse(holds=holds, next_page_token=token)
+
+
+def _holds_cursor(token: str) -> tuple[datetime.datetime, uuid.UUID]:
+    """``(created_at, job_id)`` after which a ListHolds page starts; the start for an empty token.
+    Raises InvalidArgument for a token ListHolds did not make."""
+    if not token:
+        return _EPOCH, uuid.UUID(int=0)
+    at, _, job_id = token.partition("|")
+    try:
+        created = datetime.datetime.fromisoformat(at)
+        if created.tzinfo is None:
+            raise ValueError("naive")
+        return created, uuid.UUID(job_id)
+    except ValueError:
+        raise InvalidArgument("malformed page_token", "INVALID_ARGUMENT") from None

@@ -1,10 +1,10 @@
 """``python -m services.docworker``: the worker of queue ``documents`` (``pdf_info``,
 ``pdf_preview``, ``text_extract`` with PDFium; ``office_to_pdf`` and ``text_extract`` of office
-documents with LibreOffice first). Configures :func:`hypermedia.workerservice.serve_worker`: the
-pipeline :func:`hypermedia.documents.pdf.run`, run in :class:`hypermedia.sandbox.Sandbox` children
+documents with LibreOffice first). Configures :func:`hypermedia.worker.serve.serve_worker`: the
+pipeline :func:`hypermedia.engines.documents.pdf.run`, run in :class:`hypermedia.sandbox.Sandbox` children
 whose zygote has imported pyvips and pypdfium2 (PDFium initialised, no thread started: see
-:mod:`hypermedia.documents.pdf`), and one warm LibreOffice listener per slot
-(:class:`hypermedia.documents.office.OfficePool`) that converts office documents to PDF before
+:mod:`hypermedia.engines.documents.pdf`), and one warm LibreOffice listener per slot
+(:class:`hypermedia.engines.documents.office.OfficePool`) that converts office documents to PDF before
 the sandboxed PDFium step checks the PDF (``office_to_pdf``) or extracts its text.
 
 Its defaults differ from the imageworker's: ``HM_WORKER_QUEUE`` is ``documents`` and
@@ -25,14 +25,18 @@ from typing import Any, Final
 
 import asyncpg
 
-from hypermedia import config, contenttype, db, jobsecrets
-from hypermedia.documents.office import OfficePool
-from hypermedia.documents.pdf import DocumentLimits
-from hypermedia.errors import PermanentJobError
-from hypermedia.lifecycle import ClaimedJob
-from hypermedia.runtime import JobInput, SandboxHandler
-from hypermedia.service import Lifetime, run_service
-from hypermedia.workerservice import queue_worker_settings, serve_worker
+from hypermedia.core import config
+from hypermedia.core.errors import PermanentJobError
+from hypermedia.engines.documents.office import OfficePool
+from hypermedia.engines.documents.pdf import DocumentLimits
+from hypermedia.engines.documents.settings import OfficeSettings
+from hypermedia.infra import db
+from hypermedia.infra.service import Lifetime, run_service
+from hypermedia.intake import contenttype
+from hypermedia.jobs import secrets as jobsecrets
+from hypermedia.jobs.lifecycle import ClaimedJob
+from hypermedia.worker.handler import JobInput, SandboxHandler
+from hypermedia.worker.serve import queue_worker_settings, serve_worker
 
 QUEUE: Final = "documents"
 DEFAULT_SLOTS: Final = 2
@@ -44,10 +48,10 @@ CONVERTING_OPERATIONS: Final = frozenset({"office_to_pdf", "text_extract"})
 
 
 class DocumentHandler(SandboxHandler):
-    """Runs :func:`hypermedia.documents.pdf.run` with the profile's size and per-page pixel limits,
+    """Runs :func:`hypermedia.engines.documents.pdf.run` with the profile's size and per-page pixel limits,
     after converting an office document to PDF with a warm LibreOffice listener."""
 
-    entry = "hypermedia.documents.pdf:run"
+    entry = "hypermedia.engines.documents.pdf:run"
 
     def __init__(self, office: OfficePool) -> None:
         self.office = office
@@ -104,7 +108,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     office = OfficePool(
         Path(settings.work_dir) / "office",
         [(first + i, first + i) if is_root else None for i in range(settings.slots)],
-        config.load(config.OfficeSettings),
+        config.load(OfficeSettings),
     )
     office.start()  # in the background: jobs wait for a listener still starting
     stack.push_async_callback(office.close)
@@ -112,8 +116,9 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         stack,
         stop,
         role="docworker",
+        settings=settings,
         handler=DocumentHandler(office),
-        preload=("pyvips", "pypdfium2", "hypermedia.documents.pdf"),
+        preload=("pyvips", "pypdfium2", "hypermedia.engines.documents.pdf"),
     )
 
 

@@ -1,5 +1,5 @@
 """``python -m services.gateway``: REST (uvicorn) and gRPC JobService, plus the outbox relay.
-Only wires; the use cases are in jobs.py."""
+Only wires; the use cases are one module each (uploads, creation, status, cancellation, accounts)."""
 
 from __future__ import annotations
 
@@ -10,27 +10,39 @@ from functools import partial
 
 import httpx
 
-from hypermedia import clamav, config, jobsecrets, rpc
-from hypermedia.events import JobEventHub
-from hypermedia.httpserver import HttpServer
-from hypermedia.jobs.v1 import jobs_pb2_grpc
-from hypermedia.outbox import OutboxRelay
-from hypermedia.service import Lifetime, open_jetstream, open_peers, open_postgres, run_service
-from services.gateway import auth
+from hypermedia.api.jobs.v1 import jobs_pb2_grpc
+from hypermedia.core import config
+from hypermedia.infra import rpc
+from hypermedia.infra.httplimits import HttpSettings
+from hypermedia.infra.httpserver import HttpServer
+from hypermedia.infra.service import Lifetime, open_peers, open_postgres, run_service
+from hypermedia.intake import clamav
+from hypermedia.jobs import accounts as auth
+from hypermedia.jobs import queues
+from hypermedia.jobs import secrets as jobsecrets
+from hypermedia.jobs.events import JobEventHub
+from hypermedia.jobs.outbox import OutboxRelay
+from hypermedia.jobs.settlement import Settlement
+from services.gateway.accounts import Accounts
+from services.gateway.cancellation import JobCancellation
+from services.gateway.creation import JobCreation
 from services.gateway.grpc_api import JobService
-from services.gateway.jobs import JobsAPI
 from services.gateway.resolved import LinkSigner, OutputResolver
 from services.gateway.rest import HEALTH_PATHS, build_app
+from services.gateway.settings import GatewaySettings
+from services.gateway.status import JobStatus
+from services.gateway.uploads import Uploads
+from services.gateway.usecases import UseCases
 
 log = logging.getLogger(__name__)
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
-    settings = config.load(config.GatewaySettings)
-    http_limits = config.load(config.HttpSettings)
+    settings = config.load(GatewaySettings)
+    http_limits = config.load(HttpSettings)
     pool = await open_postgres(stack, infra, max_size=20)
-    nc, js = await open_jetstream(stack, infra, "gateway")
+    nc, js = await queues.open_jetstream(stack, infra, "gateway")
     peers = open_peers(stack, infra)
     http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
     stack.push_async_callback(http.aclose)
@@ -64,19 +76,24 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             " and playlists that link other playlists cannot be resolved"
         )
 
-    api = JobsAPI(
-        pool,
-        peers.storage,
-        peers.credits,
-        relay,
-        events,
-        http,
-        stream_prefix=infra.stream_prefix,
-        max_upload_bytes=settings.max_upload_bytes,
-        max_operations=settings.max_operations,
-        scanner=scanner,
-        password_key=jobsecrets.derive_key(secret_key) if secret_key else None,
-        webhook_allow_private=settings.webhook_allow_private,
+    settlement = Settlement(peers.credits)
+    status = JobStatus(pool, peers.storage, events)
+    api = UseCases(
+        uploads=Uploads(peers.storage, http, max_upload_bytes=settings.max_upload_bytes, scanner=scanner),
+        creation=JobCreation(
+            pool,
+            peers.storage,
+            peers.credits,
+            settlement,
+            relay,
+            stream_prefix=infra.stream_prefix,
+            max_operations=settings.max_operations,
+            password_key=jobsecrets.derive_key(secret_key) if secret_key else None,
+            webhook_allow_private=settings.webhook_allow_private,
+        ),
+        status=status,
+        cancellation=JobCancellation(pool, settlement, status),
+        accounts=Accounts(pool, peers.credits),
     )
     resolver = OutputResolver(
         pool, peers.storage, http, LinkSigner.from_secret(secret_key) if secret_key else None

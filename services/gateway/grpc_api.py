@@ -1,4 +1,6 @@
-"""gRPC ``hypermedia.jobs.v1.JobService``: the same use cases as REST, over :class:`JobsAPI`."""
+"""gRPC ``hypermedia.jobs.v1.JobService``: the same use cases as REST
+(:class:`~services.gateway.usecases.UseCases`), their results rendered into ``jobs.v1`` messages
+here: ``Timestamp`` from datetimes, credits as decimal strings from millicredits."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from typing import Any
 import grpc
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from hypermedia import rpc
-from hypermedia.errors import DomainError
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from services.gateway.auth import Caller
-from services.gateway.jobs import JobsAPI
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.core.errors import DomainError
+from hypermedia.infra import rpc
+from hypermedia.jobs.accounts import Caller
+from services.gateway.process_request import parse_operations
+from services.gateway.results import Job, StorageUsage, StoredObject
+from services.gateway.usecases import UseCases
 
 
 def _struct(value: dict[str, Any] | None) -> struct_pb2.Struct:
@@ -35,56 +39,89 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _ts(value: str | None) -> timestamp_pb2.Timestamp | None:
-    if not value:
+def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    """``value`` as a Timestamp (``Timestamp.FromDatetime``: an aware time converted to UTC, a
+    naive one taken as UTC); None for None, leaving the field unset."""
+    if value is None:
         return None
     ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(datetime.fromisoformat(value))
+    ts.FromDatetime(value)
     return ts
 
 
-def _credits(value: float | None) -> str:
-    return "" if value is None else f"{value:.3f}"
+def credits_text(millicredits: int | None) -> str:
+    """Millicredits as ``jobs.v1``'s credits: a decimal string of credits with three decimals
+    (1234 → ``"1.234"``, -5 → ``"-0.005"``), ``""`` for None. Integer arithmetic, so no amount
+    passes through a float."""
+    if millicredits is None:
+        return ""
+    whole, thousandths = divmod(abs(millicredits), 1000)
+    return f"{'-' if millicredits < 0 else ''}{whole}.{thousandths:03d}"
 
 
-def job_message(job: dict[str, Any]) -> jobs_pb2.Job:
-    """A job dict of :meth:`JobsAPI.get_job` as a ``jobs.v1.Job``."""
+def job_message(job: Job) -> jobs_pb2.Job:
+    """A :class:`~services.gateway.results.Job` as a ``jobs.v1.Job`` (which has no
+    ``profile_version``, ``queue``, ``queued_at``, ``next_attempt_at`` or attempts)."""
     message = jobs_pb2.Job(
-        job_id=job["job_id"],
-        object_id=job["object_id"],
-        operation=job["operation"],
-        params=_struct(job["params"]),
-        status=jobs_pb2.JobStatus.Value(f"JOB_STATUS_{job['status'].upper()}"),
-        priority=job["priority"],
-        attempt_count=job["attempt_count"],
-        max_attempts=job["max_attempts"],
-        lost_attempts=job["lost_attempts"],
-        error_code=job["error_code"] or "",
-        error_message=job["error_message"] or "",
-        estimated_credits=_credits(job["estimated_credits"]),
-        actual_credits=_credits(job["actual_credits"]),
-        charge_lines={name: _credits(value) for name, value in job["charge_lines"].items()},
+        job_id=job.job_id,
+        object_id=job.object_id,
+        operation=job.operation,
+        params=_struct(job.params),
+        status=jobs_pb2.JobStatus.Value(f"JOB_STATUS_{job.status.upper()}"),
+        priority=job.priority,
+        attempt_count=job.attempt_count,
+        max_attempts=job.max_attempts,
+        lost_attempts=job.lost_attempts,
+        error_code=job.error_code or "",
+        error_message=job.error_message or "",
+        estimated_credits=credits_text(job.estimated_millicredits),
+        actual_credits=credits_text(job.actual_millicredits),
+        charge_lines={name: credits_text(amount) for name, amount in job.charge_lines.items()},
+        created_at=_timestamp(job.created_at),
+        started_at=_timestamp(job.started_at),
+        completed_at=_timestamp(job.completed_at),
     )
-    for field in ("created_at", "started_at", "completed_at"):
-        ts = _ts(job[field])
-        if ts is not None:
-            getattr(message, field).CopyFrom(ts)
-    for out in job["outputs"]:
+    for out in job.outputs:
         message.outputs.add(
-            output_type=out["output_type"],
-            key=out["key"],
-            mime_type=out["mime_type"],
-            size_bytes=out["size_bytes"],
-            url=out["url"],
-            metadata=_struct(out["metadata"]),
+            output_type=out.output_type,
+            key=out.key,
+            mime_type=out.mime_type,
+            size_bytes=out.size_bytes,
+            url=out.url,
+            metadata=_struct(out.metadata),
         )
     return message
+
+
+def upload_message(obj: StoredObject) -> jobs_pb2.UploadObjectResponse:
+    """A stored original as ``UploadObjectResponse`` (a missing claimed or name-implied type is ``""``)."""
+    return jobs_pb2.UploadObjectResponse(
+        object_id=obj.object_id,
+        pool_id=obj.pool_id,
+        size_bytes=obj.size_bytes,
+        mime_type=obj.mime_type,
+        sha256=obj.sha256,
+        filename=obj.filename,
+        claimed_mime_type=obj.claimed_mime_type or "",
+        name_mime_type=obj.name_mime_type or "",
+        type_mismatch=obj.type_mismatch,
+    )
+
+
+def usage_message(usage: StorageUsage) -> jobs_pb2.DeleteObjectResponse:
+    """The storage usage after a delete as ``DeleteObjectResponse``."""
+    return jobs_pb2.DeleteObjectResponse(
+        used_bytes=usage.used_bytes,
+        limit_bytes=usage.limit_bytes,
+        used_objects=usage.used_objects,
+        limit_objects=usage.limit_objects,
+    )
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     """Authenticates each call from the ``authorization`` metadata entry, then delegates."""
 
-    def __init__(self, api: JobsAPI, authenticate: Callable[[str | None], Awaitable[Caller]]) -> None:
+    def __init__(self, api: UseCases, authenticate: Callable[[str | None], Awaitable[Caller]]) -> None:
         self._api = api
         self._authenticate = authenticate
 
@@ -99,30 +136,27 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.UploadObjectRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.UploadObjectResponse:
         caller = await self._caller(context)
-        obj = await self._api.upload_object(caller, request.content, request.filename)
-        # The response carries the fields jobs.v1 declares (the REST answer has more).
-        fields = jobs_pb2.UploadObjectResponse.DESCRIPTOR.fields_by_name
-        return jobs_pb2.UploadObjectResponse(
-            **{k: v for k, v in obj.items() if k in fields and v is not None}
+        return upload_message(
+            await self._api.uploads.upload_object(caller, request.content, request.filename)
         )
 
     async def DeleteObject(
         self, request: jobs_pb2.DeleteObjectRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.DeleteObjectResponse:
         caller = await self._caller(context)
-        return jobs_pb2.DeleteObjectResponse(**await self._api.delete_object(caller, request.object_id))
+        return usage_message(await self._api.uploads.delete_object(caller, request.object_id))
 
     async def Process(
         self, request: jobs_pb2.ProcessRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ProcessResponse:
         caller = await self._caller(context)
-        operations = self._api.parse_operations(
+        operations = parse_operations(
             [
                 {"name": op.name, "params": _plain(json_format.MessageToDict(op.params))}
                 for op in request.operations
             ]
         )
-        result = await self._api.process(
+        result = await self._api.creation.process(
             caller,
             request.object_id,
             operations,
@@ -131,20 +165,24 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             request.idempotency_key or None,
         )
         return jobs_pb2.ProcessResponse(
-            job_ids=result["job_ids"], estimated_credits=_credits(result["estimated_credits"])
+            job_ids=result.job_ids, estimated_credits=credits_text(result.estimated_millicredits)
         )
 
     async def GetJob(
         self, request: jobs_pb2.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.GetJobResponse:
         caller = await self._caller(context)
-        return jobs_pb2.GetJobResponse(job=job_message(await self._api.get_job(caller, request.job_id)))
+        return jobs_pb2.GetJobResponse(
+            job=job_message(await self._api.status.get_job(caller, request.job_id))
+        )
 
     async def CancelJob(
         self, request: jobs_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.CancelJobResponse:
         caller = await self._caller(context)
-        return jobs_pb2.CancelJobResponse(job=job_message(await self._api.cancel_job(caller, request.job_id)))
+        return jobs_pb2.CancelJobResponse(
+            job=job_message(await self._api.cancellation.cancel_job(caller, request.job_id))
+        )
 
     async def WatchJob(
         self, request: jobs_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
@@ -152,15 +190,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         # Streams bypass the unary error interceptor: map domain errors here.
         try:
             caller = await self._caller(context)
-            events = await self._api.watch_job(caller, request.job_id, request.after_event_id)
+            events = await self._api.status.watch_job(caller, request.job_id, request.after_event_id)
         except DomainError as exc:
             await rpc.abort(context, exc)
             return
         async for event in events:
             if event is None:
                 continue
-            created = timestamp_pb2.Timestamp()
-            created.FromDatetime(event.created_at)
             yield jobs_pb2.WatchJobResponse(
                 event_id=event.event_id,
                 job_id=event.job_id,
@@ -168,20 +204,20 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 status=jobs_pb2.JobStatus.Value(f"JOB_STATUS_{event.status.upper()}"),
                 progress=event.progress or 0.0,
                 detail=_struct(event.detail),
-                created_at=created,
+                created_at=_timestamp(event.created_at),
             )
 
     async def ListOcrLanguages(
         self, request: jobs_pb2.ListOcrLanguagesRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ListOcrLanguagesResponse:
         await self._caller(context)
-        return jobs_pb2.ListOcrLanguagesResponse(languages=await self._api.ocr_languages())
+        return jobs_pb2.ListOcrLanguagesResponse(languages=await self._api.creation.ocr_languages())
 
     async def GetBalance(
         self, request: jobs_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.GetBalanceResponse:
         caller = await self._caller(context)
-        balance = await self._api.balance(caller)
+        balance = await self._api.accounts.balance(caller)
         return jobs_pb2.GetBalanceResponse(
-            balance=_credits(balance["balance"]), held=_credits(balance["held"])
+            balance=credits_text(balance.balance_millicredits), held=credits_text(balance.held_millicredits)
         )

@@ -38,8 +38,8 @@ import asyncpg
 import grpc
 import httpx
 
-from hypermedia import jobsecrets
-from hypermedia.errors import (
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core.errors import (
     Conflict,
     DomainError,
     InvalidArgument,
@@ -47,15 +47,16 @@ from hypermedia.errors import (
     TransientError,
     UnsupportedInput,
 )
-from hypermedia.rpc import call
-from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.infra.rpc import call
+from hypermedia.jobs import secrets as jobsecrets
 from services.gateway import manifests
+from services.gateway.ids import parse_uuid
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_LABEL = b"hypermedia/resolved-output-url/v1"
 """Label deriving the signing key of resolved-output URLs from ``HM_GATEWAY_SECRET_KEY``
-(:func:`hypermedia.jobsecrets.derive_key`), so these signatures never match another use's HMACs."""
+(:func:`hypermedia.jobs.secrets.derive_key`), so these signatures never match another use's HMACs."""
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 """Largest output resolved (bytes); a larger one answers 422 ``OUTPUT_TOO_LARGE``. An HLS media
 playlist of a two-hour rendition in 4 s segments is about 150 KiB."""
@@ -129,13 +130,6 @@ EndpointUrl = Callable[[str, str, int, str], str]
 knows how its clients reach it (scheme, host, path prefix)."""
 
 
-def _job_uuid(job_id: str) -> str:
-    try:
-        return str(uuid.UUID(job_id))
-    except (ValueError, TypeError, AttributeError):
-        raise NotFound("job not found", "NOT_FOUND") from None
-
-
 class OutputResolver:
     """The resolved-output use case. Dependencies come in through the constructor.
 
@@ -196,7 +190,7 @@ class OutputResolver:
                 UTF-8; ``SIGNED_URLS_NOT_ENABLED`` (see the constructor).
             TransientError: storage unreachable or answering with an error.
         """
-        job_id = _job_uuid(job_id)
+        job_id = parse_uuid(job_id, "job")
         job = await self._pool.fetchrow(
             "SELECT status, profile_version FROM processing_jobs"
             " WHERE job_id = $1 AND ($2::uuid IS NULL OR account_id = $2::uuid)",

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from http import HTTPStatus
 from typing import Any
 
@@ -19,11 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypermedia import db, pgtext, telemetry
-from hypermedia.errors import DomainError, PayloadTooLarge
-from services.gateway.auth import Caller
-from services.gateway.jobs import JobsAPI
+from hypermedia.core import pgtext, telemetry
+from hypermedia.core.errors import DomainError, PayloadTooLarge
+from hypermedia.infra import db
+from hypermedia.jobs.accounts import Caller
+from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
+from services.gateway.results import Attempt, Balance, Job, Output, ProcessResult
+from services.gateway.usecases import UseCases
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
@@ -56,7 +61,7 @@ def problem(status: int, title: str, detail: str, error_code: str, **extra: Any)
 
 def domain_problem(exc: DomainError) -> JSONResponse:
     """The problem response of a domain error: its status, public message, ``error_code`` and
-    :attr:`~hypermedia.errors.DomainError.details`; a 401 also names the scheme in ``WWW-Authenticate``."""
+    :attr:`~hypermedia.core.errors.DomainError.details`; a 401 also names the scheme in ``WWW-Authenticate``."""
     response = problem(
         exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code, **exc.details
     )
@@ -97,7 +102,7 @@ class ProcessBody(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _storable_text(cls, data: Any) -> Any:
-        """Every string and key of the body under :mod:`hypermedia.pgtext`'s rule, before any
+        """Every string and key of the body under :mod:`hypermedia.core.pgtext`'s rule, before any
         field is validated: JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8
         encoder (Postgres, httpx, the JSON of pydantic's own error answer) accepts, and ``\\u0000``
         to NUL, which Postgres refuses. Raises InvalidText, a DomainError pydantic lets through:
@@ -140,6 +145,88 @@ class BalanceOut(BaseModel):
     balance: float
     held: float
     available: float
+
+
+# -- rendering of results: the JSON the API has always answered ------------------------------
+
+
+def credits_number(millicredits: int | None) -> float | None:
+    """Millicredits as the API's credits (1 credit = 1000 millicredits): a number rounded to
+    three decimals (1234 → 1.234); None stays None (JSON ``null``)."""
+    return None if millicredits is None else round(millicredits / 1000, 3)
+
+
+def _iso(value: datetime | None) -> str | None:
+    """ISO 8601 (``datetime.isoformat``: ``2026-01-02T03:04:05.123456+00:00`` for the aware
+    times Postgres gives; a naive time is written without an offset); None stays None."""
+    return None if value is None else value.isoformat()
+
+
+def attempt_json(attempt: Attempt) -> dict[str, Any]:
+    """An attempt as ``GET /v1/jobs/{id}`` lists it."""
+    return {
+        "attempt_number": attempt.attempt_number,
+        "worker_id": attempt.worker_id,
+        "status": attempt.status,
+        "error_code": attempt.error_code,
+        "error_message": attempt.error_message,
+        "started_at": _iso(attempt.started_at),
+        "finished_at": _iso(attempt.finished_at),
+        "duration_ms": attempt.duration_ms,
+        "peak_memory_mb": attempt.peak_memory_mb,
+    }
+
+
+def output_json(output: Output) -> dict[str, Any]:
+    """An output as ``GET /v1/jobs/{id}`` lists it (its fields, by their names)."""
+    return dataclasses.asdict(output)
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    """A job as ``GET /v1/jobs/{id}`` and ``POST /v1/jobs/{id}:cancel`` answer it: credits as
+    numbers (:func:`credits_number`), times as ISO 8601 strings (:func:`_iso`)."""
+    return {
+        "job_id": job.job_id,
+        "object_id": job.object_id,
+        "operation": job.operation,
+        "profile_version": job.profile_version,
+        "queue": job.queue,
+        "params": job.params,
+        "status": job.status,
+        "priority": job.priority,
+        "attempt_count": job.attempt_count,
+        "max_attempts": job.max_attempts,
+        "lost_attempts": job.lost_attempts,
+        "error_code": job.error_code,
+        "error_message": job.error_message,
+        "estimated_credits": credits_number(job.estimated_millicredits),
+        "actual_credits": credits_number(job.actual_millicredits),
+        "charge_lines": {name: credits_number(amount) for name, amount in job.charge_lines.items()},
+        "created_at": _iso(job.created_at),
+        "queued_at": _iso(job.queued_at),
+        "started_at": _iso(job.started_at),
+        "completed_at": _iso(job.completed_at),
+        "next_attempt_at": _iso(job.next_attempt_at),
+        "attempts": [attempt_json(a) for a in job.attempts],
+        "outputs": [output_json(o) for o in job.outputs],
+    }
+
+
+def process_json(result: ProcessResult) -> dict[str, Any]:
+    """The answer of ``POST /v1/hypermedia/process`` (:class:`ProcessOut`)."""
+    return {
+        "job_ids": list(result.job_ids),
+        "estimated_credits": credits_number(result.estimated_millicredits),
+    }
+
+
+def balance_json(balance: Balance) -> dict[str, Any]:
+    """The answer of ``GET /v1/credits`` (:class:`BalanceOut`)."""
+    return {
+        "balance": credits_number(balance.balance_millicredits),
+        "held": credits_number(balance.held_millicredits),
+        "available": credits_number(balance.available_millicredits),
+    }
 
 
 Readiness = Callable[[], Awaitable[dict[str, bool]]]
@@ -242,13 +329,14 @@ class _BodyGuard:
 
 
 def build_app(
-    api: JobsAPI,
+    api: UseCases,
     authenticate: Callable[[str | None], Awaitable[Caller]],
     readiness: Readiness,
     resolver: OutputResolver,
     max_bodies_per_account: int = 0,
 ) -> FastAPI:
-    """The FastAPI application over ``api``; ``authenticate`` maps an Authorization header to a
+    """The FastAPI application over the use cases ``api``, their results rendered by the
+    functions above; ``authenticate`` maps an Authorization header to a
     caller; ``readiness`` reports each dependency for ``/readyz``; ``resolver`` serves resolved
     playlists and WebVTT outputs; ``max_bodies_per_account`` caps one account's requests with a
     body in progress (``HM_MAX_CONCURRENT_UPLOADS_PER_ACCOUNT``; 0: no cap)."""
@@ -257,7 +345,7 @@ def build_app(
     def body_limit(path: str) -> int:
         # Uploads may be large (plus room for the multipart framing); every other body is a small
         # JSON document.
-        return api.max_upload_bytes + 1024 * 1024 if path == "/v1/objects" else MAX_JSON_BYTES
+        return api.uploads.max_upload_bytes + 1024 * 1024 if path == "/v1/objects" else MAX_JSON_BYTES
 
     # Added first, so it is the innermost middleware: an error raised from its receive() reaches
     # the route directly (BaseHTTPMiddleware would wrap it in an exception group). It also refuses
@@ -329,29 +417,33 @@ def build_app(
     async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:
         """Upload an original (multipart field ``file``). The type is decided from the content; the
         part's Content-Type and the file name's extension are recorded as claims."""
-        content = await file.read(api.max_upload_bytes + 1)
-        return await api.upload_object(who, content, file.filename or "", file.content_type)
+        content = await file.read(api.uploads.max_upload_bytes + 1)
+        stored = await api.uploads.upload_object(who, content, file.filename or "", file.content_type)
+        return dataclasses.asdict(stored)
 
     @app.delete("/v1/objects/{object_id}", response_model=StorageUsageOut)
     async def delete_object(object_id: str, who: Caller = Depends(caller)) -> dict[str, int]:
         """Delete an original: its bytes go and its size goes back to the storage quota (ADR 0029);
         jobs on it keep their history and outputs. 409 OBJECT_IN_USE while a job on it runs."""
-        return await api.delete_object(who, object_id)
+        return dataclasses.asdict(await api.uploads.delete_object(who, object_id))
 
     @app.post("/v1/hypermedia/process", status_code=202, response_model=ProcessOut)
     async def process(
         body: ProcessBody,
         who: Caller = Depends(caller),
-        idempotency_key: str | None = Header(None),  # its bound: JobsAPI.process (pgtext)
+        idempotency_key: str | None = Header(None),  # its bound: JobCreation.process (pgtext)
     ) -> dict[str, Any]:
         """Create one job per operation; 402 when credits are short (nothing is queued then)."""
-        ops = api.parse_operations([o if isinstance(o, str) else o.model_dump() for o in body.operations])
-        return await api.process(who, body.object_id, ops, body.priority, body.webhook_url, idempotency_key)
+        ops = parse_operations([o if isinstance(o, str) else o.model_dump() for o in body.operations])
+        result = await api.creation.process(
+            who, body.object_id, ops, body.priority, body.webhook_url, idempotency_key
+        )
+        return process_json(result)
 
     @app.get("/v1/jobs/{job_id}")
     async def get_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A job: status, attempts, errors, credits, timestamps, outputs with presigned URLs."""
-        return await api.get_job(who, job_id)
+        return job_json(await api.status.get_job(who, job_id))
 
     @app.get(
         "/v1/jobs/{job_id}/outputs/{output_type}/resolved",
@@ -397,7 +489,7 @@ def build_app(
         (or after ``Last-Event-ID``), ending after its terminal status. Comment lines keep the
         connection alive every 15 s."""
         after = _event_id(last_event_id)
-        events = await api.watch_job(who, job_id, after)
+        events = await api.status.watch_job(who, job_id, after)
 
         async def stream() -> AsyncIterator[bytes]:
             async for event in events:
@@ -416,23 +508,23 @@ def build_app(
     @app.post("/v1/jobs/{job_id}:cancel")
     async def cancel_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """Cancel a queued job at once, or ask a running one to stop."""
-        return await api.cancel_job(who, job_id)
+        return job_json(await api.cancellation.cancel_job(who, job_id))
 
     @app.get("/v1/account", response_model=AccountOut)
     async def account(who: Caller = Depends(caller)) -> dict[str, Any]:
         """The caller's account and pool, and the secret that signs its webhooks (Standard Webhooks)."""
-        return await api.account(who)
+        return dataclasses.asdict(await api.accounts.account(who))
 
     @app.get("/v1/credits", response_model=BalanceOut)
     async def credits(who: Caller = Depends(caller)) -> dict[str, Any]:
         """The caller's balance and the credits held by unfinished jobs."""
-        return await api.balance(who)
+        return balance_json(await api.accounts.balance(who))
 
     @app.get("/v1/ocr/languages")
     async def ocr_languages(who: Caller = Depends(caller)) -> dict[str, list[str]]:
         """The tesseract language codes an ``ocr`` job may ask for (``params.languages``), as
         the running ocrworkers reported them; empty before any has started."""
-        return {"languages": await api.ocr_languages()}
+        return {"languages": await api.creation.ocr_languages()}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """``python -m services.mediaworker``: the worker of queue ``media`` (issue 7: ``probe``,
 ``waveform``, ``poster``, ``transcode_video`` and ``transcode_audio`` with PyAV,
-:mod:`hypermedia.media.engine`). Configures :func:`hypermedia.workerservice.serve_worker`: the
+:mod:`hypermedia.engines.media.engine`). Configures :func:`hypermedia.worker.serve.serve_worker`: the
 engine runs in :class:`hypermedia.sandbox.Sandbox` children whose zygote has imported PyAV and the
 engine (importing ``av`` starts no thread), so a crash in FFmpeg's libraries fails the attempt,
 not the worker.
@@ -9,7 +9,7 @@ Its defaults differ from the imageworker's: ``HM_WORKER_QUEUE`` is ``media`` and
 ``HM_WORKER_SLOTS`` is 1 (the seed's media profile: one job at a time, 30 s – 30 min) when the
 environment does not set them. Any queue other than ``media`` is a configuration error (exit 78).
 
-**The media coordinator** (:class:`MediaHandler`, settings :class:`hypermedia.config.MediaSettings`):
+**The media coordinator** (:class:`MediaHandler`, settings :class:`services.mediaworker.settings.MediaSettings`):
 within the slots, at most ``HM_MEDIA_MAX_VIDEO_JOBS`` (3) ``transcode_video`` and
 ``HM_MEDIA_MAX_AUDIO_JOBS`` (1) ``transcode_audio`` jobs run at once; ``probe``, ``waveform`` and
 ``poster`` are bounded by the slots alone. With the default single slot it never holds a job back:
@@ -27,31 +27,31 @@ import dataclasses
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
-from hypermedia import config
-from hypermedia.config import MediaSettings
-from hypermedia.lifecycle import ClaimedJob
-from hypermedia.media import transcode
-from hypermedia.media.probe import MediaLimits
-from hypermedia.runtime import SandboxHandler
+from hypermedia.core import config
+from hypermedia.engines.media import transcode
+from hypermedia.engines.media.sources import MediaLimits
+from hypermedia.infra.service import Lifetime, run_service
+from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import SandboxLimits
-from hypermedia.service import Lifetime, run_service
-from hypermedia.workerservice import queue_worker_settings, serve_worker
+from hypermedia.worker.handler import SandboxHandler
+from hypermedia.worker.serve import queue_worker_settings, serve_worker
+from services.mediaworker.settings import MediaSettings
 
 QUEUE: Final = "media"
 DEFAULT_SLOTS: Final = 1
-PRELOAD: Final = ("av", "hypermedia.media.engine")
+PRELOAD: Final = ("av", "hypermedia.engines.media.engine")
 VIDEO_OPERATION: Final = "transcode_video"
 AUDIO_OPERATION: Final = "transcode_audio"
 
 
 class MediaHandler(SandboxHandler):
-    """Runs :func:`hypermedia.media.engine.run` with the profile's limits (input size and the
+    """Runs :func:`hypermedia.engines.media.engine.run` with the profile's limits (input size and the
     longest media, ``max_duration_seconds``: ``MEDIA_TOO_LONG`` from the header or a demux pass,
     before anything is decoded at length), through the media coordinator (:meth:`admit`), with
     the encoder threads of a video transcode counted in its ``RLIMIT_NPROC``
     (:meth:`sandbox_limits`)."""
 
-    entry = "hypermedia.media.engine:run"
+    entry = "hypermedia.engines.media.engine:run"
 
     def __init__(self, settings: MediaSettings) -> None:
         self.settings = settings
@@ -78,13 +78,13 @@ class MediaHandler(SandboxHandler):
     def admit(self, job: ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
         """The coordinator's semaphore of the job's operation (see the module doc); none for the
         operations it does not bound. A semaphore may be acquired in one task and released in
-        another, as :meth:`hypermedia.runtime.JobHandler.admit` requires."""
+        another, as :meth:`hypermedia.worker.handler.JobHandler.admit` requires."""
         semaphore = self._coordinator.get(job.operation)
         return semaphore if semaphore is not None else contextlib.nullcontext()
 
     def sandbox_limits(self, job: ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
         """``transcode_video``: ``RLIMIT_NPROC`` raised by the threads its decoder and encoders
-        start (:func:`hypermedia.media.transcode.thread_need` for its codec, its requested rungs
+        start (:func:`hypermedia.engines.media.transcode.thread_need` for its codec, its requested rungs
         — at most as many renditions are encoded at once — and :meth:`threads`), on top of the
         16 every job has. The memory limit stays the profile's (8 GiB, migration 0013).
 
@@ -122,9 +122,11 @@ class MediaHandler(SandboxHandler):
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
-    queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)  # the defaults, and a check of the queue
+    settings = queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)
     media = config.load(MediaSettings)
-    await serve_worker(stack, stop, role="mediaworker", handler=MediaHandler(media), preload=PRELOAD)
+    await serve_worker(
+        stack, stop, role="mediaworker", handler=MediaHandler(media), preload=PRELOAD, settings=settings
+    )
 
 
 if __name__ == "__main__":

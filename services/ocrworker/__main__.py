@@ -1,6 +1,6 @@
 """``python -m services.ocrworker``: the worker of queue ``ocr`` (the ``ocr`` operation: tesseract
-with preprocessing, table detection and escalation to RapidOCR; :mod:`hypermedia.ocr.engine`).
-Configures :func:`hypermedia.workerservice.serve_worker`: the engine runs in
+with preprocessing, table detection and escalation to RapidOCR; :mod:`hypermedia.engines.ocr.engine`).
+Configures :func:`hypermedia.worker.serve.serve_worker`: the engine runs in
 :class:`hypermedia.sandbox.Sandbox` children whose zygote has imported pyvips, pypdfium2 and the
 engine (RapidOCR and onnxruntime load in the child that escalates a page: onnxruntime starts
 thread pools, which a zygote that forks must not have). Each child runs one tesseract process at
@@ -26,14 +26,15 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
-from hypermedia.errors import DomainError
-from hypermedia.lifecycle import ClaimedJob
-from hypermedia.ocr import tesseract
-from hypermedia.ocr.engine import OcrLimits
-from hypermedia.runtime import SandboxHandler, WorkerRuntime
+from hypermedia.core.errors import DomainError
+from hypermedia.engines.ocr import tesseract
+from hypermedia.engines.ocr.engine import OcrLimits
+from hypermedia.infra.service import Lifetime, run_service
+from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, OutputFile
-from hypermedia.service import Lifetime, run_service
-from hypermedia.workerservice import queue_worker_settings, serve_worker
+from hypermedia.worker.handler import SandboxHandler
+from hypermedia.worker.runtime import WorkerRuntime
+from hypermedia.worker.serve import queue_worker_settings, serve_worker
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,16 @@ QUEUE: Final = "ocr"
 DEFAULT_SLOTS: Final = 2
 LANGUAGE_REPORT_SECONDS: Final = 3600.0
 """How often a worker reports its languages again; the gateway forgets a worker's report after a
-day (``services.gateway.jobs.OCR_LANGUAGES_MAX_AGE``), so a stopped worker's languages go."""
+day (``services.gateway.creation.OCR_LANGUAGES_MAX_AGE``), so a stopped worker's languages go."""
 ESCALATION_LINE: Final = "ocr_escalation"
 """The charge line of pages read again by the second engine."""
 
 
 class OcrHandler(SandboxHandler):
-    """Runs :func:`hypermedia.ocr.engine.run` with the profile's size and per-page pixel limits,
+    """Runs :func:`hypermedia.engines.ocr.engine.run` with the profile's size and per-page pixel limits,
     and charges escalated pages as a line of their own."""
 
-    entry = "hypermedia.ocr.engine:run"
+    entry = "hypermedia.engines.ocr.engine:run"
 
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
         return {"limits": OcrLimits(max_input_bytes=job.max_input_bytes, max_page_pixels=job.max_pixels)}
@@ -92,13 +93,14 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
-    queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)  # the defaults, and a check of the queue
+    settings = queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)
     await serve_worker(
         stack,
         stop,
         role="ocrworker",
+        settings=settings,
         handler=OcrHandler(),
-        preload=("pyvips", "pypdfium2", "hypermedia.ocr.engine"),
+        preload=("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"),
         periodic=(LANGUAGE_REPORT_SECONDS, report_languages),
         child_env=child_env(os.environ),
     )

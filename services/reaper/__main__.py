@@ -9,10 +9,12 @@ import os
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from hypermedia import config
-from hypermedia.outbox import OutboxRelay
-from hypermedia.service import Lifetime, every, open_jetstream, open_peers, open_postgres, run_service
+from hypermedia.core import config
+from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres, run_service
+from hypermedia.jobs import queues
+from hypermedia.jobs.outbox import OutboxRelay
 from services.reaper.reaper import Reaper
+from services.reaper.settings import ReaperSettings
 from services.reaper.webhooks import WebhookDispatcher, webhook_client
 
 log = logging.getLogger(__name__)
@@ -20,9 +22,9 @@ log = logging.getLogger(__name__)
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
-    settings = config.load(config.ReaperSettings)
+    settings = config.load(ReaperSettings)
     pool = await open_postgres(stack, infra, max_size=4)
-    nc, js = await open_jetstream(stack, infra, "reaper")
+    nc, js = await queues.open_jetstream(stack, infra, "reaper")
     peers = open_peers(stack, infra)
     reaper = Reaper(
         pool,

@@ -22,8 +22,10 @@ requeue the same job twice:
    running any more is removed — what a worker that died and never came back left behind. (A
    worker also sweeps its own directory when it starts; on Kubernetes a pod's emptyDir goes with it.)
 
-Credits of jobs it fails or cancels are released through the credits service (Release is idempotent
-per job, so releasing a hold someone else is releasing at the same moment is harmless).
+The reaper decides; :mod:`hypermedia.jobs.lifecycle` writes every transition (steps 2–4, with the
+one rule for a lost attempt) and :mod:`hypermedia.jobs.settlement` settles credits (step 5 asks the
+credits service for its held holds over gRPC; Release and Commit are idempotent per job, so settling
+a hold someone else is settling at the same moment is harmless).
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ from pathlib import Path
 
 import asyncpg
 
-from hypermedia import db, lifecycle
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.errors import DomainError
-from hypermedia.rpc import call
+from hypermedia.api.credits.v1 import credits_pb2_grpc
+from hypermedia.core.errors import DomainError
+from hypermedia.jobs import lifecycle
+from hypermedia.jobs.settlement import Settlement
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ class Reaper:
         batch_size: int = 500,
     ) -> None:
         self._pool = pool
-        self._credits = credits
+        self._settlement = Settlement(credits)
         self._prefix = prefix
         self._stale = requeue_stale_seconds
         self._dead = dead_worker_seconds
@@ -99,137 +101,30 @@ class Reaper:
     async def run_once(self) -> ReapResult:
         """One pass over the six steps; returns the counts. Logs only when it did something."""
         dead = await self._mark_dead_workers()
-        requeued, failed, released = await self._expire_leases()
-        promoted = await self._promote_retries()
-        republished = await self._republish_stale()
-        unsettled = await self._unsettled_holds()
-        settled_holds = 0
-        for job_id in released:
+        expired = await lifecycle.expire_leases(self._pool, self._prefix, self._batch)
+        requeued = sum(1 for _, status in expired if status == "queued")
+        for job_id, status in expired:
+            if status == "queued":
+                continue
             try:
-                await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
+                await self._settlement.settle(job_id, status)
             except DomainError:
                 # The hold stays held; step 5 of a later run settles it.
                 log.exception("could not release credits of a reaped job")
-        for job_id, status, actual, lines in unsettled:
-            try:
-                if status == "completed":
-                    response = await call(
-                        self._credits.Commit, lifecycle.commit_request(job_id, actual or 0, lines)
-                    )
-                else:
-                    response = await call(self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id))
-            except DomainError:
-                log.exception("could not settle the credits of an ended job")
-                continue
-            if not response.already_settled:
-                settled_holds += 1
+        promoted = await lifecycle.promote_retries(self._pool, self._prefix, self._batch)
+        republished = await lifecycle.republish_stale(self._pool, self._prefix, self._batch, self._stale)
+        try:
+            settled_holds = await self._settlement.sweep(self._pool, self._settle_grace, self._batch)
+        except DomainError:
+            log.exception("could not list the held credits (the credits service is unreachable)")
+            settled_holds = 0
         removed_dirs = await self._remove_orphan_dirs()
-        result = ReapResult(requeued, failed, promoted, republished, dead, settled_holds, removed_dirs)
+        result = ReapResult(
+            requeued, len(expired) - requeued, promoted, republished, dead, settled_holds, removed_dirs
+        )
         if result.anything:
             log.info("reaper run: %s", result)
         return result
-
-    async def _expire_leases(self) -> tuple[int, int, list[str]]:
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                """
-                WITH expired AS (
-                    SELECT job_id FROM processing_jobs
-                    WHERE status IN ('claimed', 'processing', 'cancel_requested')
-                      AND (visibility_timeout < now()
-                           OR claimed_by IN (SELECT worker_id FROM workers WHERE status = 'dead'))
-                    ORDER BY visibility_timeout LIMIT $1 FOR UPDATE SKIP LOCKED
-                )
-                UPDATE processing_jobs j SET
-                    status = CASE WHEN j.status = 'cancel_requested' THEN 'cancelled'
-                                  WHEN j.lost_attempts + 1 >= $2 THEN 'failed'
-                                  ELSE 'queued' END,
-                    error_code = CASE WHEN j.status <> 'cancel_requested' AND j.lost_attempts + 1 >= $2
-                                      THEN 'WORKER_LOST' ELSE j.error_code END,
-                    error_message = CASE WHEN j.status <> 'cancel_requested' AND j.lost_attempts + 1 >= $2
-                                         THEN 'the job lost its worker too many times' ELSE j.error_message END,
-                    completed_at = CASE WHEN j.status = 'cancel_requested' OR j.lost_attempts + 1 >= $2
-                                        THEN now() END,
-                    lost_attempts = j.lost_attempts + 1,
-                    claimed_by = NULL, visibility_timeout = NULL, queued_at = now(), updated_at = now()
-                FROM expired WHERE j.job_id = expired.job_id
-                RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count
-                """,
-                self._batch,
-                lifecycle.MAX_LOST_ATTEMPTS,
-            )
-            await conn.executemany(
-                """
-                UPDATE job_attempts SET status = 'lost', error_code = 'WORKER_LOST',
-                       error_message = 'worker lost: lease expired or worker dead', finished_at = now()
-                WHERE job_id = $1 AND attempt_number = $2 AND status = 'processing'
-                """,
-                [(r["job_id"], r["attempt_count"]) for r in rows],
-            )
-            await self._enqueue(conn, [r for r in rows if r["status"] == "queued"])
-        requeued = sum(1 for r in rows if r["status"] == "queued")
-        released = [str(r["job_id"]) for r in rows if r["status"] != "queued"]
-        return requeued, len(rows) - requeued, released
-
-    async def _promote_retries(self) -> int:
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                """
-                WITH due AS (
-                    SELECT job_id FROM processing_jobs
-                    WHERE status = 'retry_wait' AND next_attempt_at <= now()
-                    ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED
-                )
-                UPDATE processing_jobs j SET status = 'queued', claimed_by = NULL, queued_at = now(),
-                       updated_at = now()
-                FROM due WHERE j.job_id = due.job_id
-                RETURNING j.job_id, j.queue, j.priority
-                """,
-                self._batch,
-            )
-            await self._enqueue(conn, rows)
-        return len(rows)
-
-    async def _republish_stale(self) -> int:
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                """
-                WITH stale AS (
-                    SELECT job_id FROM processing_jobs
-                    WHERE status = 'queued' AND queued_at < now() - make_interval(secs => $2)
-                    ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED
-                )
-                UPDATE processing_jobs j SET queued_at = now(), updated_at = now()
-                FROM stale WHERE j.job_id = stale.job_id
-                RETURNING j.job_id, j.queue, j.priority
-                """,
-                self._batch,
-                self._stale,
-            )
-            await self._enqueue(conn, rows)
-        return len(rows)
-
-    async def _enqueue(self, conn: db.Connection, rows: list[asyncpg.Record]) -> None:
-        """The outbox rows of requeued jobs (``job_id``, ``queue``, ``priority``), in one round trip."""
-        await lifecycle.enqueue_outbox_many(
-            conn, self._prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows]
-        )
-
-    async def _unsettled_holds(self) -> list[tuple[str, str, int | None, dict[str, int]]]:
-        rows = await self._pool.fetch(
-            """
-            SELECT h.job_id, j.status, j.actual_credits, j.charge_lines
-            FROM credit_holds h LEFT JOIN processing_jobs j ON j.job_id = h.job_id
-            WHERE h.status = 'held'
-              AND ((j.status IN ('completed', 'failed', 'cancelled')
-                    AND j.updated_at < now() - make_interval(secs => $2))
-                   OR (j.job_id IS NULL AND h.created_at < now() - make_interval(secs => $2)))
-            ORDER BY coalesce(j.updated_at, h.created_at) LIMIT $1
-            """,
-            self._batch,
-            self._settle_grace,
-        )
-        return [(str(r["job_id"]), r["status"], r["actual_credits"], r["charge_lines"] or {}) for r in rows]
 
     async def _mark_dead_workers(self) -> int:
         result = await self._pool.execute(

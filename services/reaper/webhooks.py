@@ -28,7 +28,7 @@ import asyncpg
 import httpx
 from standardwebhooks import Webhook
 
-from hypermedia.webhooks import BlockedAddress, account_secret, public_addresses
+from hypermedia.jobs.webhooks import BlockedAddress, account_secret, public_addresses
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class PublicAddressTransport(httpx.AsyncBaseTransport):
     """An httpx transport that sends each request only to a public address (SSRF guard).
 
     The host is resolved here in its ASCII (IDNA) form, the one sent in ``Host`` and TLS
-    (:func:`hypermedia.webhooks.public_addresses`; any non-public answer raises
+    (:func:`hypermedia.jobs.webhooks.public_addresses`; any non-public answer raises
     :class:`BlockedAddress`), and the request goes to those very addresses, tried in order until one
     connects: the URL's host is replaced by the address, the ``Host`` header keeps the name, and TLS
     sends and verifies the name (httpcore's ``sni_hostname``), so a DNS answer that changes between

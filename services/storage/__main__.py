@@ -1,7 +1,7 @@
 """Entry point of the storage service: ``python -m services.storage``. Only wiring lives here.
 
-Environment: ``DATABASE_URL`` and the ``HM_STORAGE_*`` / ``HM_S3_*`` variables of
-:class:`hypermedia.config.StorageSettings`. Exits 78 (EX_CONFIG) when they are invalid.
+Environment: ``HM_DATABASE_URL`` and the ``HM_STORAGE_*`` / ``HM_S3_*`` variables of
+:class:`services.storage.settings.StorageSettings`. Exits 78 (EX_CONFIG) when they are invalid.
 """
 
 from __future__ import annotations
@@ -10,15 +10,17 @@ import logging
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from hypermedia.config import HttpSettings, InfraSettings, StorageSettings, load
-from hypermedia.httpserver import HttpServer
-from hypermedia.rpc import GrpcServer
-from hypermedia.service import Lifetime, open_postgres, run_service
-from hypermedia.storage.v1 import storage_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2_grpc
+from hypermedia.core.config import InfraSettings, load
+from hypermedia.infra.httplimits import HttpSettings
+from hypermedia.infra.httpserver import HttpServer
+from hypermedia.infra.rpc import GrpcServer
+from hypermedia.infra.service import Lifetime, open_postgres, run_service
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
 from services.storage.service import SERVICE_NAME, StorageQuota, StorageServicer
+from services.storage.settings import StorageSettings
 
 GRPC_GRACE_SECONDS = 10.0
 """How long in-flight RPCs may finish after SIGTERM (seconds)."""

@@ -32,7 +32,7 @@ OUTPUT_TYPE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 class ObjectBackend(Protocol):
     """Where object bytes live. Every method is async; keys are already validated by the caller.
 
-    Backends raise :class:`hypermedia.errors.TransientError` (``STORAGE_UNAVAILABLE``) for failures
+    Backends raise :class:`hypermedia.core.errors.TransientError` (``STORAGE_UNAVAILABLE``) for failures
     worth retrying later; anything else is a bug or misconfiguration and surfaces as INTERNAL.
     """
 

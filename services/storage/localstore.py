@@ -36,7 +36,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from hypermedia.errors import PayloadTooLarge
+from hypermedia.core.errors import PayloadTooLarge
 from services.storage.backends import is_valid_key
 
 READ_CHUNK_BYTES = 1024 * 1024

@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from hypermedia.errors import TransientError
+from hypermedia.core.errors import TransientError
 
 MAX_ATTEMPTS = 3
 """Attempts per S3 call, the first included."""

@@ -17,8 +17,9 @@ import asyncpg
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from hypermedia.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge, StorageQuotaExceeded
-from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge, StorageQuotaExceeded
+from hypermedia.infra import db
 from services.storage.backends import (
     OUTPUT_TYPE,
     ObjectBackend,
@@ -196,7 +197,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
 
         Errors: NOT_FOUND pool unknown or not the account's; INVALID_ARGUMENT bad size, mime type,
         claimed type, SHA-256 or file name; RESOURCE_EXHAUSTED size above ``max_put_bytes``, or
-        ``STORAGE_QUOTA_EXCEEDED`` (:class:`~hypermedia.errors.StorageQuotaExceeded`, with the
+        ``STORAGE_QUOTA_EXCEEDED`` (:class:`~hypermedia.core.errors.StorageQuotaExceeded`, with the
         numbers) when the quota has no room: nothing is inserted then.
         """
         account_id = _uuid(request.account_id, "pool")
@@ -247,7 +248,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             object=_object(row), put_url=url, expires_at=_timestamp(expires_at)
         )
 
-    async def _reserve(self, conn: asyncpg.Connection, account_id: uuid.UUID, size_bytes: int) -> None:
+    async def _reserve(self, conn: db.Connection, account_id: uuid.UUID, size_bytes: int) -> None:
         """Count one original of ``size_bytes`` against the account's quota, in ``conn``'s
         transaction. Raises StorageQuotaExceeded with the numbers."""
         await conn.execute(

@@ -44,7 +44,7 @@ import psutil
 import psycopg
 import pyvips
 
-from hypermedia.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PHOTOS = REPO / "tests" / "data" / "exif-orientation"
@@ -195,16 +195,16 @@ class Chaos:
         env = {
             **os.environ,
             **PLATFORM_ENV,
-            "DATABASE_URL": self.database_url,
-            "NATS_URL": self.nats.url,
+            "HM_DATABASE_URL": self.database_url,
+            "HM_NATS_URL": self.nats.url,
             "HM_STATE_DIR": str(self.state),
-            "HYPERMEDIA_HTTP_PORT": str(free_port()),
-            "HYPERMEDIA_GRPC_PORT": str(free_port()),
+            "HM_GATEWAY_HTTP_PORT": str(free_port()),
+            "HM_GATEWAY_GRPC_PORT": str(free_port()),
         }
         self.state.mkdir(parents=True, exist_ok=True)
         with (self.workdir / "up.log").open("ab") as log:
             self.up = subprocess.Popen(
-                [sys.executable, "-m", "hypermedia.cli", "up", "--scale", "imageworker=2"],
+                [sys.executable, "-m", "hypermedia.devtools.cli", "up", "--scale", "imageworker=2"],
                 env=env,
                 cwd=REPO,
                 stdout=log,
@@ -226,7 +226,15 @@ class Chaos:
         else:
             raise RuntimeError("platform not ready within 120 s")
         out = subprocess.run(
-            [sys.executable, "-m", "hypermedia.cli", "admin", "create-account", "--credits", str(CREDITS)],
+            [
+                sys.executable,
+                "-m",
+                "hypermedia.devtools.cli",
+                "admin",
+                "create-account",
+                "--credits",
+                str(CREDITS),
+            ],
             env={**env, "HM_CREDITS_ADDR": self.info["credits_addr"]},
             cwd=REPO,
             capture_output=True,

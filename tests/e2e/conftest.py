@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.embedded import free_port
+from hypermedia.devtools.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -66,8 +66,8 @@ class RunningPlatform:
 
     def admin(self, *args: str) -> dict[str, Any]:
         out = subprocess.run(
-            [sys.executable, "-m", "hypermedia.cli", "admin", *args],
-            env={k: v for k, v in self.env.items() if k not in ("DATABASE_URL", "HM_CREDITS_ADDR")},
+            [sys.executable, "-m", "hypermedia.devtools.cli", "admin", *args],
+            env={k: v for k, v in self.env.items() if k not in ("HM_DATABASE_URL", "HM_CREDITS_ADDR")},
             cwd=REPO,
             capture_output=True,
             check=True,
@@ -94,12 +94,12 @@ def start_platform(
     state.mkdir(parents=True)
     env = {
         **os.environ,
-        "DATABASE_URL": database_url,
-        "NATS_URL": nats_url,
+        "HM_DATABASE_URL": database_url,
+        "HM_NATS_URL": nats_url,
         "HM_STATE_DIR": str(state),
         "HM_STREAM_PREFIX": f"T{secrets.token_hex(3).upper()}",
-        "HYPERMEDIA_HTTP_PORT": str(free_port()),
-        "HYPERMEDIA_GRPC_PORT": str(free_port()),
+        "HM_GATEWAY_HTTP_PORT": str(free_port()),
+        "HM_GATEWAY_GRPC_PORT": str(free_port()),
         "HM_REAPER_INTERVAL_SECONDS": "1",
         "HM_HEARTBEAT_SECONDS": "5",
         # Sandbox and LibreOffice-listener uids of their own: platforms alive at once (two module
@@ -107,7 +107,7 @@ def start_platform(
         "HM_SANDBOX_UID_BASE": str(100_000 + 1_000 * secrets.randbelow(100_000)),
         **extra_env,
     }
-    cmd = [sys.executable, "-m", "hypermedia.cli", "up"]
+    cmd = [sys.executable, "-m", "hypermedia.devtools.cli", "up"]
     if services:
         cmd += ["--services", services]
     log = (state / "up.log").open("ab")

@@ -2,7 +2,7 @@
 as long as the test asks, reports progress the way the transcodes do, and writes what it saw.
 
 ``run(operation, params, input_path, out_dir, *, limits)`` runs in the sandbox child like
-:func:`hypermedia.media.engine.run`. The job's params are the gateway's normalised params of the
+:func:`hypermedia.engines.media.engine.run`. The job's params are the gateway's normalised params of the
 real operation, so the run time travels in params the gateway accepts (:func:`run_seconds`).
 Its one output, ``run`` (``run.json``), has the metadata ``operation``, ``started`` and ``ended``
 (Unix seconds, wall clock: comparable across the jobs of a worker), ``threads``
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from hypermedia.media.probe import MediaLimits
-from hypermedia.sandbox import OutputFile, report_progress
+from hypermedia.engines.contract import OutputFile, report_progress
+from hypermedia.engines.media.sources import MediaLimits
 
 PROGRESS_STEPS: Final = 12
 """Progress reports of a ``transcode_video`` run, evenly spaced over its run time."""

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from hypermedia import config
-from hypermedia.config import MediaSettings
-from hypermedia.service import Lifetime, run_service
-from hypermedia.workerservice import queue_worker_settings, serve_worker
+from hypermedia.core import config
+from hypermedia.infra.service import Lifetime, run_service
+from hypermedia.worker.serve import queue_worker_settings, serve_worker
 from services.mediaworker.__main__ import DEFAULT_SLOTS, QUEUE, MediaHandler
+from services.mediaworker.settings import MediaSettings
 
 
 class TimedMediaHandler(MediaHandler):
@@ -19,12 +19,13 @@ class TimedMediaHandler(MediaHandler):
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
-    queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)
+    settings = queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)
     media = config.load(MediaSettings)
     await serve_worker(
         stack,
         stop,
         role="mediaworker",
+        settings=settings,
         handler=TimedMediaHandler(media),
         preload=("tests.e2e.media_entries",),
     )

@@ -14,10 +14,10 @@ import pypdfium2 as pdfium
 import pytest
 import pyvips
 
-from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
-from tests.integration import test_office_scripts as scripts
-from tests.unit.test_pdf import (
+from tests.helpers import glyphs
+from tests.helpers.pdf import (
     FILLED_NAME,
     LETTER,
     PDF_DIR,
@@ -142,18 +142,18 @@ def test_a_preview_draws_cjk_fonts_the_pdf_does_not_embed(client: httpx.Client) 
     """The Adobe CJK fonts a PDF names without embedding them are drawn in the docworker's Noto
     CJK (PDFium substitutes an installed font with the character collection; without one it
     draws nothing); the text layer is the same either way (issue 15)."""
-    data = scripts.non_embedded_cjk_pdf()
+    data = glyphs.non_embedded_cjk_pdf()
     obj = _upload_bytes(client, "cjk-not-embedded.pdf", data)
     dpi = 144
     job = _process(client, obj["object_id"], {"name": "pdf_preview", "params": {"format": "png", "dpi": dpi}})
     assert job["status"] == "completed", job
     image = pyvips.Image.new_from_buffer(_download(job["outputs"][0]).content, "")
     page = pdfium.PdfDocument(data)[0]
-    scripts.check_glyphs(page, scripts.grey(image), dpi / 72, list(scripts.SCRIPTS)[:4])
+    glyphs.check_glyphs(page, glyphs.grey(image), dpi / 72, list(glyphs.SCRIPTS)[:4])
     text = _process(client, obj["object_id"], "text_extract")
     assert text["status"] == "completed", text
     body = _download(next(o for o in text["outputs"] if o["output_type"] == "text")).content.decode()
-    assert all(scripts.SCRIPTS[script][0] in body for script in list(scripts.SCRIPTS)[:4]), body
+    assert all(glyphs.SCRIPTS[script][0] in body for script in list(glyphs.SCRIPTS)[:4]), body
 
 
 def test_text_extract_drops_the_control_characters_pdfium_passes_through(
@@ -249,7 +249,7 @@ def test_page_past_the_end_fails_the_job_with_invalid_params(client: httpx.Clien
 
 
 def test_profiles_and_the_docworker(platform: RunningPlatform) -> None:
-    with psycopg.connect(platform.env["DATABASE_URL"]) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"]) as conn:
         rows = conn.execute(
             "SELECT operation, queue, input_kinds, timeout_seconds, memory_limit_mb, max_pixels, active"
             " FROM processing_profiles WHERE queue = 'documents' ORDER BY operation, version"

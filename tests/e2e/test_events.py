@@ -11,7 +11,7 @@ import grpc
 import httpx
 import pytest
 
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"

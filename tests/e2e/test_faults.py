@@ -26,8 +26,8 @@ import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hypermedia.embedded import free_port
-from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.devtools.embedded import free_port
 from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.e2e.slowjob import make_slow_png
 
@@ -65,7 +65,7 @@ def slow_png(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def pg(idle_platform: RunningPlatform) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(idle_platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(idle_platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         yield conn
         # A test that failed half-way must not leave work for the next test's worker.
         conn.execute(
@@ -124,7 +124,7 @@ def _start_worker(platform: RunningPlatform, name: str, **env: str) -> Worker:
             [sys.executable, "-m", "services.imageworker"], env=full_env, cwd=REPO, stdout=log, stderr=log
         )
     deadline = time.monotonic() + 60
-    with psycopg.connect(platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         while True:
             row = conn.execute(
                 "SELECT worker_id FROM workers WHERE pid = %s AND status = 'running'", (proc.pid,)

@@ -14,8 +14,8 @@ from google.protobuf import descriptor_pool, json_format, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import RunningPlatform
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"

@@ -257,7 +257,7 @@ async def test_the_gateway_refuses_huge_heads_and_cuts_a_stalled_upload_but_not_
     assert _problem(stalled) == (408, "REQUEST_TIMEOUT")
     with flood_platform.client(account) as client:
         assert client.get("/v1/credits").status_code == 200  # normal requests still work
-    conn = await asyncpg.connect(flood_platform.env["DATABASE_URL"])
+    conn = await asyncpg.connect(flood_platform.env["HM_DATABASE_URL"])
     try:
         count = await conn.fetchval(
             "SELECT count(*) FROM objects WHERE pool_id = $1", uuid.UUID(account["pool_id"])

@@ -27,7 +27,7 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.e2e.delayproxy import DelayingProxy
 
@@ -59,7 +59,7 @@ def idle_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[
 
 @pytest.fixture
 def pg(idle_platform: RunningPlatform) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(idle_platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(idle_platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         yield conn
 
 

@@ -432,7 +432,7 @@ def test_two_renditions_of_one_object_do_not_overwrite_each_other(client: httpx.
         ({"priority": True}, 422, "INVALID_REQUEST"),
         ({"priority": "high"}, 422, "INVALID_REQUEST"),
         ({"colour": "blue"}, 422, "INVALID_REQUEST"),
-        ({"webhook_url": "http://a.b/\u0000"}, 422, "INVALID_REQUEST"),  # hypermedia.pgtext's rule
+        ({"webhook_url": "http://a.b/\u0000"}, 422, "INVALID_REQUEST"),  # hypermedia.core.pgtext's rule
         ({"webhook_url": "http://[::1"}, 422, "INVALID_WEBHOOK_URL"),
         ({"webhook_url": "http://x:abc/"}, 422, "INVALID_WEBHOOK_URL"),
         ({"webhook_url": "http://a b/"}, 422, "INVALID_WEBHOOK_URL"),

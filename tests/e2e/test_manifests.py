@@ -25,12 +25,14 @@ import grpc
 import httpx
 import pytest
 
-from hypermedia import db, lifecycle, runtime
-from hypermedia.credits.v1 import credits_pb2_grpc
-from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.api.credits.v1 import credits_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.infra import db
+from hypermedia.jobs import lifecycle, settlement
+from hypermedia.worker import transfer
 from services.gateway.resolved import LinkSigner
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload
-from tests.unit.test_media_probe import write_video
+from tests.helpers.media import write_video
 
 HLS = "application/vnd.apple.mpegurl"
 WORKER_ID = "test/manifests/worker"
@@ -94,7 +96,7 @@ async def _work(platform: RunningPlatform, job_id: str, outputs: list[Stored]) -
                     storage_pb2.PresignOutputPutRequest(
                         source_object_id=job.object_id,
                         profile_version=job.profile_version,
-                        output_type=runtime.rendition_name(job, out.output_type),
+                        output_type=transfer.rendition_name(job, out.output_type),
                         mime_type=out.mime_type,
                     )
                 )
@@ -116,7 +118,7 @@ async def _work(platform: RunningPlatform, job_id: str, outputs: list[Stored]) -
                 )
             assert await lifecycle.complete(pool, job, WORKER_ID, registered, job.estimated_credits, 5, 20)
             await credits_pb2_grpc.CreditsServiceStub(credits_chan).Commit(
-                lifecycle.commit_request(job_id, job.estimated_credits, {})
+                settlement.commit_request(job_id, job.estimated_credits, {})
             )
     finally:
         await pool.close()

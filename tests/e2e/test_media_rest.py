@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
-from tests.unit.test_media_probe import write_mp3_with_cover, write_video
+from tests.helpers.media import write_mp3_with_cover, write_video
 
 MEDIA_TIMEOUT = 120.0
 
@@ -89,7 +89,7 @@ def test_media_longer_than_the_profile_allows_is_refused_at_probe_time(
     MEDIA_TOO_LONG from its header, permanently, and costs nothing."""
     obj = upload(client, write_video(tmp_path / "two-seconds.mp4"))
     balance = client.get("/v1/credits").json()
-    with psycopg.connect(platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         conn.execute(
             "UPDATE processing_profiles SET max_duration_seconds = 1 WHERE operation = 'probe' AND active"
         )
@@ -119,7 +119,7 @@ def test_waveform_of_a_flac_tone_then_silence(client: httpx.Client, tmp_path: Pa
     import numpy as np
     import pyvips
 
-    from tests.unit.test_media_waveform import write_tone
+    from tests.helpers.media import write_tone
 
     obj = upload(client, write_tone(tmp_path / "tone.flac", "flac", "flac", "s16"))
     assert obj["mime_type"].startswith("audio/")
@@ -142,7 +142,7 @@ def test_waveform_of_a_flac_tone_then_silence(client: httpx.Client, tmp_path: Pa
 def test_a_waveform_asked_without_an_image_has_peaks_only(client: httpx.Client, tmp_path: Path) -> None:
     """``"image": false`` through REST: the job's params say false and its only output is the
     peaks (issue 15, item 10: it was stored as null, which the worker read as the default PNG)."""
-    from tests.unit.test_media_waveform import write_tone
+    from tests.helpers.media import write_tone
 
     obj = upload(client, write_tone(tmp_path / "tone.flac", "flac", "flac", "s16"))
     job = _process(client, obj["object_id"], {"name": "waveform", "params": {"image": False}})

@@ -29,12 +29,12 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.embedded import free_port
-from hypermedia.media import transcode
+from hypermedia.devtools.embedded import free_port
+from hypermedia.engines.media import transcode
 from hypermedia.sandbox import SandboxLimits
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.e2e.media_entries import run_seconds
-from tests.unit.test_media_probe import write_video
+from tests.helpers.media import write_video
 
 SLOTS = 3
 HEARTBEAT_SECONDS = 1
@@ -82,7 +82,7 @@ def start_media_worker(platform: RunningPlatform) -> MediaWorker:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.e2e.media_harness"], env=env, cwd=REPO, stdout=log, stderr=log
         )
-    with psycopg.connect(platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
 
         def registered() -> str | None:
             if proc.poll() is not None:
@@ -131,7 +131,7 @@ def client(media_platform: RunningPlatform, media_worker: MediaWorker) -> Iterat
 
 @pytest.fixture
 def pg(media_platform: RunningPlatform) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(media_platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(media_platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         yield conn
 
 

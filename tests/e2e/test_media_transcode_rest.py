@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import upload, wait_job
-from tests.unit.test_media_probe import write_mp3_with_cover, write_video
+from tests.helpers.media import write_mp3_with_cover, write_video
 
 MEDIA_TIMEOUT = 180.0
 

@@ -22,13 +22,21 @@ import pypdfium2 as pdfium
 import pytest
 import pyvips
 
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from hypermedia.ocr import preprocess
-from hypermedia.ocr.metrics import cer
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.engines.ocr import preprocess
+from hypermedia.engines.ocr.metrics import cer
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
-from tests.unit.test_ocr import EUROTEXT_LANGUAGES, GOLD, OCR_DIR, PHOTOTEST, save_png, system_models
-from tests.unit.test_ocr_orientation import PARAGRAPH, typeset
-from tests.unit.test_ocr_tables import (
+from tests.helpers.ocr import (
+    EUROTEXT_LANGUAGES,
+    GOLD,
+    OCR_DIR,
+    PARAGRAPH,
+    PHOTOTEST,
+    save_png,
+    system_models,
+    typeset,
+)
+from tests.helpers.tables import (
     AMOUNTS,
     INVOICE_ALIGN,
     expected_invoice_cells,
@@ -221,7 +229,7 @@ def test_a_blurred_page_is_escalated_and_charged_as_its_own_line(
     assert set(page["confidences"]) == {"tesseract", "rapidocr"}
     assert outputs["text"]["metadata"]["escalated_pages"] == 1
 
-    with psycopg.connect(platform.env["DATABASE_URL"]) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"]) as conn:
         per_page = conn.execute(
             "SELECT escalation_per_page FROM processing_profiles WHERE operation = 'ocr' AND active"
         ).fetchone()[0]
@@ -340,7 +348,7 @@ def _pil_page() -> Any:
 
 
 def test_the_ocrworker_reports_its_status(platform: RunningPlatform) -> None:
-    from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+    from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 
     with grpc.insecure_channel(platform.info["workers"]["ocrworker"]) as channel:
         status = worker_pb2_grpc.WorkerServiceStub(channel).GetStatus(

@@ -24,114 +24,26 @@ import pytest
 import pyvips
 
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_for, wait_job
-from tests.security.test_legacy_office import (
-    OTHER_COMPOUND_FILES,
+from tests.helpers.legacy_office import OTHER_COMPOUND_FILES, WORD95_TEXT, compound_file, word6_document
+from tests.helpers.office import (
+    DOCX_MIME,
+    LOREM,
+    ODT,
+    ODT_MIME,
+    OFFICE_DIR,
     SLIDE,
-    SLIDES_BODY,
     TEXT,
-    compound_file,
-    flat_odf,
+    docx,
     libreoffice_convert,
-    text_body,
+    long_odt,
+    written_by_libreoffice,
 )
-from tests.security.test_office_versions_and_encryption import WORD95_TEXT, word6_document
 
-OFFICE_DIR = Path(__file__).resolve().parents[1] / "data" / "office"
-ODT = OFFICE_DIR / "libre-office-writer.odt"
 REFERENCE_PDF = OFFICE_DIR / "libre-office-writer.reference.pdf"
 pytestmark = pytest.mark.skipif(
     shutil.which("soffice") is None,
     reason="LibreOffice is not installed (make test installs it as root: scripts/ensure_debian_packages.sh)",
 )
-
-DOCX_MIME = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
-ODT_MIME = "application/vnd.oasis.opendocument.text"
-
-LOREM = (
-    "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut "
-    "labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco. "
-)
-
-
-# --- documents the tests write -------------------------------------------------------------------
-
-
-def docx(paragraphs: list[str], font: str = "Calibri", size_half_points: int = 22) -> bytes:
-    """A minimal WordprocessingML package (ECMA-376 Part 1): one run per paragraph in ``font``
-    (``w:rFonts`` on the document defaults and on every run), 11 pt by default."""
-    fonts = f'<w:rFonts w:ascii="{font}" w:hAnsi="{font}" w:cs="{font}" w:eastAsia="{font}"/>'
-    body = "".join(
-        f'<w:p><w:r><w:rPr>{fonts}<w:sz w:val="{size_half_points}"/></w:rPr>'
-        f'<w:t xml:space="preserve">{text}</w:t></w:r></w:p>'
-        for text in paragraphs
-    )
-    w = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr(
-            "[Content_Types].xml",
-            '<?xml version="1.0" encoding="UTF-8"?>'
-            '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
-            '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
-            '<Default Extension="xml" ContentType="application/xml"/>'
-            '<Override PartName="/word/document.xml" ContentType="application/'
-            'vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/>'
-            '<Override PartName="/word/styles.xml" ContentType="application/'
-            'vnd.openxmlformats-officedocument.wordprocessingml.styles+xml"/></Types>',
-        )
-        z.writestr(
-            "_rels/.rels",
-            '<?xml version="1.0" encoding="UTF-8"?>'
-            '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
-            '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
-            'relationships/officeDocument" Target="word/document.xml"/></Relationships>',
-        )
-        z.writestr(
-            "word/_rels/document.xml.rels",
-            '<?xml version="1.0" encoding="UTF-8"?>'
-            '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
-            '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
-            'relationships/styles" Target="styles.xml"/></Relationships>',
-        )
-        z.writestr(
-            "word/styles.xml",
-            f'<?xml version="1.0" encoding="UTF-8"?><w:styles {w}><w:docDefaults><w:rPrDefault>'
-            f'<w:rPr>{fonts}<w:sz w:val="{size_half_points}"/></w:rPr></w:rPrDefault></w:docDefaults></w:styles>',
-        )
-        z.writestr(
-            "word/document.xml",
-            f'<?xml version="1.0" encoding="UTF-8"?><w:document {w}><w:body>{body}'
-            '<w:sectPr><w:pgSz w:w="11906" w:h="16838"/>'
-            '<w:pgMar w:top="1440" w:right="1440" w:bottom="1440" w:left="1440"/></w:sectPr>'
-            "</w:body></w:document>",
-        )
-    return buffer.getvalue()
-
-
-def long_odt(paragraphs: int) -> bytes:
-    """An ODT of ``paragraphs`` paragraphs of 500 characters: LibreOffice lays out about 50 pages
-    a second here, so 20,000 paragraphs (2,300 pages, a 110 kB file) keep it busy for about 40 s."""
-    para = (LOREM * 3)[:500]
-    body = "".join(f"<text:p>{i} {para}</text:p>" for i in range(paragraphs))
-    content = (
-        '<?xml version="1.0" encoding="UTF-8"?><office:document-content '
-        'xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
-        'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" office:version="1.2">'
-        f"<office:body><office:text>{body}</office:text></office:body></office:document-content>"
-    )
-    manifest = (
-        '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
-        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
-        f'<manifest:file-entry manifest:full-path="/" manifest:media-type="{ODT_MIME}"/>'
-        '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
-        "</manifest:manifest>"
-    )
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as z:
-        z.writestr(zipfile.ZipInfo("mimetype"), ODT_MIME)
-        z.writestr("content.xml", content, zipfile.ZIP_DEFLATED)
-        z.writestr("META-INF/manifest.xml", manifest, zipfile.ZIP_DEFLATED)
-    return buffer.getvalue()
 
 
 # --- reading PDFs ----------------------------------------------------------------------------------
@@ -267,7 +179,7 @@ def test_every_script_converts_and_previews_in_real_glyphs(office_client: httpx.
     of the PDF and of its ``pdf_preview`` is a real glyph, not the .notdef box (issue 15; the checks
     are those of ``tests/integration/test_office_scripts.py``)."""
     # Imported here: that module imports this one's document writers.
-    from tests.integration.test_office_scripts import SCALE, SCRIPTS, check_glyphs, grey, render
+    from tests.helpers.glyphs import SCALE, SCRIPTS, check_glyphs, grey, render
 
     obj = _upload_bytes(office_client, "scripts.docx", docx([line for line, _ in SCRIPTS.values()]))
     job = _process(office_client, obj["object_id"], "office_to_pdf")
@@ -285,19 +197,6 @@ def test_every_script_converts_and_previews_in_real_glyphs(office_client: httpx.
     assert preview["status"] == "completed", preview
     image = pyvips.Image.new_from_buffer(_download(preview["outputs"][0]), "")
     check_glyphs(page, grey(image), SCALE, list(SCRIPTS))
-
-
-FIGURES_CSV = b"quarter,revenue\nQ1,100\nQ2,120\n"
-
-
-def written_by_libreoffice(extension: str) -> bytes:
-    """A document in ``extension``'s format written by LibreOffice (cold, in the test) from a flat
-    ODF text or presentation, or from a CSV for spreadsheets."""
-    if extension in ("docx", "doc", "rtf", "odt"):
-        return libreoffice_convert("minutes.fodt", flat_odf("text", text_body()), extension)
-    if extension in ("xlsx", "xls", "ods"):
-        return libreoffice_convert("figures.csv", FIGURES_CSV, extension)
-    return libreoffice_convert("slides.fodp", flat_odf("presentation", SLIDES_BODY), extension)
 
 
 @pytest.mark.parametrize(
@@ -442,7 +341,7 @@ def test_a_document_libreoffice_cannot_open_fails_with_parse_error(office_client
 @pytest.fixture(scope="module")
 def short_timeout_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
     with isolated_platform(tmp_root, database_url, nats_url, "officeslow") as running:
-        with psycopg.connect(running.env["DATABASE_URL"], autocommit=True) as conn:
+        with psycopg.connect(running.env["HM_DATABASE_URL"], autocommit=True) as conn:
             conn.execute(
                 "UPDATE processing_profiles SET timeout_seconds = 5 WHERE operation = 'office_to_pdf'"
             )

@@ -20,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_job
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -52,7 +52,7 @@ def idle_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[
 
 
 def _pg(platform: RunningPlatform) -> psycopg.Connection[Any]:
-    return psycopg.connect(platform.env["DATABASE_URL"], autocommit=True)
+    return psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True)
 
 
 def _op(name: str, password: Any = None, **params: Any) -> dict[str, Any]:

@@ -14,7 +14,8 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia import db, lifecycle
+from hypermedia.infra import db
+from hypermedia.jobs import lifecycle
 from tests.e2e.conftest import REPO, RunningPlatform, start_platform, upload, wait_job
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
@@ -42,7 +43,7 @@ def _start_worker(platform: RunningPlatform, slots: int) -> subprocess.Popen[byt
         [sys.executable, "-m", "services.imageworker"], env=env, cwd=REPO, stdout=log, stderr=log
     )
     deadline = time.monotonic() + 60
-    with psycopg.connect(platform.env["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         query = "SELECT 1 FROM workers WHERE pid = %s AND status = 'running'"
         while not conn.execute(query, (proc.pid,)).fetchone():
             assert proc.poll() is None, "the worker exited at start"

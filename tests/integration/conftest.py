@@ -22,10 +22,11 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
-from hypermedia import db, queues
-from hypermedia.config import QUEUES
-from hypermedia.credits.v1 import credits_pb2_grpc
-from hypermedia.rpc import GrpcServer, channel
+from hypermedia.api.credits.v1 import credits_pb2_grpc
+from hypermedia.core.config import QUEUES
+from hypermedia.infra import db
+from hypermedia.infra.rpc import GrpcServer, channel
+from hypermedia.jobs import queues
 from services.credits.service import CreditsService
 
 CREDITS_SERVICE_NAME = "hypermedia.credits.v1.CreditsService"

@@ -9,9 +9,9 @@ import uuid
 import asyncpg
 import pytest
 
-from hypermedia.credits.v1 import credits_pb2
-from hypermedia.errors import InsufficientCredits, InvalidArgument, NotFound
-from hypermedia.rpc import call
+from hypermedia.api.credits.v1 import credits_pb2
+from hypermedia.core.errors import InsufficientCredits, InvalidArgument, NotFound
+from hypermedia.infra.rpc import call
 from services.credits.service import CreditsService
 from tests.integration.conftest import Credits, Seeder, Tenant
 
@@ -389,3 +389,49 @@ async def test_grant_rejects_unknown_accounts_and_non_positive_amounts(
         await credits.service.Grant(
             credits_pb2.GrantRequest(account_id=str(tenant.account_id), millicredits=0, grant_id="g"), None
         )
+
+
+# -- list holds (the reaper's settlement sweep) ---------------------------------------------------
+
+
+async def test_list_holds_pages_through_the_held_ones_oldest_first(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=100_000)
+    jobs = [await _held_job(credits, tenant, 10) for _ in range(5)]
+    # made one minute apart, the first oldest (10 minutes ago)
+    for age, job_id in enumerate(jobs):
+        await fresh_pool.execute(
+            "UPDATE credit_holds SET created_at = now() - make_interval(mins => $2) WHERE job_id = $1",
+            job_id,
+            10 - age,
+        )
+    await credits.service.Release(credits_pb2.ReleaseRequest(job_id=str(jobs[1])), None)
+    seen, token, pages = [], "", 0
+    while True:
+        page = await credits.service.ListHolds(
+            credits_pb2.ListHoldsRequest(older_than_seconds=0, page_size=2, page_token=token), None
+        )
+        seen += [uuid.UUID(hold.job_id) for hold in page.holds if uuid.UUID(hold.job_id) in jobs]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == [jobs[0], jobs[2], jobs[3], jobs[4]]  # oldest first; the released one is gone
+    assert pages >= 2
+    recent = await credits.service.ListHolds(
+        credits_pb2.ListHoldsRequest(older_than_seconds=7.5 * 60, page_size=1000), None
+    )
+    assert {uuid.UUID(h.job_id) for h in recent.holds} & set(jobs) == {jobs[0], jobs[2]}  # 10, 8 min old
+
+
+async def test_list_holds_refuses_bad_pages_and_tokens(credits: Credits) -> None:
+    for request in (
+        credits_pb2.ListHoldsRequest(page_size=1001),
+        credits_pb2.ListHoldsRequest(page_size=-1),
+        credits_pb2.ListHoldsRequest(older_than_seconds=float("nan")),
+        credits_pb2.ListHoldsRequest(page_token="not a token"),
+        credits_pb2.ListHoldsRequest(page_token="2026-01-01T00:00:00|not-a-uuid"),
+    ):
+        with pytest.raises(InvalidArgument):
+            await credits.service.ListHolds(request, None)

@@ -7,7 +7,7 @@ import time
 
 import asyncpg
 
-from hypermedia.events import JobEvent, JobEventHub
+from hypermedia.jobs.events import JobEvent, JobEventHub
 from tests.integration.conftest import Seeder, _with_database
 
 

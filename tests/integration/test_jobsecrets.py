@@ -1,4 +1,4 @@
-"""``job_secrets`` (migration 0009, :mod:`hypermedia.jobsecrets`) against a real Postgres: a job's
+"""``job_secrets`` (migration 0009, :mod:`hypermedia.jobs.secrets`) against a real Postgres: a job's
 password is readable while the job can still run, and the transition that ends the job deletes it
 in its own transaction, whichever path ends it (worker, reaper, gateway cancel)."""
 
@@ -9,7 +9,8 @@ import uuid
 import asyncpg
 import pytest
 
-from hypermedia import jobsecrets, lifecycle
+from hypermedia.jobs import lifecycle
+from hypermedia.jobs import secrets as jobsecrets
 from services.reaper.reaper import Reaper
 from tests.integration.conftest import Credits, Seeder
 

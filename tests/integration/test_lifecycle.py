@@ -1,4 +1,4 @@
-"""Job state transitions (hypermedia.lifecycle) against a real Postgres: claims race, fencing tokens
+"""Job state transitions (hypermedia.jobs.lifecycle) against a real Postgres: claims race, fencing tokens
 hold after a reaper requeue, failures back off, completion writes each output once."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 
 import asyncpg
 
-from hypermedia import lifecycle
+from hypermedia.jobs import lifecycle
 from services.reaper.reaper import Reaper
 from tests.integration.conftest import Credits, Seeder, Tenant
 

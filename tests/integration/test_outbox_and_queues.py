@@ -13,8 +13,8 @@ import asyncpg
 import pytest
 from nats.aio.subscription import Subscription
 
-from hypermedia import lifecycle, outbox, queues
-from hypermedia.outbox import OutboxRelay
+from hypermedia.jobs import lifecycle, outbox, queues
+from hypermedia.jobs.outbox import OutboxRelay
 from tests.integration.conftest import Broker
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import asyncpg
 
-from hypermedia import lifecycle
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.embedded import free_port
-from hypermedia.outbox import OutboxRelay
-from hypermedia.rpc import channel
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.devtools.embedded import free_port
+from hypermedia.infra.rpc import channel
+from hypermedia.jobs import lifecycle
+from hypermedia.jobs.outbox import OutboxRelay
+from hypermedia.jobs.settlement import SWEEP_PAGES
 from services.reaper.reaper import SETTLE_GRACE_SECONDS, Reaper, ReapResult
 from tests.integration.conftest import Broker, Credits, Seeder, Tenant
 
@@ -469,3 +470,23 @@ async def test_a_hold_whose_job_was_never_created_is_released_after_the_grace(
 
     assert await _hold_status(fresh_pool, orphan) == "released"
     assert await _balance(fresh_pool, tenant) == (BALANCE, 0)
+
+
+async def test_a_hold_behind_more_held_ones_than_a_sweep_reads_is_settled_by_a_later_run(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """Step 5 pages through the credits service's held holds (ListHolds) a bounded number of pages
+    per run and goes on where the last run stopped, so an unsettled hold behind a backlog of queued
+    jobs' holds is still reached."""
+    tenant = await seed.tenant(balance=BALANCE * 100)
+    backlog = [await seed.job(tenant, status="queued", attempt_count=0) for _ in range(2 * SWEEP_PAGES + 3)]
+    await _hold(credits, tenant, *backlog)
+    ended = await seed.job(tenant, status="failed", attempt_count=3)
+    await _hold(credits, tenant, ended)  # the newest hold: last in ListHolds' order
+    await _age(fresh_pool, ended, SETTLE_GRACE_SECONDS + 1)
+    reaper = Reaper(fresh_pool, credits.stub, PREFIX, batch_size=2, requeue_stale_seconds=3600)
+    first = await reaper.run_once()
+    assert first.settled_holds == 0 and await _hold_status(fresh_pool, ended) == "held"
+    assert (await reaper.run_once()).settled_holds == 1
+    assert await _hold_status(fresh_pool, ended) == "released"
+    assert {await _hold_status(fresh_pool, job_id) for job_id in backlog} == {"held"}

@@ -27,11 +27,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from hypermedia.embedded import free_port
-from hypermedia.errors import ERROR_CODE_METADATA_KEY
-from hypermedia.httpserver import HttpServer
-from hypermedia.rpc import GrpcServer, channel
-from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
+from hypermedia.devtools.embedded import free_port
+from hypermedia.infra.httpserver import HttpServer
+from hypermedia.infra.rpc import GrpcServer, channel
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
@@ -575,7 +575,7 @@ async def test_s3_unreachable_is_unavailable(
 def test_main_exits_78_on_bad_config_without_printing_secrets() -> None:
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": "postgresql://hm:supersecretpw@db/hm",
+        "HM_DATABASE_URL": "postgresql://hm:supersecretpw@db/hm",
         "HM_STORAGE_SIGNING_KEY": "shortkey",
         "HM_STORAGE_HTTP_PORT": "99999",
     }
@@ -596,7 +596,7 @@ async def test_main_serves_and_stops_on_sigterm(database_url: str, tmp_path: Pat
     grpc_port, http_port = free_port(), free_port()
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": database_url,
+        "HM_DATABASE_URL": database_url,
         "HM_STORAGE_BIND": f"127.0.0.1:{grpc_port}",
         "HM_STORAGE_HTTP_PORT": str(http_port),
         "HM_STORAGE_DIR": str(tmp_path / "objects"),

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import asyncpg
 
-MIGRATION = Path(__file__).resolve().parents[2] / "hypermedia" / "migrations" / "0014_storage_quota.sql"
+MIGRATION = (
+    Path(__file__).resolve().parents[2] / "hypermedia" / "infra" / "migrations" / "0014_storage_quota.sql"
+)
 
 
 async def test_the_backfill_counts_owned_originals_only(fresh_pool: asyncpg.Pool) -> None:

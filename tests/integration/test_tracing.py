@@ -13,9 +13,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from hypermedia import lifecycle, queues, rpc, telemetry
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.outbox import OutboxRelay
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.core import telemetry
+from hypermedia.infra import rpc
+from hypermedia.jobs import lifecycle, queues
+from hypermedia.jobs.outbox import OutboxRelay
 from services.credits.service import CreditsService
 
 _EXPORTER = InMemorySpanExporter()

@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hypermedia import webhooks
-from hypermedia.embedded import free_port
-from hypermedia.httpserver import HttpServer
-from hypermedia.webhooks import new_webhook_secret
+from hypermedia.devtools.embedded import free_port
+from hypermedia.infra.httpserver import HttpServer
+from hypermedia.jobs import webhooks
+from hypermedia.jobs.webhooks import new_webhook_secret
 from services.reaper import webhooks as reaper_webhooks
 from services.reaper.webhooks import WebhookDispatcher, webhook_client
 from tests.integration.conftest import Seeder, Tenant

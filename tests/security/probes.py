@@ -12,7 +12,7 @@ import socket
 import time
 from pathlib import Path
 
-from hypermedia.sandbox import OutputFile
+from hypermedia.engines.contract import OutputFile
 
 
 def _report(out_dir: Path, facts: dict) -> list[OutputFile]:

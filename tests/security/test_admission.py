@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hypermedia.embedded import free_port
-from hypermedia.runtime import Admission, available_memory_mb, pid_headroom
-from hypermedia.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
+from hypermedia.devtools.embedded import free_port
+from hypermedia.worker.admission import Admission, available_memory_mb, pid_headroom
 from tests.e2e.conftest import (
     REPO,
     RunningPlatform,

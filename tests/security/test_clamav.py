@@ -1,5 +1,5 @@
-"""The optional virus scan, against a real clamd: the client (``hypermedia.clamav``) over a unix
-socket and TCP, and uploads through the platform's REST and gRPC APIs with and without CLAMD_URL.
+"""The optional virus scan, against a real clamd: the client (``hypermedia.intake.clamav``) over a unix
+socket and TCP, and uploads through the platform's REST and gRPC APIs with and without HM_CLAMD_URL.
 
 Each clamd here is started by the test with its own configuration and a one-signature database
 written by the test (official signatures cannot be downloaded here): an ``.ndb`` body signature
@@ -28,8 +28,10 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia import config
-from hypermedia.clamav import (
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.core import config
+from hypermedia.devtools.embedded import free_port
+from hypermedia.intake.clamav import (
     CHUNK_BYTES,
     ClamdAddress,
     ClamdScanner,
@@ -37,8 +39,7 @@ from hypermedia.clamav import (
     TooLargeToScan,
     VirusFound,
 )
-from hypermedia.embedded import free_port
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from services.gateway.settings import GatewaySettings
 from tests.e2e.conftest import RunningPlatform, own_database, start_platform, upload, wait_job
 
 # Assembled from two halves so that this source file is not itself detected as the test file.
@@ -190,18 +191,18 @@ def test_clamd_url_forms() -> None:
         "tcp://clamav:70000",
         "http://x:1",
     ):
-        with pytest.raises(ValueError, match="CLAMD_URL"):
+        with pytest.raises(ValueError, match="HM_CLAMD_URL"):
             ClamdAddress.parse(bad)
 
 
 def test_scanning_is_off_by_default_and_a_bad_url_stops_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CLAMD_URL", raising=False)
-    settings = config.load(config.GatewaySettings)
+    monkeypatch.delenv("HM_CLAMD_URL", raising=False)
+    settings = config.load(GatewaySettings)
     assert settings.clamd_url == ""
     assert (settings.clamd_timeout_seconds, settings.clamd_max_stream_bytes) == (60.0, 100 * 1024 * 1024)
-    monkeypatch.setenv("CLAMD_URL", "clamd.example:3310")
-    with pytest.raises(config.ConfigError, match="CLAMD_URL must be") as info:
-        config.load(config.GatewaySettings)
+    monkeypatch.setenv("HM_CLAMD_URL", "clamd.example:3310")
+    with pytest.raises(config.ConfigError, match="HM_CLAMD_URL must be") as info:
+        config.load(GatewaySettings)
     assert "clamd.example" not in str(info.value)
 
 
@@ -301,7 +302,7 @@ def clamav_database(database_url: str) -> Iterator[str]:
 def scanning_platform(
     tmp_root: Path, clamav_database: str, nats_url: str, clamd: Clamd
 ) -> Iterator[RunningPlatform]:
-    running = start_platform(tmp_root, clamav_database, nats_url, CLAMD_URL=clamd.unix_url)
+    running = start_platform(tmp_root, clamav_database, nats_url, HM_CLAMD_URL=clamd.unix_url)
     try:
         yield running
     finally:
@@ -314,7 +315,11 @@ def dead_scanner_platform(tmp_root: Path, clamav_database: str, nats_url: str) -
     daemon = start_clamd(tmp_root)
     try:
         running = start_platform(
-            tmp_root, clamav_database, nats_url, services="credits,storage,gateway", CLAMD_URL=daemon.unix_url
+            tmp_root,
+            clamav_database,
+            nats_url,
+            services="credits,storage,gateway",
+            HM_CLAMD_URL=daemon.unix_url,
         )
     finally:
         daemon.process.kill()

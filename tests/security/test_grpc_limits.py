@@ -1,5 +1,5 @@
 """The gRPC servers under the connection flood that took the HTTP servers down (issue 14, item
-2), and their own bounds on request metadata: a real :class:`hypermedia.rpc.GrpcServer` on
+2), and their own bounds on request metadata: a real :class:`hypermedia.infra.rpc.GrpcServer` on
 loopback with the standard health service.
 
 grpc-core needs no guard of ours for idle connections: it answers every connection with its
@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hypermedia.rpc import GrpcServer
+from hypermedia.infra.rpc import GrpcServer
 
 IDLE_CONNECTIONS = 1500
 """More than the HTTP servers' default cap (1024) and six times uvicorn's old 256."""

@@ -1,4 +1,4 @@
-"""The HTTP servers' connection limits (hypermedia.httpserver, issue 14), through a real
+"""The HTTP servers' connection limits (hypermedia.infra.httpserver, issue 14), through a real
 ``HttpServer`` around the storage service's real signed-URL app on loopback: raw TCP clients that
 send nothing, drip a head, stall a body, send huge or countless headers, or open too many
 connections, from 127.0.0.1 and other loopback addresses.
@@ -23,9 +23,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from hypermedia import config
-from hypermedia.config import HttpSettings
-from hypermedia.httpserver import HttpServer, client_key
+from hypermedia.core import config
+from hypermedia.infra.httpguard import client_key
+from hypermedia.infra.httplimits import HttpSettings
+from hypermedia.infra.httpserver import HttpServer
 from services.storage.localstore import LocalStore, build_app
 
 SIGNING_KEY = b"test-signing-key-0123456789"

@@ -1,5 +1,5 @@
 """The image part of the attack corpus (issue 4). Every hostile file is made here (no binary blobs)
-and goes through the real pipeline (``hypermedia.imaging.ops``, real libvips) in the real sandbox;
+and goes through the real pipeline (``hypermedia.engines.imaging.ops``, real libvips) in the real sandbox;
 the important ones also go end to end through REST on a platform of this module's own.
 
 For every case: a specific ``error_code`` or a clean output, the job ends within 30 s, the test
@@ -10,7 +10,7 @@ refusals; the platform below runs with the full isolation on top. Decisions the 
 truncated JPEG/PNG are ``CORRUPT_INPUT`` (no partial image); a GIF whose logical screen is huge
 but whose frames are tiny decodes to its frames' size (libvips sizes the image by the frames, so
 the screen allocates nothing); SVG references must stay inside the document
-(:mod:`hypermedia.imaging.svg`).
+(:mod:`hypermedia.engines.imaging.svg`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import httpx
 import pytest
 import pyvips
 
-from hypermedia.imaging import ops
+from hypermedia.engines.imaging import ops
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from tests.e2e.conftest import (
     RunningPlatform,
@@ -318,7 +318,7 @@ async def run_in_sandbox(
     try:
         result = await box.run(
             job,
-            "hypermedia.imaging.ops:run",
+            "hypermedia.engines.imaging.ops:run",
             operation,
             params or {},
             source,

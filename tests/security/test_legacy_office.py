@@ -24,120 +24,48 @@ still opens the file); the Excel 4.0 case is a LibreOffice workbook whose sheet'
 
 from __future__ import annotations
 
-import atexit
 import functools
 import io
-import itertools
-import math
 import os
-import shutil
 import struct
-import subprocess
-import tempfile
 import time
-import uuid
-import zipfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import olefile
 import puremagic
 import pytest
 
-from hypermedia import archives, contenttype, ole
+from hypermedia.intake import archives, contenttype, ole
+from tests.helpers.legacy_office import (
+    MSEXCEL,
+    MSPOWERPOINT,
+    MSWORD,
+    OLE_STORAGE,
+    OTHER_COMPOUND_FILES,
+    SECTOR,
+    compound_file,
+    doc_with_vba,
+    legacy_document,
+    read_tree,
+    rebuilt,
+    vba_project,
+)
+from tests.helpers.office import (
+    SLIDE,
+    TEXT,
+    flat_odf,
+    fodt_with_basic,
+    libreoffice_convert,
+    odt_with_basic,
+    text_body,
+)
 
-MSWORD = "application/msword"
-MSEXCEL = "application/vnd.ms-excel"
-MSPOWERPOINT = "application/vnd.ms-powerpoint"
 RTF = "application/rtf"
-OLE_STORAGE = "application/x-ole-storage"
 FODT = "application/vnd.oasis.opendocument.text-flat-xml"
 FODS = "application/vnd.oasis.opendocument.spreadsheet-flat-xml"
 FODP = "application/vnd.oasis.opendocument.presentation-flat-xml"
 
 # -- LibreOffice ---------------------------------------------------------------------------------
-
-SOFFICE = shutil.which("soffice") or "/usr/lib/libreoffice/program/soffice"
-
-_NS = (
-    'xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
-    'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
-    'xmlns:draw="urn:oasis:names:tc:opendocument:xmlns:drawing:1.0" '
-    'xmlns:svg="urn:oasis:names:tc:opendocument:xmlns:svg-compatible:1.0" '
-    'xmlns:script="urn:oasis:names:tc:opendocument:xmlns:script:1.0" '
-    'xmlns:ooo="http://openoffice.org/2004/office" '
-    'xmlns:xlink="http://www.w3.org/1999/xlink"'
-)
-TEXT = "Minutes of the meeting"
-SLIDE = "Slide one"
-
-
-def flat_odf(mimetype: str, body: str, scripts: str = "", prolog: str = "") -> bytes:
-    """A flat ODF document (ODF 1.2 Part 1): root ``office:document`` with ``scripts``
-    (the content of ``office:scripts``, none when empty) before ``office:body``."""
-    script_part = f"<office:scripts>{scripts}</office:scripts>" if scripts else ""
-    return (
-        f'<?xml version="1.0" encoding="UTF-8"?>{prolog}<office:document {_NS} office:version="1.2" '
-        f'office:mimetype="application/vnd.oasis.opendocument.{mimetype}">{script_part}'
-        f"<office:body>{body}</office:body></office:document>"
-    ).encode()
-
-
-def text_body(text: str = TEXT, extra: str = "") -> str:
-    return f"<office:text><text:p>{text}</text:p>{extra}</office:text>"
-
-
-SLIDES_BODY = (
-    '<office:presentation><draw:page draw:name="page1"><draw:frame svg:x="2cm" svg:y="2cm" '
-    f'svg:width="10cm" svg:height="3cm"><draw:text-box><text:p>{SLIDE}</text:p></draw:text-box>'
-    "</draw:frame></draw:page></office:presentation>"
-)
-
-
-@functools.cache
-def _workdir() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="hm-legacy-office-"))
-    atexit.register(shutil.rmtree, path, True)
-    return path
-
-
-def libreoffice_convert(name: str, data: bytes, target: str) -> bytes:
-    """``data`` saved as ``name`` and converted by LibreOffice to ``target`` (an extension, with
-    ``:filter`` when needed), in a profile of this test run's own."""
-    work = _workdir()
-    source_dir = Path(tempfile.mkdtemp(dir=work))
-    source = source_dir / name
-    source.write_bytes(data)
-    out = source_dir / "out"
-    command = [
-        SOFFICE,
-        f"-env:UserInstallation={(work / 'profile').as_uri()}",
-        "--headless",
-        "--norestore",
-        "--convert-to",
-        target,
-        "--outdir",
-        str(out),
-        str(source),
-    ]
-    assert Path(SOFFICE).exists(), f"LibreOffice is needed for these tests: {SOFFICE} is missing"
-    done = subprocess.run(command, capture_output=True, timeout=180, check=False)
-    result = out / f"{source.stem}.{target.split(':')[0]}"
-    assert result.exists(), (done.returncode, done.stdout, done.stderr)
-    return result.read_bytes()
-
-
-@functools.cache
-def legacy_document(extension: str) -> bytes:
-    """A real ``.doc``, ``.xls``, ``.ppt`` or ``.rtf`` written by LibreOffice."""
-    if extension in ("doc", "rtf"):
-        return libreoffice_convert("minutes.fodt", flat_odf("text", text_body()), extension)
-    if extension == "xls":
-        return libreoffice_convert("figures.csv", b"quarter,revenue\nQ1,100\nQ2,120\n", "xls")
-    if extension == "ppt":
-        return libreoffice_convert("slides.fodp", flat_odf("presentation", SLIDES_BODY), "ppt")
-    raise ValueError(extension)
 
 
 @functools.cache
@@ -150,202 +78,7 @@ def libreoffice_flat(extension: str) -> bytes:
     return libreoffice_convert("minutes.doc", legacy_document("doc"), "fodt")
 
 
-BASIC_MODULE = (
-    b'<?xml version="1.0" encoding="UTF-8"?><script:module xmlns:script="http://openoffice.org/2000/script" '
-    b'script:name="Module1" script:language="StarBasic">Sub Main\n  Shell("sh -c id")\nEnd Sub</script:module>'
-)
-BASIC_LIBRARY = {
-    "Basic/script-lc.xml": b'<?xml version="1.0" encoding="UTF-8"?><library:libraries '
-    b'xmlns:library="http://openoffice.org/2000/library"><library:library library:name="Standard" '
-    b'library:link="false"/></library:libraries>',
-    "Basic/Standard/script-lb.xml": b'<?xml version="1.0" encoding="UTF-8"?><library:library '
-    b'xmlns:library="http://openoffice.org/2000/library" library:name="Standard">'
-    b'<library:element library:name="Module1"/></library:library>',
-    "Basic/Standard/Module1.xml": BASIC_MODULE,
-}
-
-
-@functools.cache
-def odt_with_basic() -> bytes:
-    """A LibreOffice ``.odt`` with a Basic library added the way LibreOffice stores one
-    (``Basic/`` files listed in the manifest)."""
-    odt = libreoffice_convert("minutes.fodt", flat_odf("text", text_body()), "odt")
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(odt)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
-        for info in src.infolist():
-            data = src.read(info)
-            if info.filename == "META-INF/manifest.xml":
-                entries = "".join(
-                    f'<manifest:file-entry manifest:full-path="{name}" manifest:media-type="text/xml"/>'
-                    for name in BASIC_LIBRARY
-                )
-                data = data.replace(b"</manifest:manifest>", entries.encode() + b"</manifest:manifest>")
-            dst.writestr(info, data)
-        for name, data in BASIC_LIBRARY.items():
-            dst.writestr(name, data)
-    return out.getvalue()
-
-
-@functools.cache
-def fodt_with_basic() -> bytes:
-    """LibreOffice's flat rewrite of :func:`odt_with_basic`: the library goes into
-    ``office:scripts`` as ``ooo:library-embedded``/``ooo:module``/``ooo:source-code``."""
-    return libreoffice_convert("minutes.odt", odt_with_basic(), "fodt")
-
-
 # -- a compound file writer ([MS-CFB] version 3) -----------------------------------------------
-
-FREESECT, ENDOFCHAIN, FATSECT, NOSTREAM = 0xFFFFFFFF, 0xFFFFFFFE, 0xFFFFFFFD, 0xFFFFFFFF
-SECTOR, MINI_SECTOR, MINI_CUTOFF = 512, 64, 4096
-_DIRENTRY = struct.Struct("<64sHBB3I16sIQQIQ")
-
-Tree = dict[str, "bytes | Tree"]
-
-
-@dataclass
-class _Entry:
-    name: str
-    kind: int  # 1 storage, 2 stream, 5 root ([MS-CFB] §2.6.1)
-    data: bytes = b""
-    left: int = NOSTREAM
-    right: int = NOSTREAM
-    child: int = NOSTREAM
-    start: int = ENDOFCHAIN
-    size: int = 0
-    clsid: bytes = bytes(16)
-
-    def pack(self) -> bytes:
-        name = (self.name + "\0").encode("utf-16-le")
-        assert len(name) <= 64, self.name
-        return _DIRENTRY.pack(
-            name, len(name), self.kind, 1, self.left, self.right, self.child, self.clsid, 0, 0, 0,
-            self.start, self.size,
-        )  # fmt: skip
-
-
-def compound_file(tree: Tree, root_clsid: bytes = bytes(16), chain: bool = False) -> bytes:
-    """A version 3 compound file holding ``tree`` (name → stream bytes, or a dict for a storage):
-    header, streams of 4,096 bytes or more in their own sectors, the others in the mini stream
-    (64-byte mini sectors chained by the mini FAT), the directory, then the FAT (at most 109
-    sectors, so no DIFAT: files up to about 7 MB). Siblings form a balanced binary search tree in
-    [MS-CFB] order (name length, then upper-cased names), every node black; ``chain`` makes each
-    sibling the right child of the one before instead (a degenerate tree)."""
-    entries = [_Entry("Root Entry", 5, clsid=root_clsid)]
-
-    def sibling_tree(ids: list[int]) -> int:
-        if not ids:
-            return NOSTREAM
-        if chain:
-            for before, after in itertools.pairwise(ids):
-                entries[before].right = after
-            return ids[0]
-        mid = len(ids) // 2
-        entries[ids[mid]].left = sibling_tree(ids[:mid])
-        entries[ids[mid]].right = sibling_tree(ids[mid + 1 :])
-        return ids[mid]
-
-    def add(parent: int, children: Tree) -> None:
-        ids = []
-        for name, value in children.items():
-            ids.append(len(entries))
-            if isinstance(value, dict):
-                entries.append(_Entry(name, 1))
-                add(ids[-1], value)
-            else:
-                entries.append(_Entry(name, 2, value))
-        ids.sort(key=lambda i: (len(entries[i].name), entries[i].name.upper()))
-        entries[parent].child = sibling_tree(ids)
-
-    add(0, tree)
-    sectors: list[bytes] = []
-    fat: list[int] = []
-
-    def place(data: bytes) -> int:
-        start, count = len(sectors), math.ceil(len(data) / SECTOR)
-        sectors.extend(data[i * SECTOR : (i + 1) * SECTOR].ljust(SECTOR, b"\0") for i in range(count))
-        fat.extend([*range(start + 1, start + count), ENDOFCHAIN])
-        return start
-
-    mini = bytearray()
-    minifat: list[int] = []
-    for entry in entries:
-        if entry.kind != 2 or not entry.data:
-            continue
-        entry.size = len(entry.data)
-        if entry.size >= MINI_CUTOFF:
-            entry.start = place(entry.data)
-            continue
-        entry.start, count = len(mini) // MINI_SECTOR, math.ceil(entry.size / MINI_SECTOR)
-        minifat.extend([*range(entry.start + 1, entry.start + count), ENDOFCHAIN])
-        mini += entry.data.ljust(count * MINI_SECTOR, b"\0")
-    if mini:
-        entries[0].start, entries[0].size = place(bytes(mini)), len(mini)
-    minifat_start, minifat_sectors = ENDOFCHAIN, math.ceil(len(minifat) / 128)
-    if minifat:
-        minifat += [FREESECT] * (minifat_sectors * 128 - len(minifat))
-        minifat_start = place(struct.pack(f"<{len(minifat)}I", *minifat))
-    unused = _DIRENTRY.pack(b"", 0, 0, 0, NOSTREAM, NOSTREAM, NOSTREAM, bytes(16), 0, 0, 0, 0, 0)
-    directory_start = place(b"".join(e.pack() for e in entries) + unused * (-len(entries) % 4))
-    fat_sectors = 0
-    while fat_sectors * 128 < len(sectors) + fat_sectors:
-        fat_sectors += 1
-    assert fat_sectors <= 109, "too large for a header-only DIFAT"
-    fat_ids = list(range(len(sectors), len(sectors) + fat_sectors))
-    fat += [FATSECT] * fat_sectors
-    fat += [FREESECT] * (fat_sectors * 128 - len(fat))
-    header = struct.pack(
-        "<8s16s5H6s9I", ole.SIGNATURE, bytes(16), 0x3E, 3, 0xFFFE, 9, 6, bytes(6), 0, fat_sectors,
-        directory_start, 0, MINI_CUTOFF, minifat_start, minifat_sectors, ENDOFCHAIN, 0,
-    )  # fmt: skip
-    header += struct.pack("<109I", *fat_ids, *[FREESECT] * (109 - fat_sectors))
-    return header + b"".join(sectors) + struct.pack(f"<{len(fat)}I", *fat)
-
-
-def read_tree(data: bytes) -> tuple[Tree, bytes]:
-    """Every storage and stream of a compound file (read with olefile), and its root CLSID."""
-    compound = olefile.OleFileIO(io.BytesIO(data), raise_defects=olefile.DEFECT_INCORRECT)
-
-    def walk(entry: Any, path: list[str]) -> Tree:
-        tree: Tree = {}
-        for kid in entry.kids:
-            if kid.entry_type == olefile.STGTY_STORAGE:
-                tree[kid.name] = walk(kid, [*path, kid.name])
-            else:
-                tree[kid.name] = compound.openstream([*path, kid.name]).read()
-        return tree
-
-    clsid = uuid.UUID(compound.root.clsid).bytes_le if compound.root.clsid else bytes(16)
-    return walk(compound.root, []), clsid
-
-
-def rebuilt(extension: str, add: Tree | None = None, replace: Tree | None = None) -> bytes:
-    """A LibreOffice document's compound file written again by :func:`compound_file`, with the
-    storages and streams of ``add`` added and those of ``replace`` replaced."""
-    tree, clsid = read_tree(legacy_document(extension))
-    tree.update(add or {})
-    tree.update(replace or {})
-    return compound_file(tree, clsid)
-
-
-def vba_project(module: str) -> Tree:
-    """A VBA project storage's layout ([MS-OVBA] §2.2.1): the ``PROJECT`` stream (text),
-    ``PROJECTwm``, and the ``VBA`` storage with ``_VBA_PROJECT`` (its 7-byte header),
-    ``dir`` and one module stream. ``dir`` and the module hold placeholder bytes, not compressed
-    code: the layout is what is detected."""
-    return {
-        "PROJECT": f'ID="{{{uuid.uuid4()}}}"\r\nDocument={module}/&H00000000\r\nName="Project"\r\n'.encode(),
-        "PROJECTwm": module.encode() + b"\0" + module.encode("utf-16-le") + b"\0\0\0\0",
-        "VBA": {
-            "_VBA_PROJECT": b"\xcc\x61\xff\xff\x00\x00\x00",
-            "dir": b"\x01" + os.urandom(300),
-            module: b"\x01" + os.urandom(200),
-        },
-    }
-
-
-def doc_with_vba() -> bytes:
-    """A LibreOffice ``.doc`` with a VBA project in a ``Macros`` storage, where Word keeps it."""
-    return rebuilt("doc", {"Macros": vba_project("ThisDocument")})
 
 
 def xls_with_vba() -> bytes:
@@ -440,34 +173,6 @@ def test_the_compound_file_writer_makes_files_libreoffice_reads() -> None:
         converted = libreoffice_convert(f"rebuilt.{extension}", data, target)
         assert expected in converted.decode("utf-8-sig"), (extension, converted[:400])
         assert contenttype.identify(data) == contenttype.identify(legacy_document(extension))
-
-
-OTHER_COMPOUND_FILES = {
-    # Outlook message ([MS-OXMSG]: property streams __substg1.0_<tag><type>, the
-    # __properties_version1.0 stream, the __nameid_version1.0 storage).
-    "outlook_msg": {
-        "__properties_version1.0": bytes(32),
-        "__substg1.0_0037001F": "Quarterly report".encode("utf-16-le"),
-        "__substg1.0_1000001F": "See attached.".encode("utf-16-le"),
-        "__nameid_version1.0": {"__substg1.0_00020102": bytes(16)},
-    },
-    # An OOXML file encrypted with a password ([MS-OFFCRYPTO]: EncryptionInfo,
-    # EncryptedPackage, the \x06DataSpaces storage).
-    "encrypted_ooxml": {
-        "EncryptionInfo": b"\x04\x00\x04\x00\x40\x00\x00\x00" + os.urandom(200),
-        "EncryptedPackage": struct.pack("<Q", 9000) + os.urandom(9008),
-        "\x06DataSpaces": {
-            "Version": b"\x3c\x00\x00\x00" + "Microsoft.Container.DataSpaces".encode("utf-16-le")
-        },
-    },
-    # The same with a WordDocument stream beside the package (issue 15, item 7: it was typed
-    # application/msword, accepted, held, and failed PARSE_ERROR in LibreOffice).
-    "encrypted_ooxml_with_a_word_stream": {
-        "EncryptionInfo": b"\x04\x00\x04\x00\x40\x00\x00\x00" + os.urandom(200),
-        "EncryptedPackage": struct.pack("<Q", 9000) + os.urandom(9008),
-        "WordDocument": b"\xec\xa5" + bytes(4094),
-    },
-}
 
 
 @pytest.mark.parametrize("name", list(OTHER_COMPOUND_FILES))

@@ -5,7 +5,7 @@ it from every place found so far (a paragraph background, an embedded object's o
 SVG picture, a linked section, Word and RTF fields, a package inside the package). Each is run
 through the check and a real listener (refused ``LINKED_CONTENT_NOT_ALLOWED`` or converted
 without the canary), and straight to a listener *past* the check, where only its Landlock view
-(:func:`hypermedia.documents.office.listener_view`) stands between LibreOffice and the file. A
+(:func:`hypermedia.engines.documents.office.listener_view`) stands between LibreOffice and the file. A
 control run without the view proves the documents do draw the canary, and a probe run under the
 listener's confinement proves it cannot open the canary at all."""
 
@@ -29,19 +29,22 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
-from hypermedia import config, landlock
-from hypermedia.documents import office
-from hypermedia.documents.office import OfficeListener, OfficePool
-from tests.e2e.test_office_rest import DOCX_MIME, docx
-from tests.security.test_office_listener import (
+from hypermedia.core import config
+from hypermedia.engines.documents import filters, office
+from hypermedia.engines.documents.office import OfficeListener, OfficePool
+from hypermedia.engines.documents.settings import OfficeSettings
+from hypermedia.sandbox import landlock
+from tests.helpers.office import (
+    DOCX_MIME,
     IS_ROOT,
     LISTENER_UID,
     ODT_MIME,
+    docx,
+    docx_linked_picture,
     odt,
     odt_background,
     rtf_includepicture,
 )
-from tests.unit.test_links import docx_linked_picture
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice is not installed"),
@@ -225,7 +228,7 @@ def convert_all(
     uid = (LISTENER_UID, LISTENER_UID) if IS_ROOT else None
 
     async def go() -> dict[str, object]:
-        pool = OfficePool(tmp_path / "office", [uid], config.load(config.OfficeSettings))
+        pool = OfficePool(tmp_path / "office", [uid], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         results: dict[str, object] = {}
@@ -236,7 +239,7 @@ def convert_all(
                 try:
                     if direct:
                         listener = pool.listeners[0]
-                        results[name] = await listener.convert(path, office.IMPORT_FILTERS[mime], 60)
+                        results[name] = await listener.convert(path, filters.IMPORT_FILTERS[mime], 60)
                     else:
                         results[name] = await pool.convert(path, mime, 60)
                 except Exception as exc:
@@ -303,7 +306,7 @@ def test_the_listener_cannot_open_the_canary(tmp_path: Path, canary: Canary) -> 
     LibreOffice needs and nothing else: not the canary in ``/srv``, not another job's input,
     not ``/etc/hostname``."""
     uid = (LISTENER_UID, LISTENER_UID) if IS_ROOT else None
-    settings = config.load(config.OfficeSettings)
+    settings = config.load(OfficeSettings)
     listener = OfficeListener("probe", tmp_path / "office", uid, settings)
     (listener.dir / "tmp").mkdir(parents=True)  # its private /tmp, as start() makes it
     if uid is not None:
@@ -319,7 +322,7 @@ def test_the_listener_cannot_open_the_canary(tmp_path: Path, canary: Canary) -> 
         [
             sys.executable,
             "-c",
-            "from hypermedia.sandbox import confined_exec_main; confined_exec_main()",
+            "from hypermedia.sandbox.helper import confined_exec_main; confined_exec_main()",
             json.dumps(spec),
         ],
         capture_output=True,

@@ -1,91 +1,46 @@
 """The docworker's LibreOffice listeners against hostile documents: what a listener process can see
 and do (its uid, namespaces, limits), linked and remote resources, macros. Each test starts real
-listeners (:class:`hypermedia.documents.office.OfficePool`) with the platform's defaults and
+listeners (:class:`hypermedia.engines.documents.office.OfficePool`) with the platform's defaults and
 converts documents the test writes; the listener's processes are inspected through ``/proc``."""
 
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import shutil
 import signal
 import stat
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import pypdfium2 as pdfium
 import pytest
 
-from hypermedia import config
-from hypermedia.documents import office
-from hypermedia.documents.office import OfficePool, _copy_in
-from hypermedia.errors import PermanentJobError, TransientError
-from tests.e2e.test_office_rest import long_odt
+from hypermedia.core import config
+from hypermedia.core.errors import PermanentJobError, TransientError
+from hypermedia.engines.documents import office
+from hypermedia.engines.documents.office import OfficePool, _copy_in
+from hypermedia.engines.documents.settings import OfficeSettings
+from tests.helpers.office import (
+    DOCX_MIME,
+    IS_ROOT,
+    LISTENER_UID,
+    ODT_MIME,
+    docx_with_external_image,
+    long_odt,
+    odt,
+    odt_background,
+    odt_with_links,
+    rtf_includepicture,
+    run_pool,
+)
 from tests.security.conftest import Listener
-from tests.security.test_documents_and_media import docx_with_external_image
 
 pytestmark = pytest.mark.skipif(
     shutil.which("soffice") is None,
     reason="LibreOffice is not installed (make test installs it as root: scripts/ensure_debian_packages.sh)",
 )
-
-ODT_MIME = "application/vnd.oasis.opendocument.text"
-DOCX_MIME = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
-LISTENER_UID = 59_900
-"""A uid no other test uses (platforms started by tests take theirs from 100,000 up; the default
-range starts at 61,000)."""
-IS_ROOT = os.geteuid() == 0
-
-_NS = {
-    "office": "urn:oasis:names:tc:opendocument:xmlns:office:1.0",
-    "text": "urn:oasis:names:tc:opendocument:xmlns:text:1.0",
-    "draw": "urn:oasis:names:tc:opendocument:xmlns:drawing:1.0",
-    "xlink": "http://www.w3.org/1999/xlink",
-    "svg": "urn:oasis:names:tc:opendocument:xmlns:svg-compatible:1.0",
-    "script": "urn:oasis:names:tc:opendocument:xmlns:script:1.0",
-}
-
-
-def odt(body: str, extra: dict[str, bytes] | None = None, head: str = "") -> bytes:
-    """An ODT package (ODF 1.2 part 3) with ``body`` inside ``office:text`` and ``head`` before
-    ``office:body``; ``extra`` files are added to the package and its manifest."""
-    xmlns = " ".join(f'xmlns:{k}="{v}"' for k, v in _NS.items())
-    content = (
-        f'<?xml version="1.0" encoding="UTF-8"?><office:document-content {xmlns} office:version="1.2">'
-        f"{head}<office:body><office:text>{body}</office:text></office:body></office:document-content>"
-    )
-    entries = "".join(
-        f'<manifest:file-entry manifest:full-path="{name}" manifest:media-type="text/xml"/>'
-        for name in extra or {}
-    )
-    manifest = (
-        '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
-        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
-        f'<manifest:file-entry manifest:full-path="/" manifest:media-type="{ODT_MIME}"/>'
-        '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
-        f"{entries}</manifest:manifest>"
-    )
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as z:
-        z.writestr(zipfile.ZipInfo("mimetype"), ODT_MIME)
-        z.writestr("content.xml", content)
-        z.writestr("META-INF/manifest.xml", manifest)
-        for name, data in (extra or {}).items():
-            z.writestr(name, data)
-    return buffer.getvalue()
-
-
-def odt_with_links(image_href: str, section_href: str) -> bytes:
-    """A linked (not embedded) image and a section whose content is linked from another file."""
-    return odt(
-        '<text:p>linked: <draw:frame draw:name="f" svg:width="2cm" svg:height="2cm" text:anchor-type="as-char">'
-        f'<draw:image xlink:href="{image_href}" xlink:type="simple" xlink:show="embed" xlink:actuate="onLoad"/>'
-        "</draw:frame></text:p>"
-        f'<text:section text:name="s"><text:section-source xlink:href="{section_href}"/></text:section>'
-    )
 
 
 def odt_with_macro(marker: Path) -> bytes:
@@ -143,38 +98,6 @@ def status(pid: int) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
 
 
-def run_pool(
-    tmp_path: Path, uid: tuple[int, int] | None, documents: list[tuple[bytes, str]], *, direct: bool = False
-) -> list[object]:
-    """Starts a one-listener pool, converts ``documents`` in turn, stops it; returns each
-    conversion or the exception it raised. ``direct``: hand the documents to the listener itself,
-    past the pool's checks (what LibreOffice's own settings do with a document)."""
-    base = tmp_path / "office"
-
-    async def go() -> list[object]:
-        pool = OfficePool(base, [uid], config.load(config.OfficeSettings))
-        pool.start()
-        await pool.started()
-        results: list[object] = []
-        try:
-            for n, (content, mime) in enumerate(documents):
-                path = tmp_path / f"doc{n}"
-                path.write_bytes(content)
-                try:
-                    if direct:
-                        results.append(await pool.listeners[0].convert(path, office.IMPORT_FILTERS[mime], 60))
-                    else:
-                        results.append(await pool.convert(path, mime, 60))
-                except Exception as exc:
-                    results.append(exc)
-        finally:
-            await pool.close()
-        return results
-
-    os.chmod(tmp_path, 0o755)
-    return asyncio.run(go())
-
-
 def check_confined(host_pid: int, marker: Path) -> None:
     """Every process of the listener: its uid, no groups, ``no_new_privs``, namespaces other than
     ours, the address space and core limits; its ``/tmp`` is its own (``marker``, a file in the
@@ -210,9 +133,7 @@ def test_a_listener_runs_as_its_own_uid_without_network_with_a_private_tmp(tmp_p
     marker.write_text("the host's /tmp")
 
     async def go() -> None:
-        pool = OfficePool(
-            tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings)
-        )
+        pool = OfficePool(tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -254,7 +175,7 @@ def test_linked_and_remote_resources_are_not_fetched(
     tmp_path: Path, listener: Listener, uid: tuple[int, int] | None
 ) -> None:
     """Documents that would load a file or a URL are refused before a listener sees them
-    (``LINKED_CONTENT_NOT_ALLOWED``, :mod:`hypermedia.documents.links`), among them the two the
+    (``LINKED_CONTENT_NOT_ALLOWED``, :mod:`hypermedia.engines.documents.links`), among them the two the
     hostile review found LibreOffice follows despite its settings (an ODT paragraph background
     image, an RTF ``INCLUDEPICTURE`` field). Also without root (``worker-uid``: no network
     namespace, the listener has the worker's uid)."""
@@ -293,24 +214,6 @@ def test_libreoffice_settings_alone_block_the_links_they_can(tmp_path: Path, lis
         assert not isinstance(result, Exception), result
         assert "SECRET-CONTENT" not in pdf_text(result.pdf)  # type: ignore[attr-defined]
     assert listener.connections == []
-
-
-def odt_background(href: str) -> bytes:
-    """An ODT whose paragraph style has a linked background image (LibreOffice 7.4 loads it)."""
-    return odt(
-        '<text:p text:style-name="P1">styled</text:p>',
-        head='<office:automatic-styles><style:style xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" '
-        'style:name="P1" style:family="paragraph"><style:paragraph-properties>'
-        f'<style:background-image xlink:href="{href}" xlink:type="simple" xlink:actuate="onLoad"/>'
-        "</style:paragraph-properties></style:style></office:automatic-styles>",
-    )
-
-
-def rtf_includepicture(target: str) -> bytes:
-    """An RTF with an ``INCLUDEPICTURE`` field (LibreOffice 7.4 loads the picture)."""
-    return (
-        '{\\rtf1\\ansi PIC {\\field{\\*\\fldinst INCLUDEPICTURE "' + target + '" \\\\d}{\\fldrslt }}}'
-    ).encode()
 
 
 def test_a_document_macro_does_not_run(tmp_path: Path) -> None:
@@ -375,7 +278,7 @@ def test_a_compromised_listener_cannot_redirect_the_workers_writes() -> None:
     os.chmod(root, 0o755)
 
     async def go() -> None:
-        pool = OfficePool(root / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings))
+        pool = OfficePool(root / "office", [(LISTENER_UID, LISTENER_UID)], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -412,7 +315,7 @@ def test_a_listener_that_dies_while_loading_is_restarted(tmp_path: Path) -> None
     source.write_bytes(ODT_TEXT)
 
     async def go() -> None:
-        settings = config.load(config.OfficeSettings)
+        settings = config.load(OfficeSettings)
         pool = OfficePool(tmp_path / "office", [(LISTENER_UID, LISTENER_UID) if IS_ROOT else None], settings)
         pool.start()
         await pool.started()
@@ -442,7 +345,7 @@ def test_a_listener_is_restarted_after_its_conversions_and_a_dead_one_falls_back
     monkeypatch.setenv("HM_OFFICE_MAX_CONVERSIONS", "2")
 
     async def go() -> None:
-        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        pool = OfficePool(tmp_path / "office", [None], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -456,7 +359,7 @@ def test_a_listener_is_restarted_after_its_conversions_and_a_dead_one_falls_back
         # A LibreOffice that does not start: the warm listener fails, one cold start is tried.
         monkeypatch.setenv("HM_OFFICE_SOFFICE", "/nonexistent/soffice")
         monkeypatch.setenv("HM_OFFICE_START_TIMEOUT", "5")
-        broken = OfficePool(tmp_path / "broken", [None], config.load(config.OfficeSettings))
+        broken = OfficePool(tmp_path / "broken", [None], config.load(OfficeSettings))
         broken.start()
         await broken.started()
         try:
@@ -479,9 +382,7 @@ def test_the_document_being_converted_is_readable_by_the_listener_only(tmp_path:
     source.write_bytes(ODT_TEXT)
 
     async def go() -> None:
-        pool = OfficePool(
-            tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings)
-        )
+        pool = OfficePool(tmp_path / "office", [(LISTENER_UID, LISTENER_UID)], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -514,7 +415,7 @@ def test_a_listener_starts_from_a_checkout_under_tmp(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(office, "HOST_SCRIPT", script)
 
     async def go() -> None:
-        pool = OfficePool(work / "office", [(LISTENER_UID, LISTENER_UID)], config.load(config.OfficeSettings))
+        pool = OfficePool(work / "office", [(LISTENER_UID, LISTENER_UID)], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -543,7 +444,7 @@ def test_a_cancelled_conversion_kills_its_listener_and_the_next_one_works(tmp_pa
     small.write_bytes(ODT_TEXT)
 
     async def go() -> None:
-        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        pool = OfficePool(tmp_path / "office", [None], config.load(OfficeSettings))
         pool.start()
         await pool.started()
         try:
@@ -587,7 +488,7 @@ def test_a_conversion_cancelled_while_its_listener_starts_leaves_no_half_started
     small.write_bytes(ODT_TEXT)
 
     async def go() -> None:
-        pool = OfficePool(tmp_path / "office", [None], config.load(config.OfficeSettings))
+        pool = OfficePool(tmp_path / "office", [None], config.load(OfficeSettings))
         try:  # not started: the conversion starts the listener itself
             conversion = asyncio.create_task(pool.convert(small, ODT_MIME, 60))
             await asyncio.sleep(0.3)

@@ -23,26 +23,26 @@ import olefile
 import pypdfium2 as pdfium
 import pytest
 
-from hypermedia import archives, contenttype, ole
-from hypermedia.documents import office
-from hypermedia.errors import PermanentJobError
-from tests.security.test_legacy_office import (
+from hypermedia.core.errors import PermanentJobError
+from hypermedia.engines.documents import office
+from hypermedia.engines.documents.filters import IMPORT_FILTERS, LEGACY_IMPORT_FILTERS, import_filter
+from hypermedia.intake import archives, contenttype, ole
+from tests.helpers.legacy_office import (
     MSEXCEL,
     MSPOWERPOINT,
     MSWORD,
     OLE_STORAGE,
+    WORD95_TEXT,
     compound_file,
-    flat_odf,
     legacy_document,
-    libreoffice_convert,
     read_tree,
-    text_body,
+    word6_document,
 )
+from tests.helpers.office import flat_odf, libreoffice_convert, text_body
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "office-legacy"
 EXCEL95 = DATA / "excel95-gnumeric.xls"
 ODT_MIME = "application/vnd.oasis.opendocument.text"
-WORD95_TEXT = "Minutes of the meeting held in nineteen ninety five"
 
 ENCRYPTED_LEGACY = [
     ("msoffcrypto-rc4cryptoapi-password.doc", "Word encryption (the FIB's fEncrypted flag)"),
@@ -54,29 +54,6 @@ ENCRYPTED_LEGACY = [
     ),
     ("oletools-encrypted.ppt", "PowerPoint encryption (an EncryptedSummary stream)"),
 ]
-
-
-def word6_document(text: str, nfib: int = 0x0065, flags: int = 0) -> bytes:
-    """A Word 6.0 (``nFib`` 101) or Word 95 (104) document holding ``text`` as one paragraph: a
-    compound file whose ``WordDocument`` stream is a Word 6/95 FIB and the text after it.
-
-    The FIB's layout is the one LibreOffice's ``WW8Fib`` reads for Word 6/95 (no ``csw``/``rgsw``
-    block of Word 97; offsets in bytes): ``wIdent`` 0xA5DC at 0, ``nFib`` 2, ``nProduct`` 4,
-    ``lid`` 6, ``pnNext`` 8, the flags 10 (``fComplex`` clear: the text is one run from ``fcMin``,
-    8-bit, code page 1252), ``nFibBack`` 12, ``fcMin`` 24 and ``fcMac`` 28 (where the text starts
-    and ends), ``cbMac`` 32 (the stream's length), ``ccpText`` 52 (characters of main text,
-    the final paragraph mark included); every FC/LCB pair from 88 on is empty (no style sheet,
-    no character or paragraph formatting, no sections: LibreOffice's defaults). ``fcMin`` is
-    0x300, as LibreOffice's own (export) code for Word 6 sets it."""
-    body = text.encode("cp1252") + b"\r"
-    fc_min = 0x300
-    stream = bytearray(fc_min) + body
-    stream += bytes((-len(stream)) % 512)
-    struct.pack_into("<HHHhhH", stream, 0, 0xA5DC, nfib, 0xC02D, 0x0409, 0, flags)
-    struct.pack_into("<H", stream, 12, 0x0065)
-    struct.pack_into("<iii", stream, 24, fc_min, fc_min + len(body), len(stream))
-    struct.pack_into("<i", stream, 52, len(body))
-    return compound_file({"WordDocument": bytes(stream)})
 
 
 def word6_fib(document: bytes, ident: int = 0xA5DC, nfib: int = 0x0065, flags: int | None = None) -> bytes:
@@ -210,7 +187,7 @@ def test_a_package_with_zip_encrypted_parts_is_refused_at_upload() -> None:
 def _filter(tmp_path: Path, data: bytes, mime: str) -> str:
     path = tmp_path / "document"
     path.write_bytes(data)
-    return office.import_filter(path, mime)
+    return import_filter(path, mime)
 
 
 def test_the_import_filter_follows_the_header(tmp_path: Path) -> None:
@@ -257,7 +234,7 @@ def test_every_legacy_filter_is_a_libreoffice_import_filter() -> None:
     registry = "".join(
         p.read_text(errors="replace") for p in Path("/usr/lib/libreoffice/share/registry").glob("*.xcd")
     )
-    for filters in office.LEGACY_IMPORT_FILTERS.values():
+    for filters in LEGACY_IMPORT_FILTERS.values():
         for name in filters.values():
             assert f'<node oor:name="{name}" oor:op="replace">' in registry, name
 
@@ -270,7 +247,7 @@ def test_legacy_files_of_each_family_convert_with_their_text(tmp_path: Path) -> 
     PowerPoint 97–2003 (LibreOffice's), through a real listener with the filter their header
     chose; the PDFs' text by PDFium. An encrypted ``.doc`` that reaches the worker (stored before
     uploads were typed by container) is ``UNSUPPORTED_FORMAT``, not ``PARSE_ERROR``."""
-    from tests.security.test_office_listener import run_pool
+    from tests.helpers.office import run_pool
 
     documents = [
         (word6_document(WORD95_TEXT, nfib=0x0065), MSWORD),
@@ -297,8 +274,8 @@ def test_legacy_files_of_each_family_convert_with_their_text(tmp_path: Path) -> 
 def test_word97s_filter_cannot_open_a_word6_file(tmp_path: Path) -> None:
     """What every ``.doc`` was opened with before (issue 15, item 6): "MS Word 97" reads a Word
     6/95 FIB as Word 97's and LibreOffice refuses the file, ``PARSE_ERROR``."""
-    from tests.security.test_office_listener import run_pool
+    from tests.helpers.office import run_pool
 
     [result] = run_pool(tmp_path, None, [(word6_document(WORD95_TEXT), MSWORD)], direct=True)
-    assert office.IMPORT_FILTERS[MSWORD] == "MS Word 97"
+    assert IMPORT_FILTERS[MSWORD] == "MS Word 97"
     assert isinstance(result, PermanentJobError) and result.error_code == "PARSE_ERROR", result

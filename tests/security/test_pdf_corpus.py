@@ -19,9 +19,15 @@ import psycopg
 import pytest
 
 from tests.e2e.conftest import RunningPlatform, isolated_platform, wait_for, wait_job
+from tests.helpers.pdf import (
+    PDF_DIR,
+    build_pdf,
+    one_page_pdf,
+    pdf_deeply_nested,
+    pdf_flate_bomb,
+    pdf_with_pages,
+)
 from tests.security.conftest import Listener
-from tests.security.test_documents_and_media import pdf_deeply_nested, pdf_flate_bomb, pdf_with_pages
-from tests.unit.test_pdf import PDF_DIR, build_pdf, one_page_pdf
 
 TIMEOUT_SECONDS = {"pdf_info": 30, "pdf_preview": 60, "text_extract": 60}
 """The seeded profiles' CPU limits; the wall clock is 1.5 times that."""
@@ -135,7 +141,7 @@ def test_nothing_in_a_pdf_reaches_out_and_the_platform_is_unharmed(
     # Afterwards: no job left running, nothing held (the charge follows the completion at once,
     # from another service), no job directory left, and a normal job runs.
     wait_for("charged", lambda: client.get("/v1/credits").json()["held"] == 0, 10)
-    with psycopg.connect(pdf_platform.env["DATABASE_URL"]) as conn:
+    with psycopg.connect(pdf_platform.env["HM_DATABASE_URL"]) as conn:
         unfinished = conn.execute(
             "SELECT count(*) FROM processing_jobs WHERE status NOT IN ('completed', 'failed', 'cancelled')"
         ).fetchone()

@@ -26,10 +26,9 @@ from hypermedia.sandbox import (
     Sandbox,
     SandboxLimits,
     SandboxResult,
-    _closed_ancestors,
-    _uid_tasks,
     read_output,
 )
+from hypermedia.sandbox.confine import _closed_ancestors, _uid_tasks
 from tests.security.conftest import Listener
 
 PROBES = "tests.security.probes"

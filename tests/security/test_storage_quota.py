@@ -18,8 +18,8 @@ import httpx
 import psycopg
 import pytest
 
-from hypermedia.errors import ERROR_CODE_METADATA_KEY, ERROR_DETAILS_METADATA_KEY
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.core.errors import ERROR_CODE_METADATA_KEY, ERROR_DETAILS_METADATA_KEY
 from tests.e2e.conftest import RunningPlatform, isolated_platform
 
 DEFAULT_BYTES = 400_000

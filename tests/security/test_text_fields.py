@@ -17,11 +17,11 @@ import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hypermedia import pgtext
-from hypermedia.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.errors import ERROR_CODE_METADATA_KEY
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from hypermedia.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core import pgtext
+from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
 from tests.e2e.conftest import RunningPlatform, isolated_platform
 
 JPEG = (Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_1.jpg").read_bytes()

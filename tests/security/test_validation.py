@@ -1,5 +1,5 @@
 """Validation at upload: hostile archives, macro documents, lying names and types, hostile file
-names. Every file is generated here. The archive checks are unit-tested on ``hypermedia.archives``;
+names. Every file is generated here. The archive checks are unit-tested on ``hypermedia.intake.archives``;
 every case is then sent through REST to a real platform (`hypermedia up` on its own database),
 checking the status, the ``error_code`` and that a refused upload left no row and no bytes."""
 
@@ -27,11 +27,12 @@ import psycopg
 import pytest
 import pyvips
 
-from hypermedia import archives, contenttype
-from hypermedia.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from services.gateway.jobs import display_name
+from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
+from hypermedia.intake import archives, contenttype
+from services.gateway.uploads import display_name
 from tests.e2e.conftest import RunningPlatform, isolated_platform, wait_job
-from tests.security.test_legacy_office import doc_with_vba, fodt_with_basic, legacy_document
+from tests.helpers.legacy_office import doc_with_vba, legacy_document
+from tests.helpers.office import BASIC_LIBRARY, fodt_with_basic
 
 # -- generated files -----------------------------------------------------------------------------
 
@@ -115,19 +116,6 @@ def odt(extra: dict[str, bytes] | None = None) -> bytes:
         for name, data in (extra or {}).items():
             zf.writestr(name, data)
     return out.getvalue()
-
-
-ODF_BASIC_MACRO = {
-    "Basic/script-lc.xml": b'<?xml version="1.0" encoding="UTF-8"?><library:libraries '
-    b'xmlns:library="http://openoffice.org/2000/library"><library:library library:name="Standard" '
-    b'library:link="false"/></library:libraries>',
-    "Basic/Standard/script-lb.xml": b'<?xml version="1.0" encoding="UTF-8"?><library:library '
-    b'xmlns:library="http://openoffice.org/2000/library" library:name="Standard">'
-    b'<library:element library:name="Module1"/></library:library>',
-    "Basic/Standard/Module1.xml": b'<?xml version="1.0" encoding="UTF-8"?><script:module '
-    b'xmlns:script="http://openoffice.org/2000/script" script:name="Module1" script:language="StarBasic">'
-    b'Sub Main\n  Shell("sh -c id")\nEnd Sub</script:module>',
-}
 
 
 @dataclass
@@ -280,7 +268,7 @@ def polyglot() -> bytes:
     return png() + out.getvalue()
 
 
-# -- unit: hypermedia.archives and contenttype -----------------------------------------------------
+# -- unit: hypermedia.intake.archives and contenttype -----------------------------------------------------
 
 
 def _rejected(data: bytes) -> str:
@@ -508,7 +496,7 @@ def _macros(data: bytes) -> str:
                 extra_types='<Default Extension="bin" ContentType="application/vnd.ms-office.vbaProject"/>'
             ),
         ),
-        ("ODF macros", odt(ODF_BASIC_MACRO)),
+        ("ODF macros", odt(BASIC_LIBRARY)),
         ("ODF macros", odt({"Scripts/python/evil.py": b"import os\nos.system('id')\n"})),
     ],
 )
@@ -528,8 +516,8 @@ def _nested(depth: int, inner: bytes) -> bytes:
     [
         ("in word/embeddings/inner.docx", lambda: _nested(1, ooxml(main_type=MAIN_DOCM))),
         ("vbaProject.bin", lambda: _nested(1, ooxml(extra={"word/vbaProject.bin": b"\xd0\xcf\x11\xe0"}))),
-        ("ODF macros", lambda: _nested(2, odt(ODF_BASIC_MACRO))),
-        ("ODF macros", lambda: odt({f"Object 1/{k}": v for k, v in ODF_BASIC_MACRO.items()})),
+        ("ODF macros", lambda: _nested(2, odt(BASIC_LIBRARY))),
+        ("ODF macros", lambda: odt({f"Object 1/{k}": v for k, v in BASIC_LIBRARY.items()})),
         ("VBA project", lambda: ooxml(extra={"word/embeddings/oleObject1.bin": doc_with_vba()})),
         ("VBA project", lambda: odt({"Object 2": doc_with_vba()})),
     ],
@@ -544,12 +532,12 @@ def _nested(depth: int, inner: bytes) -> bytes:
 )
 def test_macros_in_embedded_packages_are_refused(finding: str, build: Any) -> None:
     """Issue 14: an embedded object is a document of its own; its macros are refused as the
-    package's are (:mod:`hypermedia.nested`), whatever the container and at any depth."""
+    package's are (:mod:`hypermedia.intake.nested`), whatever the container and at any depth."""
     assert finding in _macros(build())
 
 
 def test_packages_nested_too_deep_are_refused() -> None:
-    from hypermedia import nested
+    from hypermedia.intake import nested
 
     assert contenttype.identify(_nested(nested.MAX_DEPTH, odt())) == DOCX
     with pytest.raises(archives.ArchiveRejected) as caught:
@@ -673,7 +661,7 @@ REFUSED = [
         415,
         "MACROS_NOT_ALLOWED",
     ),
-    ("ODF with Basic macros", lambda: odt(ODF_BASIC_MACRO), "minutes.odt", ODT, 415, "MACROS_NOT_ALLOWED"),
+    ("ODF with Basic macros", lambda: odt(BASIC_LIBRARY), "minutes.odt", ODT, 415, "MACROS_NOT_ALLOWED"),
     (
         "case-only duplicate names",
         lambda: ooxml(extra={"Word/Document.xml": _WORD.encode()}),

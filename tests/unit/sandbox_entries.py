@@ -10,9 +10,9 @@ import signal
 import time
 from pathlib import Path
 
-from hypermedia.errors import PermanentJobError
-from hypermedia.imaging import ops
-from hypermedia.sandbox import OutputFile
+from hypermedia.core.errors import PermanentJobError
+from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.imaging import ops
 
 
 def _info(out_dir: Path, metadata: dict) -> list[OutputFile]:

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia import config
-from hypermedia.config import ConfigError, MediaSettings
-from hypermedia.lifecycle import ClaimedJob
-from hypermedia.media import transcode
-from hypermedia.media.params import validate_params
+from hypermedia.core import config
+from hypermedia.core.config import ConfigError
+from hypermedia.engines.media import transcode
+from hypermedia.engines.media.params import validate_params
+from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from services.mediaworker.__main__ import MediaHandler
-from tests.unit.test_media_probe import write_video
+from services.mediaworker.settings import MediaSettings
+from tests.helpers.media import write_video
 
 LIMITS = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=8 << 30, fsize_bytes=1 << 30)
 UIDS = (61390,) if os.geteuid() == 0 else None
@@ -108,7 +109,7 @@ def test_encoder_threads_and_nproc_for_video_transcodes_only() -> None:
 async def sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
     work_dir = tmp_root / f"coordinator-{secrets.token_hex(4)}"
     work_dir.mkdir(mode=0o755)
-    box = Sandbox(work_dir, preload=("av", "hypermedia.media.engine"), uid=UIDS)
+    box = Sandbox(work_dir, preload=("av", "hypermedia.engines.media.engine"), uid=UIDS)
     await box.start()
     yield box
     await box.close()

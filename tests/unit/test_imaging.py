@@ -1,4 +1,4 @@
-"""hypermedia.imaging.ops against real files and real libvips; outputs checked by decoded values."""
+"""hypermedia.engines.imaging.ops against real files and real libvips; outputs checked by decoded values."""
 
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 import pyvips
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.imaging import ops
-
-EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
-LIMITS = ops.ImageLimits(max_pixels=50_000_000, max_input_bytes=50 * 1024 * 1024)
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.imaging import ops, sources
+from tests.helpers.images import EXIF, LIMITS, load, mean_abs_diff, run_one
 
 
 @pytest.fixture
@@ -25,27 +23,6 @@ def out_dir(tmp_path: Path) -> Path:
     path = tmp_path / "output"
     path.mkdir()
     return path
-
-
-def run_one(operation: str, params: dict, input_path: Path, out_dir: Path) -> tuple[ops.OutputFile, Path]:
-    (output,) = ops.run(operation, params, input_path, out_dir, LIMITS)
-    assert "/" not in output.filename
-    return output, out_dir / output.filename
-
-
-def load(path: Path) -> pyvips.Image:
-    return pyvips.Image.new_from_file(str(path))
-
-
-def small_gray(image: pyvips.Image) -> pyvips.Image:
-    """48×32 grayscale, for comparing orientation and content."""
-    gray = image.flatten(background=[255, 255, 255]) if image.hasalpha() else image
-    gray = gray.colourspace("b-w")
-    return gray.resize(48 / gray.width, vscale=32 / gray.height)
-
-
-def mean_abs_diff(a: pyvips.Image, b: pyvips.Image) -> float:
-    return float((small_gray(a) - small_gray(b)).abs().avg())
 
 
 def write_png_header(path: Path, width: int, height: int) -> None:
@@ -272,7 +249,7 @@ def test_convert_decodes_with_the_right_loader(fmt: str, loader: str, mime: str,
     assert image.get("vips-loader") == loader
     assert output.mime_type == mime and output.metadata["format"] == fmt
     assert (image.width, image.height) == (1800, 1200)
-    assert ops.sniff_mime(path.read_bytes()[:64]) == mime
+    assert sources.sniff_mime(path.read_bytes()[:64]) == mime
     assert mean_abs_diff(image, load(EXIF / "Landscape_1.jpg")) < 8
 
 
@@ -751,7 +728,7 @@ def test_run_validates_params_too(out_dir: Path) -> None:
     ],
 )
 def test_sniff_mime(head: bytes, mime: str | None) -> None:
-    assert ops.sniff_mime(head) == mime
+    assert sources.sniff_mime(head) == mime
 
 
 @pytest.mark.parametrize(
@@ -764,7 +741,7 @@ def test_sniff_mime(head: bytes, mime: str | None) -> None:
 )
 def test_allocation_failures_are_resource_limits_not_corrupt_input(detail: str) -> None:
     with pytest.raises(MemoryError):
-        ops._reraise_vips_error(pyvips.Error("save failed", detail))
+        sources.reraise_vips_error(pyvips.Error("save failed", detail))
     with pytest.raises(PermanentJobError) as corrupt:
-        ops._reraise_vips_error(pyvips.Error("load failed", "Premature end of JPEG file"))
+        sources.reraise_vips_error(pyvips.Error("load failed", "Premature end of JPEG file"))
     assert corrupt.value.error_code == "CORRUPT_INPUT"

@@ -18,16 +18,16 @@ import pytest
 import pyvips
 from PIL import Image, TiffImagePlugin
 
-from hypermedia import contenttype
-from hypermedia.errors import PermanentJobError
-from hypermedia.imaging import ops, sequence, tiff
-from hypermedia.ocr import assemble
-from hypermedia.ocr import engine as ocr_engine
-from hypermedia.ocr.metrics import cer
-from tests.unit.test_imaging import EXIF, LIMITS, load, mean_abs_diff, run_one
-from tests.unit.test_ocr import EUROTEXT_LANGUAGES, OCR_DIR
-from tests.unit.test_ocr import GOLD as PHOTOTEST_GOLD
-from tests.unit.test_ocr import LIMITS as OCR_LIMITS
+from hypermedia.core.errors import PermanentJobError
+from hypermedia.engines.imaging import ops, sequence, sources, tiff
+from hypermedia.engines.ocr import assemble
+from hypermedia.engines.ocr import engine as ocr_engine
+from hypermedia.engines.ocr.metrics import cer
+from hypermedia.intake import contenttype
+from tests.helpers.images import EXIF, LIMITS, load, mean_abs_diff, run_one
+from tests.helpers.ocr import EUROTEXT_LANGUAGES, OCR_DIR
+from tests.helpers.ocr import GOLD as PHOTOTEST_GOLD
+from tests.helpers.ocr import LIMITS as OCR_LIMITS
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STAR = DATA / "avif" / "star.avifs"
@@ -88,7 +88,7 @@ def test_libvips_sniffing_does_not_know_the_avis_brand(path: Path) -> None:
         pyvips.Image.thumbnail(str(path), 64)
     assert ops._sniffed_loader(path) == "load"
     assert pyvips.Image.heifload(str(path)).get("vips-loader") == "heifload"
-    assert ops.sniff_mime(path.read_bytes()[:64]) == "image/avif"
+    assert sources.sniff_mime(path.read_bytes()[:64]) == "image/avif"
     assert contenttype.name_mime(path.name) == "image/avif"  # .avifs too: no type mismatch
 
 

@@ -1,4 +1,4 @@
-"""HEVC-coded HEIF (iPhone photos) through hypermedia.imaging.ops and the OCR engine, on the real
+"""HEVC-coded HEIF (iPhone photos) through hypermedia.engines.imaging.ops and the OCR engine, on the real
 samples in ``tests/data/heic/`` (see its ``SOURCE.md``) and on files pillow-heif's x265 encoder
 makes here; every output decoded by Pillow (not libvips) and checked by its pixels.
 
@@ -16,8 +16,8 @@ import pytest
 import pyvips
 from PIL import Image, ImageOps
 
-from hypermedia.errors import PermanentJobError
-from hypermedia.imaging import heifcodec, ops
+from hypermedia.core.errors import PermanentJobError
+from hypermedia.engines.imaging import heifcodec, ops, sources
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HEIC = DATA / "heic"
@@ -84,7 +84,7 @@ def test_libvips_alone_cannot_decode_hevc() -> None:
     assert "has not been built in: HEVC" in err.value.detail
     # ...which ops reads as a missing decoder, not as a damaged file.
     with pytest.raises(PermanentJobError) as mapped:
-        ops._reraise_vips_error(err.value)
+        sources.reraise_vips_error(err.value)
     assert mapped.value.error_code == "UNSUPPORTED_FORMAT" and "HEVC" in str(mapped.value)
 
 
@@ -249,8 +249,8 @@ def test_an_av1_heif_still_goes_to_libvips(tmp_path: Path, upright: Image.Image)
     """An AVIF (av01 item, av1C) is libvips' heifload's, as before; the HEVC path is not tried."""
     source = tmp_path / "photo.avif"
     pyvips.Image.thumbnail(str(EXIF / "Landscape_6.jpg"), 600).heifsave(str(source), compression="av1")
-    assert ops.heif_decoder(source.read_bytes()) == "heifload"
-    assert ops.heif_decoder((HEIC / "landscape-6-p3.heic").read_bytes()) == "hevc"
+    assert sources.heif_decoder(source.read_bytes()) == "heifload"
+    assert sources.heif_decoder((HEIC / "landscape-6-p3.heic").read_bytes()) == "hevc"
     output, path = run_one("thumbnail", {"size": 256}, source, tmp_path)
     assert output.metadata["source_format"] == "avif"
     assert distance(decoded(path), upright) < 8
@@ -300,8 +300,8 @@ def test_a_damaged_container_is_corrupt(tmp_path: Path) -> None:
 def test_ocr_reads_a_heic_photo_of_a_page(tmp_path: Path) -> None:
     """phototest.tif encoded as a HEIC turned 90° (irot, as a phone held sideways stores it): the
     OCR engine reads it upright through the same HEVC path."""
-    from hypermedia.ocr.engine import OcrLimits, run
-    from hypermedia.ocr.metrics import cer
+    from hypermedia.engines.ocr.engine import OcrLimits, run
+    from hypermedia.engines.ocr.metrics import cer
 
     ocr_dir = DATA / "ocr"
     with Image.open(ocr_dir / "phototest.tif") as page:
@@ -374,6 +374,6 @@ def test_an_hevc_sequence_without_a_still_image_is_unsupported_and_said_so(tmp_p
     assert (codec.item_type, codec.sequence_only, codec.name) == ("hvc1", True, "HEVC")
     source = tmp_path / "sequence.heics"
     source.write_bytes(data)
-    assert ops.sniff_mime(data[:64]) == "image/heif"
+    assert sources.sniff_mime(data[:64]) == "image/heif"
     err = error_of(source, tmp_path)
     assert err.error_code == "UNSUPPORTED_FORMAT" and "sequences without a still image" in str(err)

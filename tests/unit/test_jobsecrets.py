@@ -1,5 +1,5 @@
 """Document passwords before anything is stored: taken out of params and checked
-(:func:`hypermedia.jobsecrets.take_password`), and fingerprinted for the Idempotency-Key request
+(:func:`hypermedia.jobs.secrets.take_password`), and fingerprinted for the Idempotency-Key request
 hash with an HMAC keyed by the gateway's secret (the gateway's ``_take_passwords`` and
 ``_hashed_operations``)."""
 
@@ -12,24 +12,25 @@ from typing import Any
 
 import pytest
 
-from hypermedia import config, jobsecrets
-from hypermedia.errors import InvalidArgument
-from services.gateway.jobs import JobsAPI, OperationRequest
+from hypermedia.core import config
+from hypermedia.core.errors import InvalidArgument
+from hypermedia.jobs import secrets as jobsecrets
+from services.gateway.creation import JobCreation
+from services.gateway.process_request import OperationRequest
+from services.gateway.settings import GatewaySettings
 
 SECRET = "gateway-secret-0123456789abcdef"
 
 
-def _api(password_key: bytes | None) -> JobsAPI:
-    """A JobsAPI whose dependencies are never touched by the methods under test."""
-    return JobsAPI(
-        None,  # type: ignore[arg-type]
+def _api(password_key: bytes | None) -> JobCreation:
+    """A JobCreation whose dependencies are never touched by the methods under test."""
+    return JobCreation(
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         stream_prefix="HM",
-        max_upload_bytes=1,
         max_operations=16,
         password_key=password_key,
     )
@@ -115,9 +116,9 @@ def test_without_a_secret_key_a_password_is_refused() -> None:
 def test_a_short_gateway_secret_stops_the_start_without_showing_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HM_GATEWAY_SECRET_KEY", "short-secret")
     with pytest.raises(config.ConfigError) as err:
-        config.load(config.GatewaySettings)
+        config.load(GatewaySettings)
     assert "HM_GATEWAY_SECRET_KEY" in str(err.value) and "short-secret" not in str(err.value)
     monkeypatch.setenv("HM_GATEWAY_SECRET_KEY", SECRET)
-    assert config.load(config.GatewaySettings).secret_key.get_secret_value() == SECRET
+    assert config.load(GatewaySettings).secret_key.get_secret_value() == SECRET
     monkeypatch.delenv("HM_GATEWAY_SECRET_KEY")
-    assert config.load(config.GatewaySettings).secret_key.get_secret_value() == ""
+    assert config.load(GatewaySettings).secret_key.get_secret_value() == ""

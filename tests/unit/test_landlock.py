@@ -1,4 +1,4 @@
-"""hypermedia.landlock on this kernel: a process restricted to one directory reads it and nothing
+"""hypermedia.sandbox.landlock on this kernel: a process restricted to one directory reads it and nothing
 else, cannot connect over TCP, and (ABI 6+) cannot signal a process outside its domain. Each
 restriction runs in a child Python (it is irreversible)."""
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia import landlock
+from hypermedia.sandbox import landlock
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() == 0, reason="the kernel has no Landlock")
 
 CHILD = """
 import ctypes, json, os, signal, socket, sys
-from hypermedia import landlock
+from hypermedia.sandbox import landlock
 allowed, outside, port, parent = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
 abi = landlock.restrict_self([

@@ -1,4 +1,4 @@
-"""hypermedia.documents.links on documents the tests write: every way found to make LibreOffice
+"""hypermedia.engines.documents.links on documents the tests write: every way found to make LibreOffice
 load a file or a URL (the hostile review's: an RTF INCLUDEPICTURE field and an ODT paragraph
 background image drew host files into the PDF), and documents that only carry hyperlinks or
 nothing external, including ones LibreOffice itself writes."""
@@ -13,17 +13,29 @@ from pathlib import Path
 import olefile
 import pytest
 
-from hypermedia import contenttype
-from hypermedia.documents.links import (
+from hypermedia.engines.documents.links import (
     MAX_NESTING,
-    MAX_RTF_NESTING,
     CheckLimitExceeded,
     MalformedDocument,
     find_external_content,
 )
-from tests.e2e.test_office_rest import DOCX_MIME, ODT, docx, written_by_libreoffice
-from tests.security.test_legacy_office import flat_odf, libreoffice_convert
-from tests.security.test_office_listener import ODT_MIME, odt, odt_background, odt_with_links
+from hypermedia.engines.documents.rtf import MAX_RTF_NESTING
+from hypermedia.intake import contenttype
+from tests.helpers.office import (
+    _R,
+    DOCX_MIME,
+    ODT,
+    ODT_MIME,
+    docx,
+    docx_linked_picture,
+    docx_with,
+    flat_odf,
+    libreoffice_convert,
+    odt,
+    odt_background,
+    odt_with_links,
+    written_by_libreoffice,
+)
 
 RTF = "application/rtf"
 HOST_IMAGE = "/usr/share/doc/some/picture.png"
@@ -31,23 +43,6 @@ HOST_IMAGE = "/usr/share/doc/some/picture.png"
 
 def rtf(body: str) -> bytes:
     return ("{\\rtf1\\ansi\\deff0{\\fonttbl{\\f0 Arial;}}\\f0 " + body + "}").encode()
-
-
-def docx_with(document_body: str, rels: str = "") -> bytes:
-    """The tests' DOCX with ``document_body`` as the body and extra document relationships."""
-    source = io.BytesIO(docx(["x"]))
-    out = io.BytesIO()
-    with zipfile.ZipFile(source) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
-        for item in src.infolist():
-            data = src.read(item)
-            if item.filename == "word/document.xml":
-                text = data.decode()
-                start, end = text.index("<w:body>") + len("<w:body>"), text.index("<w:sectPr>")
-                data = (text[:start] + document_body + text[end:]).encode()
-            elif item.filename == "word/_rels/document.xml.rels" and rels:
-                data = data.decode().replace("</Relationships>", rels + "</Relationships>").encode()
-            dst.writestr(item, data)
-    return out.getvalue()
 
 
 def field_runs(instruction: str) -> str:
@@ -364,26 +359,6 @@ RTF_SHAPES = [
 # Issue 14, F2: an external relationship typed as a hyperlink, drawn as a picture.
 _HYPERLINK_TYPE = "http://schemas.openxmlformats.org/officeDocument/2006/relationships/hyperlink"
 _STRICT_HYPERLINK_TYPE = "http://purl.oclc.org/ooxml/officeDocument/relationships/hyperlink"
-_R = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
-
-
-def docx_linked_picture(kind: str, target: str, attribute: str = 'r:link="rId5"', before: str = "") -> bytes:
-    """The review's DOCX: an external relationship of type ``kind`` that an ``a:blip`` names
-    (after ``before`` in the body)."""
-    picture = (
-        f'<w:p><w:r><w:drawing><wp:inline xmlns:wp="http://schemas.openxmlformats.org/drawingml/2006/wordprocessingDrawing">'
-        '<wp:extent cx="1905000" cy="1905000"/><wp:docPr id="1" name="P1"/>'
-        '<a:graphic xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main">'
-        '<a:graphicData uri="http://schemas.openxmlformats.org/drawingml/2006/picture">'
-        '<pic:pic xmlns:pic="http://schemas.openxmlformats.org/drawingml/2006/picture">'
-        '<pic:nvPicPr><pic:cNvPr id="1" name="p.png"/><pic:cNvPicPr/></pic:nvPicPr>'
-        f'<pic:blipFill><a:blip xmlns:r="{_R}" {attribute}/><a:stretch><a:fillRect/></a:stretch></pic:blipFill>'
-        '<pic:spPr><a:xfrm><a:off x="0" y="0"/><a:ext cx="1905000" cy="1905000"/></a:xfrm>'
-        '<a:prstGeom prst="rect"/></pic:spPr></pic:pic></a:graphicData></a:graphic></wp:inline></w:drawing></w:r></w:p>'
-    )
-    return docx_with(
-        before + picture, f'<Relationship Id="rId5" Type="{kind}" Target="{target}" TargetMode="External"/>'
-    )
 
 
 REVIEW = [

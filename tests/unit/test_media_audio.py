@@ -1,10 +1,9 @@
-"""The ``transcode_audio`` operation (:mod:`hypermedia.media.audio`) on media these tests write with
+"""The ``transcode_audio`` operation (:mod:`hypermedia.engines.media.audio`) on media these tests write with
 PyAV; every output is decoded again with PyAV and measured with FFmpeg's ``ebur128`` filter."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,21 @@ import numpy as np
 import pytest
 from av.audio.stream import AudioStream
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import params as media_params
-from hypermedia.media.audio import run
-from hypermedia.media.probe import MediaLimits
-from hypermedia.sandbox import OutputFile, read_progress
-from tests.unit.test_media_probe import write_adts, write_mp3_with_cover, write_video
-from tests.unit.test_media_waveform import LOSSLESS, write_tone
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media.audio import run
+from hypermedia.engines.media.sources import MediaLimits
+from hypermedia.sandbox import read_progress
+from tests.helpers.media import (
+    LOSSLESS,
+    Decoded,
+    decode,
+    write_adts,
+    write_mp3_with_cover,
+    write_tone,
+    write_video,
+)
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
 RATE = 48000
@@ -65,64 +72,6 @@ def write_signal(
 def sine(seconds: float, amplitude: float, frequency: float = 997.0, rate: int = RATE) -> np.ndarray:
     t = np.arange(round(seconds * rate)) / rate
     return amplitude * np.sin(2 * math.pi * frequency * t)
-
-
-@dataclass
-class Decoded:
-    codec: str
-    sample_rate: int
-    channels: int
-    seconds: float
-    lufs: float
-    true_peak_db: float
-    streams: list[str]
-    tags: dict[str, str]
-
-
-def decode(path: Path) -> Decoded:
-    """The file's audio decoded again, measured with ``ebur128`` (true peak: its 192 kHz peak)."""
-    with av.open(str(path)) as container:
-        streams = [str(stream.type) for stream in container.streams]
-        tags = {**container.metadata, **container.streams.audio[0].metadata}
-        audio = container.streams.audio[0]
-        ctx = audio.codec_context
-        graph = av.filter.Graph()
-        graph.threads = 1
-        nodes = [
-            graph.add_abuffer(format="fltp", layout=ctx.layout.name, sample_rate=ctx.sample_rate),
-            graph.add("ebur128", "metadata=1:peak=true"),
-            graph.add("abuffersink"),
-        ]
-        graph.link_nodes(*nodes)
-        graph.configure()
-        samples = 0
-        metadata: dict[str, str] = {}
-
-        def pull() -> None:
-            while True:
-                try:
-                    metadata.update(graph.pull().metadata)
-                except (av.error.BlockingIOError, av.error.EOFError):
-                    return
-
-        for frame in container.decode(audio):
-            samples += frame.samples
-            frame.pts = None
-            graph.push(frame)
-            pull()
-        graph.push(None)
-        pull()
-        peak = float(metadata["lavfi.r128.true_peak"])
-        return Decoded(
-            codec=ctx.name,
-            sample_rate=ctx.sample_rate,
-            channels=ctx.channels,
-            seconds=samples / ctx.sample_rate,
-            lufs=float(metadata["lavfi.r128.I"]),
-            true_peak_db=20 * math.log10(peak) if peak > 0 else -math.inf,
-            streams=streams,
-            tags=tags,
-        )
 
 
 def transcode(
@@ -451,7 +400,7 @@ def test_packets_spanning_past_the_limit_are_refused_before_decoding(tmp_path: P
     """A clip whose last audio packet is stamped at 5 h (the header says 2 s): MEDIA_TOO_LONG
     from the demux pass before any decoding (a header understating a long file used to be
     decoded until the CPU limit)."""
-    from tests.unit.test_media_transcode import with_a_late_audio_packet
+    from tests.helpers.media import with_a_late_audio_packet
 
     path = with_a_late_audio_packet(write_video(tmp_path / "in.mp4", seconds=2.0), tmp_path / "late.mkv")
     assert _error(path, tmp_path, {}) == "MEDIA_TOO_LONG"

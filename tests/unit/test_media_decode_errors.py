@@ -1,6 +1,6 @@
 """Damaged packets (issue 15, item 9): ``transcode_audio`` and ``waveform`` skip an MP3 frame
 that does not decode and count it, as FFmpeg's command line does, and refuse a file that mostly
-does not decode (:mod:`hypermedia.media.decoding`), on the MP3s of ``tests/data/damaged-mp3``
+does not decode (:mod:`hypermedia.engines.media.decoding`), on the MP3s of ``tests/data/damaged-mp3``
 (see their ``SOURCE.md`` for what ``ffmpeg`` makes of each); ``transcode_video`` shares the
 bound. Outputs are decoded again with PyAV and their length and level checked."""
 
@@ -14,13 +14,11 @@ import av
 import numpy as np
 import pytest
 
-from hypermedia.errors import PermanentJobError
-from hypermedia.media import audio, transcode, waveform
-from hypermedia.media.decoding import MAX_ERROR_RATE
-from hypermedia.media.probe import MediaLimits
-from tests.unit.test_media_audio import decode
-from tests.unit.test_media_probe import write_video
-from tests.unit.test_media_transcode import _remux
+from hypermedia.core.errors import PermanentJobError
+from hypermedia.engines.media import audio, transcode, waveform
+from hypermedia.engines.media.decoding import MAX_ERROR_RATE
+from hypermedia.engines.media.sources import MediaLimits
+from tests.helpers.media import _remux, decode, write_video
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "damaged-mp3"
 LIMITS = MediaLimits(max_input_bytes=10 * 1024 * 1024)

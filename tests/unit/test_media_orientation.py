@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hypermedia.media import poster, probe, transcode
-from hypermedia.media.orientation import matrix_orientation
-from hypermedia.media.probe import MediaLimits
+from hypermedia.engines.media import poster, probe, transcode
+from hypermedia.engines.media.orientation import matrix_orientation
+from hypermedia.engines.media.sources import MediaLimits
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "display-matrix"
 CLIPS = ["cw0", "cw0-hflip", "cw90", "cw90-hflip", "cw180", "cw180-hflip", "cw270", "cw270-hflip"]

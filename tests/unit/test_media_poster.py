@@ -1,4 +1,4 @@
-"""The ``poster`` operation (:mod:`hypermedia.media.poster`) on media these tests write with PyAV."""
+"""The ``poster`` operation (:mod:`hypermedia.engines.media.poster`) on media these tests write with PyAV."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import av
 import numpy as np
 import pytest
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import params as media_params
-from hypermedia.media.engine import OPERATION_ENTRIES
-from hypermedia.media.poster import run
-from hypermedia.media.probe import MediaLimits
-from tests.unit.test_media_probe import write_mp3_with_cover, write_video
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media.engine import OPERATION_ENTRIES
+from hypermedia.engines.media.poster import run
+from hypermedia.engines.media.sources import MediaLimits
+from tests.helpers.media import write_mp3_with_cover, write_video
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
 

@@ -1,10 +1,9 @@
-"""The ``probe`` operation (:mod:`hypermedia.media.probe`) on media these tests write with PyAV:
+"""The ``probe`` operation (:mod:`hypermedia.engines.media.probe`) on media these tests write with PyAV:
 test patterns and tones, no fixture files."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from fractions import Fraction
@@ -14,120 +13,18 @@ from typing import Any
 import av
 import numpy as np
 import pytest
-from av.stream import Disposition
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import params as media_params
-from hypermedia.media import probe as probe_module
-from hypermedia.media.probe import MediaLimits, run
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media import sources as sources_module
+from hypermedia.engines.media.probe import run
+from hypermedia.engines.media.sources import MediaLimits
+from tests.helpers.media import RATE, _mux_audio, _pattern, write_adts, write_mp3_with_cover, write_video
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
-RATE = 48000
 
 
 # --- media the tests write ---------------------------------------------------------------------
-
-
-def _pattern(i: int, width: int, height: int) -> np.ndarray:
-    image = np.zeros((height, width, 3), np.uint8)
-    image[:, : (i * 8) % width] = (200, 120, 40)
-    image[: height // 2, :, 2] = 255
-    return image
-
-
-def _mux_audio(container: Any, stream: Any, seconds: float, noise_seconds: float = 0.0) -> None:
-    """A 440 Hz sine (noise for the first ``noise_seconds``) on both channels."""
-    total = round(seconds * RATE)
-    rng = np.random.default_rng(7)
-    pts = 0
-    while pts < total:
-        n = min(1024, total - pts)
-        if pts < noise_seconds * RATE:
-            samples = rng.uniform(-0.8, 0.8, n).astype(np.float32)
-        elif noise_seconds:
-            samples = np.zeros(n, np.float32)
-        else:
-            t = np.arange(pts, pts + n) / RATE
-            samples = (0.3 * np.sin(2 * math.pi * 440 * t)).astype(np.float32)
-        frame = av.AudioFrame.from_ndarray(np.stack([samples, samples]), format="fltp", layout="stereo")
-        frame.sample_rate = RATE
-        frame.pts = pts
-        pts += n
-        container.mux(stream.encode(frame))
-    container.mux(stream.encode(None))
-
-
-def write_video(
-    path: Path,
-    *,
-    seconds: float = 2.0,
-    width: int = 320,
-    height: int = 240,
-    fps: int = 25,
-    pix_fmt: str = "yuv420p",
-    rotation: float | None = None,
-    audio: bool = True,
-    container_format: str | None = None,
-    options: dict[str, str] | None = None,
-    fill: int | None = None,
-    first_pts: int = 0,
-    sar: Fraction | None = None,
-) -> Path:
-    """H.264 (libx264) test pattern, or a flat grey ``fill`` picture, with an AAC sine at 48 kHz
-    stereo when ``audio``; frames stamped from ``first_pts`` (in frames), the sample aspect ratio
-    ``sar`` in the SPS."""
-    with av.open(str(path), "w", format=container_format, options=options or {}) as container:
-        video = container.add_stream("libx264", rate=fps)
-        video.width, video.height, video.pix_fmt = width, height, pix_fmt
-        video.options = {"preset": "ultrafast"}
-        if rotation is not None:
-            video.set_display_rotation(rotation)
-        if sar is not None:
-            video.codec_context.sample_aspect_ratio = sar
-        sound = container.add_stream("aac", rate=RATE, layout="stereo") if audio else None
-        for i in range(round(seconds * fps)):
-            image = (
-                _pattern(i, width, height) if fill is None else np.full((height, width, 3), fill, np.uint8)
-            )
-            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-            frame = frame.reformat(format=pix_fmt)
-            frame.pts = first_pts + i
-            container.mux(video.encode(frame))
-        container.mux(video.encode(None))
-        if sound is not None:
-            _mux_audio(container, sound, seconds)
-    return path
-
-
-def write_mp3_with_cover(path: Path, seconds: float = 3.0) -> Path:
-    """An MP3 (LAME) whose ID3v2 tag holds a PNG cover: a stream with the ``attached_pic``
-    disposition whose one packet the mp3 muxer writes as an APIC frame."""
-    encoder = av.CodecContext.create("png", "w")
-    encoder.width, encoder.height, encoder.pix_fmt = 64, 64, "rgb24"
-    encoder.time_base = Fraction(1, 25)
-    frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), (200, 30, 30), np.uint8), format="rgb24")
-    frame.pts = 0
-    cover = encoder.encode(frame) + encoder.encode(None)
-    with av.open(str(path), "w", format="mp3") as container:
-        sound = container.add_stream("libmp3lame", rate=RATE, layout="stereo")
-        picture = container.add_mux_stream("png", width=64, height=64)
-        picture.disposition = Disposition.attached_pic
-        picture.time_base = Fraction(1, 90000)
-        for packet in cover:
-            packet.stream = picture
-            packet.pts = packet.dts = 0
-            container.mux(packet)
-        _mux_audio(container, sound, seconds)
-    return path
-
-
-def write_adts(path: Path, seconds: float, noise_seconds: float) -> Path:
-    """Raw ADTS AAC: no duration in any header; loud noise first, then silence, so that FFmpeg's
-    estimate from the bit rate of the first frames is far off."""
-    with av.open(str(path), "w", format="adts") as container:
-        sound = container.add_stream("aac", rate=RATE, layout="stereo")
-        _mux_audio(container, sound, seconds, noise_seconds=noise_seconds)
-    return path
 
 
 def probe(path: Path, tmp_path: Path, limits: MediaLimits = LIMITS) -> dict[str, Any]:
@@ -338,7 +235,7 @@ def test_hls_playlist_is_refused_without_reading_its_segments(
     if not sniff:
         # Without the #EXTM3U check, FFmpeg's format whitelist alone must refuse the hls demuxer
         # it probed, before that demuxer reads its header (and the segments).
-        monkeypatch.setattr(probe_module, "_PLAYLIST_PREFIXES", ())
+        monkeypatch.setattr(sources_module, "_PLAYLIST_PREFIXES", ())
     # The segment is a FIFO: opening it would block, so a probe that returns opened no segment.
     fifo = tmp_path / "segment-fifo.ts"
     os.mkfifo(fifo)
@@ -383,7 +280,7 @@ def test_demuxers_off_the_allowlist_are_unsupported(tmp_path: Path) -> None:
         container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     with av.open(str(image)) as container:
-        assert container.format.name not in probe_module.DEMUXERS
+        assert container.format.name not in sources_module.DEMUXERS
     assert _error(image, tmp_path).error_code == "UNSUPPORTED_FORMAT"
 
 
@@ -425,7 +322,7 @@ def test_larger_than_the_limit(tmp_path: Path) -> None:
 def test_ogg_and_mpeg_ts_uploads_are_typed_as_media(tmp_path: Path) -> None:
     """Both containers are on the demuxer allowlist; typed from their heads as audio/video (not
     ``application/ogg`` or ``application/octet-stream``, kind ``other``), so probe accepts them."""
-    from hypermedia import contenttype
+    from hypermedia.intake import contenttype
 
     ogg = tmp_path / "sine.ogg"
     with av.open(str(ogg), "w", format="ogg") as container:
@@ -463,7 +360,7 @@ def test_every_video_stream_of_a_long_gop_file_is_read(tmp_path: Path) -> None:
 def test_a_codec_without_a_decoder_is_described_not_an_error(tmp_path: Path) -> None:
     """A Matroska audio track whose CodecID no decoder knows: probe lists it with codec null;
     waveform has nothing to decode (UNSUPPORTED_FORMAT), not an INTERNAL failure."""
-    from hypermedia.media import engine
+    from hypermedia.engines.media import engine
 
     path = tmp_path / "pcm.mkv"
     with av.open(str(path), "w") as container:

@@ -1,4 +1,4 @@
-"""The ``poster`` operation's sprite sheet (:mod:`hypermedia.media.sprite`) on videos these tests
+"""The ``poster`` operation's sprite sheet (:mod:`hypermedia.engines.media.sprite`) on videos these tests
 write with PyAV: every frame shows its own index in binary, so that each thumbnail of the sheet
 can be read back and compared with the frame its time asks for."""
 
@@ -13,14 +13,13 @@ import av
 import numpy as np
 import pytest
 
-from hypermedia.errors import PermanentJobError
-from hypermedia.media import params as media_params
-from hypermedia.media.poster import run
-from hypermedia.media.probe import MediaLimits
-from hypermedia.media.sprite import SPRITE_MAX_PIXELS, SPRITE_MAX_SIDE
-from hypermedia.sandbox import PROGRESS_FILE
-from tests.unit.test_media_probe import write_mp3_with_cover
-from tests.unit.test_media_waveform import write_tone
+from hypermedia.core.errors import PermanentJobError
+from hypermedia.engines.contract import PROGRESS_FILE
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media.poster import run
+from hypermedia.engines.media.sources import MediaLimits
+from hypermedia.engines.media.sprite import SPRITE_MAX_PIXELS, SPRITE_MAX_SIDE
+from tests.helpers.media import write_mp3_with_cover, write_tone
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
 FPS = 25

@@ -1,4 +1,4 @@
-"""The ``transcode_video`` operation (:mod:`hypermedia.media.transcode`) on media these tests write
+"""The ``transcode_video`` operation (:mod:`hypermedia.engines.media.transcode`) on media these tests write
 with PyAV; every output is decoded again with PyAV and its streams, sizes, durations and pixels
 checked (issue 7's quality bar)."""
 
@@ -15,12 +15,12 @@ import av
 import numpy as np
 import pytest
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import params as media_params
-from hypermedia.media.engine import OPERATION_ENTRIES
-from hypermedia.media.probe import MediaLimits
-from hypermedia.media.transcode import MAX_SIDE, plan_ladder, run, thread_need
-from tests.unit.test_media_probe import RATE, write_mp3_with_cover, write_video
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media.engine import OPERATION_ENTRIES
+from hypermedia.engines.media.sources import MediaLimits
+from hypermedia.engines.media.transcode import MAX_SIDE, plan_ladder, run, thread_need
+from tests.helpers.media import RATE, _remux, with_a_late_audio_packet, write_mp3_with_cover, write_video
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024, threads=2)
 
@@ -453,7 +453,7 @@ def test_unknown_operation(tmp_path: Path) -> None:
 _GRAPH_THREADS = """
 import os, sys
 import av, av.filter
-from hypermedia.media.engine import bound_ffmpeg_cpus
+from hypermedia.engines.media.engine import bound_ffmpeg_cpus
 assert bound_ffmpeg_cpus(int(sys.argv[1]))
 before = len(os.listdir("/proc/self/task"))
 graph = av.filter.Graph()  # threads left to FFmpeg, as PyAV's own resampler graphs are
@@ -488,8 +488,8 @@ def test_ffmpeg_thread_pools_follow_the_job_not_the_node() -> None:
 _TRANSCODE_THREADS = """
 import os, sys, threading, time
 from pathlib import Path
-from hypermedia.media import engine, transcode
-from hypermedia.media.probe import MediaLimits
+from hypermedia.engines.media import engine, transcode
+from hypermedia.engines.media.sources import MediaLimits
 engine.bound_ffmpeg_cpus(16)  # a 16-CPU node as FFmpeg sees it; engine.run bounds it again
 params = {"codec": sys.argv[3], "heights": [360, 240, 144]}
 base, peak, done = len(os.listdir("/proc/self/task")), [0], [False]
@@ -528,26 +528,6 @@ def test_a_ladder_stays_within_its_thread_need(tmp_path: Path, codec: str) -> No
 # --- hostile timelines and packets (found by a hostile review) ----------------------------------
 
 
-def _remux(source: Path, target: Path, change: Any, tail: Any = None) -> Path:
-    """``source``'s packets into Matroska ``target``, each passed through ``change(packet)``
-    (a replacement packet, or ``None`` to keep it); then the packets ``tail(last_audio_packet)``
-    returns."""
-    with av.open(str(source)) as inp, av.open(str(target), "w", format="matroska") as out:
-        streams = {s.index: out.add_stream_from_template(s) for s in inp.streams}
-        last_audio = None
-        for packet in inp.demux():
-            if packet.dts is None:
-                continue
-            item = change(packet) or packet
-            item.stream = streams[packet.stream.index]
-            out.mux(item)
-            if packet.stream.type == "audio":
-                last_audio = item
-        for extra in tail(last_audio) if tail is not None else []:
-            out.mux(extra)
-    return target
-
-
 def test_a_damaged_packet_is_skipped_and_the_rest_transcoded(tmp_path: Path) -> None:
     """One video packet at 1 s of a 4 s clip replaced by noise: the transcode goes on past it (it
     used to stop there and complete with a quarter of the clip)."""
@@ -568,19 +548,6 @@ def test_a_damaged_packet_is_skipped_and_the_rest_transcoded(tmp_path: Path) -> 
     )
     assert output.metadata["frame_count"] >= 95 and output.metadata["decode_errors"] >= 1
     assert abs(decoded(out_dir / output.filename)["duration"] - 4.0) < 0.1
-
-
-def with_a_late_audio_packet(source: Path, target: Path, seconds: float = 5 * 3600) -> Path:
-    """``source`` remuxed to Matroska with a copy of its last audio packet stamped at ``seconds``:
-    a header that says the clip's length over packets that span hours."""
-
-    def late(last: Any) -> list[Any]:
-        echo = av.Packet(bytes(last))
-        echo.pts = echo.dts = round(seconds / last.time_base)
-        echo.time_base, echo.stream = last.time_base, last.stream
-        return [echo]
-
-    return _remux(source, target, lambda packet: None, late)
 
 
 def test_a_header_that_understates_the_length_is_refused_before_encoding(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The ``waveform`` operation (:mod:`hypermedia.media.waveform`) on tones these tests write with PyAV:
+"""The ``waveform`` operation (:mod:`hypermedia.engines.media.waveform`) on tones these tests write with PyAV:
 1 s of a 1 kHz sine (0.5 left, 0.25 right) then 1 s of silence."""
 
 from __future__ import annotations
@@ -8,46 +8,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 import pytest
 import pyvips
 
-from hypermedia.errors import InvalidArgument, PermanentJobError
-from hypermedia.media import engine
-from hypermedia.media import params as media_params
-from hypermedia.media import waveform as waveform_module
-from hypermedia.media.probe import MediaLimits
-from hypermedia.media.waveform import run
-from tests.unit.test_media_probe import write_mp3_with_cover, write_video
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.media import engine
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.media import waveform as waveform_module
+from hypermedia.engines.media.sources import MediaLimits
+from hypermedia.engines.media.waveform import run
+from tests.helpers.media import LEFT, LOSSLESS, RATE, RIGHT, write_mp3_with_cover, write_tone, write_video
 
 LIMITS = MediaLimits(max_input_bytes=100 * 1024 * 1024)
-RATE = 48000
-LEFT, RIGHT = 0.5, 0.25
-
-# (codec, container format, sample format, tolerance of the silent half)
-LOSSLESS = {"wav": ("pcm_s16le", "wav", "s16"), "flac": ("flac", "flac", "s16")}
-
-
-def write_tone(path: Path, codec: str, container_format: str, sample_format: str, rate: int = RATE) -> Path:
-    """1 s of a 1 kHz sine (amplitude 0.5 left, 0.25 right), then 1 s of silence: stereo."""
-    total = 2 * rate
-    with av.open(str(path), "w", format=container_format) as container:
-        stream = container.add_stream(codec, rate=rate, layout="stereo")
-        stream.format = sample_format
-        pts = 0
-        while pts < total:
-            n = min(1024, total - pts)
-            t = np.arange(pts, pts + n) / rate
-            sine = np.where(t < 1.0, np.sin(2 * math.pi * 1000 * t), 0.0)
-            planes = np.stack([LEFT * sine, RIGHT * sine]).astype(np.float32)
-            frame = av.AudioFrame.from_ndarray(planes, format="fltp", layout="stereo")
-            frame.sample_rate = rate
-            frame.pts = pts
-            pts += n
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
-    return path
 
 
 def waveform(

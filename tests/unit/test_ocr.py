@@ -1,4 +1,4 @@
-"""The OCR engine (hypermedia.ocr) with the real tesseract on the corpus pages in ``tests/data/ocr/``
+"""The OCR engine (hypermedia.engines.ocr) with the real tesseract on the corpus pages in ``tests/data/ocr/``
 (see its ``SOURCE.md``) and on pages made here from them with libvips: character error rates
 against the ground truths, preprocessing steps, the four outputs, bad input; and one job through a
 real sandbox child, as the ocrworker will run it.
@@ -14,7 +14,6 @@ import os
 import random
 import secrets
 import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,76 +22,26 @@ import pypdfium2 as pdfium
 import pytest
 import pyvips
 
-from hypermedia.errors import DomainError, InvalidArgument, PermanentJobError
-from hypermedia.ocr import assemble, params, preprocess, tesseract
-from hypermedia.ocr.engine import OcrLimits, run
-from hypermedia.ocr.metrics import cer, levenshtein, normalise_whitespace
-from hypermedia.sandbox import OutputFile, Sandbox, SandboxLimits
-
-OCR_DIR = Path(__file__).resolve().parents[1] / "data" / "ocr"
-PHOTOTEST = OCR_DIR / "phototest.tif"
-GOLD = (OCR_DIR / "phototest.gold.txt").read_text(encoding="utf-8")
-LIMITS = OcrLimits(max_input_bytes=100 << 20, max_page_pixels=100_000_000)
-ALL_OUTPUTS = ["text", "words", "hocr", "searchable_pdf"]
-EUROTEXT_LANGUAGES = ["spa", "por", "deu", "fra", "ita", "eng"]
-"""The six languages of ``eurotext.tif``, Spanish first: with the Debian (tessdata_fast) models the
-first language is the primary one, and with ``eng`` first tesseract keeps the English-looking
-readings "marron rapido" of two Spanish words (measured)."""
-
-needs_tesseract = pytest.mark.skipif(
-    shutil.which("tesseract") is None,
-    reason="tesseract is not installed (scripts/ensure_debian_packages.sh tesseract-ocr tesseract-ocr-eng …)",
+from hypermedia.core.errors import DomainError, InvalidArgument, PermanentJobError
+from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.ocr import assemble, params, preprocess, tesseract
+from hypermedia.engines.ocr.engine import OcrLimits
+from hypermedia.engines.ocr.metrics import cer, levenshtein, normalise_whitespace
+from hypermedia.sandbox import Sandbox, SandboxLimits
+from tests.helpers.ocr import (
+    EUROTEXT_LANGUAGES,
+    GOLD,
+    LIMITS,
+    OCR_DIR,
+    PHOTOTEST,
+    grey_page,
+    needs_tesseract,
+    ocr,
+    save_png,
+    system_models,
 )
 
-
-def system_models() -> Path:
-    """The directory tesseract reads its models from here (the first line of ``--list-langs``:
-    ``List of available languages in "/usr/share/tesseract-ocr/5/tessdata/" (7):``)."""
-    listing = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True, check=True)
-    return Path(listing.stdout.split('"')[1])
-
-
-class Result:
-    """The outputs of one :func:`run`, read back."""
-
-    def __init__(self, outputs: list[OutputFile], out_dir: Path) -> None:
-        self.outputs = {o.output_type: o for o in outputs}
-        self.out_dir = out_dir
-
-    def path(self, output_type: str) -> Path:
-        return self.out_dir / self.outputs[output_type].filename
-
-    @property
-    def text(self) -> str:
-        return self.path("text").read_text(encoding="utf-8")
-
-    @property
-    def words(self) -> Any:
-        return json.loads(self.path("words").read_text(encoding="utf-8"))
-
-    def steps(self, page: int = 1) -> dict[str, dict]:
-        """The preprocessing records of a page, by step name."""
-        return {s["step"]: s for s in self.words["pages"][page - 1]["preprocessing"]}
-
-
-def ocr(
-    source: Path, tmp_path: Path, limits: OcrLimits = LIMITS, *, preprocessing: bool = True, **job_params: Any
-) -> Result:
-    out_dir = tmp_path / f"out-{secrets.token_hex(4)}"
-    out_dir.mkdir()
-    outputs = run("ocr", job_params, source, out_dir, limits=limits, preprocessing=preprocessing)
-    return Result(outputs, out_dir)
-
-
-def grey_page(path: Path) -> pyvips.Image:
-    return preprocess.to_grey(pyvips.Image.new_from_file(str(path))).copy_memory()
-
-
-def save_png(image: pyvips.Image, path: Path, dpi: float | None = None) -> Path:
-    if dpi is not None:
-        image = image.copy(xres=dpi / 25.4, yres=dpi / 25.4)
-    image.pngsave(str(path))
-    return path
+ALL_OUTPUTS = ["text", "words", "hocr", "searchable_pdf"]
 
 
 # --- params (pure Python) --------------------------------------------------------------------------
@@ -653,7 +602,7 @@ async def sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
     work_dir = tmp_root / f"ocr-{secrets.token_hex(4)}"
     work_dir.mkdir(mode=0o755)
     uids = range(63100, 63102) if os.geteuid() == 0 else None
-    box = Sandbox(work_dir, preload=("pyvips", "pypdfium2", "hypermedia.ocr.engine"), uid=uids)
+    box = Sandbox(work_dir, preload=("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"), uid=uids)
     await box.start()
     yield box
     await box.close()
@@ -677,7 +626,7 @@ async def test_ocr_in_a_sandbox_child(sandbox: Sandbox, tmp_path: Path, make_pdf
     try:
         result = await sandbox.run(
             job_id,
-            "hypermedia.ocr.engine:run",
+            "hypermedia.engines.ocr.engine:run",
             "ocr",
             {"outputs": ALL_OUTPUTS},
             input_path,
@@ -705,7 +654,7 @@ def test_asking_for_tables_either_way_gives_both() -> None:
 
 def test_input_types_are_what_the_engine_reads() -> None:
     """The gateway's list (pure Python) and the engine's loaders (libvips) name the same types."""
-    from hypermedia.ocr import engine
+    from hypermedia.engines.ocr import engine
 
     assert params.INPUT_MIME_TYPES == {*engine.LOADERS, "application/pdf"}
     assert "image/svg+xml" not in params.INPUT_MIME_TYPES
@@ -741,7 +690,7 @@ def test_the_ocrworker_charges_escalated_pages_as_a_line() -> None:
 
 
 def _claimed_job() -> Any:
-    from hypermedia.lifecycle import ClaimedJob
+    from hypermedia.jobs.lifecycle import ClaimedJob
 
     return ClaimedJob(
         job_id="00000000-0000-0000-0000-000000000001",
@@ -781,7 +730,7 @@ def _image_only_page(document: pdfium.PdfDocument, image: Path) -> None:
 
 def _page_text(pdf: Path, index: int) -> str:
     """Page ``index``'s text layer as ``text_extract`` reads it."""
-    from hypermedia.documents.pdf import page_text
+    from hypermedia.engines.documents.pdf import page_text
 
     document = pdfium.PdfDocument(str(pdf))
     try:
@@ -877,7 +826,7 @@ def test_skip_text_pages_with_megabytes_of_text(tmp_path: Path) -> None:
 def test_a_page_exactly_at_the_pixel_limit_is_rendered_within_it() -> None:
     """1920 pt at 300 dpi is 8000 px, but 1920 × 300 / 72 is 8000.000000000001 in floating point
     and the render rounds up to 8001: the resolution steps down until the rounded size fits."""
-    from hypermedia.ocr.engine import _pixel_size, _render_dpi
+    from hypermedia.engines.ocr.pages import _pixel_size, _render_dpi
 
     dpi = _render_dpi(1920, 1920, 64_000_000)
     width, height = _pixel_size(1920, 1920, dpi)
@@ -893,7 +842,7 @@ def test_a_skipped_page_is_copied_without_its_form_fields_but_with_their_values(
     and the typed value is still there, flattened into the page."""
     import pypdfium2.raw as pdfium_c
 
-    from tests.unit.test_pdf import FILLED_NAME, filled_forms_pdf
+    from tests.helpers.pdf import FILLED_NAME, filled_forms_pdf
 
     source = tmp_path / "filled.pdf"
     source.write_bytes(filled_forms_pdf())

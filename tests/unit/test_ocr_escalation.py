@@ -1,4 +1,4 @@
-"""Escalation of poorly read pages to RapidOCR (hypermedia.ocr.escalation, hypermedia.ocr.rapid_ocr),
+"""Escalation of poorly read pages to RapidOCR (hypermedia.engines.ocr.escalation, hypermedia.engines.ocr.rapid_ocr),
 with the real tesseract and the real RapidOCR (its models from its PyPI wheel), on ``phototest.tif``
 from ``tests/data/ocr/`` and on a degraded copy made here with libvips; and once in a real sandbox
 child under its ``RLIMIT_NPROC``, as the ocrworker will run it.
@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import pyvips
 
-from hypermedia.errors import InvalidArgument
-from hypermedia.ocr import escalation, params, preprocess
-from hypermedia.ocr.engine import ESCALATION_CPU_RESERVE, OcrLimits, run
-from hypermedia.ocr.metrics import cer
-from hypermedia.ocr.rapid_ocr import _RawWord, page_text, reading_order
-from hypermedia.ocr.recognition import PageText, Word
+from hypermedia.core.errors import InvalidArgument
+from hypermedia.engines.ocr import escalation, params, preprocess
+from hypermedia.engines.ocr.engine import ESCALATION_CPU_RESERVE, OcrLimits, run
+from hypermedia.engines.ocr.metrics import cer
+from hypermedia.engines.ocr.rapid_ocr import _RawWord, page_text, reading_order
+from hypermedia.engines.ocr.recognition import PageText, Word
 from hypermedia.sandbox import Sandbox, SandboxLimits
 
 OCR_DIR = Path(__file__).resolve().parents[1] / "data" / "ocr"
@@ -184,7 +184,7 @@ async def sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
     work_dir = tmp_root / f"ocr-escalation-{secrets.token_hex(4)}"
     work_dir.mkdir(mode=0o755)
     uids = range(63110, 63112) if os.geteuid() == 0 else None
-    box = Sandbox(work_dir, preload=("pyvips", "pypdfium2", "hypermedia.ocr.engine"), uid=uids)
+    box = Sandbox(work_dir, preload=("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"), uid=uids)
     await box.start()
     yield box
     await box.close()
@@ -216,7 +216,7 @@ async def _escalation_in_sandbox(
     try:
         result = await sandbox.run(
             job_id,
-            "hypermedia.ocr.engine:run",
+            "hypermedia.engines.ocr.engine:run",
             "ocr",
             {"outputs": ["text", "words"]},
             input_path,
@@ -264,8 +264,8 @@ def test_rapidocr_out_of_time_is_the_page_timeout_not_its_own_error(blurred_page
     call, which RapidOCR re-raises as its own ONNXRuntimeError; what comes out is the
     ``OCR_PAGE_TIMEOUT`` the engine turns into tesseract's reading kept (``failed_ocr_page_timeout``,
     the same path as the out-of-memory test above), not an INTERNAL failure of the job."""
-    from hypermedia.errors import PermanentJobError
-    from hypermedia.ocr.rapid_ocr import RapidOcrEngine
+    from hypermedia.core.errors import PermanentJobError
+    from hypermedia.engines.ocr.rapid_ocr import RapidOcrEngine
 
     RapidOcrEngine(timeout_seconds=60).recognise(blurred_page, languages=["eng"], dpi=300)  # warm
     with pytest.raises(PermanentJobError) as caught:

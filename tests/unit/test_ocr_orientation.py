@@ -19,31 +19,15 @@ import pytest
 import pyvips
 from PIL import Image
 
-from hypermedia.ocr import preprocess, tesseract
-from hypermedia.ocr.metrics import cer
-from tests.unit.test_ocr import PHOTOTEST, grey_page, needs_tesseract, ocr, save_png
+from hypermedia.engines.ocr import preprocess, tesseract
+from hypermedia.engines.ocr.metrics import cer
+from tests.helpers.ocr import PARAGRAPH, PHOTOTEST, grey_page, needs_tesseract, ocr, save_png, typeset
 
-PARAGRAPH = (
-    "A clean page scanned upside down or on its side must read like the same page scanned "
-    "upright: every line with its words in their order."
-)
-"""The text typeset on every page (26 words, 135 characters)."""
-FONT = "DejaVu Serif"
-"""Found by fontconfig (Debian's ``fonts-dejavu-core``, which LibreOffice and Pango depend on)."""
 SIZES = [(9, 300), (12, 300), (20, 300), (12, 150)]
 """``(points, dots per inch)``: body, small and large print at the working resolution, and body
 text at half of it (upscaled by the preprocessing)."""
 TURNS = [90, 180, 270]
 """Clockwise quarter turns applied to the upright page (libvips ``rot``, lossless)."""
-
-
-def typeset(points: int, dpi: int) -> pyvips.Image:
-    """The paragraph, black on white, in lines of 4 inches with half-inch margins; 8-bit grey
-    (Pango's antialiased edges kept)."""
-    ink = pyvips.Image.text(PARAGRAPH, font=f"{FONT} {points}", dpi=dpi, width=4 * dpi)
-    margin = dpi // 2
-    page = (255 - ink).embed(margin, margin, ink.width + 2 * margin, ink.height + 2 * margin, extend="white")
-    return page.cast("uchar").copy(interpretation="b-w")
 
 
 def decoded(path: Path) -> np.ndarray:
@@ -105,7 +89,7 @@ def test_a_turned_page_is_prepared_pixel_for_pixel_as_the_upright_one(tmp_path: 
 def test_a_page_of_noise_is_not_turned(tmp_path: Path, turn: int, seed: int) -> None:
     """phototest.tif faded to a quarter of its contrast under Gaussian noise (σ 40 grey levels):
     tesseract's orientation detection guesses there, wrongly in most turns, at orientation
-    confidences up to 3.05 (over :data:`~hypermedia.ocr.tesseract.OSD_MIN_CONFIDENCE_CLEAR_SCRIPT`;
+    confidences up to 3.05 (over :data:`~hypermedia.engines.ocr.tesseract.OSD_MIN_CONFIDENCE_CLEAR_SCRIPT`;
     seed 2 upright: 180 degrees at 2.73) but script confidences of at most 1.23 ("Bengali"):
     measured. A guess must not turn the page."""
     page = grey_page(PHOTOTEST).resize(1.5)
@@ -125,7 +109,7 @@ def test_a_page_of_noise_is_not_turned(tmp_path: Path, turn: int, seed: int) -> 
 
 def test_trusted_orientation() -> None:
     """The two rules, at their edges (values from the measurements of
-    :data:`~hypermedia.ocr.tesseract.OSD_MIN_CONFIDENCE_CLEAR_SCRIPT`)."""
+    :data:`~hypermedia.engines.ocr.tesseract.OSD_MIN_CONFIDENCE_CLEAR_SCRIPT`)."""
 
     def found(confidence: float, script_confidence: float) -> tesseract.Orientation:
         return tesseract.Orientation(180, 180, confidence, "Latin", script_confidence)

@@ -1,12 +1,12 @@
-"""Preprocessing (hypermedia.ocr.preprocess) never takes a page past the limits the engine checked
-before decoding it: the page pixel limit and :data:`~hypermedia.ocr.preprocess.MAX_SIDE`.
+"""Preprocessing (hypermedia.engines.ocr.preprocess) never takes a page past the limits the engine checked
+before decoding it: the page pixel limit and :data:`~hypermedia.engines.ocr.preprocess.MAX_SIDE`.
 
 Hostile pages found by review, each made here with libvips: all-black pages a side of 32,767 pixels
 long (deskewed by up to 4.4 degrees, to 109 megapixels or 32,809 pixels high, which tesseract
 refuses), a PNG stating 300 × 75 dpi (upscaled on one axis only, past the pixel limit); and skewed
 text at the limits, which is turned and shrunk to fit. :func:`preprocess.prepare` is called with
-the arguments :func:`hypermedia.ocr.engine._prepare` gives it; the 1953 × 32,767 black page also
-goes through :func:`hypermedia.ocr.engine.run`.
+the arguments :func:`hypermedia.engines.ocr.engine._prepare` gives it; the 1953 × 32,767 black page also
+goes through :func:`hypermedia.engines.ocr.engine.run`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import pyvips
 
-from hypermedia.ocr import preprocess
-from hypermedia.ocr.engine import OcrLimits, run
-from hypermedia.ocr.metrics import cer
+from hypermedia.engines.ocr import preprocess
+from hypermedia.engines.ocr.engine import OcrLimits, run
+from hypermedia.engines.ocr.metrics import cer
 
 OCR_DIR = Path(__file__).resolve().parents[1] / "data" / "ocr"
 PHOTOTEST = OCR_DIR / "phototest.tif"
@@ -48,7 +48,7 @@ def _png(image: pyvips.Image, path: Path, dpi: tuple[float, float] | None = None
 
 
 def _prepare(image: pyvips.Image, tmp_path: Path, max_pixels: int) -> preprocess.PreparedPage:
-    """As :func:`hypermedia.ocr.engine._prepare` calls it for an image page."""
+    """As :func:`hypermedia.engines.ocr.engine._prepare` calls it for an image page."""
     return preprocess.prepare(
         image,
         work_dir=tmp_path,

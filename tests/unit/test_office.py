@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hypermedia import contenttype
-from hypermedia.documents.office import IMPORT_FILTERS
+from hypermedia.engines.documents.filters import IMPORT_FILTERS
+from hypermedia.intake import contenttype
 
 
 def test_every_office_type_has_an_import_filter_and_no_other_type_does() -> None:

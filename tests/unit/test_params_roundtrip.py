@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from hypermedia.documents import params as document_params
-from hypermedia.imaging import ops as image_ops
-from hypermedia.media import params as media_params
-from hypermedia.ocr import params as ocr_params
+from hypermedia.engines.documents import params as document_params
+from hypermedia.engines.imaging import ops as image_ops
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.ocr import params as ocr_params
 
 Validate = Callable[[str, Any], dict]
 

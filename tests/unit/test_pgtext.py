@@ -1,4 +1,4 @@
-"""The one rule for request strings (hypermedia.pgtext): what it refuses and how it names the field."""
+"""The one rule for request strings (hypermedia.core.pgtext): what it refuses and how it names the field."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from hypermedia import pgtext
-from hypermedia.jobs.v1 import jobs_pb2
+from hypermedia.api.jobs.v1 import jobs_pb2
+from hypermedia.core import pgtext
 
 
 @pytest.mark.parametrize(

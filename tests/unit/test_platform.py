@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia import embedded, platform
-from hypermedia.platform import Platform, ServiceProcess
+from hypermedia.devtools import embedded, platform
+from hypermedia.devtools.platform import Platform, ServiceProcess
 
 
 def _crashing(tmp_path: Path) -> tuple[Platform, ServiceProcess]:
@@ -41,7 +41,7 @@ def test_a_process_dying_at_start_is_restarted_with_doubling_delays_and_reported
 ) -> None:
     monkeypatch.setattr(platform, "CRASH_LOOP_RESTARTS", 3)
     plat, proc = _crashing(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="hypermedia.platform"):
+    with caplog.at_level(logging.WARNING, logger="hypermedia.devtools.platform"):
         restarts = _supervise(plat, 7.8)
     gaps = [b - a for a, b in zip([0.0, *restarts], restarts, strict=False)]
     # Deaths come ~0.1 s after each start; the waits are 1, 2, 4 s.

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import pyvips
 
-from hypermedia import sandbox as sandbox_module
-from hypermedia.imaging import ops
+from hypermedia.engines.imaging import ops
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
+from hypermedia.sandbox import host as sandbox_module
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
 ENTRIES = "tests.unit.sandbox_entries"
@@ -40,7 +40,7 @@ def work_dir(tmp_root: Path) -> Path:
 @pytest.fixture(scope="module")
 async def sandbox(work_dir: Path) -> AsyncIterator[Sandbox]:
     # One uid per concurrent job, as the worker does (RLIMIT_NPROC counts a uid's threads).
-    box = Sandbox(work_dir, preload=("pyvips", "hypermedia.imaging.ops", ENTRIES), uid=UIDS)
+    box = Sandbox(work_dir, preload=("pyvips", "hypermedia.engines.imaging.ops", ENTRIES), uid=UIDS)
     await box.start()
     yield box
     await box.close()
@@ -81,7 +81,7 @@ async def test_thumbnail_runs_in_the_sandbox_and_cleanup_removes_the_job(sandbox
 
     result = await sandbox.run(
         job,
-        "hypermedia.imaging.ops:run",
+        "hypermedia.engines.imaging.ops:run",
         "thumbnail",
         {"size": 256},
         source,
@@ -113,7 +113,7 @@ async def test_imaging_errors_come_back_as_their_codes(sandbox: Sandbox) -> None
     source.write_bytes(b"%PDF-1.4\n")
     result = await sandbox.run(
         job,
-        "hypermedia.imaging.ops:run",
+        "hypermedia.engines.imaging.ops:run",
         "thumbnail",
         {},
         source,
@@ -270,7 +270,7 @@ async def test_concurrent_jobs(sandbox: Sandbox) -> None:
         *(
             sandbox.run(
                 job,
-                "hypermedia.imaging.ops:run",
+                "hypermedia.engines.imaging.ops:run",
                 "resize",
                 {"width": 300, "height": 300, "fit": "cover"},
                 sandbox.job_dir(job) / "input" / "upload",
@@ -311,7 +311,7 @@ async def test_image_job_thread_count_fits_the_nproc_budget(sandbox: Sandbox) ->
 async def test_an_iphone_heic_is_decoded_in_the_confined_child_within_the_thread_budget(
     sandbox: Sandbox,
 ) -> None:
-    """Issue 15, item 1: libheif (pillow-heif) is imported by the zygote with hypermedia.imaging.ops
+    """Issue 15, item 1: libheif (pillow-heif) is imported by the zygote with hypermedia.engines.imaging.ops
     and decodes in the child, confined (sandbox uid, mount namespace, rlimits): libde265 adds one
     thread to the job's, which stays far below RLIMIT_NPROC."""
     job = job_id()

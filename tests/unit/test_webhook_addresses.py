@@ -6,9 +6,9 @@ import ipaddress
 
 import pytest
 
-from hypermedia.errors import InvalidArgument
-from hypermedia.webhooks import is_public_address, literal_private_host
-from services.gateway.jobs import _check_webhook_url
+from hypermedia.core.errors import InvalidArgument
+from hypermedia.jobs.webhooks import is_public_address, literal_private_host
+from services.gateway.process_request import check_webhook_url
 
 
 @pytest.mark.parametrize(
@@ -95,15 +95,15 @@ def test_literal_private_hosts(host: str, private: bool) -> None:
 )
 def test_the_gateway_refuses_webhooks_to_private_literals_unless_allowed(url: str) -> None:
     with pytest.raises(InvalidArgument) as refused:
-        _check_webhook_url(url)
+        check_webhook_url(url)
     assert refused.value.error_code == "INVALID_WEBHOOK_URL"
     assert "public address" in refused.value.public_message
-    _check_webhook_url(url, allow_private=True)  # HM_WEBHOOK_ALLOW_PRIVATE
+    check_webhook_url(url, allow_private=True)  # HM_WEBHOOK_ALLOW_PRIVATE
 
 
 def test_public_webhook_urls_pass() -> None:
     for url in ("https://hooks.example.com/x", "http://8.8.8.8:8080/x", "https://[2606:4700::1111]/x"):
-        _check_webhook_url(url)
+        check_webhook_url(url)
 
 
 @pytest.mark.parametrize(
@@ -111,5 +111,5 @@ def test_public_webhook_urls_pass() -> None:
 )
 def test_a_url_that_is_not_valid_unicode_is_a_422_not_a_500(url: str) -> None:
     with pytest.raises(InvalidArgument) as refused:
-        _check_webhook_url(url)
+        check_webhook_url(url)
     assert refused.value.error_code == "INVALID_WEBHOOK_URL"

@@ -1,0 +1,111 @@
+"""Typed, validated configuration, read from the environment: the base every component's settings
+class extends, the connections every service shares (:class:`InfraSettings`), and :func:`load`.
+
+Each component keeps its own frozen settings class beside its code (pydantic-settings: defaults →
+environment → validation, with every error reported at once and each naming its variable): the
+gateway's in ``services/gateway/settings.py``, a worker's in :mod:`hypermedia.worker.settings`, the
+HTTP limits in :mod:`hypermedia.infra.httplimits`, and so on. Secrets are ``SecretStr`` and error
+messages never include input values, so a bad ``HM_DATABASE_URL`` with a password in it is never
+printed. Every variable starts with ``HM_``; the older names in :data:`DEPRECATED_NAMES` are still
+read for one release, with a warning. The names are a stable contract, documented in
+``docs/operations.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Final, Literal, TypeVar
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+log = logging.getLogger(__name__)
+
+QueueName = Literal["images", "documents", "ocr", "media", "bulk"]
+QUEUES: tuple[QueueName, ...] = ("images", "documents", "ocr", "media", "bulk")
+
+DEPRECATED_NAMES: Final = {
+    "DATABASE_URL": "HM_DATABASE_URL",
+    "NATS_URL": "HM_NATS_URL",
+    "CLAMD_URL": "HM_CLAMD_URL",
+    "HYPERMEDIA_HTTP_HOST": "HM_GATEWAY_HTTP_HOST",
+    "HYPERMEDIA_HTTP_PORT": "HM_GATEWAY_HTTP_PORT",
+    "HYPERMEDIA_GRPC_HOST": "HM_GATEWAY_GRPC_HOST",
+    "HYPERMEDIA_GRPC_PORT": "HM_GATEWAY_GRPC_PORT",
+}
+"""Variables renamed to the ``HM_`` prefix (issue 16): old name → new name. The old one is read when
+the new one is not set, for one release, and :func:`load` logs a warning naming both."""
+
+
+class ConfigError(Exception):
+    """Configuration is invalid. ``str()`` lists every problem as ``VARIABLE: reason``, no values."""
+
+    exit_code = 78  # EX_CONFIG from sysexits.h
+
+
+def env(name: str) -> AliasChoices | str:
+    """The ``validation_alias`` of a field read from the variable ``name``, and from its deprecated
+    old name too when :data:`DEPRECATED_NAMES` has one (the new name wins)."""
+    old = [o for o, new in DEPRECATED_NAMES.items() if new == name]
+    return AliasChoices(name, *old) if old else name
+
+
+class ComponentSettings(BaseSettings):
+    """Base of every component's settings: frozen, unknown variables ignored, names
+    case-insensitive. Keyword arguments given to :func:`load` are *defaults*: the environment
+    still overrides them (a worker service's own slot count, say)."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", case_sensitive=False)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return env_settings, dotenv_settings, init_settings, file_secret_settings
+
+
+class InfraSettings(ComponentSettings):
+    """Connections every service needs."""
+
+    database_url: SecretStr = Field(validation_alias=env("HM_DATABASE_URL"))
+    """asyncpg DSN of the system of record, e.g. ``postgresql://user:pw@host:5432/hypermedia``."""
+    nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=env("HM_NATS_URL"))
+    """NATS server with JetStream."""
+    stream_prefix: str = Field("HM", validation_alias="HM_STREAM_PREFIX", pattern=r"^[A-Z][A-Z0-9_]{0,15}$")
+    """Prefix of JetStream stream and subject names, so two platforms can share one NATS server."""
+    credits_addr: str = Field("127.0.0.1:50061", validation_alias="HM_CREDITS_ADDR")
+    """host:port of the credits service."""
+    storage_addr: str = Field("127.0.0.1:50062", validation_alias="HM_STORAGE_ADDR")
+    """host:port of the storage service's gRPC API."""
+    log_level: str = Field("INFO", validation_alias="HM_LOG_LEVEL")
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load(cls: type[S], **defaults: Any) -> S:
+    """Read ``cls`` from the environment; ``defaults`` (by variable name, e.g.
+    ``HM_WORKER_SLOTS=2``) stand in for variables that are not set. Logs a warning for each
+    deprecated variable set (:data:`DEPRECATED_NAMES`).
+
+    Raises:
+        ConfigError: listing every invalid or missing variable, without any value.
+    """
+    try:
+        settings = cls(**defaults)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_input=False, include_url=False):
+            where = ".".join(str(p) for p in err["loc"]) or cls.__name__
+            problems.append(f"{where.upper()}: {err['msg']}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+    for old, new in DEPRECATED_NAMES.items():
+        if old in os.environ:
+            log.warning("%s is deprecated and will stop being read in the next release: set %s", old, new)
+    return settings

@@ -1,0 +1,228 @@
+"""The ``hypermedia`` command: ``up`` (the whole platform), ``migrate``, and ``admin …``.
+
+``hypermedia admin …`` reads ``platform.json`` from the state directory (``./.hypermedia`` or
+``HM_STATE_DIR``) to reach the platform that ``hypermedia up`` started there; with
+``HM_DATABASE_URL`` and ``HM_CREDITS_ADDR`` set it talks to those instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from typing import Annotated, Any
+
+import typer
+
+from hypermedia.core import config, telemetry
+from hypermedia.devtools import platform
+from hypermedia.infra import db
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="hypermedia platform commands")
+admin = typer.Typer(no_args_is_help=True, help="administration of a running platform")
+app.add_typer(admin, name="admin")
+
+
+@app.command()
+def up(
+    services: Annotated[
+        str, typer.Option(help="comma-separated services to run", show_default=True)
+    ] = ",".join(platform.SERVICES),
+    scale: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="replicas of a worker service, e.g. imageworker=2 (repeatable)", metavar="SERVICE=N"
+        ),
+    ] = None,
+) -> None:
+    """Start every service as its own process (embedded Postgres/NATS/object store when HM_DATABASE_URL,
+    HM_NATS_URL and S3 settings are absent) and supervise them until Ctrl-C."""
+    telemetry.setup("up", os.environ.get("HM_LOG_LEVEL", "INFO"))
+    chosen = tuple(s.strip() for s in services.split(",") if s.strip())
+    unknown = set(chosen) - set(platform.SERVICES)
+    if unknown:
+        raise typer.BadParameter(f"unknown services: {', '.join(sorted(unknown))}")
+    replicas: dict[str, int] = {}
+    for item in scale or []:
+        name, _, count = item.partition("=")
+        if not count.isdigit():
+            raise typer.BadParameter(f"--scale takes SERVICE=N, not {item!r}")
+        replicas[name.strip()] = int(count)
+    try:
+        plat = platform.Platform(platform.state_dir(), chosen, scale=replicas)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    def request_stop(*_: object) -> None:
+        plat.stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        info = plat.start()
+        public = {k: v for k, v in info.items() if k != "database_url"}
+        print(json.dumps({"event": "platform_ready", **public}), flush=True)
+        plat.supervise()
+    except Exception as exc:
+        print(f"hypermedia up: {exc}", file=sys.stderr)
+        plat.stop()
+        raise typer.Exit(1) from None
+    plat.stop()
+    print(json.dumps({"event": "platform_stopped"}), flush=True)
+
+
+def _database_url() -> str:
+    if os.environ.get("HM_DATABASE_URL"):
+        return os.environ["HM_DATABASE_URL"]
+    return str(platform.read_platform()["database_url"])
+
+
+def _credits_addr() -> str:
+    if os.environ.get("HM_CREDITS_ADDR"):
+        return os.environ["HM_CREDITS_ADDR"]
+    return str(platform.read_platform()["credits_addr"])
+
+
+@app.command()
+def migrate() -> None:
+    """Apply pending database migrations (HM_DATABASE_URL, or the platform in this directory)."""
+    try:
+        applied = db.migrate(_database_url())
+    except FileNotFoundError as exc:
+        print(f"hypermedia migrate: {exc}", file=sys.stderr)
+        raise typer.Exit(config.ConfigError.exit_code) from None
+    print(json.dumps({"applied": applied}))
+
+
+async def _create_account(name: str, credits: float) -> dict[str, Any]:
+    from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+    from hypermedia.infra import rpc
+    from hypermedia.jobs.accounts import create_account
+
+    pool = await db.create_pool(_database_url(), max_size=2)
+    try:
+        account_id, api_key, pool_id, webhook_secret = await create_account(pool, name)
+    finally:
+        await pool.close()
+    millicredits = round(credits * 1000)
+    balance = 0
+    if millicredits > 0:
+        async with rpc.channel(_credits_addr()) as chan:
+            response = await rpc.call(
+                credits_pb2_grpc.CreditsServiceStub(chan).Grant,
+                credits_pb2.GrantRequest(
+                    account_id=account_id, millicredits=millicredits, grant_id=str(uuid.uuid4())
+                ),
+            )
+            balance = response.balance_millicredits
+    return {
+        "account_id": account_id,
+        "api_key": api_key,
+        "pool_id": pool_id,
+        "credits": balance / 1000,
+        "webhook_secret": webhook_secret,
+    }
+
+
+@admin.command("create-account")
+def create_account_cmd(
+    credits: Annotated[float, typer.Option(min=0, help="credits granted at creation")] = 0.0,
+    name: Annotated[str, typer.Option(help="display name")] = "account",
+) -> None:
+    """Create an account with a pool and an API key; prints JSON {account_id, api_key, pool_id, credits,
+    webhook_secret} (the secret verifies webhook signatures)."""
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        print(json.dumps(asyncio.run(_create_account(name, credits))))
+    except FileNotFoundError as exc:
+        print(f"hypermedia admin: {exc}", file=sys.stderr)
+        raise typer.Exit(config.ConfigError.exit_code) from None
+
+
+async def _grant(account_id: str, credits: float) -> dict[str, Any]:
+    from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+    from hypermedia.infra import rpc
+
+    async with rpc.channel(_credits_addr()) as chan:
+        response = await rpc.call(
+            credits_pb2_grpc.CreditsServiceStub(chan).Grant,
+            credits_pb2.GrantRequest(
+                account_id=account_id, millicredits=round(credits * 1000), grant_id=str(uuid.uuid4())
+            ),
+        )
+    return {"account_id": account_id, "balance": response.balance_millicredits / 1000}
+
+
+@admin.command("grant")
+def grant_cmd(
+    account_id: Annotated[str, typer.Argument(help="account to credit")],
+    credits: Annotated[float, typer.Option(min=0.001, help="credits to add")],
+) -> None:
+    """Add credits to an account; prints JSON {account_id, balance}."""
+    from hypermedia.core.errors import DomainError
+
+    try:
+        print(json.dumps(asyncio.run(_grant(account_id, credits))))
+    except (FileNotFoundError, DomainError) as exc:
+        print(f"hypermedia admin: {getattr(exc, 'public_message', exc)}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+async def _set_storage_quota(
+    account_id: str, max_bytes: int | None, max_objects: int | None, default: bool
+) -> dict[str, Any]:
+    pool = await db.create_pool(_database_url(), max_size=1)
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval("SELECT 1 FROM accounts WHERE account_id = $1", uuid.UUID(account_id)):
+                raise LookupError(f"no account {account_id}")
+            # The limits only: the usage counters are the storage service's (ADR 0029).
+            row = await conn.fetchrow(
+                """INSERT INTO storage_usage (account_id, max_bytes, max_objects) VALUES ($1, $2, $3)
+                   ON CONFLICT (account_id) DO UPDATE SET
+                       max_bytes = CASE WHEN $4 THEN NULL ELSE coalesce($2, storage_usage.max_bytes) END,
+                       max_objects = CASE WHEN $4 THEN NULL ELSE coalesce($3, storage_usage.max_objects) END,
+                       updated_at = now()
+                   RETURNING used_bytes, used_objects, max_bytes, max_objects""",
+                uuid.UUID(account_id),
+                None if default else max_bytes,
+                None if default else max_objects,
+                default,
+            )
+    finally:
+        await pool.close()
+    assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING yields the row
+    return {"account_id": account_id, **dict(row)}
+
+
+@admin.command("set-storage-quota")
+def set_storage_quota_cmd(
+    account_id: Annotated[str, typer.Argument(help="account whose quota to set")],
+    max_bytes: Annotated[int | None, typer.Option(min=0, help="bytes of originals it may store")] = None,
+    max_objects: Annotated[int | None, typer.Option(min=0, help="originals it may store at once")] = None,
+    default: Annotated[bool, typer.Option("--default", help="back to the service's defaults")] = False,
+) -> None:
+    """Set an account's storage quota (either limit, or both; the other stays); prints JSON
+    {account_id, used_bytes, used_objects, max_bytes, max_objects}, a null limit meaning the
+    storage service's default (HM_STORAGE_QUOTA_BYTES, HM_STORAGE_QUOTA_OBJECTS). Lowering a
+    limit below the usage deletes nothing: uploads are refused until the account is under it."""
+    logging.basicConfig(level=logging.WARNING)
+    if max_bytes is None and max_objects is None and not default:
+        raise typer.BadParameter("give --max-bytes, --max-objects or --default")
+    try:
+        uuid.UUID(account_id)
+    except ValueError:
+        raise typer.BadParameter(f"{account_id!r} is not an account id") from None
+    try:
+        print(json.dumps(asyncio.run(_set_storage_quota(account_id, max_bytes, max_objects, default))))
+    except (FileNotFoundError, LookupError) as exc:
+        print(f"hypermedia admin: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+if __name__ == "__main__":
+    app()

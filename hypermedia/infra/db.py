@@ -1,0 +1,97 @@
+"""Postgres access: the asyncpg pool every service uses, and schema migrations (yoyo).
+
+Migrations are plain SQL files in ``hypermedia/infra/migrations/`` applied in order by yoyo-migrations
+under its lock, so several processes starting at once apply each migration exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import yoyo
+from asyncpg.pool import PoolConnectionProxy
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+Connection = asyncpg.Connection | PoolConnectionProxy
+"""A plain connection or one borrowed from a pool: what transaction-scoped helpers accept."""
+
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,  # connection lost or refused (class 08)
+    asyncpg.CannotConnectNowError,  # 57P03: the server is starting up or shutting down
+    asyncpg.AdminShutdownError,  # 57P01: terminated by a fast shutdown or restart
+    asyncpg.CrashShutdownError,  # 57P02: another backend crashed
+    asyncpg.TooManyConnectionsError,
+    asyncpg.InterfaceError,  # "connection is closed" and friends, raised client-side
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
+"""Errors that mean "Postgres is unreachable right now", not "this statement is wrong": a restart,
+a failover, a network blip. Retrying the same statement later can succeed."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for :data:`TRANSIENT_ERRORS` (a lost server, not a bad statement)."""
+    return isinstance(exc, TRANSIENT_ERRORS)
+
+
+def retrying(max_seconds: float = 30.0, on_retry: Callable[[], None] | None = None) -> AsyncRetrying:
+    """Tenacity loop for one Postgres statement or transaction across a server restart: retried on
+    :data:`TRANSIENT_ERRORS` with exponential backoff (0.2 s doubling to 2 s) for at most
+    ``max_seconds``, then the last error is raised. Only for work that is safe to repeat
+    (conditional updates, idempotent inserts). ``on_retry`` runs before each retry."""
+    return AsyncRetrying(
+        stop=stop_after_delay(max_seconds),
+        wait=wait_exponential(multiplier=0.2, max=2),
+        retry=retry_if_exception(is_transient),
+        before_sleep=(lambda _state: on_retry()) if on_retry else None,
+        reraise=True,
+    )
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for typ in ("json", "jsonb"):
+        await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """An asyncpg pool with JSON/JSONB decoded to Python values.
+
+    Raises:
+        OSError, asyncpg.PostgresError: when the server cannot be reached.
+    """
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection, command_timeout=30
+    )
+    assert pool is not None
+    return pool
+
+
+async def connect(dsn: str) -> asyncpg.Connection:
+    """One connection with the same JSON/JSONB codecs as :func:`create_pool` (scripts, tests)."""
+    conn = await asyncpg.connect(dsn)
+    await _init_connection(conn)
+    return conn
+
+
+def _yoyo_url(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    scheme = "postgresql+psycopg"
+    return urlunsplit((scheme, parts.netloc, parts.path, parts.query, parts.fragment))
+
+
+def migrate(dsn: str) -> int:
+    """Apply pending migrations to the database at ``dsn``; returns how many were applied."""
+    backend = yoyo.get_backend(_yoyo_url(dsn))
+    migrations = yoyo.read_migrations(str(MIGRATIONS_DIR))
+    with backend.lock():
+        pending = backend.to_apply(migrations)
+        backend.apply_migrations(pending)
+    return len(pending)

@@ -1,0 +1,175 @@
+"""The one way a service process runs: configure telemetry, wire dependencies in an
+``AsyncExitStack``, serve until SIGTERM/SIGINT, then unwind in reverse order.
+
+Exit codes (documented in docs/operations.md):
+
+====  =====================================================================
+0     stopped on a signal after a clean shutdown (also when the signal came during start-up)
+69    a dependency (Postgres, NATS, a peer service) was unreachable at start, or start-up took
+      longer than 30 s (EX_UNAVAILABLE)
+70    an unexpected internal error, or a background loop of the service died (EX_SOFTWARE)
+78    invalid configuration; the message names each variable, never a value (EX_CONFIG)
+====  =====================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import grpc
+
+from hypermedia.api.credits.v1 import credits_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2_grpc
+from hypermedia.core import telemetry
+from hypermedia.core.config import ConfigError, InfraSettings
+from hypermedia.infra import db, rpc
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_UNAVAILABLE = 69
+EXIT_SOFTWARE = 70
+EXIT_CONFIG = 78
+
+STARTUP_TIMEOUT_SECONDS = 30.0
+"""Longest a service may take to open its dependencies and start serving (the app:worker
+reference's startup admission deadline); past it the service exits 69."""
+
+
+class Lifetime(asyncio.Event):
+    """The stop signal handed to ``serve``: set by SIGTERM/SIGINT, or by :meth:`fail` when a
+    background loop of the service died, which makes the process exit 70 instead of 0."""
+
+    failure: str | None = None
+
+    def fail(self, reason: str) -> None:
+        self.failure = reason
+        self.set()
+
+
+Serve = Callable[[AsyncExitStack, Lifetime], Awaitable[Any]]
+
+
+async def every(
+    interval: float,
+    run_once: Callable[[], Awaitable[object]],
+    stop: asyncio.Event,
+    *,
+    first_after: bool = False,
+) -> None:
+    """Call ``run_once`` every ``interval`` seconds until ``stop`` (the thin loop around a
+    ``run_once()`` that STYLE asks for). A failing run is logged and the loop goes on. With
+    ``first_after`` the first run waits one interval."""
+    if first_after:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+    while not stop.is_set():
+        try:
+            await run_once()
+        except Exception:
+            log.exception(
+                "%s failed; the next run retries", getattr(run_once, "__qualname__", "periodic run")
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
+async def _main(name: str, serve: Serve) -> int:
+    stop = Lifetime()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with AsyncExitStack() as stack:
+            starting = asyncio.ensure_future(serve(stack, stop))
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait(
+                [starting, stopped], timeout=STARTUP_TIMEOUT_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not starting.done():
+                # A signal during start-up, or dependencies that never answered: give up cleanly.
+                starting.cancel()
+                stopped.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+                if stop.is_set():
+                    log.info("%s stopped during start-up", name)
+                    return EXIT_OK
+                print(
+                    f"{name}: dependencies not reachable within {STARTUP_TIMEOUT_SECONDS:.0f}s",
+                    file=sys.stderr,
+                )
+                return EXIT_UNAVAILABLE
+            try:
+                starting.result()
+            except (TimeoutError, OSError, ConnectionError) as exc:
+                stopped.cancel()
+                log.error("dependency unreachable at start: %s", type(exc).__name__)
+                print(f"{name}: a dependency is unreachable: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return EXIT_UNAVAILABLE
+            log.info("%s serving", name)
+            await stopped
+            log.info("%s stopping", name)
+    except ConfigError:
+        raise
+    except Exception:
+        log.exception("%s failed", name)
+        return EXIT_SOFTWARE
+    if stop.failure:
+        log.error("%s stopped after a failure: %s", name, stop.failure)
+        return EXIT_SOFTWARE
+    log.info("%s stopped", name)
+    return EXIT_OK
+
+
+def run_service(name: str, serve: Serve) -> None:
+    """Run ``serve`` as service ``name`` and exit with the documented code."""
+    import os
+
+    telemetry.setup(name, os.environ.get("HM_LOG_LEVEL", "INFO"))
+    try:
+        code = asyncio.run(_main(name, serve))
+    except ConfigError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        code = EXIT_CONFIG
+    sys.exit(code)
+
+
+@dataclass(frozen=True)
+class Peers:
+    """gRPC channels and stubs of the storage and credits services."""
+
+    storage_channel: grpc.aio.Channel
+    credits_channel: grpc.aio.Channel
+    storage: storage_pb2_grpc.StorageServiceStub
+    credits: credits_pb2_grpc.CreditsServiceStub
+
+
+async def open_postgres(stack: AsyncExitStack, infra: InfraSettings, *, max_size: int) -> asyncpg.Pool:
+    """The service's asyncpg pool, closed when ``stack`` unwinds."""
+    pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=max_size)
+    stack.push_async_callback(pool.close)
+    return pool
+
+
+def open_peers(stack: AsyncExitStack, infra: InfraSettings) -> Peers:
+    """Channels to storage and credits (closed when ``stack`` unwinds) and their stubs."""
+    storage_channel = rpc.channel(infra.storage_addr)
+    credits_channel = rpc.channel(infra.credits_addr)
+    stack.push_async_callback(storage_channel.close)
+    stack.push_async_callback(credits_channel.close)
+    return Peers(
+        storage_channel,
+        credits_channel,
+        storage_pb2_grpc.StorageServiceStub(storage_channel),
+        credits_pb2_grpc.CreditsServiceStub(credits_channel),
+    )

@@ -1,0 +1,86 @@
+"""Accounts and API keys (the gateway authenticates with it; `hypermedia admin` creates accounts). API keys: ``hm_<key_id>_<secret>``. Only SHA-256 of the secret is stored (the secret has 256 bits
+of entropy, so a fast hash is enough; a slow KDF protects low-entropy passwords, not random keys).
+The key is shown once, at creation."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+
+from hypermedia.core.errors import Unauthenticated
+from hypermedia.jobs.webhooks import new_webhook_secret
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated account behind a request and its default pool."""
+
+    account_id: str
+    pool_id: str
+
+
+def new_key() -> tuple[str, str, bytes]:
+    """A fresh key: (full key to hand out, key_id, secret hash to store)."""
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    return f"hm_{key_id}_{secret}", key_id, hashlib.sha256(secret.encode()).digest()
+
+
+def parse_bearer(header: str | None) -> tuple[str, str]:
+    """(key_id, secret) from an ``Authorization: Bearer hm_…`` value. Raises Unauthenticated."""
+    scheme, _, token = (header or "").strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:  # the scheme is case-insensitive (RFC 9110)
+        raise Unauthenticated("missing bearer API key", "UNAUTHENTICATED")
+    parts = token.split("_", 2)
+    if len(parts) != 3 or parts[0] != "hm" or not parts[1] or not parts[2]:
+        raise Unauthenticated("malformed API key", "UNAUTHENTICATED")
+    return parts[1], parts[2]
+
+
+async def authenticate(pool: asyncpg.Pool, header: str | None) -> Caller:
+    """The caller of a request. Raises Unauthenticated for a missing, unknown or revoked key."""
+    key_id, secret = parse_bearer(header)
+    row = await pool.fetchrow(
+        """
+        SELECT k.account_id, k.secret_hash,
+               (SELECT pool_id FROM pools p WHERE p.account_id = k.account_id ORDER BY created_at LIMIT 1) AS pool_id
+        FROM api_keys k WHERE k.key_id = $1 AND k.revoked_at IS NULL
+        """,
+        key_id,
+    )
+    digest = hashlib.sha256(secret.encode()).digest()
+    if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), digest) or row["pool_id"] is None:
+        raise Unauthenticated("unknown API key", "UNAUTHENTICATED")
+    return Caller(account_id=str(row["account_id"]), pool_id=str(row["pool_id"]))
+
+
+async def create_account(pool: asyncpg.Pool, name: str) -> tuple[str, str, str, str]:
+    """Create an account with one pool, one API key and a webhook signing secret.
+    Returns (account_id, api_key, pool_id, webhook_secret)."""
+    account_id, pool_id = uuid.uuid4(), uuid.uuid4()
+    key, key_id, digest = new_key()
+    webhook_secret = new_webhook_secret()
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO accounts (account_id, name, webhook_secret) VALUES ($1, $2, $3)",
+            account_id,
+            name,
+            webhook_secret,
+        )
+        await conn.execute(
+            "INSERT INTO pools (pool_id, account_id, name) VALUES ($1, $2, 'default')", pool_id, account_id
+        )
+        await conn.execute(
+            "INSERT INTO api_keys (key_id, account_id, secret_hash) VALUES ($1, $2, $3)",
+            key_id,
+            account_id,
+            digest,
+        )
+        await conn.execute("INSERT INTO credit_accounts (account_id) VALUES ($1)", account_id)
+    return str(account_id), key, str(pool_id), webhook_secret

@@ -1,0 +1,70 @@
+"""The job lifecycle in Postgres: every state transition of ``processing_jobs`` lives here.
+
+States (the seed's): ``created → queued → claimed → processing → completed``, with ``retry_wait``,
+``failed``, ``cancelled`` and ``cancel_requested``. Each function is one transition, written as a
+conditional ``UPDATE … WHERE status = …`` so that racing processes cannot both win; every write a
+worker makes about a job is fenced by ``(claimed_by, attempt_count)``, so a worker whose lease
+expired cannot complete, fail or charge a job someone else now holds.
+
+Whenever a job (re-)enters ``queued`` an outbox row is written in the same transaction; the relay
+(:mod:`hypermedia.jobs.outbox`) publishes it. Postgres is the truth, JetStream the delivery.
+
+Modules: :mod:`~hypermedia.jobs.lifecycle.requests` (the caller's: create, cancel),
+:mod:`~hypermedia.jobs.lifecycle.attempts` (a worker's: claim → complete / fail / cancel / hand
+back, progress, leases), :mod:`~hypermedia.jobs.lifecycle.recovery` (the reaper's: lost leases,
+retries, stale jobs, holds due for settlement) and :mod:`~hypermedia.jobs.lifecycle.rules` (the one
+rule for a lost attempt; the outbox rows). Nothing else writes ``processing_jobs`` or
+``job_attempts``: services decide, this package writes.
+"""
+
+from hypermedia.jobs.lifecycle.attempts import (
+    ClaimedJob,
+    Output,
+    cancel_requested,
+    claim,
+    complete,
+    extend_leases,
+    fail,
+    fenced_status,
+    hand_back,
+    mark_cancelled,
+    progress,
+    reclaim,
+)
+from hypermedia.jobs.lifecycle.recovery import expire_leases, promote_retries, republish_stale, settleable
+from hypermedia.jobs.lifecycle.requests import NewJob, create_queued, job_status, request_cancel
+from hypermedia.jobs.lifecycle.rules import (
+    LEASE_MARGIN_SECONDS,
+    LOST_ATTEMPT,
+    MAX_LOST_ATTEMPTS,
+    enqueue_outbox,
+    enqueue_outbox_many,
+)
+
+__all__ = [
+    "LEASE_MARGIN_SECONDS",
+    "LOST_ATTEMPT",
+    "MAX_LOST_ATTEMPTS",
+    "ClaimedJob",
+    "NewJob",
+    "Output",
+    "cancel_requested",
+    "claim",
+    "complete",
+    "create_queued",
+    "enqueue_outbox",
+    "enqueue_outbox_many",
+    "expire_leases",
+    "extend_leases",
+    "fail",
+    "fenced_status",
+    "hand_back",
+    "job_status",
+    "mark_cancelled",
+    "progress",
+    "promote_retries",
+    "reclaim",
+    "republish_stale",
+    "request_cancel",
+    "settleable",
+]

@@ -1,0 +1,402 @@
+"""A worker's transitions of the jobs it holds: claim, complete, fail, cancel, hand back, progress,
+leases. Every write is fenced by ``(claimed_by, attempt_count)`` (see :mod:`hypermedia.jobs.lifecycle`)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from hypermedia.infra import db
+from hypermedia.jobs.lifecycle.rules import (
+    LEASE_MARGIN_SECONDS,
+    MAX_LOST_ATTEMPTS,
+    enqueue_outbox,
+    lost_attempt_sql,
+)
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job this worker holds. ``attempt`` is the fencing token (``attempt_count`` after claim)."""
+
+    job_id: str
+    account_id: str
+    object_id: str
+    operation: str
+    profile_version: int
+    queue: str
+    params: dict[str, Any]
+    priority: int
+    attempt: int
+    max_attempts: int
+    estimated_credits: int
+    timeout_seconds: int
+    max_input_bytes: int
+    max_pixels: int
+    memory_limit_mb: int
+    backoff_base_seconds: int
+    escalation_per_page: int = 0
+    """Millicredits per page an OCR job escalated (the profile's; 0 elsewhere)."""
+    max_duration_seconds: int = 14_400
+    """Longest audio or video a media job takes, in seconds (the profile's)."""
+
+
+async def claim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:
+    """The seed's atomic claim: ``UPDATE … WHERE job_id = $1 AND status = 'queued'``, then the
+    ``job_attempts`` row and ``processing``, in one transaction. None when someone else has it (or
+    it was cancelled, or the id is unknown)."""
+    try:
+        uuid.UUID(str(job_id))
+    except ValueError:
+        return None
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(
+            f"""
+            UPDATE processing_jobs j SET
+                status = 'claimed', claimed_by = $2, claimed_at = now(),
+                visibility_timeout = now() + make_interval(secs => p.timeout_seconds * 1.5 + $3),
+                attempt_count = j.attempt_count + 1, updated_at = now()
+            FROM processing_profiles p
+            WHERE j.job_id = $1 AND j.status = 'queued'
+              AND p.operation = j.operation AND p.version = j.profile_version
+            RETURNING {_CLAIMED_COLUMNS}
+            """,
+            job_id,
+            worker_id,
+            LEASE_MARGIN_SECONDS,
+        )
+        if row is None:
+            return None
+        await conn.execute(
+            "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status) VALUES ($1, $2, $3, 'processing')",
+            job_id,
+            row["attempt_count"],
+            worker_id,
+        )
+        await conn.execute(
+            "UPDATE processing_jobs SET status = 'processing', started_at = coalesce(started_at, now()), "
+            "updated_at = now() WHERE job_id = $1",
+            job_id,
+        )
+    return _claimed_job(row)
+
+
+async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:
+    """The job ``worker_id`` claimed in a call whose reply was lost (a retried :func:`claim` finds
+    it no longer queued): the row :func:`claim` would have returned, or None when the job is not
+    ``processing`` under this worker. Only for that retry: a worker must not adopt a job it is
+    already running."""
+    row = await pool.fetchrow(
+        f"""
+        SELECT {_CLAIMED_COLUMNS}
+        FROM processing_jobs j
+        JOIN processing_profiles p ON p.operation = j.operation AND p.version = j.profile_version
+        WHERE j.job_id = $1 AND j.claimed_by = $2 AND j.status = 'processing'
+        """,
+        job_id,
+        worker_id,
+    )
+    return None if row is None else _claimed_job(row)
+
+
+_CLAIMED_COLUMNS = """j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
+    j.params, j.priority, j.attempt_count, j.max_attempts, j.estimated_credits, p.timeout_seconds,
+    p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds, p.escalation_per_page,
+    p.max_duration_seconds"""
+"""What :func:`claim` and :func:`reclaim` read (``j``: the job, ``p``: its profile) for :func:`_claimed_job`."""
+
+
+def _claimed_job(row: asyncpg.Record) -> ClaimedJob:
+    return ClaimedJob(
+        job_id=str(row["job_id"]),
+        account_id=str(row["account_id"]),
+        object_id=str(row["object_id"]),
+        operation=row["operation"],
+        profile_version=row["profile_version"],
+        queue=row["queue"],
+        params=row["params"] or {},
+        priority=row["priority"],
+        attempt=row["attempt_count"],
+        max_attempts=row["max_attempts"],
+        estimated_credits=row["estimated_credits"],
+        timeout_seconds=row["timeout_seconds"],
+        max_input_bytes=row["max_input_bytes"],
+        max_pixels=row["max_pixels"],
+        memory_limit_mb=row["memory_limit_mb"],
+        backoff_base_seconds=row["backoff_base_seconds"],
+        escalation_per_page=row["escalation_per_page"],
+        max_duration_seconds=row["max_duration_seconds"],
+    )
+
+
+@dataclass(frozen=True)
+class Output:
+    """A derived object registered for a job."""
+
+    output_type: str
+    object_id: str
+    key: str
+    mime_type: str
+    size_bytes: int
+    metadata: dict[str, Any]
+
+
+async def complete(
+    pool: asyncpg.Pool,
+    job: ClaimedJob,
+    worker_id: str,
+    outputs: list[Output],
+    actual_credits: int,
+    duration_ms: int,
+    peak_memory_mb: int,
+    charge_lines: dict[str, int] | None = None,
+) -> bool:
+    """Record outputs (one row per (job, output type, profile version): ``uk_job_type_profile``) and
+    mark the job completed, atomically, with its ``actual_credits`` (millicredits, the
+    ``charge_lines`` included: ``{"ocr_escalation": 600}``, kept in the job row for the reaper's
+    commit when the worker's fails). Only a job still ``processing`` completes: once its
+    cancellation was requested it does not (the caller then deletes the outputs and cancels it).
+
+    Returns True when the job is completed by this attempt — also when an earlier call of this same
+    attempt committed and its reply was lost (so the call can be retried). False when nothing was
+    written: the lease was lost, or cancellation was requested (:func:`fenced_status` tells which).
+    """
+    async with pool.acquire() as conn, conn.transaction():
+        status = await conn.fetchval(
+            """
+            UPDATE processing_jobs SET status = 'completed', completed_at = now(), actual_credits = $4,
+                   charge_lines = $5, visibility_timeout = NULL, error_code = NULL, error_message = NULL, updated_at = now()
+            WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
+            RETURNING status
+            """,
+            job.job_id,
+            worker_id,
+            job.attempt,
+            actual_credits,
+            charge_lines or {},
+        )
+        if status is None:
+            return await _fenced_status(conn, job, worker_id) == "completed"
+        await conn.executemany(
+            """
+            INSERT INTO job_outputs (job_id, output_type, profile_version, object_id, key, mime_type,
+                                     size_bytes, metadata)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            ON CONFLICT ON CONSTRAINT uk_job_type_profile DO NOTHING
+            """,
+            [
+                (
+                    job.job_id,
+                    o.output_type,
+                    job.profile_version,
+                    o.object_id,
+                    o.key,
+                    o.mime_type,
+                    o.size_bytes,
+                    o.metadata,
+                )
+                for o in outputs
+            ],
+        )
+        await _finish_attempt(conn, job, "completed", None, None, duration_ms, peak_memory_mb)
+    return True
+
+
+async def fail(
+    pool: asyncpg.Pool,
+    job: ClaimedJob,
+    worker_id: str,
+    error_code: str,
+    error_message: str,
+    *,
+    retryable: bool,
+    prefix: str,
+    duration_ms: int = 0,
+    peak_memory_mb: int = 0,
+) -> str | None:
+    """Record a failed attempt. A retryable failure with attempts left goes to ``retry_wait`` with
+    backoff ``backoff_base_seconds × 2^(n−1)`` (the seed's 1, 2, 4, 8 … minutes), ``n`` being the
+    number of attempts that failed on the job's account (``attempt_count − lost_attempts``, this one
+    included), and so does the ``max_attempts`` check; otherwise the job is ``failed``. A job whose
+    cancellation was requested is never retried: it is ``failed`` (and the caller releases its hold). Returns the new status (also when an earlier call of this attempt
+    committed and its reply was lost), or None when the lease was lost."""
+    async with pool.acquire() as conn, conn.transaction():
+        # SET expressions see the old row — the latest committed version, re-read after waiting for
+        # a concurrent cancel's lock (so no CTE snapshot here) — so every CASE tests the status
+        # before this update.
+        status = await conn.fetchval(
+            """
+            UPDATE processing_jobs SET
+                   status = CASE WHEN $4 AND status = 'processing' AND attempt_count - lost_attempts < max_attempts
+                                 THEN 'retry_wait' ELSE 'failed' END,
+                   error_code = $5, error_message = $6,
+                   next_attempt_at = CASE WHEN $4 AND status = 'processing'
+                                               AND attempt_count - lost_attempts < max_attempts
+                                          THEN now() + make_interval(
+                                                   secs => $7 * power(2, attempt_count - lost_attempts - 1))
+                                     END,
+                   completed_at = CASE WHEN $4 AND status = 'processing'
+                                            AND attempt_count - lost_attempts < max_attempts
+                                       THEN NULL ELSE now() END,
+                   visibility_timeout = NULL, updated_at = now()
+            WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3
+              AND status IN ('processing', 'cancel_requested')
+            RETURNING status
+            """,
+            job.job_id,
+            worker_id,
+            job.attempt,
+            retryable,
+            error_code,
+            error_message,
+            float(job.backoff_base_seconds),
+        )
+        if status is None:
+            # A retried call whose first try committed finds its own outcome; anything else means
+            # the lease was lost.
+            status = await _fenced_status(conn, job, worker_id)
+            return str(status) if status in ("retry_wait", "failed") else None
+        await _finish_attempt(conn, job, "failed", error_code, error_message, duration_ms, peak_memory_mb)
+    return str(status)
+
+
+async def mark_cancelled(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, duration_ms: int) -> bool:
+    """A running job whose cancellation the worker carried out: ``cancel_requested → cancelled``.
+    True when cancelled by this attempt (also on a retry after a lost reply)."""
+    async with pool.acquire() as conn, conn.transaction():
+        status = await conn.fetchval(
+            """
+            UPDATE processing_jobs SET status = 'cancelled', completed_at = now(), visibility_timeout = NULL,
+                   updated_at = now()
+            WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'cancel_requested'
+            RETURNING status
+            """,
+            job.job_id,
+            worker_id,
+            job.attempt,
+        )
+        if status is None:
+            return await _fenced_status(conn, job, worker_id) == "cancelled"
+        await _finish_attempt(conn, job, "cancelled", "CANCELLED", "cancelled by the caller", duration_ms, 0)
+    return True
+
+
+async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix: str) -> bool:
+    """Return a job this worker will not finish (drain deadline passed) to ``queued`` and publish it
+    again. The attempt is recorded as ``lost``: it counts against :data:`MAX_LOST_ATTEMPTS`, not
+    against ``max_attempts`` (the rule of :data:`LOST_ATTEMPT`). False when the lease was lost or
+    the job is no longer ``processing``."""
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(
+            f"""
+            UPDATE processing_jobs j SET {lost_attempt_sql(4)}
+            WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
+            RETURNING status, queue, priority
+            """,
+            job.job_id,
+            worker_id,
+            job.attempt,
+            MAX_LOST_ATTEMPTS,
+        )
+        if row is None:
+            return False
+        await _finish_attempt(conn, job, "lost", "WORKER_LOST", "handed back at shutdown", 0, 0)
+        if row["status"] == "queued":
+            await enqueue_outbox(conn, prefix, job.job_id, row["queue"], row["priority"])
+    return True
+
+
+async def progress(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, fraction: float, stage: str) -> bool:
+    """Record a progress event (``fraction`` 0..1, kept to 4 decimals; a short ``stage`` name) for watchers of the job;
+    fenced like every worker write. False when the lease was lost."""
+    result = await pool.execute(
+        """
+        INSERT INTO job_events (job_id, kind, status, progress, detail)
+        SELECT job_id, 'progress', status, $4, jsonb_build_object('stage', $5::text) FROM processing_jobs
+        WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
+        """,
+        job.job_id,
+        worker_id,
+        job.attempt,
+        round(min(1.0, max(0.0, fraction)), 4),
+        stage,
+    )
+    return result.endswith(" 1")
+
+
+async def extend_leases(pool: asyncpg.Pool, worker_id: str, job_ids: list[str]) -> list[str]:
+    """Heartbeat: push the visibility timeout of this worker's running jobs forward. Returns the ids
+    whose cancellation was requested."""
+    if not job_ids:
+        return []
+    rows = await pool.fetch(
+        """
+        UPDATE processing_jobs j SET
+            visibility_timeout = now() + make_interval(secs => p.timeout_seconds * 1.5 + $3)
+        FROM processing_profiles p
+        WHERE j.job_id = ANY($1::uuid[]) AND j.claimed_by = $2
+          AND j.status IN ('processing', 'cancel_requested')
+          AND p.operation = j.operation AND p.version = j.profile_version
+        RETURNING j.job_id, j.status
+        """,
+        job_ids,
+        worker_id,
+        LEASE_MARGIN_SECONDS,
+    )
+    return [str(r["job_id"]) for r in rows if r["status"] == "cancel_requested"]
+
+
+async def cancel_requested(pool: asyncpg.Pool, job_ids: list[str]) -> list[str]:
+    """The ids among ``job_ids`` whose cancellation was requested (the worker polls this)."""
+    if not job_ids:
+        return []
+    rows = await pool.fetch(
+        "SELECT job_id FROM processing_jobs WHERE job_id = ANY($1::uuid[]) AND status = 'cancel_requested'",
+        job_ids,
+    )
+    return [str(r["job_id"]) for r in rows]
+
+
+async def fenced_status(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str) -> str | None:
+    """The job's status while this worker's attempt still holds it (``claimed_by`` and
+    ``attempt_count`` match), else None (the lease was lost)."""
+    async with pool.acquire() as conn:
+        return await _fenced_status(conn, job, worker_id)
+
+
+async def _fenced_status(conn: db.Connection, job: ClaimedJob, worker_id: str) -> str | None:
+    status = await conn.fetchval(
+        "SELECT status FROM processing_jobs WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3",
+        job.job_id,
+        worker_id,
+        job.attempt,
+    )
+    return None if status is None else str(status)
+
+
+async def _finish_attempt(
+    conn: db.Connection,
+    job: ClaimedJob,
+    status: str,
+    error_code: str | None,
+    error_message: str | None,
+    duration_ms: int,
+    peak_memory_mb: int,
+) -> None:
+    await conn.execute(
+        """
+        UPDATE job_attempts SET status = $3, error_code = $4, error_message = $5, finished_at = now(),
+               duration_ms = $6, peak_memory_mb = $7
+        WHERE job_id = $1 AND attempt_number = $2
+        """,
+        job.job_id,
+        job.attempt,
+        status,
+        error_code,
+        error_message,
+        duration_ms,
+        peak_memory_mb,
+    )

@@ -1,0 +1,127 @@
+"""The reaper's transitions: lost leases (with the rule of :mod:`~hypermedia.jobs.lifecycle.rules`), due
+retries, stale ``queued`` jobs published again, and which ended jobs' holds are due for settlement."""
+
+from __future__ import annotations
+
+import datetime
+
+import asyncpg
+
+from hypermedia.jobs.lifecycle.rules import MAX_LOST_ATTEMPTS, enqueue_outbox_many, lost_attempt_sql
+
+
+async def expire_leases(pool: asyncpg.Pool, prefix: str, batch: int) -> list[tuple[str, str]]:
+    """The reaper's lost attempts: up to ``batch`` jobs in ``claimed``/``processing``/
+    ``cancel_requested`` whose ``visibility_timeout`` passed or whose worker is dead get the rule of
+    :data:`LOST_ATTEMPT`; their attempts are recorded ``lost`` and the requeued ones published
+    again, in one transaction (``FOR UPDATE SKIP LOCKED``: replicas never take the same job).
+
+    Returns ``[(job_id, new status)]``; the caller settles the credits of those that ended.
+    """
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            f"""
+            WITH expired AS (
+                SELECT job_id FROM processing_jobs
+                WHERE status IN ('claimed', 'processing', 'cancel_requested')
+                  AND (visibility_timeout < now()
+                       OR claimed_by IN (SELECT worker_id FROM workers WHERE status = 'dead'))
+                ORDER BY visibility_timeout LIMIT $1 FOR UPDATE SKIP LOCKED
+            )
+            UPDATE processing_jobs j SET {lost_attempt_sql(2)}
+            FROM expired WHERE j.job_id = expired.job_id
+            RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count
+            """,
+            batch,
+            MAX_LOST_ATTEMPTS,
+        )
+        await conn.executemany(
+            """
+            UPDATE job_attempts SET status = 'lost', error_code = 'WORKER_LOST',
+                   error_message = 'worker lost: lease expired or worker dead', finished_at = now()
+            WHERE job_id = $1 AND attempt_number = $2 AND status = 'processing'
+            """,
+            [(r["job_id"], r["attempt_count"]) for r in rows],
+        )
+        await enqueue_outbox_many(
+            conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows if r["status"] == "queued"]
+        )
+    return [(str(r["job_id"]), str(r["status"])) for r in rows]
+
+
+async def promote_retries(pool: asyncpg.Pool, prefix: str, batch: int) -> int:
+    """``retry_wait → queued`` for up to ``batch`` jobs whose ``next_attempt_at`` passed, published
+    again in the same transaction. Returns how many."""
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            """
+            WITH due AS (
+                SELECT job_id FROM processing_jobs
+                WHERE status = 'retry_wait' AND next_attempt_at <= now()
+                ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED
+            )
+            UPDATE processing_jobs j SET status = 'queued', claimed_by = NULL, queued_at = now(),
+                   updated_at = now()
+            FROM due WHERE j.job_id = due.job_id
+            RETURNING j.job_id, j.queue, j.priority
+            """,
+            batch,
+        )
+        await enqueue_outbox_many(conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows])
+    return len(rows)
+
+
+async def republish_stale(pool: asyncpg.Pool, prefix: str, batch: int, stale_seconds: float) -> int:
+    """Publishes again up to ``batch`` jobs ``queued`` for more than ``stale_seconds`` (a message
+    the broker lost never strands a job: claims are idempotent, duplicates dropped). Returns how many."""
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            """
+            WITH stale AS (
+                SELECT job_id FROM processing_jobs
+                WHERE status = 'queued' AND queued_at < now() - make_interval(secs => $2)
+                ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED
+            )
+            UPDATE processing_jobs j SET queued_at = now(), updated_at = now()
+            FROM stale WHERE j.job_id = stale.job_id
+            RETURNING j.job_id, j.queue, j.priority
+            """,
+            batch,
+            stale_seconds,
+        )
+        await enqueue_outbox_many(conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows])
+    return len(rows)
+
+
+async def settleable(
+    pool: asyncpg.Pool, holds: list[tuple[str, datetime.datetime]], grace_seconds: float
+) -> dict[str, tuple[str, int, dict[str, int]]]:
+    """Of the jobs whose holds are still held (``[(job_id, hold created_at)]``), the ones to settle
+    now: ``{job_id: (outcome, actual millicredits, charge lines)}`` for each job that ended more
+    than ``grace_seconds`` ago (its status), and for each job never created whose hold is older
+    than the grace (:data:`hypermedia.jobs.settlement.UNCREATED`, 0, ``{}``). Jobs still running,
+    or ended within the grace (their own path is settling them), are left out."""
+    if not holds:
+        return {}
+    rows = await pool.fetch(
+        """
+        SELECT h.job_id, j.status, j.actual_credits, j.charge_lines,
+               CASE WHEN j.job_id IS NULL THEN h.created_at < now() - make_interval(secs => $3)
+                    ELSE j.status IN ('completed', 'failed', 'cancelled')
+                         AND j.updated_at < now() - make_interval(secs => $3) END AS due
+        FROM unnest($1::uuid[], $2::timestamptz[]) AS h (job_id, created_at)
+        LEFT JOIN processing_jobs j ON j.job_id = h.job_id
+        """,
+        [job_id for job_id, _ in holds],
+        [created for _, created in holds],
+        grace_seconds,
+    )
+    return {
+        str(r["job_id"]): (
+            str(r["status"]) if r["status"] is not None else "uncreated",
+            int(r["actual_credits"] or 0),
+            dict(r["charge_lines"] or {}),
+        )
+        for r in rows
+        if r["due"]
+    }

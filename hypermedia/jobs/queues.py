@@ -1,0 +1,210 @@
+"""Job delivery over NATS JetStream with priorities.
+
+JetStream has no per-message priority, so each queue is one stream with one subject per priority,
+``{prefix}.jobs.{queue}.p{1..10}``, and one durable pull consumer per subject,
+``{queue}-p{N}``. A worker asks the consumers in priority order with ``no_wait`` pull requests and
+takes the first message it gets: the backlog of priority 1 is always drained before priority 2 is
+looked at, and within one subject JetStream keeps publish (= creation) order. When every consumer
+is empty the worker sleeps on a core-NATS doorbell subject ``{prefix}.ready.{queue}`` that the
+outbox relay rings after publishing (with a timeout as the safety net). See docs/adr/0003.
+
+Streams use work-queue retention (a message is removed once acknowledged), file storage and a
+two-minute duplicate window for ``Nats-Msg-Id`` de-duplication. Postgres is the system of record;
+a message only says "job X may be ready".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+from nats.js.errors import BadRequestError
+
+from hypermedia.core.config import QUEUES, InfraSettings
+
+log = logging.getLogger(__name__)
+
+PRIORITIES = tuple(range(1, 11))
+ACK_WAIT_SECONDS = 30.0
+"""A fetched message not acknowledged within this is delivered again."""
+DUPLICATE_WINDOW_SECONDS = 120.0
+
+
+def stream_name(prefix: str, queue: str) -> str:
+    """Stream of one queue, e.g. ``HM_IMAGES``."""
+    return f"{prefix}_{queue.upper()}"
+
+
+def subject(prefix: str, queue: str, priority: int) -> str:
+    """Subject of one priority band of a queue, e.g. ``hm.jobs.images.p1``."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be 1..10, got {priority}")
+    return f"{prefix.lower()}.jobs.{queue}.p{priority}"
+
+
+def doorbell_subject(prefix: str, queue: str) -> str:
+    """Core-NATS subject rung after messages were published to ``queue``."""
+    return f"{prefix.lower()}.ready.{queue}"
+
+
+def doorbell_for(job_subject: str) -> str:
+    """The doorbell of the queue a job subject belongs to (``hm.jobs.images.p1`` → ``hm.ready.images``)."""
+    prefix, _jobs, queue, _band = job_subject.split(".")
+    return doorbell_subject(prefix, queue)
+
+
+def consumer_name(queue: str, priority: int) -> str:
+    return f"{queue}-p{priority}"
+
+
+@dataclass(frozen=True)
+class JobMessage:
+    """Payload of a queue message: which job may be ready. Everything else is read from Postgres."""
+
+    job_id: str
+    queue: str
+    priority: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"job_id": self.job_id, "queue": self.queue, "priority": self.priority}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> JobMessage:
+        """Raises ValueError for a payload that is not a job message."""
+        try:
+            raw = json.loads(data)
+            return cls(str(raw["job_id"]), str(raw["queue"]), int(raw["priority"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a job message: {exc}") from None
+
+
+async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
+    """Connect to NATS (reconnecting forever) and return the client and its JetStream context."""
+    nc = await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    return nc, nc.jetstream()
+
+
+async def ensure_streams(js: JetStreamContext, prefix: str) -> None:
+    """Create (or update) the five queue streams and their per-priority durable consumers."""
+    for queue in QUEUES:
+        name = stream_name(prefix, queue)
+        config = api.StreamConfig(
+            name=name,
+            subjects=[f"{prefix.lower()}.jobs.{queue}.>"],
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            storage=api.StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW_SECONDS,
+            max_msg_size=64 * 1024,
+            discard=api.DiscardPolicy.NEW,
+        )
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            await js.update_stream(config)
+        for priority in PRIORITIES:
+            await js.add_consumer(
+                name,
+                api.ConsumerConfig(
+                    durable_name=consumer_name(queue, priority),
+                    filter_subject=subject(prefix, queue, priority),
+                    ack_policy=api.AckPolicy.EXPLICIT,
+                    ack_wait=ACK_WAIT_SECONDS,
+                    max_ack_pending=10_000,
+                    deliver_policy=api.DeliverPolicy.ALL,
+                ),
+            )
+
+
+class PriorityFetcher:
+    """Takes the next message of a queue in priority order (see the module docstring).
+
+    Args:
+        nc: connected NATS client.
+        prefix: stream prefix (``HM_STREAM_PREFIX``).
+        queue: queue name.
+        idle_wait_seconds: longest sleep between sweeps when the queue is empty.
+    """
+
+    def __init__(self, nc: NatsClient, prefix: str, queue: str, idle_wait_seconds: float = 1.0) -> None:
+        self._nc = nc
+        self._stream = stream_name(prefix, queue)
+        self._queue = queue
+        self._doorbell_subject = doorbell_subject(prefix, queue)
+        self._idle_wait = idle_wait_seconds
+        self._rung = asyncio.Event()
+        self._doorbell: Subscription | None = None
+        self._inbox: Subscription | None = None
+
+    async def start(self) -> None:
+        async def ring(_msg: Msg) -> None:
+            self._rung.set()
+
+        self._doorbell = await self._nc.subscribe(self._doorbell_subject, cb=ring)
+        # Pull responses come on a private inbox. JetStream delivers a message with its original
+        # subject (routed by subscription id), so nc.request()'s reply matching cannot be used.
+        self._inbox = await self._nc.subscribe(self._nc.new_inbox())
+
+    async def stop(self) -> None:
+        for sub in (self._doorbell, self._inbox):
+            if sub is not None:
+                await sub.unsubscribe()
+        self._doorbell = self._inbox = None
+
+    async def _pull_one(self, priority: int) -> Msg | None:
+        """A ``no_wait`` pull of one message from the band's consumer: the server answers at once
+        with the message or a 404/408 status."""
+        assert self._inbox is not None, "start() first"
+        api_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{consumer_name(self._queue, priority)}"
+        await self._nc.publish(
+            api_subject, json.dumps({"batch": 1, "no_wait": True}).encode(), reply=self._inbox.subject
+        )
+        try:
+            msg = await self._inbox.next_msg(timeout=5.0)
+        except nats.errors.TimeoutError:
+            return None
+        if msg.headers and msg.headers.get("Status"):
+            # 404 No Messages / 408 Request Timeout: this band is empty right now.
+            return None
+        return msg
+
+    async def sweep(self) -> Msg | None:
+        """One pass over priorities 1..10; the first message found, or None."""
+        for priority in PRIORITIES:
+            msg = await self._pull_one(priority)
+            if msg is not None:
+                return msg
+        return None
+
+    async def next(self, stop: asyncio.Event) -> Msg | None:
+        """The next message, waiting (doorbell or ``idle_wait_seconds``) while the queue is empty.
+        Returns None once ``stop`` is set."""
+        while not stop.is_set():
+            self._rung.clear()
+            msg = await self.sweep()
+            if msg is not None:
+                return msg
+            waiters = [asyncio.ensure_future(self._rung.wait()), asyncio.ensure_future(stop.wait())]
+            _done, pending = await asyncio.wait(
+                waiters, timeout=self._idle_wait, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:
+                task.cancel()
+        return None
+
+
+async def open_jetstream(
+    stack: AsyncExitStack, infra: InfraSettings, client_name: str
+) -> tuple[NatsClient, JetStreamContext]:
+    """A NATS connection (drained when ``stack`` unwinds) with the queue streams in place."""
+    nc, js = await connect(infra.nats_url, client_name)
+    stack.push_async_callback(nc.drain)
+    await ensure_streams(js, infra.stream_prefix)
+    return nc, js

@@ -1,0 +1,315 @@
+"""The zygote process and the per-job child it forks: the zygote imports the preload modules once,
+forks one child per job, reaps it with ``wait4`` and reports its exit as a JSON line; the child
+confines itself (:mod:`hypermedia.sandbox.confine`) and calls the entry (see :mod:`hypermedia.sandbox`)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import gc
+import importlib
+import json
+import os
+import pickle
+import resource
+import selectors
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hypermedia.core.errors import DomainError
+from hypermedia.engines.contract import OutputFile
+from hypermedia.sandbox.confine import (
+    _CLONE_NEWNET,
+    _PR_SET_CHILD_SUBREAPER,
+    _PR_SET_PDEATHSIG,
+    _confine_files,
+    _libc,
+    _limit_and_drop,
+    _prctl,
+    _real_uid,
+    make_undumpable,
+)
+from hypermedia.sandbox.host import _LEN, MAX_REPORT_BYTES
+
+
+@dataclass
+class _Child:
+    job_id: str
+    pid: int
+    report_fd: int
+    started: float
+    report: bytearray = field(default_factory=bytearray)
+    overflow: bool = False
+    uid: int | None = None
+
+
+def _zygote_main() -> NoReturn:
+    """Entry point of the zygote process (``python -c``); argv[1] is a JSON list of modules, argv[2]
+    whether to sweep leftover processes of finished jobs (JSON bool, see :meth:`_Zygote.sweep_orphans`)."""
+    for module in json.loads(sys.argv[1]):
+        importlib.import_module(module)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    make_undumpable()
+    gc.freeze()  # keeps preloaded objects out of GC passes, so children share their pages longer
+    _Zygote(sweep=json.loads(sys.argv[2])).serve()
+
+
+class _Zygote:
+    def __init__(self, *, sweep: bool) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.children: dict[int, _Child] = {}
+        self.by_job: dict[str, _Child] = {}
+        self.inbox = bytearray()
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (0, self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector.register(0, selectors.EVENT_READ, "control")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "sigchld")
+        self.sweep = sweep
+        """Kill leftover processes of finished jobs (the sandbox has its own uid pool)."""
+
+    def emit(self, event: dict[str, Any]) -> None:
+        data = (json.dumps(event) + "\n").encode()
+        while data:
+            written = os.write(1, data)
+            data = data[written:]
+
+    def serve(self) -> NoReturn:
+        self.emit({"event": "ready", "pid": os.getpid()})
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "control":
+                    self.read_control()
+                elif key.data == "sigchld":
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self.wake_r, 4096):
+                            pass
+                    self.reap()
+                elif key.data.report_fd >= 0:  # not closed by a reap() earlier in this batch
+                    self.read_report(key.data)
+
+    def read_control(self) -> None:
+        try:
+            data = os.read(0, 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:  # the worker closed us (or died): take every job down with us
+            for child in self.children.values():
+                with contextlib.suppress(OSError):
+                    os.killpg(child.pid, signal.SIGKILL)
+            os._exit(0)
+        self.inbox += data
+        while len(self.inbox) >= _LEN.size:
+            (size,) = _LEN.unpack_from(self.inbox)
+            if len(self.inbox) < _LEN.size + size:
+                break
+            message = pickle.loads(self.inbox[_LEN.size : _LEN.size + size])
+            del self.inbox[: _LEN.size + size]
+            if message["op"] == "run":
+                self.start_child(message)
+            elif message["op"] == "kill" and message["job_id"] in self.by_job:
+                # The leader is not reaped yet (reap() drops it from by_job first), so its pid
+                # still names this job's group.
+                with contextlib.suppress(OSError):
+                    os.killpg(self.by_job[message["job_id"]].pid, signal.SIGKILL)
+
+    def start_child(self, request: dict[str, Any]) -> None:
+        report_r, report_w = os.pipe()
+        started = time.monotonic()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(report_r)
+            os.close(report_w)
+            self.emit({"event": "exited", "job_id": request["job_id"], "status": None, "failure": str(exc)})
+            return
+        if pid == 0:
+            try:
+                os.close(report_r)
+                _child_main(request, report_w)
+            finally:
+                os._exit(70)
+        os.close(report_w)
+        os.set_blocking(report_r, False)
+        child = _Child(request["job_id"], pid, report_r, started, uid=request["uid"])
+        self.children[pid] = child
+        self.by_job[child.job_id] = child
+        self.selector.register(report_r, selectors.EVENT_READ, child)
+        self.emit({"event": "started", "job_id": child.job_id, "pid": pid})
+
+    def sweep_orphans(self) -> None:
+        """SIGKILL this zygote's children that are not job leaders and whose uid no running job
+        holds: what the process-group kill cannot reach, such as a grandchild that called
+        ``setsid`` and was reparented to the zygote (a child subreaper) when its parent died. Only
+        the zygote's own children are touched — never another sandbox's processes of the same uid
+        — and a child cannot be replaced by another process before the zygote reaps it, so its pid
+        is safe to signal. Needs ``/proc/<pid>/task/<tid>/children`` (CONFIG_PROC_CHILDREN)."""
+        me = os.getpid()
+        try:
+            with open(f"/proc/{me}/task/{me}/children") as fh:
+                pids = [int(p) for p in fh.read().split()]
+        except OSError:
+            return
+        held = {c.uid for c in self.children.values()}
+        for pid in pids:
+            if pid in self.children:
+                continue
+            uid = _real_uid(pid)
+            if uid is not None and uid not in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def read_report(self, child: _Child) -> bool:
+        """Reads what is available; True at EOF (fd closed and unregistered)."""
+        while True:
+            try:
+                data = os.read(child.report_fd, 1 << 16)
+            except BlockingIOError:
+                return False
+            if not data:
+                self.selector.unregister(child.report_fd)
+                os.close(child.report_fd)
+                child.report_fd = -1
+                return True
+            if len(child.report) + len(data) > MAX_REPORT_BYTES:
+                child.overflow = True
+            else:
+                child.report += data
+
+    def reap(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            child = self.children.pop(pid, None)
+            if child is not None:
+                del self.by_job[child.job_id]
+                # Still a zombie: the group id cannot have been reused. Take down stragglers.
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            _, status, usage = os.wait4(pid, 0)
+            if self.sweep:
+                self.sweep_orphans()
+            if child is None:
+                continue  # an orphaned grandchild handed to us as subreaper
+            if child.report_fd >= 0:
+                self.read_report(child)
+                if child.report_fd >= 0:  # a grandchild still holds the pipe: stop listening
+                    self.selector.unregister(child.report_fd)
+                    os.close(child.report_fd)
+            report = None if child.overflow else child.report.decode("utf-8", "replace")
+            self.emit(
+                {
+                    "event": "exited",
+                    "job_id": child.job_id,
+                    "status": status,
+                    "maxrss_kib": usage.ru_maxrss,
+                    "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                    "duration_ms": round((time.monotonic() - child.started) * 1000),
+                    "report": report,
+                    "failure": "report too large" if child.overflow else None,
+                }
+            )
+
+
+def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
+    """Runs in the forked child: confine, run the entry, write a JSON report, exit."""
+    report: dict[str, Any]
+    netns: bool | None = None
+    mountns: bool | None = None
+    try:
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+        zygote_pid = os.getppid()
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(report_fd, 3)
+        os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+        report_fd = 3
+        if request["isolate_network"]:
+            netns = _libc.unshare(_CLONE_NEWNET) == 0
+        if request["uid"] is not None:
+            mountns = _confine_files(request["job_dir"])
+        limits = request["limits"]
+        cpu = int(limits["cpu_seconds"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        _limit_and_drop(
+            limits["memory_bytes"], limits["fsize_bytes"], limits["nproc"], request["uid"], request["gid"]
+        )
+        if os.getppid() != zygote_pid:
+            os._exit(71)
+        os.umask(0o077)
+        os.chdir(request["job_dir"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+
+        module_name, _, function_name = request["entry"].partition(":")
+        function = getattr(importlib.import_module(module_name), function_name)
+        operation, params, input_path, output_dir = request["args"]
+        outputs = function(operation, params, Path(input_path), Path(output_dir), **request["kwargs"])
+        report = {"ok": True, "outputs": [_output_dict(o) for o in outputs]}
+    except DomainError as exc:
+        report = {
+            "ok": False,
+            "error_code": exc.error_code,
+            "message": exc.public_message,
+            "retryable": exc.retryable,
+        }
+    except MemoryError:
+        report = {
+            "ok": False,
+            "error_code": "RESOURCE_LIMIT",
+            "message": "The job exceeded its memory limit.",
+        }
+    except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            report = {
+                "ok": False,
+                "error_code": "RESOURCE_LIMIT",
+                "message": "The job exceeded its file size limit.",
+            }
+        else:
+            report = _internal_report()
+    except BaseException:
+        report = _internal_report()
+    report["netns"] = netns
+    report["mountns"] = mountns
+    try:
+        data = json.dumps(report, allow_nan=False).encode()
+    except (TypeError, ValueError):
+        data = json.dumps(_internal_report()).encode()
+    while data:
+        data = data[os.write(report_fd, data) :]
+    os._exit(0)
+
+
+def _internal_report() -> dict[str, Any]:
+    """An unexpected exception: the traceback goes to the worker's log, a generic message to the user."""
+    return {
+        "ok": False,
+        "error_code": "INTERNAL",
+        "message": "Internal error.",
+        "traceback": traceback.format_exc(),
+    }
+
+
+def _output_dict(output: Any) -> dict[str, Any]:
+    if not isinstance(output, OutputFile):
+        raise TypeError(f"entry returned {type(output).__name__}, not OutputFile")
+    return dataclasses.asdict(output)

@@ -1,0 +1,79 @@
+"""Whether this worker takes another job now: slots, and gates on the memory its container may still
+use and on the processes it may still start, sampled from cgroup v2 or the host (:class:`Admission`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+
+def available_memory_mb() -> int:
+    """Memory this process's container may still use (MiB): the cgroup v2 limit minus usage when a
+    limit is set (in a container ``/proc/meminfo`` shows the node), else the host's available memory."""
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            current = int((cgroup / "memory.current").read_text())
+            return max(0, int(limit) - current) // (1024 * 1024)
+    except (OSError, ValueError):
+        pass
+    return int(psutil.virtual_memory().available // (1024 * 1024))
+
+
+def pid_headroom() -> int:
+    """Processes and threads this worker may still start: ``pids.max − pids.current`` of its cgroup
+    v2 when the pids controller limits it (a container's ``pids-limit``), else the host's
+    ``min(kernel.pid_max, kernel.threads-max)`` minus the scheduling entities that exist now (the
+    total of ``/proc/loadavg``'s fourth field, see proc(5))."""
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "pids.max").read_text().strip()
+        if limit != "max":
+            return max(0, int(limit) - int((cgroup / "pids.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    kernel = Path("/proc/sys/kernel")
+    ceiling = min(int((kernel / "pid_max").read_text()), int((kernel / "threads-max").read_text()))
+    tasks = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    return max(0, ceiling - tasks)
+
+
+@dataclass
+class Admission:
+    """Slots plus memory and PID gates. ``reason`` says why admission is open or closed; the gates
+    reopen on the next fresh sample (every loop turn and every second while idle)."""
+
+    slots: int
+    min_available_mb: int
+    min_pid_headroom: int = 0
+    busy: int = 0
+    reason: str = "ok"
+    sampled_at: float = field(default_factory=time.monotonic)
+    draining: bool = False
+    available_mb: int = 0
+    """Memory available at the last sample (MiB)."""
+    pids_free: int = 0
+    """PID headroom at the last sample (:func:`pid_headroom`)."""
+
+    def sample(self) -> None:
+        self.available_mb = available_memory_mb()
+        self.pids_free = pid_headroom()
+        self.sampled_at = time.monotonic()
+        if self.draining:
+            self.reason = "draining"
+        elif self.available_mb < self.min_available_mb:
+            self.reason = "memory_pressure"
+        elif self.pids_free < self.min_pid_headroom:
+            self.reason = "pid_pressure"
+        elif self.busy >= self.slots:
+            self.reason = "slots_full"
+        else:
+            self.reason = "ok"
+
+    @property
+    def open(self) -> bool:
+        return self.reason == "ok"

@@ -1,0 +1,94 @@
+"""What a worker service plugs into the runtime: its :class:`JobHandler` (the sandbox entry and its
+keyword arguments, staging of the input, charge lines, admission, sandbox limits) and what an entry
+is given (:class:`JobInput`). :class:`SandboxHandler` is the plain handler most services extend."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import asyncpg
+
+from hypermedia.jobs import lifecycle
+from hypermedia.sandbox import OutputFile, SandboxLimits
+
+
+@dataclass(frozen=True)
+class JobInput:
+    """What a job's sandbox entry is given, as the runtime prepared it."""
+
+    path: Path
+    """The file the entry gets as ``input_path`` (first the downloaded original,
+    ``{job_dir}/input/source``)."""
+    mime_type: str
+    """The original's type as identified at upload."""
+    job_dir: Path
+    """The job's sandbox directory (``input/`` and ``output/`` inside)."""
+    entry_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the entry (picklable; limits from the profile)."""
+
+
+class JobHandler(Protocol):
+    """What a worker service plugs into the runtime: the sandbox entry point and its arguments."""
+
+    entry: str
+    """``module:function`` run in the sandbox child as ``fn(operation, params, input_path, out_dir, **kwargs)``."""
+
+    def entry_kwargs(self, job: lifecycle.ClaimedJob) -> dict[str, Any]:
+        """Extra keyword arguments of the entry for this job (picklable; limits from the profile)."""
+        ...
+
+    async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
+        """Work the worker does itself after the download and before the sandbox child runs,
+        such as the docworker's LibreOffice conversion (which has its own confinement); returns
+        the input the entry gets (``job_input`` itself when there is nothing to do). Counts against
+        nothing but the job's lease. Raises ``DomainError`` to fail the job with its code."""
+        ...
+
+    def charge_lines(self, job: lifecycle.ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
+        """Millicredits a completed job is charged beside its profile's price, by line name
+        (``{"ocr_escalation": 600}``) from what the entry reported in its outputs' metadata;
+        ``{}`` for most operations. Each becomes a ledger row of its own (``CommitRequest.lines``)."""
+        ...
+
+    def admit(self, job: lifecycle.ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
+        """The job's admission beyond the worker's slots, such as the mediaworker's coordinator
+        (at most N video transcodes at once): the runtime enters it after the download, holds it
+        through the stage and the sandbox run, and leaves it before the upload. Entering may wait;
+        a job not admitted within :data:`ADMISSION_NOTICE_SECONDS` records one ``waiting``
+        progress event, and stays running meanwhile (its lease is extended, a cancel request
+        stops the wait and the job ends ``cancelled`` without running).
+
+        Entering runs in a task of its own (so that the wait can be interrupted) and leaving runs
+        in the job's task: the context manager must not depend on the current task (an
+        ``asyncio.Semaphore`` does not; an ``asyncio.timeout`` would). Entering may be cancelled
+        and must then leave nothing held."""
+        ...
+
+    def sandbox_limits(self, job: lifecycle.ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
+        """The rlimits of the job's sandbox child, given those the runtime derived from the
+        profile (CPU = timeout, wall = timeout × 1.5, ``RLIMIT_AS`` = ``memory_limit_mb``,
+        ``RLIMIT_FSIZE`` 10 GiB, ``RLIMIT_NPROC`` 16): ``limits`` itself, or a copy with a field
+        changed (``dataclasses.replace``), e.g. ``nproc`` raised for an encoder's threads."""
+        ...
+
+
+class SandboxHandler:
+    """The default hooks of a :class:`JobHandler`: nothing staged (everything happens in the
+    sandbox), no charge beside the profile's price, admitted at once, the profile's limits. A
+    worker service subclasses it, sets ``entry`` and ``entry_kwargs``, and overrides a hook only
+    where it does more."""
+
+    async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
+        return job_input
+
+    def charge_lines(self, job: lifecycle.ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
+        return {}
+
+    def admit(self, job: lifecycle.ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
+    def sandbox_limits(self, job: lifecycle.ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
+        return limits

@@ -1,0 +1,80 @@
+"""A worker's row in ``workers`` and ``worker_metrics``: its identity, registration, heartbeat and the
+minute samples of its resources (what the reaper's dead-worker check and the dashboards read)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import asyncpg
+import psutil
+
+from hypermedia.worker.settings import WorkerSettings
+
+
+def boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), ``unknown`` where it cannot be read."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def worker_identity(settings: WorkerSettings, role: str) -> str:
+    """``{deployment}/{role}/{host}/{boot[:8]}/g{generation}/{pid}``: unique per process launch."""
+    return f"{settings.deployment}/{role}/{socket.gethostname()}/{boot_id()[:8]}/g{settings.generation}/{os.getpid()}"
+
+
+async def register(pool: asyncpg.Pool, worker_id: str, settings: WorkerSettings, role: str) -> None:
+    """Inserts (or revives) the worker's ``workers`` row as ``running``."""
+    await pool.execute(
+        """
+        INSERT INTO workers (worker_id, deployment, boot_id, role, generation, queue, slots, hostname, pid, status)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running')
+        ON CONFLICT (worker_id) DO UPDATE SET status = 'running', last_heartbeat = now()
+        """,
+        worker_id,
+        settings.deployment,
+        boot_id(),
+        role,
+        settings.generation,
+        settings.queue,
+        settings.slots,
+        socket.gethostname(),
+        os.getpid(),
+    )
+
+
+async def beat(pool: asyncpg.Pool, worker_id: str, *, draining: bool) -> None:
+    """The heartbeat: ``last_heartbeat`` now, status ``running`` or ``draining``."""
+    await pool.execute(
+        "UPDATE workers SET last_heartbeat = now(), status = $2 WHERE worker_id = $1",
+        worker_id,
+        "draining" if draining else "running",
+    )
+
+
+async def record_metrics(
+    pool: asyncpg.Pool, worker_id: str, work_dir: str, *, busy: int, completed: int, failed: int
+) -> None:
+    """One ``worker_metrics`` row: CPU percent, the process's resident MiB, available and free-disk
+    MiB (of ``work_dir``'s file system), busy slots, jobs completed and failed since start."""
+    vm = psutil.virtual_memory()
+    disk = await asyncio.to_thread(psutil.disk_usage, work_dir)
+    await pool.execute(
+        """
+        INSERT INTO worker_metrics (worker_id, cpu_percent, memory_mb, memory_available_mb, disk_free_mb,
+                                    slots_busy, jobs_completed, jobs_failed)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING
+        """,
+        worker_id,
+        psutil.cpu_percent(interval=None),
+        int(psutil.Process().memory_info().rss // (1024 * 1024)),
+        int(vm.available // (1024 * 1024)),
+        int(disk.free // (1024 * 1024)),
+        busy,
+        completed,
+        failed,
+    )

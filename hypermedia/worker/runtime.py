@@ -1,0 +1,579 @@
+"""The worker runtime shared by every worker service (images now; documents, ocr, media later).
+
+One :class:`WorkerRuntime` per worker process:
+
+- **identity**: ``{deployment}/{role}/{host}/{boot}/g{generation}/{pid}`` (deployment, boot id, role,
+  generation, as in the app:worker reference), registered in ``workers``;
+- **admission**: a fixed number of slots; admission also closes while available memory is below
+  ``HM_MIN_AVAILABLE_MEMORY_MB`` or the PID headroom below ``HM_MIN_PID_HEADROOM``, and reopens on
+  a fresh sample;
+- **fetch → claim → ack**: messages come in priority order (:class:`queues.PriorityFetcher`); the
+  job is claimed in Postgres and the message acknowledged once the claim is decided (``term`` when
+  the job is no longer claimable). From then on the Postgres lease (``visibility_timeout``) guards
+  the job, not the message; see docs/adr/0003;
+- **execute**: presigned GET → fresh sandbox directory → the handler's admission (a media
+  coordinator's bound per operation; a ``waiting`` progress event while the job waits) → its
+  stage → pipeline in the sandboxed child, whose own progress reports become progress events →
+  presigned PUT → register outputs → complete (atomically) → commit credits → clean up;
+- **outcomes**: success, retry later (transient), failed at once (permanent) — each settled in one
+  place, :meth:`_settle_failure` / :meth:`_execute`;
+- **heartbeat** every 30 s (extends leases, notices cancellations), cancellation polled every
+  second, **metrics** every 60 s into ``worker_metrics``;
+- **drain** on SIGTERM: stop fetching, hand back the jobs still waiting for admission, wait up
+  to 35 s for running jobs, then hand them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import httpx
+from nats.aio.client import Client as NatsClient
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
+
+from hypermedia.api.credits.v1 import credits_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core import telemetry
+from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
+from hypermedia.infra import db
+from hypermedia.infra.rpc import call
+from hypermedia.infra.service import every
+from hypermedia.jobs import lifecycle, queues
+from hypermedia.jobs.settlement import Settlement
+from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_progress
+from hypermedia.worker import registry
+from hypermedia.worker.admission import Admission
+from hypermedia.worker.handler import JobHandler, JobInput
+from hypermedia.worker.settings import WorkerSettings
+from hypermedia.worker.transfer import Transfers
+
+log = logging.getLogger(__name__)
+
+_tracer = trace.get_tracer(__name__)
+
+T = TypeVar("T")
+
+CANCEL_POLL_SECONDS = 1.0
+
+PROGRESS_POLL_SECONDS = 2.0
+"""How often the progress a sandboxed entry reports (:func:`hypermedia.sandbox.report_progress`) is
+read while its child runs; the entry writes it at most every 0.5 s."""
+
+PROGRESS_MIN_STEP = 0.01
+"""Least advance of the entry's fraction (0–1) worth a progress event: at most 100 events a job."""
+
+PROCESSING_PROGRESS = (0.25, 0.75)
+"""The span of the job's progress the sandbox run covers: ``downloaded`` is 0.25, ``processed``
+0.75, and the entry's fraction ``f`` is recorded as ``0.25 + 0.5 × f`` (stage ``processing``)."""
+
+ADMISSION_NOTICE_SECONDS = 0.05
+"""A job its handler has not admitted (:meth:`JobHandler.admit`) within this long records one
+``waiting`` progress event; a free admission is entered within a loop turn or two."""
+
+FSIZE_LIMIT_BYTES = 10 * 1024**3
+"""RLIMIT_FSIZE of a sandboxed job: the seed's 10 GB of temp space."""
+
+
+class _Stopped(Exception):
+    """The job was stopped (:meth:`WorkerRuntime._stop_job`) before its sandbox ran, and what
+    that means is settled already: ``cancelled`` recorded, or the lost lease logged."""
+
+
+class WorkerRuntime:
+    """Runs jobs of one queue. See the module docstring for the loop.
+
+    Args:
+        settings: worker configuration.
+        role: service name, e.g. ``imageworker``.
+        pool: asyncpg pool. nc: NATS client. prefix: stream prefix.
+        storage, credits: gRPC stubs of the storage and credits services.
+        sandbox: started :class:`Sandbox`. handler: the service's :class:`JobHandler`.
+        http: client for presigned URL transfers (no credentials).
+    """
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        role: str,
+        pool: asyncpg.Pool,
+        nc: NatsClient,
+        prefix: str,
+        storage: storage_pb2_grpc.StorageServiceStub,
+        credits: credits_pb2_grpc.CreditsServiceStub,
+        sandbox: Sandbox,
+        handler: JobHandler,
+        http: httpx.AsyncClient,
+    ) -> None:
+        self.settings = settings
+        self.role = role
+        self.worker_id = registry.worker_identity(settings, role)
+        self._pool = pool
+        self._nc = nc
+        self._prefix = prefix
+        self._storage = storage
+        self._settlement = Settlement(credits)
+        self._sandbox = sandbox
+        self._interruptible: dict[str, asyncio.Task[Any]] = {}
+        """Work of a job before its sandbox runs, by job id: its wait for admission or its
+        handler's stage (cancelled by :meth:`_stop_job`)."""
+        self._waiting: set[str] = set()
+        """Jobs waiting for admission (:meth:`_admit`); a drain hands them back at once."""
+        self._handler = handler
+        self._transfers = Transfers(storage, http)
+        self.admission = Admission(
+            settings.slots, settings.min_available_memory_mb, settings.min_pid_headroom
+        )
+        self.running: dict[str, lifecycle.ClaimedJob] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_free = asyncio.Event()
+        self.jobs_completed = 0
+        self.jobs_failed = 0
+        self.started_at = time.time()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The worker's Postgres pool (for a worker service's own periodic work)."""
+        return self._pool
+
+    # -- registration and background loops ------------------------------------------------
+
+    async def register(self) -> None:
+        """Registers this worker in ``workers`` as running (:func:`registry.register`)."""
+        await registry.register(self._pool, self.worker_id, self.settings, self.role)
+
+    async def heartbeat_once(self) -> None:
+        """Record liveness, extend the leases of running jobs, stop cancelled ones."""
+        await registry.beat(self._pool, self.worker_id, draining=self.admission.draining)
+        for job_id in await lifecycle.extend_leases(self._pool, self.worker_id, list(self.running)):
+            self._stop_job(job_id)
+
+    async def metrics_once(self) -> None:
+        """One ``worker_metrics`` row: CPU, memory, disk, slots and throughput counters."""
+        await registry.record_metrics(
+            self._pool,
+            self.worker_id,
+            self.settings.work_dir,
+            busy=self.admission.busy,
+            completed=self.jobs_completed,
+            failed=self.jobs_failed,
+        )
+
+    async def _poll_cancellations(self) -> None:
+        self.admission.sample()  # keeps the status fresh while the fetch loop waits for work
+        for job_id in await lifecycle.cancel_requested(self._pool, list(self.running)):
+            self._stop_job(job_id)
+
+    def _stop_job(self, job_id: str) -> None:
+        """Stops a running job wherever it is: its wait for admission or its stage (the handler's
+        work before the sandbox, e.g. a LibreOffice conversion) is cancelled, its sandbox child
+        killed."""
+        work = self._interruptible.get(job_id)
+        if work is not None:
+            work.cancel()
+        self._sandbox.cancel(job_id)
+
+    # -- main loop -------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and execute until ``stop``; then drain (see :meth:`drain`)."""
+        leftovers = self._sandbox.remove_leftovers()
+        if leftovers:
+            log.warning("removed %d job directories a previous worker left behind", len(leftovers))
+        await self.register()
+        fetcher = queues.PriorityFetcher(self._nc, self._prefix, self.settings.queue)
+        await fetcher.start()
+        loops_stop = asyncio.Event()
+        loops = [
+            asyncio.create_task(
+                every(self.settings.heartbeat_seconds, self.heartbeat_once, loops_stop, first_after=True)
+            ),
+            asyncio.create_task(
+                every(self.settings.metrics_seconds, self.metrics_once, loops_stop, first_after=True)
+            ),
+            asyncio.create_task(
+                every(CANCEL_POLL_SECONDS, self._poll_cancellations, loops_stop, first_after=True)
+            ),
+        ]
+        try:
+            while not stop.is_set():
+                self.admission.sample()
+                if not self.admission.open:
+                    self._slot_free.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wait_any(self._slot_free, stop), 1.0)
+                    continue
+                msg = await fetcher.next(stop)
+                if msg is None:
+                    break
+                await self._dispatch(msg)
+        finally:
+            await fetcher.stop()
+            await self.drain()
+            loops_stop.set()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._pool.execute(
+                "UPDATE workers SET status = 'stopped' WHERE worker_id = $1", self.worker_id
+            )
+
+    @staticmethod
+    async def _wait_any(*events: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _dispatch(self, msg: Any) -> None:
+        try:
+            message = queues.JobMessage.decode(msg.data)
+        except ValueError:
+            log.warning("dropping a malformed queue message")
+            await msg.term()
+            return
+        parent = telemetry.extract(msg.headers)
+        with _tracer.start_as_current_span(
+            "job.claim", context=parent, attributes={"job.id": message.job_id}
+        ):
+            try:
+                job = await self._claim(message.job_id)
+            except Exception as exc:
+                if not db.is_transient(exc):
+                    raise
+                # Postgres stayed unreachable through the retries: the job is still queued there;
+                # let the message come back later rather than crash the worker.
+                log.warning("could not claim (Postgres unreachable); message returned", exc_info=True)
+                await msg.nak(delay=5)
+                return
+        if job is None:
+            # Someone else has it, or it was cancelled or finished: this delivery is a duplicate.
+            await msg.term()
+            return
+        await msg.ack()
+        self.running[job.job_id] = job
+        self.admission.busy += 1
+        task = asyncio.create_task(self._execute(job, parent))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _claim(self, job_id: str) -> lifecycle.ClaimedJob | None:
+        """:func:`lifecycle.claim`, retried across a Postgres restart. When a retry finds the job
+        already processing under this worker, the first try committed and only its reply was lost:
+        the job is taken (:func:`lifecycle.reclaim`) instead of waiting out its lease."""
+        retried = False
+
+        def note_retry() -> None:
+            nonlocal retried
+            retried = True
+
+        job: lifecycle.ClaimedJob | None = None
+        async for attempt in db.retrying(on_retry=note_retry):
+            with attempt:
+                job = await lifecycle.claim(self._pool, job_id, self.worker_id)
+        if job is None and retried and job_id not in self.running:
+            job = await self._db(lifecycle.reclaim, job_id, self.worker_id)
+        return job
+
+    async def _db(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(pool, *args)`` retried across a Postgres restart (:func:`db.retrying`): for the
+        lifecycle writes, which are conditional and find their own committed outcome on a retry.
+        Raises the last error when Postgres stays away longer than the retry budget."""
+        async for attempt in db.retrying():
+            with attempt:
+                return await fn(self._pool, *args)
+        raise AssertionError("unreachable: retrying() re-raises")
+
+    async def _progress(self, job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
+        """Best effort: a progress event lost to a Postgres outage does not fail the job."""
+        try:
+            await lifecycle.progress(self._pool, job, self.worker_id, fraction, stage)
+        except Exception as exc:
+            if not db.is_transient(exc):
+                raise
+            log.warning("progress event not recorded (Postgres unreachable)", extra={"job_id": job.job_id})
+
+    async def drain(self) -> None:
+        """Stop taking work; hand back at once the jobs still waiting for admission (they have
+        not started: nothing is lost, and another worker may start them now rather than after
+        the drain); wait up to ``drain_seconds`` for running jobs; hand back the rest."""
+        self.admission.draining = True
+        self.admission.sample()
+        if self._tasks:
+            log.info("draining %d running jobs", len(self._tasks))
+            for job_id in list(self._waiting):
+                await self._hand_back(job_id)
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_seconds)
+            for job_id in list(self.running):
+                await self._hand_back(job_id)
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+
+    async def _hand_back(self, job_id: str) -> None:
+        """Stops a running job and returns it to the queue (:func:`lifecycle.hand_back`)."""
+        job = self.running.get(job_id)
+        if job is not None:
+            self._stop_job(job_id)
+            await self._db(lifecycle.hand_back, job, self.worker_id, self._prefix)
+
+    # -- one job ---------------------------------------------------------------------------
+
+    async def _execute(self, job: lifecycle.ClaimedJob, parent: Context) -> None:
+        """One job in one span (``job.execute``) that continues the trace of the request that
+        created the job; see :meth:`_run_job` for the steps."""
+        attributes: dict[str, str | int] = {
+            "job.id": job.job_id,
+            "job.operation": job.operation,
+            "job.attempt": job.attempt,
+            "job.queue": job.queue,
+        }
+        with _tracer.start_as_current_span(
+            "job.execute", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
+        ):
+            await self._run_job(job)
+
+    async def _run_job(self, job: lifecycle.ClaimedJob) -> None:
+        started = time.monotonic()
+        job_dir = self._sandbox.prepare(job.job_id)
+        result: SandboxResult | None = None
+        try:
+            source = (
+                await call(self._storage.GetObject, storage_pb2.GetObjectRequest(object_id=job.object_id))
+            ).object
+            input_path = job_dir / "input" / "source"
+            with _tracer.start_as_current_span("storage.download"):
+                await self._transfers.download(source.key, input_path, job.max_input_bytes)
+            await self._progress(job, PROCESSING_PROGRESS[0], "downloaded")
+            async with contextlib.AsyncExitStack() as admitted:
+                await self._interruptibly(job, started, "waiting", self._admit(job, admitted))
+                job_input = await self._interruptibly(
+                    job,
+                    started,
+                    "staging",
+                    self._handler.stage(
+                        job,
+                        JobInput(input_path, source.mime_type, job_dir, self._handler.entry_kwargs(job)),
+                        self._pool,
+                    ),
+                )
+                limits = self._handler.sandbox_limits(
+                    job,
+                    SandboxLimits(
+                        cpu_seconds=job.timeout_seconds,
+                        wall_seconds=job.timeout_seconds * 1.5,
+                        memory_bytes=job.memory_limit_mb * 1024 * 1024,
+                        fsize_bytes=FSIZE_LIMIT_BYTES,
+                    ),
+                )
+                result = await self._run_sandbox(job, job_dir, job_input, limits)
+            if result.error_code == "CANCELLED" or job.job_id in await self._db(
+                lifecycle.cancel_requested, [job.job_id]
+            ):
+                await self._cancelled(job, started)
+                return
+            if result.error_code:
+                cls = TransientError if result.retryable else PermanentJobError
+                raise cls(result.error_message or "processing failed", result.error_code)
+            await self._progress(job, PROCESSING_PROGRESS[1], "processed")
+            with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
+                outputs = await self._transfers.upload_all(job, source, job_dir, result.outputs)
+            await self._progress(job, 0.95, "uploaded")
+            lines = self._handler.charge_lines(job, result.outputs)
+            completed = await self._db(
+                lifecycle.complete,
+                job,
+                self.worker_id,
+                outputs,
+                job.estimated_credits + sum(lines.values()),
+                result.duration_ms,
+                result.peak_memory_mb,
+                lines,
+            )
+            if not completed:
+                if await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
+                    # Cancelled while uploading: what was uploaded must not outlive the job.
+                    await self._transfers.delete_outputs(job, outputs)
+                    await self._cancelled(job, started)
+                else:
+                    log.warning("lease lost before completion", extra={"job_id": job.job_id})
+                return
+            self.jobs_completed += 1
+            try:
+                await self._commit(job, lines)
+            except DomainError:
+                # The job is completed; its hold stays held and the reaper charges it later.
+                log.warning("credits commit failed; left to the reaper", extra={"job_id": job.job_id})
+        except _Stopped:
+            pass  # settled where it was stopped (_interruptibly)
+        except DomainError as exc:
+            await self._settle_failure(job, exc, started, result)
+        except (httpx.HTTPError, OSError) as exc:
+            log.warning("transient failure: %s", type(exc).__name__, extra={"job_id": job.job_id})
+            await self._settle_failure(
+                job, TransientError("object storage transfer failed", "STORAGE_UNAVAILABLE"), started, result
+            )
+        except Exception:
+            log.exception("unexpected failure", extra={"job_id": job.job_id})
+            await self._settle_failure(job, TransientError("internal error", "INTERNAL"), started, result)
+        finally:
+            self._sandbox.cleanup(job.job_id)
+            self.running.pop(job.job_id, None)
+            self.admission.busy -= 1
+            self._slot_free.set()
+
+    async def _interruptibly(
+        self, job: lifecycle.ClaimedJob, started: float, what: str, work: Coroutine[Any, Any, T]
+    ) -> T:
+        """Runs ``work``, a step of the job before its sandbox (``what``: ``waiting`` for
+        admission, ``staging``), as a task that :meth:`_stop_job` may cancel, and returns its
+        result.
+
+        Raises:
+            _Stopped: the step was stopped, by a cancel request (the job is then ``cancelled``
+                and its hold released here) or because the lease is gone (logged).
+            asyncio.CancelledError: the job's own task is being cancelled (shutdown).
+        """
+        task = asyncio.create_task(work)
+        self._interruptible[job.job_id] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this job's own task is being cancelled (shutdown)
+            if job.job_id in await self._db(lifecycle.cancel_requested, [job.job_id]):
+                await self._cancelled(job, started)
+            elif self.admission.draining:
+                log.info("handed back at the drain while %s", what, extra={"job_id": job.job_id})
+            else:
+                log.warning("lease lost while %s", what, extra={"job_id": job.job_id})
+            raise _Stopped from None
+        finally:
+            self._interruptible.pop(job.job_id, None)
+
+    async def _admit(self, job: lifecycle.ClaimedJob, admitted: contextlib.AsyncExitStack) -> None:
+        """Enters the handler's admission of ``job`` (:meth:`JobHandler.admit`) on ``admitted``,
+        which the job's task leaves. Records one ``waiting`` progress event when admission takes
+        longer than :data:`ADMISSION_NOTICE_SECONDS`."""
+        entering = asyncio.ensure_future(admitted.enter_async_context(self._handler.admit(job)))
+        try:
+            done, _ = await asyncio.wait({entering}, timeout=ADMISSION_NOTICE_SECONDS)
+            if not done:
+                self._waiting.add(job.job_id)
+                log.info("waiting for admission", extra={"job_id": job.job_id})
+                await self._progress(job, PROCESSING_PROGRESS[0], "waiting")
+            await entering
+        except BaseException:
+            # Stopped while waiting: the admission is never entered (or, entered just now, it is
+            # already on ``admitted``, which the job's task leaves).
+            entering.cancel()
+            raise
+        finally:
+            self._waiting.discard(job.job_id)
+
+    async def _run_sandbox(
+        self, job: lifecycle.ClaimedJob, job_dir: Path, job_input: JobInput, limits: SandboxLimits
+    ) -> SandboxResult:
+        """The job's sandbox run, with the progress its entry reports relayed meanwhile
+        (:meth:`_relay_progress`)."""
+        finished = asyncio.Event()
+        relay = asyncio.create_task(self._relay_progress(job, job_dir, finished))
+        try:
+            return await self._sandbox.run(
+                job.job_id,
+                self._handler.entry,
+                job.operation,
+                job.params,
+                job_input.path,
+                limits,
+                entry_kwargs=job_input.entry_kwargs,
+            )
+        finally:
+            finished.set()
+            await relay  # ends at once: no event of the run is recorded after it
+
+    async def _relay_progress(
+        self, job: lifecycle.ClaimedJob, job_dir: Path, finished: asyncio.Event
+    ) -> None:
+        """Until ``finished``: every :data:`PROGRESS_POLL_SECONDS` the fraction the entry last
+        reported (:func:`hypermedia.sandbox.read_progress`), once it advanced by
+        :data:`PROGRESS_MIN_STEP` since the last event, becomes a progress event ``processing``
+        in :data:`PROCESSING_PROGRESS`. Best effort: never raises, so it never fails the job."""
+        low, high = PROCESSING_PROGRESS
+        recorded = 0.0
+        while True:
+            try:
+                await asyncio.wait_for(finished.wait(), PROGRESS_POLL_SECONDS)
+                return
+            except TimeoutError:
+                pass
+            try:
+                fraction = read_progress(job_dir)
+                if fraction is not None and fraction >= recorded + PROGRESS_MIN_STEP:
+                    recorded = fraction
+                    await self._progress(job, low + (high - low) * fraction, "processing")
+            except Exception:
+                log.warning("progress not relayed", exc_info=True, extra={"job_id": job.job_id})
+
+    async def _cancelled(self, job: lifecycle.ClaimedJob, started: float) -> None:
+        """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only
+        this path (not a drain's hand-back, which queues the job again) releases the hold."""
+        if await self._db(lifecycle.mark_cancelled, job, self.worker_id, _ms(started)):
+            await self._release(job, "cancelled")
+
+    async def _settle_failure(
+        self, job: lifecycle.ClaimedJob, exc: DomainError, started: float, result: SandboxResult | None
+    ) -> None:
+        """The one place a failed attempt is settled: job row, attempt row, credits."""
+        self.jobs_failed += 1
+        try:
+            status = await self._db(
+                lambda pool: lifecycle.fail(
+                    pool,
+                    job,
+                    self.worker_id,
+                    exc.error_code,
+                    exc.public_message,
+                    retryable=exc.retryable,
+                    prefix=self._prefix,
+                    duration_ms=result.duration_ms if result else _ms(started),
+                    peak_memory_mb=result.peak_memory_mb if result else 0,
+                )
+            )
+        except Exception as db_exc:
+            if not db.is_transient(db_exc):
+                raise
+            # The lease runs out and the reaper takes the job back; nothing is lost.
+            log.error(
+                "could not record the failed attempt (Postgres unreachable)", extra={"job_id": job.job_id}
+            )
+            return
+        log.info("job attempt failed: %s → %s", exc.error_code, status, extra={"job_id": job.job_id})
+        if status == "failed":
+            await self._release(job, "failed")
+
+    async def _release(self, job: lifecycle.ClaimedJob, outcome: str) -> None:
+        """Settles a job that ended without completing (``failed`` or ``cancelled``)."""
+        await self._settlement.settle(job.job_id, outcome, retry=True)
+
+    async def _commit(self, job: lifecycle.ClaimedJob, lines: dict[str, int]) -> None:
+        """Settles a completed job: its estimate plus its charge lines."""
+        await self._settlement.settle(
+            job.job_id,
+            "completed",
+            actual_millicredits=job.estimated_credits + sum(lines.values()),
+            lines=lines,
+            retry=True,
+        )
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

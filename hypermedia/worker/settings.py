@@ -1,0 +1,31 @@
+"""A worker process's settings: its queue, slots, identity, work directory, timings, admission gates and sandbox uids."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from hypermedia.core.config import ComponentSettings, QueueName
+
+
+class WorkerSettings(ComponentSettings):
+    """A worker process of one queue."""
+
+    queue: QueueName = Field("images", validation_alias="HM_WORKER_QUEUE")
+    slots: int = Field(4, ge=1, le=64, validation_alias="HM_WORKER_SLOTS")
+    """Jobs run at once. The seed's profiles: images 4–8, documents 2–4, ocr 1–2, media 1."""
+    deployment: str = Field("local", validation_alias="HM_DEPLOYMENT")
+    generation: int = Field(0, ge=0, validation_alias="HM_WORKER_GENERATION")
+    work_dir: str = Field(".hypermedia/work", validation_alias="HM_WORK_DIR")
+    """Parent of the per-job sandbox directories ``jobs/{job_id}/``."""
+    status_bind: str = Field("127.0.0.1:0", validation_alias="HM_WORKER_STATUS_BIND")
+    heartbeat_seconds: float = Field(30.0, gt=0, validation_alias="HM_HEARTBEAT_SECONDS")
+    metrics_seconds: float = Field(60.0, gt=0, validation_alias="HM_METRICS_SECONDS")
+    drain_seconds: float = Field(35.0, gt=0, validation_alias="HM_DRAIN_SECONDS")
+    min_available_memory_mb: int = Field(512, ge=0, validation_alias="HM_MIN_AVAILABLE_MEMORY_MB")
+    """Admission closes while available memory is below this (MiB)."""
+    min_pid_headroom: int = Field(64, ge=0, validation_alias="HM_MIN_PID_HEADROOM")
+    """Admission closes while fewer processes/threads than this may still be started (the
+    cgroup's pids.max, else the kernel's limits): a job may use up to 16 (RLIMIT_NPROC)."""
+    sandbox_uid_base: int = Field(61000, ge=1, le=2**31 - 1 - 64, validation_alias="HM_SANDBOX_UID_BASE")
+    """When the worker runs as root, slot i's jobs run as uid ``base + i`` (no passwd entry
+    needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""

@@ -1,0 +1,493 @@
+"""Job creation (the seed's "Job Creation": ``POST /v1/hypermedia/process``, gRPC ``Process``) as
+named steps over one request, in the seed's order:
+
+1. **check** — what needs nothing but the request (:mod:`services.gateway.process_request`), the
+   passwords taken out and the request hash made; a repeated Idempotency-Key replays here;
+2. **resolve profiles** — the object (the caller's, available), the active processing profile of
+   each operation, and each operation's params validated against both;
+3. **price** — the credits service's estimate, and what to hold per job;
+4. **hold and persist** — in one transaction: the hold (402 before anything is stored), the
+   request's idempotency row, the jobs and their outbox rows (:func:`lifecycle.create_queued`) and
+   their secrets; a hold whose jobs were not created is released (:class:`Settlement`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core.errors import (
+    Conflict,
+    DomainError,
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedInput,
+)
+from hypermedia.engines.documents import params as document_params
+from hypermedia.engines.imaging import ops as image_ops
+from hypermedia.engines.media import params as media_params
+from hypermedia.engines.ocr import params as ocr_params
+from hypermedia.infra import db
+from hypermedia.infra.rpc import call
+from hypermedia.intake import contenttype
+from hypermedia.jobs import lifecycle
+from hypermedia.jobs import secrets as jobsecrets
+from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.outbox import OutboxRelay
+from hypermedia.jobs.settlement import UNCREATED, Settlement
+from services.gateway.ids import parse_uuid
+from services.gateway.process_request import (
+    OperationRequest,
+    check_priority,
+    check_text,
+    check_webhook_url,
+)
+from services.gateway.results import ProcessResult
+
+log = logging.getLogger(__name__)
+
+PARAM_VALIDATORS = {
+    "images": image_ops.validate_params,
+    "documents": document_params.validate_params,
+    "media": media_params.validate_params,
+}
+"""Per queue: the function that normalises an operation's params or raises InvalidArgument. The
+``ocr`` queue's (:func:`hypermedia.engines.ocr.params.validate_params`) also takes the installed languages."""
+OCR_LANGUAGES_MAX_AGE = datetime.timedelta(days=1)
+"""How long an ocrworker's report of its languages counts (workers report hourly)."""
+PASSWORD_QUEUES = frozenset({"documents"})
+"""Queues whose operations accept a ``password`` param (kept in ``job_secrets``, never in
+``params``: :mod:`hypermedia.jobs.secrets`)."""
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A process request after the check step."""
+
+    object_id: str
+    """Canonical UUID of the original."""
+    operations: list[OperationRequest]
+    """The operations without their ``password`` params."""
+    passwords: list[str | None]
+    """Per operation, its password or None."""
+    priority: int
+    webhook_url: str | None
+    idempotency_key: str | None
+    request_hash: str
+    """SHA-256 (hex) of what makes two requests with one Idempotency-Key the same."""
+
+
+@dataclass(frozen=True)
+class _Operation:
+    """One operation after the resolve step: its profile found and its params normalised."""
+
+    name: str
+    params: dict[str, Any]
+    profile: asyncpg.Record
+    """Its active ``processing_profiles`` row."""
+    password: str | None
+
+
+@dataclass(frozen=True)
+class _PricedJob:
+    """One job to create, after the price step."""
+
+    job_id: str
+    operation: _Operation
+    price_millicredits: int
+    """The estimate of the credits service: the job's ``estimated_credits``."""
+    hold_millicredits: int
+    """What is held for it: the price and the escalation allowance (:func:`_escalation_allowance`)."""
+
+
+def _escalation_allowance(params: dict[str, Any], profile: asyncpg.Record, mime_type: str) -> int:
+    """Millicredits held beside an operation's price for its escalation line (0 but for ``ocr``)."""
+    if profile["queue"] != "ocr" or not profile["escalation_per_page"]:
+        return 0
+    return int(profile["escalation_per_page"]) * ocr_params.escalation_pages(params, mime_type)
+
+
+class JobCreation:
+    """The job creation use case. Dependencies come in through the constructor.
+
+    Args:
+        pool: the system of record (profiles, idempotency rows; jobs through :mod:`lifecycle`).
+        storage: the storage service (the object's owner, type and size).
+        credits: the credits service (estimates and holds).
+        settlement: releases the holds of jobs whose creation failed.
+        relay: the outbox relay, woken after a commit.
+        stream_prefix: the JetStream subject prefix of the outbox rows (``HM_STREAM_PREFIX``).
+        max_operations: most operations per request (``HM_MAX_OPERATIONS``).
+        password_key: HMAC key of passwords in request hashes
+            (:func:`jobsecrets.derive_key` of ``HM_GATEWAY_SECRET_KEY``); None: requests with a
+            password are refused.
+        webhook_allow_private: accept webhook URLs of private addresses (``HM_WEBHOOK_ALLOW_PRIVATE``).
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        storage: storage_pb2_grpc.StorageServiceStub,
+        credits: credits_pb2_grpc.CreditsServiceStub,
+        settlement: Settlement,
+        relay: OutboxRelay,
+        *,
+        stream_prefix: str,
+        max_operations: int,
+        password_key: bytes | None = None,
+        webhook_allow_private: bool = False,
+    ) -> None:
+        self._pool = pool
+        self._storage = storage
+        self._credits = credits
+        self._settlement = settlement
+        self._relay = relay
+        self._prefix = stream_prefix
+        self._max_operations = max_operations
+        self._password_key = password_key
+        self._webhook_allow_private = webhook_allow_private
+
+    async def process(
+        self,
+        caller: Caller,
+        object_id: str,
+        operations: list[OperationRequest],
+        priority: int | None,
+        webhook_url: str | None,
+        idempotency_key: str | None = None,
+    ) -> ProcessResult:
+        """Create one job per operation; returns their ids and price.
+
+        Order (the seed's): object exists and is the caller's → profile per operation → estimate →
+        hold credits (402 before anything is stored) → job rows + outbox rows in one transaction.
+        With an ``idempotency_key`` the transaction first takes an advisory lock on (account, key)
+        and replays an earlier request with the key, so concurrent duplicates hold credits once.
+
+        A ``password`` in an operation's params is taken out first (:func:`jobsecrets.take_password`),
+        before the request hash, the validation and anything stored: the job's params never hold
+        it; it goes to ``job_secrets`` in the job's transaction. The request hash includes its
+        HMAC (:func:`jobsecrets.password_digest`), so the same key with another password is a
+        different request (409); a request without passwords hashes as it always did.
+
+        Raises:
+            NotFound: unknown object or not the caller's. InvalidArgument: unknown operation, bad
+            params (``INVALID_PARAMS`` also for a password that is not a non-empty string of at
+            most 1024 characters, or given to an operation outside :data:`PASSWORD_QUEUES`),
+            priority or webhook (also a password for input that is not a PDF);
+            ``PASSWORDS_NOT_ENABLED`` for a password when the gateway has no
+            ``password_key``. UnsupportedInput: the object's type is not accepted by an
+            operation. PayloadTooLarge: the object exceeds a profile's max_input_bytes.
+            InsufficientCredits: the hold failed. Conflict: Idempotency-Key reused with another body.
+            InvalidText (``INVALID_REQUEST``, naming the field): a string Postgres would refuse or
+            above its bound (:func:`check_text`), before anything else is looked at.
+        """
+        request = self._check(object_id, operations, priority, webhook_url, idempotency_key)
+        if request.idempotency_key:
+            earlier = await self._replay(caller, request.idempotency_key, request.request_hash)
+            if earlier is not None:
+                return earlier
+        obj = await self._object(caller, request.object_id)
+        resolved = await self._resolve_profiles(request, obj)
+        jobs, total = await self._price(resolved, obj)
+        return await self._hold_and_persist(caller, request, jobs, total)
+
+    async def ocr_languages(self) -> list[str]:
+        """The recognition languages ``ocr`` jobs may ask for: every language an ocrworker
+        reported within :data:`OCR_LANGUAGES_MAX_AGE`, sorted; empty when none has."""
+        rows = await self._pool.fetch(
+            "SELECT DISTINCT language FROM ocr_languages WHERE reported_at > now() - $1::interval ORDER BY language",
+            OCR_LANGUAGES_MAX_AGE,
+        )
+        return [r["language"] for r in rows]
+
+    # -- step 1: check ---------------------------------------------------------------------
+
+    def _check(
+        self,
+        object_id: str,
+        operations: list[OperationRequest],
+        priority: int | None,
+        webhook_url: str | None,
+        idempotency_key: str | None,
+    ) -> _Request:
+        """Everything that needs nothing but the request, in the order the errors are reported:
+        the object id's form, the number of operations, the strings' bounds, the priority, the
+        webhook URL, the passwords; then the request hash."""
+        object_id = parse_uuid(object_id, "object")
+        if len(operations) > self._max_operations:
+            raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
+        check_text(operations, idempotency_key)
+        priority = check_priority(priority)
+        if webhook_url:
+            check_webhook_url(webhook_url, allow_private=self._webhook_allow_private)
+        operations, passwords = self._take_passwords(operations)
+        request_hash = hashlib.sha256(
+            json.dumps(
+                [object_id, self._hashed_operations(operations, passwords), priority, webhook_url],
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()
+        return _Request(
+            object_id, operations, passwords, priority, webhook_url, idempotency_key, request_hash
+        )
+
+    def _take_passwords(
+        self, operations: list[OperationRequest]
+    ) -> tuple[list[OperationRequest], list[str | None]]:
+        """The operations without their ``password`` param, and the passwords (None where none was
+        given), in the same order. Raises InvalidArgument (see :meth:`process`); the password is in
+        no message."""
+        stripped, passwords = [], []
+        for op in operations:
+            params, password = jobsecrets.take_password(op.params)
+            if password is not None and self._password_key is None:
+                raise InvalidArgument("this server does not accept passwords", "PASSWORDS_NOT_ENABLED")
+            stripped.append(OperationRequest(op.name, params) if password is not None else op)
+            passwords.append(password)
+        return stripped, passwords
+
+    def _hashed_operations(
+        self, operations: list[OperationRequest], passwords: list[str | None]
+    ) -> list[list[Any]]:
+        """The operations as the request hash sees them: ``[name, params]``, as before passwords
+        existed (stored hashes stay valid), plus ``{"password_hmac": …}`` for one with a password."""
+        hashed: list[list[Any]] = []
+        for op, password in zip(operations, passwords, strict=True):
+            if password is None:
+                hashed.append([op.name, op.params])
+            else:
+                assert self._password_key is not None  # _take_passwords refused it otherwise
+                digest = jobsecrets.password_digest(self._password_key, password)
+                hashed.append([op.name, op.params, {"password_hmac": digest}])
+        return hashed
+
+    async def _replay(
+        self, caller: Caller, key: str, request_hash: str, conn: db.Connection | None = None
+    ) -> ProcessResult | None:
+        """The answer of the earlier request with this key (job ids in the order of its operations),
+        None when the key is new. Raises Conflict when the key came with another request."""
+        reader = conn if conn is not None else self._pool
+        row = await reader.fetchrow(
+            "SELECT request_hash, request_id, job_ids FROM process_requests"
+            " WHERE account_id = $1 AND idempotency_key = $2",
+            caller.account_id,
+            key,
+        )
+        if row is None:
+            return None
+        if row["request_hash"] != request_hash:
+            raise Conflict("this Idempotency-Key was used with a different request", "IDEMPOTENCY_KEY_REUSED")
+        jobs = await reader.fetch(
+            "SELECT job_id, estimated_credits FROM processing_jobs WHERE request_id = $1 ORDER BY created_at, job_id",
+            row["request_id"],
+        )
+        order = [str(j) for j in row["job_ids"]] if row["job_ids"] else [str(j["job_id"]) for j in jobs]
+        return ProcessResult(
+            job_ids=tuple(order),
+            estimated_millicredits=int(sum(j["estimated_credits"] for j in jobs)),
+        )
+
+    # -- step 2: resolve profiles ----------------------------------------------------------
+
+    async def _object(self, caller: Caller, object_id: str) -> storage_pb2.Object:
+        """The original, if it is the caller's (the storage service's NotFound otherwise)."""
+        response = await call(
+            self._storage.GetObject,
+            storage_pb2.GetObjectRequest(object_id=object_id, account_id=caller.account_id),
+        )
+        return response.object
+
+    async def _resolve_profiles(self, request: _Request, obj: storage_pb2.Object) -> list[_Operation]:
+        """Each operation with its active profile and its params normalised, checked in the
+        request's order: unknown operation (422) → a password where none is taken (422) → the
+        object's kind (415) → its size (413) → the params (422; an ``ocr`` job's languages against
+        those the ocrworkers reported)."""
+        names = [o.name for o in request.operations]
+        profiles = {
+            r["operation"]: r
+            for r in await self._pool.fetch(
+                "SELECT * FROM processing_profiles WHERE active AND operation = ANY($1::text[])", names
+            )
+        }
+        input_kind = contenttype.kind(obj.mime_type)
+        languages = await self.ocr_languages() if any(p["queue"] == "ocr" for p in profiles.values()) else []
+        resolved = []
+        for op, password in zip(request.operations, request.passwords, strict=True):
+            profile = profiles.get(op.name)
+            if profile is None:
+                raise InvalidArgument(f"unknown operation {op.name!r}", "UNKNOWN_OPERATION")
+            if password is not None and profile["queue"] not in PASSWORD_QUEUES:
+                raise InvalidArgument(f"operation {op.name!r} does not take a password", "INVALID_PARAMS")
+            if password is not None and input_kind != "pdf":
+                raise InvalidArgument(
+                    "a password opens encrypted PDFs only; password-protected office documents are not supported",
+                    "INVALID_PARAMS",
+                )
+            if input_kind not in profile["input_kinds"]:
+                explained = contenttype.KIND_OTHER_EXPLAINED.get(obj.mime_type)
+                raise UnsupportedInput(
+                    f"operation {op.name!r} does not accept {obj.mime_type} input"
+                    + (f" ({explained})" if explained else ""),
+                    "UNSUPPORTED_FORMAT",
+                )
+            if obj.size_bytes > profile["max_input_bytes"]:
+                raise PayloadTooLarge(
+                    f"operation {op.name!r} accepts at most {profile['max_input_bytes']} bytes",
+                    "INPUT_TOO_LARGE",
+                )
+            resolved.append(_Operation(op.name, self._params(op, profile, obj, languages), profile, password))
+        return resolved
+
+    @staticmethod
+    def _params(
+        op: OperationRequest, profile: asyncpg.Record, obj: storage_pb2.Object, languages: list[str]
+    ) -> dict[str, Any]:
+        """``op``'s params normalised by its queue's validator (:data:`PARAM_VALIDATORS`; as sent
+        for a queue without one). Raises InvalidArgument or UnsupportedInput."""
+        if profile["queue"] == "ocr":
+            if obj.mime_type not in ocr_params.INPUT_MIME_TYPES:
+                raise UnsupportedInput(
+                    f"operation {op.name!r} reads PDFs and raster images, not {obj.mime_type}",
+                    "UNSUPPORTED_FORMAT",
+                )
+            # No ocrworker has reported its languages yet: the form only (the worker checks again).
+            return ocr_params.validate_params(op.name, op.params, installed_languages=languages or None)
+        validator = PARAM_VALIDATORS.get(profile["queue"])
+        return validator(op.name, op.params) if validator else op.params
+
+    # -- step 3: price ---------------------------------------------------------------------
+
+    async def _price(
+        self, operations: list[_Operation], obj: storage_pb2.Object
+    ) -> tuple[list[_PricedJob], int]:
+        """The jobs to create with their prices (the credits service's ``Estimate``: ``base_cost +
+        per_mb × size_mb`` per profile) and holds, and the estimate's total (millicredits). The
+        hold also covers what escalation may add (charged as its own line, only for the pages
+        escalated); the job's ``estimated_credits`` stays the profile's price."""
+        estimate = await call(
+            self._credits.Estimate,
+            credits_pb2.EstimateRequest(operations=[o.name for o in operations], size_bytes=obj.size_bytes),
+        )
+        jobs = [
+            _PricedJob(
+                job_id=str(uuid.uuid4()),
+                operation=op,
+                price_millicredits=e.millicredits,
+                hold_millicredits=e.millicredits
+                + _escalation_allowance(op.params, op.profile, obj.mime_type),
+            )
+            for op, e in zip(operations, estimate.estimates, strict=True)
+        ]
+        return jobs, estimate.total_millicredits
+
+    # -- step 4: hold and persist ----------------------------------------------------------
+
+    async def _hold_and_persist(
+        self, caller: Caller, request: _Request, jobs: list[_PricedJob], total_millicredits: int
+    ) -> ProcessResult:
+        """Hold the jobs' credits and create them in one transaction. With an Idempotency-Key,
+        duplicates of one key wait on an advisory lock for the first to commit, then replay it:
+        they must not hold credits of their own (a retrying client could get a 402). A hold taken
+        before the transaction failed is released (:meth:`_release`); after a commit the outbox
+        relay is woken."""
+        held = False
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                if request.idempotency_key:
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                        f"process-request:{caller.account_id}:{request.idempotency_key}",
+                    )
+                    replay = await self._replay(caller, request.idempotency_key, request.request_hash, conn)
+                    if replay is not None:
+                        return replay
+                await self._hold(caller, jobs)
+                held = True
+                await self._persist(conn, caller, request, jobs)
+        except BaseException:
+            if held:
+                await self._release(jobs)
+            raise
+        self._relay.wake.set()
+        return ProcessResult(job_ids=tuple(j.job_id for j in jobs), estimated_millicredits=total_millicredits)
+
+    async def _hold(self, caller: Caller, jobs: Sequence[_PricedJob]) -> None:
+        """One ``Hold`` for all the jobs. Raises InsufficientCredits (402) when the account's
+        available credits do not cover them; nothing is held then."""
+        await call(
+            self._credits.Hold,
+            credits_pb2.HoldRequest(
+                account_id=caller.account_id,
+                holds=[credits_pb2.JobHold(job_id=j.job_id, millicredits=j.hold_millicredits) for j in jobs],
+            ),
+        )
+
+    async def _persist(
+        self, conn: db.Connection, caller: Caller, request: _Request, jobs: Sequence[_PricedJob]
+    ) -> None:
+        """In the caller's transaction: the idempotency row, the jobs as ``queued`` with their
+        outbox rows, their passwords; then the object's state read again. Raises NotFound when
+        the object was deleted since it was looked up."""
+        request_id = str(uuid.uuid4())
+        job_ids = [j.job_id for j in jobs]
+        if request.idempotency_key:
+            await conn.execute(
+                "INSERT INTO process_requests (account_id, idempotency_key, request_hash, request_id, job_ids) "
+                "VALUES ($1, $2, $3, $4, $5::uuid[])",
+                caller.account_id,
+                request.idempotency_key,
+                request.request_hash,
+                request_id,
+                job_ids,
+            )
+        await lifecycle.create_queued(
+            conn,
+            self._prefix,
+            [
+                lifecycle.NewJob(
+                    job_id=j.job_id,
+                    account_id=caller.account_id,
+                    object_id=request.object_id,
+                    request_id=request_id,
+                    operation=j.operation.name,
+                    profile_version=j.operation.profile["version"],
+                    queue=j.operation.profile["queue"],
+                    params=j.operation.params,
+                    priority=request.priority,
+                    max_attempts=j.operation.profile["max_attempts"],
+                    estimated_credits=j.price_millicredits,
+                    webhook_url=request.webhook_url or None,
+                    idempotency_key=request.idempotency_key,
+                )
+                for j in jobs
+            ],
+        )
+        await jobsecrets.store(
+            conn, [(j.job_id, j.operation.password) for j in jobs if j.operation.password is not None]
+        )
+        # The job rows' foreign keys hold the object's row against a DeleteObject from here on (it
+        # waits, then sees the jobs: OBJECT_IN_USE); one that committed since GetObject shows here
+        # as 'deleted' (ADR 0029).
+        state = await conn.fetchval("SELECT state FROM objects WHERE object_id = $1", request.object_id)
+        if state != "available":
+            raise NotFound("object not found", "NOT_FOUND")
+
+    async def _release(self, jobs: Sequence[_PricedJob]) -> None:
+        """Release the holds of jobs that were not created; a failure is logged (the reaper
+        releases holds whose job was never created)."""
+        for job in jobs:
+            try:
+                await self._settlement.settle(job.job_id, UNCREATED)
+            except DomainError:
+                log.exception("could not release the hold of an uncreated job")

@@ -1,0 +1,110 @@
+"""A process request as the transports hand it over (``POST /v1/hypermedia/process``, gRPC
+``Process``): its operations (:func:`parse_operations`) and the checks that need nothing but the
+request itself — the bounds of its strings, its priority, its webhook URL. What needs the object,
+the profiles or the credits is :mod:`services.gateway.creation`'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from hypermedia.core import pgtext
+from hypermedia.core.errors import InvalidArgument
+from hypermedia.jobs.webhooks import literal_private_host
+
+DEFAULT_PRIORITY = 5
+"""The priority of a request that gives none (1 is the highest, 10 the lowest)."""
+
+
+@dataclass(frozen=True)
+class OperationRequest:
+    """One operation as a client asked for it, before validation."""
+
+    name: str
+    """The operation's name (a ``processing_profiles.operation``, once checked)."""
+    params: dict[str, Any]
+    """Its params as sent (JSON object)."""
+
+
+def parse_operations(raw: Any) -> list[OperationRequest]:
+    """``operations`` of a request: names or ``{name, params}`` objects. Raises InvalidArgument
+    (``INVALID_REQUEST``) for an empty list or anything else."""
+    if not isinstance(raw, list) or not raw:
+        raise InvalidArgument("operations must be a non-empty list", "INVALID_REQUEST")
+    parsed = []
+    for item in raw:
+        if isinstance(item, str):
+            parsed.append(OperationRequest(item, {}))
+        elif isinstance(item, dict) and isinstance(item.get("name"), str):
+            params = item.get("params") or {}
+            if not isinstance(params, dict) or set(item) - {"name", "params"}:
+                raise InvalidArgument("an operation is a name or {name, params}", "INVALID_REQUEST")
+            parsed.append(OperationRequest(item["name"], params))
+        else:
+            raise InvalidArgument("an operation is a name or {name, params}", "INVALID_REQUEST")
+    return parsed
+
+
+def check_priority(priority: int | None) -> int:
+    """The request's priority, :data:`DEFAULT_PRIORITY` when None. Raises InvalidArgument
+    (``INVALID_PRIORITY``) for anything but an integer from 1 to 10 (a bool is not one)."""
+    priority = DEFAULT_PRIORITY if priority is None else priority
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
+        raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
+    return priority
+
+
+MAX_WEBHOOK_URL_LENGTH = 2048
+"""Longest ``webhook_url`` (characters)."""
+
+
+def check_webhook_url(url: str, *, allow_private: bool = False) -> None:
+    """Raises InvalidArgument (INVALID_WEBHOOK_URL) unless ``url`` is an absolute http(s) URL of at
+    most 2048 characters with a host, a valid port and no whitespace or control characters, and,
+    unless ``allow_private``, a host that is not a non-public IP literal or ``localhost``
+    (:func:`hypermedia.jobs.webhooks.literal_private_host`; names are resolved and checked when the
+    reaper sends)."""
+    if len(url) > MAX_WEBHOOK_URL_LENGTH:
+        raise InvalidArgument(
+            f"webhook_url may be at most {MAX_WEBHOOK_URL_LENGTH} characters", "INVALID_WEBHOOK_URL"
+        )
+    if any(ch <= " " or ch == "\x7f" for ch in url):
+        raise InvalidArgument(
+            "webhook_url must not contain spaces or control characters", "INVALID_WEBHOOK_URL"
+        )
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError:
+        raise InvalidArgument("webhook_url is not a valid URL", "INVALID_WEBHOOK_URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidArgument("webhook_url must be an http(s) URL", "INVALID_WEBHOOK_URL")
+    try:
+        host = httpx.URL(url).host  # as the reaper's client reads it (IDNA, full-width dots)
+    except (httpx.InvalidURL, UnicodeError):  # UnicodeEncodeError: a lone surrogate
+        raise InvalidArgument("webhook_url is not a valid URL", "INVALID_WEBHOOK_URL") from None
+    if not allow_private and literal_private_host(host):
+        raise InvalidArgument(
+            "webhook_url must point to a public address, not a loopback, private or link-local one",
+            "INVALID_WEBHOOK_URL",
+        )
+
+
+def check_text(operations: list[OperationRequest], idempotency_key: str | None) -> None:
+    """The bounds of a process request's strings under :mod:`hypermedia.core.pgtext`'s rule, for REST
+    and gRPC alike: an operation name of at most :data:`~hypermedia.core.pgtext.MAX_OPERATION_NAME_LENGTH`
+    characters, params of at most :data:`~hypermedia.core.pgtext.MAX_PARAMS_BYTES` bytes of JSON, a
+    key of at most :data:`~hypermedia.core.pgtext.MAX_IDEMPOTENCY_KEY_LENGTH` characters and without
+    NUL (a header: no body check sees it; the webhook URL's 2048 is :func:`check_webhook_url`'s).
+    NUL and lone surrogates in the body were refused where it entered, once: the REST body
+    validator, the gRPC interceptor. Raises InvalidText naming the field."""
+    pgtext.check(idempotency_key, "idempotency_key", pgtext.MAX_IDEMPOTENCY_KEY_LENGTH)
+    for i, op in enumerate(operations):
+        pgtext.check(op.name, f"operations[{i}].name", pgtext.MAX_OPERATION_NAME_LENGTH)
+        if pgtext.json_size(op.params) > pgtext.MAX_PARAMS_BYTES:
+            raise pgtext.InvalidText(
+                f"operations[{i}].params", f"may be at most {pgtext.MAX_PARAMS_BYTES} bytes of JSON"
+            )

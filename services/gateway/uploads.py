@@ -1,0 +1,211 @@
+"""Uploads and deletion of originals (``POST /v1/objects``, ``DELETE /v1/objects/{id}``; gRPC
+``UploadObject``, ``DeleteObject``): every check of the bytes before storage hears of them, then
+the storage service's reserve → PUT → complete."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import unicodedata
+
+import httpx
+
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core.errors import DomainError, InvalidArgument, PayloadTooLarge, TransientError
+from hypermedia.infra.rpc import call
+from hypermedia.intake import contenttype
+from hypermedia.intake.clamav import ClamdScanner
+from hypermedia.jobs.accounts import Caller
+from services.gateway.ids import parse_uuid
+from services.gateway.results import StorageUsage, StoredObject
+
+log = logging.getLogger(__name__)
+
+MAX_DISPLAY_NAME_LENGTH = 255
+"""Longest display name kept from a client's file name (characters; the usual file-name limit).
+Longer names are cut, keeping an extension of up to 16 characters."""
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f"  # ALM, LRM, RLM
+    "\u202a\u202b\u202c\u202d\u202e"  # embeddings, PDF, overrides (LRO, RLO)
+    "\u2066\u2067\u2068\u2069"  # isolates
+)
+
+
+def display_name(filename: str | None) -> str:
+    """A client's file name made safe to store and show. It stays metadata: never a path, a key or
+    part of a command (keys are ``originals/{pool_id}/{object_id}``).
+
+    NFC-normalised; control characters (NUL, C0, DEL, C1), line and paragraph separators, lone
+    surrogates and bidi controls (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C: the
+    right-to-left override shows ``invoice<RLO>gpj.exe`` as ``invoiceexe.jpg``) removed; ``/`` and
+    ``\\`` replaced by ``_``; surrounding whitespace stripped; a name of dots only dropped; cut to
+    :data:`MAX_DISPLAY_NAME_LENGTH`. Returns ``""`` when nothing is left."""
+    name = unicodedata.normalize("NFC", filename or "")
+    name = "".join(
+        "_" if ch in "/\\" else ch
+        for ch in name
+        if ch not in _BIDI_CONTROLS and unicodedata.category(ch) not in ("Cc", "Cs", "Zl", "Zp")
+    ).strip()
+    if not name.strip("."):
+        return ""
+    if len(name) > MAX_DISPLAY_NAME_LENGTH:
+        stem, dot, extension = name.rpartition(".")
+        if dot and stem and 0 < len(extension) <= 16:
+            name = f"{stem[: MAX_DISPLAY_NAME_LENGTH - len(extension) - 1]}.{extension}"
+        else:
+            name = name[:MAX_DISPLAY_NAME_LENGTH]
+    return name
+
+
+class Uploads:
+    """The upload and delete use cases. Dependencies come in through the constructor.
+
+    Args:
+        storage: the storage service (reserves, completes and deletes originals).
+        http: PUTs the bytes to the reserved original's presigned URL.
+        max_upload_bytes: largest upload (``HM_MAX_UPLOAD_BYTES``).
+        scanner: the virus scanner; None: uploads are not scanned (``HM_CLAMD_URL`` unset).
+    """
+
+    def __init__(
+        self,
+        storage: storage_pb2_grpc.StorageServiceStub,
+        http: httpx.AsyncClient,
+        *,
+        max_upload_bytes: int,
+        scanner: ClamdScanner | None = None,
+    ) -> None:
+        self._storage = storage
+        self._http = http
+        self.max_upload_bytes = max_upload_bytes
+        self._scanner = scanner
+
+    async def upload_object(
+        self, caller: Caller, content: bytes, filename: str, claimed_type: str | None = None
+    ) -> StoredObject:
+        """Store an original. Returns it as stored.
+
+        The type is decided from the content (:func:`contenttype.identify`: magic bytes; zip
+        containers inspected from their central directory and typed from inside); what the client
+        claimed (``claimed_type``, the multipart part's Content-Type, and the extension of
+        ``filename``) is recorded beside it and logged. ``filename`` is kept as a sanitised display
+        name (:func:`display_name`). Every check runs before storage is asked for anything.
+
+        Raises:
+            InvalidArgument: empty content. PayloadTooLarge: above ``max_upload_bytes``.
+            ArchiveRejected (``ARCHIVE_*``, 422) and MacrosNotAllowed (415) from
+            :mod:`hypermedia.intake.archives`: a zip container that failed inspection or carries macros.
+            VirusFound, TooLargeToScan, ScannerUnavailable (``hypermedia.intake.clamav``): the virus scan,
+            when a scanner is configured; nothing is stored then. StorageQuotaExceeded (403): the
+            account's storage quota has no room for the file (ADR 0029); nothing is stored.
+        """
+        if not content:
+            raise InvalidArgument("the file is empty", "EMPTY_FILE")
+        if len(content) > self.max_upload_bytes:
+            raise PayloadTooLarge(f"files are limited to {self.max_upload_bytes} bytes", "INPUT_TOO_LARGE")
+        if self._scanner is not None:
+            await self._scanner.ensure_clean(content)
+        try:
+            mime = await asyncio.to_thread(contenttype.identify, content)
+        except DomainError as exc:
+            log.info("upload refused", extra={"error_code": exc.error_code, "size_bytes": len(content)})
+            raise
+        name = display_name(filename)
+        claimed = contenttype.claimed_mime(claimed_type)
+        implied = contenttype.name_mime(name)
+        mismatch = contenttype.type_mismatch(mime, claimed, implied)
+        digest = hashlib.sha256(content).hexdigest()
+        created = await call(
+            self._storage.CreateUpload,
+            storage_pb2.CreateUploadRequest(
+                account_id=caller.account_id,
+                pool_id=caller.pool_id,
+                size_bytes=len(content),
+                mime_type=mime,
+                sha256=digest,
+                filename=name,
+                claimed_mime_type=claimed or "",
+                name_mime_type=implied or "",
+                type_mismatch=mismatch,
+            ),
+        )
+        try:
+            obj = await self._store_bytes(created, content, mime)
+        except BaseException:
+            await self._give_back(caller, created.object.object_id)
+            raise
+        log.info(
+            "upload typed from its content",
+            extra={
+                "object_id": obj.object_id,
+                "mime_type": obj.mime_type,
+                "claimed_mime_type": obj.claimed_mime_type or None,
+                "name_mime_type": obj.name_mime_type or None,
+                "type_mismatch": obj.type_mismatch,
+                "display_name": obj.filename,
+            },
+        )
+        return StoredObject(
+            object_id=obj.object_id,
+            pool_id=obj.pool_id,
+            size_bytes=obj.size_bytes,
+            mime_type=obj.mime_type,
+            sha256=obj.sha256,
+            filename=obj.filename,
+            claimed_mime_type=obj.claimed_mime_type or None,
+            name_mime_type=obj.name_mime_type or None,
+            type_mismatch=obj.type_mismatch,
+        )
+
+    async def _store_bytes(
+        self, created: storage_pb2.CreateUploadResponse, content: bytes, mime: str
+    ) -> storage_pb2.Object:
+        """PUT ``content`` to the reserved original's URL and complete it. Raises TransientError
+        (STORAGE_UNAVAILABLE) when the store fails, or the storage service's errors."""
+        try:
+            response = await self._http.put(created.put_url, content=content, headers={"Content-Type": mime})
+        except httpx.HTTPError as exc:
+            raise TransientError("object storage is unavailable", "STORAGE_UNAVAILABLE") from exc
+        if response.status_code >= 300:
+            log.error("storage PUT answered %s", response.status_code)
+            raise TransientError("object storage rejected the upload", "STORAGE_UNAVAILABLE")
+        done = await call(
+            self._storage.CompleteUpload,
+            storage_pb2.CompleteUploadRequest(object_id=created.object.object_id),
+        )
+        return done.object
+
+    async def _give_back(self, caller: Caller, object_id: str) -> None:
+        """Delete the pending original of an upload that failed after its row was made, so its
+        bytes do not stay counted against the quota; a failure here is logged (the row stays
+        pending and counted until the account deletes it)."""
+        try:
+            await call(
+                self._storage.DeleteObject,
+                storage_pb2.DeleteObjectRequest(account_id=caller.account_id, object_id=object_id),
+            )
+        except DomainError:
+            log.exception("could not delete the pending original of a failed upload")
+
+    async def delete_object(self, caller: Caller, object_id: str) -> StorageUsage:
+        """Delete an original of the caller: its bytes go and its size and one object go back to
+        the account's storage quota; jobs keep referring to it, outputs derived from it stay.
+        Returns the account's storage usage after it.
+
+        Raises:
+            NotFound: unknown, derived, already deleted or another account's (alike).
+            Conflict (``OBJECT_IN_USE``): a job on it has not ended (cancel it or wait).
+        """
+        object_id = parse_uuid(object_id, "object")
+        response = await call(
+            self._storage.DeleteObject,
+            storage_pb2.DeleteObjectRequest(account_id=caller.account_id, object_id=object_id),
+        )
+        usage = response.usage
+        return StorageUsage(
+            used_bytes=usage.used_bytes,
+            limit_bytes=usage.limit_bytes,
+            used_objects=usage.used_objects,
+            limit_objects=usage.limit_objects,
+        )

@@ -1,0 +1,29 @@
+"""The gateway's use cases, one object per use case, as the transports receive them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.gateway.accounts import Accounts
+from services.gateway.cancellation import JobCancellation
+from services.gateway.creation import JobCreation
+from services.gateway.status import JobStatus
+from services.gateway.uploads import Uploads
+
+
+@dataclass(frozen=True)
+class UseCases:
+    """What REST (:func:`services.gateway.rest.build_app`) and gRPC
+    (:class:`services.gateway.grpc_api.JobService`) both call; wired in ``__main__``. Each returns
+    the typed results of :mod:`services.gateway.results`, which each transport renders."""
+
+    uploads: Uploads
+    """Upload and delete originals."""
+    creation: JobCreation
+    """Create jobs (``process``) and list the OCR languages they may ask for."""
+    status: JobStatus
+    """Read a job and watch its events."""
+    cancellation: JobCancellation
+    """Cancel a job."""
+    accounts: Accounts
+    """The caller's account and balance."""

@@ -1,0 +1,24 @@
+"""The mediaworker's own settings (its media coordinator, encoder threads)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from hypermedia.core.config import ComponentSettings
+
+
+class MediaSettings(ComponentSettings):
+    """The mediaworker's media coordinator and encoder threads (``services/mediaworker``), read
+    beside its :class:`WorkerSettings`. The coordinator bounds operations *within* the worker's
+    slots: it matters only when ``HM_WORKER_SLOTS`` (1 by default for the mediaworker) is raised
+    above 1; a job that waits for it holds its slot meanwhile."""
+
+    max_video_jobs: int = Field(3, ge=1, le=64, validation_alias="HM_MEDIA_MAX_VIDEO_JOBS")
+    """``transcode_video`` jobs one worker process runs at once (the seed's media coordinator: 3)."""
+    max_audio_jobs: int = Field(1, ge=1, le=64, validation_alias="HM_MEDIA_MAX_AUDIO_JOBS")
+    """``transcode_audio`` jobs (audio renditions) one worker process runs at once (the seed: 1)."""
+    encoder_threads: int = Field(2, ge=1, le=16, validation_alias="HM_MEDIA_ENCODER_THREADS")
+    """Threads of a ``transcode_video`` job's decoder and of each of its encoders
+    (``MediaLimits.threads``); its ``RLIMIT_NPROC`` is raised to match (measured up to 16:
+    ``services.mediaworker.MediaHandler.sandbox_limits``). The other media operations run one
+    thread each."""

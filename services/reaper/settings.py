@@ -1,0 +1,29 @@
+"""The reaper's settings: its interval and thresholds, orphaned directories, webhook delivery."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from hypermedia.core.config import ComponentSettings
+
+
+class ReaperSettings(ComponentSettings):
+    interval_seconds: float = Field(5.0, gt=0, validation_alias="HM_REAPER_INTERVAL_SECONDS")
+    requeue_stale_seconds: float = Field(60.0, gt=0, validation_alias="HM_REAPER_REQUEUE_STALE_SECONDS")
+    """A job `queued` this long without being claimed is published again."""
+    dead_worker_seconds: float = Field(120.0, gt=0, validation_alias="HM_REAPER_DEAD_WORKER_SECONDS")
+    settle_grace_seconds: float = Field(60.0, gt=0, validation_alias="HM_REAPER_SETTLE_GRACE_SECONDS")
+    """How long after a job ended a hold nobody settled waits before the reaper settles it."""
+    work_dirs: str = Field("", validation_alias="HM_REAPER_WORK_DIRS")
+    """Worker work directories on the reaper's machine (``:``-separated) whose orphaned job
+    directories it removes; empty: none (each worker sweeps its own at start)."""
+    orphan_dir_seconds: float = Field(300.0, gt=0, validation_alias="HM_REAPER_ORPHAN_DIR_SECONDS")
+    """Age after which a job directory of a job that is not running is removed."""
+    webhook_poll_seconds: float = Field(1.0, gt=0, validation_alias="HM_WEBHOOK_POLL_SECONDS")
+    """How often the webhook dispatcher looks for due deliveries."""
+    webhook_max_attempts: int = Field(8, ge=1, le=50, validation_alias="HM_WEBHOOK_MAX_ATTEMPTS")
+    webhook_base_delay_seconds: float = Field(5.0, gt=0, validation_alias="HM_WEBHOOK_BASE_DELAY_SECONDS")
+    """First retry delay of a webhook; doubles per attempt, capped at an hour."""
+    webhook_allow_private: bool = Field(False, validation_alias="HM_WEBHOOK_ALLOW_PRIVATE")
+    """Send webhooks to hosts that resolve to non-public addresses (loopback, private, link-local,
+    cloud metadata). Off by default: such a delivery fails at once (``BlockedAddress``)."""

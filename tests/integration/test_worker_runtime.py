@@ -1,0 +1,486 @@
+"""``WorkerRuntime``'s decisions, proven without a whole platform: the real runtime loop
+(:meth:`WorkerRuntime.run`) against real Postgres (job rows, attempts, fenced transitions), real
+NATS JetStream (the queue messages) and the real credits service over gRPC, with only storage and
+the sandbox faked (:mod:`tests.helpers.fakes`). Each test drives the job to a chosen moment through
+a fake's hook and asserts what the runtime decided: the job row and its attempts, what storage saw
+uploaded, registered and deleted, and whether the job's credits were committed, released or left
+held.
+
+Credits are the real ``CreditsService`` behind a real gRPC port (the ``credits`` fixture), not a
+recorder: it runs here, and what is asserted is what it wrote (``credit_holds`` status, ledger
+rows), so a wrong Commit/Release, or a second one, shows as it would in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import asyncpg
+import httpx
+import pytest
+from nats.aio.msg import Msg
+
+from hypermedia.api.credits.v1 import credits_pb2
+from hypermedia.engines.contract import OutputFile
+from hypermedia.jobs import lifecycle, queues
+from hypermedia.worker.runtime import WorkerRuntime
+from hypermedia.worker.settings import WorkerSettings
+from tests.helpers.fakes import FakeSandbox, FakeStorage, GatedHandler, failure, success
+from tests.integration.conftest import Broker, Credits, Seeder, Tenant
+
+BALANCE = 10_000
+HOLD = 1_200
+"""The seeder's ``estimated_credits``: what every job holds, and a completed thumbnail is charged."""
+ORIGINAL = b"original bytes of the source object"
+THUMB = (OutputFile("thumbnail", "thumb.webp", "image/webp", {"width": 4}), b"RIFF\x10\x00\x00\x00WEBPthumb")
+PREVIEW = (OutputFile("preview", "preview.png", "image/png", {"width": 8}), b"\x89PNG\r\n\x1a\npreview")
+OTHER_WORKER = "local/imageworker/elsewhere/boot/g0/1"
+
+
+@dataclass
+class Rig:
+    """One worker runtime on a database of its own, with its fakes and the tenant its jobs bill."""
+
+    runtime: WorkerRuntime
+    storage: FakeStorage
+    sandbox: FakeSandbox
+    handler: GatedHandler
+    pool: asyncpg.Pool
+    seed: Seeder
+    broker: Broker
+    credits: Credits
+    tenant: Tenant
+
+    async def job(self, **kwargs: Any) -> str:
+        """A seeded ``thumbnail`` job (``Seeder.job``) whose credits are held as the gateway holds them."""
+        job_id = await self.seed.job(self.tenant, **kwargs)
+        request = credits_pb2.HoldRequest(account_id=str(self.tenant.account_id))
+        request.holds.add(job_id=str(job_id), millicredits=HOLD)
+        await self.credits.service.Hold(request, cast(Any, None))
+        return str(job_id)
+
+    async def publish(self, job_id: str) -> int:
+        """The job's queue message, as the outbox relay publishes it; returns its stream sequence."""
+        ack = await self.broker.js.publish(
+            queues.subject(self.broker.prefix, "images", 5),
+            queues.JobMessage(job_id, "images", 5).encode(),
+        )
+        return int(ack.seq)
+
+    async def status(self, job_id: str) -> str:
+        return str(await self.pool.fetchval("SELECT status FROM processing_jobs WHERE job_id = $1", job_id))
+
+    async def row(self, job_id: str) -> asyncpg.Record:
+        return await self.seed.job_row(uuid.UUID(job_id))
+
+    async def attempts(self, job_id: str) -> list[tuple[int, str, str, str | None]]:
+        """``(attempt_number, worker_id, status, error_code)`` of the job's attempts, in order."""
+        rows = await self.pool.fetch(
+            "SELECT attempt_number, worker_id, status, error_code FROM job_attempts "
+            "WHERE job_id = $1 ORDER BY attempt_number",
+            job_id,
+        )
+        return [(r["attempt_number"], r["worker_id"], r["status"], r["error_code"]) for r in rows]
+
+    async def credit(self, job_id: str) -> tuple[str, list[tuple[str, int]]]:
+        """The job's hold status and its ledger rows ``(kind, amount)`` (a commit is a negative amount: a charge)."""
+        hold = await self.pool.fetchval("SELECT status FROM credit_holds WHERE job_id = $1", job_id)
+        ledger = await self.pool.fetch(
+            "SELECT kind, amount FROM credit_ledger WHERE job_id = $1 ORDER BY entry_id", job_id
+        )
+        return str(hold), [(r["kind"], r["amount"]) for r in ledger]
+
+    async def job_outputs(self, job_id: str) -> list[tuple[str, str]]:
+        rows = await self.pool.fetch(
+            "SELECT output_type, key FROM job_outputs WHERE job_id = $1 ORDER BY output_type", job_id
+        )
+        return [(r["output_type"], r["key"]) for r in rows]
+
+    async def object_keys(self) -> set[str]:
+        """Keys of the derived objects storage holds rows for."""
+        rows = await self.pool.fetch("SELECT key FROM objects WHERE source_object_id IS NOT NULL")
+        return {r["key"] for r in rows}
+
+    async def outbox(self, job_id: str) -> int:
+        return len(await self.seed.outbox_rows(uuid.UUID(job_id)))
+
+    @contextlib.asynccontextmanager
+    async def loop(self) -> AsyncIterator[tuple[asyncio.Event, asyncio.Task[None]]]:
+        """The worker loop (:meth:`WorkerRuntime.run`) running; yields its stop event (setting it
+        is SIGTERM's path: the drain) and its task. On exit it is stopped and awaited."""
+        stop = asyncio.Event()
+        task = asyncio.create_task(self.runtime.run(stop))
+        try:
+            yield stop, task
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+    async def run_until(self, done: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
+        """Runs the worker loop until ``done()`` holds, then stops it and waits for it to end."""
+        async with self.loop() as (_stop, task):
+            await _eventually(done, timeout, task)
+
+
+def _settings(tmp_path: Path, **env: Any) -> WorkerSettings:
+    values: dict[str, Any] = {
+        "HM_WORKER_QUEUE": "images",
+        "HM_WORKER_SLOTS": 4,
+        "HM_WORK_DIR": str(tmp_path / "work"),
+        "HM_DRAIN_SECONDS": 10,
+        "HM_MIN_AVAILABLE_MEMORY_MB": 0,
+        "HM_MIN_PID_HEADROOM": 0,
+        **env,
+    }
+    return WorkerSettings(**values)
+
+
+@pytest.fixture
+async def make_rig(
+    tmp_path: Path, fresh_pool: asyncpg.Pool, seed: Seeder, broker: Broker, credits: Credits
+) -> AsyncIterator[Callable[..., Awaitable[Rig]]]:
+    """``await make_rig(admitted=…, **HM_settings)``: a :class:`Rig` whose handler admits
+    ``admitted`` jobs at once."""
+    clients: list[httpx.AsyncClient] = []
+
+    async def make(admitted: int = 64, **env: Any) -> Rig:
+        tenant = await seed.tenant(balance=BALANCE)
+        storage = FakeStorage(fresh_pool)
+        storage.put_original(f"objects/{tenant.object_id}", ORIGINAL)
+        sandbox = FakeSandbox(tmp_path / "work", outcome=success(THUMB, PREVIEW))
+        handler = GatedHandler(admitted)
+        http = storage.http()
+        clients.append(http)
+        runtime = WorkerRuntime(
+            _settings(tmp_path, **env),
+            "imageworker",
+            fresh_pool,
+            broker.nc,
+            broker.prefix,
+            cast(Any, storage),
+            credits.stub,
+            cast(Any, sandbox),
+            handler,
+            http,
+        )
+        return Rig(runtime, storage, sandbox, handler, fresh_pool, seed, broker, credits, tenant)
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+async def test_completed_job_registers_its_outputs_and_commits(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """The baseline the other tests depart from: downloaded, run, uploaded, registered, completed,
+    committed, cleaned up."""
+    rig = await make_rig()
+    job_id = await rig.job()
+    await rig.publish(job_id)
+
+    await rig.run_until(lambda: _status_is(rig, job_id, "completed"))
+
+    assert [run.input_bytes for run in rig.sandbox.runs] == [ORIGINAL]
+    uploaded = {u.key: u.content for u in rig.storage.uploads}
+    assert sorted(uploaded.values()) == sorted([THUMB[1], PREVIEW[1]])
+    outputs = await rig.job_outputs(job_id)
+    assert [t for t, _ in outputs] == ["preview", "thumbnail"]
+    assert {k for _, k in outputs} == set(uploaded) == set(rig.storage.registered)
+    assert rig.storage.deleted == []
+    assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "completed", None)]
+    assert await rig.credit(job_id) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
+    assert rig.sandbox.cleaned == [job_id]
+
+
+async def test_claim_lost_terminates_the_message_and_runs_nothing(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A delivery of a job another worker already claimed, and of one cancelled before any claim:
+    both messages are terminated (JetStream's MSG_TERMINATED advisory names their sequences),
+    nothing is downloaded, run or uploaded, and neither job row nor attempt changes."""
+    rig = await make_rig()
+    taken = await rig.job(status="processing", attempt_count=1, claimed_by=OTHER_WORKER, lease_in=300)
+    cancelled = await rig.job(status="cancelled")
+    terminated: list[int] = []
+
+    async def advisory(msg: Msg) -> None:
+        terminated.append(int(json.loads(msg.data)["stream_seq"]))
+
+    sub = await rig.broker.nc.subscribe(
+        f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{rig.broker.stream('images')}.>", cb=advisory
+    )
+    await rig.broker.nc.flush()
+    sequences = [await rig.publish(taken), await rig.publish(cancelled)]
+
+    async def both_terminated() -> bool:
+        return sorted(terminated) == sequences
+
+    try:
+        await rig.run_until(both_terminated)
+    finally:
+        await sub.unsubscribe()
+
+    assert rig.sandbox.runs == [] and rig.storage.gets == [] and rig.storage.uploads == []
+    row = await rig.row(taken)
+    assert (row["status"], row["claimed_by"], row["attempt_count"]) == ("processing", OTHER_WORKER, 1)
+    assert await rig.attempts(taken) == [(1, OTHER_WORKER, "processing", None)]
+    row = await rig.row(cancelled)
+    assert (row["status"], row["claimed_by"], row["attempt_count"]) == ("cancelled", None, 0)
+    assert await rig.attempts(cancelled) == []
+    assert rig.runtime.running == {}
+
+
+async def test_cancel_during_upload_deletes_the_outputs_and_releases(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """Cancellation requested while the outputs upload: the completion is refused (the job is
+    ``cancel_requested``), every uploaded output is deleted from storage, the job ends
+    ``cancelled`` and its hold is released, never committed."""
+    rig = await make_rig()
+    job_id = await rig.job()
+
+    puts: list[str] = []
+
+    async def cancel_now(request: httpx.Request) -> None:
+        puts.append(request.url.path)
+        if len(puts) == 1:  # the first PUT, before its bytes are stored (both upload at once)
+            assert await lifecycle.request_cancel(rig.pool, job_id, str(rig.tenant.account_id)) == (
+                "cancel_requested"
+            )
+
+    rig.storage.on_put = cancel_now
+    await rig.publish(job_id)
+
+    await rig.run_until(lambda: _status_is(rig, job_id, "cancelled"))
+
+    uploaded = {u.key for u in rig.storage.uploads}
+    assert len(uploaded) == 2
+    assert set(rig.storage.registered) == uploaded
+    assert set(rig.storage.deleted) == uploaded
+    assert await rig.object_keys() == set()
+    assert not uploaded & set(rig.storage.blobs)
+    assert await rig.job_outputs(job_id) == []
+    assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "cancelled", "CANCELLED")]
+    assert await rig.credit(job_id) == ("released", [("hold", HOLD), ("release", HOLD)])
+
+
+async def test_lease_lost_while_running_writes_nothing_and_settles_nothing(
+    make_rig: Callable[..., Awaitable[Rig]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the sandbox runs, the reaper expires the job's lease and another worker claims it
+    (attempt 2). This worker's completion is fenced off: the job stays the other worker's, none of
+    this attempt's outputs becomes the job's, the credits are not settled, a warning is logged."""
+    rig = await make_rig()
+    job_id = await rig.job()
+
+    async def reaped_and_reclaimed(_job_id: str) -> None:
+        await rig.pool.execute(
+            "UPDATE processing_jobs SET visibility_timeout = now() - interval '1 second' WHERE job_id = $1",
+            job_id,
+        )
+        assert await lifecycle.expire_leases(rig.pool, rig.broker.prefix, 10) == [(job_id, "queued")]
+        assert await lifecycle.claim(rig.pool, job_id, OTHER_WORKER) is not None
+
+    rig.sandbox.during = reaped_and_reclaimed
+    await rig.publish(job_id)
+
+    with caplog.at_level(logging.WARNING, logger="hypermedia.worker.runtime"):
+        await rig.run_until(lambda: _true(bool(rig.sandbox.cleaned)))
+
+    lost = [r for r in caplog.records if r.getMessage() == "lease lost before completion"]
+    assert [getattr(r, "job_id", None) for r in lost] == [job_id]
+    row = await rig.row(job_id)
+    assert (row["status"], row["claimed_by"], row["attempt_count"]) == ("processing", OTHER_WORKER, 2)
+    assert row["completed_at"] is None and row["actual_credits"] is None
+    assert await rig.job_outputs(job_id) == []
+    # It uploaded (nothing stops a run whose lease was lost) but deletes nothing: the keys are
+    # deterministic, the same the job's current attempt registers.
+    assert len(rig.storage.registered) == 2 and rig.storage.deleted == []
+    assert await rig.attempts(job_id) == [
+        (1, rig.runtime.worker_id, "lost", "WORKER_LOST"),
+        (2, OTHER_WORKER, "processing", None),
+    ]
+    assert await rig.credit(job_id) == ("held", [("hold", HOLD)])
+
+
+async def test_drain_hands_back_waiting_jobs_and_lets_the_running_one_finish(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """Three jobs, an admission of one: one runs (held mid-run), two wait for admission. When the
+    drain starts, the two waiting are handed back at once (``queued`` again with an outbox row,
+    their attempt ``lost``, holds still held) while the running one is still running; released,
+    it completes and commits."""
+    rig = await make_rig(admitted=1)
+    rig.sandbox.hold.clear()
+    jobs = [await rig.job() for _ in range(3)]
+    for job_id in jobs:
+        await rig.publish(job_id)
+
+    async with rig.loop() as (stop, task):
+        await _eventually(lambda: _running_and_waiting(rig, 1, 2), 15, task)
+        [running] = list(rig.sandbox.running)
+        waiting = [j for j in jobs if j != running]
+        stop.set()
+        await _eventually(lambda: _statuses_are(rig, waiting, "queued"), 5, task)
+        assert await rig.status(running) == "processing"
+        assert list(rig.sandbox.running) == [running]
+        rig.sandbox.hold.set()
+
+    assert [run.job_id for run in rig.sandbox.runs] == [running]
+    assert await rig.status(running) == "completed"
+    assert await rig.credit(running) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
+    for job_id in waiting:
+        row = await rig.row(job_id)
+        assert (row["status"], row["claimed_by"], row["lost_attempts"]) == ("queued", None, 1)
+        assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "lost", "WORKER_LOST")]
+        assert await rig.outbox(job_id) == 1
+        assert await rig.credit(job_id) == ("held", [("hold", HOLD)])
+    assert rig.sandbox.cancelled == []
+    assert sorted(rig.sandbox.cleaned) == sorted(jobs)
+
+
+async def test_drain_deadline_hands_back_the_running_job(make_rig: Callable[..., Awaitable[Rig]]) -> None:
+    """A job still running when ``HM_DRAIN_SECONDS`` runs out is killed and handed back: ``queued``
+    with an outbox row, its attempt ``lost``, nothing uploaded, its hold still held (not released:
+    it will run again)."""
+    rig = await make_rig(HM_DRAIN_SECONDS=0.3)
+    rig.sandbox.hold.clear()
+    job_id = await rig.job()
+    await rig.publish(job_id)
+
+    await rig.run_until(lambda: _true(rig.sandbox.started.is_set()))
+
+    assert rig.sandbox.cancelled == [job_id]
+    assert rig.storage.uploads == []
+    row = await rig.row(job_id)
+    assert (row["status"], row["claimed_by"], row["lost_attempts"]) == ("queued", None, 1)
+    assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "lost", "WORKER_LOST")]
+    assert await rig.outbox(job_id) == 1
+    assert await rig.credit(job_id) == ("held", [("hold", HOLD)])
+
+
+@pytest.mark.parametrize(
+    ("code", "retryable", "status", "hold", "ledger"),
+    [
+        ("TIMEOUT", True, "retry_wait", "held", [("hold", HOLD)]),
+        ("CORRUPT_INPUT", False, "failed", "released", [("hold", HOLD), ("release", HOLD)]),
+    ],
+)
+async def test_failure_is_retried_or_failed_and_released(
+    make_rig: Callable[..., Awaitable[Rig]],
+    code: str,
+    retryable: bool,
+    status: str,
+    hold: str,
+    ledger: list[tuple[str, int]],
+) -> None:
+    """A retryable failure with attempts left waits for its retry (hold kept for it); a permanent
+    one fails the job and releases the hold. Either way nothing is uploaded."""
+    rig = await make_rig()
+    rig.sandbox.outcome = failure(code, retryable=retryable)
+    job_id = await rig.job()
+    await rig.publish(job_id)
+
+    await rig.run_until(lambda: _status_is(rig, job_id, status))
+
+    row = await rig.row(job_id)
+    assert (row["status"], row["error_code"]) == (status, code)
+    assert (row["next_attempt_at"] is not None) == retryable
+    assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "failed", code)]
+    assert rig.storage.uploads == []
+    assert await rig.credit(job_id) == (hold, ledger)
+
+
+async def test_cancel_while_running_kills_the_sandbox_and_releases(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """Cancellation requested while the sandbox runs: the poll (every second) kills the child, the
+    job ends ``cancelled`` without uploading, and its hold is released."""
+    rig = await make_rig()
+    rig.sandbox.hold.clear()
+    job_id = await rig.job()
+
+    async def cancel(_job_id: str) -> None:
+        await lifecycle.request_cancel(rig.pool, job_id, str(rig.tenant.account_id))
+
+    rig.sandbox.during = cancel
+    await rig.publish(job_id)
+
+    await rig.run_until(lambda: _status_is(rig, job_id, "cancelled"))
+
+    assert rig.sandbox.cancelled == [job_id]
+    assert rig.storage.uploads == []
+    assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "cancelled", "CANCELLED")]
+    assert await rig.credit(job_id) == ("released", [("hold", HOLD), ("release", HOLD)])
+
+
+async def test_cancel_while_waiting_for_admission_never_runs(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A job waiting for its handler's admission when its cancellation is requested stops waiting:
+    ``cancelled`` and released without its sandbox ever running; the admitted job goes on."""
+    rig = await make_rig(admitted=1)
+    rig.sandbox.hold.clear()
+    first, second = await rig.job(), await rig.job()
+    await rig.publish(first)
+    await rig.publish(second)
+
+    async with rig.loop() as (_stop, task):
+        await _eventually(lambda: _running_and_waiting(rig, 1, 1), 15, task)
+        [running] = list(rig.sandbox.running)
+        waiting = second if running == first else first
+        await lifecycle.request_cancel(rig.pool, waiting, str(rig.tenant.account_id))
+        await _eventually(lambda: _status_is(rig, waiting, "cancelled"), 5, task)
+        rig.sandbox.hold.set()
+        await _eventually(lambda: _status_is(rig, running, "completed"), 5, task)
+
+    assert [run.job_id for run in rig.sandbox.runs] == [running]
+    assert await rig.attempts(waiting) == [(1, rig.runtime.worker_id, "cancelled", "CANCELLED")]
+    assert await rig.credit(waiting) == ("released", [("hold", HOLD), ("release", HOLD)])
+    assert await rig.credit(running) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]], timeout: float, loop: asyncio.Task[None]) -> None:
+    """Returns once ``check()`` holds (polled every 20 ms). Raises TimeoutError after ``timeout``
+    seconds, AssertionError when the worker ``loop`` ended meanwhile."""
+    async with asyncio.timeout(timeout):
+        while True:
+            if await check():
+                return
+            assert not loop.done(), f"the worker loop ended: {loop}"
+            await asyncio.sleep(0.02)
+
+
+async def _status_is(rig: Rig, job_id: str, status: str) -> bool:
+    return await rig.status(job_id) == status
+
+
+async def _statuses_are(rig: Rig, job_ids: list[str], status: str) -> bool:
+    return all([await rig.status(job_id) == status for job_id in job_ids])
+
+
+async def _running_and_waiting(rig: Rig, running: int, waiting: int) -> bool:
+    """``running`` jobs in the sandbox and ``waiting`` that recorded a ``waiting`` progress event."""
+    return len(rig.sandbox.running) == running and await _waiting_events(rig) == waiting
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _waiting_events(rig: Rig) -> int:
+    """Jobs that recorded a ``waiting`` progress event (waiting for admission)."""
+    return int(
+        await rig.pool.fetchval(
+            "SELECT count(DISTINCT job_id) FROM job_events WHERE detail->>'stage' = 'waiting'"
+        )
+    )

@@ -1,0 +1,66 @@
+"""Settings: every variable named ``HM_*``, the old names still read (with a warning), defaults
+given to ``load`` beneath the environment, errors naming variables and never values."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from hypermedia.core import config
+from hypermedia.core.config import ConfigError, InfraSettings
+from hypermedia.worker.settings import WorkerSettings
+from services.gateway.settings import GatewaySettings
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in [*config.DEPRECATED_NAMES, *config.DEPRECATED_NAMES.values(), "HM_WORKER_SLOTS"]:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_the_new_name_is_read(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("HM_DATABASE_URL", "postgresql://new@db/hm")
+    clean_env.setenv("HM_GATEWAY_HTTP_PORT", "8181")
+    assert config.load(InfraSettings).database_url.get_secret_value() == "postgresql://new@db/hm"
+    assert config.load(GatewaySettings).http_port == 8181
+
+
+def test_an_old_name_is_still_read_with_a_warning(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_env.setenv("DATABASE_URL", "postgresql://old@db/hm")
+    clean_env.setenv("NATS_URL", "nats://old:4222")
+    with caplog.at_level(logging.WARNING, logger="hypermedia.core.config"):
+        infra = config.load(InfraSettings)
+    assert infra.database_url.get_secret_value() == "postgresql://old@db/hm"
+    assert infra.nats_url == "nats://old:4222"
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "DATABASE_URL is deprecated" in warned and "HM_DATABASE_URL" in warned
+    assert "NATS_URL is deprecated" in warned and "HM_NATS_URL" in warned
+
+
+def test_the_new_name_wins_over_the_old(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("HM_DATABASE_URL", "postgresql://new@db/hm")
+    clean_env.setenv("DATABASE_URL", "postgresql://old@db/hm")
+    clean_env.setenv("HYPERMEDIA_GRPC_PORT", "1")
+    clean_env.setenv("HM_GATEWAY_GRPC_PORT", "2")
+    assert config.load(InfraSettings).database_url.get_secret_value() == "postgresql://new@db/hm"
+    assert config.load(GatewaySettings).grpc_port == 2
+
+
+def test_defaults_given_to_load_stand_beneath_the_environment(clean_env: pytest.MonkeyPatch) -> None:
+    assert config.load(WorkerSettings, HM_WORKER_SLOTS=2).slots == 2
+    clean_env.setenv("HM_WORKER_SLOTS", "3")
+    assert config.load(WorkerSettings, HM_WORKER_SLOTS=2).slots == 3
+
+
+def test_a_missing_or_bad_variable_is_named_without_its_value(clean_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="HM_DATABASE_URL"):
+        config.load(InfraSettings)
+    clean_env.setenv("HM_DATABASE_URL", "postgresql://u:pw@db/hm")
+    clean_env.setenv("HM_GATEWAY_HTTP_PORT", "secret-99999")
+    with pytest.raises(ConfigError) as raised:
+        config.load(GatewaySettings)
+    assert "HM_GATEWAY_HTTP_PORT" in str(raised.value) and "secret-99999" not in str(raised.value)
