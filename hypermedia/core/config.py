@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, TypeVar
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError
@@ -92,7 +93,8 @@ S = TypeVar("S", bound=BaseSettings)
 def load(cls: type[S], **defaults: Any) -> S:
     """Read ``cls`` from the environment; ``defaults`` (by variable name, e.g.
     ``HM_WORKER_SLOTS=2``) stand in for variables that are not set. Logs a warning for each
-    deprecated variable set (:data:`DEPRECATED_NAMES`).
+    deprecated variable ``cls`` reads because only its old name is set (:data:`DEPRECATED_NAMES`),
+    once per process.
 
     Raises:
         ConfigError: listing every invalid or missing variable, without any value.
@@ -105,7 +107,39 @@ def load(cls: type[S], **defaults: Any) -> S:
             where = ".".join(str(p) for p in err["loc"]) or cls.__name__
             problems.append(f"{where.upper()}: {err['msg']}")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
-    for old, new in DEPRECATED_NAMES.items():
-        if old in os.environ:
+    for old, new in deprecated_in_use(os.environ, _aliases(cls)):
+        if old not in _warned:
+            _warned.add(old)
             log.warning("%s is deprecated and will stop being read in the next release: set %s", old, new)
     return settings
+
+
+_warned: set[str] = set()
+"""Deprecated names this process has warned about already (one warning each)."""
+
+
+def deprecated_in_use(
+    environ: Mapping[str, str], names: Iterable[str] | None = None
+) -> list[tuple[str, str]]:
+    """``[(old, new)]`` for each deprecated variable in ``environ`` that is read because its new name
+    is not set (names compared case-insensitively, as the settings read them); only those among
+    ``names`` (new names) when given."""
+    present = {key.upper() for key in environ}
+    wanted = None if names is None else {name.upper() for name in names}
+    return [
+        (old, new)
+        for old, new in DEPRECATED_NAMES.items()
+        if old in present and new not in present and (wanted is None or new in wanted)
+    ]
+
+
+def _aliases(cls: type[BaseSettings]) -> set[str]:
+    """The variable names the fields of ``cls`` read (every choice of an ``AliasChoices``)."""
+    names: set[str] = set()
+    for field in cls.model_fields.values():
+        alias = field.validation_alias
+        if isinstance(alias, str):
+            names.add(alias)
+        elif isinstance(alias, AliasChoices):
+            names.update(choice for choice in alias.choices if isinstance(choice, str))
+    return names

@@ -195,6 +195,8 @@ class Platform:
 
     def start(self) -> dict[str, Any]:
         """Start infrastructure, migrate, start every service; returns the platform description."""
+        for old, new in config.deprecated_in_use(self.base_env):
+            log.warning("%s is deprecated and will stop being read in the next release: set %s", old, new)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "logs").mkdir(exist_ok=True)
         database_url, nats_url = self._infrastructure()

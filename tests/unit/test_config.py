@@ -17,6 +17,8 @@ from services.gateway.settings import GatewaySettings
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in [*config.DEPRECATED_NAMES, *config.DEPRECATED_NAMES.values(), "HM_WORKER_SLOTS"]:
         monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.setattr(config, "_warned", set())
     return monkeypatch
 
 
@@ -64,3 +66,24 @@ def test_a_missing_or_bad_variable_is_named_without_its_value(clean_env: pytest.
     with pytest.raises(ConfigError) as raised:
         config.load(GatewaySettings)
     assert "HM_GATEWAY_HTTP_PORT" in str(raised.value) and "secret-99999" not in str(raised.value)
+
+
+def test_the_warning_comes_once_from_the_class_that_reads_the_name_and_not_when_the_new_is_set(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_env.setenv("HM_DATABASE_URL", "postgresql://new@db/hm")
+    clean_env.setenv("hypermedia_http_port", "18080")  # names are read case-insensitively
+    with caplog.at_level(logging.WARNING, logger="hypermedia.core.config"):
+        config.load(InfraSettings)  # does not read the gateway's port: no warning
+        assert not caplog.records
+        assert config.load(GatewaySettings).http_port == 18080
+        config.load(GatewaySettings)  # once per process
+    [record] = caplog.records
+    assert "HYPERMEDIA_HTTP_PORT is deprecated" in record.getMessage()
+    caplog.clear()
+    clean_env.setenv("DATABASE_URL", "postgresql://old@db/hm")  # the new name is set: it is not read
+    with caplog.at_level(logging.WARNING, logger="hypermedia.core.config"):
+        config.load(InfraSettings)
+    assert not caplog.records
+    assert config.deprecated_in_use({"DATABASE_URL": "x"}) == [("DATABASE_URL", "HM_DATABASE_URL")]
+    assert config.deprecated_in_use({"DATABASE_URL": "x", "hm_database_url": "y"}) == []
