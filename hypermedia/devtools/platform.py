@@ -107,7 +107,7 @@ class ServiceProcess:
                 env=self.env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                cwd=Path(__file__).resolve().parents[1],
+                cwd=Path(__file__).resolve().parents[2],  # the checkout (hypermedia/devtools/platform.py)
                 start_new_session=True,
             )
         self.started_at = time.monotonic()

@@ -123,7 +123,7 @@ def _code_dirs() -> tuple[str, ...]:
     they are bound back read-only into a job's mount namespace, so that a job may still import
     lazily (a standard library module, an extension module, a model file) what the zygote did
     not preload."""
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]  # hypermedia/sandbox/confine.py → the checkout
     return tuple(sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix), str(here)}))
 
 

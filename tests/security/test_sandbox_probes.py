@@ -11,6 +11,7 @@ import errno
 import os
 import secrets
 import shutil
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -28,7 +29,7 @@ from hypermedia.sandbox import (
     SandboxResult,
     read_output,
 )
-from hypermedia.sandbox.confine import _closed_ancestors, _uid_tasks
+from hypermedia.sandbox.confine import _closed_ancestors, _code_dirs, _uid_tasks
 from tests.security.conftest import Listener
 
 PROBES = "tests.security.probes"
@@ -146,6 +147,18 @@ async def test_a_job_imports_the_standard_library_lazily_and_sees_nothing_else_o
         assert facts["/root"] == [Path(stdlib).relative_to("/root").parts[0]]
     else:
         assert facts["/root"] in ("EACCES", [])
+
+
+def test_the_code_dirs_hold_the_checkout_and_the_python() -> None:
+    """What a job's mount namespace binds back read-only: the checkout that holds the ``hypermedia``
+    package (a job may read files in it, e.g. a ``TESSDATA_PREFIX`` there), the venv and the
+    standard library; not a directory inside the package (as after the package moved to
+    ``hypermedia/sandbox/`` and still counted one parent up)."""
+    checkout = Path(__file__).resolve().parents[2]
+    assert (checkout / "hypermedia" / "__init__.py").is_file()
+    dirs = _code_dirs()
+    assert str(checkout) in dirs
+    assert os.path.realpath(sys.prefix) in dirs and os.path.realpath(sys.base_prefix) in dirs
 
 
 def test_closed_ancestors_are_the_topmost_unsearchable_ones() -> None:
