@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class CreditsServiceStub:
-    """CreditsService owns `credit_accounts`, `credit_holds` and the append-only `credit_ledger`.
+    """CreditsService owns its tables: the credit accounts, the holds and the append-only ledger.
     """
 
     def __init__(self, channel):
@@ -73,7 +73,7 @@ class CreditsServiceStub:
 
 
 class CreditsServiceServicer:
-    """CreditsService owns `credit_accounts`, `credit_holds` and the append-only `credit_ledger`.
+    """CreditsService owns its tables: the credit accounts, the holds and the append-only ledger.
     """
 
     def Estimate(self, request, context):
@@ -181,7 +181,7 @@ def add_CreditsServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class CreditsService:
-    """CreditsService owns `credit_accounts`, `credit_holds` and the append-only `credit_ledger`.
+    """CreditsService owns its tables: the credit accounts, the holds and the append-only ledger.
     """
 
     @staticmethod
