@@ -236,7 +236,7 @@ def run(
                 statuses = Counter(t["status"] for t in common.job_timings(bp.dsn, job_ids))
         lines.append(
             f"  batch: {wall:.2f} s wall ({jobs / wall:.2f} jobs/s), jobs {dict(statuses)}; other processes"
-            f" used {noise.cores:.2f} cores meanwhile (py-spy itself included)"
+            f" used {noise.cores:.2f} cores meanwhile (py-spy, a child of this script, not counted)"
         )
         lines.append("  CPU seconds during the batch: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()))
         cpu_of = {**cpu, "zygote": cpu.get("sandbox zygote", 0.0)}
