@@ -133,6 +133,17 @@ def deprecated_in_use(
     ]
 
 
+def lookup(environ: Mapping[str, str], name: str, default: str = "") -> str:
+    """The value the settings would read for the variable ``name`` from ``environ``: ``name``, else
+    its deprecated old name (:data:`DEPRECATED_NAMES`), compared case-insensitively as the settings
+    compare them; ``default`` when neither is set."""
+    by_name = {key.upper(): value for key, value in environ.items()}
+    for candidate in (name, *(old for old, new in DEPRECATED_NAMES.items() if new == name)):
+        if candidate.upper() in by_name:
+            return by_name[candidate.upper()]
+    return default
+
+
 def _aliases(cls: type[BaseSettings]) -> set[str]:
     """The variable names the fields of ``cls`` read (every choice of an ``AliasChoices``)."""
     names: set[str] = set()

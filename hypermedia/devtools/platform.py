@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,12 +170,12 @@ class Platform:
         """Set by a signal handler; a plain flag because handlers must not take locks."""
 
     def _infrastructure(self) -> tuple[str, str]:
-        database_url = _setting(self.base_env, "HM_DATABASE_URL", "")
+        database_url = config.lookup(self.base_env, "HM_DATABASE_URL", "")
         if not database_url:
             self.postgres = EmbeddedPostgres(self.root / "pg").start()
             self.postgres.ensure_database("hypermedia")
             database_url = self.postgres.dsn("hypermedia")
-        nats_url = _setting(self.base_env, "HM_NATS_URL", "")
+        nats_url = config.lookup(self.base_env, "HM_NATS_URL", "")
         if not nats_url:
             self.nats = EmbeddedNats(self.root / "nats").start()
             nats_url = self.nats.url
@@ -205,8 +204,8 @@ class Platform:
         env = dict(self.base_env)
         # One machine, everything on 127.0.0.1: a developer's webhook receiver is local too.
         env.setdefault("HM_WEBHOOK_ALLOW_PRIVATE", "true")
-        http_port = int(_setting(env, "HM_GATEWAY_HTTP_PORT", "8080"))
-        grpc_port = int(_setting(env, "HM_GATEWAY_GRPC_PORT", "50051"))
+        http_port = int(config.lookup(env, "HM_GATEWAY_HTTP_PORT", "8080"))
+        grpc_port = int(config.lookup(env, "HM_GATEWAY_GRPC_PORT", "50051"))
         credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()
         work_dir = env.get("HM_WORK_DIR", str(self.root / "work"))
         uid_base = int(env.get("HM_SANDBOX_UID_BASE", "61000"))
@@ -350,14 +349,3 @@ class Platform:
         if self.postgres is not None:
             self.postgres.stop()
         (self.root / "platform.json").unlink(missing_ok=True)
-
-
-def _setting(env: Mapping[str, str], name: str, default: str) -> str:
-    """``env[name]``, else the value of its deprecated old name (:data:`config.DEPRECATED_NAMES`),
-    else ``default``: what the services themselves will read."""
-    if name in env:
-        return env[name]
-    for old, new in config.DEPRECATED_NAMES.items():
-        if new == name and old in env:
-            return env[old]
-    return default
