@@ -26,12 +26,10 @@ from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.core.errors import DomainError
 from hypermedia.infra.rpc import call, infra_retry
 from hypermedia.jobs import lifecycle
+from hypermedia.jobs.lifecycle.recovery import UNCREATED
 
 log = logging.getLogger(__name__)
 
-UNCREATED: Final = "uncreated"
-"""The outcome of a hold whose job was never created (the gateway's transaction failed after the
-Hold): released."""
 RELEASED: Final = frozenset({"failed", "cancelled", UNCREATED})
 """Outcomes whose hold is released without a charge."""
 SWEEP_PAGES: Final = 20

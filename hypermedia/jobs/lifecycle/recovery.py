@@ -4,10 +4,15 @@ retries, stale ``queued`` jobs published again, and which ended jobs' holds are 
 from __future__ import annotations
 
 import datetime
+from typing import Final
 
 import asyncpg
 
 from hypermedia.jobs.lifecycle.rules import MAX_LOST_ATTEMPTS, enqueue_outbox_many, lost_attempt_sql
+
+UNCREATED: Final = "uncreated"
+"""The outcome of a hold whose job was never created (the gateway's transaction failed after the
+Hold): released (:mod:`hypermedia.jobs.settlement`)."""
 
 
 async def expire_leases(pool: asyncpg.Pool, prefix: str, batch: int) -> list[tuple[str, str]]:
@@ -99,7 +104,7 @@ async def settleable(
     """Of the jobs whose holds are still held (``[(job_id, hold created_at)]``), the ones to settle
     now: ``{job_id: (outcome, actual millicredits, charge lines)}`` for each job that ended more
     than ``grace_seconds`` ago (its status), and for each job never created whose hold is older
-    than the grace (:data:`hypermedia.jobs.settlement.UNCREATED`, 0, ``{}``). Jobs still running,
+    than the grace (:data:`UNCREATED`, 0, ``{}``). Jobs still running,
     or ended within the grace (their own path is settling them), are left out."""
     if not holds:
         return {}
@@ -118,7 +123,7 @@ async def settleable(
     )
     return {
         str(r["job_id"]): (
-            str(r["status"]) if r["status"] is not None else "uncreated",
+            str(r["status"]) if r["status"] is not None else UNCREATED,
             int(r["actual_credits"] or 0),
             dict(r["charge_lines"] or {}),
         )
