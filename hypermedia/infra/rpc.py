@@ -234,12 +234,13 @@ async def healthy(chan: grpc.aio.Channel, service: str = "", timeout: float = 2.
     return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-def infra_retry() -> AsyncRetrying:
+def infra_retry(attempts: int = 3) -> AsyncRetrying:
     """Bounded retries of infrastructure calls (gRPC to a platform service, HTTP to a presigned URL)
-    inside one job attempt: 3 tries, 0.2–2 s exponential backoff, on :class:`TransientError` and
-    httpx transport errors only. Use as ``async for attempt in infra_retry(): with attempt: ...``."""
+    inside one job attempt: ``attempts`` tries (1: no retry), 0.2–2 s exponential backoff, on
+    :class:`TransientError` and httpx transport errors only; the last error is raised as it was.
+    Use as ``async for attempt in infra_retry(): with attempt: ...``."""
     return AsyncRetrying(
-        stop=stop_after_attempt(3),
+        stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=0.2, max=2),
         retry=retry_if_exception_type((TransientError, httpx.TransportError)),
         reraise=True,

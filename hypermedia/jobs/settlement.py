@@ -90,10 +90,7 @@ class Settlement:
             method, request = self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id)
         else:
             raise ValueError(f"{outcome!r} does not end a job")
-        if not retry:
-            response = await call(method, request)
-            return not response.already_settled
-        async for attempt in infra_retry():
+        async for attempt in infra_retry(3 if retry else 1):
             with attempt:
                 response = await call(method, request)
         return not response.already_settled

@@ -138,15 +138,15 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 "INSERT INTO credit_ledger (account_id, job_id, kind, amount) VALUES ($1, $2, 'hold', $3)",
                 [(account_id, j, a) for j, a in new],
             )
-            row = await conn.fetchrow(
-                "UPDATE credit_accounts SET held = held + $2, updated_at = now() WHERE account_id = $1 "
-                "RETURNING balance, held",
+            await conn.execute(
+                "UPDATE credit_accounts SET held = held + $2, updated_at = now() WHERE account_id = $1",
                 account_id,
                 total,
             )
-        if row is None:  # not after the row was locked above; for the type checker
-            raise NotFound("no credit account", "ACCOUNT_NOT_FOUND")
-        return credits_pb2.HoldResponse(balance_millicredits=row["balance"], held_millicredits=row["held"])
+        # The row was locked FOR UPDATE above: its new values are known.
+        return credits_pb2.HoldResponse(
+            balance_millicredits=account["balance"], held_millicredits=account["held"] + total
+        )
 
     async def Commit(
         self, request: credits_pb2.CommitRequest, context: grpc.aio.ServicerContext

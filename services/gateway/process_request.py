@@ -13,6 +13,7 @@ import httpx
 
 from hypermedia.core import pgtext
 from hypermedia.core.errors import InvalidArgument
+from hypermedia.jobs import queues
 from hypermedia.jobs.webhooks import literal_private_host
 
 DEFAULT_PRIORITY = 5
@@ -52,7 +53,7 @@ def check_priority(priority: int | None) -> int:
     """The request's priority, :data:`DEFAULT_PRIORITY` when None. Raises InvalidArgument
     (``INVALID_PRIORITY``) for anything but an integer from 1 to 10 (a bool is not one)."""
     priority = DEFAULT_PRIORITY if priority is None else priority
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority not in queues.PRIORITIES:
         raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
     return priority
 

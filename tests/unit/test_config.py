@@ -92,5 +92,7 @@ def test_the_warning_comes_once_from_the_class_that_reads_the_name_and_not_when_
 def test_lookup_reads_what_the_settings_read() -> None:
     assert config.lookup({"HM_NATS_URL": "nats://new"}, "HM_NATS_URL") == "nats://new"
     assert config.lookup({"NATS_URL": "nats://old"}, "HM_NATS_URL") == "nats://old"
-    assert config.lookup({"nats_url": "nats://old", "hm_nats_url": "nats://new"}, "HM_NATS_URL") == "nats://new"
+    assert (
+        config.lookup({"nats_url": "nats://old", "hm_nats_url": "nats://new"}, "HM_NATS_URL") == "nats://new"
+    )
     assert config.lookup({}, "HM_GATEWAY_HTTP_PORT", "8080") == "8080"
