@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
 
 import pyvips
 
@@ -106,7 +106,7 @@ def _corrupt() -> PermanentJobError:
     return PermanentJobError("The image data is truncated or cannot be decoded.", "CORRUPT_INPUT")
 
 
-def reraise_vips_error(exc: pyvips.Error) -> None:
+def reraise_vips_error(exc: pyvips.Error) -> NoReturn:
     """Turn a libvips failure into the error the sandbox maps; the input is to blame unless the
     message says a resource ran out (RLIMIT_AS, RLIMIT_FSIZE)."""
     text = f"{exc.message} {exc.detail}".lower()

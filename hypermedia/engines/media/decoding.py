@@ -65,6 +65,7 @@ class DecodeErrors:
             PermanentJobError: ``CORRUPT_INPUT`` when the demuxer fails before any frame decoded.
             MemoryError: FFmpeg could not allocate.
         """
+        self._kinds.update((stream.index, stream.type) for stream in streams)
         packets = container.demux(list(streams))
         while True:
             try:
@@ -87,7 +88,6 @@ class DecodeErrors:
 
     def _decode(self, stream: Any, packet: Any) -> list[Any]:
         index = stream.index
-        self._kinds[index] = stream.type
         try:
             frames = stream.codec_context.decode(packet)
         except MemoryError:  # av.error.MemoryError is one, and an FFmpegError

@@ -390,24 +390,23 @@ def _decode(
             peaks.add(block)
             check_duration(peaks.samples / peaks.rate, limits)
 
-    def take(frames: list[av.AudioFrame]) -> None:
+    def take(frame: av.AudioFrame) -> None:
         nonlocal peaks, resampler, batched
-        for frame in frames:
-            if resampler is None:
-                peaks = _new_peaks(frame, options, total_samples, declared_seconds, mix)
-                resampler = av.AudioResampler(format="flt", layout=frame.layout, rate=frame.sample_rate)
-            for converted in resampler.resample(frame):
-                samples = _channels(converted)
-                if mix:
-                    samples = samples.mean(axis=0, keepdims=True, dtype=np.float32)
-                batch.append(samples)
-                batched += samples.shape[1]
-            if batched >= BATCH_SAMPLES:
-                flush()
+        if resampler is None:
+            peaks = _new_peaks(frame, options, total_samples, declared_seconds, mix)
+            resampler = av.AudioResampler(format="flt", layout=frame.layout, rate=frame.sample_rate)
+        for converted in resampler.resample(frame):
+            samples = _channels(converted)
+            if mix:
+                samples = samples.mean(axis=0, keepdims=True, dtype=np.float32)
+            batch.append(samples)
+            batched += samples.shape[1]
+        if batched >= BATCH_SAMPLES:
+            flush()
 
     try:
         for frame in errors.decode(container, [stream]):
-            take([frame])
+            take(frame)
         if resampler is not None and peaks is not None:
             for converted in resampler.resample(None):
                 samples = _channels(converted)

@@ -15,7 +15,7 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.engines.ocr.para
 2. **Pages.** Images are decoded by libvips with the loader the magic bytes chose (libvips'
    untrusted loaders stay blocked; the loader it reports must be that one), one page at a time
    (``page=i`` of a multi-page TIFF, GIF, WebP or HEIF), the EXIF orientation applied; an
-   HEVC-coded HEIF (an iPhone photo: :func:`hypermedia.engines.imaging.ops.heif_decoder` reads its
+   HEVC-coded HEIF (an iPhone photo: :func:`hypermedia.engines.imaging.sources.heif_decoder` reads its
    codec from its boxes) is decoded by libheif instead (:mod:`hypermedia.engines.imaging.hevc`), one
    top-level image per page, ``irot``/``imir`` applied. PDFs are
    rendered by PDFium at :data:`PDF_DPI` (lower, down to :data:`MIN_PDF_DPI`, for a page that
@@ -66,7 +66,7 @@ import pyvips
 
 from hypermedia.core.errors import DomainError, PermanentJobError
 from hypermedia.engines.contract import OutputFile
-from hypermedia.engines.imaging.sources import heif_decoder
+from hypermedia.engines.imaging.sources import heif_decoder, reraise_vips_error
 from hypermedia.engines.ocr import escalation, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.outputs import job_summary, write_outputs
@@ -81,7 +81,6 @@ from hypermedia.engines.ocr.pages import (
     hevc_sources,
     image_sources,
     pdf_sources,
-    vips_error,
 )
 from hypermedia.engines.ocr.params import (
     OPERATIONS,
@@ -293,7 +292,7 @@ def _ocr_page(
             page_image = pyvips.Image.new_from_file(str(image_path), access="random")
             found = tables.detect_tables(result.words, page_image)
         except pyvips.Error as exc:
-            raise vips_error(exc) from exc
+            reraise_vips_error(exc)
         del page_image
         record["blocks"] = [block.as_json() for block in tables.classify_blocks(result.words, found)]
         record["tables"] = [{**tables.to_json(t), "csv": tables.to_csv(t)} for t in found]
@@ -359,7 +358,7 @@ def _prepare(
         )
         preprocess.save(prepared, image_path)
     except pyvips.Error as exc:
-        raise vips_error(exc) from exc
+        reraise_vips_error(exc)
     return {
         "page": page.number,
         "width": prepared.image.width,

@@ -6,7 +6,6 @@ it is decoded or rendered, and loaded only when its turn comes (see :mod:`hyperm
 
 from __future__ import annotations
 
-import errno
 import functools
 import math
 import os
@@ -22,7 +21,7 @@ import pyvips
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.documents import engine_process, pdf
 from hypermedia.engines.imaging import hevc, tiff
-from hypermedia.engines.imaging.sources import RASTER_LOADER_BY_MIME, missing_decoder
+from hypermedia.engines.imaging.sources import RASTER_LOADER_BY_MIME, reraise_vips_error
 from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.params import (
@@ -127,21 +126,6 @@ def _too_many_pixels(what: str, width: int, height: int, limits: OcrLimits) -> P
     )
 
 
-def _corrupt() -> PermanentJobError:
-    return PermanentJobError("The image data is truncated or cannot be decoded.", "CORRUPT_INPUT")
-
-
-def vips_error(exc: pyvips.Error) -> BaseException:
-    """The error a libvips failure stands for: the input is to blame unless a resource ran out
-    (the same reading as :mod:`hypermedia.engines.imaging.ops`)."""
-    text = f"{exc.message} {exc.detail}".lower()
-    if any(marker in text for marker in ("out of memory", "cannot allocate memory", "failed to allocate")):
-        return MemoryError("libvips ran out of memory")
-    if "file too large" in text:
-        return OSError(errno.EFBIG, "output exceeds the file size limit")
-    return missing_decoder(f"{exc.message} {exc.detail}") or _corrupt()
-
-
 def image_sources(
     input_path: Path, loader: str, requested: list[int] | None, limits: OcrLimits
 ) -> tuple[int, list[Page]]:
@@ -155,7 +139,7 @@ def image_sources(
         try:
             image = pyvips.Operation.call(loader, str(input_path), **options)
         except pyvips.Error as exc:
-            raise vips_error(exc) from exc
+            reraise_vips_error(exc)
         if (image.get("vips-loader") if image.get_typeof("vips-loader") else None) != loader:
             raise PermanentJobError(
                 "The input is not an image or PDF that OCR can read.", "UNSUPPORTED_FORMAT"
@@ -188,7 +172,7 @@ def image_sources(
         try:
             return pyvips.Operation.call(loader, str(input_path), **options).autorot()
         except pyvips.Error as exc:
-            raise vips_error(exc) from exc
+            reraise_vips_error(exc)
 
     return count, [Page(number, functools.partial(load, number - 1)) for number in numbers]
 

@@ -714,7 +714,6 @@ def prepare(
         )
         _resample(page, render_dpi, max_pixels)
     page.steps.append(orientation)
-    page.image = page.image.copy_memory()
     _deskew(page, max_pixels)
     return page
 
