@@ -45,7 +45,8 @@ def pid_headroom() -> int:
 @dataclass
 class Admission:
     """Slots plus memory and PID gates. ``reason`` says why admission is open or closed; the gates
-    reopen on the next fresh sample (every loop turn and every second while idle)."""
+    reopen on the next fresh sample (every loop turn and every second while idle). The first sample
+    is taken at construction, so a status read before the loop's first turn is a measurement too."""
 
     slots: int
     min_available_mb: int
@@ -58,6 +59,9 @@ class Admission:
     """Memory available at the last sample (MiB)."""
     pids_free: int = 0
     """PID headroom at the last sample (:func:`pid_headroom`)."""
+
+    def __post_init__(self) -> None:
+        self.sample()
 
     def sample(self) -> None:
         self.available_mb = available_memory_mb()
