@@ -33,7 +33,12 @@ print(json.dumps({"provider": type(trace.get_tracer_provider()).__name__,
 def _probe(**env: str) -> dict[str, object]:
     base = {k: v for k, v in os.environ.items() if k != "HM_TRACE_CONSOLE"}
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE], cwd=REPO, env={**base, **env}, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _PROBE],
+        cwd=REPO,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
