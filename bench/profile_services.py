@@ -8,7 +8,7 @@ A tool for issue 17, not part of ``make bench``. It needs ptrace on the platform
 1. Makes ``--photos`` 4000×3000 JPEGs exactly as ``bench/thumbnail_throughput.py`` does.
 2. Starts a private platform with ``bench/common.py`` (embedded Postgres + NATS + ``hypermedia up``
    with the services an image job touches: credits, storage, gateway, imageworker, reaper; sandbox
-   uids from ``HM_SANDBOX_UID_BASE=550000``), runs one warm-up job, uploads every photo (not
+   uids from ``HM_SANDBOX_UID_BASE``, 550000 unless set), runs one warm-up job, uploads every photo (not
    profiled).
 3. Starts ``py-spy record --format raw`` on the gateway, storage, credits and imageworker
    processes and on the imageworker's sandbox zygote (the child whose command line contains
@@ -214,7 +214,7 @@ def run(
     print(lines[0], flush=True)
     try:
         paths = make_images(root / "images", photos)
-        env = {"HM_SANDBOX_UID_BASE": UID_BASE}
+        env = {"HM_SANDBOX_UID_BASE": os.environ.get("HM_SANDBOX_UID_BASE", UID_BASE)}
         with common.running_platform(root / "platform", env=env, services=SERVICES) as bp:
             with bp.client() as client, ThreadPoolExecutor(4) as threads:
                 warm = common.upload(client, paths[0])["object_id"]

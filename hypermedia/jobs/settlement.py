@@ -1,7 +1,7 @@
 """One settlement: the credit outcome of a job, decided in one place for every path that ends one.
 
-A job's credits are held when it is created (the gateway's Hold, all of a request's jobs at once)
-and settled once it ends: a ``completed`` job is charged its ``actual_credits`` (its charge lines as
+A job's credits are held when it is created (the gateway's EstimateAndHold, all of a request's
+jobs at once) and settled once it ends: a ``completed`` job is charged its ``actual_credits`` (its charge lines as
 ledger rows of their own), a ``failed`` or ``cancelled`` one — or one whose creation did not happen
 after its hold was taken (:data:`UNCREATED`) — is released. The paths that end a job call
 :meth:`Settlement.settle` with the status they wrote (the worker after completing, failing or

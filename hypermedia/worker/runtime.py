@@ -13,7 +13,8 @@ One :class:`WorkerRuntime` per worker process:
   the job, not the message; see docs/adr/0003;
 - **execute**: presigned GET → fresh sandbox directory → the handler's admission (a media
   coordinator's bound per operation; a ``waiting`` progress event while the job waits) → its
-  stage → pipeline in the sandboxed child, whose own progress reports become progress events →
+  stage → pipeline in the sandboxed child, whose own progress reports become progress events (none
+  in a job's first second: :mod:`hypermedia.worker.progress`) →
   presigned PUT → register outputs → complete (atomically) → commit credits → clean up;
 - **outcomes**: success, retry later (transient), failed at once (permanent) — each settled in one
   place, :meth:`_settle_failure` / :meth:`_execute`;
@@ -53,6 +54,7 @@ from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_progr
 from hypermedia.worker import registry
 from hypermedia.worker.admission import Admission
 from hypermedia.worker.handler import JobHandler, JobInput
+from hypermedia.worker.progress import JobProgress
 from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.transfer import Transfers
 
@@ -126,6 +128,8 @@ class WorkerRuntime:
         """Work of a job before its sandbox runs, by job id: its wait for admission or its
         handler's stage (cancelled by :meth:`_stop_job`)."""
         self._waiting: set[str] = set()
+        self._progress_of: dict[str, JobProgress] = {}
+        """The progress events of each running job (held back in its first second)."""
         """Jobs waiting for admission (:meth:`_admit`); a drain hands them back at once."""
         self._handler = handler
         self._transfers = Transfers(storage, http)
@@ -293,6 +297,11 @@ class WorkerRuntime:
         raise AssertionError("unreachable: retrying() re-raises")
 
     async def _progress(self, job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
+        """A progress event of a running job, through its :class:`JobProgress`."""
+        if (progress := self._progress_of.get(job.job_id)) is not None:
+            await progress.report(fraction, stage)
+
+    async def _write_progress(self, job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
         """Best effort: a progress event lost to a Postgres outage does not fail the job."""
         try:
             await lifecycle.progress(self._pool, job, self.worker_id, fraction, stage)
@@ -343,6 +352,9 @@ class WorkerRuntime:
     async def _run_job(self, job: lifecycle.ClaimedJob) -> None:
         started = time.monotonic()
         job_dir = self._sandbox.prepare(job.job_id)
+        self._progress_of[job.job_id] = JobProgress(
+            lambda fraction, stage: self._write_progress(job, fraction, stage), started=started
+        )
         result: SandboxResult | None = None
         try:
             source = (
@@ -424,6 +436,7 @@ class WorkerRuntime:
             log.exception("unexpected failure", extra={"job_id": job.job_id})
             await self._settle_failure(job, TransientError("internal error", "INTERNAL"), started, result)
         finally:
+            self._progress_of.pop(job.job_id).close()
             self._sandbox.cleanup(job.job_id)
             self.running.pop(job.job_id, None)
             self.admission.busy -= 1

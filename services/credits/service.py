@@ -1,4 +1,5 @@
-"""The credits service: estimates, holds, commits, releases and balances.
+"""The credits service: estimates, holds (EstimateAndHold: both in one call, the gateway's),
+commits, releases and balances.
 
 Amounts are integer millicredits. Every movement is a ``credit_ledger`` row; ``credit_holds`` has
 one row per job, and its status (held → committed | released) makes Commit and Release idempotent
@@ -21,6 +22,7 @@ import grpc
 from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.core import pgtext
 from hypermedia.core.errors import InsufficientCredits, InvalidArgument, NotFound
+from hypermedia.infra import db
 
 LINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 """A charge line's name (``ocr_escalation``)."""
@@ -76,6 +78,78 @@ def _cut_to_hold(lines: list[tuple[str, int]], hold: int) -> list[tuple[str, int
     return rows
 
 
+async def _estimates(
+    reader: asyncpg.Pool | db.Connection, operations: list[str], size_bytes: int
+) -> list[credits_pb2.OperationEstimate]:
+    """The price of each of ``operations`` on ``size_bytes`` of input (:func:`price` of its active
+    profile), in their order. Raises InvalidArgument for a negative size, NotFound
+    (``UNKNOWN_OPERATION``) for an operation without an active profile."""
+    if size_bytes < 0:
+        raise InvalidArgument("size_bytes must not be negative")
+    rows = await reader.fetch(
+        "SELECT operation, version, base_cost, per_mb FROM processing_profiles "
+        "WHERE active AND operation = ANY($1::text[])",
+        operations,
+    )
+    by_op = {r["operation"]: r for r in rows}
+    estimates = []
+    for operation in operations:
+        row = by_op.get(operation)
+        if row is None:
+            raise NotFound(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
+        estimates.append(
+            credits_pb2.OperationEstimate(
+                operation=operation,
+                millicredits=price(row["base_cost"], row["per_mb"], size_bytes),
+                profile_version=row["version"],
+            )
+        )
+    return estimates
+
+
+async def _hold(
+    conn: db.Connection, account_id: uuid.UUID, holds: list[tuple[uuid.UUID, int]]
+) -> tuple[int, int]:
+    """In the caller's transaction: hold ``(job_id, millicredits)`` each, all or nothing, skipping
+    jobs that hold already (idempotent per job). Returns the account's ``(balance, held)``
+    afterwards (millicredits). Raises NotFound (``ACCOUNT_NOT_FOUND``), InsufficientCredits when
+    the new holds exceed what is available (nothing is held then)."""
+    account = await conn.fetchrow(
+        "SELECT balance, held FROM credit_accounts WHERE account_id = $1 FOR UPDATE", account_id
+    )
+    if account is None:
+        raise NotFound("no credit account", "ACCOUNT_NOT_FOUND")
+    existing = {
+        r["job_id"]
+        for r in await conn.fetch(
+            "SELECT job_id FROM credit_holds WHERE job_id = ANY($1::uuid[])", [j for j, _ in holds]
+        )
+    }
+    new = [(j, a) for j, a in holds if j not in existing]
+    total = sum(a for _, a in new)
+    available = account["balance"] - account["held"]
+    if total > available:
+        raise InsufficientCredits(
+            f"this request needs {total / 1000:.3f} credits; {available / 1000:.3f} are available",
+            "INSUFFICIENT_CREDITS",
+        )
+    await conn.executemany(
+        "INSERT INTO credit_holds (job_id, account_id, amount, status) VALUES ($1, $2, $3, 'held')",
+        [(j, account_id, a) for j, a in new],
+    )
+    await conn.executemany(
+        "INSERT INTO credit_ledger (account_id, job_id, kind, amount) VALUES ($1, $2, 'hold', $3)",
+        [(account_id, j, a) for j, a in new],
+    )
+    await conn.execute(
+        "UPDATE credit_accounts SET held = held + $2, updated_at = now() WHERE account_id = $1",
+        account_id,
+        total,
+    )
+    # The row was locked FOR UPDATE above: its new values are known.
+    return account["balance"], account["held"] + total
+
+
 class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
     """gRPC servicer over the ``credit_*`` tables."""
 
@@ -85,23 +159,10 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
     async def Estimate(
         self, request: credits_pb2.EstimateRequest, context: grpc.aio.ServicerContext
     ) -> credits_pb2.EstimateResponse:
-        if request.size_bytes < 0:
-            raise InvalidArgument("size_bytes must not be negative")
-        rows = await self._pool.fetch(
-            "SELECT operation, version, base_cost, per_mb FROM processing_profiles "
-            "WHERE active AND operation = ANY($1::text[])",
-            list(request.operations),
+        estimates = await _estimates(self._pool, list(request.operations), request.size_bytes)
+        return credits_pb2.EstimateResponse(
+            estimates=estimates, total_millicredits=sum(e.millicredits for e in estimates)
         )
-        by_op = {r["operation"]: r for r in rows}
-        response = credits_pb2.EstimateResponse()
-        for operation in request.operations:
-            row = by_op.get(operation)
-            if row is None:
-                raise NotFound(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
-            amount = price(row["base_cost"], row["per_mb"], request.size_bytes)
-            response.estimates.add(operation=operation, millicredits=amount, profile_version=row["version"])
-            response.total_millicredits += amount
-        return response
 
     async def Hold(
         self, request: credits_pb2.HoldRequest, context: grpc.aio.ServicerContext
@@ -111,41 +172,28 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         if any(amount < 0 for _, amount in holds):
             raise InvalidArgument("hold amounts must not be negative")
         async with self._pool.acquire() as conn, conn.transaction():
-            account = await conn.fetchrow(
-                "SELECT balance, held FROM credit_accounts WHERE account_id = $1 FOR UPDATE", account_id
-            )
-            if account is None:
-                raise NotFound("no credit account", "ACCOUNT_NOT_FOUND")
-            existing = {
-                r["job_id"]
-                for r in await conn.fetch(
-                    "SELECT job_id FROM credit_holds WHERE job_id = ANY($1::uuid[])", [j for j, _ in holds]
-                )
-            }
-            new = [(j, a) for j, a in holds if j not in existing]
-            total = sum(a for _, a in new)
-            available = account["balance"] - account["held"]
-            if total > available:
-                raise InsufficientCredits(
-                    f"this request needs {total / 1000:.3f} credits; {available / 1000:.3f} are available",
-                    "INSUFFICIENT_CREDITS",
-                )
-            await conn.executemany(
-                "INSERT INTO credit_holds (job_id, account_id, amount, status) VALUES ($1, $2, $3, 'held')",
-                [(j, account_id, a) for j, a in new],
-            )
-            await conn.executemany(
-                "INSERT INTO credit_ledger (account_id, job_id, kind, amount) VALUES ($1, $2, 'hold', $3)",
-                [(account_id, j, a) for j, a in new],
-            )
-            await conn.execute(
-                "UPDATE credit_accounts SET held = held + $2, updated_at = now() WHERE account_id = $1",
-                account_id,
-                total,
-            )
-        # The row was locked FOR UPDATE above: its new values are known.
-        return credits_pb2.HoldResponse(
-            balance_millicredits=account["balance"], held_millicredits=account["held"] + total
+            balance, held = await _hold(conn, account_id, holds)
+        return credits_pb2.HoldResponse(balance_millicredits=balance, held_millicredits=held)
+
+    async def EstimateAndHold(
+        self, request: credits_pb2.EstimateAndHoldRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.EstimateAndHoldResponse:
+        account_id = _uuid(request.account_id, "account_id")
+        job_ids = [_uuid(j.job_id, "job_id") for j in request.jobs]
+        if any(j.extra_millicredits < 0 for j in request.jobs):
+            raise InvalidArgument("extra_millicredits must not be negative")
+        async with self._pool.acquire() as conn, conn.transaction():
+            estimates = await _estimates(conn, [j.operation for j in request.jobs], request.size_bytes)
+            holds = [
+                (job_id, e.millicredits + j.extra_millicredits)
+                for job_id, e, j in zip(job_ids, estimates, request.jobs, strict=True)
+            ]
+            balance, held = await _hold(conn, account_id, holds)
+        return credits_pb2.EstimateAndHoldResponse(
+            estimates=estimates,
+            total_millicredits=sum(e.millicredits for e in estimates),
+            balance_millicredits=balance,
+            held_millicredits=held,
         )
 
     async def Commit(

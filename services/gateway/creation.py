@@ -5,10 +5,12 @@ named steps over one request, in the seed's order:
    passwords taken out and the request hash made; a repeated Idempotency-Key replays here;
 2. **resolve profiles** — the object (the caller's, available), the active processing profile of
    each operation, and each operation's params validated against both;
-3. **price** — the credits service's estimate, and what to hold per job;
-4. **hold and persist** — in one transaction: the hold (402 before anything is stored), the
-   request's idempotency row, the jobs and their outbox rows (:func:`lifecycle.create_queued`) and
-   their secrets; a hold whose jobs were not created is released (:class:`Settlement`).
+3. **plan** — a job id per operation, and what to hold beside its price (an OCR escalation
+   allowance);
+4. **price, hold and persist** — in one transaction: the credits service's ``EstimateAndHold``
+   (each job priced and held in one call; 402 before anything is stored), the request's
+   idempotency row, the jobs and their outbox rows (:func:`lifecycle.create_queued`) and their
+   secrets; a hold whose jobs were not created is released (:class:`Settlement`).
 """
 
 from __future__ import annotations
@@ -100,15 +102,24 @@ class _Operation:
 
 
 @dataclass(frozen=True)
+class _PlannedJob:
+    """One job to create, after the plan step."""
+
+    job_id: str
+    operation: _Operation
+    allowance_millicredits: int
+    """Held beside its price: the escalation allowance (:func:`_escalation_allowance`)."""
+
+
+@dataclass(frozen=True)
 class _PricedJob:
-    """One job to create, after the price step."""
+    """One job to create, after its hold."""
 
     job_id: str
     operation: _Operation
     price_millicredits: int
-    """The estimate of the credits service: the job's ``estimated_credits``."""
-    hold_millicredits: int
-    """What is held for it: the price and the escalation allowance (:func:`_escalation_allowance`)."""
+    """The estimate of the credits service: the job's ``estimated_credits`` (the hold is this
+    and the allowance)."""
 
 
 def _escalation_allowance(params: dict[str, Any], profile: asyncpg.Record, mime_type: str) -> int:
@@ -124,7 +135,7 @@ class JobCreation:
     Args:
         pool: the system of record (profiles, idempotency rows; jobs through :mod:`lifecycle`).
         storage: the storage service (the object's owner, type and size).
-        credits: the credits service (estimates and holds).
+        credits: the credits service (``EstimateAndHold``: prices and holds in one call).
         settlement: releases the holds of jobs whose creation failed.
         relay: the outbox relay, woken after a commit.
         stream_prefix: the JetStream subject prefix of the outbox rows (``HM_STREAM_PREFIX``).
@@ -169,8 +180,9 @@ class JobCreation:
     ) -> ProcessResult:
         """Create one job per operation; returns their ids and price.
 
-        Order (the seed's): object exists and is the caller's → profile per operation → estimate →
-        hold credits (402 before anything is stored) → job rows + outbox rows in one transaction.
+        Order (the seed's): object exists and is the caller's → profile per operation → estimate
+        and hold credits in one call (402 before anything is stored) → job rows + outbox rows in
+        one transaction.
         With an ``idempotency_key`` the transaction first takes an advisory lock on (account, key)
         and replays an earlier request with the key, so concurrent duplicates hold credits once.
 
@@ -199,8 +211,8 @@ class JobCreation:
                 return earlier
         obj = await self._object(caller, request.object_id)
         resolved = await self._resolve_profiles(request, obj)
-        jobs, total = await self._price(resolved, obj)
-        return await self._hold_and_persist(caller, request, jobs, total)
+        planned = self._plan(resolved, obj)
+        return await self._hold_and_persist(caller, request, planned, obj.size_bytes)
 
     async def ocr_languages(self) -> list[str]:
         """The recognition languages ``ocr`` jobs may ask for: every language an ocrworker
@@ -366,41 +378,32 @@ class JobCreation:
         validator = PARAM_VALIDATORS.get(profile["queue"])
         return validator(op.name, op.params) if validator else op.params
 
-    # -- step 3: price ---------------------------------------------------------------------
+    # -- step 3: plan ----------------------------------------------------------------------
 
-    async def _price(
-        self, operations: list[_Operation], obj: storage_pb2.Object
-    ) -> tuple[list[_PricedJob], int]:
-        """The jobs to create with their prices (the credits service's ``Estimate``: ``base_cost +
-        per_mb × size_mb`` per profile) and holds, and the estimate's total (millicredits). The
-        hold also covers what escalation may add (charged as its own line, only for the pages
-        escalated); the job's ``estimated_credits`` stays the profile's price."""
-        estimate = await call(
-            self._credits.Estimate,
-            credits_pb2.EstimateRequest(operations=[o.name for o in operations], size_bytes=obj.size_bytes),
-        )
-        jobs = [
-            _PricedJob(
+    @staticmethod
+    def _plan(operations: list[_Operation], obj: storage_pb2.Object) -> list[_PlannedJob]:
+        """A job per operation: its id, and the allowance held beside its price for what
+        escalation may add (charged as its own line, only for the pages escalated); the job's
+        ``estimated_credits`` stays the profile's price."""
+        return [
+            _PlannedJob(
                 job_id=str(uuid.uuid4()),
                 operation=op,
-                price_millicredits=e.millicredits,
-                hold_millicredits=e.millicredits
-                + _escalation_allowance(op.params, op.profile, obj.mime_type),
+                allowance_millicredits=_escalation_allowance(op.params, op.profile, obj.mime_type),
             )
-            for op, e in zip(operations, estimate.estimates, strict=True)
+            for op in operations
         ]
-        return jobs, estimate.total_millicredits
 
     # -- step 4: hold and persist ----------------------------------------------------------
 
     async def _hold_and_persist(
-        self, caller: Caller, request: _Request, jobs: list[_PricedJob], total_millicredits: int
+        self, caller: Caller, request: _Request, planned: list[_PlannedJob], size_bytes: int
     ) -> ProcessResult:
-        """Hold the jobs' credits and create them in one transaction. With an Idempotency-Key,
-        duplicates of one key wait on an advisory lock for the first to commit, then replay it:
-        they must not hold credits of their own (a retrying client could get a 402). A hold taken
-        before the transaction failed is released (:meth:`_release`); after a commit the outbox
-        relay is woken."""
+        """Price and hold the jobs' credits (:meth:`_hold`) and create them in one transaction.
+        With an Idempotency-Key, duplicates of one key wait on an advisory lock for the first to
+        commit, then replay it: they must not hold credits of their own (a retrying client could
+        get a 402). A hold taken before the transaction failed is released (:meth:`_release`);
+        after a commit the outbox relay is woken."""
         held = False
         try:
             async with self._pool.acquire() as conn, conn.transaction():
@@ -412,26 +415,45 @@ class JobCreation:
                     replay = await self._replay(caller, request.idempotency_key, request.request_hash, conn)
                     if replay is not None:
                         return replay
-                await self._hold(caller, jobs)
+                jobs, total_millicredits = await self._hold(caller, planned, size_bytes)
                 held = True
                 await self._persist(conn, caller, request, jobs)
         except BaseException:
             if held:
-                await self._release(jobs)
+                await self._release(planned)
             raise
         self._relay.wake.set()
         return ProcessResult(job_ids=tuple(j.job_id for j in jobs), estimated_millicredits=total_millicredits)
 
-    async def _hold(self, caller: Caller, jobs: Sequence[_PricedJob]) -> None:
-        """One ``Hold`` for all the jobs. Raises InsufficientCredits (402) when the account's
-        available credits do not cover them; nothing is held then."""
-        await call(
-            self._credits.Hold,
-            credits_pb2.HoldRequest(
+    async def _hold(
+        self, caller: Caller, planned: Sequence[_PlannedJob], size_bytes: int
+    ) -> tuple[list[_PricedJob], int]:
+        """One ``EstimateAndHold`` for all the jobs: each priced by the credits service
+        (``base_cost + per_mb × size_mb`` of its profile) and held with its allowance. Returns
+        the jobs with their prices and the prices' total (millicredits). Raises
+        InsufficientCredits (402) when the account's available credits do not cover them (nothing
+        is held then), NotFound (``UNKNOWN_OPERATION``) when a profile went inactive since it was
+        resolved."""
+        response = await call(
+            self._credits.EstimateAndHold,
+            credits_pb2.EstimateAndHoldRequest(
                 account_id=caller.account_id,
-                holds=[credits_pb2.JobHold(job_id=j.job_id, millicredits=j.hold_millicredits) for j in jobs],
+                size_bytes=size_bytes,
+                jobs=[
+                    credits_pb2.JobToHold(
+                        job_id=j.job_id,
+                        operation=j.operation.name,
+                        extra_millicredits=j.allowance_millicredits,
+                    )
+                    for j in planned
+                ],
             ),
         )
+        jobs = [
+            _PricedJob(job_id=j.job_id, operation=j.operation, price_millicredits=e.millicredits)
+            for j, e in zip(planned, response.estimates, strict=True)
+        ]
+        return jobs, response.total_millicredits
 
     async def _persist(
         self, conn: db.Connection, caller: Caller, request: _Request, jobs: Sequence[_PricedJob]
@@ -483,7 +505,7 @@ class JobCreation:
         if state != "available":
             raise NotFound("object not found", "NOT_FOUND")
 
-    async def _release(self, jobs: Sequence[_PricedJob]) -> None:
+    async def _release(self, jobs: Sequence[_PlannedJob]) -> None:
         """Release the holds of jobs that were not created; a failure is logged (the reaper
         releases holds whose job was never created)."""
         for job in jobs:

@@ -328,6 +328,35 @@ class _BodyGuard:
         await self.app(scope, counted, send)
 
 
+class TraceRequests:
+    """ASGI middleware: one SERVER span per HTTP request (``"{method} {path}"``), continuing a
+    caller's ``traceparent`` when it sends one, with the response's ``http.status_code``. Pure
+    ASGI, not starlette's ``BaseHTTPMiddleware``, which costs a task, a stream and a second
+    request object per request (issue 17: the gateway's middlewares cost as much as the endpoint);
+    an exception of the app ends the span with it (recorded, status ERROR) and goes on up to
+    starlette's error middleware, as before."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with _tracer.start_as_current_span(
+            f"{scope['method']} {scope['path']}",
+            context=telemetry.extract(Headers(scope=scope)),
+            kind=SpanKind.SERVER,
+        ) as span:
+
+            async def traced_send(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    span.set_attribute("http.status_code", message["status"])
+                await send(message)
+
+            await self.app(scope, receive, traced_send)
+
+
 def build_app(
     api: UseCases,
     authenticate: Callable[[str | None], Awaitable[Caller]],
@@ -397,17 +426,8 @@ def build_app(
         log.exception("unhandled error")
         return problem(500, "Internal error", "internal error", "INTERNAL")
 
-    @app.middleware("http")
-    async def _trace(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
-        """One SERVER span per request, continuing a caller's ``traceparent`` when it sends one."""
-        with _tracer.start_as_current_span(
-            f"{request.method} {request.url.path}",
-            context=telemetry.extract(request.headers),
-            kind=SpanKind.SERVER,
-        ) as span:
-            response = await call_next(request)
-            span.set_attribute("http.status_code", response.status_code)
-            return response
+    # Added after _BodyGuard, so it wraps it: its span covers the guard's answers too.
+    app.add_middleware(TraceRequests)
 
     async def caller(request: Request, authorization: str | None = Header(None)) -> Caller:
         known = getattr(request.state, "caller", None)  # authenticated by _BodyGuard already

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,26 @@ import pytest
 
 from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
+from tests.e2e.slowjob import make_slow_png
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
+LONG_JOB_PNG_SIZE = 2500
+"""A ``compress`` of this Perlin PNG (6 Mpx) spends 2–4 s in libvips: a job long enough for
+progress events, which a job writes only once it has run a second."""
+
+
+@pytest.fixture(scope="module")
+def long_job_png(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_slow_png(tmp_path_factory.mktemp("events") / "perlin.png", LONG_JOB_PNG_SIZE)
+
+
+def _long_job(client: httpx.Client, png: Path) -> str:
+    obj = upload(client, png)
+    response = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["compress"]}
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["job_ids"][0])
 
 
 def _sse(client: httpx.Client, job_id: str, last_event_id: int | None = None) -> list[dict[str, Any]]:
@@ -38,11 +57,8 @@ def _sse(client: httpx.Client, job_id: str, last_event_id: int | None = None) ->
     return events
 
 
-def test_sse_streams_every_status_and_progress_then_ends(client: httpx.Client) -> None:
-    obj = upload(client, EXIF / "Landscape_7.jpg")
-    job_id = client.post(
-        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
-    ).json()["job_ids"][0]
+def test_sse_streams_every_status_and_progress_then_ends(client: httpx.Client, long_job_png: Path) -> None:
+    job_id = _long_job(client, long_job_png)
     events = _sse(client, job_id)
     statuses = [e["status"] for e in events if e["kind"] == "status"]
     assert statuses == ["queued", "claimed", "processing", "completed"]
@@ -55,6 +71,31 @@ def test_sse_streams_every_status_and_progress_then_ends(client: httpx.Client) -
 
     resumed = _sse(client, job_id, last_event_id=ids[2])
     assert [e["event_id"] for e in resumed] == ids[3:]
+
+
+def test_a_job_that_ends_within_a_second_writes_no_progress_events(client: httpx.Client) -> None:
+    """Progress events start after a job's first second: a thumbnail's stream is its statuses."""
+    obj = upload(client, EXIF / "Landscape_7.jpg")
+    job_id = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    ).json()["job_ids"][0]
+    events = _sse(client, job_id)
+    assert [e["status"] for e in events if e["kind"] == "status"] == [
+        "queued",
+        "claimed",
+        "processing",
+        "completed",
+    ]
+    [attempt] = wait_job(client, job_id)["attempts"]
+    ran = datetime.fromisoformat(attempt["finished_at"]) - datetime.fromisoformat(attempt["started_at"])
+    if ran < timedelta(seconds=1):  # from its claim to its end; a loaded machine may take longer
+        assert [e for e in events if e["kind"] == "progress"] == []
+    else:
+        assert all(
+            e["detail"]["stage"] in {"downloaded", "processed", "uploaded"}
+            for e in events
+            if e["kind"] == "progress"
+        )
 
 
 def test_sse_of_a_failed_job_carries_its_error(client: httpx.Client) -> None:
@@ -70,12 +111,9 @@ def test_sse_of_a_failed_job_carries_its_error(client: httpx.Client) -> None:
 
 
 def test_watch_job_over_grpc_and_not_found_for_others(
-    platform: RunningPlatform, client: httpx.Client, account: dict[str, Any]
+    platform: RunningPlatform, client: httpx.Client, account: dict[str, Any], long_job_png: Path
 ) -> None:
-    obj = upload(client, EXIF / "Landscape_3.jpg")
-    job_id = client.post(
-        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
-    ).json()["job_ids"][0]
+    job_id = _long_job(client, long_job_png)
     other = platform.admin("create-account", "--credits", "1")
 
     async def watch(key: str) -> list[jobs_pb2.WatchJobResponse]:

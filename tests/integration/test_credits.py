@@ -168,6 +168,96 @@ async def test_hold_of_an_unknown_account_is_not_found(credits: Credits) -> None
         await credits.service.Hold(_hold_request(stranger, (uuid.uuid4(), 1)), None)
 
 
+# -- estimate and hold (the gateway's one call) ---------------------------------------------------
+
+
+def _estimate_and_hold(
+    tenant: Tenant, size_bytes: int, *jobs: tuple[uuid.UUID, str, int]
+) -> credits_pb2.EstimateAndHoldRequest:
+    return credits_pb2.EstimateAndHoldRequest(
+        account_id=str(tenant.account_id),
+        size_bytes=size_bytes,
+        jobs=[
+            credits_pb2.JobToHold(job_id=str(j), operation=op, extra_millicredits=extra)
+            for j, op, extra in jobs
+        ],
+    )
+
+
+async def test_estimate_and_hold_prices_each_job_as_estimate_and_holds_price_plus_extra(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=10_000)
+    first, second = uuid.uuid4(), uuid.uuid4()
+    estimate = await credits.service.Estimate(
+        credits_pb2.EstimateRequest(operations=["thumbnail", "compress"], size_bytes=2 * MIB), None
+    )
+
+    response = await call(
+        credits.stub.EstimateAndHold,
+        _estimate_and_hold(tenant, 2 * MIB, (first, "thumbnail", 0), (second, "compress", 300)),
+    )
+
+    assert list(response.estimates) == list(estimate.estimates)  # [1400, 2100], as Estimate
+    assert response.total_millicredits == estimate.total_millicredits == 3500
+    assert (response.balance_millicredits, response.held_millicredits) == (10_000, 3800)
+    holds = await fresh_pool.fetch("SELECT job_id, amount FROM credit_holds ORDER BY amount")
+    assert [(r["job_id"], r["amount"]) for r in holds] == [(first, 1400), (second, 2400)]
+    assert await _ledger(fresh_pool, tenant) == [("hold", 1400), ("hold", 2400)]
+    # Idempotent per job, as Hold: the same call again holds nothing more.
+    again = await credits.service.EstimateAndHold(
+        _estimate_and_hold(tenant, 2 * MIB, (first, "thumbnail", 0), (second, "compress", 300)), None
+    )
+    assert (again.total_millicredits, again.held_millicredits) == (3500, 3800)
+    assert await _account(fresh_pool, tenant) == (10_000, 3800)
+
+
+async def test_estimate_and_hold_is_all_or_nothing_and_says_what_is_short_over_the_wire(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=2000)
+
+    with pytest.raises(InsufficientCredits) as short:
+        await call(
+            credits.stub.EstimateAndHold,
+            _estimate_and_hold(tenant, 0, (uuid.uuid4(), "thumbnail", 0), (uuid.uuid4(), "thumbnail", 1)),
+        )
+
+    assert short.value.error_code == "INSUFFICIENT_CREDITS"
+    assert short.value.public_message == "this request needs 2.001 credits; 2.000 are available"
+    assert await fresh_pool.fetchval("SELECT count(*) FROM credit_holds") == 0
+    assert await _ledger(fresh_pool, tenant) == []
+
+
+async def test_estimate_and_hold_refuses_unknown_operations_bad_amounts_and_strangers(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=5000)
+    with pytest.raises(NotFound) as unknown:
+        await call(
+            credits.stub.EstimateAndHold,
+            _estimate_and_hold(tenant, 1, (uuid.uuid4(), "thumbnail", 0), (uuid.uuid4(), "teleport", 0)),
+        )
+    assert unknown.value.error_code == "UNKNOWN_OPERATION"
+    for request in (
+        _estimate_and_hold(tenant, -1, (uuid.uuid4(), "thumbnail", 0)),
+        _estimate_and_hold(tenant, 1, (uuid.uuid4(), "thumbnail", -1)),
+    ):
+        with pytest.raises(InvalidArgument):
+            await credits.service.EstimateAndHold(request, None)
+    malformed = _estimate_and_hold(tenant, 1, (uuid.uuid4(), "thumbnail", 0))
+    malformed.jobs[0].job_id = "not-a-uuid"
+    with pytest.raises(InvalidArgument):
+        await credits.service.EstimateAndHold(malformed, None)
+    stranger = Tenant(uuid.uuid4(), uuid.uuid4(), uuid.uuid4())
+    with pytest.raises(NotFound) as missing:
+        await credits.service.EstimateAndHold(
+            _estimate_and_hold(stranger, 1, (uuid.uuid4(), "thumbnail", 0)), None
+        )
+    assert missing.value.error_code == "ACCOUNT_NOT_FOUND"
+    assert await fresh_pool.fetchval("SELECT count(*) FROM credit_holds") == 0
+
+
 # -- commit / release -----------------------------------------------------------------------------
 
 

@@ -160,6 +160,94 @@ class HoldResponse(_message.Message):
 Global___HoldResponse: _TypeAlias = HoldResponse  # noqa: Y015
 
 @_typing.final
+class JobToHold(_message.Message):
+    """JobToHold is one job of an EstimateAndHold."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    EXTRA_MILLICREDITS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    operation: _builtins.str
+    """The operation whose active profile prices the job."""
+    extra_millicredits: _builtins.int
+    """Held beside the price (not part of the job's estimate); ≥ 0."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        extra_millicredits: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["extra_millicredits", b"extra_millicredits", "job_id", b"job_id", "operation", b"operation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobToHold: _TypeAlias = JobToHold  # noqa: Y015
+
+@_typing.final
+class EstimateAndHoldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCOUNT_ID_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    account_id: _builtins.str
+    size_bytes: _builtins.int
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobToHold]: ...
+    def __init__(
+        self,
+        *,
+        account_id: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        jobs: _abc.Iterable[Global___JobToHold] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "jobs", b"jobs", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EstimateAndHoldRequest: _TypeAlias = EstimateAndHoldRequest  # noqa: Y015
+
+@_typing.final
+class EstimateAndHoldResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ESTIMATES_FIELD_NUMBER: _builtins.int
+    TOTAL_MILLICREDITS_FIELD_NUMBER: _builtins.int
+    BALANCE_MILLICREDITS_FIELD_NUMBER: _builtins.int
+    HELD_MILLICREDITS_FIELD_NUMBER: _builtins.int
+    total_millicredits: _builtins.int
+    """The sum of the prices."""
+    balance_millicredits: _builtins.int
+    """The account after the hold, as Hold answers."""
+    held_millicredits: _builtins.int
+    @_builtins.property
+    def estimates(self) -> _containers.RepeatedCompositeFieldContainer[Global___OperationEstimate]:
+        """One per job, in the request's order: its price (without the extra) and profile version."""
+
+    def __init__(
+        self,
+        *,
+        estimates: _abc.Iterable[Global___OperationEstimate] | None = ...,
+        total_millicredits: _builtins.int = ...,
+        balance_millicredits: _builtins.int = ...,
+        held_millicredits: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["balance_millicredits", b"balance_millicredits", "estimates", b"estimates", "held_millicredits", b"held_millicredits", "total_millicredits", b"total_millicredits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EstimateAndHoldResponse: _TypeAlias = EstimateAndHoldResponse  # noqa: Y015
+
+@_typing.final
 class CommitRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

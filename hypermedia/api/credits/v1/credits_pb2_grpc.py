@@ -45,6 +45,11 @@ class CreditsServiceStub:
                 request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.HoldRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.HoldResponse.FromString,
                 _registered_method=True)
+        self.EstimateAndHold = channel.unary_unary(
+                '/hypermedia.credits.v1.CreditsService/EstimateAndHold',
+                request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.EstimateAndHoldRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.EstimateAndHoldResponse.FromString,
+                _registered_method=True)
         self.Commit = channel.unary_unary(
                 '/hypermedia.credits.v1.CreditsService/Commit',
                 request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.CommitRequest.SerializeToString,
@@ -87,6 +92,19 @@ class CreditsServiceServicer:
     def Hold(self, request, context):
         """Hold reserves the amounts of a set of jobs at once, all or nothing. FAILED_PRECONDITION with
         error_code INSUFFICIENT_CREDITS when the available balance is short. Idempotent per job id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EstimateAndHold(self, request, context):
+        """EstimateAndHold is Estimate and Hold in one call and one transaction, the gateway's one call
+        per request: each job is priced as Estimate prices its `operation` on an input of
+        `size_bytes`, and its price plus its `extra_millicredits` (e.g. an OCR escalation allowance)
+        is held, all jobs or none. `estimates` answer the jobs in their order. NOT_FOUND with
+        UNKNOWN_OPERATION for an operation without an active profile; INVALID_ARGUMENT for a negative
+        size or extra or a malformed id; otherwise the errors of Hold (ACCOUNT_NOT_FOUND,
+        INSUFFICIENT_CREDITS naming the credits needed and available). Idempotent per job id as Hold.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -146,6 +164,11 @@ def add_CreditsServiceServicer_to_server(servicer, server):
                     servicer.Hold,
                     request_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.HoldRequest.FromString,
                     response_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.HoldResponse.SerializeToString,
+            ),
+            'EstimateAndHold': grpc.unary_unary_rpc_method_handler(
+                    servicer.EstimateAndHold,
+                    request_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.EstimateAndHoldRequest.FromString,
+                    response_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.EstimateAndHoldResponse.SerializeToString,
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
@@ -228,6 +251,33 @@ class CreditsService:
             '/hypermedia.credits.v1.CreditsService/Hold',
             hypermedia_dot_credits_dot_v1_dot_credits__pb2.HoldRequest.SerializeToString,
             hypermedia_dot_credits_dot_v1_dot_credits__pb2.HoldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EstimateAndHold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.credits.v1.CreditsService/EstimateAndHold',
+            hypermedia_dot_credits_dot_v1_dot_credits__pb2.EstimateAndHoldRequest.SerializeToString,
+            hypermedia_dot_credits_dot_v1_dot_credits__pb2.EstimateAndHoldResponse.FromString,
             options,
             channel_credentials,
             insecure,
