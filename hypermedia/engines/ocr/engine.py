@@ -67,7 +67,7 @@ import pyvips
 from hypermedia.core.errors import DomainError, PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.imaging.sources import heif_decoder, reraise_vips_error
-from hypermedia.engines.ocr import escalation, preprocess, rapid_ocr, tables, tesseract
+from hypermedia.engines.ocr import escalation, gate, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.outputs import job_summary, write_outputs
 from hypermedia.engines.ocr.pages import (
@@ -243,16 +243,7 @@ def _ocr_page(
     confidence is under :attr:`OcrLimits.escalation_threshold`; returns the reading kept (with
     tesseract's hOCR and PDF) and the page's record in the words document."""
     what = f"page {page.number}"
-    image_path = work_dir / f"page-{page.number:05d}.png"
-    record = _prepare(page, image_path, work_dir, limits, preprocessing, what)
-    result = engine.recognise(
-        image_path,
-        languages=params["languages"],
-        dpi=record["dpi"],
-        hocr="hocr" in params["outputs"],
-        pdf="searchable_pdf" in params["outputs"],
-        what=what,
-    )
+    result, record, image_path = _read_page(page, engine, work_dir, params, limits, preprocessing, what)
     first_mean = result.mean_confidence
     confidences: dict[str, float | None] = {engine.name: _rounded(first_mean)}
     escalated, reason, cpu_seconds = False, "not_needed", 0.0
@@ -318,6 +309,7 @@ def _text_layer_record(number: int, text: str) -> dict[str, Any]:
         "page": number,
         "skipped": "text_layer",
         "preprocessing": [],
+        "gate": {"first_pass_confidence": None, "osd": False, "recognitions": 0},
         "engine": "text_layer",
         "mean_confidence": None,
         "escalated": False,
@@ -341,19 +333,99 @@ def _rounded(value: float | None) -> float | None:
     return round(value, 2) if value is not None else None
 
 
+def _read_page(
+    page: Page,
+    engine: tesseract.Tesseract,
+    work_dir: Path,
+    params: dict,
+    limits: OcrLimits,
+    preprocessing: bool,
+    what: str,
+) -> tuple[PageText, dict[str, Any], Path]:
+    """Loads, preprocesses and recognises one page, the orientation detection gated
+    (:mod:`hypermedia.engines.ocr.gate`); returns tesseract's reading kept, the start of the
+    page's record (``gate`` included) and the image it read (its outputs beside it)."""
+    source = _load(page)
+
+    def read(path: Path, orientation: str) -> tuple[PageText, dict[str, Any]]:
+        record = _prepare(page, source, path, work_dir, limits, preprocessing, orientation, what)
+        result = engine.recognise(
+            path,
+            languages=params["languages"],
+            dpi=record["dpi"],
+            hocr="hocr" in params["outputs"],
+            pdf="searchable_pdf" in params["outputs"],
+            what=what,
+        )
+        return result, record
+
+    image_path = work_dir / f"page-{page.number:05d}.png"
+    result, record = read(image_path, "gated")
+    first, recognitions = result, 1
+    step = gate.orientation_step(record["preprocessing"])
+    osd = step is not None and step.get("reason") != "lines_horizontal"
+    if gate.needs_orientation(record["preprocessing"], result):
+        osd = True
+        turned_path = work_dir / f"page-{page.number:05d}-osd.png"
+        prepared = _prepare(page, source, turned_path, work_dir, limits, preprocessing, "detect", what)
+        detected = {**gate.orientation_step(prepared["preprocessing"]), "after_first_pass": True}
+        if detected["applied"]:
+            recognitions = 2
+            other = engine.recognise(
+                turned_path,
+                languages=params["languages"],
+                dpi=prepared["dpi"],
+                hocr="hocr" in params["outputs"],
+                pdf="searchable_pdf" in params["outputs"],
+                what=what,
+            )
+            if gate.keeps_turned(result, other):
+                _discard(image_path)
+                result, record, image_path = other, prepared, turned_path
+            else:
+                _discard(turned_path)
+        else:  # the same page: the first reading stands, with the detection's record
+            _discard(turned_path)
+        steps = record["preprocessing"]
+        steps[steps.index(gate.orientation_step(steps))] = detected
+    record["gate"] = gate.gate_record(first, osd=osd and preprocessing, recognitions=recognitions)
+    return result, record, image_path
+
+
+def _discard(image_path: Path) -> None:
+    """Removes a page image and every output tesseract wrote beside it (same stem)."""
+    for path in image_path.parent.glob(f"{image_path.stem}.*"):
+        path.unlink()
+
+
+def _load(page: Page) -> pyvips.Image:
+    try:
+        return page.load()
+    except pyvips.Error as exc:
+        reraise_vips_error(exc)
+
+
 def _prepare(
-    page: Page, image_path: Path, work_dir: Path, limits: OcrLimits, preprocessing: bool, what: str
+    page: Page,
+    source: pyvips.Image,
+    image_path: Path,
+    work_dir: Path,
+    limits: OcrLimits,
+    preprocessing: bool,
+    orientation: str,
+    what: str,
 ) -> dict[str, Any]:
-    """Loads, preprocesses and saves the page as ``image_path``; returns the start of its record.
-    The pixels are released on return, before tesseract starts."""
+    """Preprocesses ``source`` (the page loaded) and saves it as ``image_path``; returns the start
+    of its record."""
     try:
         prepared = preprocess.prepare(
-            page.load(),
+            source,
             work_dir=work_dir,
             max_pixels=limits.max_page_pixels,
             osd_timeout=limits.page_timeout_seconds,
             render_dpi=page.render_dpi,
             enabled=preprocessing,
+            orientation=orientation,
             what=what,
         )
         preprocess.save(prepared, image_path)
