@@ -25,7 +25,9 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.engines.ocr.para
    byte per pixel: at most ``max_pages × max_page_pixels`` bytes, 174 MB for 20 A4 pages at 300 dpi) in a
    temporary directory under ``TMPDIR`` (the job directory in the sandbox), each deleted once
    loaded.
-3. **Preprocessing** (:mod:`hypermedia.engines.ocr.preprocess`), then **one tesseract process per page**
+3. **Preprocessing** (:mod:`hypermedia.engines.ocr.preprocess`), the orientation detection gated
+   (:mod:`hypermedia.engines.ocr.gate`: a page whose text lines run across it is read first and
+   detected, turned and read again only when that reading is weak), then **one tesseract process per page**
    (:class:`hypermedia.engines.ocr.tesseract.Tesseract`) writing text, TSV and, when asked, hOCR and PDF
    in one run; :attr:`OcrLimits.page_timeout_seconds` of CPU per process (``OCR_PAGE_TIMEOUT``). The
    searchable PDF embeds the page as tesseract read it: grey, and upscaled or turned where

@@ -1,12 +1,13 @@
 """Affine maps between a prepared OCR page and its source page: the quarter turns and the deskew
-rotation of :mod:`hypermedia.engines.ocr.preprocess`, as :class:`Transform` (pure Python)."""
+rotation of :mod:`hypermedia.engines.ocr.preprocess`, as :class:`Transform`, and the upscale step's
+fitting of a page to the limits (pure Python)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-__all__ = ["Transform", "deskew_transform", "rotation_transform"]
+__all__ = ["Transform", "deskew_transform", "fitted_size", "rotation_transform"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,21 @@ def deskew_transform(angle: float, width: int, height: int) -> Transform:
     min_y = min(sin * x + cos * y for x, y in corners)
     # R⁻¹ = [[cos, sin], [−sin, cos]]
     return Transform(cos, sin, cos * min_x + sin * min_y, -sin, cos, -sin * min_x + cos * min_y)
+
+
+def fitted_size(
+    width: int, height: int, scale_x: float, scale_y: float, max_pixels: int, max_side: int
+) -> tuple[int, int]:
+    """The size, in whole pixels, nearest to ``width`` × ``height`` scaled by ``scale_x`` ×
+    ``scale_y`` (both at least 1) that is within ``max_pixels`` and ``max_side``: the side
+    scaled the more gives way first, neither below the page's own size (a page within the limits
+    always has a size that fits: its own)."""
+    new_width, new_height = min(round(width * scale_x), max_side), min(round(height * scale_y), max_side)
+    for _ in range(2):
+        if new_width * new_height <= max_pixels:
+            break
+        if new_width / width >= new_height / height and new_width > width:
+            new_width = max(width, max_pixels // new_height)
+        else:
+            new_height = max(height, max_pixels // new_width)
+    return new_width, new_height

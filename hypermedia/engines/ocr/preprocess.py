@@ -41,7 +41,9 @@ says why in ``reason``):
    the other side is enlarged only as far as the limits leave room.
 4. **orientation**: ``tesseract --psm 0`` (:func:`hypermedia.engines.ocr.tesseract.detect_orientation`)
    on the page as the first three steps left it (upscaled: tesseract's detection ignores blobs
-   under 10 pixels high), once. When the detection is trusted
+   under 10 pixels high), once; with ``orientation="gated"`` only when :func:`line_direction`
+   does not find the lines horizontal (``reason: "lines_horizontal"`` otherwise; the engine reads
+   such a page first, :mod:`hypermedia.engines.ocr.gate`). When the detection is trusted
    (:attr:`hypermedia.engines.ocr.tesseract.Orientation.trusted`: an orientation confidence of at least
    :data:`~hypermedia.engines.ocr.tesseract.OSD_MIN_CONFIDENCE`, or of at least
    :data:`~hypermedia.engines.ocr.tesseract.OSD_MIN_CONFIDENCE_CLEAR_SCRIPT` in one clear script), the
@@ -60,7 +62,8 @@ says why in ``reason``):
    ``reason: "too_few_characters"``) or an untrusted detection (``reason: "low_confidence"``).
 5. **deskew** of small angles by a projection-profile search (Postl's method, as in Leptonica's
    ``pixFindSkew``, which uses the same criterion): the page, reduced to at most
-   :data:`DESKEW_SIDE` pixels and binarised (Otsu), is rotated by every angle from
+   :data:`DESKEW_SIDE` pixels and binarised (Otsu), is turned (its inked pixels' rows, in numpy:
+   :func:`_profile_score`) by every angle from
    −:data:`MAX_DESKEW_ANGLE` to +:data:`MAX_DESKEW_ANGLE` degrees in :data:`DESKEW_COARSE_STEP`
    steps (at half that size, :data:`DESKEW_COARSE_SIDE`), then in :data:`DESKEW_FINE_STEP` steps
    within a coarse step of the best, and the angle whose row profile
@@ -70,9 +73,9 @@ says why in ``reason``):
    value means the page is not text lines in the range), and sharper than the page as it is by
    :data:`DESKEW_MIN_GAIN`; never to a page whose unrotated profile is flat (score zero: every row
    holds the same ink, as on a page that is all ink, or of a single grey), which has no text
-   lines to straighten (``reason: "no_text_lines"``). Chosen over estimating the angle from
-   tesseract's TSV line boxes, which would cost a second recognition run. Recorded: ``angle``
-   (degrees, clockwise, the correction applied). The turned page is the bounding box of the
+   lines to straighten (``reason: "no_text_lines"``). Recorded: ``angle``
+   (degrees, clockwise, the correction applied) and ``interpolation`` (``nearest`` for a bilevel
+   page, which stays bilevel; else ``bilinear``). The turned page is the bounding box of the
    page, up to 19 % more pixels at 5 degrees and more on a long narrow page: where it would
    exceed the page pixel limit or :data:`MAX_SIDE`, the page is shrunk in the same resampling
    just enough to fit (``limited_by: "page_limits"``, ``scale``; the resolution told to
@@ -102,7 +105,7 @@ import numpy as np
 import pyvips
 
 from hypermedia.engines.ocr import tesseract
-from hypermedia.engines.ocr.geometry import Transform, deskew_transform, rotation_transform
+from hypermedia.engines.ocr.geometry import Transform, deskew_transform, fitted_size, rotation_transform
 
 __all__ = [
     "BACKGROUND_MIN_SPREAD",
@@ -413,22 +416,6 @@ def _within(width: int, height: int, max_pixels: int) -> bool:
     return width * height <= max_pixels and max(width, height) <= MAX_SIDE
 
 
-def _fitted_size(width: int, height: int, scale_x: float, scale_y: float, max_pixels: int) -> tuple[int, int]:
-    """The size, in whole pixels, nearest to ``width`` × ``height`` scaled by ``scale_x`` ×
-    ``scale_y`` (both at least 1) that is within ``max_pixels`` and :data:`MAX_SIDE`: the side
-    scaled the more gives way first, neither below the page's own size (a page within the limits
-    always has a size that fits: its own)."""
-    new_width, new_height = min(round(width * scale_x), MAX_SIDE), min(round(height * scale_y), MAX_SIDE)
-    for _ in range(2):
-        if new_width * new_height <= max_pixels:
-            break
-        if new_width / width >= new_height / height and new_width > width:
-            new_width = max(width, max_pixels // new_height)
-        else:
-            new_height = max(height, max_pixels // new_width)
-    return new_width, new_height
-
-
 def _upscale(page: PreparedPage, max_pixels: int) -> None:
     """The upscale step (see the module docstring).
 
@@ -474,7 +461,9 @@ def _upscale(page: PreparedPage, max_pixels: int) -> None:
             # The floor at 1 undid the fit on one side (a non-square resolution), or the rounding
             # to whole pixels passed the limit: the side scaled the more gives way.
             record["limited_by"] = "page_limits"
-            new_width, new_height = _fitted_size(image.width, image.height, scale_x, scale_y, max_pixels)
+            new_width, new_height = fitted_size(
+                image.width, image.height, scale_x, scale_y, max_pixels, MAX_SIDE
+            )
             scale_x, scale_y = new_width / image.width, new_height / image.height
             upscaled = None
             if max(scale_x, scale_y) >= 1.05:
@@ -565,7 +554,12 @@ def _deskew(page: PreparedPage, max_pixels: int) -> None:
         record["reason"] = "no_clear_lines"
     else:
         width, height = page.image.width, page.image.height
-        turned = page.image.rotate(angle, background=[255])  # lazy: its size is known, no pixels yet
+        # A bilevel page stays bilevel (nearest neighbour): 8071 4.67 % and eurotext 0.00 % CER
+        # against 4.88 % and 0.49 % interpolated, and 10 % less recognition time (measured).
+        bilevel = _is_bilevel(_histogram(page.image))
+        record["interpolation"] = "nearest" if bilevel else "bilinear"
+        interpolate = pyvips.Interpolate.new(record["interpolation"])
+        turned = page.image.rotate(angle, background=[255], interpolate=interpolate)  # lazy: no pixels yet
         scale = 1.0
         if not _within(turned.width, turned.height, max_pixels):
             record["limited_by"] = "page_limits"
