@@ -624,10 +624,12 @@ def _normalise_background(page: PreparedPage) -> None:
     page.steps.append(record)
 
 
-def _save(image: pyvips.Image, path: Path, dpi: int) -> None:
-    """An 8-bit grey PNG stating ``dpi`` (tesseract reads the resolution from the file for OSD)."""
+def _save(image: pyvips.Image, path: Path, dpi: int, bitdepth: int = 8) -> None:
+    """A grey PNG stating ``dpi`` (tesseract reads the resolution from the file for OSD)."""
     pixels_per_mm = dpi / 25.4
-    image.copy(xres=pixels_per_mm, yres=pixels_per_mm).pngsave(str(path), compression=1, keep="none")
+    image.copy(xres=pixels_per_mm, yres=pixels_per_mm).pngsave(
+        str(path), compression=1, keep="none", bitdepth=bitdepth
+    )
 
 
 def prepare(
@@ -722,5 +724,10 @@ def _resample(page: PreparedPage, render_dpi: int | None, max_pixels: int) -> No
 
 
 def save(page: PreparedPage, path: Path) -> None:
-    """Writes the prepared page as the PNG tesseract reads."""
-    _save(page.image, path, page.dpi)
+    """Writes the prepared page as the PNG tesseract reads: 1 bit per pixel when it holds only
+    black and white (the same pixels; measured on 8071: the same text, 7 % less of tesseract's
+    CPU, a searchable PDF page of 189 KB instead of 266 KB), else 8 bits."""
+    image = page.image.copy_memory()
+    histogram = _histogram(image)
+    black_and_white = sum(histogram[1:255]) == 0
+    _save(image, path, page.dpi, bitdepth=1 if black_and_white else 8)
