@@ -370,7 +370,8 @@ def _read_page(
         osd = True
         turned_path = work_dir / f"page-{page.number:05d}-osd.png"
         prepared = _prepare(page, source, turned_path, work_dir, limits, preprocessing, "detect", what)
-        detected = {**gate.orientation_step(prepared["preprocessing"]), "after_first_pass": True}
+        # needs_orientation found the gated record, and a detecting preparation always has one.
+        detected = {**(gate.orientation_step(prepared["preprocessing"]) or {}), "after_first_pass": True}
         if detected["applied"]:
             recognitions = 2
             other = engine.recognise(
