@@ -349,9 +349,8 @@ def _read_page(
     page's record (``gate`` included) and the image it read (its outputs beside it)."""
     source = _load(page)
 
-    def read(path: Path, orientation: str) -> tuple[PageText, dict[str, Any]]:
-        record = _prepare(page, source, path, work_dir, limits, preprocessing, orientation, what)
-        result = engine.recognise(
+    def recognise(path: Path, record: dict[str, Any]) -> PageText:
+        return engine.recognise(
             path,
             languages=params["languages"],
             dpi=record["dpi"],
@@ -359,10 +358,10 @@ def _read_page(
             pdf="searchable_pdf" in params["outputs"],
             what=what,
         )
-        return result, record
 
     image_path = work_dir / f"page-{page.number:05d}.png"
-    result, record = read(image_path, "gated")
+    record = _prepare(page, source, image_path, work_dir, limits, preprocessing, "gated", what)
+    result = recognise(image_path, record)
     first, recognitions = result, 1
     step = gate.orientation_step(record["preprocessing"])
     osd = step is not None and step.get("reason") != "lines_horizontal"
@@ -374,19 +373,13 @@ def _read_page(
         detected = {**(gate.orientation_step(prepared["preprocessing"]) or {}), "after_first_pass": True}
         if detected["applied"]:
             recognitions = 2
-            other = engine.recognise(
-                turned_path,
-                languages=params["languages"],
-                dpi=prepared["dpi"],
-                hocr="hocr" in params["outputs"],
-                pdf="searchable_pdf" in params["outputs"],
-                what=what,
-            )
+            other = recognise(turned_path, prepared)
             if gate.keeps_turned(result, other):
                 _discard(image_path)
                 result, record, image_path = other, prepared, turned_path
-            else:
+            else:  # the page as it was is kept: not turned
                 _discard(turned_path)
+                detected.update(applied=False, reason="first_reading_kept")
         else:  # the same page: the first reading stands, with the detection's record
             _discard(turned_path)
         steps = record["preprocessing"]
