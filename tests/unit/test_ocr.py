@@ -24,7 +24,7 @@ import pyvips
 
 from hypermedia.core.errors import DomainError, InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
-from hypermedia.engines.ocr import assemble, params, preprocess, tesseract
+from hypermedia.engines.ocr import assemble, geometry, params, preprocess, tesseract
 from hypermedia.engines.ocr.engine import OcrLimits
 from hypermedia.engines.ocr.metrics import cer, levenshtein, normalise_whitespace
 from hypermedia.sandbox import Sandbox, SandboxLimits
@@ -186,7 +186,7 @@ def test_rotation_transform_maps_back(rotate: int) -> None:
     page = pyvips.Image.black(200, 100).draw_rect(255, 150, 20, 1, 1, fill=True).cast("uchar")
     turned = page.rot(f"d{rotate}")
     x, y = _dot(turned)
-    back = preprocess._rotation_transform(rotate, page.width, page.height)
+    back = geometry.rotation_transform(rotate, page.width, page.height)
     assert back.apply(x + 0.5, y + 0.5) == pytest.approx((150.5, 20.5))
 
 
@@ -194,7 +194,7 @@ def test_rotation_transform_maps_back(rotate: int) -> None:
 def test_deskew_transform_maps_back(angle: float) -> None:
     page = pyvips.Image.black(400, 300).draw_rect(255, 310, 40, 2, 2, fill=True).cast("uchar")
     x, y = _dot(page.rotate(angle))
-    back = preprocess._deskew_transform(angle, page.width, page.height)
+    back = geometry.deskew_transform(angle, page.width, page.height)
     bx, by = back.apply(x + 0.5, y + 0.5)
     assert abs(bx - 311) < 1.5 and abs(by - 41) < 1.5
 

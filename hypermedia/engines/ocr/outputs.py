@@ -33,7 +33,12 @@ def job_summary(
     records: list[dict[str, Any]], page_count: int, languages: list[str], source_format: str
 ) -> dict:
     """The job's summary over its page records: page and word counts, mean confidence, escalated
-    pages, the languages and the source format (the metadata every output carries)."""
+    pages, the languages, the source format and what preprocessing ran on each page (the
+    metadata every output carries): ``page_steps``, one ``{"page": 1, "applied": ["upscale",
+    "deskew"], "osd": false, "recognitions": 1}`` per page read (``applied``: the steps that
+    changed the page, in order; ``osd``: whether tesseract's orientation detection ran;
+    ``recognitions``: tesseract runs, 2 when the page was turned after a first reading, 0 for a
+    page taken from its text layer)."""
     words = sum(record["word_count"] for record in records)
     confidence = sum(
         record["mean_confidence"] * record["word_count"] for record in records if record["word_count"]
@@ -49,6 +54,15 @@ def job_summary(
         "escalated_pages": sum(1 for record in records if record["escalated"]),
         "skipped_pages": [record["page"] for record in records if record.get("skipped")],
         "escalation_cpu_seconds": round(sum(record["escalation"]["cpu_seconds"] for record in records), 3),
+        "page_steps": [
+            {
+                "page": record["page"],
+                "applied": [step["step"] for step in record["preprocessing"] if step["applied"]],
+                "osd": record["gate"]["osd"],
+                "recognitions": record["gate"]["recognitions"],
+            }
+            for record in records
+        ],
     }
 
 
@@ -61,6 +75,7 @@ def _words_document(summary: dict, records: list[dict[str, Any]]) -> dict:
                     "source": {"width": 640, "height": 480, "dpi": 200.0},
                     "to_source": [a, b, c, d, e, f],
                     "preprocessing": [{"step": "background", "applied": false, "reason": "bilevel"}, …],
+                    "gate": {"first_pass_confidence": 96.4, "osd": false, "recognitions": 1},
                     "engine": "tesseract", "mean_confidence": 95.1, "escalated": false,
                     "confidences": {"tesseract": 95.1},
                     "escalation": {"reason": "not_needed", "cpu_seconds": 0.0},

@@ -64,10 +64,11 @@ for ``eng`` alone (measured, tessdata_fast models), for about the same time."""
 
 MAX_OCR_PAGES: Final = 20
 """Most pages one job OCRs (``pages`` may name at most this many). A page takes tesseract 0.3–3.7 s
-on one core here and preprocessing adds 0.6–1.9 s (measured on the corpus pages; the slowest is
-the 3312 × 2550 page at 5.6 s in all), so 20 such pages take about 112 s, within the ``ocr``
-profile's 300 s timeout with room for escalation (migration 0010); a longer document is several
-jobs."""
+on one core here and preprocessing 0.03–0.9 s more (measured on the corpus pages; issue 17 gated
+the orientation detection, :mod:`hypermedia.engines.ocr.gate`). The worst page is the 3312 × 2550
+page upside down: read, detected, turned and read again, about 7.5 s (the sum of its steps'
+times), so 20 such pages take about 150 s, within the ``ocr`` profile's 300 s timeout with room for escalation (migration 0010); a
+longer document is several jobs."""
 
 LANGUAGE_CODE: Final = re.compile(r"(?:script/)?[A-Za-z][A-Za-z0-9_]{1,31}")
 """Form of a tesseract language: the name of a ``.traineddata`` file without its suffix (``eng``,

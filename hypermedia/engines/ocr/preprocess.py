@@ -41,7 +41,9 @@ says why in ``reason``):
    the other side is enlarged only as far as the limits leave room.
 4. **orientation**: ``tesseract --psm 0`` (:func:`hypermedia.engines.ocr.tesseract.detect_orientation`)
    on the page as the first three steps left it (upscaled: tesseract's detection ignores blobs
-   under 10 pixels high), once. When the detection is trusted
+   under 10 pixels high), once; with ``orientation="gated"`` only when :func:`line_direction`
+   does not find the lines horizontal (``reason: "lines_horizontal"`` otherwise; the engine reads
+   such a page first, :mod:`hypermedia.engines.ocr.gate`). When the detection is trusted
    (:attr:`hypermedia.engines.ocr.tesseract.Orientation.trusted`: an orientation confidence of at least
    :data:`~hypermedia.engines.ocr.tesseract.OSD_MIN_CONFIDENCE`, or of at least
    :data:`~hypermedia.engines.ocr.tesseract.OSD_MIN_CONFIDENCE_CLEAR_SCRIPT` in one clear script), the
@@ -60,7 +62,8 @@ says why in ``reason``):
    ``reason: "too_few_characters"``) or an untrusted detection (``reason: "low_confidence"``).
 5. **deskew** of small angles by a projection-profile search (Postl's method, as in Leptonica's
    ``pixFindSkew``, which uses the same criterion): the page, reduced to at most
-   :data:`DESKEW_SIDE` pixels and binarised (Otsu), is rotated by every angle from
+   :data:`DESKEW_SIDE` pixels and binarised (Otsu), is turned (its inked pixels' rows, in numpy:
+   :func:`_profile_score`) by every angle from
    −:data:`MAX_DESKEW_ANGLE` to +:data:`MAX_DESKEW_ANGLE` degrees in :data:`DESKEW_COARSE_STEP`
    steps (at half that size, :data:`DESKEW_COARSE_SIDE`), then in :data:`DESKEW_FINE_STEP` steps
    within a coarse step of the best, and the angle whose row profile
@@ -70,9 +73,9 @@ says why in ``reason``):
    value means the page is not text lines in the range), and sharper than the page as it is by
    :data:`DESKEW_MIN_GAIN`; never to a page whose unrotated profile is flat (score zero: every row
    holds the same ink, as on a page that is all ink, or of a single grey), which has no text
-   lines to straighten (``reason: "no_text_lines"``). Chosen over estimating the angle from
-   tesseract's TSV line boxes, which would cost a second recognition run. Recorded: ``angle``
-   (degrees, clockwise, the correction applied). The turned page is the bounding box of the
+   lines to straighten (``reason: "no_text_lines"``). Recorded: ``angle``
+   (degrees, clockwise, the correction applied) and ``interpolation`` (``nearest`` for a bilevel
+   page, which stays bilevel; else ``bilinear``). The turned page is the bounding box of the
    page, up to 19 % more pixels at 5 degrees and more on a long narrow page: where it would
    exceed the page pixel limit or :data:`MAX_SIDE`, the page is shrunk in the same resampling
    just enough to fit (``limited_by: "page_limits"``, ``scale``; the resolution told to
@@ -92,16 +95,17 @@ Runs libvips: call in the sandbox child only (a process that does not fork after
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
 import pyvips
 
 from hypermedia.engines.ocr import tesseract
+from hypermedia.engines.ocr.geometry import Transform, deskew_transform, fitted_size, rotation_transform
 
 __all__ = [
     "BACKGROUND_MIN_SPREAD",
@@ -138,6 +142,9 @@ MAX_SIDE: Final = 32767
 (``TBOX``, ``ccstruct/rect.h``)."""
 MIN_LINES: Final = 3
 """Fewest text lines :func:`line_height` needs to give a height."""
+LINE_DIRECTION_MARGIN: Final = 0.05
+""":func:`line_direction` names a direction only when its share of empty rows leads the other's
+by this much (measured on the corpus pages: 0.19–0.29 along the lines, 0.10–0.11 across)."""
 LINE_SIDE: Final = 1600
 """Longest side, in pixels, of the reduced page :func:`line_height` measures."""
 LINE_STRIPS: Final = 4
@@ -158,8 +165,11 @@ DESKEW_SIDE: Final = 1200
 DESKEW_COARSE_SIDE: Final = 600
 """Longest side of the page the coarse search runs on (a quarter of the pixels: 3 ms a rotation
 instead of 14 on the corpus' 8071 page)."""
-DESKEW_MIN_GAIN: Final = 0.02
-"""The best angle's profile score must beat the unrotated page's by this fraction."""
+DESKEW_MIN_GAIN: Final = 0.25
+"""The best angle's profile score must beat the unrotated page's by this fraction. Every angle is
+scored on the same unresampled pixels (:func:`_profile_score`), so noise gains too: 0.06–0.14
+on the tests' pages of noise, against 0.47 for phototest skewed by 0.2° and 1.5–4.7 on the
+skewed corpus pages (measured)."""
 
 BACKGROUND_SIDE: Final = 400
 """Longest side, in pixels, of the reduced page the background is estimated on."""
@@ -169,36 +179,6 @@ larger than body text and stroke widths."""
 BACKGROUND_MIN_SPREAD: Final = 0.25
 """Background normalisation is applied when (95th − 5th percentile) / 95th percentile of the
 background estimate exceeds this (0 for even paper; 0.62 for the synthetic shadow)."""
-
-
-@dataclass(frozen=True)
-class Transform:
-    """An affine map of the plane, ``(x, y) → (a·x + b·y + c, d·x + e·y + f)``."""
-
-    a: float = 1.0
-    b: float = 0.0
-    c: float = 0.0
-    d: float = 0.0
-    e: float = 1.0
-    f: float = 0.0
-
-    def then(self, other: Transform) -> Transform:
-        """``other ∘ self``: first this map, then ``other``."""
-        return Transform(
-            other.a * self.a + other.b * self.d,
-            other.a * self.b + other.b * self.e,
-            other.a * self.c + other.b * self.f + other.c,
-            other.d * self.a + other.e * self.d,
-            other.d * self.b + other.e * self.e,
-            other.d * self.c + other.e * self.f + other.f,
-        )
-
-    def apply(self, x: float, y: float) -> tuple[float, float]:
-        return self.a * x + self.b * y + self.c, self.d * x + self.e * y + self.f
-
-    def as_list(self) -> list[float]:
-        """``[a, b, c, d, e, f]``, rounded to 6 decimals."""
-        return [round(v, 6) + 0.0 for v in (self.a, self.b, self.c, self.d, self.e, self.f)]
 
 
 @dataclass
@@ -303,10 +283,35 @@ def line_height(image: pyvips.Image) -> float | None:
     measurement is taken before deskewing, and a skewed page merges neighbouring lines into
     taller runs, which errs towards not upscaling.
     """
+    found, factor = _line_runs(image)
+    best = max(found, key=lambda runs_share: runs_share[1])[0]  # the rows on a tie
+    if len(best) < MIN_LINES:
+        return None
+    return statistics.median(best) * factor
+
+
+def line_direction(image: pyvips.Image) -> tuple[str | None, list[float]]:
+    """Which way the text lines of a grey page run, from the same measurement as
+    :func:`line_height`: ``"horizontal"`` (upright or upside down), ``"vertical"`` (turned by a
+    quarter turn), or ``None`` (fewer than :data:`MIN_LINES` lines either way, or no direction
+    ahead by :data:`LINE_DIRECTION_MARGIN`); and the two shares of empty rows, ``[along rows,
+    along columns]`` (0–1)."""
+    (rows, row_share), (columns, column_share) = _line_runs(image)[0]
+    shares = [round(row_share, 3), round(column_share, 3)]
+    if row_share >= column_share + LINE_DIRECTION_MARGIN and len(rows) >= MIN_LINES:
+        return "horizontal", shares
+    if column_share >= row_share + LINE_DIRECTION_MARGIN and len(columns) >= MIN_LINES:
+        return "vertical", shares
+    return None, shares
+
+
+def _line_runs(image: pyvips.Image) -> tuple[list[tuple[list[int], float]], float]:
+    """For the rows and then the columns of the page reduced to :data:`LINE_SIDE` and binarised:
+    the lengths of the runs of inked rows (in reduced pixels) and the share of empty rows between
+    the first and the last inked one (see :func:`line_height`); and the reduction factor."""
     reduced, factor = _reduce(image, LINE_SIDE)
     ink = _ink(reduced)
-    best: list[int] = []
-    best_share = -1.0
+    found: list[tuple[list[int], float]] = []
     for turned in (ink, ink.rot("d90")):
         # Strips, so that the lines of side-by-side columns (and a photo beside them) do not
         # merge into one run.
@@ -321,13 +326,11 @@ def line_height(image: pyvips.Image) -> float | None:
             for left in range(0, turned.width, strip)
         ]
         top = max((max(rows) for rows in profiles), default=0.0)
-        if top <= 0:
-            continue
         floor = 0.02 * top
         runs: list[int] = []
         gaps = extent = 0
         for rows in profiles:
-            if max(rows) < 0.1 * top:  # a margin with a few specks
+            if top <= 0 or max(rows) < 0.1 * top:  # a blank page; a margin with a few specks
                 continue
             inked = [i for i, value in enumerate(rows) if value > floor]
             runs.extend(run for run in _runs(rows, floor) if run > 1)
@@ -336,20 +339,28 @@ def line_height(image: pyvips.Image) -> float | None:
         # Between text lines whole rows are empty; across them, the gaps between words rarely
         # line up: the direction of the lines has the larger share of empty rows (measured:
         # 0.19–0.29 along the lines of the corpus pages, 0.10–0.11 across).
-        share = gaps / extent if extent else 0.0
-        if share > best_share:
-            best, best_share = runs, share
-    if len(best) < MIN_LINES:
-        return None
-    return statistics.median(best) * factor
+        found.append((runs, gaps / extent if extent else 0.0))
+    return found, factor
 
 
-def _profile_score(ink: pyvips.Image, angle: float) -> float:
-    """Sum of squared differences between the ink of neighbouring rows of ``ink`` rotated by
-    ``angle`` degrees clockwise."""
-    rotated = ink.rotate(angle) if angle else ink
-    rows = [float(row[0]) for row in rotated.project()[1].tolist()]
-    return math.fsum((b - a) ** 2 for a, b in itertools.pairwise(rows))
+def _ink_points(ink: pyvips.Image) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``x`` and ``y`` of every inked pixel of a one-band 8-bit page, and its ink."""
+    pixels = np.ndarray(buffer=ink.write_to_memory(), dtype=np.uint8, shape=(ink.height, ink.width))
+    ys, xs = np.nonzero(pixels)
+    return xs.astype(np.float64), ys.astype(np.float64), pixels[ys, xs].astype(np.float64)
+
+
+def _profile_score(points: tuple[np.ndarray, np.ndarray, np.ndarray], angle: float) -> float:
+    """Sum of squared differences between the ink of neighbouring rows of the page of ``points``
+    (:func:`_ink_points`) rotated by ``angle`` degrees clockwise: each inked pixel counted in the
+    row its centre turns to (``y' = sin·x + cos·y``, as libvips' ``rotate``), without resampling
+    the page (a 10th of the time of a libvips rotation per angle, the same angles on the corpus
+    and the tests' skewed pages)."""
+    xs, ys, ink = points
+    radians = math.radians(angle)
+    turned = math.sin(radians) * xs + math.cos(radians) * ys
+    rows = np.bincount(np.floor(turned - turned.min()).astype(np.int64), weights=ink) if len(xs) else ink
+    return float(np.sum(np.diff(rows) ** 2))
 
 
 def find_skew(image: pyvips.Image) -> tuple[float, float, float] | None:
@@ -364,51 +375,29 @@ def find_skew(image: pyvips.Image) -> tuple[float, float, float] | None:
     if fine_ink.max() == 0:
         return None
     coarse_ink = fine_ink.resize(DESKEW_COARSE_SIDE / max(fine_ink.width, fine_ink.height), kernel="linear")
+    fine_points, coarse_points = _ink_points(fine_ink), _ink_points(coarse_ink)
     coarse_scores: dict[float, float] = {}
     scores: dict[float, float] = {}
 
-    def score(angle: float, ink: pyvips.Image = fine_ink, cache: dict[float, float] = scores) -> float:
+    def score(
+        angle: float,
+        points: tuple[np.ndarray, np.ndarray, np.ndarray] = fine_points,
+        cache: dict[float, float] = scores,
+    ) -> float:
         angle = round(angle, 2)
         if angle not in cache:
-            cache[angle] = _profile_score(ink, angle)
+            cache[angle] = _profile_score(points, angle)
         return cache[angle]
 
     steps = round(MAX_DESKEW_ANGLE / DESKEW_COARSE_STEP)
     coarse = max(
         (i * DESKEW_COARSE_STEP for i in range(-steps, steps + 1)),
-        key=lambda angle: score(angle, coarse_ink, coarse_scores),
+        key=lambda angle: score(angle, coarse_points, coarse_scores),
     )
     fine_steps = round(DESKEW_COARSE_STEP / DESKEW_FINE_STEP)
     candidates = [coarse + i * DESKEW_FINE_STEP for i in range(-fine_steps + 1, fine_steps)]
     best = max((a for a in candidates if abs(a) <= MAX_DESKEW_ANGLE + 1e-9), key=score)
     return round(best, 2), score(best), score(0.0)
-
-
-def _rotation_transform(rotate: int, width: int, height: int) -> Transform:
-    """Maps a point of the page turned ``rotate`` degrees clockwise (``rot("d90")`` …) back to
-    the page before (continuous coordinates)."""
-    if rotate == 90:  # (x, y) → (H − y, x); back: (x', y') → (y', H − x')
-        return Transform(0, 1, 0, -1, 0, height)
-    if rotate == 180:
-        return Transform(-1, 0, width, 0, -1, height)
-    if rotate == 270:  # (x, y) → (y, W − x); back: (x', y') → (W − y', x')
-        return Transform(0, -1, width, 1, 0, 0)
-    return Transform()
-
-
-def _deskew_transform(angle: float, width: int, height: int) -> Transform:
-    """Maps a point of ``image.rotate(angle)`` back to ``image`` (``width`` × ``height``).
-
-    libvips' ``rotate`` is ``similarity`` with the matrix ``[[cos, −sin], [sin, cos]]`` (clockwise
-    in image coordinates, y down) and an output area that is the bounding box of the turned page:
-    ``out = R·p − min(R·corners)``; back: ``p = R⁻¹·(out + min)``."""
-    radians = math.radians(angle)
-    cos, sin = math.cos(radians), math.sin(radians)
-    corners = [(0.0, 0.0), (width, 0.0), (0.0, height), (width, height)]
-    min_x = min(cos * x - sin * y for x, y in corners)
-    min_y = min(sin * x + cos * y for x, y in corners)
-    # R⁻¹ = [[cos, sin], [−sin, cos]]
-    return Transform(cos, sin, cos * min_x + sin * min_y, -sin, cos, -sin * min_x + cos * min_y)
 
 
 def _trusted_dpi(image: pyvips.Image) -> tuple[float, float] | None:
@@ -425,22 +414,6 @@ def _trusted_dpi(image: pyvips.Image) -> tuple[float, float] | None:
 def _within(width: int, height: int, max_pixels: int) -> bool:
     """``width`` × ``height`` is within the page pixel limit and :data:`MAX_SIDE`."""
     return width * height <= max_pixels and max(width, height) <= MAX_SIDE
-
-
-def _fitted_size(width: int, height: int, scale_x: float, scale_y: float, max_pixels: int) -> tuple[int, int]:
-    """The size, in whole pixels, nearest to ``width`` × ``height`` scaled by ``scale_x`` ×
-    ``scale_y`` (both at least 1) that is within ``max_pixels`` and :data:`MAX_SIDE`: the side
-    scaled the more gives way first, neither below the page's own size (a page within the limits
-    always has a size that fits: its own)."""
-    new_width, new_height = min(round(width * scale_x), MAX_SIDE), min(round(height * scale_y), MAX_SIDE)
-    for _ in range(2):
-        if new_width * new_height <= max_pixels:
-            break
-        if new_width / width >= new_height / height and new_width > width:
-            new_width = max(width, max_pixels // new_height)
-        else:
-            new_height = max(height, max_pixels // new_width)
-    return new_width, new_height
 
 
 def _upscale(page: PreparedPage, max_pixels: int) -> None:
@@ -488,7 +461,9 @@ def _upscale(page: PreparedPage, max_pixels: int) -> None:
             # The floor at 1 undid the fit on one side (a non-square resolution), or the rounding
             # to whole pixels passed the limit: the side scaled the more gives way.
             record["limited_by"] = "page_limits"
-            new_width, new_height = _fitted_size(image.width, image.height, scale_x, scale_y, max_pixels)
+            new_width, new_height = fitted_size(
+                image.width, image.height, scale_x, scale_y, max_pixels, MAX_SIDE
+            )
             scale_x, scale_y = new_width / image.width, new_height / image.height
             upscaled = None
             if max(scale_x, scale_y) >= 1.05:
@@ -579,7 +554,12 @@ def _deskew(page: PreparedPage, max_pixels: int) -> None:
         record["reason"] = "no_clear_lines"
     else:
         width, height = page.image.width, page.image.height
-        turned = page.image.rotate(angle, background=[255])  # lazy: its size is known, no pixels yet
+        # A bilevel page stays bilevel (nearest neighbour): 8071 4.67 % and eurotext 0.00 % CER
+        # against 4.88 % and 0.49 % interpolated, and 10 % less recognition time (measured).
+        bilevel = _is_bilevel(_histogram(page.image))
+        record["interpolation"] = "nearest" if bilevel else "bilinear"
+        interpolate = pyvips.Interpolate.new(record["interpolation"])
+        turned = page.image.rotate(angle, background=[255], interpolate=interpolate)  # lazy: no pixels yet
         scale = 1.0
         if not _within(turned.width, turned.height, max_pixels):
             record["limited_by"] = "page_limits"
@@ -587,7 +567,7 @@ def _deskew(page: PreparedPage, max_pixels: int) -> None:
         if turned is None:
             record["reason"] = "page_limits"
         else:
-            back = _deskew_transform(angle, width, height)
+            back = deskew_transform(angle, width, height)
             if scale != 1.0:
                 back = Transform(1 / scale, 0, 0, 0, 1 / scale, 0).then(back)
                 record["scale"] = round(scale, 4)
@@ -644,10 +624,12 @@ def _normalise_background(page: PreparedPage) -> None:
     page.steps.append(record)
 
 
-def _save(image: pyvips.Image, path: Path, dpi: int) -> None:
-    """An 8-bit grey PNG stating ``dpi`` (tesseract reads the resolution from the file for OSD)."""
+def _save(image: pyvips.Image, path: Path, dpi: int, bitdepth: int = 8) -> None:
+    """A grey PNG stating ``dpi`` (tesseract reads the resolution from the file for OSD)."""
     pixels_per_mm = dpi / 25.4
-    image.copy(xres=pixels_per_mm, yres=pixels_per_mm).pngsave(str(path), compression=1, keep="none")
+    image.copy(xres=pixels_per_mm, yres=pixels_per_mm).pngsave(
+        str(path), compression=1, keep="none", bitdepth=bitdepth
+    )
 
 
 def prepare(
@@ -658,6 +640,7 @@ def prepare(
     osd_timeout: float,
     render_dpi: int | None = None,
     enabled: bool = True,
+    orientation: str = "detect",
     what: str = "a page",
 ) -> PreparedPage:
     """Preprocesses one page (see the module docstring).
@@ -675,6 +658,12 @@ def prepare(
         osd_timeout: seconds the orientation detection may take.
         render_dpi: the resolution a PDF page was rendered at: no upscaling then.
         enabled: ``False`` converts to grey only (for comparisons with bare tesseract).
+        orientation: ``"detect"`` runs the orientation detection (step 4) on every page;
+            ``"gated"`` runs it only when :func:`line_direction` does not find the text lines
+            horizontal, and otherwise records ``{"step": "orientation", "applied": false,
+            "reason": "lines_horizontal", "line_share": [rows, columns]}``: a page upright or
+            upside down, which the caller tells apart by reading it
+            (:mod:`hypermedia.engines.ocr.gate`).
         what: names the page in error messages.
 
     Returns:
@@ -699,7 +688,12 @@ def prepare(
     grey = grey.copy_memory()
     page.image = grey
     _resample(page, render_dpi, max_pixels)
-    orientation, rotate = _orient(page, work_dir, osd_timeout, what)
+    direction, shares = line_direction(page.image) if orientation == "gated" else (None, [])
+    if direction == "horizontal":
+        record, rotate = {"step": "orientation", "applied": False, "reason": "lines_horizontal"}, 0
+        record["line_share"] = shares
+    else:
+        record, rotate = _orient(page, work_dir, osd_timeout, what)
     if rotate:
         # The grey page turned, then prepared again: the same pixels as the upright page, so the
         # same preparation and the same reading (libvips' resampling does not commute with a
@@ -710,10 +704,10 @@ def prepare(
             image=_turned(grey, rotate),
             dpi=dpi,
             steps=[],
-            to_source=_rotation_transform(rotate, width, height),
+            to_source=rotation_transform(rotate, width, height),
         )
         _resample(page, render_dpi, max_pixels)
-    page.steps.append(orientation)
+    page.steps.append(record)
     _deskew(page, max_pixels)
     return page
 
@@ -730,5 +724,10 @@ def _resample(page: PreparedPage, render_dpi: int | None, max_pixels: int) -> No
 
 
 def save(page: PreparedPage, path: Path) -> None:
-    """Writes the prepared page as the PNG tesseract reads."""
-    _save(page.image, path, page.dpi)
+    """Writes the prepared page as the PNG tesseract reads: 1 bit per pixel when it holds only
+    black and white (the same pixels; measured on 8071: the same text, 7 % less of tesseract's
+    CPU, a searchable PDF page of 189 KB instead of 266 KB), else 8 bits."""
+    image = page.image.copy_memory()
+    histogram = _histogram(image)
+    black_and_white = sum(histogram[1:255]) == 0
+    _save(image, path, page.dpi, bitdepth=1 if black_and_white else 8)
