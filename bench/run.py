@@ -11,7 +11,8 @@ and P3's CPU per job per process. Ratios, never timed assertions.
 
 ``--quick``: 8 photos × 1 round, 20 tiny jobs, 4 office documents × 1 round, 8 OCR pages × 1
 round, media with 10 s of video and 30 s of audio × 1 run, one copy of the preview PDFs × 1 round
-and 500 no-op jobs per throughput run (a smoke run). office_to_pdf is
+and 500 no-op jobs per throughput run with claim probes at 10 and 1,000 queued (a smoke run;
+10,000 only in the full run). office_to_pdf is
 skipped, with a message, without LibreOffice, and OCR without tesseract; media installs Debian's
 ``ffmpeg`` when it can and otherwise runs without its baselines. See docs/performance.md.
 """
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     jt = job_throughput.run(
         count=500 if args.quick else 2000,
         probes=20 if args.quick else 40,
+        depths=(10, 1000) if args.quick else (10, 1000, 10000),
         keep_logs=logs / "throughput_noop" if logs else None,
     )
     print()
