@@ -2,14 +2,17 @@
 LibreOffice listeners against a cold ``soffice`` per document), OCR (the ``ocr`` queue against
 bare ``tesseract`` processes, and the CER of each corpus page), the media transcodes
 (``transcode_video`` and ``transcode_audio`` against the ``ffmpeg`` command line, and peak memory
-per job) and the engine's tesseract call (direct against pytesseract), each against a baseline
-measured in the same run, then a summary table. Ratios, never
-timed assertions.
+per job), the engine's tesseract call (direct against pytesseract), PDF preview (against bare
+pdfium) and job-system throughput with no-op jobs (against raw asyncpg + nats-py), each against a
+baseline measured in the same run, then a summary table, issue 17's goals P1–P7 with MET/MISSED,
+and P3's CPU per job per process. Ratios, never timed assertions.
 
     .venv/bin/python bench/run.py [--quick] [--logs DIR]
 
 ``--quick``: 8 photos × 1 round, 20 tiny jobs, 4 office documents × 1 round, 8 OCR pages × 1
-round and media with 10 s of video and 30 s of audio × 1 run (a smoke run). office_to_pdf is
+round, media with 10 s of video and 30 s of audio × 1 run, one copy of the preview PDFs × 1 round
+and 500 no-op jobs per throughput run with claim probes at 10 and 1,000 queued (a smoke run;
+10,000 only in the full run). office_to_pdf is
 skipped, with a message, without LibreOffice, and OCR without tesseract; media installs Debian's
 ``ffmpeg`` when it can and otherwise runs without its baselines. See docs/performance.md.
 """
@@ -17,6 +20,7 @@ skipped, with a message, without LibreOffice, and OCR without tesseract; media i
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -27,9 +31,11 @@ if str(REPO) not in sys.path:
 from bench import (  # noqa: E402
     common,
     job_overhead,
+    job_throughput,
     media,
     ocr,
     office_to_pdf,
+    pdf_preview,
     tesseract_call,
     thumbnail_throughput,
 )
@@ -62,6 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     media_result = media.run(**({"runs": 1, "seconds": 10, "audio_seconds": 30} if args.quick else {}))
     print()
     call = tesseract_call.run(rounds=1 if args.quick else 5)
+    print()
+    pdf = pdf_preview.run(
+        copies=1 if args.quick else 4, rounds=rounds, keep_logs=logs / "pdf" if logs else None
+    )
+    print()
+    jt = job_throughput.run(
+        count=500 if args.quick else 2000,
+        probes=20 if args.quick else 40,
+        depths=(10, 1000) if args.quick else (10, 1000, 10000),
+        keep_logs=logs / "throughput_noop" if logs else None,
+    )
     print()
     print(f"summary ({common.machine()}):")
     rows = [
@@ -154,7 +171,109 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {ocr_result['background_cores']:.2f} cores (ocr)" if ocr_result is not None else "")
         + f", {media_result['background_cores']:.2f} cores (media)"
     )
+    print()
+    print("issue 17 goals:")
+    print(common.table(goal_rows(tp, oh, pdf, ocr_result, jt), ("#", "figure", "measured", "goal", "")))
+    print()
+    print("P3: CPU ms per job per process (thumbnail throughput's platform batches, median of rounds):")
+    print(common.table(p3_rows(tp), ("process", "ms per job")))
     return 0
+
+
+def _verdict(met: bool | None) -> str:
+    return "not run" if met is None else "MET" if met else "MISSED"
+
+
+P3_GOAL_MS = 20.0
+"""Issue 17's P3: CPU per job outside the engine's process, every platform process summed (ms)."""
+P3_ENGINE = "sandbox job children"
+"""The engine's process in :func:`bench.common.cpu_snapshot`'s groups: not counted in P3."""
+
+
+def p3_per_job(tp: dict) -> dict[str, float]:
+    """CPU ms per job per process group in the thumbnail batches (median over rounds), from the
+    same per-process CPU snapshot that bench/profile_services.py reads (:func:`common.cpu_snapshot`)."""
+    rounds = [r["platform"]["cpu_s"] for r in tp["rounds"]]
+    names = sorted({k for r in rounds for k in r})
+    per_job = {k: statistics.median(r.get(k, 0.0) for r in rounds) * 1000 / tp["count"] for k in names}
+    return dict(sorted(per_job.items(), key=lambda kv: -kv[1]))
+
+
+def p3_rows(tp: dict) -> list[tuple]:
+    """P3's table: gateway, storage, credits, the worker, zygote + children, Postgres, NATS, …"""
+    per_job = p3_per_job(tp)
+    rows = [(name, round(ms, 1)) for name, ms in per_job.items()]
+    rows.append(
+        ("all but the engine's children (P3)", round(sum(v for k, v in per_job.items() if k != P3_ENGINE), 1))
+    )
+    return rows
+
+
+def goal_rows(tp: dict, oh: dict, pdf: dict | None, ocr_result: dict | None, jt: dict) -> list[tuple]:
+    """Issue 17's table P1–P7: each figure as measured in this run, its goal and MET/MISSED."""
+    p3 = sum(v for k, v in p3_per_job(tp).items() if k != P3_ENGINE)
+    p2 = (oh["created_completed_p50_ms"], oh["created_completed_p99_ms"])
+    p7 = oh["sandbox_p50_ms"] - oh["pipeline_ms"]
+    depths = jt["depths"]
+    rows = [
+        (
+            "P1",
+            "thumbnail throughput, platform / bare pyvips",
+            f"{tp['ratio']:.2f}x",
+            ">= 0.80x",
+            _verdict(tp["ratio"] >= 0.8),
+        ),
+        (
+            "P2",
+            "tiny job created -> completed p50 / p99",
+            f"{p2[0]:.0f} / {p2[1]:.0f} ms",
+            "<= 15 / 40 ms",
+            _verdict(p2[0] <= 15 and p2[1] <= 40),
+        ),
+        (
+            "P3",
+            "CPU per 12 MP job outside the engine",
+            f"{p3:.0f} ms",
+            "<= 20 ms",
+            _verdict(p3 <= P3_GOAL_MS),
+        ),
+        (
+            "P4",
+            "pdf_preview, platform / bare pdfium",
+            f"{pdf['ratio']:.2f}x" if pdf else "not run",
+            ">= 0.85x",
+            _verdict(None if pdf is None else pdf["ratio"] >= 0.85),
+        ),
+        (
+            "P5",
+            "OCR pages/min, platform / bare tesseract",
+            f"{ocr_result['ratio']:.2f}x" if ocr_result and ocr_result["ratio"] is not None else "not run",
+            ">= 0.85x",
+            _verdict(None if not ocr_result or ocr_result["ratio"] is None else ocr_result["ratio"] >= 0.85),
+        ),
+        (
+            "P6",
+            f"no-op jobs/s end to end ({jt['best_workers']} workers; raw {jt['raw_jobs_per_second']:.0f}/s)",
+            f"{jt['jobs_per_second']:.0f}/s",
+            ">= 500/s",
+            _verdict(jt["throughput_met"]),
+        ),
+        (
+            "P6",
+            f"p50 claim at {depths[-1]:,} / at {depths[0]:,} queued (raw {jt['raw_flatness']:.2f}x)",
+            f"{jt['flatness']:.2f}x",
+            "<= 2x",
+            _verdict(jt["flat_met"]),
+        ),
+        (
+            "P7",
+            "sandbox start added to a job (sandbox - in-process p50)",
+            f"{p7:.1f} ms",
+            "<= 10 ms",
+            _verdict(p7 <= 10),
+        ),
+    ]
+    return rows
 
 
 def _media_rows(result: dict) -> list[tuple]:

@@ -83,6 +83,16 @@ async def every(
             await asyncio.wait_for(stop.wait(), interval)
 
 
+async def wait_any(*events: asyncio.Event) -> None:
+    """Waits until one of ``events`` is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
 async def _main(name: str, serve: Serve) -> int:
     stop = Lifetime()
     loop = asyncio.get_running_loop()

@@ -4,7 +4,7 @@ use and on the processes it may still start, sampled from cgroup v2 or the host 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -42,18 +42,26 @@ def pid_headroom() -> int:
     return max(0, ceiling - tasks)
 
 
+READING_MAX_AGE_SECONDS = 0.1
+"""How old the memory and PID readings may be when :meth:`Admission.sample` decides: the fetch loop
+samples once per message, and reading ``/proc`` and the cgroup files for each one cost 5 % of an
+imageworker's CPU on no-op jobs (issue 17, P6). Slots and draining are decided afresh every time."""
+
+
 @dataclass
 class Admission:
     """Slots plus memory and PID gates. ``reason`` says why admission is open or closed; the gates
-    reopen on the next fresh sample (every loop turn and every second while idle). The first sample
-    is taken at construction, so a status read before the loop's first turn is a measurement too."""
+    reopen on the next fresh sample (every loop turn and every second while idle; the readings at
+    most :data:`READING_MAX_AGE_SECONDS` old). The first sample is taken at construction, so a
+    status read before the loop's first turn is a measurement too."""
 
     slots: int
     min_available_mb: int
     min_pid_headroom: int = 0
     busy: int = 0
     reason: str = "ok"
-    sampled_at: float = field(default_factory=time.monotonic)
+    sampled_at: float = float("-inf")
+    """When memory and PIDs were last read (``time.monotonic()``)."""
     draining: bool = False
     available_mb: int = 0
     """Memory available at the last sample (MiB)."""
@@ -64,9 +72,13 @@ class Admission:
         self.sample()
 
     def sample(self) -> None:
-        self.available_mb = available_memory_mb()
-        self.pids_free = pid_headroom()
-        self.sampled_at = time.monotonic()
+        """Decides ``reason``, reading memory and PIDs again when the last reading is older than
+        :data:`READING_MAX_AGE_SECONDS`."""
+        now = time.monotonic()
+        if now - self.sampled_at >= READING_MAX_AGE_SECONDS:
+            self.available_mb = available_memory_mb()
+            self.pids_free = pid_headroom()
+            self.sampled_at = now
         if self.draining:
             self.reason = "draining"
         elif self.available_mb < self.min_available_mb:

@@ -47,8 +47,8 @@ from hypermedia.core import telemetry
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.infra import db
 from hypermedia.infra.rpc import call
-from hypermedia.infra.service import every
-from hypermedia.jobs import lifecycle, queues
+from hypermedia.infra.service import every, wait_any
+from hypermedia.jobs import lifecycle, noop, queues
 from hypermedia.jobs.settlement import Settlement
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_progress
 from hypermedia.worker import registry
@@ -213,7 +213,7 @@ class WorkerRuntime:
                 if not self.admission.open:
                     self._slot_free.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wait_any(self._slot_free, stop), 1.0)
+                        await asyncio.wait_for(wait_any(self._slot_free, stop), 1.0)
                     continue
                 msg = await fetcher.next(stop)
                 if msg is None:
@@ -227,15 +227,6 @@ class WorkerRuntime:
             await self._pool.execute(
                 "UPDATE workers SET status = 'stopped' WHERE worker_id = $1", self.worker_id
             )
-
-    @staticmethod
-    async def _wait_any(*events: asyncio.Event) -> None:
-        waiters = [asyncio.ensure_future(e.wait()) for e in events]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
 
     async def _dispatch(self, msg: Any) -> None:
         try:
@@ -347,7 +338,7 @@ class WorkerRuntime:
         with _tracer.start_as_current_span(
             "job.execute", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
         ):
-            await self._run_job(job)
+            await (self._run_noop(job) if job.operation == noop.OPERATION else self._run_job(job))
 
     async def _run_job(self, job: lifecycle.ClaimedJob) -> None:
         started = time.monotonic()
@@ -438,6 +429,30 @@ class WorkerRuntime:
         finally:
             self._progress_of.pop(job.job_id).close()
             self._sandbox.cleanup(job.job_id)
+            self.running.pop(job.job_id, None)
+            self.admission.busy -= 1
+            self._slot_free.set()
+
+    async def _run_noop(self, job: lifecycle.ClaimedJob) -> None:
+        """A ``noop`` job (:mod:`hypermedia.jobs.noop`, ADR 0038): no object, sandbox or output;
+        completed and settled (nothing to charge) as any job, or failed ``OPERATION_NOT_ENABLED``
+        on a worker without ``HM_NOOP_OPERATION``. A cancel request wins as in :meth:`_run_job`."""
+        started = time.monotonic()
+        try:
+            if not self.settings.noop_operation:
+                raise PermanentJobError(noop.NOT_ENABLED_MESSAGE, noop.NOT_ENABLED)
+            completed = await self._db(
+                lifecycle.complete, job, self.worker_id, [], job.estimated_credits, _ms(started), 0
+            )
+            if completed:
+                self.jobs_completed += 1
+                with contextlib.suppress(DomainError):  # as in _run_job: the reaper charges it later
+                    await self._commit(job, {})
+            elif await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
+                await self._cancelled(job, started)
+        except DomainError as exc:
+            await self._settle_failure(job, exc, started, None)
+        finally:
             self.running.pop(job.job_id, None)
             self.admission.busy -= 1
             self._slot_free.set()

@@ -26,6 +26,9 @@ class WorkerSettings(ComponentSettings):
     min_pid_headroom: int = Field(64, ge=0, validation_alias="HM_MIN_PID_HEADROOM")
     """Admission closes while fewer processes/threads than this may still be started (the
     cgroup's pids.max, else the kernel's limits): a job may use up to 16 (RLIMIT_NPROC)."""
+    noop_operation: bool = Field(False, validation_alias="HM_NOOP_OPERATION")
+    """Run ``noop`` jobs (benchmarks and tests only: :mod:`hypermedia.jobs.noop`); without it such a
+    job fails at once with ``OPERATION_NOT_ENABLED``."""
     sandbox_uid_base: int = Field(61000, ge=1, le=2**31 - 1 - 64, validation_alias="HM_SANDBOX_UID_BASE")
     """When the worker runs as root, slot i's jobs run as uid ``base + i`` (no passwd entry
     needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""

@@ -90,6 +90,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             max_operations=settings.max_operations,
             password_key=jobsecrets.derive_key(secret_key) if secret_key else None,
             webhook_allow_private=settings.webhook_allow_private,
+            noop_enabled=settings.noop_operation,
         ),
         status=status,
         cancellation=JobCancellation(pool, settlement, status),

@@ -43,7 +43,7 @@ from hypermedia.engines.ocr import params as ocr_params
 from hypermedia.infra import db
 from hypermedia.infra.rpc import call
 from hypermedia.intake import contenttype
-from hypermedia.jobs import lifecycle
+from hypermedia.jobs import lifecycle, noop
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.outbox import OutboxRelay
@@ -144,6 +144,7 @@ class JobCreation:
             (:func:`jobsecrets.derive_key` of ``HM_GATEWAY_SECRET_KEY``); None: requests with a
             password are refused.
         webhook_allow_private: accept webhook URLs of private addresses (``HM_WEBHOOK_ALLOW_PRIVATE``).
+        noop_enabled: accept the ``noop`` operation (``HM_NOOP_OPERATION``; :mod:`hypermedia.jobs.noop`).
     """
 
     def __init__(
@@ -158,6 +159,7 @@ class JobCreation:
         max_operations: int,
         password_key: bytes | None = None,
         webhook_allow_private: bool = False,
+        noop_enabled: bool = False,
     ) -> None:
         self._pool = pool
         self._storage = storage
@@ -168,6 +170,7 @@ class JobCreation:
         self._max_operations = max_operations
         self._password_key = password_key
         self._webhook_allow_private = webhook_allow_private
+        self._noop_enabled = noop_enabled
 
     async def process(
         self,
@@ -198,7 +201,7 @@ class JobCreation:
             most 1024 characters, or given to an operation outside :data:`PASSWORD_QUEUES`),
             priority or webhook (also a password for input that is not a PDF);
             ``PASSWORDS_NOT_ENABLED`` for a password when the gateway has no
-            ``password_key``. UnsupportedInput: the object's type is not accepted by an
+            ``password_key``; ``OPERATION_NOT_ENABLED`` for ``noop`` unless ``noop_enabled``. UnsupportedInput: the object's type is not accepted by an
             operation. PayloadTooLarge: the object exceeds a profile's max_input_bytes.
             InsufficientCredits: the hold failed. Conflict: Idempotency-Key reused with another body.
             InvalidText (``INVALID_REQUEST``, naming the field): a string Postgres would refuse or
@@ -322,9 +325,9 @@ class JobCreation:
 
     async def _resolve_profiles(self, request: _Request, obj: storage_pb2.Object) -> list[_Operation]:
         """Each operation with its active profile and its params normalised, checked in the
-        request's order: unknown operation (422) → a password where none is taken (422) → the
-        object's kind (415) → its size (413) → the params (422; an ``ocr`` job's languages against
-        those the ocrworkers reported)."""
+        request's order: unknown operation (422) → ``noop`` where it is not enabled (422) → a
+        password where none is taken (422) → the object's kind (415) → its size (413) → the params
+        (422; an ``ocr`` job's languages against those the ocrworkers reported; ``noop`` takes none)."""
         names = [o.name for o in request.operations]
         profiles = {
             r["operation"]: r
@@ -339,6 +342,8 @@ class JobCreation:
             profile = profiles.get(op.name)
             if profile is None:
                 raise InvalidArgument(f"unknown operation {op.name!r}", "UNKNOWN_OPERATION")
+            if op.name == noop.OPERATION and not self._noop_enabled:
+                raise InvalidArgument(noop.NOT_ENABLED_MESSAGE, noop.NOT_ENABLED)
             if password is not None and profile["queue"] not in PASSWORD_QUEUES:
                 raise InvalidArgument(f"operation {op.name!r} does not take a password", "INVALID_PARAMS")
             if password is not None and input_kind != "pdf":
@@ -375,6 +380,10 @@ class JobCreation:
                 )
             # No ocrworker has reported its languages yet: the form only (the worker checks again).
             return ocr_params.validate_params(op.name, op.params, installed_languages=languages or None)
+        if op.name == noop.OPERATION:  # on the images queue, but no image operation
+            if op.params:
+                raise InvalidArgument("operation 'noop' takes no params", "INVALID_PARAMS")
+            return {}
         validator = PARAM_VALIDATORS.get(profile["queue"])
         return validator(op.name, op.params) if validator else op.params
 

@@ -28,6 +28,9 @@ class GatewaySettings(ComponentSettings):
     webhook_allow_private: bool = Field(False, validation_alias="HM_WEBHOOK_ALLOW_PRIVATE")
     """Accept a ``webhook_url`` whose host is a loopback, private or link-local IP literal or
     ``localhost`` (refused with INVALID_WEBHOOK_URL by default; ``hypermedia up`` allows them)."""
+    noop_operation: bool = Field(False, validation_alias="HM_NOOP_OPERATION")
+    """Accept the ``noop`` operation (benchmarks and tests only: :mod:`hypermedia.jobs.noop`,
+    ADR 0038); refused with ``OPERATION_NOT_ENABLED`` by default."""
     clamd_url: str = Field("", validation_alias=env("HM_CLAMD_URL"))
     """ClamAV daemon that scans every upload before it is stored: ``unix:///run/clamav/clamd.ctl``
     or ``tcp://host:3310``. Empty (the default): no virus scan."""

@@ -449,6 +449,71 @@ async def test_cancel_while_waiting_for_admission_never_runs(
     assert await rig.credit(running) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
 
 
+async def _noop_job(rig: Rig) -> str:
+    """A queued ``noop`` job of the rig's tenant with its zero hold, as the gateway creates one."""
+    job_id = await rig.seed.job(rig.tenant, estimated_credits=0)
+    await rig.pool.execute("UPDATE processing_jobs SET operation = 'noop' WHERE job_id = $1", job_id)
+    request = credits_pb2.HoldRequest(account_id=str(rig.tenant.account_id))
+    request.holds.add(job_id=str(job_id), millicredits=0)
+    await rig.credits.service.Hold(request, cast(Any, None))
+    return str(job_id)
+
+
+async def test_noop_job_completes_without_object_sandbox_or_output_and_is_settled_at_zero(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """ADR 0038: with ``HM_NOOP_OPERATION`` a ``noop`` job goes claim → complete → commit of
+    nothing; storage and the sandbox are never called."""
+    rig = await make_rig(HM_NOOP_OPERATION=True)
+    job_id = await _noop_job(rig)
+    await rig.publish(job_id)
+
+    await rig.run_until(lambda: _status_is(rig, job_id, "completed"))
+
+    assert rig.sandbox.runs == [] and rig.storage.uploads == [] and rig.storage.registered == []
+    assert await rig.job_outputs(job_id) == []
+    assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "completed", None)]
+    hold, ledger = await rig.credit(job_id)
+    assert hold == "committed" and all(amount == 0 for _, amount in ledger)
+    assert (
+        await rig.pool.fetchval("SELECT actual_credits FROM processing_jobs WHERE job_id = $1", job_id) == 0
+    )
+    events = await rig.pool.fetch(
+        "SELECT status FROM job_events WHERE job_id = $1 AND kind = 'status' ORDER BY event_id", job_id
+    )
+    assert [e["status"] for e in events][-1] == "completed"
+
+
+async def test_noop_job_fails_at_once_on_a_worker_that_does_not_enable_it(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """Without ``HM_NOOP_OPERATION`` (the default) a ``noop`` job that got past a gateway fails
+    permanently with OPERATION_NOT_ENABLED, never retried, and its hold is released."""
+    rig = await make_rig()
+    job_id = await _noop_job(rig)
+    await rig.publish(job_id)
+
+    await rig.run_until(lambda: _status_is(rig, job_id, "failed"))
+
+    row = await rig.row(job_id)
+    assert (row["error_code"], row["attempt_count"]) == ("OPERATION_NOT_ENABLED", 1)
+    assert "HM_NOOP_OPERATION" in row["error_message"]
+    assert rig.sandbox.runs == []
+    assert (await rig.credit(job_id))[0] == "released"
+
+
+async def test_the_noop_profile_can_never_be_priced(fresh_pool: asyncpg.Pool) -> None:
+    """Migration 0018's CHECK: neither a base cost nor a per-MB price can be set on ``noop``."""
+    for column in ("base_cost", "per_mb"):
+        with pytest.raises(asyncpg.CheckViolationError):
+            await fresh_pool.execute(f"UPDATE processing_profiles SET {column} = 1 WHERE operation = 'noop'")
+    with pytest.raises(asyncpg.CheckViolationError):
+        await fresh_pool.execute(
+            "INSERT INTO processing_profiles (operation, version, queue, base_cost, per_mb, timeout_seconds,"
+            " max_attempts, max_input_bytes, input_kinds) VALUES ('noop', 2, 'images', 5, 0, 30, 3, 1, '{image}')"
+        )
+
+
 async def _eventually(check: Callable[[], Awaitable[bool]], timeout: float, loop: asyncio.Task[None]) -> None:
     """Returns once ``check()`` holds (polled every 20 ms). Raises TimeoutError after ``timeout``
     seconds, AssertionError when the worker ``loop`` ended meanwhile."""

@@ -1,0 +1,68 @@
+"""The ``noop`` operation (ADR 0038) through REST, the way a client calls it: refused by a
+platform that does not enable it, and on one that does (``HM_NOOP_OPERATION=1``, the benchmark's
+setting) created, claimed, completed and settled at zero by the real services."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_job
+
+PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_1.jpg"
+
+
+@pytest.fixture(scope="module")
+def noop_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
+    with isolated_platform(
+        tmp_root, database_url, nats_url, "noop", "credits,storage,gateway,imageworker", HM_NOOP_OPERATION="1"
+    ) as running:
+        yield running
+
+
+def test_noop_is_refused_where_it_is_not_enabled(client: httpx.Client) -> None:
+    obj = upload(client, PHOTO)
+    response = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["noop"]}
+    )
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["error_code"] == "OPERATION_NOT_ENABLED"
+    assert "HM_NOOP_OPERATION" in body["detail"]
+
+
+def test_noop_jobs_run_through_the_job_system_and_cost_nothing(noop_platform: RunningPlatform) -> None:
+    account = noop_platform.admin("create-account", "--credits", "1")
+    with noop_platform.client(account) as client:
+        obj = upload(client, PHOTO)
+        response = client.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["noop"] * 16}
+        )
+        assert response.status_code == 202, response.text
+        assert response.json()["estimated_credits"] == 0
+        job_ids = response.json()["job_ids"]
+        assert len(set(job_ids)) == 16
+        jobs = [wait_job(client, job_id) for job_id in job_ids]
+        assert {j["status"] for j in jobs} == {"completed"}
+        assert all(j["outputs"] == [] for j in jobs)
+        balance = client.get("/v1/credits").json()
+    with psycopg.connect(noop_platform.env["HM_DATABASE_URL"]) as conn:
+        holds = conn.execute(
+            "SELECT status, count(*) FROM credit_holds WHERE job_id = ANY(%s::uuid[]) GROUP BY status",
+            (job_ids,),
+        ).fetchall()
+        statuses = conn.execute(
+            "SELECT array_agg(status ORDER BY event_id) FROM job_events WHERE job_id = %s AND kind = 'status'",
+            (job_ids[0],),
+        ).fetchone()
+        charged = conn.execute(
+            "SELECT coalesce(sum(amount), 0) FROM credit_ledger WHERE job_id = ANY(%s::uuid[])", (job_ids,)
+        ).fetchone()
+    assert holds == [("committed", 16)]
+    assert statuses is not None and statuses[0][-1] == "completed" and "processing" in statuses[0]
+    assert charged == (0,)
+    assert (balance["balance"], balance["held"]) == (1, 0)
