@@ -41,11 +41,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from hypermedia.api.credits.v1 import credits_pb2_grpc
-from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2_grpc
 from hypermedia.core import telemetry
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.infra import db
-from hypermedia.infra.rpc import call
 from hypermedia.infra.service import every
 from hypermedia.jobs import lifecycle, queues
 from hypermedia.jobs.settlement import Settlement
@@ -345,12 +344,11 @@ class WorkerRuntime:
         job_dir = self._sandbox.prepare(job.job_id)
         result: SandboxResult | None = None
         try:
-            source = (
-                await call(self._storage.GetObject, storage_pb2.GetObjectRequest(object_id=job.object_id))
-            ).object
+            granted = await self._transfers.grant(job)
+            source = granted.source
             input_path = job_dir / "input" / "source"
             with _tracer.start_as_current_span("storage.download"):
-                await self._transfers.download(source.key, input_path, job.max_input_bytes)
+                await self._transfers.download(granted.get_url, input_path, job.max_input_bytes)
             await self._progress(job, PROCESSING_PROGRESS[0], "downloaded")
             async with contextlib.AsyncExitStack() as admitted:
                 await self._interruptibly(job, started, "waiting", self._admit(job, admitted))
@@ -384,7 +382,7 @@ class WorkerRuntime:
                 raise cls(result.error_message or "processing failed", result.error_code)
             await self._progress(job, PROCESSING_PROGRESS[1], "processed")
             with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
-                outputs = await self._transfers.upload_all(job, source, job_dir, result.outputs)
+                outputs = await self._transfers.upload_all(job, granted, job_dir, result.outputs)
             await self._progress(job, 0.95, "uploaded")
             lines = self._handler.charge_lines(job, result.outputs)
             completed = await self._db(
