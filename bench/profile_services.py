@@ -214,7 +214,7 @@ def run(
     print(lines[0], flush=True)
     try:
         paths = make_images(root / "images", photos)
-        env = {"HM_SANDBOX_UID_BASE": UID_BASE}
+        env = {"HM_SANDBOX_UID_BASE": os.environ.get("HM_SANDBOX_UID_BASE", UID_BASE)}
         with common.running_platform(root / "platform", env=env, services=SERVICES) as bp:
             with bp.client() as client, ThreadPoolExecutor(4) as threads:
                 warm = common.upload(client, paths[0])["object_id"]

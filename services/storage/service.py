@@ -53,6 +53,8 @@ _LIVE_ATTEMPT = f"""
     WHERE j.job_id = $1 AND j.attempt_count = $2 AND j.status = ANY($3::text[])
 """
 """The input object of a job whose live attempt is $2 (its fencing token) in one of the states $3."""
+_RUNNING = ["claimed", "processing", "cancel_requested"]
+"""States in which a job's live attempt may move its bytes."""
 
 
 @dataclass(frozen=True)
@@ -477,12 +479,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         ``expires_in_seconds`` (0: the default). Replaces GetObject + PresignGet + a
         PresignOutputPut per output on the worker's path.
 
+        A job whose cancellation was requested still gets its grant: the worker notices the
+        cancel and settles it as cancelled (a refusal here would settle it as failed).
+
         Errors: NOT_FOUND unknown job or input not available; FAILED_PRECONDITION
-        ``ATTEMPT_FENCED`` when ``attempt`` is not the live attempt of a claimed or processing job;
-        INVALID_ARGUMENT bad lifetime.
+        ``ATTEMPT_FENCED`` when ``attempt`` is not the live attempt of a running job (claimed,
+        processing or cancel requested); INVALID_ARGUMENT bad lifetime.
         """
         ttl = self._ttl_of(request.expires_in_seconds)
-        source = await self._live_attempt(request.job_id, request.attempt, ["claimed", "processing"])
+        source = await self._live_attempt(request.job_id, request.attempt, _RUNNING)
         prefix = f"{output_prefix(source['pool_id'], source['object_id'])}{source['job_profile_version']}/"
         (url, expires_at), (method, post_url, fields, _) = await asyncio.gather(
             self._backend.presign_get(source["key"], ttl, source["mime_type"]),
@@ -517,9 +522,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         differ); INVALID_ARGUMENT no outputs, more than :data:`MAX_OUTPUTS_PER_CALL`, a key twice,
         a key outside the job's prefix, a bad mime type, size or SHA-256.
         """
-        source = await self._live_attempt(
-            request.job_id, request.attempt, ["claimed", "processing", "cancel_requested"]
-        )
+        source = await self._live_attempt(request.job_id, request.attempt, _RUNNING)
         outputs = list(request.outputs)
         if not 0 < len(outputs) <= MAX_OUTPUTS_PER_CALL:
             raise InvalidArgument(f"outputs must hold 1 to {MAX_OUTPUTS_PER_CALL} uploads")

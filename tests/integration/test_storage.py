@@ -674,6 +674,12 @@ async def _check_grant_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) ->
             )
         )
         assert _error_code(err) == "ATTEMPT_FENCED"
+    # A cancel requested meanwhile is the worker's to settle (as cancelled): still granted.
+    await pool.execute(
+        "UPDATE processing_jobs SET status = 'cancel_requested' WHERE job_id = $1", uuid.UUID(job_id)
+    )
+    regranted = await svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
+    assert regranted.outputs.key_prefix == prefix
     await pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", uuid.UUID(job_id))
     err = await _rpc_error(
         svc.stub.RegisterOutputs(storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=1, outputs=[good]))

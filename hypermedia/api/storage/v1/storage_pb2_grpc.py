@@ -141,8 +141,9 @@ class StorageServiceServicer:
         input object's metadata, a presigned GET of it, and one output grant that lets the worker
         upload every output under the job's deterministic prefix
         `derived/{pool_id}/{object_id}/{profile_version}/` without a call per output. Only for the
-        live attempt: FAILED_PRECONDITION `ATTEMPT_FENCED` when the job is not claimed or processing
-        with that attempt; NOT_FOUND unknown job or an input that is not available.
+        live attempt: FAILED_PRECONDITION `ATTEMPT_FENCED` when the job is not running (claimed,
+        processing, cancel requested) with that attempt; NOT_FOUND unknown job or an input that is
+        not available.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
