@@ -75,6 +75,8 @@ class FakeStorage:
         """Presigned PUTs received, in order."""
         self.registered: list[str] = []
         """Keys registered as outputs (``RegisterOutputs``), in order."""
+        self.calls: list[str] = []
+        """The storage RPCs asked for (``GrantJob``, ``RegisterOutputs``), in order."""
         self.deleted: list[str] = []
         """Keys whose deletion was asked (``DeleteOutput``), in order."""
 
@@ -126,6 +128,7 @@ class FakeStorage:
     async def GrantJob(self, request: storage_pb2.GrantJobRequest, **_: Any) -> storage_pb2.GrantJobResponse:
         """The live attempt's input, its GET URL and a PUT grant for the job's prefix (as the real
         service: ``ATTEMPT_FENCED`` for another attempt)."""
+        self.calls.append("GrantJob")
         job, source = await self._live(request.job_id, request.attempt)
         prefix = f"derived/{source['pool_id']}/{source['object_id']}/{job['profile_version']}/"
         expires_at = Timestamp(seconds=int(time.time()) + 900)
@@ -157,6 +160,7 @@ class FakeStorage:
         self, request: storage_pb2.RegisterOutputsRequest, **_: Any
     ) -> storage_pb2.RegisterOutputsResponse:
         """Every output checked against the bytes PUT (size, SHA-256) before any is inserted."""
+        self.calls.append("RegisterOutputs")
         _job, source = await self._live(request.job_id, request.attempt)
         for out in request.outputs:
             data = self.blobs.get(out.key)

@@ -195,6 +195,8 @@ async def test_completed_job_registers_its_outputs_and_commits(
     outputs = await rig.job_outputs(job_id)
     assert [t for t, _ in outputs] == ["preview", "thumbnail"]
     assert {k for _, k in outputs} == set(uploaded) == set(rig.storage.registered)
+    # Two storage calls for the job, however many outputs: one grant, one registration.
+    assert rig.storage.calls == ["GrantJob", "RegisterOutputs"]
     assert rig.storage.deleted == []
     assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "completed", None)]
     assert await rig.credit(job_id) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
