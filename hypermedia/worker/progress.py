@@ -15,9 +15,23 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Final
 
+from hypermedia.sandbox import read_progress
+
 log = logging.getLogger(__name__)
+
+PROGRESS_POLL_SECONDS = 2.0
+"""How often the progress a sandboxed entry reports (:func:`hypermedia.sandbox.report_progress`) is
+read while its child runs; the entry writes it at most every 0.5 s."""
+
+PROGRESS_MIN_STEP = 0.01
+"""Least advance of the entry's fraction (0–1) worth a progress event: at most 100 events a job."""
+
+PROCESSING_PROGRESS = (0.25, 0.75)
+"""The span of the job's progress the sandbox run covers: ``downloaded`` is 0.25, ``processed``
+0.75, and the entry's fraction ``f`` is recorded as ``0.25 + 0.5 × f`` (stage ``processing``)."""
 
 PROGRESS_AFTER_SECONDS: Final = 1.0
 """Age of a job (seconds since its worker claimed it) before its progress events are written."""
@@ -79,3 +93,25 @@ class JobProgress:
         self._held = None
         if waiting and self._flush is not None and not self._flush.done():
             self._flush.cancel()
+
+
+async def relay_sandbox_progress(job_dir: Path, finished: asyncio.Event, report: Write) -> None:
+    """Until ``finished``: every :data:`PROGRESS_POLL_SECONDS` the fraction the sandboxed entry
+    last reported (:func:`hypermedia.sandbox.read_progress` on ``job_dir``), once it advanced by
+    :data:`PROGRESS_MIN_STEP` since the last event, is reported as stage ``processing`` in
+    :data:`PROCESSING_PROGRESS`. Best effort: never raises, so it never fails the job."""
+    low, high = PROCESSING_PROGRESS
+    recorded = 0.0
+    while True:
+        try:
+            await asyncio.wait_for(finished.wait(), PROGRESS_POLL_SECONDS)
+            return
+        except TimeoutError:
+            pass
+        try:
+            fraction = read_progress(job_dir)
+            if fraction is not None and fraction >= recorded + PROGRESS_MIN_STEP:
+                recorded = fraction
+                await report(low + (high - low) * fraction, "processing")
+        except Exception:
+            log.warning("progress not relayed", exc_info=True, extra={"job_id": job_dir.name})

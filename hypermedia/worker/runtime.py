@@ -42,19 +42,18 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from hypermedia.api.credits.v1 import credits_pb2_grpc
-from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2_grpc
 from hypermedia.core import telemetry
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.infra import db
-from hypermedia.infra.rpc import call
 from hypermedia.infra.service import every, wait_any
 from hypermedia.jobs import lifecycle, noop, queues
 from hypermedia.jobs.settlement import Settlement
-from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult, read_progress
+from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from hypermedia.worker import registry
 from hypermedia.worker.admission import Admission
 from hypermedia.worker.handler import JobHandler, JobInput
-from hypermedia.worker.progress import JobProgress
+from hypermedia.worker.progress import PROCESSING_PROGRESS, JobProgress, relay_sandbox_progress
 from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.transfer import Transfers
 
@@ -65,17 +64,6 @@ _tracer = trace.get_tracer(__name__)
 T = TypeVar("T")
 
 CANCEL_POLL_SECONDS = 1.0
-
-PROGRESS_POLL_SECONDS = 2.0
-"""How often the progress a sandboxed entry reports (:func:`hypermedia.sandbox.report_progress`) is
-read while its child runs; the entry writes it at most every 0.5 s."""
-
-PROGRESS_MIN_STEP = 0.01
-"""Least advance of the entry's fraction (0–1) worth a progress event: at most 100 events a job."""
-
-PROCESSING_PROGRESS = (0.25, 0.75)
-"""The span of the job's progress the sandbox run covers: ``downloaded`` is 0.25, ``processed``
-0.75, and the entry's fraction ``f`` is recorded as ``0.25 + 0.5 × f`` (stage ``processing``)."""
 
 ADMISSION_NOTICE_SECONDS = 0.05
 """A job its handler has not admitted (:meth:`JobHandler.admit`) within this long records one
@@ -348,12 +336,11 @@ class WorkerRuntime:
         )
         result: SandboxResult | None = None
         try:
-            source = (
-                await call(self._storage.GetObject, storage_pb2.GetObjectRequest(object_id=job.object_id))
-            ).object
+            granted = await self._transfers.grant(job)
+            source = granted.source
             input_path = job_dir / "input" / "source"
             with _tracer.start_as_current_span("storage.download"):
-                await self._transfers.download(source.key, input_path, job.max_input_bytes)
+                await self._transfers.download(granted.get_url, input_path, job.max_input_bytes)
             await self._progress(job, PROCESSING_PROGRESS[0], "downloaded")
             async with contextlib.AsyncExitStack() as admitted:
                 await self._interruptibly(job, started, "waiting", self._admit(job, admitted))
@@ -387,7 +374,7 @@ class WorkerRuntime:
                 raise cls(result.error_message or "processing failed", result.error_code)
             await self._progress(job, PROCESSING_PROGRESS[1], "processed")
             with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
-                outputs = await self._transfers.upload_all(job, source, job_dir, result.outputs)
+                outputs = await self._transfers.upload_all(job, granted, job_dir, result.outputs)
             await self._progress(job, 0.95, "uploaded")
             lines = self._handler.charge_lines(job, result.outputs)
             completed = await self._db(
@@ -511,9 +498,11 @@ class WorkerRuntime:
         self, job: lifecycle.ClaimedJob, job_dir: Path, job_input: JobInput, limits: SandboxLimits
     ) -> SandboxResult:
         """The job's sandbox run, with the progress its entry reports relayed meanwhile
-        (:meth:`_relay_progress`)."""
+        (:func:`relay_sandbox_progress`)."""
         finished = asyncio.Event()
-        relay = asyncio.create_task(self._relay_progress(job, job_dir, finished))
+        relay = asyncio.create_task(
+            relay_sandbox_progress(job_dir, finished, lambda f, stage: self._progress(job, f, stage))
+        )
         try:
             return await self._sandbox.run(
                 job.job_id,
@@ -527,29 +516,6 @@ class WorkerRuntime:
         finally:
             finished.set()
             await relay  # ends at once: no event of the run is recorded after it
-
-    async def _relay_progress(
-        self, job: lifecycle.ClaimedJob, job_dir: Path, finished: asyncio.Event
-    ) -> None:
-        """Until ``finished``: every :data:`PROGRESS_POLL_SECONDS` the fraction the entry last
-        reported (:func:`hypermedia.sandbox.read_progress`), once it advanced by
-        :data:`PROGRESS_MIN_STEP` since the last event, becomes a progress event ``processing``
-        in :data:`PROCESSING_PROGRESS`. Best effort: never raises, so it never fails the job."""
-        low, high = PROCESSING_PROGRESS
-        recorded = 0.0
-        while True:
-            try:
-                await asyncio.wait_for(finished.wait(), PROGRESS_POLL_SECONDS)
-                return
-            except TimeoutError:
-                pass
-            try:
-                fraction = read_progress(job_dir)
-                if fraction is not None and fraction >= recorded + PROGRESS_MIN_STEP:
-                    recorded = fraction
-                    await self._progress(job, low + (high - low) * fraction, "processing")
-            except Exception:
-                log.warning("progress not relayed", exc_info=True, extra={"job_id": job.job_id})
 
     async def _cancelled(self, job: lifecycle.ClaimedJob, started: float) -> None:
         """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only

@@ -1,16 +1,20 @@
-"""Moving a job's bytes: its input fetched through a presigned GET, its outputs uploaded through
-presigned PUTs and registered with storage (at most :data:`UPLOAD_CONCURRENCY` at once), and the
-outputs of a job that will not complete deleted. Every call is retried a few times inside the
+"""Moving a job's bytes with one grant per job (``GrantJob``: the input's metadata, its presigned
+GET, and one output grant for the job's key prefix), the outputs uploaded under that grant with
+their SHA-256 (at most :data:`UPLOAD_CONCURRENCY` at once) and registered in one
+``RegisterOutputs`` call, and the outputs of a job that will not complete deleted. Every call is retried a few times inside the
 attempt (:func:`infra_retry`); what still fails is the attempt's to settle."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -24,7 +28,11 @@ log = logging.getLogger(__name__)
 
 UPLOAD_CONCURRENCY = 4
 """Outputs of one job uploaded at once (a ``pdf_preview`` of 20 pages has 20): each upload is
-mostly waiting on storage (presign, PUT, register), so a few overlap well on 2 cores."""
+mostly waiting on storage, so a few overlap well on 2 cores."""
+GRANT_MARGIN_SECONDS = 60
+"""An output grant with less than this left (seconds) is renewed before the uploads start."""
+CHECKSUM_FIELD = "x-amz-checksum-sha256"
+"""Header (PUT) or form field (POST) carrying an upload's base64 SHA-256, which the store verifies."""
 
 
 class Transfers:
@@ -52,14 +60,34 @@ class Transfers:
             except DomainError as exc:
                 log.info("output kept: %s", exc.error_code, extra={"job_id": job.job_id})
 
-    async def download(self, key: str, dest: Path, max_bytes: int) -> None:
-        """Fetch an object through a presigned GET into ``dest`` (at most ``max_bytes``)."""
+    async def grant(self, job: lifecycle.ClaimedJob) -> storage_pb2.GrantJobResponse:
+        """The job's grant (``GrantJob``): its input object, a GET URL of it and one grant for
+        every output under the job's prefix, for the attempt the worker holds.
+
+        Raises:
+            DomainError: NOT_FOUND (input gone), FAILED_PRECONDITION ``ATTEMPT_FENCED``, or
+                TransientError once the retries are spent.
+        """
         async for attempt in infra_retry():
             with attempt:
-                presigned = await call(self._storage.PresignGet, storage_pb2.PresignGetRequest(key=key))
+                granted: storage_pb2.GrantJobResponse = await call(
+                    self._storage.GrantJob,
+                    storage_pb2.GrantJobRequest(job_id=job.job_id, attempt=job.attempt),
+                )
+        return granted
+
+    async def download(self, url: str, dest: Path, max_bytes: int) -> None:
+        """Fetch an object through its presigned GET ``url`` into ``dest`` (at most ``max_bytes``).
+
+        Raises:
+            PermanentJobError: ``INPUT_TOO_LARGE``.
+            TransientError: ``STORAGE_UNAVAILABLE`` when storage answers anything but 200.
+        """
+        async for attempt in infra_retry():
+            with attempt:
                 size = 0
                 with dest.open("wb") as fh:
-                    async with self._http.stream("GET", presigned.url) as response:
+                    async with self._http.stream("GET", url) as response:
                         if response.status_code != 200:
                             raise TransientError(
                                 f"storage answered {response.status_code}", "STORAGE_UNAVAILABLE"
@@ -79,59 +107,89 @@ class Transfers:
                             fh.write(chunk)
 
     async def upload_all(
-        self, job: lifecycle.ClaimedJob, source: Any, job_dir: Path, files: list[Any]
+        self,
+        job: lifecycle.ClaimedJob,
+        granted: storage_pb2.GrantJobResponse,
+        job_dir: Path,
+        files: list[Any],
     ) -> list[lifecycle.Output]:
-        """Uploads a job's outputs, at most :data:`UPLOAD_CONCURRENCY` at once, and returns them in
-        the entry's order. The first failure cancels the uploads still running and is raised
-        (what was registered before it is left to storage, as with a failed single upload)."""
+        """Uploads a job's outputs through its output grant, at most :data:`UPLOAD_CONCURRENCY` at
+        once, each with the SHA-256 computed while it was read, then registers them all in one
+        ``RegisterOutputs`` call; returns them in the entry's order. The first failure cancels
+        the uploads still running and is raised; nothing is registered then. A grant about to
+        expire (a long job) is renewed first."""
+        if not files:
+            return []
+        grant = granted.outputs
+        if grant.expires_at.ToSeconds() - time.time() < GRANT_MARGIN_SECONDS:
+            grant = (await self.grant(job)).outputs
         limit = asyncio.Semaphore(UPLOAD_CONCURRENCY)
 
-        async def one(out: Any) -> lifecycle.Output:
+        async def one(out: Any) -> storage_pb2.OutputUpload:
             async with limit:
-                return await self.upload(job, source, job_dir / "output" / out.filename, out)
+                return await self._upload(job, grant, job_dir / "output" / out.filename, out)
 
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(one(out)) for out in files]
-        return [task.result() for task in tasks]
-
-    async def upload(self, job: lifecycle.ClaimedJob, source: Any, path: Path, out: Any) -> lifecycle.Output:
-        """Upload one output through a presigned PUT and register it with storage."""
-        # Never path.read_bytes(): the job could have swapped output/ or the file for a symlink.
-        data, digest = await asyncio.to_thread(_read_and_hash, path)
+        uploads = [task.result() for task in tasks]
         async for attempt in infra_retry():
             with attempt:
-                put = await call(
-                    self._storage.PresignOutputPut,
-                    storage_pb2.PresignOutputPutRequest(
-                        source_object_id=source.object_id,
-                        profile_version=job.profile_version,
-                        output_type=rendition_name(job, out.output_type),
-                        mime_type=out.mime_type,
+                registered = await call(
+                    self._storage.RegisterOutputs,
+                    storage_pb2.RegisterOutputsRequest(
+                        job_id=job.job_id, attempt=job.attempt, outputs=uploads
                     ),
                 )
-                response = await self._http.put(
-                    put.url, content=data, headers={"Content-Type": out.mime_type}
-                )
+        return [
+            lifecycle.Output(
+                output_type=out.output_type,
+                object_id=obj.object_id,
+                key=upload.key,
+                mime_type=out.mime_type,
+                size_bytes=upload.size_bytes,
+                metadata=dict(out.metadata),
+            )
+            for out, upload, obj in zip(files, uploads, registered.objects, strict=True)
+        ]
+
+    async def _upload(
+        self, job: lifecycle.ClaimedJob, grant: storage_pb2.OutputGrant, path: Path, out: Any
+    ) -> storage_pb2.OutputUpload:
+        """Upload one output under the grant's prefix with its SHA-256; returns what to register."""
+        # Never path.read_bytes(): the job could have swapped output/ or the file for a symlink.
+        data, digest = await asyncio.to_thread(_read_and_hash, path)
+        key = grant.key_prefix + rendition_name(job, out.output_type)
+        async for attempt in infra_retry():
+            with attempt:
+                response = await send_output(self._http, grant, key, data, out.mime_type, digest)
                 if response.status_code >= 300:
                     raise TransientError(f"storage answered {response.status_code}", "STORAGE_UNAVAILABLE")
-                registered = await call(
-                    self._storage.RegisterOutput,
-                    storage_pb2.RegisterOutputRequest(
-                        source_object_id=source.object_id,
-                        key=put.key,
-                        mime_type=out.mime_type,
-                        size_bytes=len(data),
-                        sha256=digest,
-                    ),
-                )
-        return lifecycle.Output(
-            output_type=out.output_type,
-            object_id=registered.object.object_id,
-            key=put.key,
-            mime_type=out.mime_type,
-            size_bytes=len(data),
-            metadata=dict(out.metadata),
+        return storage_pb2.OutputUpload(key=key, mime_type=out.mime_type, size_bytes=len(data), sha256=digest)
+
+
+async def send_output(
+    http: httpx.AsyncClient,
+    grant: storage_pb2.OutputGrant,
+    key: str,
+    data: bytes,
+    mime_type: str,
+    sha256: str,
+) -> httpx.Response:
+    """Upload ``data`` to ``key`` (under ``grant.key_prefix``) through an output grant with its
+    SHA-256 (``sha256``, lowercase hex), the way ``grant.method`` says: ``PUT`` to the local
+    store, or the form ``POST`` of an S3 presigned POST policy (its fields, then the file).
+    Returns the store's answer unchecked (2xx: stored)."""
+    checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
+    if grant.method == "POST":
+        fields = {**grant.fields, "key": key, "Content-Type": mime_type, CHECKSUM_FIELD: checksum}
+        return await http.post(
+            grant.url, data=fields, files={"file": (key.rsplit("/", 1)[-1], data, mime_type)}
         )
+    return await http.put(
+        f"{grant.url}{quote(key, safe='/')}?{urlencode(dict(grant.fields))}",
+        content=data,
+        headers={"Content-Type": mime_type, CHECKSUM_FIELD: checksum},
+    )
 
 
 def _read_and_hash(path: Path) -> tuple[bytes, str]:

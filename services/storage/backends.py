@@ -50,6 +50,28 @@ class ObjectBackend(Protocol):
         """
         ...
 
+    async def grant_outputs(
+        self, prefix: str, ttl_seconds: int, max_bytes: int
+    ) -> tuple[str, str, dict[str, str], datetime]:
+        """One grant to upload any key ``prefix`` + one output type segment until the returned UTC
+        ``expires_at``, each upload at most ``max_bytes`` and carrying its SHA-256 (base64,
+        ``x-amz-checksum-sha256``), which the store verifies while it writes.
+
+        Returns ``(method, url, fields, expires_at)`` as ``OutputGrant`` of the proto describes
+        them: ``PUT`` (the key appended to ``url``, ``fields`` as the query) or ``POST`` (an S3
+        POST policy form).
+        """
+        ...
+
+    async def verified_sha256(self, key: str) -> str | None:
+        """Lowercase hex SHA-256 the store computed or verified when it wrote ``key``, without
+        reading the bytes; None when it kept none (then :meth:`sha256` reads them).
+
+        Raises:
+            FileNotFoundError: nothing is stored at ``key``.
+        """
+        ...
+
     async def stat(self, key: str) -> int | None:
         """Size of the stored object in bytes, or None when nothing is stored at ``key``."""
         ...

@@ -8,13 +8,24 @@ URLs look like ``{public_url}/o/{key}?expires={unix_seconds}&sig={hex}[&ct={cont
 - for ``GET`` it is the ``ct`` query parameter (empty when absent), the type the file is served
   with (``application/octet-stream`` by default).
 
-A PUT streams into a temporary file beside the target (``.{name}.*.part``, never a valid key), is
-fsynced and then renamed over the key, so a crash mid-upload never leaves a partial object.
+A job's outputs are uploaded through one **prefix grant** (:meth:`LocalStore.grant_outputs`):
+``PUT {public_url}/o/{key}?prefix={prefix}&expires={unix_seconds}&sig={hex}`` where
+``sig = hex(HMAC-SHA256(signing_key, f"PUT-PREFIX\\n{prefix}\\n{expires}\\n"))`` admits any key that
+is ``prefix`` plus one output type segment, with any Content-Type; such a PUT must carry
+``x-amz-checksum-sha256`` (base64 SHA-256, as S3 takes it).
+
+A PUT streams into a temporary file beside the target (``.{name}.*.part``, never a valid key),
+hashed while it is written, is fsynced and then renamed over the key, so a crash mid-upload never
+leaves a partial object. A PUT that carried ``x-amz-checksum-sha256`` and whose bytes differ stores
+nothing (400 ``CHECKSUM_MISMATCH``). The SHA-256 of what was written is kept with the file (the
+extended attribute :data:`SHA256_XATTR`), so registration does not read the bytes again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
 import hmac
@@ -37,16 +48,23 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from hypermedia.core.errors import PayloadTooLarge
-from services.storage.backends import is_valid_key
+from services.storage.backends import OUTPUT_TYPE, is_valid_key
 
 READ_CHUNK_BYTES = 1024 * 1024
-"""Read size when hashing a file and write batch size of an upload (bytes)."""
+"""Read size when hashing a file, write batch size of an upload, and the chunk a download is
+served in (bytes): one worker-thread round trip per MiB instead of per 64 KiB."""
+SHA256_XATTR = "user.hypermedia.sha256"
+"""Extended attribute holding the lowercase hex SHA-256 the store computed while writing a file.
+Missing (a file from before, or a file system without user xattrs) means "unknown": storage then
+hashes the file."""
+CHECKSUM_HEADER = "x-amz-checksum-sha256"
+"""Header with the base64 SHA-256 of a PUT body (S3's name)."""
 DEFAULT_MIME = "application/octet-stream"
 
 CORS: dict[str, Any] = {
     "allow_origins": ["*"],
     "allow_methods": ["GET", "HEAD", "PUT"],
-    "allow_headers": ["Range", "Content-Type"],
+    "allow_headers": ["Range", "Content-Type", CHECKSUM_HEADER],
     "expose_headers": ["Content-Length", "Content-Range", "Accept-Ranges", "ETag"],
     "max_age": 3600,
 }
@@ -59,6 +77,24 @@ CORS rule allows ``*`` (docs/operations.md gives that rule for S3)."""
 def _sign(key: bytes, method: str, object_key: str, expires: int, content_type: str) -> str:
     message = f"{method}\n{object_key}\n{expires}\n{content_type}".encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+class ChecksumMismatch(Exception):
+    """The bytes of a PUT do not have the SHA-256 it declared; nothing was stored."""
+
+
+def checksum_hex(value: str) -> str | None:
+    """The lowercase hex form of an ``x-amz-checksum-sha256`` value (base64 of 32 bytes), or None
+    when it is not one."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+class _File(FileResponse):
+    chunk_size = READ_CHUNK_BYTES
 
 
 class LocalStore:
@@ -102,6 +138,27 @@ class LocalStore:
         self.path(key)
         return self._url("PUT", key, ttl_seconds, content_type, ct_in_url=False)
 
+    async def grant_outputs(
+        self, prefix: str, ttl_seconds: int, max_bytes: int
+    ) -> tuple[str, str, dict[str, str], datetime]:
+        """See :meth:`ObjectBackend.grant_outputs`: ``PUT`` to ``{public_url}/o/{key}`` with
+        ``fields`` as the query."""
+        expires = int(time.time()) + ttl_seconds
+        fields = {
+            "prefix": prefix,
+            "expires": str(expires),
+            "sig": _sign(self._signing_key, "PUT-PREFIX", prefix, expires, ""),
+        }
+        return "PUT", f"{self._public_url}/o/", fields, datetime.fromtimestamp(expires, UTC)
+
+    def verify_grant(self, key: str, prefix: str, expires: str, sig: str) -> bool:
+        """Whether ``sig`` is an unexpired prefix grant for ``prefix`` and ``key`` is ``prefix``
+        plus one output type segment."""
+        rest = key[len(prefix) :] if prefix.endswith("/") and key.startswith(prefix) else ""
+        if not OUTPUT_TYPE.match(rest):
+            return False
+        return self.verify("PUT-PREFIX", prefix, expires, sig, "")
+
     def verify(self, method: str, key: str, expires: str, sig: str, content_type: str) -> bool:
         """Whether ``sig`` signs (method, key, expires, content_type) and ``expires`` (unix seconds)
         has not passed."""
@@ -124,15 +181,26 @@ class LocalStore:
         """See :meth:`ObjectBackend.sha256`."""
         return await asyncio.to_thread(_hash_file, self.path(key))
 
+    async def verified_sha256(self, key: str) -> str | None:
+        """See :meth:`ObjectBackend.verified_sha256` (the file's :data:`SHA256_XATTR`)."""
+        return await asyncio.to_thread(_stored_sha256, self.path(key))
+
     async def delete(self, key: str) -> None:
         """See :meth:`ObjectBackend.delete`."""
         await asyncio.to_thread(self.path(key).unlink, missing_ok=True)
 
-    async def write(self, key: str, chunks: AsyncIterator[bytes], max_bytes: int) -> int:
-        """Store ``chunks`` at ``key`` atomically (temp file → fsync → rename); returns the size.
+    async def write(
+        self, key: str, chunks: AsyncIterator[bytes], max_bytes: int, sha256: str | None = None
+    ) -> int:
+        """Store ``chunks`` at ``key`` atomically (temp file → fsync → rename), hashing them as
+        they are written, and keep their SHA-256 with the file; returns the size.
+
+        Args:
+            sha256: lowercase hex SHA-256 the bytes must have, or None.
 
         Raises:
             PayloadTooLarge: more than ``max_bytes`` arrived; nothing is stored.
+            ChecksumMismatch: the bytes do not have ``sha256``; nothing is stored.
             starlette.requests.ClientDisconnect: the client went away; nothing is stored.
         """
         path = self.path(key)
@@ -141,6 +209,7 @@ class LocalStore:
             tempfile.mkstemp, dir=path.parent, prefix=f".{path.name}.", suffix=".part"
         )
         file = os.fdopen(fd, "wb")
+        digest = hashlib.sha256()
         try:
             size = 0
             batch = bytearray()
@@ -150,9 +219,9 @@ class LocalStore:
                     raise PayloadTooLarge(f"upload exceeds {max_bytes} bytes")
                 batch += chunk
                 if len(batch) >= READ_CHUNK_BYTES:
-                    await asyncio.to_thread(file.write, bytes(batch))
+                    await asyncio.to_thread(_write, file, digest, bytes(batch))
                     batch.clear()
-            await asyncio.to_thread(_finish, file, bytes(batch), tmp, path)
+            await asyncio.to_thread(_finish, file, digest, bytes(batch), sha256, tmp, path)
         except BaseException:
             file.close()
             with contextlib.suppress(FileNotFoundError):
@@ -161,9 +230,21 @@ class LocalStore:
         return size
 
 
-def _finish(file: BinaryIO, tail: bytes, tmp: str, path: Path) -> None:
-    file.write(tail)
+def _write(file: BinaryIO, digest: Any, data: bytes) -> None:
+    file.write(data)
+    digest.update(data)
+
+
+def _finish(file: BinaryIO, digest: Any, tail: bytes, expected: str | None, tmp: str, path: Path) -> None:
+    _write(file, digest, tail)
+    actual = digest.hexdigest()
+    if expected is not None and actual != expected:
+        raise ChecksumMismatch(f"the body's SHA-256 is {actual}, not the declared {expected}")
     file.flush()
+    try:
+        os.setxattr(file.fileno(), SHA256_XATTR, actual.encode())
+    except OSError:
+        pass  # no user xattrs here: registration hashes the file instead
     os.fsync(file.fileno())
     file.close()
     os.chmod(tmp, 0o600)  # only the storage service reads objects; jobs must not
@@ -174,6 +255,16 @@ def _finish(file: BinaryIO, tail: bytes, tmp: str, path: Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _stored_sha256(path: Path) -> str | None:
+    try:
+        value = os.getxattr(path, SHA256_XATTR).decode("ascii", "replace")
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return None
+    return value if len(value) == 64 else None
 
 
 def _hash_file(path: Path) -> str:
@@ -196,8 +287,13 @@ def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
     """The HTTP app behind the local URLs: ``GET`` and ``PUT /o/{key}``, open to any origin
     (:data:`CORS`: preflights answered, ``Content-Range`` readable by scripts).
 
-    Answers (``application/problem+json`` on error): 400 invalid key or Content-Length, 403 bad or
-    expired signature, 404 no such object, 413 body larger than ``max_put_bytes``.
+    A ``PUT`` with a ``prefix`` query parameter is an upload through a prefix grant
+    (:meth:`LocalStore.grant_outputs`) and must carry ``x-amz-checksum-sha256``.
+
+    Answers (``application/problem+json`` on error): 400 invalid key, Content-Length or checksum
+    (``INVALID_CHECKSUM``), a body whose SHA-256 differs from its checksum (``CHECKSUM_MISMATCH``,
+    nothing stored), 403 bad or expired signature, or a key outside the grant's prefix, 404 no
+    such object, 413 body larger than ``max_put_bytes``.
     """
 
     async def handle(request: Request) -> Response:
@@ -206,6 +302,28 @@ def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
             return _problem(400, "Bad Request", "invalid object key", "INVALID_KEY")
         method = "PUT" if request.method == "PUT" else "GET"
         query = request.query_params
+        checksum = request.headers.get(CHECKSUM_HEADER)
+        sha256 = None if checksum is None else checksum_hex(checksum)
+        if checksum is not None and sha256 is None:
+            return _problem(
+                400, "Bad Request", f"{CHECKSUM_HEADER} must be a base64 SHA-256", "INVALID_CHECKSUM"
+            )
+        if method == "PUT" and "prefix" in query:
+            if not store.verify_grant(key, query["prefix"], query.get("expires", ""), query.get("sig", "")):
+                return _problem(
+                    403,
+                    "Forbidden",
+                    "the grant is expired, its signature does not match, or the key is outside its prefix",
+                    "URL_REJECTED",
+                )
+            if sha256 is None:
+                return _problem(
+                    400,
+                    "Bad Request",
+                    f"an upload through a grant needs {CHECKSUM_HEADER}",
+                    "INVALID_CHECKSUM",
+                )
+            return await _put(request, key, sha256)
         signed_type = request.headers.get("content-type", "") if method == "PUT" else query.get("ct", "")
         if not store.verify(method, key, query.get("expires", ""), query.get("sig", ""), signed_type):
             return _problem(
@@ -213,7 +331,7 @@ def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
             )
         if method == "GET":
             return await _get(key, signed_type)
-        return await _put(request, key)
+        return await _put(request, key, sha256)
 
     async def _get(key: str, content_type: str) -> Response:
         path = store.path(key)
@@ -221,9 +339,9 @@ def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
             st = await asyncio.to_thread(os.stat, path)
         except FileNotFoundError:
             return _problem(404, "Not Found", "no such object", "NOT_FOUND")
-        return FileResponse(path, media_type=content_type or DEFAULT_MIME, stat_result=st)
+        return _File(path, media_type=content_type or DEFAULT_MIME, stat_result=st)
 
-    async def _put(request: Request, key: str) -> Response:
+    async def _put(request: Request, key: str, sha256: str | None) -> Response:
         length = request.headers.get("content-length")
         if length is not None:
             if not length.isascii() or not length.isdigit():
@@ -236,7 +354,9 @@ def build_app(store: LocalStore, max_put_bytes: int) -> Starlette:
                     "INPUT_TOO_LARGE",
                 )
         try:
-            await store.write(key, request.stream(), max_put_bytes)
+            await store.write(key, request.stream(), max_put_bytes, sha256)
+        except ChecksumMismatch as exc:
+            return _problem(400, "Bad Request", str(exc), "CHECKSUM_MISMATCH")
         except PayloadTooLarge:
             return _problem(
                 413, "Content Too Large", f"uploads are limited to {max_put_bytes} bytes", "INPUT_TOO_LARGE"

@@ -9,6 +9,8 @@ the bound is this one. When they run out the call raises ``TransientError(STORAG
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -108,6 +110,60 @@ class S3Store:
         """See :meth:`ObjectBackend.presign_put` (the Content-Type header is signed)."""
         params = {"Key": key, "ContentType": content_type}
         return await asyncio.to_thread(self._presign, "put_object", params, ttl_seconds)
+
+    async def grant_outputs(
+        self, prefix: str, ttl_seconds: int, max_bytes: int
+    ) -> tuple[str, str, dict[str, str], datetime]:
+        """See :meth:`ObjectBackend.grant_outputs`: an S3 presigned POST policy whose conditions
+        are ``starts-with $key prefix``, any ``Content-Type``, ``x-amz-checksum-algorithm``
+        SHA256 with an ``x-amz-checksum-sha256`` field (so S3 verifies each upload's SHA-256 and
+        keeps it), and ``content-length-range 0..max_bytes``. The one-segment rule below the
+        prefix is checked at registration (a policy cannot say it)."""
+        return await asyncio.to_thread(self._presign_post, prefix, ttl_seconds, max_bytes)
+
+    def _presign_post(
+        self, prefix: str, ttl_seconds: int, max_bytes: int
+    ) -> tuple[str, str, dict[str, str], datetime]:
+        expires_at = datetime.now(UTC) + timedelta(seconds=ttl_seconds)
+        post = self._client.generate_presigned_post(
+            self.bucket,
+            prefix + "${filename}",  # boto3 turns this into ["starts-with", "$key", prefix]
+            Fields={"x-amz-checksum-algorithm": "SHA256"},
+            Conditions=[
+                ["starts-with", "$Content-Type", ""],
+                {"x-amz-checksum-algorithm": "SHA256"},
+                ["starts-with", "$x-amz-checksum-sha256", ""],
+                ["content-length-range", 0, max_bytes],
+            ],
+            ExpiresIn=ttl_seconds,
+        )
+        fields = {name: value for name, value in post["fields"].items() if name != "key"}
+        return "POST", post["url"], fields, expires_at
+
+    async def verified_sha256(self, key: str) -> str | None:
+        """See :meth:`ObjectBackend.verified_sha256`: the ``ChecksumSHA256`` S3 verified and kept
+        at upload (HEAD with ``ChecksumMode=ENABLED``), None when the upload sent none (or the
+        endpoint, moto among them, keeps none for POST uploads).
+
+        Raises:
+            FileNotFoundError: nothing is stored at ``key``.
+        """
+        try:
+            head = await self._call(
+                self._client.head_object, Bucket=self.bucket, Key=key, ChecksumMode="ENABLED"
+            )
+        except ClientError as exc:
+            if _is_missing(exc):
+                raise FileNotFoundError(key) from None
+            raise
+        value = head.get("ChecksumSHA256")
+        if not value or head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+            return None
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        return raw.hex() if len(raw) == 32 else None
 
     async def stat(self, key: str) -> int | None:
         """See :meth:`ObjectBackend.stat` (HEAD object)."""

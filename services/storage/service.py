@@ -7,6 +7,7 @@ and "does not exist" and "may not see it" answer the same, so ids cannot be prob
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -27,6 +28,7 @@ from services.storage.backends import (
     is_valid_key,
     original_key,
     output_key,
+    output_prefix,
 )
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,17 @@ _OBJECT_COLUMNS = (
     "object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id, created_at,"
     " filename, claimed_mime_type, name_mime_type, type_mismatch"
 )
+MAX_OUTPUTS_PER_CALL = 256
+"""Outputs one RegisterOutputs call takes (a pdf_preview has at most 20, an HLS ladder a few dozen)."""
+_LIVE_ATTEMPT = f"""
+    SELECT {", ".join("o." + column.strip() for column in _OBJECT_COLUMNS.split(","))},
+           j.profile_version AS job_profile_version
+    FROM processing_jobs j JOIN objects o ON o.object_id = j.object_id
+    WHERE j.job_id = $1 AND j.attempt_count = $2 AND j.status = ANY($3::text[])
+"""
+"""The input object of a job whose live attempt is $2 (its fencing token) in one of the states $3."""
+_RUNNING = ["claimed", "processing", "cancel_requested"]
+"""States in which a job's live attempt may move its bytes."""
 
 
 @dataclass(frozen=True)
@@ -169,14 +182,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
 
     async def _verify(self, key: str, size_bytes: int, sha256: str) -> str:
         """Check the bytes at ``key`` against the expected size (and SHA-256 when non-empty); return
-        their SHA-256. Raises Conflict(UPLOAD_MISMATCH)."""
+        their SHA-256: the one the store verified while writing them, or, when it kept none, one
+        computed by reading them. Raises Conflict(UPLOAD_MISMATCH)."""
         stored = await self._backend.stat(key)
         if stored is None:
             raise _mismatch("nothing was uploaded")
         if stored != size_bytes:
             raise _mismatch(f"expected {size_bytes} bytes, found {stored}")
         try:
-            actual = await self._backend.sha256(key)
+            actual = await self._backend.verified_sha256(key) or await self._backend.sha256(key)
         except FileNotFoundError:
             raise _mismatch("nothing was uploaded") from None
         if sha256 and actual != sha256:
@@ -435,30 +449,134 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             raise InvalidArgument("size_bytes must not be negative")
         sha256 = await self._verify(request.key, request.size_bytes, _sha256(request.sha256, required=False))
         async with self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                f"""INSERT INTO objects
-                        (object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id)
-                    VALUES ($1, $2, $3, $4, $5, $6, 'available', $7)
-                    ON CONFLICT (key) DO UPDATE SET size_bytes = EXCLUDED.size_bytes,
-                        sha256 = EXCLUDED.sha256, mime_type = EXCLUDED.mime_type
-                    RETURNING {_OBJECT_COLUMNS}""",
-                uuid.uuid4(),
-                source["pool_id"],
-                request.key,
-                request.size_bytes,
-                mime,
-                sha256,
-                source["object_id"],
-            )
-            assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING yields the row
-            await conn.execute(
-                """INSERT INTO object_ownership (object_id, account_id, role)
-                   SELECT $1, account_id, role FROM object_ownership WHERE object_id = $2
-                   ON CONFLICT DO NOTHING""",
-                row["object_id"],
-                source["object_id"],
-            )
+            row = await self._insert_output(conn, source, request.key, mime, request.size_bytes, sha256)
         return storage_pb2.RegisterOutputResponse(object=_object(row))
+
+    async def _live_attempt(self, job_id: str, attempt: int, states: list[str]) -> asyncpg.Record:
+        """The input object of ``job_id`` (with ``job_profile_version``) while ``attempt`` is its
+        live attempt in one of ``states``. Raises NotFound (unknown job, input not available) or
+        Conflict(ATTEMPT_FENCED)."""
+        job = _uuid(job_id, "job")
+        row = await self._pool.fetchrow(_LIVE_ATTEMPT, job, attempt, states)
+        if row is None:
+            if not await self._pool.fetchval("SELECT 1 FROM processing_jobs WHERE job_id = $1", job):
+                raise NotFound("job not found")
+            raise Conflict(
+                f"attempt {attempt} of the job is not its live attempt, or the job is not running",
+                "ATTEMPT_FENCED",
+            )
+        if row["state"] != "available":
+            raise NotFound("object not found")
+        return row
+
+    async def GrantJob(
+        self, request: storage_pb2.GrantJobRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.GrantJobResponse:
+        """Everything a worker needs to move a claimed job's bytes, in one call: the input object,
+        a GET URL of it (served with its mime type), and an output grant for the job's prefix
+        ``derived/{pool_id}/{object_id}/{profile_version}/`` (any key there of one more segment,
+        each upload at most ``max_put_bytes`` and carrying its SHA-256), all valid for
+        ``expires_in_seconds`` (0: the default). Replaces GetObject + PresignGet + a
+        PresignOutputPut per output on the worker's path.
+
+        A job whose cancellation was requested still gets its grant: the worker notices the
+        cancel and settles it as cancelled (a refusal here would settle it as failed).
+
+        Errors: NOT_FOUND unknown job or input not available; FAILED_PRECONDITION
+        ``ATTEMPT_FENCED`` when ``attempt`` is not the live attempt of a running job (claimed,
+        processing or cancel requested); INVALID_ARGUMENT bad lifetime.
+        """
+        ttl = self._ttl_of(request.expires_in_seconds)
+        source = await self._live_attempt(request.job_id, request.attempt, _RUNNING)
+        prefix = f"{output_prefix(source['pool_id'], source['object_id'])}{source['job_profile_version']}/"
+        (url, expires_at), (method, post_url, fields, _) = await asyncio.gather(
+            self._backend.presign_get(source["key"], ttl, source["mime_type"]),
+            self._backend.grant_outputs(prefix, ttl, self._max_put_bytes),
+        )
+        return storage_pb2.GrantJobResponse(
+            source=_object(source),
+            get_url=url,
+            expires_at=_timestamp(expires_at),
+            outputs=storage_pb2.OutputGrant(
+                method=method,
+                url=post_url,
+                fields=fields,
+                key_prefix=prefix,
+                expires_at=_timestamp(expires_at),
+                max_bytes=self._max_put_bytes,
+            ),
+        )
+
+    async def RegisterOutputs(
+        self, request: storage_pb2.RegisterOutputsRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.RegisterOutputsResponse:
+        """Record all of a job attempt's uploaded outputs as `available` objects owned by the
+        source's owners, in one transaction, and return them in the request's order. Idempotent
+        per key, as RegisterOutput. Each output's size and SHA-256 are checked against what the
+        store verified while writing (storage reads the bytes only when the store kept no
+        checksum). Nothing is registered unless every output passes. A cancel requested while
+        the outputs were uploaded does not refuse them (the worker deletes them).
+
+        Errors: NOT_FOUND unknown job or input; FAILED_PRECONDITION ``ATTEMPT_FENCED`` (a stale
+        attempt, or the job ended) or ``UPLOAD_MISMATCH`` (bytes missing, or size or SHA-256
+        differ); INVALID_ARGUMENT no outputs, more than :data:`MAX_OUTPUTS_PER_CALL`, a key twice,
+        a key outside the job's prefix, a bad mime type, size or SHA-256.
+        """
+        source = await self._live_attempt(request.job_id, request.attempt, _RUNNING)
+        outputs = list(request.outputs)
+        if not 0 < len(outputs) <= MAX_OUTPUTS_PER_CALL:
+            raise InvalidArgument(f"outputs must hold 1 to {MAX_OUTPUTS_PER_CALL} uploads")
+        if len({out.key for out in outputs}) != len(outputs):
+            raise InvalidArgument("each output key may appear once")
+        prefix = f"{output_prefix(source['pool_id'], source['object_id'])}{source['job_profile_version']}/"
+        for out in outputs:
+            if not out.key.startswith(prefix) or not is_output_key_of(
+                out.key, source["pool_id"], source["object_id"]
+            ):
+                raise InvalidArgument(f"key {out.key[:200]!r} is outside the job's prefix {prefix}")
+            _mime(out.mime_type)
+            if out.size_bytes < 0:
+                raise InvalidArgument("size_bytes must not be negative")
+            _sha256(out.sha256, required=True)
+        digests = await asyncio.gather(
+            *(self._verify(out.key, out.size_bytes, out.sha256.lower()) for out in outputs)
+        )
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = [
+                await self._insert_output(conn, source, out.key, out.mime_type, out.size_bytes, digest)
+                for out, digest in zip(outputs, digests, strict=True)
+            ]
+        return storage_pb2.RegisterOutputsResponse(objects=[_object(row) for row in rows])
+
+    async def _insert_output(
+        self, conn: db.Connection, source: asyncpg.Record, key: str, mime: str, size_bytes: int, sha256: str
+    ) -> asyncpg.Record:
+        """Upsert the derived object at ``key`` and give it the source's owners, in ``conn``'s
+        transaction; returns its row."""
+        row = await conn.fetchrow(
+            f"""INSERT INTO objects
+                    (object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id)
+                VALUES ($1, $2, $3, $4, $5, $6, 'available', $7)
+                ON CONFLICT (key) DO UPDATE SET size_bytes = EXCLUDED.size_bytes,
+                    sha256 = EXCLUDED.sha256, mime_type = EXCLUDED.mime_type
+                RETURNING {_OBJECT_COLUMNS}""",
+            uuid.uuid4(),
+            source["pool_id"],
+            key,
+            size_bytes,
+            mime,
+            sha256,
+            source["object_id"],
+        )
+        assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING yields the row
+        await conn.execute(
+            """INSERT INTO object_ownership (object_id, account_id, role)
+               SELECT $1, account_id, role FROM object_ownership WHERE object_id = $2
+               ON CONFLICT DO NOTHING""",
+            row["object_id"],
+            source["object_id"],
+        )
+        return row
 
     async def DeleteOutput(
         self, request: storage_pb2.DeleteOutputRequest, context: grpc.aio.ServicerContext

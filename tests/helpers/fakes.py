@@ -10,9 +10,11 @@ act at a chosen moment (during a PUT, while the sandbox child "runs").
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from hypermedia.api.storage.v1 import storage_pb2
 from hypermedia.core.errors import Conflict, NotFound
@@ -44,12 +47,12 @@ class Upload:
 
 
 class FakeStorage:
-    """Stands in for ``StorageServiceStub`` (the methods the worker calls: ``GetObject``,
-    ``PresignGet``, ``PresignOutputPut``, ``RegisterOutput``, ``DeleteOutput``) and for the object
-    store its presigned URLs point at (:meth:`transport`).
+    """Stands in for ``StorageServiceStub`` (the methods the worker calls: ``GrantJob``,
+    ``RegisterOutputs``, ``DeleteOutput``) and for the object store its presigned URLs point at
+    (:meth:`transport`).
 
     Object rows are the real ``objects`` table of ``pool`` (``job_outputs`` refers to them), as the
-    storage service keeps them: ``RegisterOutput`` inserts an ``available`` derived object after
+    storage service keeps them: ``RegisterOutputs`` inserts ``available`` derived objects after
     checking the bytes were PUT with that size and SHA-256, ``DeleteOutput`` deletes it
     (``OUTPUT_REFERENCED`` while a job output refers to it). Bytes live in :attr:`blobs` by key.
 
@@ -71,7 +74,9 @@ class FakeStorage:
         self.uploads: list[Upload] = []
         """Presigned PUTs received, in order."""
         self.registered: list[str] = []
-        """Keys registered as outputs (``RegisterOutput``), in order."""
+        """Keys registered as outputs (``RegisterOutputs``), in order."""
+        self.calls: list[str] = []
+        """The storage RPCs asked for (``GrantJob``, ``RegisterOutputs``), in order."""
         self.deleted: list[str] = []
         """Keys whose deletion was asked (``DeleteOutput``), in order."""
 
@@ -81,7 +86,8 @@ class FakeStorage:
 
     def transport(self) -> httpx.MockTransport:
         """The object store behind the presigned URLs: GET ``/o/{key}`` answers the bytes (404 when
-        none), PUT ``/o/{key}`` runs :attr:`on_put` and stores the body."""
+        none), PUT ``/o/{key}`` runs :attr:`on_put` and stores the body (400, nothing stored, when
+        its ``x-amz-checksum-sha256`` differs, as the local store answers)."""
 
         async def handle(request: httpx.Request) -> httpx.Response:
             assert request.url.host == STORE_HOST, request.url
@@ -97,6 +103,9 @@ class FakeStorage:
                 )
             if request.method == "PUT":
                 content = await request.aread()
+                checksum = base64.b64encode(hashlib.sha256(content).digest()).decode()
+                if request.headers.get("x-amz-checksum-sha256") != checksum:
+                    return httpx.Response(400)
                 if self.on_put is not None:
                     await self.on_put(request)
                 self.uploads.append(Upload(key, content, request.headers.get("content-type", "")))
@@ -116,52 +125,68 @@ class FakeStorage:
             raise NotFound("object not found")
         return row
 
-    async def GetObject(
-        self, request: storage_pb2.GetObjectRequest, **_: Any
-    ) -> storage_pb2.GetObjectResponse:
-        return storage_pb2.GetObjectResponse(object=_object_message(await self._object(request.object_id)))
-
-    async def PresignGet(
-        self, request: storage_pb2.PresignGetRequest, **_: Any
-    ) -> storage_pb2.PresignGetResponse:
-        return storage_pb2.PresignGetResponse(url=f"http://{STORE_HOST}/o/{request.key}")
-
-    async def PresignOutputPut(
-        self, request: storage_pb2.PresignOutputPutRequest, **_: Any
-    ) -> storage_pb2.PresignOutputPutResponse:
-        source = await self._object(request.source_object_id)
-        key = f"derived/{source['pool_id']}/{request.source_object_id}/v{request.profile_version}/{request.output_type}"
-        return storage_pb2.PresignOutputPutResponse(key=key, url=f"http://{STORE_HOST}/o/{key}")
-
-    async def RegisterOutput(
-        self, request: storage_pb2.RegisterOutputRequest, **_: Any
-    ) -> storage_pb2.RegisterOutputResponse:
-        source = await self._object(request.source_object_id)
-        data = self.blobs.get(request.key)
-        if (
-            data is None
-            or len(data) != request.size_bytes
-            or hashlib.sha256(data).hexdigest() != request.sha256
-        ):
-            raise Conflict("the stored bytes differ from the registration", "UPLOAD_MISMATCH")
-        row = await self._pool.fetchrow(
-            """
-            INSERT INTO objects (object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id)
-            VALUES ($1, $2, $3, $4, $5, $6, 'available', $7)
-            ON CONFLICT (key) DO UPDATE SET size_bytes = EXCLUDED.size_bytes, sha256 = EXCLUDED.sha256
-            RETURNING *
-            """,
-            uuid.uuid4(),
-            source["pool_id"],
-            request.key,
-            request.size_bytes,
-            request.mime_type,
-            request.sha256,
-            source["object_id"],
+    async def GrantJob(self, request: storage_pb2.GrantJobRequest, **_: Any) -> storage_pb2.GrantJobResponse:
+        """The live attempt's input, its GET URL and a PUT grant for the job's prefix (as the real
+        service: ``ATTEMPT_FENCED`` for another attempt)."""
+        self.calls.append("GrantJob")
+        job, source = await self._live(request.job_id, request.attempt)
+        prefix = f"derived/{source['pool_id']}/{source['object_id']}/{job['profile_version']}/"
+        expires_at = Timestamp(seconds=int(time.time()) + 900)
+        return storage_pb2.GrantJobResponse(
+            source=_object_message(source),
+            get_url=f"http://{STORE_HOST}/o/{source['key']}",
+            outputs=storage_pb2.OutputGrant(
+                method="PUT",
+                url=f"http://{STORE_HOST}/o/",
+                key_prefix=prefix,
+                expires_at=expires_at,
+                max_bytes=1 << 30,
+            ),
+            expires_at=expires_at,
         )
-        assert row is not None
-        self.registered.append(request.key)
-        return storage_pb2.RegisterOutputResponse(object=_object_message(row))
+
+    async def _live(self, job_id: str, attempt: int) -> tuple[asyncpg.Record, asyncpg.Record]:
+        job = await self._pool.fetchrow(
+            "SELECT object_id, profile_version, attempt_count FROM processing_jobs WHERE job_id = $1",
+            uuid.UUID(job_id),
+        )
+        if job is None:
+            raise NotFound("job not found")
+        if job["attempt_count"] != attempt:
+            raise Conflict("not the live attempt", "ATTEMPT_FENCED")
+        return job, await self._object(str(job["object_id"]))
+
+    async def RegisterOutputs(
+        self, request: storage_pb2.RegisterOutputsRequest, **_: Any
+    ) -> storage_pb2.RegisterOutputsResponse:
+        """Every output checked against the bytes PUT (size, SHA-256) before any is inserted."""
+        self.calls.append("RegisterOutputs")
+        _job, source = await self._live(request.job_id, request.attempt)
+        for out in request.outputs:
+            data = self.blobs.get(out.key)
+            if data is None or len(data) != out.size_bytes or hashlib.sha256(data).hexdigest() != out.sha256:
+                raise Conflict("the stored bytes differ from the registration", "UPLOAD_MISMATCH")
+        objects = []
+        for out in request.outputs:
+            row = await self._pool.fetchrow(
+                """
+                INSERT INTO objects (object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id)
+                VALUES ($1, $2, $3, $4, $5, $6, 'available', $7)
+                ON CONFLICT (key) DO UPDATE SET size_bytes = EXCLUDED.size_bytes, sha256 = EXCLUDED.sha256
+                RETURNING *
+                """,
+                uuid.uuid4(),
+                source["pool_id"],
+                out.key,
+                out.size_bytes,
+                out.mime_type,
+                out.sha256,
+                source["object_id"],
+            )
+            assert row is not None
+            self.registered.append(out.key)
+            objects.append(_object_message(row))
+        return storage_pb2.RegisterOutputsResponse(objects=objects)
 
     async def DeleteOutput(
         self, request: storage_pb2.DeleteOutputRequest, **_: Any

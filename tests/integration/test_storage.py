@@ -7,7 +7,9 @@ a fresh directory; S3 tests get a private moto server and bucket.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -17,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import asyncpg
 import boto3
@@ -32,6 +34,7 @@ from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
 from hypermedia.devtools.embedded import free_port
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer, channel
+from hypermedia.worker.transfer import send_output
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
@@ -551,6 +554,223 @@ async def test_s3_output_flow(s3: Running, tenant: Tenant, pool: asyncpg.Pool) -
 
 async def test_s3_complete_upload_mismatch(s3: Running, tenant: Tenant) -> None:
     await _check_mismatch(s3, tenant)
+
+
+async def _job(pool: asyncpg.Pool, tenant: Tenant, source: storage_pb2.Object, *, attempt: int = 1) -> str:
+    """A ``thumbnail`` v1 job on ``source`` whose live attempt is ``attempt`` (``processing``)."""
+    job_id = uuid.uuid4()
+    await pool.execute(
+        """INSERT INTO processing_jobs (job_id, account_id, object_id, request_id, operation,
+               profile_version, queue, priority, status, attempt_count, max_attempts, estimated_credits)
+           VALUES ($1, $2, $3, $4, 'thumbnail', 1, 'images', 5, 'processing', $5, 3, 1000)""",
+        job_id,
+        uuid.UUID(tenant.account_id),
+        uuid.UUID(source.object_id),
+        uuid.uuid4(),
+        attempt,
+    )
+    return str(job_id)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def _rpc_error(call: object) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call  # type: ignore[misc]
+    return err.value
+
+
+async def _check_grant_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    """GrantJob gives the input and one grant for every output under the job's prefix;
+    RegisterOutputs takes them in one call; hostile registrations register nothing."""
+    source = await _upload(svc, tenant, b"grant source bytes")
+    job_id = await _job(pool, tenant, source)
+    granted = await svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
+    assert granted.source.object_id == source.object_id and granted.source.mime_type == "image/png"
+    prefix = f"derived/{tenant.pool_id}/{source.object_id}/1/"
+    assert granted.outputs.key_prefix == prefix and granted.outputs.max_bytes == MAX_PUT_BYTES
+    outputs = {f"{prefix}page-{n}.webp": os.urandom(5000 + n) for n in range(3)}
+    async with httpx.AsyncClient() as http:
+        got = await http.get(granted.get_url)
+        assert got.status_code == 200 and got.content == b"grant source bytes"
+        for key, data in outputs.items():
+            sent = await send_output(http, granted.outputs, key, data, "image/webp", _sha(data))
+            assert sent.is_success, sent.text
+    uploads = [
+        storage_pb2.OutputUpload(key=k, mime_type="image/webp", size_bytes=len(d), sha256=_sha(d))
+        for k, d in outputs.items()
+    ]
+    register = storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=1, outputs=uploads)
+    first = (await svc.stub.RegisterOutputs(register)).objects
+    assert [o.key for o in first] == list(outputs)
+    assert [o.sha256 for o in first] == [_sha(d) for d in outputs.values()]
+    assert {o.state for o in first} == {"available"} and {o.source_object_id for o in first} == {
+        source.object_id
+    }
+    again = (await svc.stub.RegisterOutputs(register)).objects
+    assert [o.object_id for o in again] == [o.object_id for o in first]  # idempotent per key
+    owned = await svc.stub.GetObject(
+        storage_pb2.GetObjectRequest(object_id=first[0].object_id, account_id=tenant.account_id)
+    )
+    assert owned.object.size_bytes == len(outputs[f"{prefix}page-0.webp"])
+
+    async def registered(key: str) -> int:
+        return int(await pool.fetchval("SELECT count(*) FROM objects WHERE key = $1", key))
+
+    # A new output uploaded for real, sent along with each hostile one: it must not be registered.
+    fresh_key, fresh = f"{prefix}fresh.webp", b"fresh output"
+    async with httpx.AsyncClient() as http:
+        assert (
+            await send_output(http, granted.outputs, fresh_key, fresh, "image/webp", _sha(fresh))
+        ).is_success
+    good = storage_pb2.OutputUpload(
+        key=fresh_key, mime_type="image/webp", size_bytes=len(fresh), sha256=_sha(fresh)
+    )
+    for hostile, code, error_code in [
+        (f"derived/{tenant.pool_id}/{source.object_id}/2/page-0.webp", grpc.StatusCode.INVALID_ARGUMENT, ""),
+        (f"derived/{tenant.pool_id}/{uuid.uuid4()}/1/page-0.webp", grpc.StatusCode.INVALID_ARGUMENT, ""),
+        (f"{prefix}a/b", grpc.StatusCode.INVALID_ARGUMENT, ""),
+        (source.key, grpc.StatusCode.INVALID_ARGUMENT, ""),
+    ]:
+        bad = storage_pb2.OutputUpload(
+            key=hostile, mime_type="image/webp", size_bytes=len(fresh), sha256=_sha(fresh)
+        )
+        err = await _rpc_error(
+            svc.stub.RegisterOutputs(
+                storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=1, outputs=[good, bad])
+            )
+        )
+        assert (err.code(), _error_code(err) if error_code else "") == (code, error_code), hostile
+        assert "outside the job's prefix" in (err.details() or "")
+    # A SHA-256 that is not the stored bytes': a clear error, nothing registered.
+    wrong = storage_pb2.OutputUpload(
+        key=fresh_key, mime_type="image/webp", size_bytes=len(fresh), sha256="0" * 64
+    )
+    err = await _rpc_error(
+        svc.stub.RegisterOutputs(
+            storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=1, outputs=[wrong])
+        )
+    )
+    assert (err.code(), _error_code(err)) == (grpc.StatusCode.FAILED_PRECONDITION, "UPLOAD_MISMATCH")
+    assert "SHA-256 differs" in (err.details() or "")
+    missing = storage_pb2.OutputUpload(
+        key=f"{prefix}never", mime_type="image/webp", size_bytes=1, sha256="0" * 64
+    )
+    err = await _rpc_error(
+        svc.stub.RegisterOutputs(
+            storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=1, outputs=[good, missing])
+        )
+    )
+    assert _error_code(err) == "UPLOAD_MISMATCH" and await registered(fresh_key) == 0
+    # A stale attempt gets no grant and registers nothing; neither does a job that ended.
+    for attempt in (0, 2):
+        err = await _rpc_error(svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=attempt)))
+        assert (err.code(), _error_code(err)) == (grpc.StatusCode.FAILED_PRECONDITION, "ATTEMPT_FENCED")
+        err = await _rpc_error(
+            svc.stub.RegisterOutputs(
+                storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=attempt, outputs=[good])
+            )
+        )
+        assert _error_code(err) == "ATTEMPT_FENCED"
+    # A cancel requested meanwhile is the worker's to settle (as cancelled): still granted.
+    await pool.execute(
+        "UPDATE processing_jobs SET status = 'cancel_requested' WHERE job_id = $1", uuid.UUID(job_id)
+    )
+    regranted = await svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
+    assert regranted.outputs.key_prefix == prefix
+    await pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", uuid.UUID(job_id))
+    err = await _rpc_error(
+        svc.stub.RegisterOutputs(storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=1, outputs=[good]))
+    )
+    assert _error_code(err) == "ATTEMPT_FENCED" and await registered(fresh_key) == 0
+    err = await _rpc_error(
+        svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=str(uuid.uuid4()), attempt=1))
+    )
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_local_grant_flow(local: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    await _check_grant_flow(local, tenant, pool)
+
+
+async def test_s3_grant_flow(s3: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    await _check_grant_flow(s3, tenant, pool)
+
+
+async def test_s3_grant_is_a_post_policy_on_the_jobs_prefix(
+    s3: Running, tenant: Tenant, pool: asyncpg.Pool
+) -> None:
+    """The S3 grant is a presigned POST whose policy binds the prefix, asks S3 to verify each
+    upload's SHA-256, and caps the size; moto stores what it is sent."""
+    source = await _upload(s3, tenant, b"s3 source")
+    job_id = await _job(pool, tenant, source)
+    grant = (await s3.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))).outputs
+    assert grant.method == "POST" and "key" not in grant.fields
+    policy = json.loads(base64.b64decode(grant.fields["policy"]))
+    conditions = policy["conditions"]
+    assert ["starts-with", "$key", grant.key_prefix] in conditions
+    assert {"x-amz-checksum-algorithm": "SHA256"} in conditions
+    assert ["starts-with", "$x-amz-checksum-sha256", ""] in conditions
+    assert ["content-length-range", 0, MAX_PUT_BYTES] in conditions
+
+
+async def test_local_grant_refuses_hostile_uploads(
+    local: Running, tenant: Tenant, pool: asyncpg.Pool
+) -> None:
+    """Through the local store's prefix grant: a wrong checksum stores nothing (400
+    CHECKSUM_MISMATCH), a key outside the prefix, a tampered or expired grant are 403, and an
+    upload without a checksum is 400. What was written keeps its SHA-256 (no second read)."""
+    store = local.backend
+    assert isinstance(store, LocalStore)
+    source = await _upload(local, tenant, b"local source")
+    job_id = await _job(pool, tenant, source)
+    grant = (await local.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))).outputs
+    assert grant.method == "PUT"
+    key, data = f"{grant.key_prefix}thumbnail", b"thumbnail bytes"
+    async with httpx.AsyncClient() as http:
+        mismatch = await send_output(http, grant, key, data, "image/webp", _sha(b"other bytes"))
+        assert mismatch.status_code == 400 and mismatch.json()["error_code"] == "CHECKSUM_MISMATCH"
+        assert await store.stat(key) is None
+        assert not list(store.root.rglob(".*.part"))  # the temporary file went too
+        for hostile in (
+            f"derived/{tenant.pool_id}/{uuid.uuid4()}/1/thumbnail",
+            f"{grant.key_prefix}a/b",
+            source.key,
+        ):
+            refused = await send_output(http, grant, hostile, data, "image/webp", _sha(data))
+            assert refused.status_code in (400, 403) and refused.json()["error_code"] in (
+                "URL_REJECTED",
+                "INVALID_KEY",
+            )
+        outside = storage_pb2.OutputGrant()
+        outside.CopyFrom(grant)
+        outside.fields["prefix"] = f"derived/{tenant.pool_id}/"  # widened, signature unchanged
+        widened = await send_output(
+            http, outside, f"derived/{tenant.pool_id}/x", data, "image/webp", _sha(data)
+        )
+        assert widened.status_code == 403
+        tampered = storage_pb2.OutputGrant()
+        tampered.CopyFrom(grant)
+        tampered.fields["sig"] = "0" * 64
+        assert (await send_output(http, tampered, key, data, "image/webp", _sha(data))).status_code == 403
+        tampered.CopyFrom(grant)
+        tampered.fields["expires"] = str(int(tampered.fields["expires"]) + 3600)
+        assert (await send_output(http, tampered, key, data, "image/webp", _sha(data))).status_code == 403
+        _method, url, fields, _ = await store.grant_outputs(grant.key_prefix, -1, MAX_PUT_BYTES)
+        expired = await http.put(
+            f"{url}{key}?{urlencode(fields)}",
+            content=data,
+            headers={"x-amz-checksum-sha256": base64.b64encode(hashlib.sha256(data).digest()).decode()},
+        )
+        assert expired.status_code == 403 and expired.json()["error_code"] == "URL_REJECTED"
+        bare = await http.put(f"{grant.url}{key}?{urlencode(dict(grant.fields))}", content=data)
+        assert bare.status_code == 400 and bare.json()["error_code"] == "INVALID_CHECKSUM"
+        assert await store.stat(key) is None
+        assert (await send_output(http, grant, key, data, "image/webp", _sha(data))).status_code == 200
+    assert await store.stat(key) == len(data)
+    assert await store.verified_sha256(key) == _sha(data)
 
 
 async def test_s3_unreachable_is_unavailable(

@@ -195,6 +195,8 @@ async def test_completed_job_registers_its_outputs_and_commits(
     outputs = await rig.job_outputs(job_id)
     assert [t for t, _ in outputs] == ["preview", "thumbnail"]
     assert {k for _, k in outputs} == set(uploaded) == set(rig.storage.registered)
+    # Two storage calls for the job, however many outputs: one grant, one registration.
+    assert rig.storage.calls == ["GrantJob", "RegisterOutputs"]
     assert rig.storage.deleted == []
     assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "completed", None)]
     assert await rig.credit(job_id) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
@@ -277,8 +279,9 @@ async def test_lease_lost_while_running_writes_nothing_and_settles_nothing(
     make_rig: Callable[..., Awaitable[Rig]], caplog: pytest.LogCaptureFixture
 ) -> None:
     """While the sandbox runs, the reaper expires the job's lease and another worker claims it
-    (attempt 2). This worker's completion is fenced off: the job stays the other worker's, none of
-    this attempt's outputs becomes the job's, the credits are not settled, a warning is logged."""
+    (attempt 2). This worker's registration is fenced off (storage's ``RegisterOutputs`` answers
+    ``ATTEMPT_FENCED`` for attempt 1): the job stays the other worker's, none of this attempt's
+    outputs is registered or becomes the job's, the credits are not settled."""
     rig = await make_rig()
     job_id = await rig.job()
 
@@ -293,18 +296,19 @@ async def test_lease_lost_while_running_writes_nothing_and_settles_nothing(
     rig.sandbox.during = reaped_and_reclaimed
     await rig.publish(job_id)
 
-    with caplog.at_level(logging.WARNING, logger="hypermedia.worker.runtime"):
+    with caplog.at_level(logging.INFO, logger="hypermedia.worker.runtime"):
         await rig.run_until(lambda: _true(bool(rig.sandbox.cleaned)))
 
-    lost = [r for r in caplog.records if r.getMessage() == "lease lost before completion"]
-    assert [getattr(r, "job_id", None) for r in lost] == [job_id]
+    fenced = [r for r in caplog.records if r.getMessage().startswith("job attempt failed: ATTEMPT_FENCED")]
+    assert [getattr(r, "job_id", None) for r in fenced] == [job_id]
     row = await rig.row(job_id)
     assert (row["status"], row["claimed_by"], row["attempt_count"]) == ("processing", OTHER_WORKER, 2)
     assert row["completed_at"] is None and row["actual_credits"] is None
     assert await rig.job_outputs(job_id) == []
-    # It uploaded (nothing stops a run whose lease was lost) but deletes nothing: the keys are
-    # deterministic, the same the job's current attempt registers.
-    assert len(rig.storage.registered) == 2 and rig.storage.deleted == []
+    # It uploaded (nothing stops a run whose lease was lost) but registers and deletes nothing:
+    # the keys are deterministic, the same the job's current attempt registers.
+    assert len(rig.storage.uploads) == 2
+    assert rig.storage.registered == [] and rig.storage.deleted == []
     assert await rig.attempts(job_id) == [
         (1, rig.runtime.worker_id, "lost", "WORKER_LOST"),
         (2, OTHER_WORKER, "processing", None),

@@ -5,9 +5,11 @@ Object storage (the document's core.storage): objects, their ownership, presigne
 registration of derived outputs. Only this service holds storage credentials.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -395,6 +397,216 @@ class RegisterOutputResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterOutputResponse: _TypeAlias = RegisterOutputResponse  # noqa: Y015
+
+@_typing.final
+class GrantJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    """The attempt the worker holds (its fencing token, `attempt_count` after the claim)."""
+    expires_in_seconds: _builtins.int
+    """Lifetime of the URLs in seconds; 0 means the service default (900)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        expires_in_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "expires_in_seconds", b"expires_in_seconds", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantJobRequest: _TypeAlias = GrantJobRequest  # noqa: Y015
+
+@_typing.final
+class OutputGrant(_message.Message):
+    """OutputGrant lets its holder upload any key `key_prefix` + one output type segment until
+    `expires_at`. Every upload carries its SHA-256 (base64, `x-amz-checksum-sha256`), which the
+    store verifies while it writes; a mismatch stores nothing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FieldsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    METHOD_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    KEY_PREFIX_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    method: _builtins.str
+    """"PUT": PUT the bytes to `url` + the key (path-quoted) + "?" + `fields` as the query, with
+    the header `x-amz-checksum-sha256` (the local store). "POST": an S3 presigned POST policy:
+    a multipart/form-data POST to `url` of `fields` plus `key`, `Content-Type`,
+    `x-amz-checksum-sha256` and the file last.
+    """
+    url: _builtins.str
+    key_prefix: _builtins.str
+    """derived/{pool_id}/{object_id}/{profile_version}/"""
+    max_bytes: _builtins.int
+    """Largest upload the grant accepts (bytes)."""
+    @_builtins.property
+    def fields(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        method: _builtins.str = ...,
+        url: _builtins.str = ...,
+        fields: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        key_prefix: _builtins.str = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "fields", b"fields", "key_prefix", b"key_prefix", "max_bytes", b"max_bytes", "method", b"method", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputGrant: _TypeAlias = OutputGrant  # noqa: Y015
+
+@_typing.final
+class GrantJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    GET_URL_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    get_url: _builtins.str
+    @_builtins.property
+    def source(self) -> Global___Object:
+        """The job's input object (available)."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def outputs(self) -> Global___OutputGrant: ...
+    def __init__(
+        self,
+        *,
+        source: Global___Object | None = ...,
+        get_url: _builtins.str = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        outputs: Global___OutputGrant | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "outputs", b"outputs", "source", b"source"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "get_url", b"get_url", "outputs", b"outputs", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantJobResponse: _TypeAlias = GrantJobResponse  # noqa: Y015
+
+@_typing.final
+class OutputUpload(_message.Message):
+    """OutputUpload is one uploaded output to register."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    MIME_TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """Under the job's OutputGrant.key_prefix: the prefix and one output type segment."""
+    mime_type: _builtins.str
+    size_bytes: _builtins.int
+    sha256: _builtins.str
+    """Lowercase hex SHA-256 of the bytes (required)."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        mime_type: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "mime_type", b"mime_type", "sha256", b"sha256", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputUpload: _TypeAlias = OutputUpload  # noqa: Y015
+
+@_typing.final
+class RegisterOutputsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputUpload]:
+        """At most 256 outputs; keys unique."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        outputs: _abc.Iterable[Global___OutputUpload] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "outputs", b"outputs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterOutputsRequest: _TypeAlias = RegisterOutputsRequest  # noqa: Y015
+
+@_typing.final
+class RegisterOutputsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___Object]:
+        """The derived objects, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        objects: _abc.Iterable[Global___Object] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["objects", b"objects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterOutputsResponse: _TypeAlias = RegisterOutputsResponse  # noqa: Y015
 
 @_typing.final
 class DeleteOutputRequest(_message.Message):

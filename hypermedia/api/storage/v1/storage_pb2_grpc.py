@@ -65,6 +65,16 @@ class StorageServiceStub:
                 request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputResponse.FromString,
                 _registered_method=True)
+        self.GrantJob = channel.unary_unary(
+                '/hypermedia.storage.v1.StorageService/GrantJob',
+                request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.GrantJobRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.GrantJobResponse.FromString,
+                _registered_method=True)
+        self.RegisterOutputs = channel.unary_unary(
+                '/hypermedia.storage.v1.StorageService/RegisterOutputs',
+                request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputsRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputsResponse.FromString,
+                _registered_method=True)
         self.DeleteOutput = channel.unary_unary(
                 '/hypermedia.storage.v1.StorageService/DeleteOutput',
                 request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.DeleteOutputRequest.SerializeToString,
@@ -126,6 +136,31 @@ class StorageServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrantJob(self, request, context):
+        """GrantJob answers, in one call, what a worker needs to move a claimed job's bytes: the
+        input object's metadata, a presigned GET of it, and one output grant that lets the worker
+        upload every output under the job's deterministic prefix
+        `derived/{pool_id}/{object_id}/{profile_version}/` without a call per output. Only for the
+        live attempt: FAILED_PRECONDITION `ATTEMPT_FENCED` when the job is not running (claimed,
+        processing, cancel requested) with that attempt; NOT_FOUND unknown job or an input that is
+        not available.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterOutputs(self, request, context):
+        """RegisterOutputs records all of a job's uploaded outputs in one call and one transaction
+        (idempotent per key, as RegisterOutput). The SHA-256 the store verified while it wrote the
+        bytes is compared; storage re-reads an output only when the store kept no verified checksum.
+        Nothing is registered when one output fails: INVALID_ARGUMENT a key outside the job's
+        prefix, FAILED_PRECONDITION `UPLOAD_MISMATCH` (missing bytes, size or SHA-256 differs) or
+        `ATTEMPT_FENCED` (a stale attempt).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteOutput(self, request, context):
         """DeleteOutput removes a derived object's bytes and row (partial outputs of a cancelled job).
         """
@@ -173,6 +208,16 @@ def add_StorageServiceServicer_to_server(servicer, server):
                     servicer.RegisterOutput,
                     request_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputRequest.FromString,
                     response_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputResponse.SerializeToString,
+            ),
+            'GrantJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantJob,
+                    request_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.GrantJobRequest.FromString,
+                    response_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.GrantJobResponse.SerializeToString,
+            ),
+            'RegisterOutputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterOutputs,
+                    request_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputsRequest.FromString,
+                    response_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputsResponse.SerializeToString,
             ),
             'DeleteOutput': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteOutput,
@@ -348,6 +393,60 @@ class StorageService:
             '/hypermedia.storage.v1.StorageService/RegisterOutput',
             hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputRequest.SerializeToString,
             hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.storage.v1.StorageService/GrantJob',
+            hypermedia_dot_storage_dot_v1_dot_storage__pb2.GrantJobRequest.SerializeToString,
+            hypermedia_dot_storage_dot_v1_dot_storage__pb2.GrantJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterOutputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.storage.v1.StorageService/RegisterOutputs',
+            hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputsRequest.SerializeToString,
+            hypermedia_dot_storage_dot_v1_dot_storage__pb2.RegisterOutputsResponse.FromString,
             options,
             channel_credentials,
             insecure,
