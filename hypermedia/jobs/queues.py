@@ -8,6 +8,13 @@ looked at, and within one subject JetStream keeps publish (= creation) order. Wh
 is empty the worker sleeps on a core-NATS doorbell subject ``{prefix}.ready.{queue}`` that the
 outbox relay rings after publishing (with a timeout as the safety net). See docs/adr/0003.
 
+A sweep need not ask the empty bands above the one that gave the last message every time (a
+priority-5 job would cost four empty pulls): :meth:`PriorityFetcher.next` starts at that band
+while nothing can have arrived above it, and sweeps from priority 1 again when the doorbell rang
+(every publish through the outbox rings it), when the queue looked empty, and at least every
+``idle_wait_seconds`` (a message nak'd with a delay or redelivered after ``ACK_WAIT_SECONDS`` does
+not ring the doorbell; it is found within that bound, as an idle worker finds it).
+
 Streams use work-queue retention (a message is removed once acknowledged), file storage and a
 two-minute duplicate window for ``Nats-Msg-Id`` de-duplication. Postgres is the system of record;
 a message only says "job X may be ready".
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -140,11 +148,18 @@ class PriorityFetcher:
         self._doorbell_subject = doorbell_subject(prefix, queue)
         self._idle_wait = idle_wait_seconds
         self._rung = asyncio.Event()
+        self._rung_since_full_sweep = True
+        """Set by the doorbell: a band above :attr:`_start_band` may have messages again."""
+        self._start_band = PRIORITIES[0]
+        """The band that gave the last message; the bands above it were empty at :attr:`_full_at`."""
+        self._full_at = float("-inf")
+        """When the last sweep from priority 1 started (``time.monotonic()``)."""
         self._doorbell: Subscription | None = None
         self._inbox: Subscription | None = None
 
     async def start(self) -> None:
         async def ring(_msg: Msg) -> None:
+            self._rung_since_full_sweep = True
             self._rung.set()
 
         self._doorbell = await self._nc.subscribe(self._doorbell_subject, cb=ring)
@@ -177,18 +192,36 @@ class PriorityFetcher:
 
     async def sweep(self) -> Msg | None:
         """One pass over priorities 1..10; the first message found, or None."""
-        for priority in PRIORITIES:
+        return await self._sweep_from(PRIORITIES[0])
+
+    async def _sweep_from(self, first: int) -> Msg | None:
+        """One pass over priorities ``first``..10, remembering the band of the message found."""
+        if first == PRIORITIES[0]:
+            self._rung_since_full_sweep = False
+            self._full_at = time.monotonic()
+        for priority in range(first, PRIORITIES[-1] + 1):
             msg = await self._pull_one(priority)
             if msg is not None:
+                self._start_band = priority
                 return msg
         return None
+
+    def _first_band(self) -> int:
+        """Where the next sweep starts: the last message's band while no band above it can have
+        received a message since they were seen empty, else priority 1 (see the module docstring)."""
+        if self._rung_since_full_sweep or time.monotonic() - self._full_at >= self._idle_wait:
+            return PRIORITIES[0]
+        return self._start_band
 
     async def next(self, stop: asyncio.Event) -> Msg | None:
         """The next message, waiting (doorbell or ``idle_wait_seconds``) while the queue is empty.
         Returns None once ``stop`` is set."""
         while not stop.is_set():
             self._rung.clear()
-            msg = await self.sweep()
+            first = self._first_band()
+            msg = await self._sweep_from(first)
+            if msg is None and first != PRIORITIES[0]:
+                msg = await self.sweep()
             if msg is not None:
                 return msg
             waiters = [asyncio.ensure_future(self._rung.wait()), asyncio.ensure_future(stop.wait())]

@@ -193,6 +193,88 @@ async def test_fetcher_drains_priority_1_before_a_priority_8_backlog_fifo_within
     assert await broker.stream_messages("images") == 0
 
 
+async def _pull_requests(spy: Subscription) -> list[str]:
+    """The consumers the pull requests seen by ``spy`` went to (``images-p5``, …), in order."""
+    consumers = []
+    while True:
+        try:
+            request = await spy.next_msg(timeout=0.2)
+        except TimeoutError:
+            return consumers
+        consumers.append(request.subject.rsplit(".", 1)[1])
+
+
+async def test_next_skips_the_empty_bands_above_the_last_message_until_the_doorbell_rings(
+    broker: Broker,
+) -> None:
+    spy = await broker.nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{broker.stream('images')}.>")
+    await broker.nc.flush()
+    backlog = await _publish(broker, 5, 3)
+    fetcher = queues.PriorityFetcher(broker.nc, broker.prefix, "images", idle_wait_seconds=30)
+    await fetcher.start()
+    stop = asyncio.Event()
+    try:
+        first = await fetcher.next(stop)
+        assert first is not None and queues.JobMessage.decode(first.data).job_id == backlog[0]
+        await first.ack_sync()
+        assert await _pull_requests(spy) == [f"images-p{p}" for p in range(1, 6)]
+
+        second = await fetcher.next(stop)
+        assert second is not None and queues.JobMessage.decode(second.data).job_id == backlog[1]
+        await second.ack_sync()
+        assert await _pull_requests(spy) == ["images-p5"], "bands 1-4 were empty and nothing rang"
+
+        # A publish rings the doorbell: the next sweep starts at priority 1 again.
+        [urgent] = await _publish(broker, 1, 1)
+        await broker.nc.publish(queues.doorbell_subject(broker.prefix, "images"), b"")
+        await broker.nc.flush()
+        await asyncio.sleep(0.1)
+        third = await fetcher.next(stop)
+        assert third is not None and queues.JobMessage.decode(third.data).job_id == urgent
+        await third.ack_sync()
+
+        # The band of the last message (1) is empty now: the sweep goes on down to band 5.
+        fourth = await fetcher.next(stop)
+        assert fourth is not None and queues.JobMessage.decode(fourth.data).job_id == backlog[2]
+        await fourth.ack_sync()
+        await _pull_requests(spy)
+
+        # A message above the start band that rang nothing (a redelivery) is found as soon as
+        # the start band runs dry: that sweep goes on from priority 1 before it waits.
+        [redelivered] = await _publish(broker, 2, 1)
+        fifth = await asyncio.wait_for(fetcher.next(stop), timeout=5)
+        assert fifth is not None and queues.JobMessage.decode(fifth.data).job_id == redelivered
+        await fifth.ack_sync()
+        assert await _pull_requests(spy) == [f"images-p{p}" for p in (*range(5, 11), 1, 2)]
+    finally:
+        await fetcher.stop()
+        await spy.unsubscribe()
+
+
+async def test_a_higher_band_message_that_rang_nothing_is_found_within_the_idle_wait(
+    broker: Broker,
+) -> None:
+    """A nak'd or redelivered message does not ring the doorbell; while the worker stays busy with a
+    lower band it is still taken first once ``idle_wait_seconds`` passed since the last full sweep."""
+    backlog = await _publish(broker, 5, 3)
+    fetcher = queues.PriorityFetcher(broker.nc, broker.prefix, "images", idle_wait_seconds=0.5)
+    await fetcher.start()
+    stop = asyncio.Event()
+    try:
+        first = await fetcher.next(stop)
+        assert first is not None and queues.JobMessage.decode(first.data).job_id == backlog[0]
+        await first.ack_sync()
+        [redelivered] = await _publish(broker, 1, 1)
+        await asyncio.sleep(0.6)
+
+        msg = await fetcher.next(stop)
+
+        assert msg is not None and queues.JobMessage.decode(msg.data).job_id == redelivered
+        await msg.ack_sync()
+    finally:
+        await fetcher.stop()
+
+
 async def test_ensure_streams_is_idempotent(broker: Broker) -> None:
     await queues.ensure_streams(broker.js, broker.prefix)
 
