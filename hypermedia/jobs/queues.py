@@ -173,38 +173,44 @@ class PriorityFetcher:
                 await sub.unsubscribe()
         self._doorbell = self._inbox = None
 
-    async def _pull_one(self, priority: int) -> Msg | None:
-        """A ``no_wait`` pull of one message from the band's consumer: the server answers at once
-        with the message or a 404/408 status."""
+    async def _pull(self, priority: int, batch: int) -> list[Msg]:
+        """A ``no_wait`` pull of up to ``batch`` messages from the band's consumer: the server
+        answers at once with the messages it has, ended by a 404/408 status when they are fewer
+        than ``batch`` (none: the band is empty right now)."""
         assert self._inbox is not None, "start() first"
         api_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{consumer_name(self._queue, priority)}"
         await self._nc.publish(
-            api_subject, json.dumps({"batch": 1, "no_wait": True}).encode(), reply=self._inbox.subject
+            api_subject, json.dumps({"batch": batch, "no_wait": True}).encode(), reply=self._inbox.subject
         )
-        try:
-            msg = await self._inbox.next_msg(timeout=5.0)
-        except nats.errors.TimeoutError:
-            return None
-        if msg.headers and msg.headers.get("Status"):
-            # 404 No Messages / 408 Request Timeout: this band is empty right now.
-            return None
-        return msg
+        messages: list[Msg] = []
+        while len(messages) < batch:
+            try:
+                msg = await self._inbox.next_msg(timeout=5.0)
+            except nats.errors.TimeoutError:
+                break
+            if msg.headers and msg.headers.get("Status"):
+                # 404 No Messages / 408 Request Timeout: nothing more in this band right now.
+                break
+            messages.append(msg)
+        return messages
 
     async def sweep(self) -> Msg | None:
         """One pass over priorities 1..10; the first message found, or None."""
-        return await self._sweep_from(PRIORITIES[0])
+        found = await self._sweep_from(PRIORITIES[0], 1)
+        return found[0] if found else None
 
-    async def _sweep_from(self, first: int) -> Msg | None:
-        """One pass over priorities ``first``..10, remembering the band of the message found."""
+    async def _sweep_from(self, first: int, batch: int) -> list[Msg]:
+        """One pass over priorities ``first``..10: up to ``batch`` messages of the first band that
+        has any (none of a lower band), remembering that band."""
         if first == PRIORITIES[0]:
             self._rung_since_full_sweep = False
             self._full_at = time.monotonic()
         for priority in range(first, PRIORITIES[-1] + 1):
-            msg = await self._pull_one(priority)
-            if msg is not None:
+            found = await self._pull(priority, batch)
+            if found:
                 self._start_band = priority
-                return msg
-        return None
+                return found
+        return []
 
     def _first_band(self) -> int:
         """Where the next sweep starts: the last message's band while no band above it can have
@@ -216,21 +222,31 @@ class PriorityFetcher:
     async def next(self, stop: asyncio.Event) -> Msg | None:
         """The next message, waiting (doorbell or ``idle_wait_seconds``) while the queue is empty.
         Returns None once ``stop`` is set."""
+        found = await self.next_batch(stop, 1)
+        return found[0] if found else None
+
+    async def next_batch(self, stop: asyncio.Event, batch: int) -> list[Msg]:
+        """The next 1..``batch`` messages, all of the highest band that has any, in delivery order
+        (a worker with ``batch`` free slots asks for that many: none is taken that cannot start
+        now); waits (doorbell or ``idle_wait_seconds``) while the queue is empty. Returns [] once
+        ``stop`` is set. Raises ValueError when ``batch`` < 1."""
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
         while not stop.is_set():
             self._rung.clear()
             first = self._first_band()
-            msg = await self._sweep_from(first)
-            if msg is None and first != PRIORITIES[0]:
-                msg = await self.sweep()
-            if msg is not None:
-                return msg
+            found = await self._sweep_from(first, batch)
+            if not found and first != PRIORITIES[0]:
+                found = await self._sweep_from(PRIORITIES[0], batch)
+            if found:
+                return found
             waiters = [asyncio.ensure_future(self._rung.wait()), asyncio.ensure_future(stop.wait())]
             _done, pending = await asyncio.wait(
                 waiters, timeout=self._idle_wait, return_when=asyncio.FIRST_COMPLETED
             )
             for task in pending:
                 task.cancel()
-        return None
+        return []
 
 
 async def open_jetstream(

@@ -203,10 +203,11 @@ class WorkerRuntime:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(wait_any(self._slot_free, stop), 1.0)
                     continue
-                msg = await fetcher.next(stop)
-                if msg is None:
+                free = max(1, self.admission.slots - self.admission.busy)
+                msgs = await fetcher.next_batch(stop, free)
+                if not msgs:
                     break
-                await self._dispatch(msg)
+                await self._dispatch(msgs)
         finally:
             await fetcher.stop()
             await self.drain()
@@ -216,55 +217,67 @@ class WorkerRuntime:
                 "UPDATE workers SET status = 'stopped' WHERE worker_id = $1", self.worker_id
             )
 
-    async def _dispatch(self, msg: Any) -> None:
-        try:
-            message = queues.JobMessage.decode(msg.data)
-        except ValueError:
-            log.warning("dropping a malformed queue message")
-            await msg.term()
-            return
-        parent = telemetry.extract(msg.headers)
-        with _tracer.start_as_current_span(
-            "job.claim", context=parent, attributes={"job.id": message.job_id}
-        ):
+    async def _dispatch(self, msgs: list[Any]) -> None:
+        """Claims the jobs of ``msgs`` (one band's, at most the free slots) in one transaction,
+        acks and starts each claimed one; terms a malformed message or one whose job is not
+        queued (a duplicate delivery: someone else has it, or it was cancelled or finished)."""
+        batch: list[tuple[Any, queues.JobMessage, Context]] = []
+        for msg in msgs:
             try:
-                job = await self._claim(message.job_id)
-            except Exception as exc:
-                if not db.is_transient(exc):
-                    raise
-                # Postgres stayed unreachable through the retries: the job is still queued there;
-                # let the message come back later rather than crash the worker.
-                log.warning("could not claim (Postgres unreachable); message returned", exc_info=True)
+                batch.append((msg, queues.JobMessage.decode(msg.data), telemetry.extract(msg.headers)))
+            except ValueError:
+                log.warning("dropping a malformed queue message")
+                await msg.term()
+        spans = [
+            _tracer.start_span("job.claim", context=parent, attributes={"job.id": message.job_id})
+            for _msg, message, parent in batch
+        ]
+        try:
+            claimed = await self._claim([message.job_id for _msg, message, _parent in batch]) if batch else {}
+        except Exception as exc:
+            if not db.is_transient(exc):
+                raise
+            # Postgres stayed unreachable through the retries: the jobs are still queued there;
+            # let the messages come back later rather than crash the worker.
+            log.warning("could not claim (Postgres unreachable); messages returned", exc_info=True)
+            for msg, _message, _parent in batch:
                 await msg.nak(delay=5)
-                return
-        if job is None:
-            # Someone else has it, or it was cancelled or finished: this delivery is a duplicate.
-            await msg.term()
             return
-        await msg.ack()
-        self.running[job.job_id] = job
-        self.admission.busy += 1
-        task = asyncio.create_task(self._execute(job, parent))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        finally:
+            for span in spans:
+                span.end()
+        for msg, message, parent in batch:
+            job = claimed.pop(lifecycle.job_key(message.job_id) or "", None)
+            if job is None:
+                await msg.term()
+                continue
+            await msg.ack()
+            self.running[job.job_id] = job
+            self.admission.busy += 1
+            task = asyncio.create_task(self._execute(job, parent))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    async def _claim(self, job_id: str) -> lifecycle.ClaimedJob | None:
-        """:func:`lifecycle.claim`, retried across a Postgres restart. When a retry finds the job
-        already processing under this worker, the first try committed and only its reply was lost:
-        the job is taken (:func:`lifecycle.reclaim`) instead of waiting out its lease."""
+    async def _claim(self, job_ids: list[str]) -> dict[str, lifecycle.ClaimedJob]:
+        """:func:`lifecycle.claim_many`, retried across a Postgres restart, by job id. When a retry
+        finds a job already processing under this worker, the first try committed and only its
+        reply was lost: the job is taken (:func:`lifecycle.reclaim`) instead of waiting out its lease."""
         retried = False
 
         def note_retry() -> None:
             nonlocal retried
             retried = True
 
-        job: lifecycle.ClaimedJob | None = None
+        claimed: list[lifecycle.ClaimedJob] = []
         async for attempt in db.retrying(on_retry=note_retry):
             with attempt:
-                job = await lifecycle.claim(self._pool, job_id, self.worker_id)
-        if job is None and retried and job_id not in self.running:
-            job = await self._db(lifecycle.reclaim, job_id, self.worker_id)
-        return job
+                claimed = await lifecycle.claim_many(self._pool, job_ids, self.worker_id)
+        jobs = {job.job_id: job for job in claimed}
+        for key in {lifecycle.job_key(job_id) for job_id in job_ids} if retried else ():
+            if key is not None and key not in jobs and key not in self.running:
+                if (job := await self._db(lifecycle.reclaim, key, self.worker_id)) is not None:
+                    jobs[key] = job
+        return jobs
 
     async def _db(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``fn(pool, *args)`` retried across a Postgres restart (:func:`db.retrying`): for the

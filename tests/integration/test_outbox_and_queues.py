@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable
 
 import asyncpg
 import pytest
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from hypermedia.jobs import lifecycle, outbox, queues
@@ -193,6 +195,21 @@ async def test_fetcher_drains_priority_1_before_a_priority_8_backlog_fifo_within
     assert await broker.stream_messages("images") == 0
 
 
+async def _taken(next_message: Awaitable[Msg | None]) -> str:
+    """The job id of the message ``next_message`` gives, acknowledged."""
+    msg = await next_message
+    assert msg is not None
+    await msg.ack_sync()
+    return queues.JobMessage.decode(msg.data).job_id
+
+
+async def _ring(broker: Broker) -> None:
+    """Rings the images doorbell as the outbox relay does after publishing, and lets it arrive."""
+    await broker.nc.publish(queues.doorbell_subject(broker.prefix, "images"), b"")
+    await broker.nc.flush()
+    await asyncio.sleep(0.1)
+
+
 async def _pull_requests(spy: Subscription) -> list[str]:
     """The consumers the pull requests seen by ``spy`` went to (``images-p5``, …), in order."""
     consumers = []
@@ -214,37 +231,25 @@ async def test_next_skips_the_empty_bands_above_the_last_message_until_the_doorb
     await fetcher.start()
     stop = asyncio.Event()
     try:
-        first = await fetcher.next(stop)
-        assert first is not None and queues.JobMessage.decode(first.data).job_id == backlog[0]
-        await first.ack_sync()
+        assert await _taken(fetcher.next(stop)) == backlog[0]
         assert await _pull_requests(spy) == [f"images-p{p}" for p in range(1, 6)]
 
-        second = await fetcher.next(stop)
-        assert second is not None and queues.JobMessage.decode(second.data).job_id == backlog[1]
-        await second.ack_sync()
+        assert await _taken(fetcher.next(stop)) == backlog[1]
         assert await _pull_requests(spy) == ["images-p5"], "bands 1-4 were empty and nothing rang"
 
         # A publish rings the doorbell: the next sweep starts at priority 1 again.
         [urgent] = await _publish(broker, 1, 1)
-        await broker.nc.publish(queues.doorbell_subject(broker.prefix, "images"), b"")
-        await broker.nc.flush()
-        await asyncio.sleep(0.1)
-        third = await fetcher.next(stop)
-        assert third is not None and queues.JobMessage.decode(third.data).job_id == urgent
-        await third.ack_sync()
+        await _ring(broker)
+        assert await _taken(fetcher.next(stop)) == urgent
 
         # The band of the last message (1) is empty now: the sweep goes on down to band 5.
-        fourth = await fetcher.next(stop)
-        assert fourth is not None and queues.JobMessage.decode(fourth.data).job_id == backlog[2]
-        await fourth.ack_sync()
+        assert await _taken(fetcher.next(stop)) == backlog[2]
         await _pull_requests(spy)
 
         # A message above the start band that rang nothing (a redelivery) is found as soon as
         # the start band runs dry: that sweep goes on from priority 1 before it waits.
         [redelivered] = await _publish(broker, 2, 1)
-        fifth = await asyncio.wait_for(fetcher.next(stop), timeout=5)
-        assert fifth is not None and queues.JobMessage.decode(fifth.data).job_id == redelivered
-        await fifth.ack_sync()
+        assert await _taken(asyncio.wait_for(fetcher.next(stop), timeout=5)) == redelivered
         assert await _pull_requests(spy) == [f"images-p{p}" for p in (*range(5, 11), 1, 2)]
     finally:
         await fetcher.stop()
@@ -261,18 +266,43 @@ async def test_a_higher_band_message_that_rang_nothing_is_found_within_the_idle_
     await fetcher.start()
     stop = asyncio.Event()
     try:
-        first = await fetcher.next(stop)
-        assert first is not None and queues.JobMessage.decode(first.data).job_id == backlog[0]
-        await first.ack_sync()
+        assert await _taken(fetcher.next(stop)) == backlog[0]
         [redelivered] = await _publish(broker, 1, 1)
         await asyncio.sleep(0.6)
 
-        msg = await fetcher.next(stop)
-
-        assert msg is not None and queues.JobMessage.decode(msg.data).job_id == redelivered
-        await msg.ack_sync()
+        assert await _taken(fetcher.next(stop)) == redelivered
     finally:
         await fetcher.stop()
+
+
+async def test_next_batch_takes_up_to_the_batch_from_the_highest_band_only(broker: Broker) -> None:
+    """A batch never mixes bands: the single priority-1 message comes alone although 3 were asked
+    for; then the priority-5 backlog in order, 3 and then the last 1; a full batch leaves no stale
+    reply behind (the next pulls answer for their own band: the priority-2 message is next)."""
+    urgent = await _publish(broker, 1, 1)
+    backlog = await _publish(broker, 5, 4)
+    fetcher = queues.PriorityFetcher(broker.nc, broker.prefix, "images", idle_wait_seconds=30)
+    await fetcher.start()
+    stop = asyncio.Event()
+    try:
+        batches = []
+        for _ in range(3):
+            found = await fetcher.next_batch(stop, 3)
+            batches.append([queues.JobMessage.decode(msg.data).job_id for msg in found])
+            for msg in found:
+                await msg.ack_sync()
+        [later] = await _publish(broker, 2, 1)
+        await _ring(broker)
+        found = await fetcher.next_batch(stop, 3)
+        batches.append([queues.JobMessage.decode(msg.data).job_id for msg in found])
+        await found[0].ack_sync()
+        with pytest.raises(ValueError, match="batch must be at least 1"):
+            await fetcher.next_batch(stop, 0)
+    finally:
+        await fetcher.stop()
+
+    assert batches == [urgent, backlog[:3], backlog[3:], [later]]
+    assert await broker.stream_messages("images") == 0
 
 
 async def test_ensure_streams_is_idempotent(broker: Broker) -> None:

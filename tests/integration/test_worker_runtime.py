@@ -241,6 +241,55 @@ async def test_claim_lost_terminates_the_message_and_runs_nothing(
     assert rig.runtime.running == {}
 
 
+async def test_free_slots_are_claimed_in_one_pull_and_one_transaction(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """With 4 free slots the loop pulls 4 messages of the band in one request and claims their jobs
+    in one transaction (one ``claimed_at``: Postgres' ``now()`` is the transaction's start); the
+    cancelled job and the one another worker holds are left out, their messages terminated, and
+    the two claimed jobs run once each."""
+    rig = await make_rig()
+    first, second = await rig.job(), await rig.job()
+    taken = await rig.job(status="processing", attempt_count=1, claimed_by=OTHER_WORKER, lease_in=300)
+    cancelled = await rig.job(status="cancelled")
+    terminated: list[int] = []
+
+    async def advisory(msg: Msg) -> None:
+        terminated.append(int(json.loads(msg.data)["stream_seq"]))
+
+    stream = rig.broker.stream("images")
+    advisories = await rig.broker.nc.subscribe(
+        f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{stream}.>", cb=advisory
+    )
+    pulls = await rig.broker.nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.images-p5")
+    await rig.broker.nc.flush()
+    sequences = [await rig.publish(job_id) for job_id in (first, cancelled, second, taken)]
+
+    async def done() -> bool:
+        return sorted(terminated) == [sequences[1], sequences[3]] and await _statuses_are(
+            rig, [first, second], "completed"
+        )
+
+    try:
+        await rig.run_until(done)
+        first_pull = await pulls.next_msg(timeout=1)
+    finally:
+        await advisories.unsubscribe()
+        await pulls.unsubscribe()
+
+    assert json.loads(first_pull.data)["batch"] == 4
+    claimed_at = {(await rig.row(job_id))["claimed_at"] for job_id in (first, second)}
+    assert len(claimed_at) == 1, "both claimed by one transaction"
+    for job_id in (first, second):
+        assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "completed", None)]
+    assert len(rig.sandbox.runs) == 2
+    row = await rig.row(taken)
+    assert (row["status"], row["claimed_by"], row["attempt_count"]) == ("processing", OTHER_WORKER, 1)
+    row = await rig.row(cancelled)
+    assert (row["status"], row["claimed_by"], row["attempt_count"]) == ("cancelled", None, 0)
+    assert await rig.attempts(cancelled) == []
+
+
 async def test_cancel_during_upload_deletes_the_outputs_and_releases(
     make_rig: Callable[..., Awaitable[Rig]],
 ) -> None:

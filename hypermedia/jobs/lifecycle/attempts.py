@@ -44,44 +44,66 @@ class ClaimedJob:
     """Longest audio or video a media job takes, in seconds (the profile's)."""
 
 
-async def claim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:
-    """The seed's atomic claim: ``UPDATE … WHERE job_id = $1 AND status = 'queued'``, then the
-    ``job_attempts`` row and ``processing``, in one transaction. None when someone else has it (or
-    it was cancelled, or the id is unknown)."""
+def job_key(job_id: str) -> str | None:
+    """``job_id`` as Postgres spells a job id (the canonical UUID text :attr:`ClaimedJob.job_id`
+    has), or None when it is not a UUID."""
     try:
-        uuid.UUID(str(job_id))
+        return str(uuid.UUID(str(job_id)))
     except ValueError:
         return None
+
+
+async def claim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:
+    """The seed's atomic claim of one job (:func:`claim_many` of ``[job_id]``). None when someone
+    else has it (or it was cancelled, or the id is unknown)."""
+    claimed = await claim_many(pool, [job_id], worker_id)
+    return claimed[0] if claimed else None
+
+
+async def claim_many(pool: asyncpg.Pool, job_ids: list[str], worker_id: str) -> list[ClaimedJob]:
+    """The seed's atomic claim for several jobs in one transaction: ``UPDATE … WHERE job_id =
+    ANY($1) AND status = 'queued'``, then a ``job_attempts`` row each and ``processing``. Each job
+    is claimed exactly as alone: its own lease (``timeout_seconds × 1.5`` + margin) and attempt
+    count (the fencing token); a job that is not ``queued`` (someone else has it, cancelled,
+    finished, unknown id, not a UUID) is left out. Returns the claimed jobs in the order of
+    ``job_ids`` (a repeated id is claimed once)."""
+    valid = [key for key in map(job_key, job_ids) if key is not None]
+    if not valid:
+        return []
     async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(
+        rows = await conn.fetch(
             f"""
             UPDATE processing_jobs j SET
                 status = 'claimed', claimed_by = $2, claimed_at = now(),
                 visibility_timeout = now() + make_interval(secs => p.timeout_seconds * 1.5 + $3),
                 attempt_count = j.attempt_count + 1, updated_at = now()
             FROM processing_profiles p
-            WHERE j.job_id = $1 AND j.status = 'queued'
+            WHERE j.job_id = ANY($1::uuid[]) AND j.status = 'queued'
               AND p.operation = j.operation AND p.version = j.profile_version
             RETURNING {_CLAIMED_COLUMNS}
             """,
-            job_id,
+            valid,
             worker_id,
             LEASE_MARGIN_SECONDS,
         )
-        if row is None:
-            return None
+        if not rows:
+            return []
+        claimed_ids = [row["job_id"] for row in rows]
         await conn.execute(
-            "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status) VALUES ($1, $2, $3, 'processing')",
-            job_id,
-            row["attempt_count"],
+            "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status) "
+            "SELECT job_id, attempt_number, $3, 'processing' FROM unnest($1::uuid[], $2::int[]) "
+            "AS a(job_id, attempt_number)",
+            claimed_ids,
+            [row["attempt_count"] for row in rows],
             worker_id,
         )
         await conn.execute(
             "UPDATE processing_jobs SET status = 'processing', started_at = coalesce(started_at, now()), "
-            "updated_at = now() WHERE job_id = $1",
-            job_id,
+            "updated_at = now() WHERE job_id = ANY($1::uuid[])",
+            claimed_ids,
         )
-    return _claimed_job(row)
+    by_id = {str(row["job_id"]): _claimed_job(row) for row in rows}
+    return [by_id.pop(job_id) for job_id in valid if job_id in by_id]
 
 
 async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:
