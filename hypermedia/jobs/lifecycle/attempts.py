@@ -66,19 +66,25 @@ async def claim_many(pool: asyncpg.Pool, job_ids: list[str], worker_id: str) -> 
     is claimed exactly as alone: its own lease (``timeout_seconds × 1.5`` + margin) and attempt
     count (the fencing token); a job that is not ``queued`` (someone else has it, cancelled,
     finished, unknown id, not a UUID) is left out. Returns the claimed jobs in the order of
-    ``job_ids`` (a repeated id is claimed once)."""
+    ``job_ids`` (a repeated id is claimed once). The rows are locked in job id order, so batches
+    claiming overlapping jobs wait for each other, never deadlock."""
     valid = [key for key in map(job_key, job_ids) if key is not None]
     if not valid:
         return []
     async with pool.acquire() as conn, conn.transaction():
         rows = await conn.fetch(
             f"""
+            WITH locked AS (  -- in job id order: two batches never wait on each other in a cycle
+                SELECT job_id FROM processing_jobs
+                WHERE job_id = ANY($1::uuid[]) AND status = 'queued'
+                ORDER BY job_id FOR UPDATE
+            )
             UPDATE processing_jobs j SET
                 status = 'claimed', claimed_by = $2, claimed_at = now(),
                 visibility_timeout = now() + make_interval(secs => p.timeout_seconds * 1.5 + $3),
                 attempt_count = j.attempt_count + 1, updated_at = now()
-            FROM processing_profiles p
-            WHERE j.job_id = ANY($1::uuid[]) AND j.status = 'queued'
+            FROM locked, processing_profiles p
+            WHERE j.job_id = locked.job_id AND j.status = 'queued'
               AND p.operation = j.operation AND p.version = j.profile_version
             RETURNING {_CLAIMED_COLUMNS}
             """,
