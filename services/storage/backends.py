@@ -16,6 +16,8 @@ The client's file name is metadata (``objects.filename``), never part of a key.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from datetime import datetime
 from typing import Protocol
@@ -127,3 +129,13 @@ def is_output_key_of(key: str, pool_id: UUID, source_object_id: UUID) -> bool:
         and int(rest[0]) >= 1
         and OUTPUT_TYPE.match(rest[1]) is not None
     )
+
+
+def checksum_hex(value: str) -> str | None:
+    """The lowercase hex form of an ``x-amz-checksum-sha256`` value (base64 of 32 bytes, as S3
+    takes and answers it), or None when it is not one."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None

@@ -24,8 +24,6 @@ extended attribute :data:`SHA256_XATTR`), so registration does not read the byte
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import hashlib
 import hmac
@@ -48,7 +46,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from hypermedia.core.errors import PayloadTooLarge
-from services.storage.backends import OUTPUT_TYPE, is_valid_key
+from services.storage.backends import OUTPUT_TYPE, checksum_hex, is_valid_key
 
 READ_CHUNK_BYTES = 1024 * 1024
 """Read size when hashing a file, write batch size of an upload, and the chunk a download is
@@ -81,16 +79,6 @@ def _sign(key: bytes, method: str, object_key: str, expires: int, content_type: 
 
 class ChecksumMismatch(Exception):
     """The bytes of a PUT do not have the SHA-256 it declared; nothing was stored."""
-
-
-def checksum_hex(value: str) -> str | None:
-    """The lowercase hex form of an ``x-amz-checksum-sha256`` value (base64 of 32 bytes), or None
-    when it is not one."""
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    return raw.hex() if len(raw) == 32 else None
 
 
 class _File(FileResponse):

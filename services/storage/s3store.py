@@ -9,8 +9,6 @@ the bound is this one. When they run out the call raises ``TransientError(STORAG
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -23,6 +21,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from hypermedia.core.errors import TransientError
+from services.storage.backends import checksum_hex
 
 MAX_ATTEMPTS = 3
 """Attempts per S3 call, the first included."""
@@ -159,11 +158,7 @@ class S3Store:
         value = head.get("ChecksumSHA256")
         if not value or head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
             return None
-        try:
-            raw = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            return None
-        return raw.hex() if len(raw) == 32 else None
+        return checksum_hex(value)
 
     async def stat(self, key: str) -> int | None:
         """See :meth:`ObjectBackend.stat` (HEAD object)."""

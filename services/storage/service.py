@@ -57,6 +57,12 @@ _RUNNING = ["claimed", "processing", "cancel_requested"]
 """States in which a job's live attempt may move its bytes."""
 
 
+def _job_prefix(source: asyncpg.Record) -> str:
+    """The key prefix of a job's outputs, ``derived/{pool_id}/{object_id}/{profile_version}/``,
+    from a :data:`_LIVE_ATTEMPT` row."""
+    return f"{output_prefix(source['pool_id'], source['object_id'])}{source['job_profile_version']}/"
+
+
 @dataclass(frozen=True)
 class StorageQuota:
     """The default storage quota of an account (ADR 0029); ``storage_usage.max_bytes`` and
@@ -488,7 +494,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         """
         ttl = self._ttl_of(request.expires_in_seconds)
         source = await self._live_attempt(request.job_id, request.attempt, _RUNNING)
-        prefix = f"{output_prefix(source['pool_id'], source['object_id'])}{source['job_profile_version']}/"
+        prefix = _job_prefix(source)
         (url, expires_at), (method, post_url, fields, _) = await asyncio.gather(
             self._backend.presign_get(source["key"], ttl, source["mime_type"]),
             self._backend.grant_outputs(prefix, ttl, self._max_put_bytes),
@@ -528,7 +534,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             raise InvalidArgument(f"outputs must hold 1 to {MAX_OUTPUTS_PER_CALL} uploads")
         if len({out.key for out in outputs}) != len(outputs):
             raise InvalidArgument("each output key may appear once")
-        prefix = f"{output_prefix(source['pool_id'], source['object_id'])}{source['job_profile_version']}/"
+        prefix = _job_prefix(source)
         for out in outputs:
             if not out.key.startswith(prefix) or not is_output_key_of(
                 out.key, source["pool_id"], source["object_id"]
