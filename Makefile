@@ -74,8 +74,9 @@ proto-check: $(STAMP)
 	    cmp -s $$tmp/$$f $$f || { echo "stub drift: $$f (run make proto)"; rm -rf $$tmp; exit 1; }; \
 	  done; rm -rf $$tmp; echo "stubs up to date"
 
-# What the benchmarks need besides: the ffmpeg command line, bench/media.py's baseline.
-BENCH_PACKAGES := ffmpeg
+# What the benchmarks need: the engines' packages (office_to_pdf and OCR are skipped without them)
+# and the ffmpeg command line, bench/media.py's baseline.
+BENCH_PACKAGES := $(DEBIAN_PACKAGES) ffmpeg
 
 bench: $(STAMP)
 	@scripts/ensure_debian_packages.sh $(BENCH_PACKAGES)
