@@ -281,6 +281,28 @@ def test_cmyk_jpeg_becomes_srgb(embed_profile: bool, tmp_path: Path, out_dir: Pa
         assert mean_abs_diff(image, original) < 8
 
 
+def test_plain_srgb_skips_the_colour_transform_and_a_profile_keeps_it(tmp_path: Path, out_dir: Path) -> None:
+    """The plain path (8-bit sRGB, no ICC profile) gives the very pixels of the colour-managed
+    one; a Display P3 photo still goes through the transform to sRGB."""
+    plain = EXIF / "Landscape_1.jpg"
+    assert sources.open_source(plain, LIMITS).plain_srgb
+    _, path = run_one("thumbnail", {"size": 256}, plain, out_dir)
+    managed = tmp_path / "managed.webp"
+    pyvips.Image.thumbnail(str(plain), 256, output_profile="srgb").webpsave(str(managed), keep="none")
+    assert (load(path) - load(managed)).abs().max() == 0  # the same pixels into the same encoder
+
+    p3 = tmp_path / "p3.jpg"
+    original = pyvips.Image.new_from_file(str(plain))
+    original.icc_transform("p3", input_profile="srgb").jpegsave(str(p3), keep="icc", Q=95)
+    assert not sources.open_source(p3, LIMITS).plain_srgb
+    _, path = run_one("convert", {"format": "png"}, p3, out_dir)
+    image = load(path)
+    assert not image.get_typeof("icc-profile-data")
+    # Back in sRGB (mean colour difference measured 0.74 of 255); P3 numbers read as sRGB: 2.28.
+    assert (image - original).abs().avg() < 1.2
+    assert (pyvips.Image.new_from_file(str(p3)) - original).abs().avg() > 1.8
+
+
 def test_metadata_is_stripped(tmp_path: Path, out_dir: Path) -> None:
     source = tmp_path / "gps.jpg"
     image = pyvips.Image.new_from_file(str(EXIF / "Landscape_6.jpg")).copy()

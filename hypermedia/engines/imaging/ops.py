@@ -285,14 +285,10 @@ def _thumbnail_of_pillow_tiff(
 def _sized(source: Source, width: int, height: int, *, size: str, crop: str = "none") -> pyvips.Image:
     """Opens the first frame through thumbnail(): shrink-on-load (SVG: rendered at the target
     scale), EXIF orientation applied, embedded ICC profile or CMYK converted to sRGB, 8-bit sRGB
-    out (alpha kept)."""
-    options: dict[str, Any] = {
-        "height": height,
-        "size": size,
-        "crop": crop,
-        "output_profile": "srgb",
-        "fail_on": "truncated",
-    }
+    out (alpha kept). A :attr:`~Source.plain_srgb` source is sRGB already: no colour transform."""
+    options: dict[str, Any] = {"height": height, "size": size, "crop": crop, "fail_on": "truncated"}
+    if not source.plain_srgb:
+        options["output_profile"] = "srgb"
     if source.hevc is not None:
         return _plain(_thumbnail_hevc(source.hevc, width, options))
     if source.document is not None:
