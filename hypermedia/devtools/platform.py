@@ -48,6 +48,10 @@ STABLE_SECONDS = 5.0
 """A process that ran this long started fine: its next death restarts it after the shortest delay."""
 
 
+UNIX_PATH_MAX = 108
+"""``sizeof(sockaddr_un.sun_path)`` on Linux, the terminating NUL included (unix(7))."""
+
+
 def state_dir() -> Path:
     return Path(os.environ.get("HM_STATE_DIR", ".hypermedia")).resolve()
 
@@ -192,6 +196,16 @@ class Platform:
             key_file.chmod(0o600)
         return key_file.read_text().strip()
 
+    def _handoff_socket(self) -> str:
+        """Where storage hands originals to the workers (ADR 0045): ``run/storage.sock`` in the
+        state dir, or "" (HTTP only) when that path is longer than a Unix socket's
+        ``sun_path`` holds (108 bytes, unix(7))."""
+        path = str((self.root / "run" / "storage.sock").resolve())
+        if len(path.encode()) >= UNIX_PATH_MAX:
+            log.info("storage hand-off off: %s is too long for a Unix socket", path)
+            return ""
+        return path
+
     def start(self) -> dict[str, Any]:
         """Start infrastructure, migrate, start every service; returns the platform description."""
         for old, new in config.deprecated_in_use(self.base_env):
@@ -238,6 +252,7 @@ class Platform:
                 "HM_STORAGE_SIGNING_KEY": self._state_secret("HM_STORAGE_SIGNING_KEY", "signing.key"),
                 "HM_GATEWAY_SECRET_KEY": self._state_secret("HM_GATEWAY_SECRET_KEY", "gateway.key"),
                 "HM_STORAGE_DIR": env.get("HM_STORAGE_DIR", str(self.root / "objects")),
+                "HM_STORAGE_HANDOFF_SOCKET": env.get("HM_STORAGE_HANDOFF_SOCKET", self._handoff_socket()),
                 "HM_REAPER_WORK_DIRS": os.pathsep.join(w["HM_WORK_DIR"] for w in worker_env.values()),
                 "PYTHONUNBUFFERED": "1",
             }

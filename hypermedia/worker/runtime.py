@@ -120,7 +120,7 @@ class WorkerRuntime:
         """The progress events of each running job (held back in its first second)."""
         """Jobs waiting for admission (:meth:`_admit`); a drain hands them back at once."""
         self._handler = handler
-        self._transfers = Transfers(storage, http)
+        self._transfers = Transfers(storage, http, settings.storage_handoff_socket)
         self.admission = Admission(
             settings.slots, settings.min_available_memory_mb, settings.min_pid_headroom
         )

@@ -29,6 +29,9 @@ class WorkerSettings(ComponentSettings):
     noop_operation: bool = Field(False, validation_alias="HM_NOOP_OPERATION")
     """Run ``noop`` jobs (benchmarks and tests only: :mod:`hypermedia.jobs.noop`); without it such a
     job fails at once with ``OPERATION_NOT_ENABLED``."""
+    storage_handoff_socket: str = Field("", validation_alias="HM_STORAGE_HANDOFF_SOCKET")
+    """The local store's hand-off socket (ADR 0045): originals arrive as a file descriptor copied
+    by the kernel instead of over HTTP; empty, or unreachable, and they come over HTTP."""
     sandbox_uid_base: int = Field(61000, ge=1, le=2**31 - 1 - 64, validation_alias="HM_SANDBOX_UID_BASE")
     """When the worker runs as root, slot i's jobs run as uid ``base + i`` (no passwd entry
     needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""

@@ -23,6 +23,7 @@ from hypermedia.core.errors import DomainError, PermanentJobError, TransientErro
 from hypermedia.infra.rpc import call, infra_retry
 from hypermedia.jobs import lifecycle
 from hypermedia.sandbox import read_output
+from hypermedia.worker import handoff
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,19 @@ class Transfers:
     Args:
         storage: gRPC stub of the storage service (presigning, registering, deleting).
         http: client for the presigned URLs (no credentials).
+        handoff_socket: the local store's hand-off socket (:mod:`hypermedia.worker.handoff`),
+            tried before HTTP for each download; "" for HTTP only.
     """
 
-    def __init__(self, storage: storage_pb2_grpc.StorageServiceStub, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        storage: storage_pb2_grpc.StorageServiceStub,
+        http: httpx.AsyncClient,
+        handoff_socket: str = "",
+    ) -> None:
         self._storage = storage
         self._http = http
+        self._handoff = handoff.Handoff(handoff_socket) if handoff_socket else None
 
     async def delete_outputs(self, job: lifecycle.ClaimedJob, outputs: list[lifecycle.Output]) -> None:
         """Delete the uploaded outputs of a job that will not complete. An output another job
@@ -77,12 +86,15 @@ class Transfers:
         return granted
 
     async def download(self, url: str, dest: Path, max_bytes: int) -> None:
-        """Fetch an object through its presigned GET ``url`` into ``dest`` (at most ``max_bytes``).
+        """Fetch an object through its presigned GET ``url`` into ``dest`` (at most ``max_bytes``):
+        through the hand-off socket when there is one and it answers (a kernel copy), else over HTTP.
 
         Raises:
             PermanentJobError: ``INPUT_TOO_LARGE``.
             TransientError: ``STORAGE_UNAVAILABLE`` when storage answers anything but 200.
         """
+        if self._handoff is not None and await self._handoff.fetch(url, dest, max_bytes):
+            return
         async for attempt in infra_retry():
             with attempt:
                 size = 0

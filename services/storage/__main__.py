@@ -17,6 +17,7 @@ from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer
 from hypermedia.infra.service import Lifetime, open_postgres, run_service
 from services.storage.backends import ObjectBackend
+from services.storage.handoff import HandoffServer
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
 from services.storage.service import SERVICE_NAME, StorageQuota, StorageServicer
@@ -45,6 +46,10 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             Path(settings.local_dir), settings.signing_key.get_secret_value().encode(), public_url
         )
         await http.start(build_app(local, settings.max_put_bytes))
+        if settings.handoff_socket:
+            handoff = HandoffServer(local, Path(settings.handoff_socket))
+            handoff.start()
+            stack.push_async_callback(handoff.stop)
         backend = local
     else:
         backend = S3Store(settings.s3_bucket, settings.s3_region, settings.s3_endpoint_url)

@@ -19,6 +19,10 @@ class StorageSettings(ComponentSettings):
     public_url: str = Field("", validation_alias="HM_STORAGE_PUBLIC_URL")
     """Base URL that presigned local URLs start with; default ``http://{http_host}:{http_port}``."""
     local_dir: str = Field(".hypermedia/objects", validation_alias="HM_STORAGE_DIR")
+    handoff_socket: str = Field("", validation_alias="HM_STORAGE_HANDOFF_SOCKET")
+    """Unix socket on which a worker on this machine trades a presigned GET URL of the local
+    store for an open file descriptor (:mod:`services.storage.handoff`, ADR 0045); empty: off.
+    Workers given the same path use it (``hypermedia up`` sets it)."""
     signing_key: SecretStr = Field(SecretStr(""), validation_alias="HM_STORAGE_SIGNING_KEY")
     """HMAC-SHA256 key of local presigned URLs (required for the local backend)."""
     url_ttl_seconds: int = Field(900, gt=0, le=7 * 24 * 3600, validation_alias="HM_STORAGE_URL_TTL_SECONDS")

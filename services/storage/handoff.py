@@ -1,0 +1,131 @@
+"""Same-host hand-off of originals: a worker on the local store's machine presents a presigned GET
+URL on a Unix socket and receives an open, read-only file descriptor of the object instead of its
+bytes over HTTP (ADR 0045).
+
+Protocol, one exchange per connection: the client sends the URL's path and query
+(``/o/{key}?expires=…&sig=…[&ct=…]``, at most :data:`MAX_REQUEST_BYTES`, ending in ``\\n``); the
+server checks it exactly as the HTTP ``GET`` does (:meth:`LocalStore.verify`) and answers one JSON
+line, ``{"status": 200, "size": N}`` with the descriptor attached (``SCM_RIGHTS``, unix(7)), or
+``{"status": 400|403|404, "error_code": "…", "detail": "…"}`` without one. The signature stays the
+only authority: being able to connect grants nothing, as with the HTTP port. S3 has no such path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import socketserver
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from services.storage.backends import is_valid_key
+from services.storage.localstore import LocalStore
+
+MAX_REQUEST_BYTES = 8192
+"""Longest request line accepted (bytes); a presigned path is a few hundred."""
+REQUEST_TIMEOUT_SECONDS = 5.0
+"""How long a connection may take to send its request line."""
+
+
+def answer(store: LocalStore, request: bytes) -> tuple[dict[str, Any], int | None]:
+    """The answer to one request line and the descriptor to attach (``None`` on refusal).
+
+    Args:
+        store: the local store whose signatures and files are used.
+        request: the URL's path and query, as sent (trailing newline allowed).
+
+    Returns:
+        ``({"status": 200, "size": bytes}, fd)``, the fd opened ``O_RDONLY | O_NOFOLLOW``
+        (the caller closes it after sending); or ``({"status", "error_code", "detail"}, None)``:
+        400 ``INVALID_KEY``, 403 ``URL_REJECTED``, 404 ``NOT_FOUND``.
+    """
+    try:
+        parts = urlsplit(request.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return _refused(400, "INVALID_KEY", "the request is not a presigned GET path"), None
+    key = unquote(parts.path.removeprefix("/o/")) if parts.path.startswith("/o/") else ""
+    if not is_valid_key(key):
+        return _refused(400, "INVALID_KEY", "invalid object key"), None
+    query = {name: values[0] for name, values in parse_qs(parts.query).items()}
+    if not store.verify("GET", key, query.get("expires", ""), query.get("sig", ""), query.get("ct", "")):
+        return _refused(403, "URL_REJECTED", "the URL is expired or its signature does not match"), None
+    try:
+        fd = os.open(store.path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, IsADirectoryError):
+        return _refused(404, "NOT_FOUND", "no such object"), None
+    except OSError:  # a symlink (ELOOP) or anything else the store did not write
+        return _refused(404, "NOT_FOUND", "no such object"), None
+    return {"status": 200, "size": os.fstat(fd).st_size}, fd
+
+
+def _refused(status: int, error_code: str, detail: str) -> dict[str, Any]:
+    return {"status": status, "error_code": error_code, "detail": detail}
+
+
+class HandoffServer:
+    """The Unix socket server of :mod:`services.storage.handoff`: the standard library's threading
+    Unix stream server, one short-lived thread per exchange, beside the event loop.
+
+    Args:
+        store: the local store.
+        path: the socket's path; a stale socket there is replaced. Mode 0660: the worker must run
+            as the storage service's user or group (``hypermedia up`` runs both as one user).
+    """
+
+    def __init__(self, store: LocalStore, path: Path) -> None:
+        self._store = store
+        self._path = path
+        self._server: socketserver.ThreadingUnixStreamServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Listen. Raises OSError when the path cannot be bound."""
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if self._path.is_socket():
+                self._path.unlink()
+        store = self._store
+
+        class Exchange(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                _exchange(store, self.request)
+
+        server = socketserver.ThreadingUnixStreamServer(str(self._path), Exchange)
+        server.daemon_threads = True
+        os.chmod(self._path, 0o660)
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="storage-handoff", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop listening (exchanges under way finish) and remove the socket."""
+        if self._server is not None:
+            await asyncio.to_thread(self._server.shutdown)
+            self._server.server_close()
+        with contextlib.suppress(FileNotFoundError):
+            self._path.unlink()
+
+
+def _exchange(store: LocalStore, sock: socket.socket) -> None:
+    """One request line in, one JSON line out with the descriptor attached (``sendmsg``)."""
+    sock.settimeout(REQUEST_TIMEOUT_SECONDS)
+    fd: int | None = None
+    try:
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = sock.recv(MAX_REQUEST_BYTES)
+            if not chunk or len(line) + len(chunk) > MAX_REQUEST_BYTES:
+                return  # the client went away or sent more than a presigned path
+            line += chunk
+        reply, fd = answer(store, line)
+        socket.send_fds(sock, [(json.dumps(reply) + "\n").encode()], [] if fd is None else [fd])
+    except OSError:
+        pass  # timed out or reset: the client retries or falls back to HTTP
+    finally:
+        if fd is not None:
+            os.close(fd)
