@@ -61,14 +61,30 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing beyond what asyncpg always does (its listeners
+    cleared, a transaction left open rolled back). The platform keeps no session state on pooled
+    connections — advisory locks are transaction-scoped (``pg_advisory_xact_lock``), ``LISTEN``
+    has its own connection (:mod:`hypermedia.jobs.events`), nothing runs ``SET`` or holds a
+    cursor — so asyncpg's default reset (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
+    RESET ALL``) was a round trip per release for nothing: 13.5 a thumbnail job across the
+    services (measured with ``log_statement = all``, docs/performance.md)."""
+
+
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """An asyncpg pool with JSON/JSONB decoded to Python values.
+    """An asyncpg pool with JSON/JSONB decoded to Python values and no reset query on release
+    (:func:`_keep_session`: code using the pool must keep no session state).
 
     Raises:
         OSError, asyncpg.PostgresError: when the server cannot be reached.
     """
     pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection, command_timeout=30
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init_connection,
+        reset=_keep_session,
+        command_timeout=30,
     )
     assert pool is not None
     return pool
