@@ -2,8 +2,9 @@
 
 Rows are written in the same transaction as the job state they announce
 (:func:`hypermedia.jobs.lifecycle.enqueue_outbox`). The relay locks a batch with ``FOR UPDATE SKIP
-LOCKED`` (so several relays can run at once), publishes each row with ``Nats-Msg-Id = msg_id`` and
-waits for the JetStream ack, then marks the batch published in the same transaction. A crash between
+LOCKED`` (so several relays can run at once), publishes its rows at once with ``Nats-Msg-Id =
+msg_id`` and waits for their JetStream acks together, then marks them published in the same
+transaction. Published rows older than the retention are deleted once a minute. A crash between
 publish and mark publishes the rows again on the next run, and JetStream drops the copies inside its
 duplicate window. After a batch it rings the doorbell of every queue it touched. A row that could
 not be published (no stream for its subject, broker timeout) is left pending and skipped by this
@@ -47,6 +48,8 @@ class OutboxRelay:
         nc, js: NATS client and its JetStream context.
         batch_size: rows per transaction.
         retain_seconds: published rows older than this are deleted.
+        purge_every_seconds: how often this relay deletes them (the delete reads every published
+            row: once a minute, not once a batch).
     """
 
     def __init__(
@@ -57,12 +60,15 @@ class OutboxRelay:
         *,
         batch_size: int = 100,
         retain_seconds: int = 3600,
+        purge_every_seconds: float = 60.0,
     ) -> None:
         self._pool = pool
         self._nc = nc
         self._js = js
         self._batch_size = batch_size
         self._retain_seconds = retain_seconds
+        self._purge_every_seconds = purge_every_seconds
+        self._next_purge = 0.0  # monotonic: the first run purges
         self.wake = asyncio.Event()
         # outbox_id → monotonic time before which this relay does not try the row again. Holds at
         # most the rows that failed within the last FAILED_ROW_BACKOFF_SECONDS.
@@ -83,39 +89,48 @@ class OutboxRelay:
                 self._batch_size,
                 list(self._retry_after),
             )
+            outcomes = await asyncio.gather(*(self._publish(row) for row in rows), return_exceptions=True)
             published = []
-            for row in rows:
-                message = queues.JobMessage(
-                    row["payload"]["job_id"], row["payload"]["queue"], int(row["payload"]["priority"])
-                )
-                try:
-                    await self._js.publish(
-                        row["subject"],
-                        message.encode(),
-                        headers={**row["payload"].get("trace", {}), "Nats-Msg-Id": row["msg_id"]},
-                    )
-                except (NoStreamResponseError, NoRespondersError, NatsTimeoutError):
+            for row, outcome in zip(rows, outcomes, strict=True):
+                if isinstance(outcome, NoStreamResponseError | NoRespondersError | NatsTimeoutError):
                     # Left unpublished; the next run tries again. The rest of the batch goes on.
                     log.warning("could not publish outbox row %s to %s", row["outbox_id"], row["subject"])
                     self._retry_after[row["outbox_id"]] = now + FAILED_ROW_BACKOFF_SECONDS
                     continue
+                if isinstance(outcome, BaseException):
+                    raise outcome  # nothing is marked: the whole batch is published again
                 published.append(row["outbox_id"])
                 rung.add(queues.doorbell_for(row["subject"]))
             if published:
                 await conn.execute(
                     "UPDATE outbox SET published_at = now() WHERE outbox_id = ANY($1::bigint[])", published
                 )
-            purged = await conn.fetchval(
-                """
-                WITH gone AS (DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)
-                              RETURNING 1)
-                SELECT count(*) FROM gone
-                """,
-                float(self._retain_seconds),
-            )
+            purged = 0
+            if now >= self._next_purge:
+                self._next_purge = now + self._purge_every_seconds
+                purged = await conn.fetchval(
+                    """
+                    WITH gone AS (DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)
+                                  RETURNING 1)
+                    SELECT count(*) FROM gone
+                    """,
+                    float(self._retain_seconds),
+                )
         for doorbell in rung:
             await self._nc.publish(doorbell, b"")
         return RelayResult(published=len(published), purged=int(purged or 0))
+
+    async def _publish(self, row: asyncpg.Record) -> None:
+        """One row to JetStream, ``Nats-Msg-Id = msg_id``; returns at its ack. A batch's rows are
+        published at once, their acks awaited together: one round trip a batch, not one a row."""
+        message = queues.JobMessage(
+            row["payload"]["job_id"], row["payload"]["queue"], int(row["payload"]["priority"])
+        )
+        await self._js.publish(
+            row["subject"],
+            message.encode(),
+            headers={**row["payload"].get("trace", {}), "Nats-Msg-Id": row["msg_id"]},
+        )
 
     async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0) -> None:
         """Loop until ``stop``: run, then wait for :attr:`wake` or ``poll_seconds``."""

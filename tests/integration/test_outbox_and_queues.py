@@ -147,13 +147,15 @@ async def test_row_without_a_stream_does_not_block_the_batch(
 
 async def test_published_rows_are_purged_after_retention(fresh_pool: asyncpg.Pool, broker: Broker) -> None:
     await _enqueue(fresh_pool, broker.prefix, 3)
-    relay = OutboxRelay(fresh_pool, broker.nc, broker.js, retain_seconds=60)
+    relay = OutboxRelay(fresh_pool, broker.nc, broker.js, retain_seconds=60, purge_every_seconds=0.5)
     assert (await relay.run_once()).published == 3
     await fresh_pool.execute(
         "UPDATE outbox SET published_at = now() - interval '2 minutes' "
         "WHERE outbox_id = (SELECT min(outbox_id) FROM outbox)"
     )
 
+    assert (await relay.run_once()).purged == 0  # within purge_every_seconds of the first run's purge
+    await asyncio.sleep(0.6)
     result = await relay.run_once()
 
     assert (result.published, result.purged) == (0, 1)
