@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import uuid
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -87,6 +88,26 @@ def _credits_addr() -> str:
     return str(platform.read_platform()["credits_addr"])
 
 
+def _admin_tls() -> Any:
+    """The admin identity's internal-gRPC credentials (ADR 0044): from ``HM_INTERNAL_AUTH`` /
+    ``HM_TLS_*`` when ``HM_INTERNAL_AUTH`` or ``HM_CREDITS_ADDR`` is set (a cluster: the admin
+    certificate from its Secret), else the ``admin`` files of the platform in this directory (None
+    when it runs with ``HM_INTERNAL_AUTH=none``). Raises ConfigError, FileNotFoundError."""
+    from hypermedia.infra import mtls
+
+    if os.environ.get("HM_INTERNAL_AUTH") or os.environ.get("HM_CREDITS_ADDR"):
+        return mtls.from_environment()
+    info = platform.read_platform()
+    if info.get("internal_auth", "none") == "none":
+        return None
+    files = info["tls"]
+    return mtls.Tls(
+        Path(files["HM_TLS_CA"]).read_bytes(),
+        Path(files["HM_TLS_CERT"]).read_bytes(),
+        Path(files["HM_TLS_KEY"]).read_bytes(),
+    )
+
+
 @app.command()
 def migrate() -> None:
     """Apply pending database migrations (HM_DATABASE_URL, or the platform in this directory)."""
@@ -111,7 +132,7 @@ async def _create_account(name: str, credits: float) -> dict[str, Any]:
     millicredits = round(credits * 1000)
     balance = 0
     if millicredits > 0:
-        async with rpc.channel(_credits_addr()) as chan:
+        async with rpc.channel(_credits_addr(), _admin_tls(), "credits") as chan:
             response = await rpc.call(
                 credits_pb2_grpc.CreditsServiceStub(chan).Grant,
                 credits_pb2.GrantRequest(
@@ -138,7 +159,7 @@ def create_account_cmd(
     logging.basicConfig(level=logging.WARNING)
     try:
         print(json.dumps(asyncio.run(_create_account(name, credits))))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, config.ConfigError) as exc:
         print(f"hypermedia admin: {exc}", file=sys.stderr)
         raise typer.Exit(config.ConfigError.exit_code) from None
 
@@ -147,7 +168,7 @@ async def _grant(account_id: str, credits: float) -> dict[str, Any]:
     from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
     from hypermedia.infra import rpc
 
-    async with rpc.channel(_credits_addr()) as chan:
+    async with rpc.channel(_credits_addr(), _admin_tls(), "credits") as chan:
         response = await rpc.call(
             credits_pb2_grpc.CreditsServiceStub(chan).Grant,
             credits_pb2.GrantRequest(
@@ -167,7 +188,7 @@ def grant_cmd(
 
     try:
         print(json.dumps(asyncio.run(_grant(account_id, credits))))
-    except (FileNotFoundError, DomainError) as exc:
+    except (FileNotFoundError, DomainError, config.ConfigError) as exc:
         print(f"hypermedia admin: {getattr(exc, 'public_message', exc)}", file=sys.stderr)
         raise typer.Exit(1) from None
 
