@@ -90,14 +90,18 @@ def _credits_addr() -> str:
 
 def _admin_tls() -> Any:
     """The admin identity's internal-gRPC credentials (ADR 0044): from ``HM_INTERNAL_AUTH`` /
-    ``HM_TLS_*`` when ``HM_INTERNAL_AUTH`` or ``HM_CREDITS_ADDR`` is set (a cluster: the admin
-    certificate from its Secret), else the ``admin`` files of the platform in this directory (None
-    when it runs with ``HM_INTERNAL_AUTH=none``). Raises ConfigError, FileNotFoundError."""
+    ``HM_TLS_*`` when either is set (a cluster: the admin certificate from its Secret), else the
+    ``admin`` files of the platform in this directory (None when it runs with
+    ``HM_INTERNAL_AUTH=none``), else ``HM_TLS_*`` (mtls by default: a ConfigError naming them).
+    Raises ConfigError, FileNotFoundError."""
     from hypermedia.infra import mtls
 
-    if os.environ.get("HM_INTERNAL_AUTH") or os.environ.get("HM_CREDITS_ADDR"):
+    if os.environ.get("HM_INTERNAL_AUTH") or os.environ.get("HM_TLS_CERT"):
         return mtls.from_environment()
-    info = platform.read_platform()
+    try:
+        info = platform.read_platform()
+    except FileNotFoundError:
+        return mtls.from_environment()
     if info.get("internal_auth", "none") == "none":
         return None
     files = info["tls"]
