@@ -113,6 +113,22 @@ def _admin_tls() -> Any:
 
 
 @app.command()
+def certs(
+    out: Annotated[Path, typer.Argument(help="directory for ca.pem and <identity>.pem / -key.pem")],
+) -> None:
+    """Make a new internal CA and one mutual-TLS certificate per service identity in OUT (files
+    0600, valid 7 days; ADR 0044), as `hypermedia up` does for its run; prints JSON {identity:
+    {HM_TLS_CA, HM_TLS_CERT, HM_TLS_KEY}}. For compose and other hosts without cert-manager."""
+    from hypermedia.infra import mtls
+
+    try:
+        print(json.dumps(mtls.issue_all(out)))
+    except OSError as exc:
+        print(f"hypermedia certs: {out}: {exc.strerror}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+@app.command()
 def migrate() -> None:
     """Apply pending database migrations (HM_DATABASE_URL, or the platform in this directory)."""
     try:

@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
 from hypermedia.devtools.embedded import free_port
+from hypermedia.infra import mtls
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer, channel
 from hypermedia.worker.transfer import send_output
@@ -821,6 +822,8 @@ async def test_main_serves_and_stops_on_sigterm(database_url: str, tmp_path: Pat
         "HM_STORAGE_HTTP_PORT": str(http_port),
         "HM_STORAGE_DIR": str(tmp_path / "objects"),
         "HM_STORAGE_SIGNING_KEY": "x" * 32,
+        # Service authentication is on unless the environment turns it off (ADR 0044).
+        **mtls.issue_all(tmp_path / "tls")["storage"],
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -832,7 +835,8 @@ async def test_main_serves_and_stops_on_sigterm(database_url: str, tmp_path: Pat
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        async with channel(f"127.0.0.1:{grpc_port}") as chan:
+        gateway = mtls.Tls.from_dir(tmp_path / "tls", "gateway")
+        async with channel(f"127.0.0.1:{grpc_port}", gateway, "storage") as chan:
             health = health_pb2_grpc.HealthStub(chan)
             for _ in range(100):
                 try:
