@@ -63,8 +63,9 @@ RIGHTS: Mapping[str, frozenset[str]] = {
     _STORAGE + "PresignGet": _GATEWAY,
     _STORAGE + "GrantJob": WORKERS,
     _STORAGE + "RegisterOutputs": WORKERS,
-    # PresignOutputPut, RegisterOutput, DeleteOutput: per-key calls no service makes any more
-    # (GrantJob and RegisterOutputs replaced them); absent here, so nobody may call them.
+    _STORAGE + "DeleteOutput": WORKERS,  # a cancelled attempt's own uploads, fenced as GrantJob
+    # PresignOutputPut, RegisterOutput: per-key calls no service makes any more (GrantJob and
+    # RegisterOutputs replaced them); absent here, so nobody may call them.
     # Credits: only the gateway holds; a job's end settles (worker, reaper; the gateway releases
     # the hold of a cancelled or uncreated job); only the admin CLI grants.
     _CREDITS + "Estimate": _GATEWAY,

@@ -253,15 +253,30 @@ async def _check_output_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) -
         )
     assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-    deleted = await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=presigned.key))
+    # DeleteOutput deletes only under the prefix of a job whose live attempt the request names.
+    job_id = await _job(pool, tenant, source, attempt=2)
+
+    def delete(key: str, attempt: int = 2, job: str = job_id) -> storage_pb2.DeleteOutputRequest:
+        return storage_pb2.DeleteOutputRequest(key=key, job_id=job, attempt=attempt)
+
+    for request, code in (
+        (storage_pb2.DeleteOutputRequest(key=presigned.key), grpc.StatusCode.INVALID_ARGUMENT),
+        (delete(presigned.key, attempt=1), grpc.StatusCode.FAILED_PRECONDITION),
+        (delete(f"derived/{tenant.pool_id}/{uuid.uuid4()}/1/thumbnail"), grpc.StatusCode.INVALID_ARGUMENT),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await svc.stub.DeleteOutput(request)
+        assert refused.value.code() == code
+    assert await svc.backend.stat(presigned.key) is not None
+    deleted = await svc.stub.DeleteOutput(delete(presigned.key))
     assert deleted.deleted
     assert await svc.backend.stat(presigned.key) is None
     assert await pool.fetchval("SELECT count(*) FROM objects WHERE key = $1", presigned.key) == 0
-    again = await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=presigned.key))
+    again = await svc.stub.DeleteOutput(delete(presigned.key))
     assert not again.deleted
 
     with pytest.raises(grpc.aio.AioRpcError) as original:
-        await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=source.key))
+        await svc.stub.DeleteOutput(delete(source.key))
     assert original.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await svc.backend.stat(source.key) == len(b"source bytes")
 
