@@ -89,14 +89,14 @@ def _credits_addr() -> str:
 
 
 def _admin_tls() -> Any:
-    """The admin identity's internal-gRPC credentials (ADR 0044): from ``HM_INTERNAL_AUTH`` /
-    ``HM_TLS_*`` when either is set (a cluster: the admin certificate from its Secret), else the
-    ``admin`` files of the platform in this directory (None when it runs with
-    ``HM_INTERNAL_AUTH=none``), else ``HM_TLS_*`` (mtls by default: a ConfigError naming them).
+    """The admin identity's internal-gRPC credentials (ADR 0044): from ``HM_TLS_*`` when
+    ``HM_TLS_CERT`` is set (a cluster: the admin certificate from its Secret); None (plaintext)
+    with ``HM_INTERNAL_AUTH=none``; else the ``admin`` files of the platform in this directory
+    (None when it runs without authentication); else ``HM_TLS_*`` (a ConfigError naming them).
     Raises ConfigError, FileNotFoundError."""
     from hypermedia.infra import mtls
 
-    if os.environ.get("HM_INTERNAL_AUTH") or os.environ.get("HM_TLS_CERT"):
+    if os.environ.get("HM_TLS_CERT") or os.environ.get("HM_INTERNAL_AUTH", "").strip().lower() == "none":
         return mtls.from_environment()
     try:
         info = platform.read_platform()

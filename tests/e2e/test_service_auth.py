@@ -44,6 +44,28 @@ def test_up_makes_a_private_ca_and_says_so(platform: RunningPlatform) -> None:
 def test_admin_cli_grants_over_mtls(platform: RunningPlatform, account: dict[str, Any]) -> None:
     granted = platform.admin("grant", account["account_id"], "--credits", "2.5")
     assert granted == {"account_id": account["account_id"], "balance": 1002.5}
+    # HM_INTERNAL_AUTH=mtls without HM_TLS_*: still the platform's admin files; with another
+    # identity's files named: credits refuses the grant.
+    base = {k: v for k, v in platform.env.items() if k not in ("HM_DATABASE_URL", "HM_CREDITS_ADDR")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "hypermedia.devtools.cli",
+        "admin",
+        "grant",
+        account["account_id"],
+        "--credits",
+        "1",
+    ]
+    ok = subprocess.run(
+        cmd, env=base | {"HM_INTERNAL_AUTH": "mtls"}, capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0 and json.loads(ok.stdout)["balance"] == 1003.5, ok.stderr
+    denied = subprocess.run(
+        cmd, env=base | platform.tls_env("gateway"), capture_output=True, text=True, timeout=60
+    )
+    assert denied.returncode == 1
+    assert "gateway may not call /hypermedia.credits.v1.CreditsService/Grant" in denied.stderr
 
 
 def test_grpcurl_with_the_admin_certificate_lists_and_calls_worker_status(platform: RunningPlatform) -> None:
