@@ -123,7 +123,11 @@ def probe(bp: common.BenchPlatform, job_id: str, repeats: int = 50) -> dict[str,
 
     async def measure() -> dict[str, float]:
         conn = await asyncpg.connect(bp.dsn)
-        credits_chan, storage_chan = rpc.channel(info["credits_addr"]), rpc.channel(info["storage_addr"])
+        # As the gateway calls them (mutual TLS with its certificate, ADR 0044; plaintext under
+        # HM_INTERNAL_AUTH=none).
+        tls = bp.platform.tls("gateway") if info.get("internal_auth") == "mtls" else None
+        credits_chan = rpc.channel(info["credits_addr"], tls, "credits")
+        storage_chan = rpc.channel(info["storage_addr"], tls, "storage")
         try:
             credits = credits_pb2_grpc.CreditsServiceStub(credits_chan)
             storage = storage_pb2_grpc.StorageServiceStub(storage_chan)
@@ -157,19 +161,24 @@ def run(
     poll_ms: float = 5.0,
     keep_logs: Path | None = None,
     verbose: bool = True,
+    internal_auth: str = "mtls",
 ) -> dict[str, Any]:
-    """Runs the whole benchmark; returns the figures (also printed when ``verbose``)."""
+    """Runs the whole benchmark; returns the figures (also printed when ``verbose``).
+    ``internal_auth``: the platform's ``HM_INTERNAL_AUTH`` (``mtls``, as shipped, or ``none``)."""
     from bench import sandboxed
 
     say = print if verbose else (lambda *a, **k: None)
     root = common.temp_root("hm-bench-oh-")
     try:
         say(
-            f"job overhead: {count} sequential 64x64 PNG -> {SIZE}px WebP jobs, poll {poll_ms:g} ms, {common.machine()}"
+            f"job overhead: {count} sequential 64x64 PNG -> {SIZE}px WebP jobs, poll {poll_ms:g} ms, "
+            f"internal gRPC {internal_auth}, {common.machine()}"
         )
         png, base = baselines(root, count)
         sb = sandboxed.run_sequential(root / "sandbox-work", png, SIZE, count)
-        with common.running_platform(root / "platform", keep_logs=keep_logs) as bp:
+        with common.running_platform(
+            root / "platform", keep_logs=keep_logs, env={"HM_INTERNAL_AUTH": internal_auth}
+        ) as bp:
             rows, noise = platform_jobs(bp, png, count, poll_ms / 1000)
             steps = probe(bp, rows[-1]["job_id"])
 
@@ -235,8 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=100, help="jobs measured (default 100)")
     parser.add_argument("--poll-ms", type=float, default=5.0, help="GET /v1/jobs/{id} interval (default 5)")
     parser.add_argument("--logs", type=Path, default=None, help="copy the platform's service logs here")
+    parser.add_argument(
+        "--internal-auth", choices=("mtls", "none"), default="mtls", help="HM_INTERNAL_AUTH (default mtls)"
+    )
     args = parser.parse_args(argv)
-    run(args.count, args.poll_ms, args.logs)
+    run(args.count, args.poll_ms, args.logs, internal_auth=args.internal_auth)
     return 0
 
 

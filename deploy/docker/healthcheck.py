@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 TIMEOUT_SECONDS = 3.0
 
@@ -31,11 +33,24 @@ def _local_target(bind: str) -> str:
     return f"127.0.0.1:{port}"
 
 
+def _channel(grpc: Any, target: str) -> Any:
+    """Mutual TLS with the service's own certificate (HM_TLS_CA, HM_TLS_CERT, HM_TLS_KEY; every
+    platform identity may call Health, ADR 0044), checking the server by the 127.0.0.1 IP SAN every
+    platform certificate carries; plaintext when HM_INTERNAL_AUTH=none."""
+    if os.environ.get("HM_INTERNAL_AUTH", "mtls").strip().lower() == "none":
+        return grpc.insecure_channel(target)
+    files = [
+        Path(os.environ.get(name, "")).read_bytes() for name in ("HM_TLS_CA", "HM_TLS_KEY", "HM_TLS_CERT")
+    ]
+    credentials = grpc.ssl_channel_credentials(files[0], files[1], files[2])
+    return grpc.secure_channel(target, credentials)
+
+
 def check_grpc(target: str) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target) as channel:
+    with _channel(grpc, target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_SECONDS)
     return bool(response.status == health_pb2.HealthCheckResponse.SERVING)

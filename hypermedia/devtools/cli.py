@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import uuid
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -87,6 +88,46 @@ def _credits_addr() -> str:
     return str(platform.read_platform()["credits_addr"])
 
 
+def _admin_tls() -> Any:
+    """The admin identity's internal-gRPC credentials (ADR 0044): from ``HM_TLS_*`` when
+    ``HM_TLS_CERT`` is set (a cluster: the admin certificate from its Secret); None (plaintext)
+    with ``HM_INTERNAL_AUTH=none``; else the ``admin`` files of the platform in this directory
+    (None when it runs without authentication); else ``HM_TLS_*`` (a ConfigError naming them).
+    Raises ConfigError, FileNotFoundError."""
+    from hypermedia.infra import mtls
+
+    if os.environ.get("HM_TLS_CERT") or os.environ.get("HM_INTERNAL_AUTH", "").strip().lower() == "none":
+        return mtls.from_environment()
+    try:
+        info = platform.read_platform()
+    except FileNotFoundError:
+        return mtls.from_environment()
+    if info.get("internal_auth", "none") == "none":
+        return None
+    files = info["tls"]
+    return mtls.Tls(
+        Path(files["HM_TLS_CA"]).read_bytes(),
+        Path(files["HM_TLS_CERT"]).read_bytes(),
+        Path(files["HM_TLS_KEY"]).read_bytes(),
+    )
+
+
+@app.command()
+def certs(
+    out: Annotated[Path, typer.Argument(help="directory for ca.pem and <identity>.pem / -key.pem")],
+) -> None:
+    """Make a new internal CA and one mutual-TLS certificate per service identity in OUT (files
+    0600, valid 7 days; ADR 0044), as `hypermedia up` does for its run; prints JSON {identity:
+    {HM_TLS_CA, HM_TLS_CERT, HM_TLS_KEY}}. For compose and other hosts without cert-manager."""
+    from hypermedia.infra import mtls
+
+    try:
+        print(json.dumps(mtls.issue_all(out)))
+    except OSError as exc:
+        print(f"hypermedia certs: {out}: {exc.strerror}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
 @app.command()
 def migrate() -> None:
     """Apply pending database migrations (HM_DATABASE_URL, or the platform in this directory)."""
@@ -111,7 +152,7 @@ async def _create_account(name: str, credits: float) -> dict[str, Any]:
     millicredits = round(credits * 1000)
     balance = 0
     if millicredits > 0:
-        async with rpc.channel(_credits_addr()) as chan:
+        async with rpc.channel(_credits_addr(), _admin_tls(), "credits") as chan:
             response = await rpc.call(
                 credits_pb2_grpc.CreditsServiceStub(chan).Grant,
                 credits_pb2.GrantRequest(
@@ -138,7 +179,7 @@ def create_account_cmd(
     logging.basicConfig(level=logging.WARNING)
     try:
         print(json.dumps(asyncio.run(_create_account(name, credits))))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, config.ConfigError) as exc:
         print(f"hypermedia admin: {exc}", file=sys.stderr)
         raise typer.Exit(config.ConfigError.exit_code) from None
 
@@ -147,7 +188,7 @@ async def _grant(account_id: str, credits: float) -> dict[str, Any]:
     from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
     from hypermedia.infra import rpc
 
-    async with rpc.channel(_credits_addr()) as chan:
+    async with rpc.channel(_credits_addr(), _admin_tls(), "credits") as chan:
         response = await rpc.call(
             credits_pb2_grpc.CreditsServiceStub(chan).Grant,
             credits_pb2.GrantRequest(
@@ -167,7 +208,7 @@ def grant_cmd(
 
     try:
         print(json.dumps(asyncio.run(_grant(account_id, credits))))
-    except (FileNotFoundError, DomainError) as exc:
+    except (FileNotFoundError, DomainError, config.ConfigError) as exc:
         print(f"hypermedia admin: {getattr(exc, 'public_message', exc)}", file=sys.stderr)
         raise typer.Exit(1) from None
 

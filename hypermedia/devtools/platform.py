@@ -9,7 +9,11 @@ run in the same directory talks to this platform.
 Worker services (imageworker, docworker, ocrworker, mediaworker) can run as several replicas (``hypermedia up --scale
 imageworker=2``): replica ``i`` is named ``imageworker-i`` (the first keeps the plain name). Every
 worker process gets its own work directory (:func:`worker_work_dir`), status port and range of
-sandbox uids. Each process's pid is in
+sandbox uids. Internal gRPC is mutual TLS (``HM_INTERNAL_AUTH=mtls``, the default here;
+``none`` turns it off, for tests only): every start makes a new CA and one certificate per service
+identity in ``{state}/tls/`` (:func:`hypermedia.infra.mtls.issue_all`, files 0600), and each
+process gets its identity's files as ``HM_TLS_CA`` / ``HM_TLS_CERT`` / ``HM_TLS_KEY``; ``admin.pem``
+is for ``hypermedia admin`` and grpcurl (ADR 0044). Each process's pid is in
 ``{state}/run/{name}.pid`` while it runs (operators and the chaos test signal processes by it).
 
 The supervisor restarts a service process that dies, with exponential backoff over its quick
@@ -35,7 +39,7 @@ from typing import Any
 
 from hypermedia.core import config
 from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_for_port
-from hypermedia.infra import db
+from hypermedia.infra import db, mtls
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +220,7 @@ class Platform:
         applied = db.migrate(database_url)
         log.info("migrations applied: %d", applied)
         env = dict(self.base_env)
+        tls = self._internal_auth(env)
         # One machine, everything on 127.0.0.1: a developer's webhook receiver is local too.
         env.setdefault("HM_WEBHOOK_ALLOW_PRIVATE", "true")
         http_port = int(config.lookup(env, "HM_GATEWAY_HTTP_PORT", "8080"))
@@ -272,6 +277,8 @@ class Platform:
             "objects_dir": env["HM_STORAGE_DIR"],
             "logs_dir": str(self.root / "logs"),
             "pid": os.getpid(),
+            "internal_auth": "mtls" if tls else "none",
+            "tls": tls.get("admin", {}),
         }
         platform_file = self.root / "platform.json"
         platform_file.write_text(json.dumps(self.info, indent=2))
@@ -281,7 +288,7 @@ class Platform:
             proc = ServiceProcess(
                 proc_name,
                 name,
-                env | worker_env.get(proc_name, {}),
+                env | worker_env.get(proc_name, {}) | tls.get(name, {}),
                 self.root / "logs" / f"{proc_name}.log",
                 self.root / "run" / f"{proc_name}.pid",
             )
@@ -294,6 +301,27 @@ class Platform:
             gateway = next(p for p in self.procs if p.name == "gateway")
             self._wait_port(gateway, http_port, timeout=60)
         return self.info
+
+    def _internal_auth(self, env: dict[str, str]) -> dict[str, dict[str, str]]:
+        """The ``HM_TLS_*`` files of every identity (:func:`mtls.issue_all`, a new CA in
+        ``{state}/tls``), and ``HM_INTERNAL_AUTH=mtls`` in ``env``; ``{}`` when the environment says
+        ``HM_INTERNAL_AUTH=none``. Logs which, in one line."""
+        mode = env.get("HM_INTERNAL_AUTH", "mtls").strip().lower()
+        if mode == "none":
+            log.warning("internal gRPC: no service authentication (HM_INTERNAL_AUTH=none; tests only)")
+            return {}
+        if mode != "mtls":
+            raise ValueError(f"HM_INTERNAL_AUTH must be mtls or none, not {mode!r}")
+        env["HM_INTERNAL_AUTH"] = "mtls"
+        tls_dir = self.root / "tls"
+        files = mtls.issue_all(tls_dir)
+        log.info(
+            "internal gRPC: mutual TLS, a new CA and one certificate per service in %s "
+            "(valid %d days; HM_INTERNAL_AUTH=none turns it off)",
+            tls_dir,
+            mtls.CERT_VALIDITY.days,
+        )
+        return files
 
     def _wait_port(self, proc: ServiceProcess, port: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -32,6 +32,7 @@ from hypermedia.api.storage.v1 import storage_pb2_grpc
 from hypermedia.core import telemetry
 from hypermedia.core.config import ConfigError, InfraSettings
 from hypermedia.infra import db, rpc
+from hypermedia.infra.mtls import Tls
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +172,11 @@ async def open_postgres(stack: AsyncExitStack, infra: InfraSettings, *, max_size
     return pool
 
 
-def open_peers(stack: AsyncExitStack, infra: InfraSettings) -> Peers:
-    """Channels to storage and credits (closed when ``stack`` unwinds) and their stubs."""
-    storage_channel = rpc.channel(infra.storage_addr)
-    credits_channel = rpc.channel(infra.credits_addr)
+def open_peers(stack: AsyncExitStack, infra: InfraSettings, tls: Tls | None = None) -> Peers:
+    """Channels to storage and credits (closed when ``stack`` unwinds) and their stubs; mutual TLS
+    with ``tls`` (the certificates must name ``storage`` / ``credits``), plaintext without."""
+    storage_channel = rpc.channel(infra.storage_addr, tls, "storage")
+    credits_channel = rpc.channel(infra.credits_addr, tls, "credits")
     stack.push_async_callback(storage_channel.close)
     stack.push_async_callback(credits_channel.close)
     return Peers(

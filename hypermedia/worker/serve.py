@@ -18,7 +18,7 @@ from google.protobuf import timestamp_pb2
 
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from hypermedia.core import config
-from hypermedia.infra import rpc
+from hypermedia.infra import mtls, rpc
 from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres
 from hypermedia.jobs import queues
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, make_undumpable
@@ -117,7 +117,8 @@ async def serve_worker(
     stack.push_async_callback(sandbox.close)
     pool = await open_postgres(stack, infra, max_size=settings.slots + 4)
     nc, _js = await queues.open_jetstream(stack, infra, f"{role}-{settings.deployment}")
-    peers = open_peers(stack, infra)
+    tls = mtls.from_environment()
+    peers = open_peers(stack, infra, tls)
     http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
     stack.push_async_callback(http.aclose)
 
@@ -137,6 +138,7 @@ async def serve_worker(
         settings.status_bind,
         [(worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerStatusService(runtime))],
         ["hypermedia.worker.v1.WorkerService"],
+        tls=tls,
     )
     await status_server.start()
     stack.push_async_callback(status_server.stop)

@@ -64,7 +64,10 @@ class Transfers:
                 async for attempt in infra_retry():
                     with attempt:
                         await call(
-                            self._storage.DeleteOutput, storage_pb2.DeleteOutputRequest(key=output.key)
+                            self._storage.DeleteOutput,
+                            storage_pb2.DeleteOutputRequest(
+                                key=output.key, job_id=job.job_id, attempt=job.attempt
+                            ),
                         )
             except DomainError as exc:
                 log.info("output kept: %s", exc.error_code, extra={"job_id": job.job_id})

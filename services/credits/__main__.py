@@ -6,6 +6,7 @@ from contextlib import AsyncExitStack
 
 from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.core import config
+from hypermedia.infra import mtls
 from hypermedia.infra.rpc import GrpcServer
 from hypermedia.infra.service import Lifetime, open_postgres, run_service
 from services.credits.service import CreditsService
@@ -15,11 +16,13 @@ from services.credits.settings import CreditsSettings
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> GrpcServer:
     infra = config.load(config.InfraSettings)
     settings = config.load(CreditsSettings)
+    tls = mtls.from_environment()
     pool = await open_postgres(stack, infra, max_size=10)
     server = GrpcServer(
         settings.grpc_bind,
         [(credits_pb2_grpc.add_CreditsServiceServicer_to_server, CreditsService(pool))],
         ["hypermedia.credits.v1.CreditsService"],
+        tls=tls,
     )
     await server.start()
     stack.push_async_callback(server.stop)

@@ -12,7 +12,7 @@ import httpx
 
 from hypermedia.api.jobs.v1 import jobs_pb2_grpc
 from hypermedia.core import config
-from hypermedia.infra import rpc
+from hypermedia.infra import mtls, rpc
 from hypermedia.infra.httplimits import HttpSettings
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.service import Lifetime, open_peers, open_postgres, run_service
@@ -43,7 +43,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     http_limits = config.load(HttpSettings)
     pool = await open_postgres(stack, infra, max_size=20)
     nc, js = await queues.open_jetstream(stack, infra, "gateway")
-    peers = open_peers(stack, infra)
+    peers = open_peers(stack, infra, mtls.from_environment())
     http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
     stack.push_async_callback(http.aclose)
 

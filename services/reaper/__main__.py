@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from hypermedia.core import config
+from hypermedia.infra import mtls
 from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres, run_service
 from hypermedia.jobs import queues
 from hypermedia.jobs.outbox import OutboxRelay
@@ -25,7 +26,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     settings = config.load(ReaperSettings)
     pool = await open_postgres(stack, infra, max_size=4)
     nc, js = await queues.open_jetstream(stack, infra, "reaper")
-    peers = open_peers(stack, infra)
+    peers = open_peers(stack, infra, mtls.from_environment())
     reaper = Reaper(
         pool,
         peers.credits,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hypermedia.api.storage.v1 import storage_pb2_grpc
 from hypermedia.core.config import InfraSettings, load
+from hypermedia.infra import mtls
 from hypermedia.infra.httplimits import HttpSettings
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer
@@ -35,6 +36,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = load(InfraSettings)
     settings = load(StorageSettings)
     http_limits = load(HttpSettings)
+    tls = mtls.from_environment()
     pool = await open_postgres(stack, infra, max_size=10)
 
     backend: ObjectBackend
@@ -65,6 +67,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         settings.grpc_bind,
         [(storage_pb2_grpc.add_StorageServiceServicer_to_server, servicer)],
         [SERVICE_NAME],
+        tls=tls,
     )
     await grpc_server.start()
     stack.push_async_callback(grpc_server.stop, GRPC_GRACE_SECONDS)

@@ -590,12 +590,22 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         """Delete a derived object's row, then its bytes (so a failure leaves at worst unreferenced
         bytes, removed by a retry). ``deleted`` is true when a row or bytes were there.
 
-        Errors: INVALID_ARGUMENT key outside ``derived/``; FAILED_PRECONDITION ``OUTPUT_REFERENCED``
-        when a job output or another derived object still refers to it.
+        Only a key under the output prefix of ``job_id`` while ``attempt`` is its live attempt
+        (claimed, processing or cancel requested), as GrantJob: a worker deletes only what its own
+        attempt uploaded (ADR 0044).
+
+        Errors: INVALID_ARGUMENT key outside ``derived/`` or outside the job's prefix, no job id;
+        NOT_FOUND unknown job; FAILED_PRECONDITION ``ATTEMPT_FENCED`` (a stale attempt, or the job
+        ended) or ``OUTPUT_REFERENCED`` when a job output or another derived object still refers to it.
         """
         key = request.key
         if not key.startswith("derived/") or not is_valid_key(key):
             raise InvalidArgument("only derived/ keys can be deleted")
+        if not request.job_id:
+            raise InvalidArgument("job_id and attempt are required: only a job's own outputs can be deleted")
+        prefix = _job_prefix(await self._live_attempt(request.job_id, request.attempt, _RUNNING))
+        if not key.startswith(prefix):
+            raise InvalidArgument(f"key is outside the job's prefix {prefix}")
         try:
             removed = await self._pool.fetchval("DELETE FROM objects WHERE key = $1 RETURNING object_id", key)
         except asyncpg.ForeignKeyViolationError:

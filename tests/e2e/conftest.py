@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+import grpc
 import httpx
 import psycopg
 import pytest
 
 from hypermedia.devtools.embedded import free_port
+from hypermedia.infra import mtls
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -45,17 +47,41 @@ class RunningPlatform:
     def grpc_addr(self) -> str:
         return str(self.info["grpc_addr"])
 
-    def service_env(self) -> dict[str, str]:
-        """Environment for starting one more service process against this platform."""
+    def service_env(self, identity: str = "imageworker") -> dict[str, str]:
+        """Environment for starting one more service process against this platform, with the
+        internal-gRPC certificate of ``identity`` (ADR 0044)."""
         env = dict(self.env)
         env.update(
             {
                 "HM_CREDITS_ADDR": self.info["credits_addr"],
                 "HM_STORAGE_ADDR": self.info["storage_addr"],
                 "HM_WORK_DIR": str(self.state_dir / "work-extra"),
+                **self.tls_env(identity),
             }
         )
         return env
+
+    def tls_env(self, identity: str = "admin") -> dict[str, str]:
+        """``HM_INTERNAL_AUTH`` and the ``HM_TLS_*`` files of ``identity`` that `up` issued."""
+        tls_dir = self.state_dir / "tls"
+        return {
+            "HM_INTERNAL_AUTH": "mtls",
+            "HM_TLS_CA": str(tls_dir / "ca.pem"),
+            "HM_TLS_CERT": str(tls_dir / f"{identity}.pem"),
+            "HM_TLS_KEY": str(tls_dir / f"{identity}-key.pem"),
+        }
+
+    def tls(self, identity: str = "admin") -> mtls.Tls:
+        """The CA, certificate and key of ``identity`` for internal gRPC."""
+        return mtls.Tls.from_dir(self.state_dir / "tls", identity)
+
+    def internal_channel(self, address: str, identity: str = "admin") -> grpc.Channel:
+        """A blocking mutual-TLS channel to an internal service of this platform as ``identity``."""
+        return grpc.secure_channel(address, self.tls(identity).channel_credentials())
+
+    def internal_aio_channel(self, address: str, identity: str = "admin") -> grpc.aio.Channel:
+        """An aio mutual-TLS channel to an internal service of this platform as ``identity``."""
+        return grpc.aio.secure_channel(address, self.tls(identity).channel_credentials())
 
     def client(self, account: dict[str, Any], timeout: float = 30) -> httpx.Client:
         """An HTTP client of this platform's REST API authenticated as ``account`` (the JSON of

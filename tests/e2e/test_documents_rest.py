@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import psycopg
 import pypdfium2 as pdfium
@@ -262,7 +261,7 @@ def test_profiles_and_the_docworker(platform: RunningPlatform) -> None:
         ("text_extract", "documents", ["pdf", "office"], True),
     ]
     assert {r[0]: r[5] for r in rows}["pdf_preview"] == 40_000_000
-    with grpc.insecure_channel(platform.info["workers"]["docworker"]) as chan:
+    with platform.internal_channel(platform.info["workers"]["docworker"]) as chan:
         status = worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(worker_pb2.GetStatusRequest())
     assert status.queue == "documents" and status.slots_total == 2
     assert status.worker_id.startswith("local/docworker/")

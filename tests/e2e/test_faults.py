@@ -93,6 +93,8 @@ class Worker:
     work_dir: Path
     status_addr: str
     worker_id: str
+    credentials: grpc.ChannelCredentials
+    """The admin identity's internal-gRPC credentials, to read its status (ADR 0044)."""
 
     def job_dirs(self) -> list[str]:
         jobs = self.work_dir / "jobs"
@@ -130,7 +132,7 @@ def _start_worker(platform: RunningPlatform, name: str, **env: str) -> Worker:
                 "SELECT worker_id FROM workers WHERE pid = %s AND status = 'running'", (proc.pid,)
             ).fetchone()
             if row:
-                return Worker(proc, work_dir, status_addr, row[0])
+                return Worker(proc, work_dir, status_addr, row[0], platform.tls().channel_credentials())
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise AssertionError(f"worker {name} did not register (exit {proc.poll()})")
@@ -196,8 +198,8 @@ def _attempts(pg: psycopg.Connection[Any], job_id: str) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def _health(addr: str) -> int:
-    with grpc.insecure_channel(addr) as chan:
+def _health(worker: Worker) -> int:
+    with grpc.secure_channel(worker.status_addr, worker.credentials) as chan:
         return int(
             health_pb2_grpc.HealthStub(chan)
             .Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
@@ -205,8 +207,8 @@ def _health(addr: str) -> int:
         )
 
 
-def _worker_status(addr: str) -> worker_pb2.GetStatusResponse:
-    with grpc.insecure_channel(addr) as chan:
+def _worker_status(worker: Worker) -> worker_pb2.GetStatusResponse:
+    with grpc.secure_channel(worker.status_addr, worker.credentials) as chan:
         return worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(worker_pb2.GetStatusRequest(), timeout=2)
 
 
@@ -271,7 +273,7 @@ def test_sigterm_hands_a_long_job_back_after_the_drain_and_another_worker_finish
     drain = 3.0
     obj = upload(client, slow_png)
     worker = workers("drain", HM_DRAIN_SECONDS=str(drain))
-    assert _health(worker.status_addr) == health_pb2.HealthCheckResponse.SERVING
+    assert _health(worker) == health_pb2.HealthCheckResponse.SERVING
     job_id = _process(client, obj["object_id"], "compress")
     held = wait_for("hold", lambda: client.get("/v1/credits").json()["held"], 5)
     _wait_until_running(pg, client, job_id)
@@ -280,12 +282,10 @@ def test_sigterm_hands_a_long_job_back_after_the_drain_and_another_worker_finish
     worker.proc.send_signal(signal.SIGTERM)
     wait_for(
         "health NOT_SERVING",
-        lambda: _health(worker.status_addr) == health_pb2.HealthCheckResponse.NOT_SERVING,
+        lambda: _health(worker) == health_pb2.HealthCheckResponse.NOT_SERVING,
         2,
     )
-    status = wait_for(
-        "status draining", lambda: (s := _worker_status(worker.status_addr)).reason == "draining" and s, 2
-    )
+    status = wait_for("status draining", lambda: (s := _worker_status(worker)).reason == "draining" and s, 2)
     assert not status.admission_open and status.slots_busy == 1
     assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "processing", "still running while draining"
     code = worker.proc.wait(drain + 10)

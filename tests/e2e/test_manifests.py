@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-import grpc
 import httpx
 import pytest
 
@@ -85,37 +84,35 @@ async def _work(platform: RunningPlatform, job_id: str, outputs: list[Stored]) -
         job = await lifecycle.claim(pool, job_id, WORKER_ID)
         assert job is not None, "the job was not queued"
         async with (
-            grpc.aio.insecure_channel(platform.info["storage_addr"]) as storage_chan,
-            grpc.aio.insecure_channel(platform.info["credits_addr"]) as credits_chan,
+            platform.internal_aio_channel(platform.info["storage_addr"], "imageworker") as storage_chan,
+            platform.internal_aio_channel(platform.info["credits_addr"], "imageworker") as credits_chan,
             httpx.AsyncClient(timeout=30) as http,
         ):
+            # As a worker does: one grant for the job's attempt, the uploads, one registration.
             storage = storage_pb2_grpc.StorageServiceStub(storage_chan)
-            registered = []
+            granted = await storage.GrantJob(
+                storage_pb2.GrantJobRequest(job_id=job.job_id, attempt=job.attempt)
+            )
+            uploads = []
             for out in outputs:
-                put = await storage.PresignOutputPut(
-                    storage_pb2.PresignOutputPutRequest(
-                        source_object_id=job.object_id,
-                        profile_version=job.profile_version,
-                        output_type=transfer.rendition_name(job, out.output_type),
-                        mime_type=out.mime_type,
+                key = granted.outputs.key_prefix + transfer.rendition_name(job, out.output_type)
+                digest = hashlib.sha256(out.content).hexdigest()
+                stored = await transfer.send_output(
+                    http, granted.outputs, key, out.content, out.mime_type, digest
+                )
+                assert stored.is_success, stored.text
+                uploads.append(
+                    storage_pb2.OutputUpload(
+                        key=key, mime_type=out.mime_type, size_bytes=len(out.content), sha256=digest
                     )
                 )
-                stored = await http.put(put.url, content=out.content, headers={"Content-Type": out.mime_type})
-                assert stored.status_code == 200, stored.text
-                done = await storage.RegisterOutput(
-                    storage_pb2.RegisterOutputRequest(
-                        source_object_id=job.object_id,
-                        key=put.key,
-                        mime_type=out.mime_type,
-                        size_bytes=len(out.content),
-                        sha256=hashlib.sha256(out.content).hexdigest(),
-                    )
-                )
-                registered.append(
-                    lifecycle.Output(
-                        out.output_type, done.object.object_id, put.key, out.mime_type, len(out.content), {}
-                    )
-                )
+            done = await storage.RegisterOutputs(
+                storage_pb2.RegisterOutputsRequest(job_id=job.job_id, attempt=job.attempt, outputs=uploads)
+            )
+            registered = [
+                lifecycle.Output(out.output_type, obj.object_id, up.key, out.mime_type, len(out.content), {})
+                for out, up, obj in zip(outputs, uploads, done.objects, strict=True)
+            ]
             assert await lifecycle.complete(pool, job, WORKER_ID, registered, job.estimated_credits, 5, 20)
             await credits_pb2_grpc.CreditsServiceStub(credits_chan).Commit(
                 settlement.commit_request(job_id, job.estimated_credits, {})

@@ -350,7 +350,7 @@ def _pil_page() -> Any:
 def test_the_ocrworker_reports_its_status(platform: RunningPlatform) -> None:
     from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 
-    with grpc.insecure_channel(platform.info["workers"]["ocrworker"]) as channel:
+    with platform.internal_channel(platform.info["workers"]["ocrworker"]) as channel:
         status = worker_pb2_grpc.WorkerServiceStub(channel).GetStatus(
             worker_pb2.GetStatusRequest(), timeout=10
         )

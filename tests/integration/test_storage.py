@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
 from hypermedia.devtools.embedded import free_port
+from hypermedia.infra import mtls
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer, channel
 from hypermedia.worker.transfer import send_output
@@ -252,15 +253,30 @@ async def _check_output_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) -
         )
     assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-    deleted = await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=presigned.key))
+    # DeleteOutput deletes only under the prefix of a job whose live attempt the request names.
+    job_id = await _job(pool, tenant, source, attempt=2)
+
+    def delete(key: str, attempt: int = 2, job: str = job_id) -> storage_pb2.DeleteOutputRequest:
+        return storage_pb2.DeleteOutputRequest(key=key, job_id=job, attempt=attempt)
+
+    for request, code in (
+        (storage_pb2.DeleteOutputRequest(key=presigned.key), grpc.StatusCode.INVALID_ARGUMENT),
+        (delete(presigned.key, attempt=1), grpc.StatusCode.FAILED_PRECONDITION),
+        (delete(f"derived/{tenant.pool_id}/{uuid.uuid4()}/1/thumbnail"), grpc.StatusCode.INVALID_ARGUMENT),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await svc.stub.DeleteOutput(request)
+        assert refused.value.code() == code
+    assert await svc.backend.stat(presigned.key) is not None
+    deleted = await svc.stub.DeleteOutput(delete(presigned.key))
     assert deleted.deleted
     assert await svc.backend.stat(presigned.key) is None
     assert await pool.fetchval("SELECT count(*) FROM objects WHERE key = $1", presigned.key) == 0
-    again = await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=presigned.key))
+    again = await svc.stub.DeleteOutput(delete(presigned.key))
     assert not again.deleted
 
     with pytest.raises(grpc.aio.AioRpcError) as original:
-        await svc.stub.DeleteOutput(storage_pb2.DeleteOutputRequest(key=source.key))
+        await svc.stub.DeleteOutput(delete(source.key))
     assert original.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await svc.backend.stat(source.key) == len(b"source bytes")
 
@@ -821,6 +837,8 @@ async def test_main_serves_and_stops_on_sigterm(database_url: str, tmp_path: Pat
         "HM_STORAGE_HTTP_PORT": str(http_port),
         "HM_STORAGE_DIR": str(tmp_path / "objects"),
         "HM_STORAGE_SIGNING_KEY": "x" * 32,
+        # Service authentication is on unless the environment turns it off (ADR 0044).
+        **mtls.issue_all(tmp_path / "tls")["storage"],
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -832,7 +850,8 @@ async def test_main_serves_and_stops_on_sigterm(database_url: str, tmp_path: Pat
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        async with channel(f"127.0.0.1:{grpc_port}") as chan:
+        gateway = mtls.Tls.from_dir(tmp_path / "tls", "gateway")
+        async with channel(f"127.0.0.1:{grpc_port}", gateway, "storage") as chan:
             health = health_pb2_grpc.HealthStub(chan)
             for _ in range(100):
                 try:

@@ -63,11 +63,11 @@ def _worker(platform: RunningPlatform, status_port: int, **env: str) -> subproce
     )
 
 
-def _status(port: int, timeout: float = 60) -> worker_pb2.GetStatusResponse:
+def _status(platform: RunningPlatform, port: int, timeout: float = 60) -> worker_pb2.GetStatusResponse:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as chan:
+            with platform.internal_channel(f"127.0.0.1:{port}") as chan:
                 return worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(
                     worker_pb2.GetStatusRequest(), timeout=2
                 )
@@ -87,12 +87,12 @@ def test_a_worker_without_pid_headroom_takes_no_job_and_says_why(idle_platform: 
         port = free_port()
         starved = _worker(idle_platform, port, HM_MIN_PID_HEADROOM=str(10**9))
         try:
-            status = _status(port)
+            status = _status(idle_platform, port)
             assert (status.reason, status.admission_open) == ("pid_pressure", False)
             assert 0 < status.pid_headroom < 10**9 and status.sample_age_seconds < 5
             time.sleep(3)  # a worker with an open gate takes the job within a second
             assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
-            assert _status(port).reason == "pid_pressure", "re-sampled, still closed"
+            assert _status(idle_platform, port).reason == "pid_pressure", "re-sampled, still closed"
         finally:
             starved.terminate()
             assert starved.wait(60) == 0
@@ -101,7 +101,7 @@ def test_a_worker_without_pid_headroom_takes_no_job_and_says_why(idle_platform: 
         try:
             job = wait_job(client, job_id, timeout=60)
             assert job["status"] == "completed" and job["attempt_count"] == 1
-            assert _status(port).reason in ("ok", "slots_full")
+            assert _status(idle_platform, port).reason in ("ok", "slots_full")
         finally:
             healthy.terminate()
             assert healthy.wait(60) == 0

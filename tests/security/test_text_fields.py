@@ -242,13 +242,13 @@ def test_the_internal_services_refuse_a_nul_too(
     info = text_platform.info
 
     async def estimate() -> Any:
-        async with grpc.aio.insecure_channel(info["credits_addr"]) as chan:
+        async with text_platform.internal_aio_channel(info["credits_addr"], "gateway") as chan:
             return await credits_pb2_grpc.CreditsServiceStub(chan).Estimate(
                 credits_pb2.EstimateRequest(operations=["thumbnail", "x\x00"], size_bytes=10)
             )
 
     async def grant() -> Any:
-        async with grpc.aio.insecure_channel(info["credits_addr"]) as chan:
+        async with text_platform.internal_aio_channel(info["credits_addr"], "admin") as chan:
             return await credits_pb2_grpc.CreditsServiceStub(chan).Grant(
                 credits_pb2.GrantRequest(
                     account_id=account["account_id"], millicredits=1, grant_id="g" * 5000
@@ -256,7 +256,7 @@ def test_the_internal_services_refuse_a_nul_too(
             )
 
     async def create_upload() -> Any:
-        async with grpc.aio.insecure_channel(info["storage_addr"]) as chan:
+        async with text_platform.internal_aio_channel(info["storage_addr"], "gateway") as chan:
             return await storage_pb2_grpc.StorageServiceStub(chan).CreateUpload(
                 storage_pb2.CreateUploadRequest(
                     account_id=account["account_id"],

@@ -162,7 +162,9 @@ class StorageServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteOutput(self, request, context):
-        """DeleteOutput removes a derived object's bytes and row (partial outputs of a cancelled job).
+        """DeleteOutput removes a derived object's bytes and row (partial outputs of a cancelled job):
+        only a key under the prefix of the job whose live attempt the request names, else
+        FAILED_PRECONDITION `ATTEMPT_FENCED` / INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
