@@ -532,3 +532,20 @@ def test_webhook_of_a_completed_job_is_signed_and_delivered(
     assert event["type"] == "job.completed"
     assert event["data"]["job_id"] == job["job_id"]
     assert event["data"]["actual_credits"] == job["actual_credits"]
+
+
+def test_originals_reach_the_worker_through_the_storage_hand_off(
+    platform: RunningPlatform, client: httpx.Client
+) -> None:
+    """ADR 0045: `hypermedia up` gives storage and the workers one hand-off socket; a job's
+    original comes through it (a failed hand-off logs a warning once and falls back to HTTP)."""
+    sock = Path(platform.env.get("HM_STORAGE_HANDOFF_SOCKET") or platform.state_dir / "run" / "storage.sock")
+    assert sock.is_socket(), f"no hand-off socket at {sock}"
+    obj = upload(client, EXIF / "Landscape_3.jpg")
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    )
+    assert created.status_code == 202, created.text
+    assert wait_job(client, created.json()["job_ids"][0])["status"] == "completed"
+    worker_log = (platform.state_dir / "logs" / "imageworker.log").read_text()
+    assert "storage hand-off unavailable" not in worker_log
