@@ -24,18 +24,21 @@ from typing import Any, NoReturn
 
 from hypermedia.core.errors import DomainError
 from hypermedia.engines.contract import OutputFile
+from hypermedia.sandbox import landlock, seccomp
 from hypermedia.sandbox.confine import (
-    _CLONE_NEWNET,
     _PR_SET_CHILD_SUBREAPER,
+    _PR_SET_NO_NEW_PRIVS,
     _PR_SET_PDEATHSIG,
     _confine_files,
-    _libc,
-    _limit_and_drop,
     _prctl,
     _real_uid,
+    drop_capabilities,
+    enter_namespaces,
     make_undumpable,
+    mount_proc,
+    set_limits,
 )
-from hypermedia.sandbox.host import _LEN, MAX_REPORT_BYTES
+from hypermedia.sandbox.host import _LAYERS, _LEN, MAX_REPORT_BYTES
 
 
 @dataclass
@@ -226,10 +229,18 @@ class _Zygote:
 
 
 def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
-    """Runs in the forked child: confine, run the entry, write a JSON report, exit."""
+    """Runs in the forked child: confine, run the entry, write a JSON report, exit.
+
+    Order (docs/adr/0041): root makes the mount namespace and drops to the slot uid; then a
+    user namespace owning new
+    network, mount, IPC and PID namespaces (:func:`enter_namespaces`), the mount confinement
+    (without root: in that user namespace), then a fork: this process waits for its child, pid 1 of the PID namespace, and exits as it
+    did (:func:`_wait_and_mirror`); that child mounts its own ``/proc``, sets the rlimits, drops
+    every capability, sets ``no_new_privs``, applies Landlock (read everywhere, write in the job
+    dir) and the seccomp filter (:mod:`hypermedia.sandbox.seccomp`), then runs the entry. When
+    pid 1 exits the kernel kills what is left in its namespace."""
     report: dict[str, Any]
-    netns: bool | None = None
-    mountns: bool | None = None
+    layers: dict[str, bool | None] = dict.fromkeys(_LAYERS)
     try:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
@@ -242,20 +253,47 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         os.dup2(report_fd, 3)
         os.closerange(4, os.sysconf("SC_OPEN_MAX"))
         report_fd = 3
-        if request["isolate_network"]:
-            netns = _libc.unshare(_CLONE_NEWNET) == 0
+        job_dir = request["job_dir"]
+        hide = (os.path.dirname(job_dir),)  # jobs/: the other jobs' directories
         if request["uid"] is not None:
-            mountns = _confine_files(request["job_dir"])
-        limits = request["limits"]
-        cpu = int(limits["cpu_seconds"])
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        _limit_and_drop(
-            limits["memory_bytes"], limits["fsize_bytes"], limits["nproc"], request["uid"], request["gid"]
-        )
+            # Root: the mounts first, as root (the code dirs may lie under a directory the slot uid
+            # cannot search, such as /root; the user namespace's mount namespace below copies
+            # them, locked), then the slot uid, so both paths go on unprivileged.
+            layers["mountns"] = _confine_files(job_dir, hide=hide)
+            os.setgroups([])
+            os.setgid(request["gid"])
+            os.setuid(request["uid"])
+        isolate_network = bool(request["isolate_network"])
+        userns = enter_namespaces(network=isolate_network)
+        layers.update(userns=userns, ipcns=userns, pidns=userns, netns=userns if isolate_network else None)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid and namespace changes: they clear it
         if os.getppid() != zygote_pid:
             os._exit(71)
+        if userns:
+            if request["uid"] is None:
+                layers["mountns"] = _confine_files(job_dir, new_namespace=False, hide=hide)
+            pid = os.fork()
+            if pid:
+                os.close(report_fd)
+                _wait_and_mirror(pid)
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            layers["procns"] = mount_proc()
+        limits = request["limits"]
+        set_limits(limits["memory_bytes"], limits["fsize_bytes"], limits["nproc"])
+        cpu = int(limits["cpu_seconds"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        drop_capabilities()
+        layers["caps_dropped"] = True
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        try:
+            landlock.restrict_self(_landlock_rules(job_dir))
+            layers["landlock"] = True
+        except landlock.LandlockUnavailable:
+            layers["landlock"] = False
+        seccomp.install()
+        layers["seccomp"] = True
         os.umask(0o077)
-        os.chdir(request["job_dir"])
+        os.chdir(job_dir)
         os.environ.clear()
         os.environ.update(request["env"])
 
@@ -288,15 +326,41 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
             report = _internal_report()
     except BaseException:
         report = _internal_report()
-    report["netns"] = netns
-    report["mountns"] = mountns
+    report.update(layers)
     try:
         data = json.dumps(report, allow_nan=False).encode()
     except (TypeError, ValueError):
-        data = json.dumps(_internal_report()).encode()
+        data = json.dumps({**_internal_report(), **layers}).encode()
     while data:
         data = data[os.write(report_fd, data) :]
     os._exit(0)
+
+
+def _landlock_rules(job_dir: str) -> list[landlock.Rule]:
+    """What a job may open: everything for reading and executing (the code, its libraries, the
+    fonts and models the engines load lazily), the job dir for writing, and ``/dev/null``."""
+    return [
+        landlock.Rule("/", landlock.READ_EXECUTE),
+        landlock.Rule(job_dir, landlock.READ_WRITE),
+        landlock.Rule(os.devnull, landlock.READ_WRITE),
+    ]
+
+
+def _wait_and_mirror(pid: int) -> NoReturn:
+    """The parent of a job's pid 1: waits for it and ends the same way, by exit code or by the same
+    signal (``SIGSYS`` of a seccomp kill, ``SIGKILL`` of the CPU limit), so that the zygote's
+    ``wait4`` sees the job's status; its rusage covers the waited child (getrusage(2): a
+    waited descendant's ``ru_maxrss`` and CPU times count)."""
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        with contextlib.suppress(OSError, ValueError):
+            if signum != signal.SIGKILL:
+                signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+            os.kill(os.getpid(), signum)
+        os._exit(128 + signum)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 70)
 
 
 def _internal_report() -> dict[str, Any]:
