@@ -469,12 +469,14 @@ class Sandbox:
             return SandboxResult([], code, message, retryable, exit_.duration_ms or 0, peak, layers)
 
         peak = -(-(exit_.maxrss_kib or 0) // 1024)
+        layers: dict[str, Any] = {}
         if job.cancelled:
             return failed("CANCELLED", "The job was cancelled.", False)
         if exit_.status is None:
             return failed("SANDBOX_CRASHED", "The job's sandbox was lost; it will be retried.", True)
         report = _parse_report(exit_.report)
-        layers = {k: report[k] for k in _LAYERS if k in report} if report is not None else {}
+        if report is not None:
+            layers = {k: report[k] for k in _LAYERS if k in report}
         if report is not None and report.get("netns") is False and not self._warned_network:
             self._warned_network = True
             log.warning("sandbox: network namespace isolation failed; jobs keep the host network")

@@ -234,8 +234,9 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
     Order (docs/adr/0041): root makes the mount namespace and drops to the slot uid; then a
     user namespace owning new
     network, mount, IPC and PID namespaces (:func:`enter_namespaces`), the mount confinement
-    (without root: in that user namespace), then a fork: this process waits for its child, pid 1 of the PID namespace, and exits as it
-    did (:func:`_wait_and_mirror`); that child mounts its own ``/proc``, sets the rlimits, drops
+    (without root: in that user namespace), then a fork: this process waits for its child, pid 1
+    of the PID namespace, and exits as the job did (:func:`_wait_and_mirror`); pid 1 mounts its
+    own ``/proc`` and forks the job, which it waits for (:func:`_init`). The job sets the rlimits, drops
     every capability, sets ``no_new_privs``, applies Landlock (read everywhere, write in the job
     dir) and the seccomp filter (:mod:`hypermedia.sandbox.seccomp`), then runs the entry. When
     pid 1 exits the kernel kills what is left in its namespace."""
@@ -272,12 +273,21 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         if userns:
             if request["uid"] is None:
                 layers["mountns"] = _confine_files(job_dir, new_namespace=False, hide=hide)
+            status_r, status_w = os.pipe()
             pid = os.fork()
             if pid:
                 os.close(report_fd)
-                _wait_and_mirror(pid)
+                os.close(status_w)
+                _wait_and_mirror(pid, status_r)
+            os.close(status_r)
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             layers["procns"] = mount_proc()
+            pid = os.fork()
+            if pid:
+                os.close(report_fd)
+                _init(pid, status_w)
+            os.close(status_w)
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = request["limits"]
         set_limits(limits["memory_bytes"], limits["fsize_bytes"], limits["nproc"])
         cpu = int(limits["cpu_seconds"])
@@ -346,12 +356,36 @@ def _landlock_rules(job_dir: str) -> list[landlock.Rule]:
     ]
 
 
-def _wait_and_mirror(pid: int) -> NoReturn:
-    """The parent of a job's pid 1: waits for it and ends the same way, by exit code or by the same
-    signal (``SIGSYS`` of a seccomp kill, ``SIGKILL`` of the CPU limit), so that the zygote's
-    ``wait4`` sees the job's status; its rusage covers the waited child (getrusage(2): a
-    waited descendant's ``ru_maxrss`` and CPU times count)."""
+def _init(pid: int, status_w: int) -> NoReturn:
+    """pid 1 of a job's PID namespace: reaps every process handed to it until the job (``pid``, its
+    child) has exited, writes the job's wait status (decimal) to ``status_w`` and exits; the kernel
+    then kills what is left in the namespace (pid_namespaces(7)). The job is not pid 1 itself: the
+    kernel drops signals a namespace's init has no handler for, so an ``abort()`` or a
+    ``kill(getpid(), sig)`` of its own would not end it."""
+    status = 70 << 8
+    while True:
+        try:
+            reaped, raw = os.wait()
+        except ChildProcessError:
+            break
+        if reaped == pid:
+            status = raw
+            break
+    with contextlib.suppress(OSError):
+        os.write(status_w, str(status).encode())
+    os._exit(0)
+
+
+def _wait_and_mirror(pid: int, status_r: int) -> NoReturn:
+    """The parent of a job's pid 1 (outside its PID namespace): waits for it, reads the job's wait
+    status that :func:`_init` sends, and ends the same way, by exit code or by the same signal
+    (``SIGSYS`` of a seccomp kill, ``SIGXCPU`` of the CPU limit), so that the zygote's ``wait4``
+    sees the job's status; its rusage covers both waited descendants (getrusage(2): a waited
+    descendant's ``ru_maxrss`` and CPU times count). Without a status (pid 1 failed before the
+    job ran) it ends as pid 1 did."""
     _, status = os.waitpid(pid, 0)
+    with contextlib.suppress(OSError, ValueError):
+        status = int(os.read(status_r, 32) or str(status))
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         with contextlib.suppress(OSError, ValueError):

@@ -246,8 +246,8 @@ async def test_a_hard_linked_output_is_refused(sandbox: Sandbox) -> None:
 
 
 async def test_a_grandchild_in_its_own_session_dies_with_the_job(sandbox: Sandbox) -> None:
-    """setsid takes a process out of the job's group; the job is pid 1 of its PID namespace, and
-    the kernel kills everything left in it when pid 1 exits."""
+    """setsid takes a process out of the job's group; the job runs in a PID namespace whose pid 1
+    exits with it, and the kernel then kills everything left in the namespace."""
     assert _facts(await _run(sandbox, "escape_session")) == {"escaped": True}
     await _no_stragglers(sandbox)
 
@@ -283,8 +283,8 @@ async def test_mounts_namespaces_and_inet_sockets_are_refused_and_proc_shows_the
     assert facts["mount"] == "EPERM"
     assert facts["unshare"] == "EPERM"
     assert (facts["inet"], facts["inet6"], facts["unix"]) == ("EAFNOSUPPORT", "EAFNOSUPPORT", "created")
-    # pid 1 of its own PID namespace, and the only process its /proc shows.
-    assert (facts["pid"], facts["proc"]) == (1, [1])
+    # pid 2 of its own PID namespace, under the namespace's init: all its /proc shows.
+    assert (facts["pid"], facts["proc"]) == (2, [1, 2])
     assert facts["environ"] == "ENOENT"  # the zygote is not in the job's /proc at all
 
 
