@@ -224,9 +224,7 @@ def _cover_shared_dirs(
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing leaks back to the host
     hardening = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     covered = _covered_dirs()
-    extra = tuple(
-        d for d in hide if not any(d == c or d.startswith(c.rstrip("/") + "/") for c in covered)
-    )
+    extra = tuple(d for d in hide if not any(d == c or d.startswith(c.rstrip("/") + "/") for c in covered))
     for shared in covered + extra:
         if os.path.islink(shared) or not os.path.isdir(shared):
             continue
@@ -326,7 +324,11 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 def drop_capabilities() -> None:

@@ -47,7 +47,17 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 _LEN = struct.Struct(">I")
 
-_LAYERS: Final = ("userns", "netns", "mountns", "ipcns", "pidns", "procns", "caps_dropped", "landlock", "seccomp")
+_LAYERS: Final = (
+    "userns",
+    "netns",
+    "mountns",
+    "ipcns",
+    "pidns",
+    "procns",
+    "caps_dropped",
+    "landlock",
+    "seccomp",
+)
 """The layer fields of a child's report (``hypermedia.sandbox.zygote.LAYERS``)."""
 
 ZYGOTE_START_SECONDS: Final = 60.0

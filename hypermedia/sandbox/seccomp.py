@@ -54,7 +54,9 @@ AUDIT_ARCH_X86_64: Final = 0xC000003E
 AUDIT_ARCH_AARCH64: Final = 0xC00000B7
 _X32_SYSCALL_BIT = 0x40000000  # arch/x86/include/uapi/asm/unistd.h
 
-CLONE_NEW_FLAGS: Final = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+CLONE_NEW_FLAGS: Final = (
+    0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+)
 """``CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET``
 (``CLONE_NEWTIME``, 0x80, exists for ``unshare``/``clone3`` only: in ``clone`` it is part of
 the exit signal)."""

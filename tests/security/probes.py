@@ -186,7 +186,10 @@ def read_file(operation: str, params: dict, input_path: Path, out_dir: Path) -> 
     """After ``params["after"]`` seconds, tries to read ``params["path"]`` and list its directory."""
     time.sleep(params["after"])
     facts = {}
-    for key, call in (("file", lambda: Path(params["path"]).read_text()), ("dir", lambda: os.listdir(os.path.dirname(params["path"])))):
+    for key, call in (
+        ("file", lambda: Path(params["path"]).read_text()),
+        ("dir", lambda: os.listdir(os.path.dirname(params["path"]))),
+    ):
         try:
             facts[key] = call()
         except OSError as exc:

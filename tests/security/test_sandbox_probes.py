@@ -311,10 +311,12 @@ async def test_a_job_cannot_read_another_running_jobs_directory(sandbox: Sandbox
     a_dir, b_dir = sandbox.prepare(a), sandbox.prepare(b)
     try:
         holder = asyncio.create_task(
-            sandbox.run(a, f"{PROBES}:leave_file", "probe", {"seconds": 2.0}, a_dir / "input" / "none", LIMITS)
+            sandbox.run(
+                a, f"{PROBES}:leave_file", "probe", {"seconds": 2.0}, a_dir / "input" / "none", LIMITS
+            )
         )
         deadline = time.monotonic() + 5
-        while not (a_dir / "secret.txt").exists():  # noqa: ASYNC110
+        while not (a_dir / "secret.txt").exists():
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
         reader = await sandbox.run(
