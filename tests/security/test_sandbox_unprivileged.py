@@ -27,9 +27,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _command() -> list[str]:
+def _command(basetemp: Path) -> list[str]:
     pytest_args = [
-        sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+        sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--basetemp={basetemp}",
         str(CHECKOUT / "tests/security/test_sandbox_probes.py"),
     ]  # fmt: skip
     drop = [
@@ -52,7 +52,7 @@ def _command() -> list[str]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starts the unprivileged run from root")
-def test_every_sandbox_probe_passes_unprivileged_with_none_skipped() -> None:
+def test_every_sandbox_probe_passes_unprivileged_with_none_skipped(tmp_root: Path) -> None:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": "/nonexistent",
@@ -60,8 +60,12 @@ def test_every_sandbox_probe_passes_unprivileged_with_none_skipped() -> None:
         "HM_SANDBOX_UID_BASE": os.environ.get("HM_SANDBOX_UID_BASE", "420000"),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+    own = tmp_root / "unprivileged"  # pytest's own /tmp/pytest-of-* may be another uid's
+    own.mkdir()
+    os.chown(own, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+    basetemp = own / "pytest"  # pytest removes and remakes it: its parent must be the uid's
     run = subprocess.run(
-        _command(), cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False
+        _command(basetemp), cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
