@@ -1,7 +1,9 @@
-"""Confinement of a sandboxed process by the kernel: namespaces (network, mount: the shared writable
-directories hidden, the code bind-mounted read-only), rlimits, the drop to the sandbox uid with
-``no_new_privs``, and the ``/proc`` reads that count and kill a uid's processes. Used by the job
-child (:mod:`hypermedia.sandbox.zygote`) and by confined helpers (:mod:`hypermedia.sandbox.helper`)."""
+"""Confinement of a sandboxed process by the kernel: namespaces (a user namespace owning network,
+mount, IPC and PID namespaces, :func:`enter_namespaces`; in the mount namespace the shared
+writable directories hidden and the code bind-mounted read-only; a fresh ``/proc``), rlimits, the
+drop to the sandbox uid with ``no_new_privs``, the capability drop, and the ``/proc`` reads that
+count and kill a uid's processes. Used by the job child (:mod:`hypermedia.sandbox.zygote`) and by
+confined helpers (:mod:`hypermedia.sandbox.helper`)."""
 
 from __future__ import annotations
 

@@ -268,6 +268,8 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid and namespace changes: they clear it
         if os.getppid() != zygote_pid:
             os._exit(71)
+        if not userns and request["uid"] is None:
+            layers["mountns"] = False  # the worker is told once (Sandbox._result)
         if userns:
             if request["uid"] is None:
                 layers["mountns"] = _confine_files(job_dir, new_namespace=False, hide=hide)

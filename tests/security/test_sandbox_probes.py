@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -332,3 +334,58 @@ async def test_a_job_cannot_read_another_running_jobs_directory(sandbox: Sandbox
         sandbox.cleanup(a)
         sandbox.cleanup(b)
     assert _facts(reader) == {"file": "ENOENT", "dir": "ENOENT"}
+
+
+_REFUSING_WORKER = """
+import asyncio, json, sys
+from pathlib import Path
+from hypermedia.sandbox import Sandbox, SandboxLimits, seccomp
+from hypermedia.sandbox.confine import _PR_SET_NO_NEW_PRIVS, _prctl
+
+_prctl(_PR_SET_NO_NEW_PRIVS, 1)
+seccomp.install()  # refuses unshare and mount (EPERM) to this worker, its zygote and the jobs
+
+
+async def main() -> None:
+    work_dir = Path(sys.argv[1])
+    box = Sandbox(work_dir, preload=("tests.security.probes",), uid=json.loads(sys.argv[2]))
+    await box.start()
+    job_dir = box.prepare("refused")
+    limits = SandboxLimits(cpu_seconds=5, wall_seconds=10, memory_bytes=512 << 20, fsize_bytes=1 << 20)
+    params = {"paths": [str(work_dir)]}
+    result = await box.run("refused", "tests.security.probes:write_outside", "probe", params, job_dir / "none", limits)
+    await box.close()
+    facts = result.outputs[0].metadata if result.outputs else None
+    print(json.dumps({"error_code": result.error_code, "layers": dict(result.layers), "facts": facts}))
+
+
+asyncio.run(main())
+"""
+
+
+def test_where_the_kernel_refuses_namespaces_the_job_still_runs_without_capabilities_under_landlock_and_seccomp(
+    work_dir: Path,
+) -> None:
+    """A worker whose own seccomp policy refuses ``unshare`` (as a container runtime's default
+    profile does): every namespace layer is reported false, the job runs, and Landlock alone keeps
+    it from writing the worker's work dir."""
+    refusing = work_dir / f"refusing-{secrets.token_hex(4)}"
+    refusing.mkdir(mode=0o755)
+    run = subprocess.run(
+        [sys.executable, "-c", _REFUSING_WORKER, str(refusing), json.dumps([420003] if IS_ROOT else None)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    outcome = json.loads(run.stdout.strip().splitlines()[-1])
+    assert outcome["error_code"] is None, outcome
+    layers = outcome["layers"]
+    assert {k: layers[k] for k in ("userns", "netns", "mountns", "ipcns", "pidns")} == dict.fromkeys(
+        ("userns", "netns", "mountns", "ipcns", "pidns"), False
+    )
+    assert (layers["caps_dropped"], layers["landlock"], layers["seccomp"]) == (True, True, True)
+    assert outcome["facts"] == {str(refusing): "EACCES", "job_dir": "written"}
+    assert not (refusing / "hm-probe-escape").exists()
