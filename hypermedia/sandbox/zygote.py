@@ -273,16 +273,17 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         if userns:
             if request["uid"] is None:
                 layers["mountns"] = _confine_files(job_dir, new_namespace=False, hide=hide)
+            # The job is always forked: after unshare(CLONE_NEWPID) this process can no longer
+            # make threads (clone(2): EINVAL), and libvips needs them.
             init, lifeline = _spawn_init()
-            if init is not None:  # else the job runs here, outside the PID namespace
-                layers["pidns"] = True
-                pid = os.fork()
-                if pid:
-                    os.close(report_fd)
-                    _wait_and_mirror(pid, init)
-                os.close(lifeline)
-                _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-                layers["procns"] = mount_proc()
+            layers["pidns"] = True
+            pid = os.fork()
+            if pid:
+                os.close(report_fd)
+                _wait_and_mirror(pid, init)
+            os.close(lifeline)
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            layers["procns"] = mount_proc()
         limits = request["limits"]
         set_limits(limits["memory_bytes"], limits["fsize_bytes"], limits["nproc"])
         cpu = int(limits["cpu_seconds"])
@@ -362,9 +363,9 @@ kills what is left in the namespace."""
 
 def _spawn_init() -> tuple[int | None, int]:
     """Starts :data:`INIT_PROGRAM` as pid 1 of the PID namespace made for this process's children.
-    Returns its host pid (None when it cannot be started: the job then runs without a PID
-    namespace) and the write end of its stdin, which the job must close. The job is not pid 1
-    itself: the kernel drops signals a namespace's init has no handler for, so an ``abort()`` or
+    Returns its host pid (None when it cannot be started: the job, forked next, is then pid 1
+    itself) and the write end of its stdin, which the job must close. The job should not be
+    pid 1: the kernel drops signals a namespace's init has no handler for, so an ``abort()`` or
     a ``kill(getpid(), sig)`` of its own would not end it."""
     lifeline_r, lifeline_w = os.pipe()
     try:
