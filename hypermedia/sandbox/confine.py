@@ -169,7 +169,12 @@ def _covered_dirs() -> tuple[str, ...]:
 
 
 def _confine_files(
-    job_dir: str, private_tmp: str | None = None, *, new_namespace: bool = True, hide: tuple[str, ...] = ()
+    job_dir: str,
+    private_tmp: str | None = None,
+    *,
+    new_namespace: bool = True,
+    hide: tuple[str, ...] = (),
+    trees: dict[str, int] | None = None,
 ) -> bool:
     """In a new mount namespace, cover each of :func:`_covered_dirs` with an empty,
     read-only, nosuid/nodev/noexec tmpfs; what lies under one of them is bound back at its path:
@@ -178,19 +183,25 @@ def _confine_files(
     bind-mounted writable (nosuid/nodev/noexec): for programs that insist on ``/tmp``, such as
     LibreOffice's named pipe. ``hide``: more directories covered the same way (a job's parent
     ``jobs/``: other jobs' directories are not there). ``new_namespace=False``: the caller made
-    the mount namespace already (in its own user namespace, see :func:`enter_namespaces`). Needs
-    CAP_SYS_ADMIN over the mount namespace (root, or a user namespace); False when the namespace
-    or a mount is refused. Mount flags: mount(2), mount_namespaces(7)."""
+    the mount namespace already (in its own user namespace, see :func:`enter_namespaces`).
+    ``trees``: the code dirs as detached mounts (:func:`detach_code_dirs`), moved into place
+    instead of bound (their fds are closed here). Needs CAP_SYS_ADMIN over the mount namespace
+    (root, or a user namespace); False when the namespace or a mount is refused. Mount flags:
+    mount(2), mount_namespaces(7)."""
     if new_namespace and _libc.unshare(_CLONE_NEWNS) != 0:
         return False
     fds: list[int] = []
     try:
         keep = []
         for code_dir in _code_dirs():
-            fds.append(os.open(code_dir, os.O_PATH | os.O_DIRECTORY))
-            keep.append((code_dir, fds[-1], False))
+            if trees is not None and code_dir in trees:
+                fds.append(trees.pop(code_dir))
+                keep.append((code_dir, fds[-1], False, True))
+            else:
+                fds.append(os.open(code_dir, os.O_PATH | os.O_DIRECTORY))
+                keep.append((code_dir, fds[-1], False, False))
         fds.append(os.open(job_dir, os.O_PATH | os.O_DIRECTORY))
-        keep.append((job_dir, fds[-1], True))
+        keep.append((job_dir, fds[-1], True, False))
         tmp_fd = None
         if private_tmp is not None:
             tmp_fd = os.open(private_tmp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -200,8 +211,36 @@ def _confine_files(
     except OSError:
         return False  # mount refused (a restricted container): the documented fallback
     finally:
-        for fd in fds:
+        for fd in [*fds, *(trees or {}).values()]:
             os.close(fd)
+
+
+_OPEN_TREE, _MOVE_MOUNT = 428, 429  # the same on x86_64 and aarch64 (uapi asm-generic/unistd.h)
+_OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 1, 0o2000000, 4, -100
+_libc.syscall.restype = ctypes.c_long
+
+
+def detach_code_dirs() -> dict[str, int] | None:
+    """Each of :func:`_code_dirs` cloned as a detached mount (``open_tree(OPEN_TREE_CLONE)``,
+    Linux 5.2): made by root before it drops to a slot uid that may not search the way there
+    (``/root``), then moved into the job's user-namespace-owned mount namespace by
+    :func:`_confine_files`. ``{path: fd}``, or None when the kernel refuses (the caller then
+    makes the mount namespace as root). open_tree(2), move_mount(2)."""
+    trees: dict[str, int] = {}
+    for code_dir in _code_dirs():
+        fd = _libc.syscall(_OPEN_TREE, _AT_FDCWD, code_dir.encode(), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC)
+        if fd < 0:
+            for opened in trees.values():
+                os.close(opened)
+            return None
+        trees[code_dir] = int(fd)
+    return trees
+
+
+def _move_mount(fd: int, target: str) -> None:
+    if _libc.syscall(_MOVE_MOUNT, fd, b"", _AT_FDCWD, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"move_mount {target}: {os.strerror(err)}")
 
 
 def _locked_flags(path: str) -> int:
@@ -220,9 +259,10 @@ def _locked_flags(path: str) -> int:
 
 
 def _cover_shared_dirs(
-    keep: list[tuple[str, int, bool]], tmp_fd: int | None, hide: tuple[str, ...] = ()
+    keep: list[tuple[str, int, bool, bool]], tmp_fd: int | None, hide: tuple[str, ...] = ()
 ) -> None:
-    """``keep``: ``(path, O_PATH fd, writable)`` bound back, in order, when under a covered dir."""
+    """``keep``: ``(path, fd, writable, detached)`` put back, in order, when under a covered dir:
+    an ``O_PATH`` fd is bound, a detached mount (``detached``) moved."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing leaks back to the host
     hardening = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     covered = _covered_dirs()
@@ -235,13 +275,16 @@ def _cover_shared_dirs(
             _mount(f"/proc/self/fd/{tmp_fd}", shared, None, _MS_BIND)
         else:
             _mount("tmpfs", shared, "tmpfs", hardening, "size=16k,mode=0755")
-        for path, fd, writable in keep:
+        for path, fd, writable, detached in keep:
             inside = os.path.relpath(path, shared)
             if inside.startswith(".."):
                 continue
             target = os.path.join(shared, inside)
             os.makedirs(target, mode=0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND)
+            if detached:
+                _move_mount(fd, target)
+            else:
+                _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND)
             if not writable:  # code: read-only, but its extension modules must stay mappable
                 flags = _locked_flags(target) | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
                 _mount(None, target, None, _MS_REMOUNT | _MS_BIND | flags)

@@ -32,6 +32,7 @@ from hypermedia.sandbox.confine import (
     _confine_files,
     _prctl,
     _real_uid,
+    detach_code_dirs,
     drop_capabilities,
     enter_namespaces,
     make_undumpable,
@@ -231,7 +232,8 @@ class _Zygote:
 def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
     """Runs in the forked child: confine, run the entry, write a JSON report, exit.
 
-    Order (docs/adr/0041): root makes the mount namespace and drops to the slot uid; then a user
+    Order (docs/adr/0041): root clones the code dirs as detached mounts and drops to the slot
+    uid; then a user
     namespace owning new network, mount, IPC and PID namespaces (:func:`enter_namespaces`), the
     mount confinement (without root: in that user namespace), pid 1 of the PID namespace
     (:func:`_spawn_init`), then a fork: this process waits for the job and ends as it did
@@ -254,11 +256,15 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         report_fd = 3
         job_dir = request["job_dir"]
         hide = (os.path.dirname(job_dir),)  # jobs/: the other jobs' directories
+        trees = None
         if request["uid"] is not None:
-            # Root: the mounts first, as root (the code dirs may lie under a directory the slot uid
-            # cannot search, such as /root; the user namespace's mount namespace below copies
-            # them, locked), then the slot uid, so both paths go on unprivileged.
-            layers["mountns"] = _confine_files(job_dir, hide=hide)
+            # Root: the code dirs may lie under a directory the slot uid cannot search (/root):
+            # root clones them as detached mounts, moved into the job's mount namespace below;
+            # on a kernel without open_tree, root makes the mount namespace itself (the user
+            # namespace's copies it, locked). Then the slot uid: both paths go on unprivileged.
+            trees = detach_code_dirs()
+            if trees is None:
+                layers["mountns"] = _confine_files(job_dir, hide=hide)
             os.setgroups([])
             os.setgid(request["gid"])
             os.setuid(request["uid"])
@@ -268,11 +274,13 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid and namespace changes: they clear it
         if os.getppid() != zygote_pid:
             os._exit(71)
-        if not userns and request["uid"] is None:
+        if not userns and layers["mountns"] is None:
             layers["mountns"] = False  # the worker is told once (Sandbox._result)
+            for fd in (trees or {}).values():
+                os.close(fd)
         if userns:
-            if request["uid"] is None:
-                layers["mountns"] = _confine_files(job_dir, new_namespace=False, hide=hide)
+            if layers["mountns"] is None:
+                layers["mountns"] = _confine_files(job_dir, new_namespace=False, hide=hide, trees=trees)
             # The job is always forked: after unshare(CLONE_NEWPID) this process can no longer
             # make threads (clone(2): EINVAL), and libvips needs them.
             init, lifeline = _spawn_init()
