@@ -32,6 +32,7 @@ from hypermedia.sandbox.confine import (
     _confine_files,
     _prctl,
     _real_uid,
+    _uid_tasks,
     detach_code_dirs,
     drop_capabilities,
     enter_namespaces,
@@ -293,7 +294,10 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             layers["procns"] = mount_proc()
         limits = request["limits"]
-        set_limits(limits["memory_bytes"], limits["fsize_bytes"], limits["nproc"])
+        nproc = limits["nproc"]
+        if not userns and request["uid"] is None:
+            nproc += _uid_tasks(os.getuid())  # counted with the worker's and every job's tasks
+        set_limits(limits["memory_bytes"], limits["fsize_bytes"], nproc)
         cpu = int(limits["cpu_seconds"])
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         drop_capabilities()

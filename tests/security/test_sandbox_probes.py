@@ -354,9 +354,13 @@ async def main() -> None:
     limits = SandboxLimits(cpu_seconds=5, wall_seconds=10, memory_bytes=512 << 20, fsize_bytes=1 << 20)
     params = {"paths": [str(work_dir)]}
     result = await box.run("refused", "tests.security.probes:write_outside", "probe", params, job_dir / "none", limits)
-    await box.close()
     facts = result.outputs[0].metadata if result.outputs else None
-    print(json.dumps({"error_code": result.error_code, "layers": dict(result.layers), "facts": facts}))
+    box.cleanup("refused")
+    job_dir = box.prepare("forks")  # the process limit leaves room for a few forks
+    forks = await box.run("forks", "tests.security.probes:fork_bomb", "probe", {}, job_dir / "none", limits)
+    await box.close()
+    print(json.dumps({"error_code": result.error_code, "layers": dict(result.layers), "facts": facts,
+                      "forks": forks.outputs[0].metadata if forks.outputs else forks.error_code}))
 
 
 asyncio.run(main())
@@ -388,4 +392,5 @@ def test_where_the_kernel_refuses_namespaces_the_job_still_runs_without_capabili
     )
     assert (layers["caps_dropped"], layers["landlock"], layers["seccomp"]) == (True, True, True)
     assert outcome["facts"] == {str(refusing): "EACCES", "job_dir": "written"}
+    assert outcome["forks"]["refused"] == "EAGAIN" and 10 <= outcome["forks"]["started"] <= 16, outcome
     assert not (refusing / "hm-probe-escape").exists()
