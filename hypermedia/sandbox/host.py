@@ -47,6 +47,19 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 _LEN = struct.Struct(">I")
 
+_LAYERS: Final = (
+    "userns",
+    "netns",
+    "mountns",
+    "ipcns",
+    "pidns",
+    "procns",
+    "caps_dropped",
+    "landlock",
+    "seccomp",
+)
+"""The layer fields of a child's report (``hypermedia.sandbox.zygote.LAYERS``)."""
+
 ZYGOTE_START_SECONDS: Final = 60.0
 """How long a (re)start of the zygote may take to import its preload modules and say it is ready
 (measured here: 0.3–1.5 s for the media and OCR preloads, several times that on a loaded
@@ -83,8 +96,8 @@ class SandboxResult:
     """What the entry returned; empty on failure."""
     error_code: str | None
     """``None`` on success; else a bounded code: the entry's ``DomainError.error_code``,
-    ``RESOURCE_LIMIT``, ``TIMEOUT``, ``SANDBOX_CRASHED``, ``SANDBOX_UNAVAILABLE``, ``CANCELLED``
-    or ``INTERNAL``."""
+    ``RESOURCE_LIMIT``, ``TIMEOUT``, ``SANDBOX_VIOLATION`` (the seccomp filter killed the job),
+    ``SANDBOX_CRASHED``, ``SANDBOX_UNAVAILABLE``, ``CANCELLED`` or ``INTERNAL``."""
     error_message: str | None
     """Public message; never a path or a traceback."""
     retryable: bool
@@ -94,6 +107,10 @@ class SandboxResult:
     """Wall time of the child, fork to exit."""
     peak_memory_mb: int
     """Peak resident set of the child (``ru_maxrss``), MiB rounded up."""
+    layers: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
+    """The confinement layers the child reported (``userns``, ``netns``, ``mountns``, ``ipcns``,
+    ``pidns``, ``procns``, ``caps_dropped``, ``landlock``, ``seccomp``: True applied, False
+    refused, None not asked for); empty when the child sent no report (it was killed)."""
 
 
 @dataclass
@@ -132,8 +149,9 @@ class Sandbox:
             With a pool, each prepared job leases the least-used uid until :meth:`cleanup`; a pool
             at least as large as the worker's slots gives every running job ``RLIMIT_NPROC`` to
             itself (the kernel counts threads per uid, across slots).
-        isolate_network: give each child an empty network namespace (root only). Costs a few
-            milliseconds per job; on failure the job runs anyway and a warning is logged once.
+        isolate_network: give each child an empty network namespace (owned by its user
+            namespace: no root needed). On failure the job runs anyway and a warning is logged
+            once.
         env: environment of the children (replaces, never extends, the worker's).
     """
 
@@ -159,7 +177,7 @@ class Sandbox:
         self._sweep_uids = is_root and uid is not None
         """Kill what is left of a job's uid when it ends: only for a pool given to this sandbox,
         never for the shared ``nobody`` fallback (other software runs as nobody)."""
-        self.isolate_network = isolate_network and is_root
+        self.isolate_network = isolate_network
         self.env = dict(env)
         self._leases: dict[str, int] = {}
         self._proc: asyncio.subprocess.Process | None = None
@@ -458,14 +476,17 @@ class Sandbox:
 
     def _result(self, job: _Job, exit_: _Exit) -> SandboxResult:
         def failed(code: str, message: str, retryable: bool) -> SandboxResult:
-            return SandboxResult([], code, message, retryable, exit_.duration_ms or 0, peak)
+            return SandboxResult([], code, message, retryable, exit_.duration_ms or 0, peak, layers)
 
         peak = -(-(exit_.maxrss_kib or 0) // 1024)
+        layers: dict[str, Any] = {}
         if job.cancelled:
             return failed("CANCELLED", "The job was cancelled.", False)
         if exit_.status is None:
             return failed("SANDBOX_CRASHED", "The job's sandbox was lost; it will be retried.", True)
         report = _parse_report(exit_.report)
+        if report is not None:
+            layers = {k: report[k] for k in _LAYERS if k in report}
         if report is not None and report.get("netns") is False and not self._warned_network:
             self._warned_network = True
             log.warning("sandbox: network namespace isolation failed; jobs keep the host network")
@@ -478,7 +499,7 @@ class Sandbox:
             except (TypeError, ValueError) as exc:
                 log.error("sandbox job %s returned invalid outputs: %s", job.job_id, exc)
                 return failed("INTERNAL", "Internal error.", False)
-            return SandboxResult(outputs, None, None, False, exit_.duration_ms or 0, peak)
+            return SandboxResult(outputs, None, None, False, exit_.duration_ms or 0, peak, layers)
         if report is not None and report.get("ok") is False:
             if report.get("traceback"):
                 log.error("sandbox job %s failed:\n%s", job.job_id, report["traceback"])
@@ -496,6 +517,11 @@ class Sandbox:
             signum == signal.SIGKILL and (exit_.cpu_seconds or 0) >= job.limits.cpu_seconds
         ):
             return failed("TIMEOUT", "The job exceeded its CPU time limit.", True)
+        if signum == signal.SIGSYS:
+            log.warning("sandbox job %s was killed by the seccomp filter (a refused system call)", job.job_id)
+            return failed(
+                "SANDBOX_VIOLATION", "The job was stopped: it made a system call the sandbox refuses.", False
+            )
         if signum == signal.SIGXFSZ:
             return failed("RESOURCE_LIMIT", "The job exceeded its file size limit.", False)
         log.error(

@@ -20,22 +20,27 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from hypermedia.core.errors import DomainError
 from hypermedia.engines.contract import OutputFile
+from hypermedia.sandbox import landlock, seccomp
 from hypermedia.sandbox.confine import (
-    _CLONE_NEWNET,
     _PR_SET_CHILD_SUBREAPER,
+    _PR_SET_NO_NEW_PRIVS,
     _PR_SET_PDEATHSIG,
     _confine_files,
-    _libc,
-    _limit_and_drop,
     _prctl,
     _real_uid,
+    _uid_tasks,
+    detach_code_dirs,
+    drop_capabilities,
+    enter_namespaces,
     make_undumpable,
+    mount_proc,
+    set_limits,
 )
-from hypermedia.sandbox.host import _LEN, MAX_REPORT_BYTES
+from hypermedia.sandbox.host import _LAYERS, _LEN, MAX_REPORT_BYTES
 
 
 @dataclass
@@ -226,10 +231,18 @@ class _Zygote:
 
 
 def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
-    """Runs in the forked child: confine, run the entry, write a JSON report, exit."""
+    """Runs in the forked child: confine, run the entry, write a JSON report, exit.
+
+    Order (docs/adr/0041): root clones the code dirs as detached mounts and drops to the slot
+    uid; then a user
+    namespace owning new network, mount, IPC and PID namespaces (:func:`enter_namespaces`), the
+    mount confinement (without root: in that user namespace), pid 1 of the PID namespace
+    (:func:`_spawn_init`), then a fork: this process waits for the job and ends as it did
+    (:func:`_wait_and_mirror`). The job mounts its own ``/proc``, sets the rlimits, drops every
+    capability, sets ``no_new_privs``, applies Landlock (read everywhere, write in the job dir)
+    and the seccomp filter (:mod:`hypermedia.sandbox.seccomp`), then runs the entry."""
     report: dict[str, Any]
-    netns: bool | None = None
-    mountns: bool | None = None
+    layers: dict[str, bool | None] = dict.fromkeys(_LAYERS)
     try:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
@@ -242,20 +255,63 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         os.dup2(report_fd, 3)
         os.closerange(4, os.sysconf("SC_OPEN_MAX"))
         report_fd = 3
-        if request["isolate_network"]:
-            netns = _libc.unshare(_CLONE_NEWNET) == 0
+        job_dir = request["job_dir"]
+        hide = (os.path.dirname(job_dir),)  # jobs/: the other jobs' directories
+        trees = None
         if request["uid"] is not None:
-            mountns = _confine_files(request["job_dir"])
-        limits = request["limits"]
-        cpu = int(limits["cpu_seconds"])
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        _limit_and_drop(
-            limits["memory_bytes"], limits["fsize_bytes"], limits["nproc"], request["uid"], request["gid"]
-        )
+            # Root: the code dirs may lie under a directory the slot uid cannot search (/root):
+            # root clones them as detached mounts, moved into the job's mount namespace below;
+            # on a kernel without open_tree, root makes the mount namespace itself (the user
+            # namespace's copies it, locked). Then the slot uid: both paths go on unprivileged.
+            trees = detach_code_dirs()
+            if trees is None:
+                layers["mountns"] = _confine_files(job_dir, hide=hide)
+            os.setgroups([])
+            os.setgid(request["gid"])
+            os.setuid(request["uid"])
+        isolate_network = bool(request["isolate_network"])
+        userns = enter_namespaces(network=isolate_network)
+        layers.update(userns=userns, ipcns=userns, pidns=False, netns=userns if isolate_network else None)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid and namespace changes: they clear it
         if os.getppid() != zygote_pid:
             os._exit(71)
+        if not userns and layers["mountns"] is None:
+            layers["mountns"] = False  # the worker is told once (Sandbox._result)
+            for fd in (trees or {}).values():
+                os.close(fd)
+        if userns:
+            if layers["mountns"] is None:
+                layers["mountns"] = _confine_files(job_dir, new_namespace=False, hide=hide, trees=trees)
+            # The job is always forked: after unshare(CLONE_NEWPID) this process can no longer
+            # make threads (clone(2): EINVAL), and libvips needs them.
+            init, lifeline = _spawn_init()
+            layers["pidns"] = True
+            pid = os.fork()
+            if pid:
+                os.close(report_fd)
+                _wait_and_mirror(pid, init)
+            os.close(lifeline)
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            layers["procns"] = mount_proc()
+        limits = request["limits"]
+        nproc = limits["nproc"]
+        if not userns and request["uid"] is None:
+            nproc += _uid_tasks(os.getuid())  # counted with the worker's and every job's tasks
+        set_limits(limits["memory_bytes"], limits["fsize_bytes"], nproc)
+        cpu = int(limits["cpu_seconds"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        drop_capabilities()
+        layers["caps_dropped"] = True
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        try:
+            landlock.restrict_self(_landlock_rules(job_dir))
+            layers["landlock"] = True
+        except landlock.LandlockUnavailable:
+            layers["landlock"] = False
+        seccomp.install()
+        layers["seccomp"] = True
         os.umask(0o077)
-        os.chdir(request["job_dir"])
+        os.chdir(job_dir)
         os.environ.clear()
         os.environ.update(request["env"])
 
@@ -288,15 +344,80 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
             report = _internal_report()
     except BaseException:
         report = _internal_report()
-    report["netns"] = netns
-    report["mountns"] = mountns
+    report.update(layers)
     try:
         data = json.dumps(report, allow_nan=False).encode()
     except (TypeError, ValueError):
-        data = json.dumps(_internal_report()).encode()
+        data = json.dumps({**_internal_report(), **layers}).encode()
     while data:
         data = data[os.write(report_fd, data) :]
     os._exit(0)
+
+
+def _landlock_rules(job_dir: str) -> list[landlock.Rule]:
+    """What a job may open: everything for reading and executing (the code, its libraries, the
+    fonts and models the engines load lazily), the job dir for writing, and ``/dev/null``."""
+    return [
+        landlock.Rule("/", landlock.READ_EXECUTE),
+        landlock.Rule(job_dir, landlock.READ_WRITE),
+        landlock.Rule(os.devnull, landlock.READ_WRITE),
+    ]
+
+
+INIT_PROGRAM: Final = "/usr/bin/cat"
+"""pid 1 of a job's PID namespace (GNU coreutils), reading a pipe only the job's parent can write
+to: started with ``posix_spawn`` (a vfork, not a copy of the zygote's page tables as a fork
+would be: about 3 ms saved per job here). It ignores every signal sent from inside the namespace
+(pid_namespaces(7)); the job's parent SIGKILLs it when the job has exited, and should the parent
+die first (its parent-death signal), the pipe's end makes it exit. Either way the kernel then
+kills what is left in the namespace."""
+
+
+def _spawn_init() -> tuple[int | None, int]:
+    """Starts :data:`INIT_PROGRAM` as pid 1 of the PID namespace made for this process's children.
+    Returns its host pid (None when it cannot be started: the job, forked next, is then pid 1
+    itself) and the write end of its stdin, which the job must close. The job should not be
+    pid 1: the kernel drops signals a namespace's init has no handler for, so an ``abort()`` or
+    a ``kill(getpid(), sig)`` of its own would not end it."""
+    lifeline_r, lifeline_w = os.pipe()
+    try:
+        pid = os.posix_spawn(
+            INIT_PROGRAM,
+            (INIT_PROGRAM,),
+            {},
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, lifeline_r, 0),
+                (os.POSIX_SPAWN_CLOSE, lifeline_r),
+                (os.POSIX_SPAWN_CLOSE, lifeline_w),
+                (os.POSIX_SPAWN_CLOSE, 3),
+            ],
+        )
+    except OSError:
+        pid = None
+    os.close(lifeline_r)
+    return pid, lifeline_w
+
+
+def _wait_and_mirror(pid: int, init: int | None) -> NoReturn:
+    """The job's parent (outside its PID namespace): waits for the job, SIGKILLs and reaps the
+    namespace's init, and ends the same way as the job, by exit code or by the same signal
+    (``SIGSYS`` of a seccomp kill, ``SIGXCPU`` of the CPU limit), so that the zygote's ``wait4``
+    sees the job's status; its rusage covers the waited job (getrusage(2): a waited descendant's
+    ``ru_maxrss`` and CPU times count)."""
+    _, status = os.waitpid(pid, 0)
+    if init is not None:
+        with contextlib.suppress(OSError):
+            os.kill(init, signal.SIGKILL)
+            os.waitpid(init, 0)
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        with contextlib.suppress(OSError, ValueError):
+            if signum != signal.SIGKILL:
+                signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+            os.kill(os.getpid(), signum)
+        os._exit(128 + signum)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 70)
 
 
 def _internal_report() -> dict[str, Any]:

@@ -5,8 +5,10 @@ Each reports what it managed to do as the metadata of one output file."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
+import platform
 import resource
 import socket
 import time
@@ -119,4 +121,77 @@ def late_imports(operation: str, params: dict, input_path: Path, out_dir: Path) 
             facts[path] = sorted(os.listdir(path))
         except OSError as exc:
             facts[path] = errno.errorcode.get(exc.errno or 0, "OSError")
+    return _report(out_dir, facts)
+
+
+def _libc() -> ctypes.CDLL:
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.syscall.restype = ctypes.c_long
+    return lib
+
+
+def ptrace_attach(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """``ptrace(PTRACE_ATTACH, params["pid"])``: the seccomp filter kills the job (SIGSYS) first."""
+    result = _libc().ptrace(16, params["pid"], None, None)  # PTRACE_ATTACH, uapi/linux/ptrace.h
+    return _report(out_dir, {"ptrace": result, "errno": ctypes.get_errno()})
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def vm_read(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """``process_vm_readv`` of 64 bytes at ``params["address"]`` of ``params["pid"]``."""
+    buf = ctypes.create_string_buffer(64)
+    local, remote = _IoVec(ctypes.addressof(buf), 64), _IoVec(params["address"], 64)
+    number = {"x86_64": 310, "aarch64": 270}[platform.machine()]
+    result = _libc().syscall(number, params["pid"], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    return _report(out_dir, {"read": result, "errno": ctypes.get_errno()})
+
+
+def refused_calls(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """What the seccomp filter and the namespaces refuse without killing: a tmpfs mount, a user
+    namespace, an AF_INET socket (an AF_UNIX one is allowed), and what ``/proc`` shows: the
+    processes there and the environment of ``params["zygote"]`` (the zygote's pid outside)."""
+    lib = _libc()
+    facts: dict = {}
+    os.mkdir("mnt")
+    rc = lib.mount(b"tmpfs", b"mnt", b"tmpfs", 0, None)
+    facts["mount"] = "mounted" if rc == 0 else errno.errorcode[ctypes.get_errno()]
+    rc = lib.unshare(0x10000000)  # CLONE_NEWUSER
+    facts["unshare"] = "unshared" if rc == 0 else errno.errorcode[ctypes.get_errno()]
+    for name, family in (("inet", socket.AF_INET), ("inet6", socket.AF_INET6), ("unix", socket.AF_UNIX)):
+        try:
+            socket.socket(family, socket.SOCK_STREAM).close()
+            facts[name] = "created"
+        except OSError as exc:
+            facts[name] = errno.errorcode.get(exc.errno or 0, str(exc))
+    facts["pid"] = os.getpid()
+    facts["proc"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    try:
+        facts["environ"] = len(Path(f"/proc/{params['zygote']}/environ").read_bytes())
+    except OSError as exc:
+        facts["environ"] = errno.errorcode.get(exc.errno or 0, str(exc))
+    return _report(out_dir, facts)
+
+
+def leave_file(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Writes ``secret.txt`` in the job dir and stays ``params["seconds"]``."""
+    (Path.cwd() / "secret.txt").write_text("job A's data")
+    time.sleep(params["seconds"])
+    return _report(out_dir, {"left": True})
+
+
+def read_file(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """After ``params["after"]`` seconds, tries to read ``params["path"]`` and list its directory."""
+    time.sleep(params["after"])
+    facts = {}
+    for key, call in (
+        ("file", lambda: Path(params["path"]).read_text()),
+        ("dir", lambda: os.listdir(os.path.dirname(params["path"]))),
+    ):
+        try:
+            facts[key] = call()
+        except OSError as exc:
+            facts[key] = errno.errorcode.get(exc.errno or 0, str(exc))
     return _report(out_dir, facts)
