@@ -123,7 +123,7 @@ def _resolve(mount: Mount, path: str) -> str | None:
     root = mount.root.rstrip("/")
     if path != root and not path.startswith(root + "/"):
         return None
-    return mount.mount_point.rstrip("/") + path[len(root) :] if root else mount.mount_point.rstrip("/") + path
+    return (mount.mount_point.rstrip("/") + path[len(root) :].rstrip("/")) or "/"
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,9 @@ def discover(proc_cgroup: str, mountinfo: str) -> Discovery | Unavailable:
                 )
         return Discovery(1, dirs, {c: own[c] for c in CONTROLLERS})
     if "" not in own:
-        return Unavailable(f"this process is in no cgroup v2 group and no v1 memory group; {_HOW_TO_DELEGATE}")
+        return Unavailable(
+            f"this process is in no cgroup v2 group and no v1 memory group; {_HOW_TO_DELEGATE}"
+        )
     for mount in mounts:
         if mount.fstype == "cgroup2":
             where = _resolve(mount, own[""])
@@ -507,7 +509,9 @@ def _open_v2(own: str, requested: str | None) -> V2Cgroups | Unavailable:
                 with contextlib.suppress(CgroupError):  # a process that exited meanwhile
                     _write(f"{root}/worker/cgroup.procs", str(pid))
         except (OSError, CgroupError) as exc:
-            return Unavailable(f"cannot move this process into the leaf {root}/worker: {exc}; {_HOW_TO_DELEGATE}")
+            return Unavailable(
+                f"cannot move this process into the leaf {root}/worker: {exc}; {_HOW_TO_DELEGATE}"
+            )
     reason = _enable(root)
     if reason:
         return Unavailable(reason)
@@ -538,7 +542,9 @@ def open_cgroups(
     if setting == "off":
         return Unavailable("HM_SANDBOX_CGROUP=off")
     if setting != "auto" and not setting.startswith("/"):
-        raise ValueError(f"HM_SANDBOX_CGROUP must be auto, off or a cgroup path starting with /, not {setting!r}")
+        raise ValueError(
+            f"HM_SANDBOX_CGROUP must be auto, off or a cgroup path starting with /, not {setting!r}"
+        )
     try:
         found = discover(
             proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text(),
@@ -558,7 +564,9 @@ def open_cgroups(
                 )
     if found.version == 2:
         own = found.dirs[""]
-        return _open_v2(own, None if requested is None else own + requested[len(found.paths[""].rstrip("/")) :])
+        return _open_v2(
+            own, None if requested is None else own + requested[len(found.paths[""].rstrip("/")) :]
+        )
     base = {}
     for controller in CONTROLLERS:
         own, path = found.dirs[controller], found.paths[controller]
@@ -572,7 +580,9 @@ def open_cgroups(
             if not os.access(f"{d}/cgroup.procs", os.W_OK):
                 raise PermissionError(errno.EACCES, "cgroup.procs not writable")
     except OSError as exc:
-        return Unavailable(f"cannot create a job group under {d}: {os.strerror(exc.errno or 0)}; {_HOW_TO_DELEGATE}")
+        return Unavailable(
+            f"cannot create a job group under {d}: {os.strerror(exc.errno or 0)}; {_HOW_TO_DELEGATE}"
+        )
     return V1Cgroups(base, owned=requested is None)
 
 
@@ -590,7 +600,9 @@ def join_job_cgroup(procs_files: Sequence[str] | None) -> None:
         try:
             fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                os.write(fd, b"0")  # 0: the writing task's own thread group (cgroup-v1/cgroups.rst, cgroup-v2.rst)
+                os.write(
+                    fd, b"0"
+                )  # 0: the writing task's own thread group (cgroup-v1/cgroups.rst, cgroup-v2.rst)
             finally:
                 os.close(fd)
         except OSError:
@@ -605,3 +617,33 @@ class PendingRemovals:
 
     def retry(self) -> None:
         self.groups = [g for g in self.groups if not (g.kill_all() >= 0 and g.remove())]
+
+
+def platform_setting(*, proc_cgroup: str | None = None, mountinfo: str | None = None) -> tuple[str, str]:
+    """What ``hypermedia up`` gives its workers as ``HM_SANDBOX_CGROUP`` and the one log line
+    saying why, decided without changing any cgroup. v1 (this machine): ``auto`` (each worker
+    makes ``hm-<pid>`` under its own groups). v2: ``auto`` only when this process is alone in its
+    group (e.g. started by ``systemd-run --scope -p Delegate=yes``), since the first worker moves
+    every process of that group into ``<own>/worker``; never the processes of a login session.
+    Else ``off`` with the reason (jobs keep RLIMIT_AS)."""
+    try:
+        found = discover(
+            proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text(),
+            mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text(),
+        )
+    except (OSError, CgroupError) as exc:
+        found = Unavailable(f"cannot read this process's cgroups: {exc}")
+    if isinstance(found, Unavailable):
+        return "off", f"per-job cgroups off (jobs keep RLIMIT_AS): {found.reason}"
+    if found.version == 1:
+        where = ", ".join(f"{found.dirs[c]}/hm-<pid>" for c in CONTROLLERS)
+        return "auto", f"per-job cgroups: cgroup v1 memory and pids, each worker's jobs under {where}"
+    own = found.dirs[""]
+    others = [p for p in _pids(f"{own}/cgroup.procs") if p != os.getpid()]
+    if others:
+        return "off", (
+            f"per-job cgroups off (jobs keep RLIMIT_AS): {own} holds {len(others)} other processes, which "
+            "`hypermedia up` will not move (cgroup v2 allows no processes beside child groups); run it "
+            "under `systemd-run --scope -p Delegate=yes` or set HM_SANDBOX_CGROUP to a delegated group"
+        )
+    return "auto", f"per-job cgroups: cgroup v2, workers in {own}/worker, jobs under {own}/jobs"

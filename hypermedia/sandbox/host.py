@@ -516,7 +516,9 @@ class Sandbox:
             return failed("CANCELLED", "The job was cancelled.", False)
         if exit_.status is None and (exit_.failure or "").startswith("cgroup:"):
             log.error("sandbox job %s: its cgroup could not be made: %s", job.job_id, exit_.failure)
-            return failed("SANDBOX_UNAVAILABLE", "The job's sandbox could not be started; it will be retried.", True)
+            return failed(
+                "SANDBOX_UNAVAILABLE", "The job's sandbox could not be started; it will be retried.", True
+            )
         if exit_.status is None:
             return failed("SANDBOX_CRASHED", "The job's sandbox was lost; it will be retried.", True)
         report = _parse_report(exit_.report)
@@ -532,7 +534,9 @@ class Sandbox:
             except (TypeError, ValueError) as exc:
                 log.error("sandbox job %s returned invalid outputs: %s", job.job_id, exc)
                 return failed("INTERNAL", "Internal error.", False)
-            return SandboxResult(outputs, None, None, False, exit_.duration_ms or 0, peak, exit_.cgroup_peak_bytes)
+            return SandboxResult(
+                outputs, None, None, False, exit_.duration_ms or 0, peak, exit_.cgroup_peak_bytes
+            )
         if exit_.oom_killed and not job.timed_out:
             return failed("RESOURCE_LIMIT", "The job exceeded its memory limit.", False)
         if report is not None and report.get("ok") is False:

@@ -145,7 +145,14 @@ class _Zygote:
                     request["job_id"], limits["cgroup_memory_bytes"] or limits["memory_bytes"], limits["pids"]
                 )
             except cgroups.CgroupError as exc:
-                self.emit({"event": "exited", "job_id": request["job_id"], "status": None, "failure": f"cgroup: {exc}"})
+                self.emit(
+                    {
+                        "event": "exited",
+                        "job_id": request["job_id"],
+                        "status": None,
+                        "failure": f"cgroup: {exc}",
+                    }
+                )
                 return
         request["cgroup"] = group.procs_files if group is not None else None
         report_r, report_w = os.pipe()
