@@ -571,6 +571,7 @@ def open_cgroups(
     for controller in CONTROLLERS:
         own, path = found.dirs[controller], found.paths[controller]
         if requested is None:
+            remove_stale_bases(own)
             base[controller] = f"{own.rstrip('/')}/hm-{os.getpid()}"
         else:
             base[controller] = own.rstrip("/") + requested[len(path.rstrip("/")) :]
@@ -584,6 +585,26 @@ def open_cgroups(
             f"cannot create a job group under {d}: {os.strerror(exc.errno or 0)}; {_HOW_TO_DELEGATE}"
         )
     return V1Cgroups(base, owned=requested is None)
+
+
+def remove_stale_bases(own: str) -> list[str]:
+    """Removes the v1 base groups ``<own>/hm-<pid>`` of workers that are gone (no ``/proc/<pid>``:
+    killed before :meth:`Cgroups.close`), killing what is left in their job groups first. Returns
+    the directories removed. A base whose pid was reused is left alone (harmless, empty)."""
+    removed = []
+    try:
+        entries = [e for e in os.scandir(own) if e.is_dir() and e.name.startswith("hm-")]
+    except OSError:
+        return removed
+    for entry in entries:
+        pid = entry.name[3:]
+        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        jobs = [j.path for j in os.scandir(entry.path) if j.is_dir()]
+        _kill_listed([f"{j}/cgroup.procs" for j in jobs] + [f"{entry.path}/cgroup.procs"])
+        if _rmdir_all([*jobs, entry.path]):
+            removed.append(entry.path)
+    return removed
 
 
 def from_config(config: dict[str, Any]) -> Cgroups:

@@ -227,3 +227,34 @@ def test_create_join_remove_cost() -> None:
     median = samples[len(samples) // 2]
     print(f"cgroup create+fork+join+remove: median {median:.2f} ms, p90 {samples[44]:.2f} ms")
     assert median < 10
+
+
+def test_a_killed_workers_groups_are_removed_by_the_next_one() -> None:
+    """A worker SIGKILLed before close leaves ``hm-<pid>`` with a job group and a process in it:
+    the next worker's open removes both and kills the process."""
+    own = open_cgroups("auto")
+    assert isinstance(own, V1Cgroups)
+    own.close()
+    parents = {c: os.path.dirname(d) for c, d in own.base.items()}
+    gone = os.fork()
+    if gone == 0:
+        os._exit(0)
+    os.waitpid(gone, 0)  # a pid with no /proc entry now
+    stale = V1Cgroups({c: f"{p}/hm-{gone}" for c, p in parents.items()})
+    for d in stale.base.values():
+        os.mkdir(d)
+    job = stale.create("left", 64 << 20, 16)
+    sleeper = os.fork()
+    if sleeper == 0:
+        join_job_cgroup(job.procs_files)
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(0.2)
+    groups = open_cgroups("auto")
+    try:
+        assert not any(_is_dir(d) for d in stale.base.values())
+        _, status = os.waitpid(sleeper, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    finally:
+        assert isinstance(groups, V1Cgroups)
+        groups.close()
