@@ -591,7 +591,7 @@ def remove_stale_bases(own: str) -> list[str]:
     """Removes the v1 base groups ``<own>/hm-<pid>`` of workers that are gone (no ``/proc/<pid>``:
     killed before :meth:`Cgroups.close`), killing what is left in their job groups first. Returns
     the directories removed. A base whose pid was reused is left alone (harmless, empty)."""
-    removed = []
+    removed: list[str] = []
     try:
         entries = [e for e in os.scandir(own) if e.is_dir() and e.name.startswith("hm-")]
     except OSError:
