@@ -258,3 +258,25 @@ def test_a_killed_workers_groups_are_removed_by_the_next_one() -> None:
     finally:
         assert isinstance(groups, V1Cgroups)
         groups.close()
+
+
+def test_without_a_delegated_subtree_the_answer_is_unavailable_with_the_reason() -> None:
+    """An unprivileged uid (430030) on this machine's root-owned v1 hierarchies: nothing is
+    delegated, so open_cgroups says why and how to grant it, and makes nothing."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(430030)
+            os.setuid(430030)
+            groups = open_cgroups("auto")
+            os.write(w, (getattr(groups, "reason", None) or "available").encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    reason = os.read(r, 4096).decode()
+    assert reason.startswith("cannot create a job group under /sys/fs/cgroup/memory/"), reason
+    assert "Permission denied; run the container with a private cgroup namespace" in reason
+    named = reason.split(" under ", 1)[1].split(":", 1)[0]
+    assert named.endswith(f"/hm-{pid}") and not _is_dir(named)
