@@ -40,6 +40,7 @@ from typing import Any
 from hypermedia.core import config
 from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_for_port
 from hypermedia.infra import db, mtls
+from hypermedia.sandbox import cgroups
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +229,11 @@ class Platform:
         credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()
         work_dir = env.get("HM_WORK_DIR", str(self.root / "work"))
         uid_base = int(env.get("HM_SANDBOX_UID_BASE", "61000"))
+        if "HM_SANDBOX_CGROUP" in env:
+            log.info("per-job cgroups: HM_SANDBOX_CGROUP=%s as set", env["HM_SANDBOX_CGROUP"])
+        else:
+            env["HM_SANDBOX_CGROUP"], said = cgroups.platform_setting()
+            log.info("%s", said)
         replicas = [
             (name, i, name if i == 1 else f"{name}-{i}")
             for name in self.services

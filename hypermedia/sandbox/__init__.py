@@ -41,13 +41,19 @@ Shape::
   checkout, read-only (:func:`hypermedia.sandbox.confine._code_dirs`); a directory others may not search on the way to
   those (``/root`` holding a pyenv Python) is covered the same way (:func:`hypermedia.sandbox.confine._covered_dirs`). Without root (or where the namespace is refused) those directories
   stay writable to the job; the report says so and the worker logs it once.
+* **Cgroups** (:mod:`hypermedia.sandbox.cgroups`, ``Sandbox(cgroups="auto")``): where a subtree
+  is delegated, the zygote makes one group per job before the fork (memory limit, swap 0,
+  ``pids.max``, group OOM kill; v1 or v2) and the child joins it as its very first step; after
+  the job the zygote reads the peak and OOM record, kills what is left in the group and removes
+  it. Elsewhere the rlimits alone bound the job.
 * The **result** travels as JSON only (a child handles hostile input; its report is parsed as
   data, never unpickled), at most :data:`MAX_REPORT_BYTES`. Outputs are rebuilt as
   :class:`~hypermedia.engines.contract.OutputFile` and must be regular files (not symlinks) directly inside ``output/``.
 
 Modules: :mod:`~hypermedia.sandbox.host` (the worker side: :class:`Sandbox`, reading outputs and
 progress), :mod:`~hypermedia.sandbox.zygote` (the zygote and the per-job child),
-:mod:`~hypermedia.sandbox.confine` (namespaces, rlimits, the uid drop), :mod:`~hypermedia.sandbox.helper`
+:mod:`~hypermedia.sandbox.confine` (namespaces, rlimits, the uid drop), :mod:`~hypermedia.sandbox.cgroups`
+(per-job cgroups), :mod:`~hypermedia.sandbox.helper`
 (confined long-lived helpers such as LibreOffice) and :mod:`~hypermedia.sandbox.landlock`. The engine
 contract (what an entry returns, progress) is :mod:`hypermedia.engines.contract`: engines never import
 the sandbox.

@@ -26,6 +26,7 @@ from typing import Any, Final
 from opentelemetry import trace
 
 from hypermedia.engines.contract import OutputFile
+from hypermedia.sandbox.cgroups import Cgroups, Unavailable, open_cgroups
 from hypermedia.sandbox.confine import _check_reachable, _primary_gid
 from hypermedia.sandbox.outputs import _open_output
 
@@ -86,6 +87,12 @@ class SandboxLimits:
     """``RLIMIT_FSIZE``: largest file the child may write, in bytes."""
     nproc: int = 16
     """``RLIMIT_NPROC``: processes *and threads* of the sandbox uid, counted across all slots."""
+    cgroup_memory_bytes: int | None = None
+    """Memory limit of the job's cgroup, bytes (resident and page cache of the job and all its
+    descendants; swap 0); None: ``memory_bytes``. Only where the sandbox has cgroups."""
+    pids: int = 64
+    """``pids.max`` of the job's cgroup: processes and threads of this job alone (fork past it
+    fails with EAGAIN). Only where the sandbox has cgroups."""
 
 
 @dataclass
@@ -111,6 +118,9 @@ class SandboxResult:
     """The confinement layers the child reported (``userns``, ``netns``, ``mountns``, ``ipcns``,
     ``pidns``, ``procns``, ``caps_dropped``, ``landlock``, ``seccomp``: True applied, False
     refused, None not asked for); empty when the child sent no report (it was killed)."""
+    cgroup_peak_bytes: int | None = None
+    """Peak memory charged to the job's cgroup (the child and its descendants, with page
+    cache), bytes; None without cgroups."""
 
 
 @dataclass
@@ -134,6 +144,8 @@ class _Exit:
     duration_ms: int = 0
     report: str | None = None
     failure: str | None = None
+    cgroup_peak_bytes: int | None = None
+    oom_killed: bool = False
 
 
 class Sandbox:
@@ -153,6 +165,11 @@ class Sandbox:
             namespace: no root needed). On failure the job runs anyway and a warning is logged
             once.
         env: environment of the children (replaces, never extends, the worker's).
+        cgroups: ``HM_SANDBOX_CGROUP``: ``auto``, ``off`` or a cgroup path (see
+            :func:`hypermedia.sandbox.cgroups.open_cgroups`): each job gets its own cgroup with
+            ``limits.cgroup_memory_bytes`` (swap 0), ``limits.pids`` and group OOM kill. Where
+            nothing is delegated the jobs run with the rlimits alone and :attr:`cgroups_status`
+            says why (logged once at :meth:`start`).
     """
 
     def __init__(
@@ -163,6 +180,7 @@ class Sandbox:
         uid: int | Sequence[int] | None = None,
         isolate_network: bool = True,
         env: Mapping[str, str] = DEFAULT_CHILD_ENV,
+        cgroups: str = "off",
     ) -> None:
         self.work_dir = Path(work_dir).absolute()
         self.preload = tuple(preload)
@@ -186,6 +204,8 @@ class Sandbox:
         self._warned_network = False
         self._warned_files = False
         self._restart = asyncio.Lock()
+        self.cgroup_setting = cgroups
+        self._cgroups: Cgroups | Unavailable | None = None
 
     @property
     def uid(self) -> int | None:
@@ -205,6 +225,27 @@ class Sandbox:
             self._leases[job_id] = uid
         return uid, _primary_gid(uid)
 
+    @property
+    def cgroups_status(self) -> str:
+        """One line: where job cgroups are made (``cgroup v1: memory at …``) or ``unavailable: <reason>``;
+        ``not started`` before :meth:`start`."""
+        if self._cgroups is None:
+            return "not started"
+        if isinstance(self._cgroups, Unavailable):
+            return f"unavailable: {self._cgroups.reason}"
+        return self._cgroups.describe()
+
+    def _open_cgroups(self) -> Cgroups | None:
+        """Opens the job cgroups once per sandbox (the base groups outlive zygote restarts)."""
+        if self._cgroups is None:
+            self._cgroups = open_cgroups(self.cgroup_setting)
+            if isinstance(self._cgroups, Unavailable):
+                if self.cgroup_setting != "off":
+                    log.warning("sandbox: no per-job cgroups, RLIMIT_AS only: %s", self._cgroups.reason)
+            else:
+                log.info("sandbox: per-job cgroups, %s", self._cgroups.describe())
+        return None if isinstance(self._cgroups, Unavailable) else self._cgroups
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -221,6 +262,7 @@ class Sandbox:
         os.chmod(jobs_root, 0o711)
         for uid in self.uids:
             _check_reachable(jobs_root, uid)
+        groups = self._open_cgroups()
         zygote_env = dict(self.env)
         zygote_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self._proc = await asyncio.create_subprocess_exec(
@@ -229,6 +271,7 @@ class Sandbox:
             "from hypermedia.sandbox.zygote import _zygote_main; _zygote_main()",
             json.dumps(list(self.preload)),
             json.dumps(self._sweep_uids),
+            json.dumps(groups.config() if groups is not None else None),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=zygote_env,
@@ -251,7 +294,13 @@ class Sandbox:
 
     async def close(self) -> None:
         """Stops the zygote; it SIGKILLs every running child first. Pending :meth:`run` calls return
-        ``SANDBOX_CRASHED`` (retryable)."""
+        ``SANDBOX_CRASHED`` (retryable). The base cgroups are removed when the zygote is gone."""
+        await self._stop_zygote()
+        if self._cgroups is not None and not isinstance(self._cgroups, Unavailable):
+            self._cgroups.close()
+        self._cgroups = None
+
+    async def _stop_zygote(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -392,7 +441,7 @@ class Sandbox:
             if not self._alive():
                 if self._proc is not None:
                     log.warning("sandbox zygote is gone; restarting it")
-                await self.close()
+                await self._stop_zygote()
                 await self.start()
 
     async def _submit(
@@ -476,12 +525,19 @@ class Sandbox:
 
     def _result(self, job: _Job, exit_: _Exit) -> SandboxResult:
         def failed(code: str, message: str, retryable: bool) -> SandboxResult:
-            return SandboxResult([], code, message, retryable, exit_.duration_ms or 0, peak, layers)
+            return SandboxResult(
+                [], code, message, retryable, exit_.duration_ms or 0, peak, layers, exit_.cgroup_peak_bytes
+            )
 
         peak = -(-(exit_.maxrss_kib or 0) // 1024)
         layers: dict[str, Any] = {}
         if job.cancelled:
             return failed("CANCELLED", "The job was cancelled.", False)
+        if exit_.status is None and (exit_.failure or "").startswith("cgroup:"):
+            log.error("sandbox job %s: its cgroup could not be made: %s", job.job_id, exit_.failure)
+            return failed(
+                "SANDBOX_UNAVAILABLE", "The job's sandbox could not be started; it will be retried.", True
+            )
         if exit_.status is None:
             return failed("SANDBOX_CRASHED", "The job's sandbox was lost; it will be retried.", True)
         report = _parse_report(exit_.report)
@@ -499,7 +555,11 @@ class Sandbox:
             except (TypeError, ValueError) as exc:
                 log.error("sandbox job %s returned invalid outputs: %s", job.job_id, exc)
                 return failed("INTERNAL", "Internal error.", False)
-            return SandboxResult(outputs, None, None, False, exit_.duration_ms or 0, peak, layers)
+            return SandboxResult(
+                outputs, None, None, False, exit_.duration_ms or 0, peak, layers, exit_.cgroup_peak_bytes
+            )
+        if exit_.oom_killed and not job.timed_out:
+            return failed("RESOURCE_LIMIT", "The job exceeded its memory limit.", False)
         if report is not None and report.get("ok") is False:
             if report.get("traceback"):
                 log.error("sandbox job %s failed:\n%s", job.job_id, report["traceback"])
@@ -564,6 +624,8 @@ def _exit_from_event(event: dict[str, Any]) -> _Exit:
         duration_ms=int(event.get("duration_ms") or 0),
         report=event.get("report"),
         failure=event.get("failure"),
+        cgroup_peak_bytes=event.get("cgroup_peak_bytes"),
+        oom_killed=bool(event.get("oom_killed")),
     )
 
 

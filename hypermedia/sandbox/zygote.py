@@ -24,7 +24,7 @@ from typing import Any, Final, NoReturn
 
 from hypermedia.core.errors import DomainError
 from hypermedia.engines.contract import OutputFile
-from hypermedia.sandbox import landlock, seccomp
+from hypermedia.sandbox import cgroups, landlock, seccomp
 from hypermedia.sandbox.confine import (
     _PR_SET_CHILD_SUBREAPER,
     _PR_SET_NO_NEW_PRIVS,
@@ -52,22 +52,26 @@ class _Child:
     report: bytearray = field(default_factory=bytearray)
     overflow: bool = False
     uid: int | None = None
+    cgroup: cgroups.JobCgroup | None = None
+    oom_seen: bool = False
 
 
 def _zygote_main() -> NoReturn:
     """Entry point of the zygote process (``python -c``); argv[1] is a JSON list of modules, argv[2]
-    whether to sweep leftover processes of finished jobs (JSON bool, see :meth:`_Zygote.sweep_orphans`)."""
+    whether to sweep leftover processes of finished jobs (JSON bool, see :meth:`_Zygote.sweep_orphans`),
+    argv[3] the job cgroups' config (:meth:`hypermedia.sandbox.cgroups.Cgroups.config`) or null."""
     for module in json.loads(sys.argv[1]):
         importlib.import_module(module)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     make_undumpable()
     gc.freeze()  # keeps preloaded objects out of GC passes, so children share their pages longer
-    _Zygote(sweep=json.loads(sys.argv[2])).serve()
+    config = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+    _Zygote(sweep=json.loads(sys.argv[2]), groups=cgroups.from_config(config) if config else None).serve()
 
 
 class _Zygote:
-    def __init__(self, *, sweep: bool) -> None:
+    def __init__(self, *, sweep: bool, groups: cgroups.Cgroups | None = None) -> None:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, _Child] = {}
         self.by_job: dict[str, _Child] = {}
@@ -81,6 +85,9 @@ class _Zygote:
         self.selector.register(self.wake_r, selectors.EVENT_READ, "sigchld")
         self.sweep = sweep
         """Kill leftover processes of finished jobs (the sandbox has its own uid pool)."""
+        self.groups = groups
+        """Where job cgroups are made; None: RLIMIT_AS only."""
+        self.pending = cgroups.PendingRemovals()
 
     def emit(self, event: dict[str, Any]) -> None:
         data = (json.dumps(event) + "\n").encode()
@@ -94,6 +101,8 @@ class _Zygote:
             for key, _ in self.selector.select():
                 if key.data == "control":
                     self.read_control()
+                elif isinstance(key.data, tuple):  # ("oom", child): a v1 group hit its limit
+                    self.group_oom(key.data[1])
                 elif key.data == "sigchld":
                     with contextlib.suppress(BlockingIOError):
                         while os.read(self.wake_r, 4096):
@@ -111,6 +120,10 @@ class _Zygote:
             for child in self.children.values():
                 with contextlib.suppress(OSError):
                     os.killpg(child.pid, signal.SIGKILL)
+                if child.cgroup is not None:
+                    child.cgroup.kill_all()
+                    self.pending.groups.append(child.cgroup)
+            self.pending.retry()
             os._exit(0)
         self.inbox += data
         while len(self.inbox) >= _LEN.size:
@@ -128,6 +141,24 @@ class _Zygote:
                     os.killpg(self.by_job[message["job_id"]].pid, signal.SIGKILL)
 
     def start_child(self, request: dict[str, Any]) -> None:
+        group = None
+        if self.groups is not None:
+            limits = request["limits"]
+            try:
+                group = self.groups.create(
+                    request["job_id"], limits["cgroup_memory_bytes"] or limits["memory_bytes"], limits["pids"]
+                )
+            except cgroups.CgroupError as exc:
+                self.emit(
+                    {
+                        "event": "exited",
+                        "job_id": request["job_id"],
+                        "status": None,
+                        "failure": f"cgroup: {exc}",
+                    }
+                )
+                return
+        request["cgroup"] = group.procs_files if group is not None else None
         report_r, report_w = os.pipe()
         started = time.monotonic()
         try:
@@ -135,6 +166,8 @@ class _Zygote:
         except OSError as exc:
             os.close(report_r)
             os.close(report_w)
+            if group is not None:
+                group.remove()
             self.emit({"event": "exited", "job_id": request["job_id"], "status": None, "failure": str(exc)})
             return
         if pid == 0:
@@ -145,11 +178,37 @@ class _Zygote:
                 os._exit(70)
         os.close(report_w)
         os.set_blocking(report_r, False)
-        child = _Child(request["job_id"], pid, report_r, started, uid=request["uid"])
+        child = _Child(request["job_id"], pid, report_r, started, uid=request["uid"], cgroup=group)
         self.children[pid] = child
         self.by_job[child.job_id] = child
         self.selector.register(report_r, selectors.EVENT_READ, child)
+        if group is not None and group.oom_fd is not None:
+            self.selector.register(group.oom_fd, selectors.EVENT_READ, ("oom", child))
         self.emit({"event": "started", "job_id": child.job_id, "pid": pid})
+
+    def group_oom(self, child: _Child) -> None:
+        """A v1 job group ran out of memory: kill all of it (what v2's ``memory.oom.group`` does),
+        so a job never runs on with a part of it OOM-killed."""
+        assert child.cgroup is not None and child.cgroup.oom_fd is not None
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(child.cgroup.oom_fd)
+        child.oom_seen = True
+        child.cgroup.kill_all()
+
+    def release_group(self, child: _Child) -> tuple[int | None, bool]:
+        """After the leader is reaped: reads the group's peak and OOM record, kills what is left
+        in it (grandchildren that left the process group too), removes it. Returns ``(peak bytes,
+        OOM-killed)``."""
+        group = child.cgroup
+        if group is None:
+            return None, False
+        peak, oom = group.peak_bytes(), child.oom_seen or group.oom_killed()
+        if group.oom_fd is not None:
+            self.selector.unregister(group.oom_fd)
+        group.kill_all()
+        if not group.remove():
+            self.pending.groups.append(group)
+        return peak, oom
 
     def sweep_orphans(self) -> None:
         """SIGKILL this zygote's children that are not job leaders and whose uid no running job
@@ -208,8 +267,11 @@ class _Zygote:
             _, status, usage = os.wait4(pid, 0)
             if self.sweep:
                 self.sweep_orphans()
+            if self.pending.groups:
+                self.pending.retry()
             if child is None:
                 continue  # an orphaned grandchild handed to us as subreaper
+            peak, oom = self.release_group(child)
             if child.report_fd >= 0:
                 self.read_report(child)
                 if child.report_fd >= 0:  # a grandchild still holds the pipe: stop listening
@@ -226,6 +288,8 @@ class _Zygote:
                     "duration_ms": round((time.monotonic() - child.started) * 1000),
                     "report": report,
                     "failure": "report too large" if child.overflow else None,
+                    "cgroup_peak_bytes": peak,
+                    "oom_killed": oom,
                 }
             )
 
@@ -244,6 +308,7 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
     report: dict[str, Any]
     layers: dict[str, bool | None] = dict.fromkeys(_LAYERS)
     try:
+        cgroups.join_job_cgroup(request["cgroup"])
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)

@@ -112,6 +112,7 @@ async def serve_worker(
         uid=range(settings.sandbox_uid_base, settings.sandbox_uid_base + settings.slots)
         if os.geteuid() == 0
         else None,
+        cgroups=settings.sandbox_cgroup,
     )
     await sandbox.start()
     stack.push_async_callback(sandbox.close)

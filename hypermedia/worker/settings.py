@@ -1,8 +1,8 @@
-"""A worker process's settings: its queue, slots, identity, work directory, timings, admission gates and sandbox uids."""
+"""A worker process's settings: its queue, slots, identity, work directory, timings, admission gates, sandbox uids and cgroups."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hypermedia.core.config import ComponentSettings, QueueName
 
@@ -35,3 +35,14 @@ class WorkerSettings(ComponentSettings):
     sandbox_uid_base: int = Field(61000, ge=1, le=2**31 - 1 - 64, validation_alias="HM_SANDBOX_UID_BASE")
     """When the worker runs as root, slot i's jobs run as uid ``base + i`` (no passwd entry
     needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""
+    sandbox_cgroup: str = Field("auto", validation_alias="HM_SANDBOX_CGROUP")
+    """Per-job cgroups (memory limit with swap 0, pids.max, group OOM kill): ``auto`` (under the
+    worker's own cgroup, where it is delegated), ``off`` (RLIMIT_AS only), or a cgroup path as
+    /proc/self/cgroup spells it, nested under the worker's own. See docs/operations.md."""
+
+    @field_validator("sandbox_cgroup")
+    @classmethod
+    def _cgroup_setting(cls, value: str) -> str:
+        if value not in ("auto", "off") and not value.startswith("/"):
+            raise ValueError("must be auto, off or a cgroup path starting with /")
+        return value
