@@ -234,7 +234,11 @@ def _namespace_remedy(name: str, as_root: bool, detail: str) -> str:
 
 
 def _probe_userns(as_root: bool) -> Layer:
-    ok, detail = _in_child(lambda: (_enter_userns(), "unshare(CLONE_NEWUSER) and uid_map written")[1])
+    def attempt() -> str:
+        _enter_userns()
+        return "unshare(CLONE_NEWUSER) and uid_map written"
+
+    ok, detail = _in_child(attempt)
     return Layer("userns", ok, detail if ok else f"{detail}; {_userns_remedy()}")
 
 
@@ -318,7 +322,12 @@ def _probe_landlock(as_root: bool) -> Layer:
 
 
 class _SockFilter(ctypes.Structure):
-    _fields_ = (("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32))
+    _fields_ = (
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    )
 
 
 class _SockFprog(ctypes.Structure):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hypermedia.core.config import ComponentSettings, QueueName
+from hypermedia.sandbox import layers
 
 
 class WorkerSettings(ComponentSettings):
@@ -32,3 +33,13 @@ class WorkerSettings(ComponentSettings):
     sandbox_uid_base: int = Field(61000, ge=1, le=2**31 - 1 - 64, validation_alias="HM_SANDBOX_UID_BASE")
     """When the worker runs as root, slot i's jobs run as uid ``base + i`` (no passwd entry
     needed), so ``RLIMIT_NPROC`` (counted per uid by the kernel) is per job, not shared."""
+    sandbox_require: str = Field(layers.REQUIRE_FULL, validation_alias="HM_SANDBOX_REQUIRE")
+    """Isolation layers the worker must be able to apply or it exits 78 at start: ``full`` (every
+    layer but ``uid_switch``), ``best-effort`` (start with whatever holds; ``hypermedia up``'s
+    default) or a comma list of :data:`hypermedia.sandbox.layers.LAYER_NAMES`."""
+
+    @field_validator("sandbox_require")
+    @classmethod
+    def _known_layers(cls, value: str) -> str:
+        layers.parse_require(value)
+        return value.strip().lower()
