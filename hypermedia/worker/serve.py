@@ -133,8 +133,10 @@ async def serve_worker(
     settings = settings or config.load(WorkerSettings)
     # Jobs may run under this process's uid (a worker without root): keep its /proc/<pid>
     # (environment with HM_DATABASE_URL, memory) out of their reach.
-    make_undumpable()
+    # Before make_undumpable: an undumpable process's /proc/self/uid_map is root's, so a probe
+    # child of it could not map its user namespace (the zygote, a fresh exec, is dumpable).
     sandbox_layers = probe_sandbox_layers(settings)
+    make_undumpable()
     sandbox = Sandbox(
         Path(settings.work_dir),
         preload=preload,
