@@ -89,7 +89,7 @@ def sandbox_layers_line(require: str, uid_base: int) -> str:
     """The one line ``hypermedia up`` prints about the workers' isolation: the
     ``HM_SANDBOX_REQUIRE`` they run with and which layers hold for this process's uid (the
     workers' own), probed as a worker probes them (:func:`hypermedia.sandbox.layers.probe_layers`)."""
-    found = layers.probe_layers(uid_base)
+    found = layers.probe_layers_fresh(uid_base)
     held = ", ".join(layer.name for layer in found if layer.available) or "none"
     missing = ", ".join(layer.name for layer in found if not layer.available) or "none"
     return f"hypermedia up: workers run with HM_SANDBOX_REQUIRE={require}; layers that hold: {held}; missing: {missing}"

@@ -34,6 +34,8 @@ import json
 import os
 import select
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,7 @@ __all__ = [
     "parse_require",
     "probe_cgroups",
     "probe_layers",
+    "probe_layers_fresh",
     "summary",
 ]
 
@@ -527,3 +530,40 @@ def check_required(layers: Iterable[Layer], required: Iterable[str]) -> None:
 def summary(layers: Iterable[Layer]) -> str:
     """One line for the log: ``userns=yes netns=yes … uid_switch=no``."""
     return " ".join(f"{layer.name}={'yes' if layer.available else 'no'}" for layer in layers)
+
+
+def probe_layers_fresh(pool_uid: int) -> tuple[Layer, ...]:
+    """:func:`probe_layers` in a fresh interpreter (``python -m hypermedia.sandbox.layers``), as the
+    worker and ``hypermedia up`` call it. A process that has loaded gRPC must not be the one that
+    forks the probes: gRPC's ``pthread_atfork`` handlers may start threads in the child, and
+    ``unshare(CLONE_NEWUSER)`` refuses a multithreaded caller with ``EINVAL`` (unshare(2)), which
+    failed about half the probes of a worker. The zygote is a fresh interpreter too, so this
+    probes what it will have. Costs one interpreter start (about 0.1 s), once.
+
+    Raises:
+        RuntimeError: the probe process failed or printed no report (its stderr in the message).
+    """
+    result = subprocess.run(
+        [sys.executable, "-m", "hypermedia.sandbox.layers", str(pool_uid)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": _package_root()},
+        check=False,
+    )
+    try:
+        rows = json.loads(result.stdout)
+        return tuple(Layer(str(r["name"]), bool(r["available"]), str(r["detail"])) for r in rows)
+    except (ValueError, KeyError, TypeError):
+        raise RuntimeError(
+            f"sandbox layer probe failed (exit {result.returncode}): {result.stderr.strip()[-500:]}"
+        ) from None
+
+
+def _package_root() -> str:
+    """The directory that holds the ``hypermedia`` package this module was imported from."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+if __name__ == "__main__":
+    print(json.dumps([layer.__dict__ for layer in probe_layers(int(sys.argv[1]))]))

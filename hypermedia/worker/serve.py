@@ -87,7 +87,7 @@ def probe_sandbox_layers(settings: WorkerSettings) -> tuple[layers.Layer, ...]:
         config.ConfigError: a required layer is missing (exit 78); the message is one line naming
             each missing layer and how to grant it.
     """
-    found = layers.probe_layers(settings.sandbox_uid_base)
+    found = layers.probe_layers_fresh(settings.sandbox_uid_base)
     log.info(
         "sandbox layers: %s (HM_SANDBOX_REQUIRE=%s)",
         layers.summary(found),
