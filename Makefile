@@ -46,8 +46,9 @@ DOCWORKER_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffic
 OCR_PACKAGES := tesseract-ocr tesseract-ocr-osd tesseract-ocr-eng tesseract-ocr-deu tesseract-ocr-fra \
 	tesseract-ocr-ita tesseract-ocr-spa tesseract-ocr-por
 DEBIAN_PACKAGES := $(DOCWORKER_PACKAGES) $(OCR_PACKAGES)
-# What the suite needs besides: clamd for the virus-scan tests.
-DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon
+# What the suite needs besides: clamd for the virus-scan tests, and libseccomp's binding for the
+# system python3 that loads the worker seccomp profile (tests/security/test_worker_seccomp_profile.py).
+DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon python3-seccomp
 
 demo: $(STAMP)
 	@scripts/ensure_debian_packages.sh $(DEBIAN_PACKAGES)
