@@ -18,7 +18,6 @@ import grpc
 import pytest
 
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
-from hypermedia.devtools.embedded import free_port
 from hypermedia.sandbox import layers
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform
 
@@ -164,43 +163,44 @@ def test_an_unknown_required_layer_is_a_configuration_error(tmp_path: Path) -> N
 @pytest.fixture(scope="module")
 def idle_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
     with isolated_platform(
-        tmp_root, database_url, nats_url, "layers", services="credits,storage,gateway"
+        tmp_root, database_url, nats_url, "layers", services="credits,storage,gateway,imageworker"
     ) as running:
         yield running
 
 
-def test_a_running_worker_reports_its_layers_in_get_status(idle_platform: RunningPlatform) -> None:
-    port = free_port()
-    log = (idle_platform.state_dir / "logs" / "layers-worker.log").open("ab")
-    env = idle_platform.service_env() | {
-        "HM_WORKER_STATUS_BIND": f"127.0.0.1:{port}",
-        "HM_SANDBOX_UID_BASE": str(UID_BASE),
-    }
-    assert env["HM_SANDBOX_REQUIRE"] == "best-effort"  # what hypermedia up gives its workers
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.imageworker"], env=env, cwd=REPO, stdout=log, stderr=log
+def test_hypermedia_up_runs_workers_best_effort_and_says_which_layers_hold(
+    idle_platform: RunningPlatform,
+) -> None:
+    up_log = (idle_platform.state_dir / "up.log").read_text()
+    lines = [x for x in up_log.splitlines() if x.startswith("hypermedia up: workers run with")]
+    expected = layers.probe_layers(UID_BASE)
+    held = ", ".join(layer.name for layer in expected if layer.available)
+    assert len(lines) == 1, up_log[-2000:]
+    assert lines[0].startswith(
+        f"hypermedia up: workers run with HM_SANDBOX_REQUIRE=best-effort; layers that hold: {held};"
     )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with grpc.insecure_channel(f"127.0.0.1:{port}") as chan:
-                    status = worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(
-                        worker_pb2.GetStatusRequest(), timeout=2
-                    )
-                break
-            except grpc.RpcError:
-                assert proc.poll() is None, "worker exited"
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+
+
+def test_a_running_worker_reports_its_layers_in_get_status(idle_platform: RunningPlatform) -> None:
+    address = idle_platform.info["workers"]["imageworker"]
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with grpc.insecure_channel(address) as chan:
+                status = worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(
+                    worker_pb2.GetStatusRequest(), timeout=2
+                )
+            break
+        except grpc.RpcError:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
     assert status.sandbox_require == "best-effort"
     reported = {layer.name: layer for layer in status.sandbox_layers}
     assert tuple(reported) == layers.LAYER_NAMES
+    # The same answers as a probe from this process (same uid), uid_switch aside: the platform's
+    # worker probes its own pool uid.
     expected = {layer.name: layer.available for layer in layers.probe_layers(UID_BASE)}
     assert {name: layer.available for name, layer in reported.items()} == expected
     assert reported["landlock"].detail.startswith("ABI ")
-    text = (idle_platform.state_dir / "logs" / "layers-worker.log").read_text()
-    assert "sandbox layers: userns=yes" in text
+    worker_log = (idle_platform.state_dir / "logs" / "imageworker.log").read_text()
+    assert "sandbox layers: userns=yes" in worker_log
