@@ -3,8 +3,9 @@ each one in a short-lived forked child, and the ``HM_SANDBOX_REQUIRE`` check tha
 a worker whose required layers are missing (docs/adr/0043, docs/security.md "Layers").
 
 A probe never changes this process: every namespace, filter and uid change happens in a child that
-exits at once (cgroups: a directory made and removed again). The probes take a few milliseconds in
-all (``bench``-free figure: about 6 ms on the development machine, 9 forks); they run once, in
+exits at once (cgroups: a directory made and removed again). Measured as root on the shared 2-core
+development machine while other test suites ran (10 runs): :func:`probe_layers` median 119 ms (max
+1.5 s), :func:`probe_layers_fresh` median 285 ms (max 0.97 s). They run once, in
 :func:`hypermedia.worker.serve.serve_worker`, before the zygote starts.
 
 Layers (:data:`LAYER_NAMES`):
@@ -538,7 +539,8 @@ def probe_layers_fresh(pool_uid: int) -> tuple[Layer, ...]:
     forks the probes: gRPC's ``pthread_atfork`` handlers may start threads in the child, and
     ``unshare(CLONE_NEWUSER)`` refuses a multithreaded caller with ``EINVAL`` (unshare(2)), which
     failed about half the probes of a worker. The zygote is a fresh interpreter too, so this
-    probes what it will have. Costs one interpreter start (about 0.1 s), once.
+    probes what it will have. Costs one interpreter start on top (285 ms median in all, measured
+    as in the module docstring), once.
 
     Raises:
         RuntimeError: the probe process failed or printed no report (its stderr in the message).
