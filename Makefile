@@ -6,11 +6,12 @@ VENV := .venv
 UV_VERSION := 0.13.8
 STAMP := $(VENV)/.synced
 
-.PHONY: demo test test-fast lint proto proto-check bench chaos up clean help
+.PHONY: demo test test-unprivileged test-fast lint proto proto-check bench chaos up clean help
 
 help:
 	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF, an ODT, scans (OCR) and a generated phone video clip"
 	@echo "make test   - the whole test suite (real Postgres, NATS, libvips)"
+	@echo "make test-unprivileged - tests/security again as the unprivileged user hmtest"
 	@echo "make lint   - ruff, mypy, buf lint, stub drift, deploy linters"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
 	@echo "make chaos  - 1,000 jobs while workers, the relay, NATS and Postgres are killed (JOBS=N)"
@@ -45,8 +46,9 @@ DOCWORKER_PACKAGES := libreoffice-writer-nogui libreoffice-calc-nogui libreoffic
 OCR_PACKAGES := tesseract-ocr tesseract-ocr-osd tesseract-ocr-eng tesseract-ocr-deu tesseract-ocr-fra \
 	tesseract-ocr-ita tesseract-ocr-spa tesseract-ocr-por
 DEBIAN_PACKAGES := $(DOCWORKER_PACKAGES) $(OCR_PACKAGES)
-# What the suite needs besides: clamd for the virus-scan tests.
-DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon
+# What the suite needs besides: clamd for the virus-scan tests, and libseccomp's binding for the
+# system python3 that loads the worker seccomp profile (tests/security/test_worker_seccomp_profile.py).
+DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon python3-seccomp
 
 demo: $(STAMP)
 	@scripts/ensure_debian_packages.sh $(DEBIAN_PACKAGES)
@@ -55,6 +57,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	@scripts/ensure_debian_packages.sh $(DEBIAN_TEST_PACKAGES)
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	@$(MAKE) --no-print-directory test-unprivileged
+
+# The security suite a second time, as the unprivileged user hmtest (created when missing): a
+# test skipped there for lack of root fails (issue 18 item 6; scripts/test_unprivileged.sh).
+test-unprivileged: $(STAMP)
+	scripts/test_unprivileged.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

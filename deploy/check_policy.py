@@ -32,6 +32,7 @@ Usage: ``python deploy/check_policy.py [DEPLOY_DIR]``; prints one line per probl
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from collections.abc import Iterator
@@ -73,6 +74,61 @@ def _env(container: Doc) -> dict[str, str]:
     return {e["name"]: str(e.get("value", "")) for e in container.get("env", []) if "name" in e}
 
 
+WORKER_SECCOMP = "hypermedia-worker.json"
+"""The worker pods' Localhost seccomp profile: deploy/k8s/seccomp/hypermedia-worker.json."""
+WORKER_APPARMOR = "hypermedia-worker"
+"""The worker pods' Localhost AppArmor profile: deploy/k8s/apparmor/hypermedia-worker."""
+SANDBOX_SYSCALLS = ("unshare", "clone", "clone3", "setns", "mount", "umount2", "landlock_restrict_self")
+"""What the sandbox layers call and the runtime's default seccomp profile refuses without
+CAP_SYS_ADMIN (issue 18); the worker profile must allow each."""
+
+
+def _check_worker_layers(where: str, pod: Doc, pod_sc: Doc, sc: Doc, env: dict[str, str]) -> list[str]:
+    """A worker container runs with what its sandbox layers need (docs/security.md "Layers"):
+    ``HM_SANDBOX_REQUIRE=full``, a user-namespaced pod, the Localhost seccomp and AppArmor
+    profiles of the workers."""
+    problems = []
+    if env.get("HM_SANDBOX_REQUIRE") != "full":
+        problems.append(f"{where}: HM_SANDBOX_REQUIRE must be full")
+    if pod.get("hostUsers") is not False:
+        problems.append(f"{where}: hostUsers must be false (a user-namespaced pod)")
+    for label, profile, want in (
+        ("seccompProfile", sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}, WORKER_SECCOMP),
+        (
+            "appArmorProfile",
+            sc.get("appArmorProfile") or pod_sc.get("appArmorProfile") or {},
+            WORKER_APPARMOR,
+        ),
+    ):
+        if profile.get("type") != "Localhost" or profile.get("localhostProfile") != want:
+            problems.append(f"{where}: {label} must be Localhost {want}")
+    return problems
+
+
+def check_worker_seccomp(profile_path: Path) -> list[str]:
+    """The worker seccomp profile refuses by default and allows what the layers call."""
+    try:
+        profile = json.loads(profile_path.read_text())
+    except (OSError, ValueError) as exc:
+        return [f"{profile_path}: {exc}"]
+    problems = []
+    if profile.get("defaultAction") != "SCMP_ACT_ERRNO":
+        problems.append(f"{profile_path}: defaultAction must be SCMP_ACT_ERRNO")
+    allowed = {
+        name
+        for rule in profile.get("syscalls", [])
+        if rule.get("action") == "SCMP_ACT_ALLOW" and not rule.get("args")
+        for name in rule.get("names", [])
+    }
+    for name in SANDBOX_SYSCALLS:
+        if name not in allowed:
+            problems.append(f"{profile_path}: {name} must be allowed unconditionally")
+    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "bpf", "perf_event_open", "kexec_load"):
+        if name in allowed:
+            problems.append(f"{profile_path}: {name} must not be allowed")
+    return problems
+
+
 def check_workload(where: str, doc: Doc) -> list[str]:
     problems: list[str] = []
     pod = doc["spec"]["template"]["spec"]
@@ -97,7 +153,10 @@ def check_workload(where: str, doc: Doc) -> list[str]:
         if "ALL" not in sc.get("capabilities", {}).get("drop", []):
             problems.append(f"{cwhere}: capabilities must drop ALL")
         seccomp = sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}
-        if seccomp.get("type") != "RuntimeDefault":
+        env = _env(container)
+        if "HM_WORKER_QUEUE" in env:
+            problems += _check_worker_layers(cwhere, pod, pod_sc, sc, env)
+        elif seccomp.get("type") != "RuntimeDefault":
             problems.append(f"{cwhere}: seccompProfile must be RuntimeDefault")
         resources = container.get("resources", {})
         for section in ("requests", "limits"):
@@ -111,7 +170,6 @@ def check_workload(where: str, doc: Doc) -> list[str]:
             for probe in ("readinessProbe", "livenessProbe"):
                 if probe not in container:
                     problems.append(f"{cwhere}: {probe} missing")
-        env = _env(container)
         if "HM_WORKER_QUEUE" in env:
             grace = pod.get("terminationGracePeriodSeconds", 30)
             if grace < MIN_WORKER_GRACE_SECONDS:
@@ -488,6 +546,12 @@ def main(argv: list[str]) -> int:
         + check_healthchecks(dockerfile, deploy / "docker" / "healthcheck.py")
         + check_workers(deploy)
         + check_apt_packages(deploy.parent / "Makefile", dockerfile)
+        + check_worker_seccomp(deploy / "k8s" / "seccomp" / "hypermedia-worker.json")
+        + (
+            []
+            if "HM_SANDBOX_REQUIRE=full" in dockerfile.read_text()
+            else [f"{dockerfile}: the runtime stage must set HM_SANDBOX_REQUIRE=full"]
+        )
     )
     for problem in problems:
         print(problem)

@@ -40,7 +40,7 @@ from typing import Any
 from hypermedia.core import config
 from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_for_port
 from hypermedia.infra import db, mtls
-from hypermedia.sandbox import cgroups
+from hypermedia.sandbox import cgroups, layers
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,16 @@ def worker_work_dir(base: str, service: str, replica: int) -> str:
     services. Never shared: a worker removes the job directories it does not run when it starts."""
     suffix = "" if service == "imageworker" else f"-{service}"
     return f"{base}{suffix}" if replica == 1 else f"{base}{suffix}-{replica}"
+
+
+def sandbox_layers_line(require: str, uid_base: int) -> str:
+    """The one line ``hypermedia up`` prints about the workers' isolation: the
+    ``HM_SANDBOX_REQUIRE`` they run with and which layers hold for this process's uid (the
+    workers' own), probed as a worker probes them (:func:`hypermedia.sandbox.layers.probe_layers`)."""
+    found = layers.probe_layers_fresh(uid_base)
+    held = ", ".join(layer.name for layer in found if layer.available) or "none"
+    missing = ", ".join(layer.name for layer in found if not layer.available) or "none"
+    return f"hypermedia up: workers run with HM_SANDBOX_REQUIRE={require}; layers that hold: {held}; missing: {missing}"
 
 
 @dataclass
@@ -224,6 +234,9 @@ class Platform:
         tls = self._internal_auth(env)
         # One machine, everything on 127.0.0.1: a developer's webhook receiver is local too.
         env.setdefault("HM_WEBHOOK_ALLOW_PRIVATE", "true")
+        # One machine, a developer's: workers start with whatever isolation holds here, and say
+        # so (docs/adr/0043); a value in the environment (full included) is kept.
+        env.setdefault("HM_SANDBOX_REQUIRE", layers.REQUIRE_BEST_EFFORT)
         http_port = int(config.lookup(env, "HM_GATEWAY_HTTP_PORT", "8080"))
         grpc_port = int(config.lookup(env, "HM_GATEWAY_GRPC_PORT", "50051"))
         credits_port, storage_port, storage_http_port = free_port(), free_port(), free_port()
@@ -240,6 +253,8 @@ class Platform:
             for i in range(1, self.scale.get(name, 1) + 1)
         ]
         workers = [(name, i, proc_name) for name, i, proc_name in replicas if name.endswith("worker")]
+        if workers:
+            print(sandbox_layers_line(env["HM_SANDBOX_REQUIRE"], uid_base), file=sys.stderr, flush=True)
         worker_env = {
             proc_name: {
                 "HM_WORK_DIR": worker_work_dir(work_dir, name, i),

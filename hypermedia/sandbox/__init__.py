@@ -51,9 +51,12 @@ Shape::
   :class:`~hypermedia.engines.contract.OutputFile` and must be regular files (not symlinks) directly inside ``output/``.
 
 Modules: :mod:`~hypermedia.sandbox.host` (the worker side: :class:`Sandbox`, reading outputs and
-progress), :mod:`~hypermedia.sandbox.zygote` (the zygote and the per-job child),
-:mod:`~hypermedia.sandbox.confine` (namespaces, rlimits, the uid drop), :mod:`~hypermedia.sandbox.cgroups`
-(per-job cgroups), :mod:`~hypermedia.sandbox.helper`
+progress), :mod:`~hypermedia.sandbox.results` (:class:`SandboxLimits`, :class:`SandboxResult`),
+:mod:`~hypermedia.sandbox.zygote` (the zygote and the per-job child),
+:mod:`~hypermedia.sandbox.confine` (namespaces, rlimits, the uid drop), :mod:`~hypermedia.sandbox.seccomp`
+(the job's system-call filter), :mod:`~hypermedia.sandbox.cgroups` (per-job cgroups; where they
+are: :mod:`~hypermedia.sandbox.cgroupfind`), :mod:`~hypermedia.sandbox.layers` (what holds,
+probed at start), :mod:`~hypermedia.sandbox.helper`
 (confined long-lived helpers such as LibreOffice) and :mod:`~hypermedia.sandbox.landlock`. The engine
 contract (what an entry returns, progress) is :mod:`hypermedia.engines.contract`: engines never import
 the sandbox.

@@ -29,6 +29,7 @@ from hypermedia.engines.contract import OutputFile
 from hypermedia.sandbox.cgroups import Cgroups, Unavailable, open_cgroups
 from hypermedia.sandbox.confine import _check_reachable, _primary_gid
 from hypermedia.sandbox.outputs import _open_output
+from hypermedia.sandbox.results import SandboxLimits, SandboxResult
 
 log = logging.getLogger(__name__)
 
@@ -70,57 +71,6 @@ ZYGOTE_RESTARTS_PER_RUN: Final = 2
 """How often :meth:`Sandbox.run` restarts a zygote found dead, or lost before the job's child was
 forked, before it gives the job ``SANDBOX_UNAVAILABLE``: a job that arrives while the zygote
 restarts waits for the restart instead of failing an attempt."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource bounds of one job's child process."""
-
-    cpu_seconds: int
-    """``RLIMIT_CPU`` soft limit (SIGXCPU → ``TIMEOUT``); the profile's timeout."""
-    wall_seconds: float
-    """Wall clock, enforced by the worker: the job's process group is killed (``TIMEOUT``). Usually
-    timeout × 1.5."""
-    memory_bytes: int
-    """``RLIMIT_AS``: address space, in bytes (2 GiB for images)."""
-    fsize_bytes: int
-    """``RLIMIT_FSIZE``: largest file the child may write, in bytes."""
-    nproc: int = 16
-    """``RLIMIT_NPROC``: processes *and threads* of the sandbox uid, counted across all slots."""
-    cgroup_memory_bytes: int | None = None
-    """Memory limit of the job's cgroup, bytes (resident and page cache of the job and all its
-    descendants; swap 0); None: ``memory_bytes``. Only where the sandbox has cgroups."""
-    pids: int = 64
-    """``pids.max`` of the job's cgroup: processes and threads of this job alone (fork past it
-    fails with EAGAIN). Only where the sandbox has cgroups."""
-
-
-@dataclass
-class SandboxResult:
-    """Outcome of one sandboxed job."""
-
-    outputs: list[OutputFile]
-    """What the entry returned; empty on failure."""
-    error_code: str | None
-    """``None`` on success; else a bounded code: the entry's ``DomainError.error_code``,
-    ``RESOURCE_LIMIT``, ``TIMEOUT``, ``SANDBOX_VIOLATION`` (the seccomp filter killed the job),
-    ``SANDBOX_CRASHED``, ``SANDBOX_UNAVAILABLE``, ``CANCELLED`` or ``INTERNAL``."""
-    error_message: str | None
-    """Public message; never a path or a traceback."""
-    retryable: bool
-    """Whether another attempt may succeed (``TIMEOUT``, a lost zygote and one that would not
-    start are)."""
-    duration_ms: int
-    """Wall time of the child, fork to exit."""
-    peak_memory_mb: int
-    """Peak resident set of the child (``ru_maxrss``), MiB rounded up."""
-    layers: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
-    """The confinement layers the child reported (``userns``, ``netns``, ``mountns``, ``ipcns``,
-    ``pidns``, ``procns``, ``caps_dropped``, ``landlock``, ``seccomp``: True applied, False
-    refused, None not asked for); empty when the child sent no report (it was killed)."""
-    cgroup_peak_bytes: int | None = None
-    """Peak memory charged to the job's cgroup (the child and its descendants, with page
-    cache), bytes; None without cgroups."""
 
 
 @dataclass

@@ -21,7 +21,7 @@ from hypermedia.core import config
 from hypermedia.infra import mtls, rpc
 from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres
 from hypermedia.jobs import queues
-from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, make_undumpable
+from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, layers, make_undumpable
 from hypermedia.worker.handler import JobHandler
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.settings import WorkerSettings
@@ -30,8 +30,12 @@ log = logging.getLogger(__name__)
 
 
 class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, runtime: WorkerRuntime) -> None:
+    def __init__(self, runtime: WorkerRuntime, sandbox_layers: Sequence[layers.Layer] = ()) -> None:
         self._runtime = runtime
+        self._layers = [
+            worker_pb2.SandboxLayer(name=layer.name, available=layer.available, detail=layer.detail)
+            for layer in sandbox_layers
+        ]
 
     async def GetStatus(
         self, request: worker_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
@@ -52,6 +56,8 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
             started_at=started,
             available_memory_mb=rt.admission.available_mb,
             pid_headroom=rt.admission.pids_free,
+            sandbox_layers=self._layers,
+            sandbox_require=rt.settings.sandbox_require,
         )
 
 
@@ -71,6 +77,29 @@ def queue_worker_settings(role: str, queue: str, default_slots: int) -> WorkerSe
             f"invalid configuration:\n  HM_WORKER_QUEUE: the {role} consumes {queue} only"
         )
     return settings
+
+
+def probe_sandbox_layers(settings: WorkerSettings) -> tuple[layers.Layer, ...]:
+    """Probe the isolation layers (:func:`hypermedia.sandbox.layers.probe_layers`), log them in one
+    line, and refuse to start when one that ``HM_SANDBOX_REQUIRE`` names is missing.
+
+    Raises:
+        config.ConfigError: a required layer is missing (exit 78); the message is one line naming
+            each missing layer and how to grant it.
+    """
+    found = layers.probe_layers_fresh(settings.sandbox_uid_base)
+    log.info(
+        "sandbox layers: %s (HM_SANDBOX_REQUIRE=%s)",
+        layers.summary(found),
+        settings.sandbox_require,
+        extra={"sandbox_layers": {layer.name: layer.detail for layer in found}},
+    )
+    try:
+        layers.check_required(found, layers.parse_require(settings.sandbox_require))
+    except layers.LayersMissing as exc:
+        log.error("%s", exc)
+        raise config.ConfigError(str(exc)) from None
+    return found
 
 
 async def serve_worker(
@@ -104,6 +133,9 @@ async def serve_worker(
     settings = settings or config.load(WorkerSettings)
     # Jobs may run under this process's uid (a worker without root): keep its /proc/<pid>
     # (environment with HM_DATABASE_URL, memory) out of their reach.
+    # Before make_undumpable: an undumpable process's /proc/self/uid_map is root's, so a probe
+    # child of it could not map its user namespace (the zygote, a fresh exec, is dumpable).
+    sandbox_layers = probe_sandbox_layers(settings)
     make_undumpable()
     sandbox = Sandbox(
         Path(settings.work_dir),
@@ -137,7 +169,12 @@ async def serve_worker(
     )
     status_server = rpc.GrpcServer(
         settings.status_bind,
-        [(worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerStatusService(runtime))],
+        [
+            (
+                worker_pb2_grpc.add_WorkerServiceServicer_to_server,
+                WorkerStatusService(runtime, sandbox_layers),
+            )
+        ],
         ["hypermedia.worker.v1.WorkerService"],
         tls=tls,
     )

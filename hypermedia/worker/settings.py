@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from hypermedia.core.config import ComponentSettings, QueueName
+from hypermedia.sandbox import layers
 
 
 class WorkerSettings(ComponentSettings):
@@ -46,3 +47,14 @@ class WorkerSettings(ComponentSettings):
         if value not in ("auto", "off") and not value.startswith("/"):
             raise ValueError("must be auto, off or a cgroup path starting with /")
         return value
+
+    sandbox_require: str = Field(layers.REQUIRE_FULL, validation_alias="HM_SANDBOX_REQUIRE")
+    """Isolation layers the worker must be able to apply or it exits 78 at start: ``full`` (every
+    layer but ``uid_switch``), ``best-effort`` (start with whatever holds; ``hypermedia up``'s
+    default) or a comma list of :data:`hypermedia.sandbox.layers.LAYER_NAMES`."""
+
+    @field_validator("sandbox_require")
+    @classmethod
+    def _known_layers(cls, value: str) -> str:
+        layers.parse_require(value)
+        return value.strip().lower()

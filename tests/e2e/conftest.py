@@ -131,6 +131,8 @@ def start_platform(
         # Sandbox and LibreOffice-listener uids of their own: platforms alive at once (two module
         # fixtures, a benchmark) must not share uids (a listener's start kills its uid's processes).
         "HM_SANDBOX_UID_BASE": str(100_000 + 1_000 * secrets.randbelow(100_000)),
+        # As hypermedia up gives its workers; also to workers the tests start themselves.
+        "HM_SANDBOX_REQUIRE": "best-effort",
         **extra_env,
     }
     cmd = [sys.executable, "-m", "hypermedia.devtools.cli", "up"]

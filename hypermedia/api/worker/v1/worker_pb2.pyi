@@ -3,9 +3,11 @@
 isort:skip_file
 Status of one worker process, for operators (grpcurl) and probes."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -48,6 +50,8 @@ class GetStatusResponse(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     AVAILABLE_MEMORY_MB_FIELD_NUMBER: _builtins.int
     PID_HEADROOM_FIELD_NUMBER: _builtins.int
+    SANDBOX_LAYERS_FIELD_NUMBER: _builtins.int
+    SANDBOX_REQUIRE_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     queue: _builtins.str
     slots_total: _builtins.int
@@ -62,8 +66,14 @@ class GetStatusResponse(_message.Message):
     """Memory available to the worker at the last sample, MiB (cgroup limit minus usage, else host)."""
     pid_headroom: _builtins.int
     """Processes/threads that may still be started at the last sample (cgroup pids.max, else kernel)."""
+    sandbox_require: _builtins.str
+    """HM_SANDBOX_REQUIRE as the worker read it: "full", "best-effort" or a comma list of layers."""
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def sandbox_layers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SandboxLayer]:
+        """The isolation layers this worker's sandbox probed at start (hypermedia/sandbox/layers.py)."""
+
     def __init__(
         self,
         *,
@@ -79,11 +89,42 @@ class GetStatusResponse(_message.Message):
         started_at: _timestamp_pb2.Timestamp | None = ...,
         available_memory_mb: _builtins.int = ...,
         pid_headroom: _builtins.int = ...,
+        sandbox_layers: _abc.Iterable[Global___SandboxLayer] | None = ...,
+        sandbox_require: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "available_memory_mb", b"available_memory_mb", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "pid_headroom", b"pid_headroom", "queue", b"queue", "reason", b"reason", "sample_age_seconds", b"sample_age_seconds", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "started_at", b"started_at", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "available_memory_mb", b"available_memory_mb", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "pid_headroom", b"pid_headroom", "queue", b"queue", "reason", b"reason", "sample_age_seconds", b"sample_age_seconds", "sandbox_layers", b"sandbox_layers", "sandbox_require", b"sandbox_require", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "started_at", b"started_at", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class SandboxLayer(_message.Message):
+    """SandboxLayer is one isolation layer and whether this worker can apply it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    AVAILABLE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """userns, netns, mountns, pidns, ipcns, landlock, seccomp, cgroups, uid_switch."""
+    available: _builtins.bool
+    detail: _builtins.str
+    """What was applied (ABI, path), or why it is missing and how to grant it."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        available: _builtins.bool = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available", b"available", "detail", b"detail", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SandboxLayer: _TypeAlias = SandboxLayer  # noqa: Y015
