@@ -14,7 +14,12 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 user="${HM_TEST_USER:-hmtest}"
 pytest_cmd=(.venv/bin/python -m pytest -q -p no:cacheprovider -rs --junitxml="${HM_UNPRIVILEGED_JUNIT:-/tmp/hm-security-unprivileged.xml}")
-if (($# == 0)); then set -- tests/security; fi
+# By default the sandbox's probes and its layer report: the attacks of issue 18 item 6 from inside
+# a job. Not here yet (they need root for what they test, see docs/security.md "what still does
+# not hold"): tests/security/test_cgroups.py (no cgroup subtree is delegated to hmtest),
+# test_office_listener.py and test_office_canary.py (per-listener uids), test_sandbox_unprivileged.py
+# (it drops to a uid itself).
+if (($# == 0)); then set -- tests/security/test_sandbox_probes.py tests/security/test_sandbox_layers.py; fi
 export HM_SECURITY_UNPRIVILEGED=1
 if [[ "$(id -u)" -ne 0 ]]; then
   exec "${pytest_cmd[@]}" "$@"

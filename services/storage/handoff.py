@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import socketserver
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -26,10 +28,15 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from services.storage.backends import is_valid_key
 from services.storage.localstore import LocalStore
 
+log = logging.getLogger(__name__)
+
 MAX_REQUEST_BYTES = 8192
 """Longest request line accepted (bytes); a presigned path is a few hundred."""
 REQUEST_TIMEOUT_SECONDS = 5.0
-"""How long a connection may take to send its request line."""
+"""How long a connection may take to send its whole request line (seconds), however it drips."""
+MAX_EXCHANGES = 64
+"""Exchanges served at once; a connection beyond them is closed at once (a worker falls back to
+HTTP). A presigned path arrives in one packet, so a legitimate exchange takes a millisecond."""
 
 
 def answer(store: LocalStore, request: bytes) -> tuple[dict[str, Any], int | None]:
@@ -95,8 +102,7 @@ class HandoffServer:
             def handle(self) -> None:
                 _exchange(store, self.request)
 
-        server = socketserver.ThreadingUnixStreamServer(str(self._path), Exchange)
-        server.daemon_threads = True
+        server = _BoundedServer(str(self._path), Exchange)
         os.chmod(self._path, 0o660)
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="storage-handoff", daemon=True)
@@ -111,18 +117,55 @@ class HandoffServer:
             self._path.unlink()
 
 
+class _BoundedServer(socketserver.ThreadingUnixStreamServer):
+    """A thread per exchange, at most :data:`MAX_EXCHANGES` at once: one more connection is
+    closed before any thread is started for it, and the first of such refusals a minute is logged."""
+
+    daemon_threads = True
+
+    def __init__(self, path: str, handler: type[socketserver.BaseRequestHandler]) -> None:
+        super().__init__(path, handler)
+        self._slots = threading.BoundedSemaphore(MAX_EXCHANGES)
+        self._warned_at = -60.0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            if time.monotonic() - self._warned_at >= 60:
+                self._warned_at = time.monotonic()
+                log.warning("storage hand-off: %d exchanges at once, closing new connections", MAX_EXCHANGES)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def _exchange(store: LocalStore, sock: socket.socket) -> None:
-    """One request line in, one JSON line out with the descriptor attached (``sendmsg``)."""
-    sock.settimeout(REQUEST_TIMEOUT_SECONDS)
+    """One request line in (within :data:`REQUEST_TIMEOUT_SECONDS` in all), one JSON line out with
+    the descriptor attached (``sendmsg``)."""
+    deadline = time.monotonic() + REQUEST_TIMEOUT_SECONDS
     fd: int | None = None
     try:
         line = b""
         while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return  # a drip: the whole line was not there in time
+            sock.settimeout(left)
             chunk = sock.recv(MAX_REQUEST_BYTES)
             if not chunk or len(line) + len(chunk) > MAX_REQUEST_BYTES:
                 return  # the client went away or sent more than a presigned path
             line += chunk
         reply, fd = answer(store, line)
+        sock.settimeout(REQUEST_TIMEOUT_SECONDS)
         socket.send_fds(sock, [(json.dumps(reply) + "\n").encode()], [] if fd is None else [fd])
     except OSError:
         pass  # timed out or reset: the client retries or falls back to HTTP

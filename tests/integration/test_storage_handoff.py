@@ -8,6 +8,7 @@ import os
 import secrets
 import socket
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from hypermedia.core.errors import PermanentJobError
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.worker.handoff import Handoff
 from hypermedia.worker.transfer import Transfers
+from services.storage import handoff as storage_handoff
 from services.storage.handoff import HandoffServer
 from services.storage.localstore import LocalStore, build_app
 
@@ -138,3 +140,43 @@ async def _raw(path: Path, request: str) -> tuple[dict, int | None]:
     handoff = Handoff(str(path))
     line = request if request.startswith(("/", "\xff")) else request.split("127.0.0.1:9", 1)[1]
     return handoff._exchange(line.encode("utf-8", "surrogateescape") + b"\n")
+
+
+async def test_a_dripping_client_is_cut_at_the_line_deadline_and_a_flood_is_bounded(
+    store: LocalStore, server: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One byte every 0.3 s never makes a line within the deadline (1 s here): the connection is
+    closed however it drips. Beyond MAX_EXCHANGES connections at once the next is closed before a
+    thread is started for it; once the drips are cut, exchanges are served again."""
+    monkeypatch.setattr(storage_handoff, "REQUEST_TIMEOUT_SECONDS", 1.0)
+    drips = []
+    for _ in range(storage_handoff.MAX_EXCHANGES):
+        conn = socket.socket(socket.AF_UNIX)
+        conn.connect(str(server))
+        drips.append(conn)
+    try:
+        await asyncio.sleep(0.2)  # every drip holds its slot
+        extra = socket.socket(socket.AF_UNIX)
+        extra.connect(str(server))
+        extra.settimeout(2)
+        assert await asyncio.to_thread(extra.recv, 10) == b""  # closed at once, nothing answered
+        extra.close()
+        started = time.monotonic()
+        closed = 0
+        while closed < len(drips) and time.monotonic() - started < 4:
+            closed = 0
+            for conn in drips:
+                try:
+                    conn.send(b"A")
+                except OSError:
+                    closed += 1
+            await asyncio.sleep(0.3)
+        assert closed == len(drips), f"{closed} of {len(drips)} drips cut"
+        assert time.monotonic() - started < 3
+        url, _ = await store.presign_get(KEY, 60, "")
+        reply, fd = await _raw(server, url)
+        assert reply["status"] == 200 and fd is not None
+        os.close(fd)
+    finally:
+        for conn in drips:
+            conn.close()

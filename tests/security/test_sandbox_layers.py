@@ -186,7 +186,7 @@ def test_a_running_worker_reports_its_layers_in_get_status(idle_platform: Runnin
     deadline = time.monotonic() + 60
     while True:
         try:
-            with grpc.insecure_channel(address) as chan:
+            with idle_platform.internal_channel(address) as chan:
                 status = worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(
                     worker_pb2.GetStatusRequest(), timeout=2
                 )

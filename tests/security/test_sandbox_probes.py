@@ -127,7 +127,7 @@ async def test_no_network_not_even_loopback(sandbox: Sandbox, listener: Listener
 
 async def test_nothing_outside_the_job_dir_is_writable(sandbox: Sandbox, work_dir: Path) -> None:
     targets = [*SHARED_WRITABLE_DIRS, str(work_dir), str(work_dir / "jobs"), str(Path.cwd()), "/etc", "/root"]
-    targets = [t for t in targets if Path(t).is_dir()]  # noqa: ASYNC240
+    targets = [t for t in targets if os.access(t, os.R_OK | os.X_OK)]  # listable by this user
     before = {t: sorted(os.listdir(t)) for t in targets}
     facts = _facts(await _run(sandbox, "write_outside", {"paths": targets}))
     assert facts.pop("job_dir") == "written"
