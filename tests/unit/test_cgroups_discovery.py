@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia.sandbox.cgroups import (
+from hypermedia.sandbox.cgroupfind import (
     CgroupError,
     Discovery,
     Unavailable,
     discover,
-    open_cgroups,
     parse_mountinfo,
     parse_proc_cgroup,
-    platform_setting,
 )
+from hypermedia.sandbox.cgroups import open_cgroups, platform_setting
 
 V1_HYBRID_CGROUP = """\
 9:name=systemd:/
