@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 import signal
-import statistics
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -364,18 +363,15 @@ async def test_an_iphone_heic_is_decoded_in_the_confined_child_within_the_thread
     sandbox.cleanup(job)
 
 
-async def test_start_overhead_is_small(sandbox: Sandbox) -> None:
+async def test_thirty_empty_jobs_run_back_to_back_in_one_job_dir(sandbox: Sandbox) -> None:
+    """Each child leaves nothing that stops the next (its namespaces, pid 1, its cgroup). How long
+    a start takes is bench P7's figure (bench/job_overhead.py), never a timed assertion here."""
     job = job_id()
     sandbox.prepare(job)
-    times = []
     for _ in range(30):
-        started = time.perf_counter()
         result = await sandbox.run(job, f"{ENTRIES}:noop", "test", {}, Path("/nonexistent"), LIMITS)
-        times.append((time.perf_counter() - started) * 1000)
-        assert result.error_code is None
+        assert result.error_code is None, result
     sandbox.cleanup(job)
-    print(f"sandbox round trip for an empty job: median {statistics.median(times):.1f} ms")
-    assert statistics.median(times) < 30
 
 
 @root_only
