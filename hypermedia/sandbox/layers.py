@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from hypermedia.sandbox import landlock
+from hypermedia.sandbox import cgroupfind, landlock
 
 __all__ = [
     "LAYER_NAMES",
@@ -365,37 +365,6 @@ def _probe_seccomp(as_root: bool) -> Layer:
     )
 
 
-def _own_cgroups(text: str) -> dict[str, str]:
-    """``/proc/self/cgroup`` (cgroups(7)): controller (``memory``, ``pids``; ``""`` for v2) → path."""
-    paths: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        for controller in parts[1].split(",") if parts[1] else [""]:
-            paths[controller] = parts[2]
-    return paths
-
-
-def _mounts(text: str) -> dict[str, str]:
-    """``/proc/self/mountinfo`` (proc(5)): cgroup v1 controller or ``""`` (cgroup2) → mount point."""
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        try:
-            sep = fields.index("-")
-        except ValueError:
-            continue
-        fstype, options = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
-        if fstype == "cgroup2":
-            found.setdefault("", fields[4])
-        elif fstype == "cgroup":
-            for option in options.split(","):
-                if option in ("memory", "pids"):
-                    found.setdefault(option, fields[4])
-    return found
-
-
 def _try_mkdir(parent: Path) -> None:
     probe = parent / f"hm-probe-{os.getpid()}"
     probe.mkdir()
@@ -403,51 +372,38 @@ def _try_mkdir(parent: Path) -> None:
 
 
 def probe_cgroups(proc: Path = Path("/proc/self")) -> Layer:
-    """Whether per-job cgroups with memory and pids limits can be made: cgroup v2 when this
-    process's own v2 cgroup offers both controllers (``cgroup.controllers``) and a directory can
-    be made in it; else cgroup v1 when a directory can be made under this process's own cgroup in
-    both the memory and the pids hierarchy (cgroups(7), Documentation/admin-guide/cgroup-v2.rst
-    "Delegation"). The directory is removed again. To be replaced by the discovery of
-    :mod:`hypermedia.sandbox.cgroups` where that exists.
+    """Whether per-job cgroups with memory and pids limits can be made: this process's own
+    groups found as :mod:`hypermedia.sandbox.cgroupfind` finds them (v2, or v1 memory and pids),
+    the v2 group offering both controllers (``cgroup.controllers``), and a directory made (and
+    removed again) in each (cgroups(7), Documentation/admin-guide/cgroup-v2.rst "Delegation").
 
     Returns:
         Layer ``cgroups``; its detail names the version and the path, or what was refused.
     """
     try:
-        own = _own_cgroups((proc / "cgroup").read_text())
-        mounts = _mounts((proc / "mountinfo").read_text())
-    except OSError as exc:
-        return Layer("cgroups", False, f"cannot read {proc}/cgroup or mountinfo: {exc.strerror}")
-    problems: list[str] = []
-    if "" in own and "" in mounts:
-        v2 = Path(mounts[""]) / own[""].lstrip("/")
+        found = cgroupfind.discover((proc / "cgroup").read_text(), (proc / "mountinfo").read_text())
+    except (OSError, cgroupfind.CgroupError) as exc:
+        return Layer("cgroups", False, f"cannot read {proc}/cgroup or mountinfo: {exc}")
+    problem = found.reason if isinstance(found, cgroupfind.Unavailable) else None
+    if isinstance(found, cgroupfind.Discovery):
+        dirs = [Path(d) for d in found.dirs.values()]
         try:
-            controllers = (v2 / "cgroup.controllers").read_text().split()
+            if found.version == 2:
+                controllers = (dirs[0] / "cgroup.controllers").read_text().split()
+                if not {"memory", "pids"} <= set(controllers):
+                    problem = (
+                        f"v2 {dirs[0]} has no memory and pids controllers ({' '.join(controllers) or 'none'})"
+                    )
+            if problem is None:
+                for directory in dirs:
+                    _try_mkdir(directory)
+                return Layer("cgroups", True, f"v{found.version} " + ", ".join(map(str, dirs)))
         except OSError as exc:
-            controllers = []
-            problems.append(f"v2 {v2}: {exc.strerror}")
-        if {"memory", "pids"} <= set(controllers):
-            try:
-                _try_mkdir(v2)
-                return Layer("cgroups", True, f"v2 {v2} (memory, pids)")
-            except OSError as exc:
-                problems.append(f"v2 {v2}: mkdir {exc.strerror}")
-        elif controllers or not problems:
-            problems.append(f"v2 {v2} has no memory and pids controllers ({' '.join(controllers) or 'none'})")
-    if "memory" in own and "pids" in own and "memory" in mounts and "pids" in mounts:
-        dirs = [Path(mounts[c]) / own[c].lstrip("/") for c in ("memory", "pids")]
-        try:
-            for directory in dirs:
-                _try_mkdir(directory)
-            return Layer("cgroups", True, f"v1 {dirs[0]}, {dirs[1]}")
-        except OSError as exc:
-            problems.append(f"v1 mkdir {exc.filename}: {exc.strerror}")
-    else:
-        problems.append("no cgroup v1 memory and pids hierarchies")
+            problem = f"v{found.version} {exc.filename}: {exc.strerror}"
     return Layer(
         "cgroups",
         False,
-        "no delegated cgroup (" + "; ".join(problems) + "): run the worker in a container with its "
+        f"no delegated cgroup ({problem}): run the worker in a container with its "
         "own cgroup namespace on cgroup v2 (Kubernetes, Docker --cgroupns=private) with memory and "
         "pids enabled, or chown its cgroup directory to the worker's uid (systemd: Delegate=yes)",
     )

@@ -63,9 +63,7 @@ def answer(store: LocalStore, request: bytes) -> tuple[dict[str, Any], int | Non
         return _refused(403, "URL_REJECTED", "the URL is expired or its signature does not match"), None
     try:
         fd = os.open(store.path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except (FileNotFoundError, IsADirectoryError):
-        return _refused(404, "NOT_FOUND", "no such object"), None
-    except OSError:  # a symlink (ELOOP) or anything else the store did not write
+    except OSError:  # missing, a directory, a symlink (ELOOP): nothing the store wrote
         return _refused(404, "NOT_FOUND", "no such object"), None
     return {"status": 200, "size": os.fstat(fd).st_size}, fd
 

@@ -23,9 +23,10 @@ def _report(out_dir: Path, facts: dict) -> list[OutputFile]:
 
 
 def fork_bomb(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
-    """Fork until refused; the children sleep (the sandbox must kill them with the job)."""
+    """Fork until refused (at most ``params["tries"]``, default 200); the children sleep (the
+    sandbox must kill them with the job)."""
     started, refused = 0, None
-    for _ in range(200):
+    for _ in range(int(params.get("tries", 200))):
         try:
             pid = os.fork()
         except OSError as exc:
