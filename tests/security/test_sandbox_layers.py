@@ -52,7 +52,7 @@ x86_64_only = pytest.mark.skipif(
 
 
 def test_every_layer_this_machine_offers_is_found() -> None:
-    found = {layer.name: layer for layer in layers.probe_layers(UID_BASE)}
+    found = {layer.name: layer for layer in layers.probe_layers_fresh(UID_BASE)}
     assert tuple(found) == layers.LAYER_NAMES
     # This machine: unprivileged user namespaces (unshare -Urn works as nobody), Landlock ABI 7,
     # seccomp; as root also the uid switch and cgroup v1 memory and pids under our own cgroup.
@@ -173,7 +173,7 @@ def test_hypermedia_up_runs_workers_best_effort_and_says_which_layers_hold(
 ) -> None:
     up_log = (idle_platform.state_dir / "up.log").read_text()
     lines = [x for x in up_log.splitlines() if x.startswith("hypermedia up: workers run with")]
-    expected = layers.probe_layers(UID_BASE)
+    expected = layers.probe_layers_fresh(UID_BASE)
     held = ", ".join(layer.name for layer in expected if layer.available)
     assert len(lines) == 1, up_log[-2000:]
     assert lines[0].startswith(
@@ -199,7 +199,7 @@ def test_a_running_worker_reports_its_layers_in_get_status(idle_platform: Runnin
     assert tuple(reported) == layers.LAYER_NAMES
     # The same answers as a probe from this process (same uid), uid_switch aside: the platform's
     # worker probes its own pool uid.
-    expected = {layer.name: layer.available for layer in layers.probe_layers(UID_BASE)}
+    expected = {layer.name: layer.available for layer in layers.probe_layers_fresh(UID_BASE)}
     assert {name: layer.available for name, layer in reported.items()} == expected
     assert reported["landlock"].detail.startswith("ABI ")
     worker_log = (idle_platform.state_dir / "logs" / "imageworker.log").read_text()
