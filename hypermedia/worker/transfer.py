@@ -171,7 +171,12 @@ class Transfers:
         ]
 
     async def _upload(
-        self, job: lifecycle.ClaimedJob, grant: storage_pb2.OutputGrant, path: Path, out: Any, reproducible: bool
+        self,
+        job: lifecycle.ClaimedJob,
+        grant: storage_pb2.OutputGrant,
+        path: Path,
+        out: Any,
+        reproducible: bool,
     ) -> storage_pb2.OutputUpload:
         """Upload one output under the grant's prefix with its SHA-256; returns what to register."""
         # Never path.read_bytes(): the job could have swapped output/ or the file for a symlink.

@@ -13,7 +13,9 @@ from services.docworker.__main__ import DocumentHandler
 from services.imageworker.__main__ import ImageHandler
 
 
-def _job(operation: str, params: dict[str, object], job_id: str = "0b7d7c5e-4f32-4b8e-9d53-0d1f0e3c2a11") -> ClaimedJob:
+def _job(
+    operation: str, params: dict[str, object], job_id: str = "0b7d7c5e-4f32-4b8e-9d53-0d1f0e3c2a11"
+) -> ClaimedJob:
     return ClaimedJob(
         job_id=job_id,
         account_id="a",
@@ -51,7 +53,9 @@ def test_an_unreproducible_rendition_has_a_key_per_job_and_per_attempt() -> None
     names = {rendition_name(job, "pdf", reproducible=False) for job in (first, other_job, retry)}
     assert len(names) == 3
     assert all(re.fullmatch(r"pdf-[0-9a-f]{16}", name) for name in names)
-    assert rendition_name(first, "pdf", reproducible=False) == rendition_name(first, "pdf", reproducible=False)
+    assert rendition_name(first, "pdf", reproducible=False) == rendition_name(
+        first, "pdf", reproducible=False
+    )
 
 
 def test_only_libreoffices_pdfs_are_unreproducible() -> None:
