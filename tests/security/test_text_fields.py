@@ -340,8 +340,15 @@ def test_rest_refuses_a_body_nested_too_deep_naming_the_limit(
             "/v1/hypermedia/process", content=body.encode(), headers={"Content-Type": "application/json"}
         )
         problem = response.json()
-        assert (response.status_code, problem["error_code"], problem["field"]) == (422, "INVALID_REQUEST", field)
-        assert problem["detail"] == f"{field} nests arrays and objects deeper than {pgtext.MAX_JSON_DEPTH} levels"
+        assert (response.status_code, problem["error_code"], problem["field"]) == (
+            422,
+            "INVALID_REQUEST",
+            field,
+        )
+        assert (
+            problem["detail"]
+            == f"{field} nests arrays and objects deeper than {pgtext.MAX_JSON_DEPTH} levels"
+        )
         # One level less passes the body check and reaches the params' own: "x" is no param.
         shallow = body.replace(_nested_lists(depth), _nested_lists(pgtext.MAX_JSON_DEPTH - 4))
         response = client.post(
