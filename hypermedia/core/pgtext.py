@@ -35,6 +35,12 @@ MAX_OPERATION_NAME_LENGTH = 64
 MAX_PARAMS_BYTES = 16 * 1024
 """Largest params of one operation, as compact JSON (bytes); the largest valid params (a media
 ladder, a list of OCR languages) are under 1 KiB."""
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects a JSON request body or a params value may have (levels,
+the body's own object being 1): the deepest valid body (params holding a list of ladder rungs) is
+4 levels. Python's parser gives up near 1,000 levels (its recursion limit) with an error that said
+nothing of why."""
+DEPTH_PROBLEM = f"nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"
 _SHOWN_KEY_LENGTH = 64
 """How much of a JSON key a field path shows (characters)."""
 
@@ -95,10 +101,13 @@ def check_json(value: Any, field: str = "") -> None:
     """Raises InvalidText for the first key or string of a parsed JSON value that :func:`problem`
     refuses. ``field`` is the value's own path (``""`` for a request body's root): a bad string
     is named by its path (``operations[0].params.format``), a bad key by its object's
-    (``operations[0].params``, "has a key that …")."""
-    stack: list[tuple[str, Any]] = [(field, value)]
+    (``operations[0].params``, "has a key that …"); a value nested deeper than
+    :data:`MAX_JSON_DEPTH` by the path of the first container past that depth."""
+    stack: list[tuple[str, Any, int]] = [(field, value, 0)]
     while stack:
-        path, item = stack.pop()
+        path, item, depth = stack.pop()
+        if isinstance(item, dict | list) and depth >= MAX_JSON_DEPTH:
+            raise InvalidText(path or "the body", DEPTH_PROBLEM)
         if isinstance(item, str):
             reason = problem(item)
             if reason is not None:
@@ -108,9 +117,9 @@ def check_json(value: Any, field: str = "") -> None:
                 if isinstance(key, str) and (reason := problem(key)) is not None:
                     raise InvalidText(path or "the body", f"has a key that {reason}")
             # Reversed onto the stack, so the first bad string in document order is the one named.
-            stack.extend((_member(path, str(key)), inner) for key, inner in reversed(item.items()))
+            stack.extend((_member(path, str(key)), inner, depth + 1) for key, inner in reversed(item.items()))
         elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
+            stack.extend((f"{path}[{i}]", inner, depth + 1) for i, inner in reversed(list(enumerate(item))))
 
 
 def json_size(value: Any) -> int:

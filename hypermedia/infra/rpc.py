@@ -15,6 +15,7 @@ import inspect
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -59,18 +60,30 @@ async def abort(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
     await context.abort(exc.grpc_code, exc.public_message)
 
 
-_UNPARSABLE = object()
-"""What :class:`ErrorInterceptor` hands its handler for a request that does not parse."""
+@dataclass(frozen=True)
+class _Unparsable:
+    """What :class:`ErrorInterceptor` hands its handler for a request that does not parse, with
+    the likely reason."""
+
+    reason: str
+
+    @classmethod
+    def of(cls, exc: DecodeError) -> _Unparsable:
+        """The reason of upb's ``DecodeError``: too deep (``upb_DecodeOptions_MaxDepth``, 100
+        levels of messages: a ``Struct`` nested ~50 lists deep), else most likely a string that is
+        not UTF-8 (upb says only "Error parsing message")."""
+        if "MaxDepth" in str(exc):
+            return cls("it nests messages deeper than protobuf's limit of 100 levels")
+        return cls("a string field that is not UTF-8?")
 
 
 def _check_request(request: Any) -> None:
     """Raises InvalidArgument (INVALID_REQUEST) for a request that did not parse, InvalidText for
     one with a NUL in a string: every string of every request, before any handler can store it
     (ADR 0030)."""
-    if request is _UNPARSABLE:
+    if isinstance(request, _Unparsable):
         raise InvalidArgument(
-            "the request is not a valid message of this method (a string field that is not UTF-8?)",
-            "INVALID_REQUEST",
+            f"the request is not a valid message of this method ({request.reason})", "INVALID_REQUEST"
         )
     pgtext.check_message(request, SANITISED_STRING_FIELDS)
 
@@ -96,8 +109,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             # grpc answers a parse error UNKNOWN with the exception's text: let the handler answer it.
             try:
                 return parse(data) if parse is not None else data
-            except DecodeError:
-                return _UNPARSABLE
+            except DecodeError as exc:
+                return _Unparsable.of(exc)
 
         if handler.unary_unary is None:
             stream = handler.unary_stream

@@ -67,6 +67,13 @@ class JobHandler(Protocol):
         and must then leave nothing held."""
         ...
 
+    def reproducible(self, job: lifecycle.ClaimedJob) -> bool:
+        """Whether a re-run of ``job`` writes the same bytes (libvips, PDFium, FFmpeg, tesseract:
+        yes; LibreOffice's PDFs carry their creation time and a random document id: no). The
+        outputs of a job that is not get keys of their own job and attempt
+        (:func:`hypermedia.worker.transfer.rendition_name`, ADR 0050)."""
+        ...
+
     def sandbox_limits(self, job: lifecycle.ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
         """The rlimits of the job's sandbox child, given those the runtime derived from the
         profile (CPU = timeout, wall = timeout × 1.5, ``RLIMIT_AS`` = ``memory_limit_mb``,
@@ -89,6 +96,9 @@ class SandboxHandler:
 
     def admit(self, job: lifecycle.ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
+
+    def reproducible(self, job: lifecycle.ClaimedJob) -> bool:
+        return True
 
     def sandbox_limits(self, job: lifecycle.ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
         return limits

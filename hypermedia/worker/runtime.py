@@ -387,7 +387,9 @@ class WorkerRuntime:
                 raise cls(result.error_message or "processing failed", result.error_code)
             await self._progress(job, PROCESSING_PROGRESS[1], "processed")
             with _tracer.start_as_current_span("storage.upload", attributes={"outputs": len(result.outputs)}):
-                outputs = await self._transfers.upload_all(job, granted, job_dir, result.outputs)
+                outputs = await self._transfers.upload_all(
+                    job, granted, job_dir, result.outputs, reproducible=self._handler.reproducible(job)
+                )
             await self._progress(job, 0.95, "uploaded")
             lines = self._handler.charge_lines(job, result.outputs)
             completed = await self._db(

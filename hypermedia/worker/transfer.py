@@ -127,10 +127,13 @@ class Transfers:
         granted: storage_pb2.GrantJobResponse,
         job_dir: Path,
         files: list[Any],
+        *,
+        reproducible: bool = True,
     ) -> list[lifecycle.Output]:
         """Uploads a job's outputs through its output grant, at most :data:`UPLOAD_CONCURRENCY` at
         once, each with the SHA-256 computed while it was read, then registers them all in one
-        ``RegisterOutputs`` call; returns them in the entry's order. The first failure cancels
+        ``RegisterOutputs`` call; returns them in the entry's order. Keys from
+        :func:`rendition_name` (per job and attempt when the bytes are not ``reproducible``). The first failure cancels
         the uploads still running and is raised; nothing is registered then. A grant about to
         expire (a long job) is renewed first."""
         if not files:
@@ -142,7 +145,7 @@ class Transfers:
 
         async def one(out: Any) -> storage_pb2.OutputUpload:
             async with limit:
-                return await self._upload(job, grant, job_dir / "output" / out.filename, out)
+                return await self._upload(job, grant, job_dir / "output" / out.filename, out, reproducible)
 
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(one(out)) for out in files]
@@ -168,12 +171,17 @@ class Transfers:
         ]
 
     async def _upload(
-        self, job: lifecycle.ClaimedJob, grant: storage_pb2.OutputGrant, path: Path, out: Any
+        self,
+        job: lifecycle.ClaimedJob,
+        grant: storage_pb2.OutputGrant,
+        path: Path,
+        out: Any,
+        reproducible: bool,
     ) -> storage_pb2.OutputUpload:
         """Upload one output under the grant's prefix with its SHA-256; returns what to register."""
         # Never path.read_bytes(): the job could have swapped output/ or the file for a symlink.
         data, digest = await asyncio.to_thread(_read_and_hash, path)
-        key = grant.key_prefix + rendition_name(job, out.output_type)
+        key = grant.key_prefix + rendition_name(job, out.output_type, reproducible=reproducible)
         async for attempt in infra_retry():
             with attempt:
                 response = await send_output(self._http, grant, key, data, out.mime_type, digest)
@@ -213,10 +221,18 @@ def _read_and_hash(path: Path) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
-def rendition_name(job: lifecycle.ClaimedJob, output_type: str) -> str:
+def rendition_name(job: lifecycle.ClaimedJob, output_type: str, *, reproducible: bool = True) -> str:
     """The last segment of an output's key: ``{output_type}-{digest}``, the digest being the first
     16 hex digits of SHA-256 over the operation and its normalised params. Deterministic (a re-run
     writes the same key), and two renditions of one object with different params (two resize
-    widths) never share a key."""
-    canonical = json.dumps([job.operation, job.params], sort_keys=True, separators=(",", ":"))
+    widths) never share a key.
+
+    When the engine's bytes are not ``reproducible`` (LibreOffice's PDFs carry a creation time and
+    a random document id: :meth:`JobHandler.reproducible`), the digest covers the job id and the
+    attempt too: two jobs, or two attempts of one job, never write one key with different bytes,
+    which made the first one's ``RegisterOutputs`` fail ``UPLOAD_MISMATCH`` (ADR 0050)."""
+    identity: list[Any] = [job.operation, job.params]
+    if not reproducible:
+        identity += [job.job_id, job.attempt]
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return f"{output_type}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"

@@ -59,6 +59,12 @@ class DocumentHandler(SandboxHandler):
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
         return {"limits": DocumentLimits(max_input_bytes=job.max_input_bytes, max_page_pixels=job.max_pixels)}
 
+    def reproducible(self, job: ClaimedJob) -> bool:
+        """``office_to_pdf`` passes LibreOffice's PDF on, which carries its creation time and a
+        random document id (``/ID``, XMP ``DocumentID``); every other operation's bytes come from
+        PDFium and libvips alone."""
+        return job.operation != "office_to_pdf"
+
     async def stage(self, job: ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
         """The job's PDF password, when the request gave one, goes to the entry as ``password``
         (read from ``job_secrets`` now, never stored with the job). An office document becomes

@@ -409,6 +409,9 @@ def build_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+            # FastAPI's answer when json.loads gave up on a body nested ~1,000 levels deep.
+            return domain_problem(pgtext.InvalidText("the body", pgtext.DEPTH_PROBLEM))
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "INPUT_TOO_LARGE"}.get(
             exc.status_code, "HTTP_ERROR"
         )

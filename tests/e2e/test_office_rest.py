@@ -132,6 +132,29 @@ def test_the_corpus_odt_converts_to_one_page_with_the_reference_text(office_clie
     assert len(normalised(text)) > 100
 
 
+def test_concurrent_conversions_of_one_document_each_keep_their_own_pdf(office_client: httpx.Client) -> None:
+    """LibreOffice's PDFs differ at every run (creation time, document id): four jobs on one
+    document at once (two per docworker slot pair) each register a PDF of their own, whose bytes
+    are what the job reports. One key per rendition made the first of two overlapping jobs fail
+    ``UPLOAD_MISMATCH`` (the store held the second's bytes; ADR 0050)."""
+    obj = upload(office_client, ODT)
+    job_ids = []
+    for _ in range(4):
+        created = office_client.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["office_to_pdf"]}
+        )
+        assert created.status_code == 202, created.text
+        job_ids += created.json()["job_ids"]
+    jobs = [wait_job(office_client, job_id, timeout=180) for job_id in job_ids]
+    assert [job["status"] for job in jobs] == ["completed"] * 4, [job["error_code"] for job in jobs]
+    outputs = [job["outputs"][0] for job in jobs]
+    assert len({output["object_id"] for output in outputs}) == 4
+    pdfs = [_download(output) for output in outputs]
+    assert [len(pdf) for pdf in pdfs] == [output["size_bytes"] for output in outputs]
+    assert len(set(pdfs)) == 4  # not the same bytes: this is why they need keys of their own
+    assert {normalised(pdf_text(pdf)[0]) for pdf in pdfs} == {normalised(pdf_text(pdfs[0])[0])}
+
+
 def test_the_converted_pdf_can_itself_be_previewed(office_client: httpx.Client) -> None:
     obj = upload(office_client, ODT)
     converted = _process(office_client, obj["object_id"], "office_to_pdf")["outputs"][0]

@@ -315,6 +315,85 @@ def test_a_grpc_string_that_is_not_utf8_is_invalid_argument(
     _nothing_created(text_platform, account)
 
 
+def _nested_lists(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    ("depth", "field"),
+    [
+        (pgtext.MAX_JSON_DEPTH, "operations[0].params.x" + "[0]" * (pgtext.MAX_JSON_DEPTH - 4)),
+        (1_000, "the body"),  # past Python's parser: FastAPI's 400 "error parsing the body" before
+        (30_000, "the body"),  # 60 KB, under the 64 KiB a JSON body may have
+    ],
+)
+def test_rest_refuses_a_body_nested_too_deep_naming_the_limit(
+    text_platform: RunningPlatform, account: dict[str, Any], depth: int, field: str
+) -> None:
+    object_id = _object_id(text_platform, account)
+    body = (
+        f'{{"object_id": "{object_id}", "operations": [{{"name": "convert", "params": '
+        f'{{"format": "webp", "x": {_nested_lists(depth)}}}}}]}}'
+    )
+    with text_platform.client(account) as client:
+        response = client.post(
+            "/v1/hypermedia/process", content=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        problem = response.json()
+        assert (response.status_code, problem["error_code"], problem["field"]) == (
+            422,
+            "INVALID_REQUEST",
+            field,
+        )
+        assert (
+            problem["detail"]
+            == f"{field} nests arrays and objects deeper than {pgtext.MAX_JSON_DEPTH} levels"
+        )
+        # One level less passes the body check and reaches the params' own: "x" is no param.
+        shallow = body.replace(_nested_lists(depth), _nested_lists(pgtext.MAX_JSON_DEPTH - 4))
+        response = client.post(
+            "/v1/hypermedia/process", content=shallow.encode(), headers={"Content-Type": "application/json"}
+        )
+        assert (response.status_code, response.json()["error_code"]) == (422, "INVALID_PARAMS"), response.text
+    _nothing_created(text_platform, account)
+
+
+def _length_delimited(field: int, data: bytes) -> bytes:
+    """One length-delimited protobuf field (wire type 2), the length as a varint."""
+    size, length = len(data), b""
+    while size >= 0x80:
+        length += bytes([size & 0x7F | 0x80])
+        size >>= 7
+    return bytes([field << 3 | 2]) + length + bytes([size]) + data
+
+
+def test_a_grpc_struct_nested_past_protobufs_limit_is_invalid_argument_saying_so(
+    text_platform: RunningPlatform, account: dict[str, Any]
+) -> None:
+    """A Struct param nested 200 lists deep, written on the wire by hand (the Python client itself
+    refuses to build it): upb stops at 100 levels, and the answer says that rather than guessing
+    at UTF-8."""
+    value = _length_delimited(3, b"x")  # Value.string_value
+    for _ in range(200):
+        value = _length_delimited(6, _length_delimited(1, value))  # Value.list_value.values[0]
+    params = _length_delimited(1, _length_delimited(1, b"x") + _length_delimited(2, value))  # Struct.fields
+    operation = _length_delimited(1, b"convert") + _length_delimited(2, params)
+    raw = _length_delimited(1, _object_id(text_platform, account).encode()) + _length_delimited(2, operation)
+
+    async def call() -> Any:
+        async with grpc.aio.insecure_channel(text_platform.grpc_addr) as chan:
+            method = chan.unary_unary("/hypermedia.jobs.v1.JobService/Process")
+            return await method(raw, metadata=(("authorization", f"Bearer {account['api_key']}"),))
+
+    code, error_code, message = _grpc_error(call)
+    assert (code, error_code) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"), message
+    assert message == (
+        "the request is not a valid message of this method"
+        " (it nests messages deeper than protobuf's limit of 100 levels)"
+    )
+    _nothing_created(text_platform, account)
+
+
 def test_a_watch_request_that_does_not_parse_or_holds_a_nul_is_invalid_argument(
     text_platform: RunningPlatform, account: dict[str, Any]
 ) -> None:

@@ -1,0 +1,66 @@
+"""The last segment of an output's key (:func:`hypermedia.worker.transfer.rendition_name`): one
+key per rendition when the engine's bytes are reproducible, one per job and attempt when they are
+not (ADR 0050), and which handler says which."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from hypermedia.jobs.lifecycle import ClaimedJob
+from hypermedia.worker.transfer import rendition_name
+from services.docworker.__main__ import DocumentHandler
+from services.imageworker.__main__ import ImageHandler
+
+
+def _job(
+    operation: str, params: dict[str, object], job_id: str = "0b7d7c5e-4f32-4b8e-9d53-0d1f0e3c2a11"
+) -> ClaimedJob:
+    return ClaimedJob(
+        job_id=job_id,
+        account_id="a",
+        object_id="o",
+        operation=operation,
+        profile_version=1,
+        queue="documents",
+        params=params,
+        priority=5,
+        attempt=1,
+        max_attempts=3,
+        estimated_credits=100,
+        timeout_seconds=60,
+        max_input_bytes=1 << 20,
+        max_pixels=1 << 24,
+        memory_limit_mb=512,
+        backoff_base_seconds=10,
+    )
+
+
+def test_a_reproducible_rendition_has_one_key_whatever_job_or_attempt_writes_it() -> None:
+    first = _job("thumbnail", {"width": 256, "format": "webp"})
+    other_job = dataclasses.replace(first, job_id="6a4f1d0e-2b3c-4d5e-8f90-a1b2c3d4e5f6")
+    retry = dataclasses.replace(first, attempt=2)
+    name = rendition_name(first, "thumbnail")
+    assert re.fullmatch(r"thumbnail-[0-9a-f]{16}", name)
+    assert rendition_name(other_job, "thumbnail") == rendition_name(retry, "thumbnail") == name
+    assert rendition_name(_job("thumbnail", {"width": 128, "format": "webp"}), "thumbnail") != name
+
+
+def test_an_unreproducible_rendition_has_a_key_per_job_and_per_attempt() -> None:
+    first = _job("office_to_pdf", {})
+    other_job = dataclasses.replace(first, job_id="6a4f1d0e-2b3c-4d5e-8f90-a1b2c3d4e5f6")
+    retry = dataclasses.replace(first, attempt=2)
+    names = {rendition_name(job, "pdf", reproducible=False) for job in (first, other_job, retry)}
+    assert len(names) == 3
+    assert all(re.fullmatch(r"pdf-[0-9a-f]{16}", name) for name in names)
+    assert rendition_name(first, "pdf", reproducible=False) == rendition_name(
+        first, "pdf", reproducible=False
+    )
+
+
+def test_only_libreoffices_pdfs_are_unreproducible() -> None:
+    documents = DocumentHandler.__new__(DocumentHandler)  # the hook reads nothing of the pool
+    assert documents.reproducible(_job("office_to_pdf", {})) is False
+    assert documents.reproducible(_job("text_extract", {})) is True
+    assert documents.reproducible(_job("pdf_preview", {"pages": "1"})) is True
+    assert ImageHandler().reproducible(_job("thumbnail", {"width": 256})) is True
