@@ -15,7 +15,7 @@ Shape::
   unreaped (no pid-reuse race), and is a child subreaper, so orphaned grandchildren are reaped too.
   ``multiprocessing``'s forkserver was the alternative; it gives neither ``wait4`` rusage of the
   child nor race-free group kills, and its context is global per process.
-* The **child** (see :func:`hypermedia.sandbox.zygote._child_main`) starts a new session (its own process group), optionally
+* The **child** (see :func:`hypermedia.sandbox.child._child_main`) starts a new session (its own process group), optionally
   a new network namespace, sets ``RLIMIT_CPU`` (soft = timeout, hard = timeout + 1 s),
   ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` and ``RLIMIT_CORE`` = 0, drops to the sandbox
   uid/gid with no supplementary groups, sets ``no_new_privs`` and a parent-death signal, ``umask

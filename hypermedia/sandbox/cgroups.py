@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import signal
 import time
@@ -73,6 +74,10 @@ class JobCgroup(Protocol):
 
     def kill_all(self) -> int:
         """SIGKILLs every task of the group; returns how many were signalled."""
+
+    def set_limits(self, memory_bytes: int, pids_max: int) -> None:
+        """Sets the group's memory limit (no swap) and ``pids.max``, raising or lowering them (a
+        group made ahead of its job gets the job's limits at hand-off). Raises CgroupError."""
 
     def remove(self) -> bool:
         """Removes the group's directories (retrying ``rmdir`` for :data:`REMOVE_SECONDS` while
@@ -185,6 +190,9 @@ class V1JobCgroup:
     pids_dir: str
     procs_files: tuple[str, ...]
     oom_fd: int | None = None
+    memory_bytes: int = 2**63 - 1
+    """The memory limit last set (a new group's is unlimited, so the first :meth:`set_limits`
+    lowers it)."""
 
     def peak_bytes(self) -> int | None:
         value = (_read(f"{self.memory_dir}/memory.max_usage_in_bytes") or "").strip()
@@ -201,6 +209,20 @@ class V1JobCgroup:
 
     def kill_all(self) -> int:
         return _kill_listed(self.procs_files)
+
+    def set_limits(self, memory_bytes: int, pids_max: int) -> None:
+        # memory.memsw.limit_in_bytes may never be below memory.limit_in_bytes
+        # (cgroup-v1/memory.rst 2.4): raise the pair memsw first, lower it memory first.
+        memsw = f"{self.memory_dir}/memory.memsw.limit_in_bytes"
+        files = [f"{self.memory_dir}/memory.limit_in_bytes"]
+        if os.path.exists(memsw):  # swap accounting on
+            files.append(memsw)
+        if memory_bytes > self.memory_bytes:
+            files.reverse()
+        for path in files:
+            _write(path, str(memory_bytes))
+        self.memory_bytes = memory_bytes
+        _write(f"{self.pids_dir}/pids.max", str(pids_max))
 
     def remove(self) -> bool:
         if self.oom_fd is not None:
@@ -225,10 +247,7 @@ class V1Cgroups:
         try:
             for d in (memory_dir, pids_dir):
                 _mkdir_fresh(d)
-            _write(f"{memory_dir}/memory.limit_in_bytes", str(memory_bytes))
-            if os.path.exists(f"{memory_dir}/memory.memsw.limit_in_bytes"):  # swap accounting on
-                _write(f"{memory_dir}/memory.memsw.limit_in_bytes", str(memory_bytes))
-            _write(f"{pids_dir}/pids.max", str(pids_max))
+            job.set_limits(memory_bytes, pids_max)
             job.oom_fd = _oom_eventfd(memory_dir)
         except CgroupError:
             job.remove()
@@ -307,6 +326,10 @@ class V2JobCgroup:
                 return count
         return _kill_listed(self.procs_files)
 
+    def set_limits(self, memory_bytes: int, pids_max: int) -> None:
+        _write(f"{self.path}/memory.max", str(memory_bytes))
+        _write(f"{self.path}/pids.max", str(pids_max))
+
     def remove(self) -> bool:
         return _rmdir_all((self.path,))
 
@@ -325,11 +348,10 @@ class V2Cgroups:
         job = V2JobCgroup(path, (f"{path}/cgroup.procs",))
         try:
             _mkdir_fresh(path)
-            _write(f"{path}/memory.max", str(memory_bytes))
+            job.set_limits(memory_bytes, pids_max)
             if os.path.exists(f"{path}/memory.swap.max"):
                 _write(f"{path}/memory.swap.max", "0")
             _write(f"{path}/memory.oom.group", "1")
-            _write(f"{path}/pids.max", str(pids_max))
         except CgroupError:
             job.remove()
             raise
@@ -409,7 +431,7 @@ def open_cgroups(
     """The job groups of a sandbox, per ``HM_SANDBOX_CGROUP``:
 
     * ``off``: :class:`Unavailable` (RLIMIT_AS only).
-    * ``auto``: under this process's own group: v1 ``<own>/hm-<pid>`` on each hierarchy (made
+    * ``auto``: under this process's own group: v1 ``<own>/hm-<pid>-<n>`` on each hierarchy (made
       here, removed by :meth:`Cgroups.close`); v2 ``<own>/jobs`` with this process moved into
       ``<own>/worker`` (see :func:`_open_v2`).
     * a cgroup path (``/…``, as /proc/self/cgroup spells it): that group, which must be the own
@@ -447,11 +469,12 @@ def open_cgroups(
             own, None if requested is None else own + requested[len(found.paths[""].rstrip("/")) :]
         )
     base = {}
+    sequence = next(_SANDBOXES)
     for controller in CONTROLLERS:
         own, path = found.dirs[controller], found.paths[controller]
         if requested is None:
             remove_stale_bases(own)
-            base[controller] = f"{own.rstrip('/')}/hm-{os.getpid()}"
+            base[controller] = f"{own.rstrip('/')}/hm-{os.getpid()}-{sequence}"
         else:
             base[controller] = own.rstrip("/") + requested[len(path.rstrip("/")) :]
     try:
@@ -466,8 +489,13 @@ def open_cgroups(
     return V1Cgroups(base, owned=requested is None)
 
 
+_SANDBOXES = itertools.count(1)
+"""Numbers the v1 bases of one process's sandboxes (``hm-<pid>-<n>``): each sandbox's groups,
+its spare's among them, stay its own (tests run several sandboxes in one process)."""
+
+
 def remove_stale_bases(own: str) -> list[str]:
-    """Removes the v1 base groups ``<own>/hm-<pid>`` of workers that are gone (no ``/proc/<pid>``:
+    """Removes the v1 base groups ``<own>/hm-<pid>-<n>`` of workers that are gone (no ``/proc/<pid>``:
     killed before :meth:`Cgroups.close`), killing what is left in their job groups first. Returns
     the directories removed. A base whose pid was reused is left alone (harmless, empty)."""
     removed: list[str] = []
@@ -476,7 +504,7 @@ def remove_stale_bases(own: str) -> list[str]:
     except OSError:
         return removed
     for entry in entries:
-        pid = entry.name[3:]
+        pid = entry.name[3:].split("-", 1)[0]
         if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
             continue
         jobs = [j.path for j in os.scandir(entry.path) if j.is_dir()]
@@ -522,7 +550,7 @@ class PendingRemovals:
 def platform_setting(*, proc_cgroup: str | None = None, mountinfo: str | None = None) -> tuple[str, str]:
     """What ``hypermedia up`` gives its workers as ``HM_SANDBOX_CGROUP`` and the one log line
     saying why, decided without changing any cgroup. v1 (this machine): ``auto`` (each worker
-    makes ``hm-<pid>`` under its own groups). v2: ``auto`` only when this process is alone in its
+    makes ``hm-<pid>-<n>`` under its own groups). v2: ``auto`` only when this process is alone in its
     group (e.g. started by ``systemd-run --scope -p Delegate=yes``), since the first worker moves
     every process of that group into ``<own>/worker``; never the processes of a login session.
     Else ``off`` with the reason (jobs keep RLIMIT_AS)."""
@@ -536,7 +564,7 @@ def platform_setting(*, proc_cgroup: str | None = None, mountinfo: str | None = 
     if isinstance(found, Unavailable):
         return "off", f"per-job cgroups off (jobs keep RLIMIT_AS): {found.reason}"
     if found.version == 1:
-        where = ", ".join(f"{found.dirs[c]}/hm-<pid>" for c in CONTROLLERS)
+        where = ", ".join(f"{found.dirs[c]}/hm-<pid>-<n>" for c in CONTROLLERS)
         return "auto", f"per-job cgroups: cgroup v1 memory and pids, each worker's jobs under {where}"
     own = found.dirs[""]
     others = [p for p in _pids(f"{own}/cgroup.procs") if p != os.getpid()]

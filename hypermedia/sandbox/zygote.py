@@ -1,46 +1,32 @@
-"""The zygote process and the per-job child it forks: the zygote imports the preload modules once,
-forks one child per job, reaps it with ``wait4`` and reports its exit as a JSON line; the child
-confines itself (:mod:`hypermedia.sandbox.confine`) and calls the entry (see :mod:`hypermedia.sandbox`)."""
+"""The zygote process: imports the preload modules once, forks one child per job (ahead of the
+job: :class:`_Spare`), reaps it with ``wait4`` and reports its exit as a JSON line. The child's
+side (confinement, the entry, the report) is :mod:`hypermedia.sandbox.child`."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
 import gc
 import importlib
 import json
 import os
 import pickle
-import resource
 import selectors
 import signal
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final, NoReturn
 
-from hypermedia.core.errors import DomainError
-from hypermedia.engines.contract import OutputFile
-from hypermedia.sandbox import cgroups, landlock, seccomp
+from hypermedia.sandbox import cgroups
+from hypermedia.sandbox.child import _child_main, _spare_main
 from hypermedia.sandbox.confine import (
     _PR_SET_CHILD_SUBREAPER,
-    _PR_SET_NO_NEW_PRIVS,
     _PR_SET_PDEATHSIG,
-    _confine_files,
     _prctl,
     _real_uid,
-    _uid_tasks,
-    detach_code_dirs,
-    drop_capabilities,
-    enter_namespaces,
     make_undumpable,
-    mount_proc,
-    set_limits,
 )
-from hypermedia.sandbox.host import _LAYERS, _LEN, MAX_REPORT_BYTES
+from hypermedia.sandbox.host import _LEN, MAX_REPORT_BYTES
 
 
 @dataclass
@@ -54,6 +40,30 @@ class _Child:
     uid: int | None = None
     cgroup: cgroups.JobCgroup | None = None
     oom_seen: bool = False
+
+
+@dataclass
+class _Spare:
+    """A child forked ahead of its job (ADR 0053): already in a cgroup of its own (joining one
+    waits for an RCU grace period in the kernel, 5–20 ms on this machine's cgroup v1, which a
+    job no longer waits for), it blocks on ``request_fd`` until the zygote hands it a job's
+    request, then goes on as :func:`_child_main`."""
+
+    pid: int
+    request_fd: int
+    """The write end of the pipe its request comes through."""
+    report_fd: int
+    """The read end of its report pipe."""
+    group: cgroups.JobCgroup | None
+
+
+SPARE_MEMORY_BYTES: Final = 256 << 20
+SPARE_PIDS: Final = 16
+"""The limits of a spare's group until a job's own are set at hand-off: the spare is a forked,
+idle zygote (its pages charged where the zygote's are, until written)."""
+SPARE_FAILURES_MAX: Final = 3
+"""Spares that may die before their job (killed from outside) before the zygote stops making
+them and forks each child at its request, as before."""
 
 
 def _zygote_main() -> NoReturn:
@@ -88,6 +98,9 @@ class _Zygote:
         self.groups = groups
         """Where job cgroups are made; None: RLIMIT_AS only."""
         self.pending = cgroups.PendingRemovals()
+        self.spare: _Spare | None = None
+        self.spare_seq = 0
+        self.spare_failures = 0
 
     def emit(self, event: dict[str, Any]) -> None:
         data = (json.dumps(event) + "\n").encode()
@@ -96,6 +109,7 @@ class _Zygote:
             data = data[written:]
 
     def serve(self) -> NoReturn:
+        self.fork_spare()
         self.emit({"event": "ready", "pid": os.getpid()})
         while True:
             for key, _ in self.selector.select():
@@ -123,6 +137,7 @@ class _Zygote:
                 if child.cgroup is not None:
                     child.cgroup.kill_all()
                     self.pending.groups.append(child.cgroup)
+            self.drop_spare()
             self.pending.retry()
             os._exit(0)
         self.inbox += data
@@ -136,11 +151,129 @@ class _Zygote:
                 self.start_child(message)
             elif message["op"] == "kill" and message["job_id"] in self.by_job:
                 # The leader is not reaped yet (reap() drops it from by_job first), so its pid
-                # still names this job's group.
+                # still names this job's group; the leader itself too, for a kill that comes
+                # before its setsid() (a child still taking its request).
+                pid = self.by_job[message["job_id"]].pid
                 with contextlib.suppress(OSError):
-                    os.killpg(self.by_job[message["job_id"]].pid, signal.SIGKILL)
+                    os.killpg(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def fork_spare(self) -> None:
+        """Forks the next job's child ahead of its request (:class:`_Spare`), in a group of its
+        own when there are cgroups. Nothing when a spare exists, when too many died unused, or
+        when the group or the fork fails: the next job's child is then forked at its request."""
+        if self.spare is not None or self.spare_failures >= SPARE_FAILURES_MAX:
+            return
+        group = None
+        if self.groups is not None:
+            self.spare_seq += 1
+            try:
+                group = self.groups.create(
+                    f"spare-{os.getpid()}-{self.spare_seq}", SPARE_MEMORY_BYTES, SPARE_PIDS
+                )
+            except cgroups.CgroupError:
+                return
+        request_r, request_w = os.pipe()
+        report_r, report_w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (request_r, request_w, report_r, report_w):
+                os.close(fd)
+            if group is not None:
+                group.remove()
+            return
+        if pid == 0:
+            try:
+                os.close(request_w)
+                os.close(report_r)
+                _spare_main(request_r, report_w, group.procs_files if group is not None else None)
+            finally:
+                os._exit(70)
+        os.close(request_r)
+        os.close(report_w)
+        self.spare = _Spare(pid, request_w, report_r, group)
+
+    def drop_spare(self, *, reaped: bool = False) -> None:
+        """Kills and forgets the spare (the zygote is exiting, or the spare died unused: then it
+        is ``reaped`` already and its pid is not signalled, since it may name another process)."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        if not reaped:
+            with contextlib.suppress(OSError):
+                os.kill(spare.pid, signal.SIGKILL)
+                os.waitpid(spare.pid, 0)  # out of its group before the group is removed
+        for fd in (spare.request_fd, spare.report_fd):
+            os.close(fd)
+        if spare.group is not None:
+            spare.group.kill_all()
+            if not spare.group.remove():
+                self.pending.groups.append(spare.group)
 
     def start_child(self, request: dict[str, Any]) -> None:
+        if self.spare is not None:
+            self.hand_to_spare(request)
+        else:
+            self.fork_child(request)
+        self.fork_spare()
+
+    def hand_to_spare(self, request: dict[str, Any]) -> None:
+        """Gives ``request`` to the spare: the job's limits on its group, then the request down
+        its pipe; it is the job's child from then on."""
+        spare, self.spare = self.spare, None
+        assert spare is not None
+        group = spare.group
+        if group is not None:
+            limits = request["limits"]
+            try:
+                group.set_limits(limits["cgroup_memory_bytes"] or limits["memory_bytes"], limits["pids"])
+            except cgroups.CgroupError as exc:
+                self.spare = spare
+                self.drop_spare()
+                self.emit(
+                    {
+                        "event": "exited",
+                        "job_id": request["job_id"],
+                        "status": None,
+                        "failure": f"cgroup: {exc}",
+                    }
+                )
+                return
+        request["cgroup"] = group.procs_files if group is not None else None
+        data = pickle.dumps(request)
+        try:
+            os.write(spare.request_fd, _LEN.pack(len(data)))
+            while data:
+                data = data[os.write(spare.request_fd, data) :]
+        except OSError:  # the spare died: its exit is reaped as the job's
+            pass
+        os.close(spare.request_fd)
+        self.track(request["job_id"], spare.pid, spare.report_fd, time.monotonic(), request["uid"], group)
+
+    def track(
+        self,
+        job_id: str,
+        pid: int,
+        report_fd: int,
+        started: float,
+        uid: int | None,
+        group: cgroups.JobCgroup | None,
+    ) -> None:
+        """Registers a job's child (its report pipe, its group's OOM eventfd) and says it started."""
+        os.set_blocking(report_fd, False)
+        child = _Child(job_id, pid, report_fd, started, uid=uid, cgroup=group)
+        self.children[pid] = child
+        self.by_job[child.job_id] = child
+        self.selector.register(report_fd, selectors.EVENT_READ, child)
+        if group is not None and group.oom_fd is not None:
+            self.selector.register(group.oom_fd, selectors.EVENT_READ, ("oom", child))
+        self.emit({"event": "started", "job_id": child.job_id, "pid": pid})
+
+    def fork_child(self, request: dict[str, Any]) -> None:
+        """Forks a job's child at its request (no spare was ready): makes its group, which the
+        child joins first."""
         group = None
         if self.groups is not None:
             limits = request["limits"]
@@ -177,14 +310,7 @@ class _Zygote:
             finally:
                 os._exit(70)
         os.close(report_w)
-        os.set_blocking(report_r, False)
-        child = _Child(request["job_id"], pid, report_r, started, uid=request["uid"], cgroup=group)
-        self.children[pid] = child
-        self.by_job[child.job_id] = child
-        self.selector.register(report_r, selectors.EVENT_READ, child)
-        if group is not None and group.oom_fd is not None:
-            self.selector.register(group.oom_fd, selectors.EVENT_READ, ("oom", child))
-        self.emit({"event": "started", "job_id": child.job_id, "pid": pid})
+        self.track(request["job_id"], pid, report_r, started, request["uid"], group)
 
     def group_oom(self, child: _Child) -> None:
         """A v1 job group ran out of memory: kill all of it (what v2's ``memory.oom.group`` does),
@@ -224,8 +350,9 @@ class _Zygote:
         except OSError:
             return
         held = {c.uid for c in self.children.values()}
+        spare = self.spare.pid if self.spare is not None else None
         for pid in pids:
-            if pid in self.children:
+            if pid in self.children or pid == spare:
                 continue
             uid = _real_uid(pid)
             if uid is not None and uid not in held:
@@ -270,6 +397,10 @@ class _Zygote:
             if self.pending.groups:
                 self.pending.retry()
             if child is None:
+                if self.spare is not None and pid == self.spare.pid:  # killed before its job
+                    self.spare_failures += 1
+                    self.drop_spare(reaped=True)
+                    self.fork_spare()
                 continue  # an orphaned grandchild handed to us as subreaper
             peak, oom = self.release_group(child)
             if child.report_fd >= 0:
@@ -292,210 +423,3 @@ class _Zygote:
                     "oom_killed": oom,
                 }
             )
-
-
-def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
-    """Runs in the forked child: confine, run the entry, write a JSON report, exit.
-
-    Order (docs/adr/0041): root clones the code dirs as detached mounts and drops to the slot
-    uid; then a user
-    namespace owning new network, mount, IPC and PID namespaces (:func:`enter_namespaces`), the
-    mount confinement (without root: in that user namespace), pid 1 of the PID namespace
-    (:func:`_spawn_init`), then a fork: this process waits for the job and ends as it did
-    (:func:`_wait_and_mirror`). The job mounts its own ``/proc``, sets the rlimits, drops every
-    capability, sets ``no_new_privs``, applies Landlock (read everywhere, write in the job dir)
-    and the seccomp filter (:mod:`hypermedia.sandbox.seccomp`), then runs the entry."""
-    report: dict[str, Any]
-    layers: dict[str, bool | None] = dict.fromkeys(_LAYERS)
-    try:
-        cgroups.join_job_cgroup(request["cgroup"])
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_DFL)
-        zygote_pid = os.getppid()
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        os.dup2(devnull, 0)
-        os.dup2(devnull, 1)
-        os.dup2(report_fd, 3)
-        os.closerange(4, os.sysconf("SC_OPEN_MAX"))
-        report_fd = 3
-        job_dir = request["job_dir"]
-        hide = (os.path.dirname(job_dir),)  # jobs/: the other jobs' directories
-        trees = None
-        if request["uid"] is not None:
-            # Root: the code dirs may lie under a directory the slot uid cannot search (/root):
-            # root clones them as detached mounts, moved into the job's mount namespace below;
-            # on a kernel without open_tree, root makes the mount namespace itself (the user
-            # namespace's copies it, locked). Then the slot uid: both paths go on unprivileged.
-            trees = detach_code_dirs()
-            if trees is None:
-                layers["mountns"] = _confine_files(job_dir, hide=hide)
-            os.setgroups([])
-            os.setgid(request["gid"])
-            os.setuid(request["uid"])
-        isolate_network = bool(request["isolate_network"])
-        userns = enter_namespaces(network=isolate_network)
-        layers.update(userns=userns, ipcns=userns, pidns=False, netns=userns if isolate_network else None)
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid and namespace changes: they clear it
-        if os.getppid() != zygote_pid:
-            os._exit(71)
-        if not userns and layers["mountns"] is None:
-            layers["mountns"] = False  # the worker is told once (Sandbox._result)
-            for fd in (trees or {}).values():
-                os.close(fd)
-        if userns:
-            if layers["mountns"] is None:
-                layers["mountns"] = _confine_files(job_dir, new_namespace=False, hide=hide, trees=trees)
-            # The job is always forked: after unshare(CLONE_NEWPID) this process can no longer
-            # make threads (clone(2): EINVAL), and libvips needs them.
-            init, lifeline = _spawn_init()
-            layers["pidns"] = True
-            pid = os.fork()
-            if pid:
-                os.close(report_fd)
-                _wait_and_mirror(pid, init)
-            os.close(lifeline)
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            layers["procns"] = mount_proc()
-        limits = request["limits"]
-        nproc = limits["nproc"]
-        if not userns and request["uid"] is None:
-            nproc += _uid_tasks(os.getuid())  # counted with the worker's and every job's tasks
-        set_limits(limits["memory_bytes"], limits["fsize_bytes"], nproc)
-        cpu = int(limits["cpu_seconds"])
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        drop_capabilities()
-        layers["caps_dropped"] = True
-        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-        try:
-            landlock.restrict_self(_landlock_rules(job_dir))
-            layers["landlock"] = True
-        except landlock.LandlockUnavailable:
-            layers["landlock"] = False
-        seccomp.install()
-        layers["seccomp"] = True
-        os.umask(0o077)
-        os.chdir(job_dir)
-        os.environ.clear()
-        os.environ.update(request["env"])
-
-        module_name, _, function_name = request["entry"].partition(":")
-        function = getattr(importlib.import_module(module_name), function_name)
-        operation, params, input_path, output_dir = request["args"]
-        outputs = function(operation, params, Path(input_path), Path(output_dir), **request["kwargs"])
-        report = {"ok": True, "outputs": [_output_dict(o) for o in outputs]}
-    except DomainError as exc:
-        report = {
-            "ok": False,
-            "error_code": exc.error_code,
-            "message": exc.public_message,
-            "retryable": exc.retryable,
-        }
-    except MemoryError:
-        report = {
-            "ok": False,
-            "error_code": "RESOURCE_LIMIT",
-            "message": "The job exceeded its memory limit.",
-        }
-    except OSError as exc:
-        if exc.errno == errno.EFBIG:
-            report = {
-                "ok": False,
-                "error_code": "RESOURCE_LIMIT",
-                "message": "The job exceeded its file size limit.",
-            }
-        else:
-            report = _internal_report()
-    except BaseException:
-        report = _internal_report()
-    report.update(layers)
-    try:
-        data = json.dumps(report, allow_nan=False).encode()
-    except (TypeError, ValueError):
-        data = json.dumps({**_internal_report(), **layers}).encode()
-    while data:
-        data = data[os.write(report_fd, data) :]
-    os._exit(0)
-
-
-def _landlock_rules(job_dir: str) -> list[landlock.Rule]:
-    """What a job may open: everything for reading and executing (the code, its libraries, the
-    fonts and models the engines load lazily), the job dir for writing, and ``/dev/null``."""
-    return [
-        landlock.Rule("/", landlock.READ_EXECUTE),
-        landlock.Rule(job_dir, landlock.READ_WRITE),
-        landlock.Rule(os.devnull, landlock.READ_WRITE),
-    ]
-
-
-INIT_PROGRAM: Final = "/usr/bin/cat"
-"""pid 1 of a job's PID namespace (GNU coreutils), reading a pipe only the job's parent can write
-to: started with ``posix_spawn`` (a vfork, not a copy of the zygote's page tables as a fork
-would be: about 3 ms saved per job here). It ignores every signal sent from inside the namespace
-(pid_namespaces(7)); the job's parent SIGKILLs it when the job has exited, and should the parent
-die first (its parent-death signal), the pipe's end makes it exit. Either way the kernel then
-kills what is left in the namespace."""
-
-
-def _spawn_init() -> tuple[int | None, int]:
-    """Starts :data:`INIT_PROGRAM` as pid 1 of the PID namespace made for this process's children.
-    Returns its host pid (None when it cannot be started: the job, forked next, is then pid 1
-    itself) and the write end of its stdin, which the job must close. The job should not be
-    pid 1: the kernel drops signals a namespace's init has no handler for, so an ``abort()`` or
-    a ``kill(getpid(), sig)`` of its own would not end it."""
-    lifeline_r, lifeline_w = os.pipe()
-    try:
-        pid = os.posix_spawn(
-            INIT_PROGRAM,
-            (INIT_PROGRAM,),
-            {},
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, lifeline_r, 0),
-                (os.POSIX_SPAWN_CLOSE, lifeline_r),
-                (os.POSIX_SPAWN_CLOSE, lifeline_w),
-                (os.POSIX_SPAWN_CLOSE, 3),
-            ],
-        )
-    except OSError:
-        pid = None
-    os.close(lifeline_r)
-    return pid, lifeline_w
-
-
-def _wait_and_mirror(pid: int, init: int | None) -> NoReturn:
-    """The job's parent (outside its PID namespace): waits for the job, SIGKILLs and reaps the
-    namespace's init, and ends the same way as the job, by exit code or by the same signal
-    (``SIGSYS`` of a seccomp kill, ``SIGXCPU`` of the CPU limit), so that the zygote's ``wait4``
-    sees the job's status; its rusage covers the waited job (getrusage(2): a waited descendant's
-    ``ru_maxrss`` and CPU times count)."""
-    _, status = os.waitpid(pid, 0)
-    if init is not None:
-        with contextlib.suppress(OSError):
-            os.kill(init, signal.SIGKILL)
-            os.waitpid(init, 0)
-    if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        with contextlib.suppress(OSError, ValueError):
-            if signum != signal.SIGKILL:
-                signal.signal(signum, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
-            os.kill(os.getpid(), signum)
-        os._exit(128 + signum)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 70)
-
-
-def _internal_report() -> dict[str, Any]:
-    """An unexpected exception: the traceback goes to the worker's log, a generic message to the user."""
-    return {
-        "ok": False,
-        "error_code": "INTERNAL",
-        "message": "Internal error.",
-        "traceback": traceback.format_exc(),
-    }
-
-
-def _output_dict(output: Any) -> dict[str, Any]:
-    if not isinstance(output, OutputFile):
-        raise TypeError(f"entry returned {type(output).__name__}, not OutputFile")
-    return dataclasses.asdict(output)

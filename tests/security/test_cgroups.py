@@ -5,13 +5,17 @@ removed after it. See docs/security.md ("Per-job cgroups") and hypermedia/sandbo
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
+import re
 import secrets
 import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
@@ -99,13 +103,16 @@ async def test_the_job_runs_in_its_own_groups_and_they_are_removed_after(sandbox
     assert result.error_code is None, result
     lines = dict(line.split(":", 2)[1:] for line in result.outputs[0].metadata["cgroup"].splitlines())
     memory_job, pids_job = lines["memory"], lines["pids"]
-    assert memory_job.rsplit("/", 1)[1].startswith("job-cg-")
+    # A group made with the child ahead of the job (the zygote's spare, ADR 0053), given the
+    # job's limits when the job came.
+    assert re.fullmatch(r"job-spare-\d+-\d+", memory_job.rsplit("/", 1)[1]), memory_job
     assert pids_job.rsplit("/", 1)[1] == memory_job.rsplit("/", 1)[1]
     assert not _is_dir(f"/sys/fs/cgroup/memory{memory_job}")
     assert not _is_dir(f"/sys/fs/cgroup/pids{pids_job}")
     assert result.cgroup_peak_bytes is not None and 0 < result.cgroup_peak_bytes <= LIMITS.cgroup_memory_bytes
-    for d in _base(sandbox).values():
-        assert _subgroups(d) == []
+    for d in _base(sandbox).values():  # only the next job's spare
+        [spare] = _subgroups(d)
+        assert spare.startswith("job-spare-") and spare != memory_job.rsplit("/", 1)[1]
 
 
 async def test_allocating_past_the_limit_ends_resource_limit_and_the_zygote_serves_on(
@@ -122,6 +129,38 @@ async def test_allocating_past_the_limit_ends_resource_limit_and_the_zygote_serv
     following = await _run(sandbox, "allocate", {"mib": 16})
     assert following.error_code is None, following
     assert following.outputs[0].metadata == {"allocated_mib": 16}
+
+
+async def test_a_job_whose_limit_is_above_the_spares_gets_it(sandbox: Sandbox) -> None:
+    """The child forked ahead of its job waits in a group limited to the zygote's placeholder
+    (256 MiB); a job allowed 512 MiB gets its own limit at hand-off (v1: memsw raised first)
+    and allocates 300 MiB, which the placeholder would have refused."""
+    limits = dataclasses.replace(LIMITS, cgroup_memory_bytes=512 << 20)
+    result = await _run(sandbox, "allocate", {"mib": 300}, limits)
+    assert result.error_code is None, result
+    assert result.outputs[0].metadata == {"allocated_mib": 300}
+    assert result.cgroup_peak_bytes is not None and 300 << 20 < result.cgroup_peak_bytes <= 512 << 20
+
+
+async def test_a_spare_killed_before_its_job_is_replaced(sandbox: Sandbox) -> None:
+    """Something outside SIGKILLs the waiting child: the zygote reaps it, removes its group,
+    forks another, and the next job runs as ever."""
+    assert sandbox._proc is not None
+    zygote = psutil.Process(sandbox._proc.pid)
+    deadline = time.monotonic() + 5
+    while not (spares := [p for p in zygote.children() if p.name() == "hm-spare"]):
+        assert time.monotonic() < deadline, "no spare"
+        await asyncio.sleep(0.02)
+    [spare] = spares
+    os.kill(spare.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while not [p for p in zygote.children() if p.name() == "hm-spare" and p.pid != spare.pid]:
+        assert time.monotonic() < deadline, "no new spare"
+        await asyncio.sleep(0.02)
+    result = await _run(sandbox, "allocate", {"mib": 16})
+    assert result.error_code is None, result
+    for d in _base(sandbox).values():
+        assert len(_subgroups(d)) == 1  # the next spare's: the killed one's group is gone
 
 
 async def test_without_the_cgroup_the_same_job_allocates_freely(work_dir: Path) -> None:
@@ -197,7 +236,7 @@ def test_a_path_outside_the_own_cgroup_is_refused() -> None:
 
 
 def test_a_killed_workers_groups_are_removed_by_the_next_one() -> None:
-    """A worker SIGKILLed before close leaves ``hm-<pid>`` with a job group and a process in it:
+    """A worker SIGKILLed before close leaves ``hm-<pid>-<n>`` with a job group and a process in it:
     the next worker's open removes both and kills the process."""
     own = open_cgroups("auto")
     assert isinstance(own, V1Cgroups)
@@ -207,7 +246,7 @@ def test_a_killed_workers_groups_are_removed_by_the_next_one() -> None:
     if gone == 0:
         os._exit(0)
     os.waitpid(gone, 0)  # a pid with no /proc entry now
-    stale = V1Cgroups({c: f"{p}/hm-{gone}" for c, p in parents.items()})
+    stale = V1Cgroups({c: f"{p}/hm-{gone}-1" for c, p in parents.items()})
     for d in stale.base.values():
         os.mkdir(d)
     job = stale.create("left", 64 << 20, 16)
@@ -246,4 +285,4 @@ def test_without_a_delegated_subtree_the_answer_is_unavailable_with_the_reason()
     assert reason.startswith("cannot create a job group under /sys/fs/cgroup/memory/"), reason
     assert "Permission denied; run the container with a private cgroup namespace" in reason
     named = reason.split(" under ", 1)[1].split(":", 1)[0]
-    assert named.endswith(f"/hm-{pid}") and not _is_dir(named)
+    assert re.search(rf"/hm-{pid}-\d+$", named) and not _is_dir(named), named

@@ -69,7 +69,7 @@ def job_processes(box: Sandbox) -> list[int]:
     return [
         p.pid
         for p in psutil.Process(box._proc.pid).children(recursive=True)
-        if p.status() != psutil.STATUS_ZOMBIE
+        if p.status() != psutil.STATUS_ZOMBIE and p.name() != "hm-spare"  # the next job's child
     ]
 
 
