@@ -17,8 +17,9 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,56 @@ class InfraSettings(ComponentSettings):
     storage_addr: str = Field("127.0.0.1:50062", validation_alias="HM_STORAGE_ADDR")
     """host:port of the storage service's gRPC API."""
     log_level: str = Field("INFO", validation_alias="HM_LOG_LEVEL")
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: SecretStr) -> SecretStr:
+        problem = postgres_url_problem(value.get_secret_value())
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, value: str) -> str:
+        for server in value.split(","):
+            parts = urlsplit(server.strip())
+            if parts.scheme not in NATS_SCHEMES or not parts.hostname:
+                raise ValueError(
+                    "must be a comma list of nats://host:port (or tls://, ws://, wss://) server URLs"
+                )
+            try:
+                parts.port  # noqa: B018 - raises on a port that is not a number
+            except ValueError:
+                raise ValueError("a server URL has a port that is not a number") from None
+        return value
+
+    @field_validator("credits_addr", "storage_addr")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be host:port with a port from 1 to 65535")
+        return value
+
+
+NATS_SCHEMES: Final = frozenset({"nats", "tls", "ws", "wss"})
+"""URL schemes nats-py connects with."""
+
+
+def postgres_url_problem(url: str) -> str | None:
+    """What is wrong with the form of a Postgres URL (libpq's: ``postgres[ql]://user:pw@host:port/db``,
+    or a socket directory as ``?host=/path``), without its value: None when the form is right."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        return "must be a postgresql:// URL; its port is not a number"
+    if parts.scheme not in ("postgres", "postgresql"):
+        return "must be a postgresql:// (or postgres://) URL"
+    if not parts.hostname and not parse_qs(parts.query).get("host"):
+        return "names no host: give host[:port] after the @, or a socket directory as ?host=/path"
+    return None
 
 
 S = TypeVar("S", bound=BaseSettings)

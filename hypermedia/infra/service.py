@@ -8,6 +8,10 @@ Exit codes (documented in docs/operations.md):
 69    a dependency (Postgres, NATS, a peer service) was unreachable at start, or start-up took
       longer than 30 s (EX_UNAVAILABLE)
 70    an unexpected internal error, or a background loop of the service died (EX_SOFTWARE)
+71    a worker unit's control could not contain its execution: a process of it outlived SIGKILL
+      (EX_OSERR)
+75    a worker unit's deployment lease is held by another live unit, was lost, or fenced this one
+      (EX_TEMPFAIL: start it again once the other unit's lease has expired)
 78    invalid configuration; the message names each variable, never a value (EX_CONFIG)
 ====  =====================================================================
 """
@@ -39,6 +43,8 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 69
 EXIT_SOFTWARE = 70
+EXIT_CONTAINMENT = 71
+EXIT_LEASE = 75
 EXIT_CONFIG = 78
 
 STARTUP_TIMEOUT_SECONDS = 30.0
@@ -51,10 +57,22 @@ class Lifetime(asyncio.Event):
     background loop of the service died, which makes the process exit 70 instead of 0."""
 
     failure: str | None = None
+    code: int = 70
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, code: int = 70) -> None:
+        """Stop the service, which then exits ``code`` (70, EX_SOFTWARE, unless told)."""
         self.failure = reason
+        self.code = code
         self.set()
+
+
+class ExitWith(Exception):
+    """Raised by a service's start to end it with ``code`` (e.g. 75: a worker unit's execution
+    fenced by a newer epoch); the message goes to stderr."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 Serve = Callable[[AsyncExitStack, Lifetime], Awaitable[Any]]
@@ -122,6 +140,11 @@ async def _main(name: str, serve: Serve) -> int:
                 return EXIT_UNAVAILABLE
             try:
                 starting.result()
+            except ExitWith as exc:
+                stopped.cancel()
+                log.error("%s", exc)
+                print(f"{name}: {exc}", file=sys.stderr)
+                return exc.code
             except (TimeoutError, OSError, ConnectionError) as exc:
                 stopped.cancel()
                 log.error("dependency unreachable at start: %s", type(exc).__name__)
@@ -137,7 +160,7 @@ async def _main(name: str, serve: Serve) -> int:
         return EXIT_SOFTWARE
     if stop.failure:
         log.error("%s stopped after a failure: %s", name, stop.failure)
-        return EXIT_SOFTWARE
+        return stop.code
     log.info("%s stopped", name)
     return EXIT_OK
 

@@ -4,8 +4,9 @@ use and on the processes it may still start, sampled from cgroup v2 or the host 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -67,6 +68,15 @@ class Admission:
     """Memory available at the last sample (MiB)."""
     pids_free: int = 0
     """PID headroom at the last sample (:func:`pid_headroom`)."""
+    peer: str = "none"
+    """A worker unit's peer evidence: ``none`` (no control: a worker on its own), ``awaiting``
+    (nothing is admitted before control's matching evidence) or ``matched``."""
+    target: int | None = None
+    """Control's admission target (:mod:`hypermedia.worker.unit.autoscaler`); None without one.
+    Slots stay resident above it: a target below ``busy`` parks the next receive until running
+    jobs finish below it, it takes no slot from a running job."""
+    control: dict[str, Any] = field(default_factory=dict)
+    """Control's last ``admission`` message (reason, sample, backlog), for the status."""
 
     def __post_init__(self) -> None:
         self.sample()
@@ -81,15 +91,30 @@ class Admission:
             self.sampled_at = now
         if self.draining:
             self.reason = "draining"
+        elif self.peer == "awaiting":
+            self.reason = "awaiting_peer_evidence"
         elif self.available_mb < self.min_available_mb:
             self.reason = "memory_pressure"
         elif self.pids_free < self.min_pid_headroom:
             self.reason = "pid_pressure"
         elif self.busy >= self.slots:
             self.reason = "slots_full"
+        elif self.busy >= self.limit:
+            self.reason = "parked"
         else:
             self.reason = "ok"
 
     @property
     def open(self) -> bool:
         return self.reason == "ok"
+
+    @property
+    def limit(self) -> int:
+        """Jobs admitted at once now: the slots, or control's target when lower."""
+        return self.slots if self.target is None else max(0, min(self.slots, self.target))
+
+    def apply_control(self, message: dict[str, Any]) -> None:
+        """Take control's ``admission`` message (:mod:`hypermedia.worker.unit.peer`)."""
+        self.target = int(message["target"])
+        self.control = message
+        self.sample()

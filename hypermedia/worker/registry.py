@@ -24,7 +24,13 @@ def boot_id() -> str:
 
 def worker_identity(settings: WorkerSettings, role: str) -> str:
     """``{deployment}/{role}/{host}/{boot[:8]}/g{generation}/{pid}``: unique per process launch."""
-    return f"{settings.deployment}/{role}/{socket.gethostname()}/{boot_id()[:8]}/g{settings.generation}/{os.getpid()}"
+    return worker_identity_of(settings.deployment, role, settings.generation, os.getpid())
+
+
+def worker_identity_of(deployment: str, role: str, generation: int, pid: int) -> str:
+    """The :func:`worker_identity` of process ``pid`` on this host (a unit's control names its
+    execution's so)."""
+    return f"{deployment}/{role}/{socket.gethostname()}/{boot_id()[:8]}/g{generation}/{pid}"
 
 
 async def register(pool: asyncpg.Pool, worker_id: str, settings: WorkerSettings, role: str) -> None:

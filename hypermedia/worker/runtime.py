@@ -131,6 +131,12 @@ class WorkerRuntime:
         self.jobs_failed = 0
         self.started_at = time.time()
 
+    def control_admission(self, message: dict[str, Any]) -> None:
+        """A worker unit's control set the admission target (:meth:`Admission.apply_control`); a
+        fetch loop parked for it looks again at once."""
+        self.admission.apply_control(message)
+        self._slot_free.set()
+
     @property
     def pool(self) -> asyncpg.Pool:
         """The worker's Postgres pool (for a worker service's own periodic work)."""
@@ -203,7 +209,7 @@ class WorkerRuntime:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(wait_any(self._slot_free, stop), 1.0)
                     continue
-                free = max(1, self.admission.slots - self.admission.busy)
+                free = max(1, self.admission.limit - self.admission.busy)
                 msgs = await fetcher.next_batch(stop, free)
                 if not msgs:
                     break

@@ -11,7 +11,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import grpc
 import httpx
 from google.protobuf import timestamp_pb2
@@ -19,19 +21,26 @@ from google.protobuf import timestamp_pb2
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from hypermedia.core import config
 from hypermedia.infra import mtls, rpc
-from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres
+from hypermedia.infra.service import EXIT_LEASE, ExitWith, Lifetime, every, open_peers, open_postgres
 from hypermedia.jobs import queues
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, layers, make_undumpable
 from hypermedia.worker.handler import JobHandler
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.settings import WorkerSettings
+from hypermedia.worker.unit import lease, peer
 
 log = logging.getLogger(__name__)
 
 
 class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, runtime: WorkerRuntime, sandbox_layers: Sequence[layers.Layer] = ()) -> None:
+    def __init__(
+        self,
+        runtime: WorkerRuntime,
+        sandbox_layers: Sequence[layers.Layer] = (),
+        link: peer.ControlLink | None = None,
+    ) -> None:
         self._runtime = runtime
+        self._link = link
         self._layers = [
             worker_pb2.SandboxLayer(name=layer.name, available=layer.available, detail=layer.detail)
             for layer in sandbox_layers
@@ -43,7 +52,9 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
         rt = self._runtime
         started = timestamp_pb2.Timestamp()
         started.FromSeconds(int(rt.started_at))
+        rt.admission.sample()
         return worker_pb2.GetStatusResponse(
+            unit=self._unit_status(),
             worker_id=rt.worker_id,
             queue=rt.settings.queue,
             slots_total=rt.admission.slots,
@@ -58,6 +69,40 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
             pid_headroom=rt.admission.pids_free,
             sandbox_layers=self._layers,
             sandbox_require=rt.settings.sandbox_require,
+        )
+
+    def _unit_status(self) -> worker_pb2.UnitStatus | None:
+        link = self._link
+        if link is None:
+            return None
+        identity = link.identity
+        message = self._runtime.admission.control
+        sample = message.get("sample") or {}
+        now = time.monotonic()
+        mb = 1024 * 1024
+        return worker_pb2.UnitStatus(
+            deployment=identity.deployment,
+            unit=identity.unit,
+            boot=identity.boot,
+            epoch=identity.epoch,
+            generation=identity.generation,
+            evidence_matched=link.evidence_matched,
+            admission_target=int(message.get("target", -1)),
+            decision_reason=str(message.get("reason", "")),
+            decision_age_seconds=now - float(message["decided_at"]) if "decided_at" in message else -1.0,
+            sample_age_seconds=now - float(sample["taken_at"]) if sample else -1.0,
+            memory_current_mb=int(sample.get("memory_current") or 0) // mb,
+            memory_peak_mb=int(sample.get("memory_peak") or 0) // mb,
+            memory_limit_mb=int(sample.get("memory_limit") or 0) // mb,
+            pids_current=int(sample.get("pids_current") or 0),
+            pids_limit=int(sample.get("pids_limit") or 0),
+            memory_pressure=float(sample["memory_pressure"])
+            if sample.get("memory_pressure") is not None
+            else -1.0,
+            backlog=int(message.get("backlog", 0)),
+            job_memory_mb=int(message.get("job_memory_mb", 0)),
+            job_memory_source=str(message.get("job_memory_source", "")),
+            refused_messages=int(message.get("refused", 0)) + link.refused,
         )
 
 
@@ -102,6 +147,64 @@ def probe_sandbox_layers(settings: WorkerSettings) -> tuple[layers.Layer, ...]:
     return found
 
 
+async def _control_link(
+    stack: AsyncExitStack,
+    stop: Lifetime,
+    identity: peer.UnitIdentity,
+    runtime: WorkerRuntime,
+    pool: asyncpg.Pool,
+) -> peer.ControlLink:
+    """Execution's link to its unit's control: admission stays closed (``awaiting_peer_evidence``)
+    until control answered ``hello`` with matching evidence and the deployment lease in Postgres
+    is at this identity's epoch.
+
+    Raises:
+        ExitWith: (75) the lease is at another epoch, or none is live: this execution is fenced.
+        ConnectionError, OSError: control's socket closed or cannot be reached (exit 69).
+    """
+    runtime.admission.peer = "awaiting"
+    runtime.admission.target = 0
+    status = runtime.admission
+
+    def report() -> dict[str, Any]:
+        status.sample()
+        return {
+            "busy": status.busy,
+            "slots": status.slots,
+            "reason": status.reason,
+            "worker_id": runtime.worker_id,
+        }
+
+    link = peer.ControlLink(identity, os.environ[peer.ENV_SOCKET], runtime.control_admission, report)
+    stack.push_async_callback(link.close)
+    await link.connect(runtime.worker_id)
+    epoch = await lease.current_epoch(pool, identity.deployment, identity.unit)
+    if epoch != identity.epoch:
+        raise ExitWith(
+            EXIT_LEASE,
+            f"fenced: the deployment lease of unit {identity.unit} is at epoch {epoch}, this execution's is {identity.epoch}",
+        )
+    runtime.admission.peer = "matched"
+    runtime.admission.sample()
+    return link
+
+
+async def _observe_lease(pool: asyncpg.Pool, identity: peer.UnitIdentity, stop: Lifetime) -> None:
+    """Execution observes the deployment lease: at another epoch (or none live), it stops (75)."""
+    epoch = await lease.current_epoch(pool, identity.deployment, identity.unit)
+    if epoch != identity.epoch:
+        log.error(
+            "fenced: the deployment lease is at epoch %s, this execution's is %d", epoch, identity.epoch
+        )
+        stop.fail(f"fenced by epoch {epoch}", EXIT_LEASE)
+
+
+async def _cancelled(*tasks: asyncio.Task[None]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def serve_worker(
     stack: AsyncExitStack,
     stop: Lifetime,
@@ -131,6 +234,12 @@ async def serve_worker(
     """
     infra = config.load(config.InfraSettings)
     settings = settings or config.load(WorkerSettings)
+    try:
+        identity = peer.UnitIdentity.from_env(os.environ)
+    except ValueError as exc:
+        raise config.ConfigError(f"invalid configuration:\n  {peer.ENV_SOCKET}: {exc}") from None
+    if identity is not None:
+        peer.die_with_control(os.environ)
     # Jobs may run under this process's uid (a worker without root): keep its /proc/<pid>
     # (environment with HM_DATABASE_URL, memory) out of their reach.
     # Before make_undumpable: an undumpable process's /proc/self/uid_map is root's, so a probe
@@ -167,12 +276,13 @@ async def serve_worker(
         handler,
         http,
     )
+    link = await _control_link(stack, stop, identity, runtime, pool) if identity is not None else None
     status_server = rpc.GrpcServer(
         settings.status_bind,
         [
             (
                 worker_pb2_grpc.add_WorkerServiceServicer_to_server,
-                WorkerStatusService(runtime, sandbox_layers),
+                WorkerStatusService(runtime, sandbox_layers, link),
             )
         ],
         ["hypermedia.worker.v1.WorkerService"],
@@ -181,6 +291,24 @@ async def serve_worker(
     await status_server.start()
     stack.push_async_callback(status_server.stop)
     draining = asyncio.Event()
+    if link is not None and identity is not None:
+        await link.ready()
+        linked = asyncio.create_task(link.run(draining))
+        observing = asyncio.create_task(
+            every(
+                settings.heartbeat_seconds,
+                functools.partial(_observe_lease, pool, identity, stop),
+                draining,
+                first_after=True,
+            )  # type: ignore[arg-type]
+        )
+
+        def control_gone(_: asyncio.Event | asyncio.Task[None]) -> None:
+            if not draining.is_set():
+                stop.fail("the unit's control closed the socket: stopping", EXIT_LEASE)
+
+        linked.add_done_callback(control_gone)
+        stack.push_async_callback(_cancelled, linked, observing)
     task = asyncio.create_task(runtime.run(draining))
 
     def crashed(done: asyncio.Task[None]) -> None:

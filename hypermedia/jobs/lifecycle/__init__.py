@@ -33,7 +33,13 @@ from hypermedia.jobs.lifecycle.attempts import (
     progress,
     reclaim,
 )
-from hypermedia.jobs.lifecycle.recovery import expire_leases, promote_retries, republish_stale, settleable
+from hypermedia.jobs.lifecycle.recovery import (
+    expire_leases,
+    promote_retries,
+    release_contained,
+    republish_stale,
+    settleable,
+)
 from hypermedia.jobs.lifecycle.requests import NewJob, create_queued, job_status, request_cancel
 from hypermedia.jobs.lifecycle.rules import (
     LEASE_MARGIN_SECONDS,
@@ -68,6 +74,7 @@ __all__ = [
     "progress",
     "promote_retries",
     "reclaim",
+    "release_contained",
     "republish_stale",
     "request_cancel",
     "settleable",

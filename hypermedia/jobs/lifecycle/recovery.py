@@ -8,6 +8,7 @@ from typing import Final
 
 import asyncpg
 
+from hypermedia.infra import db
 from hypermedia.jobs.lifecycle.rules import MAX_LOST_ATTEMPTS, enqueue_outbox_many, lost_attempt_sql
 
 UNCREATED: Final = "uncreated"
@@ -24,33 +25,64 @@ async def expire_leases(pool: asyncpg.Pool, prefix: str, batch: int) -> list[tup
     Returns ``[(job_id, new status)]``; the caller settles the credits of those that ended.
     """
     async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(
-            f"""
-            WITH expired AS (
-                SELECT job_id FROM processing_jobs
-                WHERE status IN ('claimed', 'processing', 'cancel_requested')
-                  AND (visibility_timeout < now()
-                       OR claimed_by IN (SELECT worker_id FROM workers WHERE status = 'dead'))
-                ORDER BY visibility_timeout LIMIT $1 FOR UPDATE SKIP LOCKED
-            )
-            UPDATE processing_jobs j SET {lost_attempt_sql(2)}
-            FROM expired WHERE j.job_id = expired.job_id
-            RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count
-            """,
+        return await _lose(
+            conn,
+            prefix,
+            """(visibility_timeout < now()
+                OR claimed_by IN (SELECT worker_id FROM workers WHERE status = 'dead'))
+            ORDER BY visibility_timeout LIMIT $1""",
+            "worker lost: lease expired or worker dead",
             batch,
-            MAX_LOST_ATTEMPTS,
         )
-        await conn.executemany(
-            """
-            UPDATE job_attempts SET status = 'lost', error_code = 'WORKER_LOST',
-                   error_message = 'worker lost: lease expired or worker dead', finished_at = now()
-            WHERE job_id = $1 AND attempt_number = $2 AND status = 'processing'
-            """,
-            [(r["job_id"], r["attempt_count"]) for r in rows],
+
+
+async def release_contained(pool: asyncpg.Pool, prefix: str, worker_id: str) -> list[tuple[str, str]]:
+    """The jobs of a worker process its unit's control has contained (killed it and every job
+    child, and reaped them: nothing of it can still write) get the rule of :data:`LOST_ATTEMPT` at
+    once, rather than after their leases expire: the worker's row is marked ``dead`` and each of
+    its ``claimed``/``processing``/``cancel_requested`` jobs is requeued (or ends), in one
+    transaction.
+
+    Returns ``[(job_id, new status)]``; the caller (or the reaper, for those that ended) settles.
+    """
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("UPDATE workers SET status = 'dead' WHERE worker_id = $1", worker_id)
+        return await _lose(
+            conn, prefix, "claimed_by = $1", "worker contained by its unit's control", worker_id
         )
-        await enqueue_outbox_many(
-            conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows if r["status"] == "queued"]
+
+
+async def _lose(
+    conn: db.Connection, prefix: str, which: str, message: str, arg: object
+) -> list[tuple[str, str]]:
+    """:data:`LOST_ATTEMPT` for the unfinished jobs ``which`` selects (an SQL condition and order on
+    ``processing_jobs`` with ``$1`` = ``arg``), their attempts ``lost`` with ``message``, the
+    requeued ones published again; in the caller's transaction."""
+    rows = await conn.fetch(
+        f"""
+        WITH expired AS (
+            SELECT job_id FROM processing_jobs
+            WHERE status IN ('claimed', 'processing', 'cancel_requested') AND {which}
+            FOR UPDATE SKIP LOCKED
         )
+        UPDATE processing_jobs j SET {lost_attempt_sql(2)}
+        FROM expired WHERE j.job_id = expired.job_id
+        RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count
+        """,
+        arg,
+        MAX_LOST_ATTEMPTS,
+    )
+    await conn.executemany(
+        """
+        UPDATE job_attempts SET status = 'lost', error_code = 'WORKER_LOST',
+               error_message = $3, finished_at = now()
+        WHERE job_id = $1 AND attempt_number = $2 AND status = 'processing'
+        """,
+        [(r["job_id"], r["attempt_count"], message) for r in rows],
+    )
+    await enqueue_outbox_many(
+        conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows if r["status"] == "queued"]
+    )
     return [(str(r["job_id"]), str(r["status"])) for r in rows]
 
 

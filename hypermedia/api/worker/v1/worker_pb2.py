@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!hypermedia/worker/v1/worker.proto\x12\x14hypermedia.worker.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n\x10GetStatusRequest\"\x87\x03\n\x11GetStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x13\n\x0bslots_total\x18\x03 \x01(\x05\x12\x12\n\nslots_busy\x18\x04 \x01(\x05\x12\x16\n\x0e\x61\x64mission_open\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1a\n\x12sample_age_seconds\x18\x07 \x01(\x01\x12\x16\n\x0ejobs_completed\x18\x08 \x01(\x03\x12\x13\n\x0bjobs_failed\x18\t \x01(\x03\x12.\n\nstarted_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1b\n\x13\x61vailable_memory_mb\x18\x0b \x01(\x03\x12\x14\n\x0cpid_headroom\x18\x0c \x01(\x03\x12:\n\x0esandbox_layers\x18\r \x03(\x0b\x32\".hypermedia.worker.v1.SandboxLayer\x12\x17\n\x0fsandbox_require\x18\x0e \x01(\t\"?\n\x0cSandboxLayer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tavailable\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t2m\n\rWorkerService\x12\\\n\tGetStatus\x12&.hypermedia.worker.v1.GetStatusRequest\x1a\'.hypermedia.worker.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!hypermedia/worker/v1/worker.proto\x12\x14hypermedia.worker.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n\x10GetStatusRequest\"\xb7\x03\n\x11GetStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x13\n\x0bslots_total\x18\x03 \x01(\x05\x12\x12\n\nslots_busy\x18\x04 \x01(\x05\x12\x16\n\x0e\x61\x64mission_open\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1a\n\x12sample_age_seconds\x18\x07 \x01(\x01\x12\x16\n\x0ejobs_completed\x18\x08 \x01(\x03\x12\x13\n\x0bjobs_failed\x18\t \x01(\x03\x12.\n\nstarted_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1b\n\x13\x61vailable_memory_mb\x18\x0b \x01(\x03\x12\x14\n\x0cpid_headroom\x18\x0c \x01(\x03\x12:\n\x0esandbox_layers\x18\r \x03(\x0b\x32\".hypermedia.worker.v1.SandboxLayer\x12\x17\n\x0fsandbox_require\x18\x0e \x01(\t\x12.\n\x04unit\x18\x0f \x01(\x0b\x32 .hypermedia.worker.v1.UnitStatus\"\xd2\x03\n\nUnitStatus\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12\x0c\n\x04\x62oot\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\ngeneration\x18\x05 \x01(\x03\x12\x18\n\x10\x65vidence_matched\x18\x06 \x01(\x08\x12\x18\n\x10\x61\x64mission_target\x18\x07 \x01(\x05\x12\x17\n\x0f\x64\x65\x63ision_reason\x18\x08 \x01(\t\x12\x1c\n\x14\x64\x65\x63ision_age_seconds\x18\t \x01(\x01\x12\x1a\n\x12sample_age_seconds\x18\n \x01(\x01\x12\x19\n\x11memory_current_mb\x18\x0b \x01(\x03\x12\x16\n\x0ememory_peak_mb\x18\x0c \x01(\x03\x12\x17\n\x0fmemory_limit_mb\x18\r \x01(\x03\x12\x14\n\x0cpids_current\x18\x0e \x01(\x03\x12\x12\n\npids_limit\x18\x0f \x01(\x03\x12\x17\n\x0fmemory_pressure\x18\x10 \x01(\x01\x12\x0f\n\x07\x62\x61\x63klog\x18\x11 \x01(\x03\x12\x15\n\rjob_memory_mb\x18\x12 \x01(\x05\x12\x19\n\x11job_memory_source\x18\x13 \x01(\t\x12\x18\n\x10refused_messages\x18\x14 \x01(\x03\"?\n\x0cSandboxLayer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tavailable\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t2m\n\rWorkerService\x12\\\n\tGetStatus\x12&.hypermedia.worker.v1.GetStatusRequest\x1a\'.hypermedia.worker.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATUSREQUEST']._serialized_start=92
   _globals['_GETSTATUSREQUEST']._serialized_end=110
   _globals['_GETSTATUSRESPONSE']._serialized_start=113
-  _globals['_GETSTATUSRESPONSE']._serialized_end=504
-  _globals['_SANDBOXLAYER']._serialized_start=506
-  _globals['_SANDBOXLAYER']._serialized_end=569
-  _globals['_WORKERSERVICE']._serialized_start=571
-  _globals['_WORKERSERVICE']._serialized_end=680
+  _globals['_GETSTATUSRESPONSE']._serialized_end=552
+  _globals['_UNITSTATUS']._serialized_start=555
+  _globals['_UNITSTATUS']._serialized_end=1021
+  _globals['_SANDBOXLAYER']._serialized_start=1023
+  _globals['_SANDBOXLAYER']._serialized_end=1086
+  _globals['_WORKERSERVICE']._serialized_start=1088
+  _globals['_WORKERSERVICE']._serialized_end=1197
 # @@protoc_insertion_point(module_scope)

@@ -52,6 +52,7 @@ class GetStatusResponse(_message.Message):
     PID_HEADROOM_FIELD_NUMBER: _builtins.int
     SANDBOX_LAYERS_FIELD_NUMBER: _builtins.int
     SANDBOX_REQUIRE_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     queue: _builtins.str
     slots_total: _builtins.int
@@ -74,6 +75,10 @@ class GetStatusResponse(_message.Message):
     def sandbox_layers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SandboxLayer]:
         """The isolation layers this worker's sandbox probed at start (hypermedia/sandbox/layers.py)."""
 
+    @_builtins.property
+    def unit(self) -> Global___UnitStatus:
+        """The worker unit this worker is the execution of (absent when it runs without control)."""
+
     def __init__(
         self,
         *,
@@ -91,14 +96,105 @@ class GetStatusResponse(_message.Message):
         pid_headroom: _builtins.int = ...,
         sandbox_layers: _abc.Iterable[Global___SandboxLayer] | None = ...,
         sandbox_require: _builtins.str = ...,
+        unit: Global___UnitStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at", "unit", b"unit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "available_memory_mb", b"available_memory_mb", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "pid_headroom", b"pid_headroom", "queue", b"queue", "reason", b"reason", "sample_age_seconds", b"sample_age_seconds", "sandbox_layers", b"sandbox_layers", "sandbox_require", b"sandbox_require", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "started_at", b"started_at", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "available_memory_mb", b"available_memory_mb", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "pid_headroom", b"pid_headroom", "queue", b"queue", "reason", b"reason", "sample_age_seconds", b"sample_age_seconds", "sandbox_layers", b"sandbox_layers", "sandbox_require", b"sandbox_require", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "started_at", b"started_at", "unit", b"unit", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class UnitStatus(_message.Message):
+    """UnitStatus is what a worker unit's control told its execution (docs/operations.md, "Worker units")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    BOOT_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    EVIDENCE_MATCHED_FIELD_NUMBER: _builtins.int
+    ADMISSION_TARGET_FIELD_NUMBER: _builtins.int
+    DECISION_REASON_FIELD_NUMBER: _builtins.int
+    DECISION_AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    SAMPLE_AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    MEMORY_CURRENT_MB_FIELD_NUMBER: _builtins.int
+    MEMORY_PEAK_MB_FIELD_NUMBER: _builtins.int
+    MEMORY_LIMIT_MB_FIELD_NUMBER: _builtins.int
+    PIDS_CURRENT_FIELD_NUMBER: _builtins.int
+    PIDS_LIMIT_FIELD_NUMBER: _builtins.int
+    MEMORY_PRESSURE_FIELD_NUMBER: _builtins.int
+    BACKLOG_FIELD_NUMBER: _builtins.int
+    JOB_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    JOB_MEMORY_SOURCE_FIELD_NUMBER: _builtins.int
+    REFUSED_MESSAGES_FIELD_NUMBER: _builtins.int
+    deployment: _builtins.str
+    unit: _builtins.str
+    boot: _builtins.str
+    """A fresh id at every start of control."""
+    epoch: _builtins.int
+    """The deployment lease's epoch; +1 at every taking of the lease."""
+    generation: _builtins.int
+    """Execution's launch: 0 first, +1 at every relaunch after a containment."""
+    evidence_matched: _builtins.bool
+    """True once control answered this execution's hello with matching evidence."""
+    admission_target: _builtins.int
+    """Jobs control's autoscaler admits at once now (0: closed); -1 before its first decision."""
+    decision_reason: _builtins.str
+    """Why, e.g. "no_measurements", "grow: memory for 6 jobs of 512 MiB (profile), ...", "memory_pressure: ..."."""
+    decision_age_seconds: _builtins.float
+    """Seconds since that decision."""
+    sample_age_seconds: _builtins.float
+    """Seconds since the cgroup sample behind it; -1 without one (no measurements)."""
+    memory_current_mb: _builtins.int
+    memory_peak_mb: _builtins.int
+    memory_limit_mb: _builtins.int
+    pids_current: _builtins.int
+    pids_limit: _builtins.int
+    memory_pressure: _builtins.float
+    """memory.pressure "some avg10" in percent; -1 where the kernel gives none (cgroup v1)."""
+    backlog: _builtins.int
+    """Jobs queued on the unit's queues at the decision."""
+    job_memory_mb: _builtins.int
+    """What one job may take, MiB, and whether that is "measured" (p95 of job_attempts.peak_memory_mb) or from the "profile"."""
+    job_memory_source: _builtins.str
+    refused_messages: _builtins.int
+    """Socket messages refused as stale or malformed, by control and by this execution."""
+    def __init__(
+        self,
+        *,
+        deployment: _builtins.str = ...,
+        unit: _builtins.str = ...,
+        boot: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        evidence_matched: _builtins.bool = ...,
+        admission_target: _builtins.int = ...,
+        decision_reason: _builtins.str = ...,
+        decision_age_seconds: _builtins.float = ...,
+        sample_age_seconds: _builtins.float = ...,
+        memory_current_mb: _builtins.int = ...,
+        memory_peak_mb: _builtins.int = ...,
+        memory_limit_mb: _builtins.int = ...,
+        pids_current: _builtins.int = ...,
+        pids_limit: _builtins.int = ...,
+        memory_pressure: _builtins.float = ...,
+        backlog: _builtins.int = ...,
+        job_memory_mb: _builtins.int = ...,
+        job_memory_source: _builtins.str = ...,
+        refused_messages: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_target", b"admission_target", "backlog", b"backlog", "boot", b"boot", "decision_age_seconds", b"decision_age_seconds", "decision_reason", b"decision_reason", "deployment", b"deployment", "epoch", b"epoch", "evidence_matched", b"evidence_matched", "generation", b"generation", "job_memory_mb", b"job_memory_mb", "job_memory_source", b"job_memory_source", "memory_current_mb", b"memory_current_mb", "memory_limit_mb", b"memory_limit_mb", "memory_peak_mb", b"memory_peak_mb", "memory_pressure", b"memory_pressure", "pids_current", b"pids_current", "pids_limit", b"pids_limit", "refused_messages", b"refused_messages", "sample_age_seconds", b"sample_age_seconds", "unit", b"unit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnitStatus: _TypeAlias = UnitStatus  # noqa: Y015
 
 @_typing.final
 class SandboxLayer(_message.Message):

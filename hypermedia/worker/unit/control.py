@@ -1,0 +1,567 @@
+"""A worker unit's control: the container's PID 1 (seed 001, ADR 0046).
+
+Shape::
+
+    validate the configuration ─▶ deployment lease (epoch) ─▶ private socket ─▶ launch execution g0
+        (exit 78, nothing launched)   (exit 75 when held)                       in its own cgroup
+    execution: hello ─▶ evidence ─▶ ready (within 30 s, else exit 69)
+    every HM_UNIT_SAMPLE_SECONDS: sample execution's cgroup + backlog ─▶ autoscaler ─▶ admission
+    every lease/3: renew (lost ─▶ contain, exit 75)
+    execution died ─▶ contain (SIGKILL every process of it; reap) ─▶ hand its jobs back ─▶ g+1
+    SIGTERM ─▶ SIGTERM to execution (its drain, 35 s) ─▶ contain what is left ─▶ release ─▶ exit 0
+
+Control runs no business work and no native library. It is a child subreaper
+(``PR_SET_CHILD_SUBREAPER``, prctl(2)), so a process of execution whose parent died is re-parented
+to control, never to the host's init: containment finds every one of them as control's
+descendants (and in execution's cgroup, where there is one), SIGKILLs them and reaps them; a job
+is handed back only after that, so no process of a contained execution can still write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import psutil
+
+from hypermedia.core import config, telemetry
+from hypermedia.infra import db
+from hypermedia.infra.service import (
+    EXIT_CONFIG,
+    EXIT_CONTAINMENT,
+    EXIT_LEASE,
+    EXIT_OK,
+    EXIT_SOFTWARE,
+    EXIT_UNAVAILABLE,
+    STARTUP_TIMEOUT_SECONDS,
+)
+from hypermedia.jobs import lifecycle
+from hypermedia.sandbox import cgroups
+from hypermedia.sandbox.cgroupfind import Unavailable
+from hypermedia.worker import registry
+from hypermedia.worker.unit import evidence, lease, peer
+from hypermedia.worker.unit.autoscaler import Autoscaler
+from hypermedia.worker.unit.settings import Configuration, validate
+
+log = logging.getLogger(__name__)
+
+CONTAINMENT_SECONDS = 10.0
+"""How long containment keeps SIGKILLing and reaping before it gives up (exit 71): a process in
+uninterruptible sleep, or a frozen one, does not die at once."""
+
+RELAUNCHES_PER_WINDOW = 5
+RELAUNCH_WINDOW_SECONDS = 300.0
+"""More relaunches than this within the window end the unit (exit 70): an execution that keeps
+dying is a fault for the host controller, not for control to hide."""
+
+STOP_GRACE_SECONDS = 10.0
+"""What control adds to execution's drain (``HM_DRAIN_SECONDS``) before it kills what is left."""
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class UnitEnded(Exception):
+    """The unit ends with ``code`` (one of the exit codes of :mod:`hypermedia.infra.service`)."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
+@dataclass
+class Execution:
+    """One launch of execution: its process, cgroup, identity and what it told control."""
+
+    identity: peer.UnitIdentity
+    process: subprocess.Popen[bytes]
+    group: cgroups.JobCgroup | None
+    launched_at: float
+    worker_id: str
+    exit_code: int | None = None
+    writer: asyncio.StreamWriter | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    status: dict[str, Any] = field(default_factory=dict)
+    stopping: bool = False
+
+
+class Control:
+    """The control process of one unit. :meth:`run` returns the exit code."""
+
+    def __init__(self, cfg: Configuration) -> None:
+        self.cfg = cfg
+        self.boot = cfg.unit.boot or uuid.uuid4().hex
+        self.deployment = cfg.worker.deployment
+        self.pool: asyncpg.Pool | None = None
+        self.lease: lease.Lease | None = None
+        self.generation = 0
+        self.execution: Execution | None = None
+        self.cgroups: cgroups.Cgroups | None = None
+        self.autoscaler = Autoscaler(cfg.worker.slots, 512)
+        self.refused = 0
+        """Socket messages refused as stale or malformed."""
+        self._relaunches: list[float] = []
+        self._socket_dir = ""
+        self.socket_path = ""
+        self._stop = asyncio.Event()
+
+    # -- start -------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Start, supervise, stop; the exit code. See the module docstring."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGCHLD, self._reap)
+        server: asyncio.AbstractServer | None = None
+        try:
+            try:
+                await asyncio.wait_for(self._open(), STARTUP_TIMEOUT_SECONDS)
+            except (TimeoutError, OSError, ConnectionError) as exc:
+                raise UnitEnded(EXIT_UNAVAILABLE, f"Postgres not reachable: {type(exc).__name__}") from None
+            server = await asyncio.start_unix_server(
+                self._connection, self.socket_path, limit=peer.MAX_MESSAGE_BYTES
+            )
+            self._launch()
+            return await self._supervise()
+        except UnitEnded as ended:
+            (log.info if ended.code == EXIT_OK else log.error)("unit %s ends: %s", self.cfg.unit_name, ended)
+            print(f"{self._name()}: {ended}", file=sys.stderr, flush=True)
+            return ended.code
+        except Exception:
+            log.exception("control failed")
+            return EXIT_SOFTWARE
+        finally:
+            await self._finish(server)
+
+    def _name(self) -> str:
+        return f"{self.cfg.role.name}-control"
+
+    async def _open(self) -> None:
+        self.pool = await db.create_pool(self.cfg.infra.database_url.get_secret_value(), max_size=3)
+        try:
+            self.lease = await lease.acquire(
+                self.pool,
+                self.deployment,
+                self.cfg.unit_name,
+                boot_id=self.boot,
+                holder=f"{socket.gethostname()}/{os.getpid()}",
+                ttl_seconds=self.cfg.unit.lease_seconds,
+            )
+        except lease.LeaseHeld as exc:
+            raise UnitEnded(EXIT_LEASE, str(exc)) from None
+        log.info(
+            "deployment lease taken: unit %s epoch %d boot %s",
+            self.cfg.unit_name,
+            self.lease.epoch,
+            self.boot[:8],
+            extra={"unit": self.cfg.unit_name, "epoch": self.lease.epoch},
+        )
+        job_mb, source = await evidence.job_memory_mb(self.pool, [self.cfg.worker.queue])
+        self.autoscaler = Autoscaler(self.cfg.worker.slots, job_mb, source)
+        opened = cgroups.open_cgroups(self.cfg.unit.cgroup)
+        if isinstance(opened, Unavailable):
+            log.warning(
+                "execution runs without a cgroup of its own (admission holds at one): %s", opened.reason
+            )
+        else:
+            self.cgroups = opened
+            log.info("execution's cgroup: %s", opened.describe())
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        run_dir = self.cfg.unit.run_dir or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        self._socket_dir = tempfile.mkdtemp(prefix="hm-unit-", dir=run_dir)  # mode 0700
+        self.socket_path = os.path.join(self._socket_dir, "control.sock")
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def identity(self) -> peer.UnitIdentity:
+        assert self.lease is not None
+        return peer.UnitIdentity(
+            self.deployment, self.cfg.unit_name, self.boot, self.lease.epoch, self.generation
+        )
+
+    def _launch(self) -> None:
+        """Launch execution (``python -m services.{role}``) at the current generation, in its own
+        cgroup when there is one (a shell writes its pid to the group's ``cgroup.procs`` and then
+        execs Python, so nothing of execution ever runs outside it)."""
+        identity = self.identity()
+        group = None
+        if self.cgroups is not None:
+            group = self.cgroups.create(
+                f"execution-{self.boot[:8]}-g{self.generation}",
+                self.cfg.unit.memory_mb * 1024 * 1024 if self.cfg.unit.memory_mb else cgroups_unlimited(),
+                self.cfg.unit.pids_max or 4_194_304,
+            )
+        procs = list(group.procs_files) if group is not None else []
+        script = (
+            'for f in "$@"; do echo 0 > "$f" || exit 71; done; exec "$HM_UNIT_PYTHON" -m "$HM_UNIT_MODULE"'
+        )
+        env = {
+            **os.environ,
+            **identity.env(self.socket_path),
+            "HM_UNIT_PYTHON": sys.executable,
+            "HM_UNIT_MODULE": f"services.{self.cfg.role.name}",
+        }
+        process = subprocess.Popen(["/bin/sh", "-c", script, "sh", *procs], env=env)
+        worker_id = registry.worker_identity_of(
+            self.deployment, self.cfg.role.name, identity.generation, process.pid
+        )
+        self.execution = Execution(identity, process, group, time.monotonic(), worker_id)
+        log.info(
+            "execution launched: generation %d pid %d",
+            identity.generation,
+            process.pid,
+            extra={"generation": identity.generation, "worker_id": worker_id},
+        )
+
+    def _reap(self) -> None:
+        """SIGCHLD: reap every child that ended (execution, and any process of it re-parented to
+        control, the subreaper); execution's exit status is kept."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            ex = self.execution
+            if ex is not None and pid == ex.process.pid:
+                ex.exit_code = os.waitstatus_to_exitcode(status)
+                ex.process.returncode = ex.exit_code
+                ex.exited.set()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection on the socket: a ``hello`` of the current identity gets the evidence;
+        anything stale is refused (logged, counted) and a stale hello closes the connection."""
+        own: peer.UnitIdentity | None = None
+        try:
+            while line := await reader.readline():
+                try:
+                    message = peer.decode(line)
+                except ValueError:
+                    self.refused += 1
+                    log.warning("unit socket: a malformed message refused")
+                    continue
+                ex = self.execution
+                current = self.identity()
+                why = peer.stale_reason(message, current)
+                if why is not None:
+                    self.refused += 1
+                    log.warning("unit socket: stale %s message refused: %s", message["kind"], why)
+                    if own is None:
+                        return
+                    continue
+                if message["kind"] == "hello" and ex is not None:
+                    own = current
+                    ex.writer = writer
+                    await peer.send(
+                        writer,
+                        "evidence",
+                        current,
+                        lease_expires_at=self.lease.expires_at.isoformat() if self.lease else "",
+                    )
+                elif message["kind"] == "ready" and ex is not None and own is not None:
+                    ex.ready.set()
+                    log.info("execution ready: generation %d, peer evidence matched", current.generation)
+                elif message["kind"] == "status" and ex is not None and own is not None:
+                    ex.status = {k: v for k, v in message.items() if k not in ("kind", "unit")}
+        except (ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def _supervise(self) -> int:
+        """Until a stop: wait for readiness, sample and decide, renew, relaunch after a death."""
+        renewing = asyncio.create_task(self._renew_loop())
+        sampling = asyncio.create_task(self._sample_loop())
+        try:
+            while True:
+                ex = self.execution
+                assert ex is not None
+                ready = asyncio.ensure_future(ex.ready.wait())
+                ended = asyncio.ensure_future(self._first(ex.exited, self._stop, renewing))
+                deadline = ex.launched_at + STARTUP_TIMEOUT_SECONDS - time.monotonic()
+                done, _ = await asyncio.wait(
+                    {ready, ended}, timeout=max(0.0, deadline), return_when=asyncio.FIRST_COMPLETED
+                )
+                ready.cancel()
+                if not done:
+                    await self._contain(ex)
+                    raise UnitEnded(
+                        EXIT_UNAVAILABLE,
+                        f"execution not ready within the {STARTUP_TIMEOUT_SECONDS:.0f} s startup admission deadline",
+                    )
+                if ended in done or not ex.ready.is_set():
+                    ended.cancel()
+                    await self._after_end(ex, renewing, during_start=True)
+                    continue
+                await ended
+                await self._after_end(ex, renewing, during_start=False)
+        finally:
+            renewing.cancel()
+            sampling.cancel()
+            await asyncio.gather(renewing, sampling, return_exceptions=True)
+
+    async def _first(self, exited: asyncio.Event, stop: asyncio.Event, renewing: asyncio.Task[None]) -> None:
+        waiters = [asyncio.ensure_future(exited.wait()), asyncio.ensure_future(stop.wait()), renewing]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters[:2]:
+                w.cancel()
+
+    async def _after_end(self, ex: Execution, renewing: asyncio.Task[None], *, during_start: bool) -> None:
+        """Execution exited, control was asked to stop, or the lease was lost: contain, then end
+        the unit or launch the next generation (raises :class:`UnitEnded` to end)."""
+        if renewing.done():
+            await self._contain(ex)
+            await self._release_jobs(ex)
+            raise UnitEnded(
+                EXIT_LEASE, "the deployment lease was lost: execution contained and its jobs handed back"
+            )
+        if self._stop.is_set() and not ex.exited.is_set():
+            await self._stop_execution(ex)
+            raise UnitEnded(EXIT_OK, "stopped")
+        code = ex.exit_code
+        await self._contain(ex)
+        if self._stop.is_set():
+            await self._release_jobs(ex)
+            raise UnitEnded(EXIT_OK, "stopped")
+        if code in (EXIT_CONFIG, EXIT_LEASE) or (during_start and code == EXIT_UNAVAILABLE):
+            raise UnitEnded(code, f"execution exited {code} ({_meaning(code)}); not relaunched")
+        handed = await self._release_jobs(ex)
+        now = time.monotonic()
+        self._relaunches = [t for t in self._relaunches if now - t < RELAUNCH_WINDOW_SECONDS] + [now]
+        if len(self._relaunches) > RELAUNCHES_PER_WINDOW:
+            raise UnitEnded(
+                EXIT_SOFTWARE,
+                f"execution died {len(self._relaunches)} times within {RELAUNCH_WINDOW_SECONDS:.0f} s; the host controller decides",
+            )
+        log.warning(
+            "execution generation %d exited %s; contained, %d jobs handed back; launching generation %d",
+            ex.identity.generation,
+            code,
+            handed,
+            ex.identity.generation + 1,
+        )
+        self.generation += 1
+        self._launch()
+
+    async def _stop_execution(self, ex: Execution) -> None:
+        """SIGTERM to execution: it drains (``HM_DRAIN_SECONDS``); past that and a grace, contain."""
+        ex.stopping = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(ex.process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(ex.exited.wait(), self.cfg.worker.drain_seconds + STOP_GRACE_SECONDS)
+        except TimeoutError:
+            log.error(
+                "execution did not stop within its drain and %.0f s more; killing it", STOP_GRACE_SECONDS
+            )
+        await self._contain(ex)
+        await self._release_jobs(ex)
+
+    async def _contain(self, ex: Execution) -> None:
+        """SIGKILL execution and every process of it until none is left, reaping as they end.
+
+        Raises:
+            UnitEnded: (71) something of it still lives after :data:`CONTAINMENT_SECONDS`.
+        """
+        deadline = time.monotonic() + CONTAINMENT_SECONDS
+        while True:
+            victims = self._unit_processes(ex)
+            if not victims:
+                break
+            if time.monotonic() > deadline:
+                raise UnitEnded(
+                    EXIT_CONTAINMENT,
+                    f"containment failed: {len(victims)} processes of execution generation "
+                    f"{ex.identity.generation} outlived SIGKILL for {CONTAINMENT_SECONDS:.0f} s "
+                    f"(pids {', '.join(map(str, sorted(victims)[:8]))}); its jobs are not handed back",
+                )
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            self._reap()
+            await asyncio.sleep(0.02)
+        self._reap()
+        if ex.group is not None:
+            if not ex.group.remove():
+                log.warning("execution's cgroup could not be removed yet")
+            ex.group = None
+
+    def _unit_processes(self, ex: Execution) -> set[int]:
+        """Live (not zombie) processes of ``ex``: control's descendants and the members of
+        execution's cgroup."""
+        found: set[int] = set()
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.status() != psutil.STATUS_ZOMBIE:
+                        found.add(child.pid)
+        if ex.group is not None:
+            for procs in ex.group.procs_files:
+                with contextlib.suppress(OSError):
+                    with open(procs) as f:
+                        found.update(int(p) for p in f.read().split())
+        if not ex.exited.is_set() and ex.exit_code is None:
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(ex.process.pid).status() != psutil.STATUS_ZOMBIE:
+                    found.add(ex.process.pid)
+        found.discard(os.getpid())
+        return found
+
+    async def _release_jobs(self, ex: Execution) -> int:
+        """Hand back the jobs of a contained execution (:func:`lifecycle.release_contained`)."""
+        assert self.pool is not None
+        try:
+            released = await lifecycle.release_contained(
+                self.pool, self.cfg.infra.stream_prefix, ex.worker_id
+            )
+        except Exception:
+            log.exception(
+                "could not hand back the contained execution's jobs; the reaper will at lease expiry"
+            )
+            return 0
+        for job_id, status in released:
+            log.info("job handed back after containment", extra={"job_id": job_id, "status": status})
+        return len(released)
+
+    # -- lease and admission -----------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        """Renew every third of the lease's time to live; return when it is lost (an unreachable
+        Postgres until the lease ran out counts as lost)."""
+        assert self.pool is not None and self.lease is not None
+        ttl = self.cfg.unit.lease_seconds
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                renewed = await lease.renew(self.pool, self.lease, ttl)
+            except Exception as exc:
+                if not db.is_transient(exc) and not isinstance(exc, (OSError, asyncpg.PostgresError)):
+                    raise
+                log.warning("lease renewal failed (%s); retrying", type(exc).__name__)
+                continue
+            if renewed is None:
+                log.error("deployment lease lost: unit %s epoch %d", self.cfg.unit_name, self.lease.epoch)
+                return
+            self.lease = renewed
+
+    async def _sample_loop(self) -> None:
+        """Sample execution's cgroup and the backlog, decide, tell execution."""
+        assert self.pool is not None
+        last_reason_kind = ""
+        while True:
+            ex = self.execution
+            if ex is not None and ex.writer is not None and ex.ready.is_set():
+                sample = evidence.read(ex.group)
+                try:
+                    backlog = await evidence.backlog(self.pool, [self.cfg.worker.queue])
+                except Exception:
+                    backlog = 0
+                busy = int(ex.status.get("busy", 0))
+                decision = self.autoscaler.decide(sample, backlog, busy)
+                kind = decision.reason.split(":")[0] + f"/{decision.target}"
+                if kind != last_reason_kind:
+                    log.info(
+                        "admission target %d: %s",
+                        decision.target,
+                        decision.reason,
+                        extra={"admission_target": decision.target, "generation": ex.identity.generation},
+                    )
+                    last_reason_kind = kind
+                body: dict[str, Any] = {
+                    "target": decision.target,
+                    "reason": decision.reason,
+                    "decided_at": decision.decided_at,
+                    "backlog": backlog,
+                    "job_memory_mb": self.autoscaler.job_memory_mb,
+                    "job_memory_source": self.autoscaler.memory_source,
+                    "refused": self.refused,
+                }
+                if sample is not None:
+                    body["sample"] = {
+                        "taken_at": sample.taken_at,
+                        "memory_current": sample.memory_current,
+                        "memory_peak": sample.memory_peak,
+                        "memory_limit": sample.memory_limit,
+                        "pids_current": sample.pids_current,
+                        "pids_limit": sample.pids_limit,
+                        "memory_pressure": sample.memory_pressure,
+                    }
+                with contextlib.suppress(ConnectionError, OSError):
+                    await peer.send(ex.writer, "admission", ex.identity, **body)
+            await asyncio.sleep(self.cfg.unit.sample_seconds)
+
+    # -- stop --------------------------------------------------------------------------------
+
+    async def _finish(self, server: asyncio.AbstractServer | None) -> None:
+        ex = self.execution
+        if ex is not None and self._unit_processes(ex):
+            with contextlib.suppress(UnitEnded):
+                await self._contain(ex)
+        if server is not None:
+            server.close()
+        if self._socket_dir:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+        if self.cgroups is not None:
+            self.cgroups.close()
+        if self.pool is not None:
+            if self.lease is not None:
+                with contextlib.suppress(Exception):
+                    await lease.release(self.pool, self.lease)
+            await self.pool.close()
+
+
+def cgroups_unlimited() -> int:
+    """The largest memory limit a cgroup file takes (no limit of its own)."""
+    return 2**63 - 1 - (2**63 - 1) % 4096
+
+
+def _meaning(code: int | None) -> str:
+    return {
+        EXIT_CONFIG: "configuration",
+        EXIT_LEASE: "lease lost or fenced",
+        EXIT_UNAVAILABLE: "a dependency not reachable at start",
+        EXIT_SOFTWARE: "internal error",
+    }.get(code or 0, "killed or crashed" if code is None or code < 0 else "failure")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m hypermedia.worker.unit ROLE [--unit NAME]``: run control; exits with the code of
+    docs/operations.md ("Exit codes")."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m hypermedia.worker.unit", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "role", help="the execution to launch: imageworker, docworker, ocrworker or mediaworker"
+    )
+    parser.add_argument(
+        "--unit", help="the unit's name in its deployment (default HM_UNIT_NAME, else the role)"
+    )
+    args = parser.parse_args(argv)
+    telemetry.setup(f"{args.role}-control", os.environ.get("HM_LOG_LEVEL", "INFO"))
+    try:
+        cfg = validate(args.role, args.unit)
+    except config.ConfigError as exc:
+        print(f"{args.role}-control: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(asyncio.run(Control(cfg).run()))
