@@ -6,30 +6,38 @@ Postgres cluster and a pinned nats-server under the state directory (``./.hyperm
 run side by side; the choices are written to ``{state}/platform.json`` so that ``hypermedia admin …``
 run in the same directory talks to this platform.
 
-Worker services (imageworker, docworker, ocrworker, mediaworker) can run as several replicas (``hypermedia up --scale
-imageworker=2``): replica ``i`` is named ``imageworker-i`` (the first keeps the plain name). Every
-worker process gets its own work directory (:func:`worker_work_dir`), status port and range of
-sandbox uids. Internal gRPC is mutual TLS (``HM_INTERNAL_AUTH=mtls``, the default here;
-``none`` turns it off, for tests only): every start makes a new CA and one certificate per service
-identity in ``{state}/tls/`` (:func:`hypermedia.infra.mtls.issue_all`, files 0600), and each
+Worker services (imageworker, docworker, ocrworker, mediaworker) run as worker units (ADR 0046):
+each is its unit's control, ``python -m hypermedia.worker.unit ROLE`` with ``HM_UNIT_NAME`` its
+process name, which launches the worker itself as its execution. They can run as several replicas
+(``hypermedia up --scale imageworker=2``): replica ``i`` is named ``imageworker-i`` (the first keeps
+the plain name). Every worker unit gets its own work directory (:func:`worker_work_dir`), status
+port and range of sandbox uids. Internal gRPC is mutual TLS (``HM_INTERNAL_AUTH=mtls``, the default
+here; ``none`` turns it off, for tests only): every start makes a new CA and one certificate per
+service identity in ``{state}/tls/`` (:func:`hypermedia.infra.mtls.issue_all`, files 0600), and each
 process gets its identity's files as ``HM_TLS_CA`` / ``HM_TLS_CERT`` / ``HM_TLS_KEY``; ``admin.pem``
-is for ``hypermedia admin`` and grpcurl (ADR 0044). Each process's pid is in
-``{state}/run/{name}.pid`` while it runs (operators and the chaos test signal processes by it).
+is for ``hypermedia admin`` and grpcurl (ADR 0044). Each process's pid (a worker unit's: its
+control's) is in ``{state}/run/{name}.pid`` while it runs (operators and the chaos test signal
+processes by it).
 
-The supervisor restarts a service process that dies, with exponential backoff over its quick
-deaths (1 s doubling to 30 s; a process that had run for ``STABLE_SECONDS`` counts as started, as
-supervisord's ``startsecs``, and is restarted after 1 s); a service that dies five times within a
-minute is reported as crash-looping (logged at ERROR each time). Ctrl-C (SIGINT) or SIGTERM stops the
-services one by one in reverse start order (each gets 45 s after SIGTERM), then NATS and Postgres.
+The supervisor reconciles by exit code (:func:`reconcile`): a process that exited 78 (its
+configuration) is not restarted; 75 (a unit's deployment lease held or lost) is restarted once the
+lease has expired; any other exit is restarted with exponential backoff over its quick deaths (1 s
+doubling to 30 s; a process that had run for ``STABLE_SECONDS`` counts as started, as supervisord's
+``startsecs``, and is restarted after 1 s); a service that dies five times within a minute is
+reported as crash-looping, once per loop. Once every worker unit is ready (or after a minute) one
+plain summary line goes to stderr. Ctrl-C (SIGINT) or SIGTERM stops the services one by one in
+reverse start order (each gets 60 s after SIGTERM), then NATS and Postgres.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,13 +48,18 @@ from typing import Any
 from hypermedia.core import config
 from hypermedia.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port, wait_for_port
 from hypermedia.infra import db, mtls
+from hypermedia.infra.service import EXIT_CONFIG, EXIT_LEASE
 from hypermedia.sandbox import cgroups, layers
 
 log = logging.getLogger(__name__)
 
 SERVICES = ("credits", "storage", "gateway", "imageworker", "docworker", "ocrworker", "mediaworker", "reaper")
 """Start order; stop order is the reverse."""
-STOP_GRACE_SECONDS = 45.0
+STOP_GRACE_SECONDS = 60.0
+"""SIGTERM to SIGKILL per process: a worker unit's control gives its execution the drain (35 s)
+and 10 s more before it kills what is left, then releases its lease."""
+READY_SUMMARY_SECONDS = 60.0
+"""The summary line comes once every worker unit is ready, or after this long with what is not."""
 CRASH_LOOP_WINDOW_SECONDS = 60.0
 CRASH_LOOP_RESTARTS = 5
 STABLE_SECONDS = 5.0
@@ -105,23 +118,35 @@ def sandbox_layers_line(require: str, uid_base: int) -> str:
 
 @dataclass
 class ServiceProcess:
-    """One supervised process: ``name`` (``imageworker-2``) runs ``python -m services.{module}``."""
+    """One supervised process: ``name`` (``imageworker-2``) runs ``python -m services.{module}``,
+    or, for a worker service (``unit``), its unit's control ``python -m hypermedia.worker.unit
+    {module}`` (ADR 0046)."""
 
     name: str
     module: str
     env: dict[str, str]
     log_path: Path
     pid_path: Path
+    unit: bool = False
     process: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)
     quick_deaths: int = 0
     started_at: float = 0.0
     next_start: float = 0.0
+    crash_loop_said: bool = False
+    """Whether the current crash loop was reported (once per loop; a stable run ends the loop)."""
+    given_up: bool = False
+    """Not restarted any more: it exited for its configuration (78)."""
+
+    def command(self) -> list[str]:
+        if self.unit:
+            return [sys.executable, "-m", "hypermedia.worker.unit", self.module]
+        return [sys.executable, "-m", f"services.{self.module}"]
 
     def start(self) -> None:
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", f"services.{self.module}"],
+                self.command(),
                 env=self.env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -136,7 +161,44 @@ class ServiceProcess:
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < CRASH_LOOP_WINDOW_SECONDS] + [now]
         self.quick_deaths = 0 if now - self.started_at >= STABLE_SECONDS else self.quick_deaths + 1
+        if self.quick_deaths == 0 and len(self.restarts) < CRASH_LOOP_RESTARTS:
+            self.crash_loop_said = False
         return float(min(30, 2 ** max(0, self.quick_deaths - 1)))
+
+
+def reconcile(proc: ServiceProcess, code: int, lease_seconds: float) -> tuple[float | None, int, str]:
+    """What ``hypermedia up`` does about ``proc``, which exited with ``code``: ``(delay before the
+    restart or None for never, log level, message)``. By the exit codes of
+    :mod:`hypermedia.infra.service`: 78 (configuration) is never restarted, as restarting cannot
+    fix it; 75 (a worker unit's deployment lease held or lost) waits out ``lease_seconds`` so the
+    old lease has expired; the others back off (:meth:`ServiceProcess.backoff`). A crash loop is
+    an ERROR once, when it begins; later deaths of the same loop are WARNINGs."""
+    delay = proc.backoff()
+    if code == EXIT_CONFIG:
+        proc.given_up = True
+        return (
+            None,
+            logging.ERROR,
+            f"service {proc.name} exited with code 78 (configuration; see {proc.log_path}): not restarted. "
+            "Fix the configuration and start hypermedia up again",
+        )
+    why = ""
+    if code == EXIT_LEASE:
+        delay = max(delay, lease_seconds + 1)
+        why = " (its deployment lease is held or was lost: waiting until it expires)"
+    if len(proc.restarts) >= CRASH_LOOP_RESTARTS and not proc.crash_loop_said:
+        proc.crash_loop_said = True
+        return (
+            delay,
+            logging.ERROR,
+            f"service {proc.name} exited with code {code}; restarting in {delay:.0f}s{why} (crash-looping: "
+            f"{len(proc.restarts)} exits within {CRASH_LOOP_WINDOW_SECONDS:.0f}s; restarts back off up to 30s)",
+        )
+    return (
+        delay,
+        logging.WARNING,
+        f"service {proc.name} exited with code {code}; restarting in {delay:.0f}s{why}",
+    )
 
 
 def log_tail(path: Path, lines: int = 5, max_bytes: int = 4096) -> str:
@@ -187,6 +249,8 @@ class Platform:
         self.info: dict[str, Any] = {}
         self.stop_requested = False
         """Set by a signal handler; a plain flag because handlers must not take locks."""
+        self.lease_seconds = 15.0
+        """The worker units' ``HM_UNIT_LEASE_SECONDS``: how long a unit that exited 75 waits."""
 
     def _infrastructure(self) -> tuple[str, str]:
         database_url = config.lookup(self.base_env, "HM_DATABASE_URL", "")
@@ -247,6 +311,9 @@ class Platform:
         else:
             env["HM_SANDBOX_CGROUP"], said = cgroups.platform_setting()
             log.info("%s", said)
+        # A unit's control makes its execution's group where the jobs' groups would go (ADR 0046).
+        env.setdefault("HM_UNIT_CGROUP", env["HM_SANDBOX_CGROUP"])
+        self.lease_seconds = float(env.get("HM_UNIT_LEASE_SECONDS", "15"))
         replicas = [
             (name, i, name if i == 1 else f"{name}-{i}")
             for name in self.services
@@ -260,6 +327,7 @@ class Platform:
                 "HM_WORK_DIR": worker_work_dir(work_dir, name, i),
                 "HM_WORKER_STATUS_BIND": f"127.0.0.1:{free_port()}",
                 "HM_SANDBOX_UID_BASE": str(uid_base + UID_RANGE_PER_REPLICA * k),
+                "HM_UNIT_NAME": proc_name,
                 **WORKER_ENV.get(name, {}),
             }
             for k, (name, i, proc_name) in enumerate(workers)
@@ -312,6 +380,7 @@ class Platform:
                 env | worker_env.get(proc_name, {}) | tls.get(name, {}),
                 self.root / "logs" / f"{proc_name}.log",
                 self.root / "run" / f"{proc_name}.pid",
+                unit=proc_name in worker_env,
             )
             proc.start()
             self.procs.append(proc)
@@ -368,18 +437,15 @@ class Platform:
         for proc in self.procs:
             if proc.process is None or proc.process.poll() is None:
                 continue
+            if proc.given_up:
+                continue
             if proc.next_start == 0.0:
-                delay = proc.backoff()
+                delay, level, message = reconcile(proc, proc.process.returncode, self.lease_seconds)
+                log.log(level, "%s", message)
+                if delay is None:
+                    print(f"hypermedia up: {message}", file=sys.stderr, flush=True)
+                    continue
                 proc.next_start = now + delay
-                level = logging.ERROR if len(proc.restarts) >= CRASH_LOOP_RESTARTS else logging.WARNING
-                log.log(
-                    level,
-                    "service %s exited with code %s; restarting in %.0fs%s",
-                    proc.name,
-                    proc.process.returncode,
-                    delay,
-                    " (crash-looping)" if level == logging.ERROR else "",
-                )
             elif now >= proc.next_start:
                 proc.next_start = 0.0
                 proc.start()
@@ -387,10 +453,48 @@ class Platform:
         return restarted
 
     def supervise(self) -> None:
-        """Supervise until :attr:`stop_requested` is set (by a signal handler or a caller)."""
+        """Supervise until :attr:`stop_requested` is set (by a signal handler or a caller); print
+        :meth:`summary` once, when every worker unit is ready or a minute has passed."""
+        summary_due = time.monotonic() + READY_SUMMARY_SECONDS
         while not self.stop_requested:
             time.sleep(0.2)
             self.supervise_once()
+            if summary_due and (
+                self.workers_ready() == self.worker_names() or time.monotonic() > summary_due
+            ):
+                print(self.summary(), file=sys.stderr, flush=True)
+                summary_due = 0.0
+
+    def worker_names(self) -> set[str]:
+        return {p.name for p in self.procs if p.unit}
+
+    def workers_ready(self) -> set[str]:
+        """Worker units whose execution serves its status: it does so only once control's peer
+        evidence matched (:mod:`hypermedia.worker.serve`)."""
+        ready = set()
+        for name, addr in self.info.get("workers", {}).items():
+            host, _, port = addr.rpartition(":")
+            with contextlib.suppress(OSError):
+                socket.create_connection((host, int(port)), timeout=0.2).close()
+                ready.add(name)
+        return ready
+
+    def summary(self) -> str:
+        """The one plain line about the platform: where to call it, which worker units are ready
+        and which are not (with the exit code of the last that exited)."""
+        ready = self.workers_ready()
+        late = []
+        for proc in self.procs:
+            if proc.unit and proc.name not in ready:
+                code = proc.process.returncode if proc.process is not None else None
+                late.append(f"{proc.name} ({'exited ' + str(code) if code is not None else 'starting'})")
+        workers = f"{len(ready)} worker units ready" + (f"; not ready: {', '.join(late)}" if late else "")
+        where = (
+            f"REST {self.info.get('rest_url')}, gRPC {self.info.get('grpc_addr')}"
+            if "gateway" in self.services
+            else "no gateway"
+        )
+        return f"hypermedia up: ready: {where}; {workers}; logs in {self.root / 'logs'}"
 
     def stop(self) -> None:
         """Stop services one at a time in reverse start order — workers and the reaper drain while

@@ -507,11 +507,18 @@ def remove_stale_bases(own: str) -> list[str]:
         pid = entry.name[3:].split("-", 1)[0]
         if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
             continue
-        jobs = [j.path for j in os.scandir(entry.path) if j.is_dir()]
-        _kill_listed([f"{j}/cgroup.procs" for j in jobs] + [f"{entry.path}/cgroup.procs"])
-        if _rmdir_all([*jobs, entry.path]):
+        if remove_tree(entry.path):
             removed.append(entry.path)
     return removed
+
+
+def remove_tree(path: str) -> bool:
+    """Kill every process in the group ``path`` and the groups nested in it (a worker unit's
+    execution holds its sandbox's base, which holds the job groups), then remove them, the deepest
+    first (v1 refuses to remove a group that has children: EBUSY). True when all are gone."""
+    dirs = [root for root, _subdirs, _files in os.walk(path, topdown=False)]
+    _kill_listed([f"{d}/cgroup.procs" for d in dirs])
+    return _rmdir_all(dirs)
 
 
 def from_config(config: dict[str, Any]) -> Cgroups:

@@ -11,8 +11,8 @@ in ``make test``. One run:
    mixed inputs (1800×1200 photos, a 3000×2000 JPEG, a small PNG with alpha, a WebP), operations and
    priorities 1–10 over a submission window, each with an ``Idempotency-Key`` and retried through
    connection errors and 5xx (the gateway is one of the processes killed);
-4. **faults**, during the window: ``kill -9`` of a random imageworker every 2–4 s (the supervisor
-   restarts it), ``kill -9`` of the gateway (the outbox relay lives there) once, NATS killed with
+4. **faults**, during the window: ``kill -9`` of a random imageworker unit's execution every 2–4 s (its
+   control contains it and launches the next generation), ``kill -9`` of the gateway (the outbox relay lives there) once, NATS killed with
    ``kill -9`` and started again on the same port and store once, Postgres crash-restarted
    (``pg_ctl restart -m immediate``: no clean shutdown, recovery from the WAL) once;
 5. waits until every job is terminal and every hold settled, then checks and prints: all
@@ -400,14 +400,22 @@ class Chaos:
             return None
 
     def kill_worker(self) -> bool:
-        """SIGKILL a random imageworker that has been up at least :data:`MIN_UPTIME_SECONDS`."""
+        """SIGKILL the execution of a random imageworker unit (its control's child, ADR 0046) that
+        has been up at least :data:`MIN_UPTIME_SECONDS`: control contains it and launches the next
+        generation, as a worker killed by the kernel's OOM killer in a container would be."""
         alive = []
         for name in self.info["workers"]:
             if not name.startswith("imageworker"):
                 continue  # the run's jobs are image jobs
-            pid = self._pid(name)
-            if pid is not None and time.time() - psutil.Process(pid).create_time() >= MIN_UPTIME_SECONDS:
-                alive.append(pid)
+            control = self._pid(name)
+            if control is None:
+                continue
+            try:
+                executions = [c for c in psutil.Process(control).children() if c.status() != "zombie"]
+                if executions and time.time() - executions[0].create_time() >= MIN_UPTIME_SECONDS:
+                    alive.append(executions[0].pid)
+            except psutil.Error:
+                continue
         if not alive:
             return False
         os.kill(self.rng.choice(alive), signal.SIGKILL)

@@ -404,6 +404,21 @@ def test_without_a_cgroup_admission_holds_at_one(units: Any) -> None:
     assert status.slots_total == 4
 
 
+def test_without_a_group_of_its_own_admission_is_measured_on_the_containers_group(units: Any) -> None:
+    """A cgroup control may not write (here: a path outside its own tree, as a read-only
+    /sys/fs/cgroup in a pod): the evidence is control's own group, read only."""
+    unit = units("readonly", HM_UNIT_CGROUP="/elsewhere", HM_WORKER_SLOTS="4")
+    status = wait_for(
+        "a measured decision",
+        lambda: (s := _ready(unit)).unit.sample_age_seconds >= 0 and s,
+        15,
+        interval=0.2,
+    )
+    assert status.unit.memory_limit_mb > 0 and status.unit.pids_limit > 0
+    assert status.unit.decision_reason != "no_measurements"
+    assert "measured on the container's own cgroup, read only" in unit.text()
+
+
 def test_memory_pressure_closes_admission_and_fresh_samples_reopen_it(units: Any) -> None:
     """A process in execution's cgroup allocates toward the unit's limit (as a job child would):
     the autoscaler closes admission; when the memory is back, the next samples reopen it."""

@@ -50,10 +50,8 @@ def test_a_process_dying_at_start_is_restarted_with_doubling_delays_and_reported
     assert proc.process is not None and int(proc.pid_path.read_text()) == proc.process.pid
     messages = [r.getMessage() for r in caplog.records]
     assert any("service broken exited with code 1; restarting in 1s" in m for m in messages), messages
-    assert any(
-        "(crash-looping)" in m and r.levelno == logging.ERROR
-        for m, r in zip(messages, caplog.records, strict=True)
-    )
+    errors = [m for m, r in zip(messages, caplog.records, strict=True) if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "(crash-looping: 3 exits within 60s" in errors[0], messages
     assert "No module named services.does_not_exist" in proc.log_path.read_text()
 
 
@@ -101,3 +99,33 @@ def test_a_service_exiting_at_start_is_reported_with_the_end_of_its_log(tmp_path
     message = str(raised.value)
     assert message.startswith("service broken exited with code 1 at start; see ")
     assert "No module named" in message and "does_not_exist" in message, message
+
+
+def test_a_worker_unit_that_exits_for_its_configuration_is_not_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real unit control with a DSN of the wrong form exits 78; restarting cannot fix that."""
+    plat = Platform(tmp_path, services=())
+    env = dict(os.environ) | {"HM_DATABASE_URL": "mysql://u:hidden@db/x", "HM_UNIT_NAME": "imageworker"}
+    proc = ServiceProcess(
+        "imageworker", "imageworker", env, tmp_path / "w.log", tmp_path / "w.pid", unit=True
+    )
+    plat.procs.append(proc)
+    proc.start()
+    assert proc.process is not None and proc.process.wait(30) == 78
+    with caplog.at_level(logging.WARNING, logger="hypermedia.devtools.platform"):
+        restarts = _supervise(plat, 2.5)
+    assert restarts == [] and proc.given_up
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "exited with code 78 (configuration" in said[0] and "not restarted" in said[0]
+    assert "not restarted" in capsys.readouterr().err
+    assert "HM_DATABASE_URL" in proc.log_path.read_text() and "hidden" not in proc.log_path.read_text()
+
+
+def test_a_unit_whose_lease_is_held_is_restarted_only_after_the_lease_has_expired(tmp_path: Path) -> None:
+    proc = ServiceProcess("imageworker", "imageworker", {}, tmp_path / "w.log", tmp_path / "w.pid", unit=True)
+    delay, level, message = platform.reconcile(proc, 75, lease_seconds=15.0)
+    assert delay == 16.0 and level == logging.WARNING
+    assert "deployment lease is held or was lost" in message
+    other, _, _ = platform.reconcile(proc, 70, lease_seconds=15.0)
+    assert other is not None and other <= 2

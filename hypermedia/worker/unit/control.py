@@ -118,6 +118,9 @@ class Control:
         self._socket_dir = ""
         self.socket_path = ""
         self._stop = asyncio.Event()
+        self._renewing: asyncio.Task[None] | None = None
+        self.measured: cgroups.JobCgroup | None = None
+        """The group read for evidence when execution has none of its own: control's (read only)."""
 
     # -- start -------------------------------------------------------------------------------
 
@@ -164,6 +167,8 @@ class Control:
             )
         except lease.LeaseHeld as exc:
             raise UnitEnded(EXIT_LEASE, str(exc)) from None
+        # Renewal counts from the taking, not from the end of the start (which can take seconds).
+        self._renewing = asyncio.create_task(self._renew_loop())
         log.info(
             "deployment lease taken: unit %s epoch %d boot %s",
             self.cfg.unit_name,
@@ -175,8 +180,13 @@ class Control:
         self.autoscaler = Autoscaler(self.cfg.worker.slots, job_mb, source)
         opened = cgroups.open_cgroups(self.cfg.unit.cgroup)
         if isinstance(opened, Unavailable):
+            self.measured = evidence.own_group() if self.cfg.unit.cgroup != "off" else None
             log.warning(
-                "execution runs without a cgroup of its own (admission holds at one): %s", opened.reason
+                "execution runs without a cgroup of its own (%s); %s",
+                opened.reason,
+                "admission is measured on the container's own cgroup, read only"
+                if self.measured is not None
+                else "no measurements: admission holds at one",
             )
         else:
             self.cgroups = opened
@@ -287,7 +297,8 @@ class Control:
 
     async def _supervise(self) -> int:
         """Until a stop: wait for readiness, sample and decide, renew, relaunch after a death."""
-        renewing = asyncio.create_task(self._renew_loop())
+        renewing = self._renewing
+        assert renewing is not None
         sampling = asyncio.create_task(self._sample_loop())
         try:
             while True:
@@ -401,6 +412,14 @@ class Control:
             await asyncio.sleep(0.02)
         self._reap()
         if ex.group is not None:
+            # The group holds what execution's sandbox made in it (its base and the job groups).
+            dirs = (
+                [ex.group.memory_dir, ex.group.pids_dir] if isinstance(ex.group, cgroups.V1JobCgroup) else []
+            )
+            if isinstance(ex.group, cgroups.V2JobCgroup):
+                dirs = [ex.group.path]
+            for d in dirs:
+                cgroups.remove_tree(d)
             if not ex.group.remove():
                 log.warning("execution's cgroup could not be removed yet")
             ex.group = None
@@ -470,7 +489,7 @@ class Control:
         while True:
             ex = self.execution
             if ex is not None and ex.writer is not None and ex.ready.is_set():
-                sample = evidence.read(ex.group)
+                sample = evidence.read(ex.group or self.measured)
                 try:
                     backlog = await evidence.backlog(self.pool, [self.cfg.worker.queue])
                 except Exception:
@@ -512,6 +531,9 @@ class Control:
     # -- stop --------------------------------------------------------------------------------
 
     async def _finish(self, server: asyncio.AbstractServer | None) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
         ex = self.execution
         if ex is not None and self._unit_processes(ex):
             with contextlib.suppress(UnitEnded):

@@ -10,9 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 
+from hypermedia.sandbox.cgroupfind import CgroupError, Unavailable, discover
 from hypermedia.sandbox.cgroups import JobCgroup, V1JobCgroup, V2JobCgroup
 from hypermedia.worker import admission
 
@@ -85,13 +87,40 @@ def read(group: JobCgroup | None) -> Sample | None:
         pressure = _pressure(f"{group.path}/memory.pressure")
     else:
         return None
-    if current is None or limit is None or pids is None or pids_max is None:
+    if current is None or limit is None:
         return None
+    if pids is None:  # a root group (the v1 pids hierarchy's of a host) has no pids.current
+        pids, pids_max = _host_tasks(), UNLIMITED
+    elif pids_max is None:
+        pids_max = UNLIMITED
     if limit >= UNLIMITED:
         limit = current + admission.available_memory_mb() * 1024 * 1024
     if pids_max >= UNLIMITED:
         pids_max = pids + admission.pid_headroom()
     return Sample(time.monotonic(), current, peak, limit, pids, pids_max, pressure)
+
+
+def own_group() -> JobCgroup | None:
+    """This process's own cgroup, to be read only: where control cannot make a group for its
+    execution (a container whose cgroup file system is mounted read-only, as Kubernetes mounts it
+    for an unprivileged pod), the container's own group is the unit's evidence (control's few
+    MiB included). None when it cannot be found. Never a target of containment: its members
+    include control."""
+    try:
+        found = discover(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+    except (OSError, CgroupError):
+        return None
+    if isinstance(found, Unavailable):
+        return None
+    if found.version == 2:
+        return V2JobCgroup(found.dirs[""], ())
+    return V1JobCgroup(found.dirs["memory"], found.dirs["pids"], ())
+
+
+def _host_tasks() -> int:
+    """Scheduling entities on the host now (``/proc/loadavg``'s fourth field, proc(5))."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[1])
 
 
 async def backlog(pool: asyncpg.Pool, queues: Sequence[str]) -> int:
