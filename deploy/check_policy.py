@@ -6,7 +6,8 @@ this says whether the files keep the platform's rules and agree with each other:
 - every workload runs non-root with a read-only root filesystem, no privilege escalation, all
   capabilities dropped, RuntimeDefault seccomp, no service-account token, and CPU/memory requests
   and limits; every container that listens has readiness and liveness probes;
-- workers get a writable /work and a grace period longer than their 35 s drain;
+- workers get a writable /work, a grace period longer than their 35 s drain and control's 10 s,
+  and an ``HM_UNIT_MEMORY_MB`` that leaves control its 320 MiB under the container's limit;
 - Services select existing pods and name existing container ports; kustomizations list every
   manifest beside them; ScaledObjects target a worker and sum one nats-jetstream trigger per
   priority consumer ``{queue}-p{1..10}`` on stream ``HM_{QUEUE}``;
@@ -53,8 +54,12 @@ PRIORITIES = range(1, 11)
 """Priority bands of a queue: one JetStream consumer ``{queue}-p{n}`` each."""
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|_KEY$|KEY_ID$|^HM_DATABASE_URL$)", re.IGNORECASE)
-MIN_WORKER_GRACE_SECONDS = 45
-"""Workers drain for 35 s after SIGTERM (HM_DRAIN_SECONDS); the kubelet must wait longer."""
+MIN_WORKER_GRACE_SECONDS = 50
+"""Workers drain for 35 s after SIGTERM (HM_DRAIN_SECONDS) and their unit's control gives them 10 s
+more before it kills what is left (ADR 0046); the kubelet must wait longer than both."""
+
+CONTROL_RESERVE_MIB = 320
+"""Memory a worker unit's control keeps for itself within the container's limit (seed 001)."""
 
 Doc = dict[str, Any]
 
@@ -179,7 +184,23 @@ def check_workload(where: str, doc: Doc) -> list[str]:
             work_dir = env.get("HM_WORK_DIR", "")
             if "emptyDir" not in volumes.get(mounts.get(work_dir, ""), {}):
                 problems.append(f"{cwhere}: HM_WORK_DIR {work_dir!r} is not an emptyDir mount")
+            limit = _mib(str(resources.get("limits", {}).get("memory", "0")))
+            unit_mb = str(env.get("HM_UNIT_MEMORY_MB", ""))
+            if not unit_mb.isdigit() or not 0 < int(unit_mb) <= limit - CONTROL_RESERVE_MIB:
+                problems.append(
+                    f"{cwhere}: HM_UNIT_MEMORY_MB must leave control its {CONTROL_RESERVE_MIB} MiB under the "
+                    f"container's memory limit ({limit} MiB)"
+                )
     return problems
+
+
+def _mib(quantity: str) -> int:
+    """A Kubernetes memory quantity (``6Gi``, ``512Mi``) in MiB; 0 for another form."""
+    units = {"Gi": 1024, "Mi": 1, "G": 1000**3 / 1024**2, "M": 1000**2 / 1024**2}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix) and quantity[: -len(suffix)].isdigit():
+            return int(int(quantity[: -len(suffix)]) * factor)
+    return 0
 
 
 def check_services(docs: list[tuple[Path, Doc]]) -> list[str]:
@@ -293,8 +314,14 @@ def check_compose(compose_file: Path, dockerfile: Path) -> list[str]:
         block = re.search(
             rf"^FROM runtime AS {service}\n(.*?)(?=^FROM |\Z)", dockerfile.read_text(), re.M | re.S
         )
-        if block and f'CMD ["python", "-m", "services.{service}"]' not in block.group(1):
-            problems.append(f"{dockerfile}: target {service} does not run python -m services.{service}")
+        # A worker's entry point is its unit's control, which launches the worker (ADR 0046).
+        command = (
+            f'CMD ["python", "-m", "hypermedia.worker.unit", "{service}"]'
+            if service.endswith("worker")
+            else f'CMD ["python", "-m", "services.{service}"]'
+        )
+        if block and command not in block.group(1):
+            problems.append(f"{dockerfile}: target {service} does not run {command[5:-1]}")
     services = yaml.safe_load(compose_file.read_text())["services"]
     for name, svc in services.items():
         where = f"{compose_file.name}: service {name}"
