@@ -286,7 +286,18 @@ def test_a_stale_message_on_the_unit_socket_is_refused(units: Any) -> None:
         )
         assert sock.recv(4096) == b"", "a stale hello must get no evidence and a closed connection"
     wait_for("refusal logged", lambda: "stale hello message refused: epoch" in unit.text(), 10)
-    wait_for("refusal counted", lambda: unit.status().unit.refused_messages >= 1, 10)
+    # The right identity from another process: the kernel's peer credentials say it is not execution.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(path)
+        current = {**identity, "epoch": status.unit.epoch}
+        sock.sendall(
+            json.dumps({"kind": "hello", "unit": current, "worker_id": "x", "pid": execution.pid}).encode()
+            + b"\n"
+        )
+        assert sock.recv(4096) == b"", "a hello from another process must get no evidence"
+    wait_for("impostor logged", lambda: f"a hello from pid {os.getpid()} refused" in unit.text(), 10)
+    wait_for("refusals counted", lambda: unit.status().unit.refused_messages >= 2, 10)
     assert unit.proc.poll() is None and unit.status().unit.evidence_matched
 
 

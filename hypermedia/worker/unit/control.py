@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,7 @@ class Control:
         self.socket_path = ""
         self._stop = asyncio.Event()
         self._renewing: asyncio.Task[None] | None = None
+        self._last_reason_kind = ""
         self.measured: cgroups.JobCgroup | None = None
         """The group read for evidence when execution has none of its own: control's (read only)."""
 
@@ -277,6 +279,14 @@ class Control:
                         return
                     continue
                 if message["kind"] == "hello" and ex is not None:
+                    if (caller := _peer_pid(writer)) != ex.process.pid:
+                        self.refused += 1
+                        log.warning(
+                            "unit socket: a hello from pid %s refused: execution is pid %d",
+                            caller,
+                            ex.process.pid,
+                        )
+                        return
                     own = current
                     ex.writer = writer
                     await peer.send(
@@ -483,50 +493,61 @@ class Control:
             self.lease = renewed
 
     async def _sample_loop(self) -> None:
-        """Sample execution's cgroup and the backlog, decide, tell execution."""
-        assert self.pool is not None
-        last_reason_kind = ""
+        """Sample execution's cgroup and the backlog, decide, tell execution; a failed round is
+        logged and the next one tries again (missing samples then hold admission at one)."""
         while True:
-            ex = self.execution
-            if ex is not None and ex.writer is not None and ex.ready.is_set():
-                sample = evidence.read(ex.group or self.measured)
-                try:
-                    backlog = await evidence.backlog(self.pool, [self.cfg.worker.queue])
-                except Exception:
-                    backlog = 0
-                busy = int(ex.status.get("busy", 0))
-                decision = self.autoscaler.decide(sample, backlog, busy)
-                kind = decision.reason.split(":")[0] + f"/{decision.target}"
-                if kind != last_reason_kind:
-                    log.info(
-                        "admission target %d: %s",
-                        decision.target,
-                        decision.reason,
-                        extra={"admission_target": decision.target, "generation": ex.identity.generation},
-                    )
-                    last_reason_kind = kind
-                body: dict[str, Any] = {
-                    "target": decision.target,
-                    "reason": decision.reason,
-                    "decided_at": decision.decided_at,
-                    "backlog": backlog,
-                    "job_memory_mb": self.autoscaler.job_memory_mb,
-                    "job_memory_source": self.autoscaler.memory_source,
-                    "refused": self.refused,
-                }
-                if sample is not None:
-                    body["sample"] = {
-                        "taken_at": sample.taken_at,
-                        "memory_current": sample.memory_current,
-                        "memory_peak": sample.memory_peak,
-                        "memory_limit": sample.memory_limit,
-                        "pids_current": sample.pids_current,
-                        "pids_limit": sample.pids_limit,
-                        "memory_pressure": sample.memory_pressure,
-                    }
-                with contextlib.suppress(ConnectionError, OSError):
-                    await peer.send(ex.writer, "admission", ex.identity, **body)
+            try:
+                await self._sample_once()
+            except Exception:
+                log.exception("admission sampling failed; the next round retries")
             await asyncio.sleep(self.cfg.unit.sample_seconds)
+
+    async def _sample_once(self) -> None:
+        """One round of :meth:`_sample_loop` (nothing before execution is ready)."""
+        assert self.pool is not None
+        ex = self.execution
+        if ex is None or ex.writer is None or not ex.ready.is_set():
+            return
+        sample = evidence.read(ex.group or self.measured)
+        try:
+            backlog = await evidence.backlog(self.pool, [self.cfg.worker.queue])
+        except Exception:
+            backlog = 0
+        try:
+            busy = max(0, int(ex.status.get("busy", 0)))
+        except (TypeError, ValueError):
+            busy = 0
+        decision = self.autoscaler.decide(sample, backlog, busy)
+        kind = decision.reason.split(":")[0] + f"/{decision.target}"
+        if kind != self._last_reason_kind:
+            log.info(
+                "admission target %d: %s",
+                decision.target,
+                decision.reason,
+                extra={"admission_target": decision.target, "generation": ex.identity.generation},
+            )
+            self._last_reason_kind = kind
+        body: dict[str, Any] = {
+            "target": decision.target,
+            "reason": decision.reason,
+            "decided_at": decision.decided_at,
+            "backlog": backlog,
+            "job_memory_mb": self.autoscaler.job_memory_mb,
+            "job_memory_source": self.autoscaler.memory_source,
+            "refused": self.refused,
+        }
+        if sample is not None:
+            body["sample"] = {
+                "taken_at": sample.taken_at,
+                "memory_current": sample.memory_current,
+                "memory_peak": sample.memory_peak,
+                "memory_limit": sample.memory_limit,
+                "pids_current": sample.pids_current,
+                "pids_limit": sample.pids_limit,
+                "memory_pressure": sample.memory_pressure,
+            }
+        with contextlib.suppress(ConnectionError, OSError):
+            await peer.send(ex.writer, "admission", ex.identity, **body)
 
     # -- stop --------------------------------------------------------------------------------
 
@@ -549,6 +570,19 @@ class Control:
                 with contextlib.suppress(Exception):
                     await lease.release(self.pool, self.lease)
             await self.pool.close()
+
+
+def _peer_pid(writer: asyncio.StreamWriter) -> int | None:
+    """The pid of the process at the other end of a Unix socket, as the kernel saw it connect
+    (``SO_PEERCRED``, unix(7)): a hello counts only from execution itself."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return None
+    return int(pid)
 
 
 def cgroups_unlimited() -> int:
