@@ -79,3 +79,8 @@ def test_the_link_refuses_stale_messages_and_waits_for_matching_evidence(tmp_pat
     assert link.evidence_matched and link.lost.is_set()
     assert [a["target"] for a in admissions] == [2]
     assert link.refused == 3
+
+
+def test_a_line_nested_too_deep_is_not_a_message() -> None:
+    with pytest.raises(ValueError, match="nested too deep"):
+        peer.decode(b"[" * 100_000)

@@ -438,9 +438,9 @@ class Control:
         """Live (not zombie) processes of ``ex``: control's descendants and the members of
         execution's cgroup."""
         found: set[int] = set()
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error, OSError):
             for child in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.Error):
+                with contextlib.suppress(psutil.Error, OSError):
                     if child.status() != psutil.STATUS_ZOMBIE:
                         found.add(child.pid)
         if ex.group is not None:
@@ -449,7 +449,7 @@ class Control:
                     with open(procs) as f:
                         found.update(int(p) for p in f.read().split())
         if not ex.exited.is_set() and ex.exit_code is None:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error, OSError):
                 if psutil.Process(ex.process.pid).status() != psutil.STATUS_ZOMBIE:
                     found.add(ex.process.pid)
         found.discard(os.getpid())
@@ -514,8 +514,8 @@ class Control:
         except Exception:
             backlog = 0
         try:
-            busy = max(0, int(ex.status.get("busy", 0)))
-        except (TypeError, ValueError):
+            busy = min(self.cfg.worker.slots, max(0, int(ex.status.get("busy", 0))))
+        except (TypeError, ValueError, OverflowError):
             busy = 0
         decision = self.autoscaler.decide(sample, backlog, busy)
         kind = decision.reason.split(":")[0] + f"/{decision.target}"

@@ -111,7 +111,10 @@ def decode(line: bytes) -> dict[str, Any]:
     Raises:
         ValueError: not a JSON object with a ``kind`` and a ``unit``.
     """
-    message = json.loads(line)
+    try:
+        message = json.loads(line)
+    except RecursionError:  # nesting deeper than the interpreter's stack
+        raise ValueError("a message nested too deep") from None
     if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
         raise ValueError("not a message")
     if not isinstance(message.get("unit"), dict):
