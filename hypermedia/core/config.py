@@ -104,17 +104,15 @@ class InfraSettings(ComponentSettings):
                 raise ValueError(
                     "must be a comma list of nats://host:port (or tls://, ws://, wss://) server URLs"
                 )
-            try:
-                parts.port  # noqa: B018 - raises on a port that is not a number
-            except ValueError:
-                raise ValueError("a server URL has a port that is not a number") from None
+            if (problem := _port_problem(parts.netloc.rpartition("@")[2], "a server URL")) is not None:
+                raise ValueError(problem)
         return value
 
     @field_validator("credits_addr", "storage_addr")
     @classmethod
     def _host_port(cls, value: str) -> str:
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not _is_port(port):
             raise ValueError("must be host:port with a port from 1 to 65535")
         return value
 
@@ -123,19 +121,49 @@ NATS_SCHEMES: Final = frozenset({"nats", "tls", "ws", "wss"})
 """URL schemes nats-py connects with."""
 
 
+SSL_MODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+"""libpq's ``sslmode`` values (PostgreSQL documentation, "SSL Support"), the ones asyncpg takes."""
+
+
 def postgres_url_problem(url: str) -> str | None:
     """What is wrong with the form of a Postgres URL (libpq's: ``postgres[ql]://user:pw@host:port/db``,
-    or a socket directory as ``?host=/path``), without its value: None when the form is right."""
+    several ``host:port`` separated by commas, or a socket directory as ``?host=/path``), without
+    its value: None when the form is right."""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        return "must be a postgresql:// URL; its port is not a number"
+    except ValueError:  # an unbalanced [ of an IPv6 address
+        return "must be a postgresql:// URL; its host is malformed"
     if parts.scheme not in ("postgres", "postgresql"):
         return "must be a postgresql:// (or postgres://) URL"
-    if not parts.hostname and not parse_qs(parts.query).get("host"):
+    hosts = parts.netloc.rpartition("@")[2]
+    for host in hosts.split(",") if hosts else ():
+        if (problem := _port_problem(host, "a host")) is not None:
+            return problem
+    query = parse_qs(parts.query)
+    if not hosts and not query.get("host"):
         return "names no host: give host[:port] after the @, or a socket directory as ?host=/path"
+    if any(mode not in SSL_MODES for mode in query.get("sslmode", [])):
+        return f"sslmode must be one of {', '.join(SSL_MODES)}"
     return None
+
+
+def _port_problem(host_port: str, what: str) -> str | None:
+    """What is wrong with one ``host[:port]`` (``[v6]:port`` too): an empty host, a port that is not
+    1-65535 in ASCII digits."""
+    if host_port.startswith("["):
+        host, _, rest = host_port[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None if rest else ""
+    else:
+        host, _, port = host_port.partition(":")
+    if not host:
+        return f"{what} is empty"
+    if port is None or (port and not _is_port(port)):
+        return f"{what} has a port that is not a number from 1 to 65535"
+    return None
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and 0 < int(text) < 65536
 
 
 S = TypeVar("S", bound=BaseSettings)

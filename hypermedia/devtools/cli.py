@@ -133,7 +133,7 @@ def migrate() -> None:
     """Apply pending database migrations (HM_DATABASE_URL, or the platform in this directory)."""
     try:
         applied = db.migrate(_database_url())
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"hypermedia migrate: {exc}", file=sys.stderr)
         raise typer.Exit(config.ConfigError.exit_code) from None
     print(json.dumps({"applied": applied}))

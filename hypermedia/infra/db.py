@@ -99,12 +99,21 @@ async def connect(dsn: str) -> asyncpg.Connection:
 
 def _yoyo_url(dsn: str) -> str:
     parts = urlsplit(dsn)
+    if "," in parts.netloc.rpartition("@")[2]:
+        raise ValueError(
+            "migrations connect to one host: give HM_DATABASE_URL the primary's host alone "
+            "(the services take several hosts, the migration tool does not)"
+        )
     scheme = "postgresql+psycopg"
     return urlunsplit((scheme, parts.netloc, parts.path, parts.query, parts.fragment))
 
 
 def migrate(dsn: str) -> int:
-    """Apply pending migrations to the database at ``dsn``; returns how many were applied."""
+    """Apply pending migrations to the database at ``dsn``; returns how many were applied.
+
+    Raises:
+        ValueError: ``dsn`` names several hosts (yoyo connects to one).
+    """
     backend = yoyo.get_backend(_yoyo_url(dsn))
     migrations = yoyo.read_migrations(str(MIGRATIONS_DIR))
     with backend.lock():

@@ -425,8 +425,25 @@ def _open_v2(own: str, requested: str | None) -> V2Cgroups | Unavailable:
 # --- entry points --------------------------------------------------------------------------------
 
 
+def setting_problem(setting: str) -> str | None:
+    """What is wrong with a cgroup setting (``HM_SANDBOX_CGROUP``, ``HM_UNIT_CGROUP``): None for
+    ``auto``, ``off`` or an absolute cgroup path without ``.`` or ``..`` components (a path is
+    compared with the own group's as written, so ``/own/../other`` must not pass for nested)."""
+    if setting in ("auto", "off"):
+        return None
+    if not setting.startswith("/"):
+        return "must be auto, off or a cgroup path starting with /"
+    if any(part in (".", "..") for part in setting.split("/")):
+        return "a cgroup path must not have . or .. components"
+    return None
+
+
 def open_cgroups(
-    setting: str, *, proc_cgroup: str | None = None, mountinfo: str | None = None
+    setting: str,
+    *,
+    variable: str = "HM_SANDBOX_CGROUP",
+    proc_cgroup: str | None = None,
+    mountinfo: str | None = None,
 ) -> Cgroups | Unavailable:
     """The job groups of a sandbox, per ``HM_SANDBOX_CGROUP``:
 
@@ -439,13 +456,12 @@ def open_cgroups(
 
     ``proc_cgroup``/``mountinfo`` default to this process's files. Returns :class:`Unavailable`
     with the reason and how to grant it when nothing usable is delegated; never raises for that.
-    Raises ValueError for a setting that is none of the three."""
+    ``variable`` names the setting in messages. Raises ValueError for a setting
+    :func:`setting_problem` refuses."""
     if setting == "off":
-        return Unavailable("HM_SANDBOX_CGROUP=off")
-    if setting != "auto" and not setting.startswith("/"):
-        raise ValueError(
-            f"HM_SANDBOX_CGROUP must be auto, off or a cgroup path starting with /, not {setting!r}"
-        )
+        return Unavailable(f"{variable}=off")
+    if (problem := setting_problem(setting)) is not None:
+        raise ValueError(f"{variable}: {problem}, not {setting!r}")
     try:
         found = discover(
             proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text(),
@@ -460,7 +476,7 @@ def open_cgroups(
         for key, path in found.paths.items():
             if requested != path and not requested.startswith(path.rstrip("/") + "/"):
                 return Unavailable(
-                    f"HM_SANDBOX_CGROUP={setting} is not nested under this process's cgroup {path}"
+                    f"{variable}={setting} is not nested under this process's cgroup {path}"
                     f"{f' ({key})' if key else ''}; job groups are made only inside the own tree"
                 )
     if found.version == 2:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from hypermedia.core.config import ComponentSettings, QueueName
-from hypermedia.sandbox import layers
+from hypermedia.sandbox import cgroups, layers
 
 
 class WorkerSettings(ComponentSettings):
@@ -44,8 +44,8 @@ class WorkerSettings(ComponentSettings):
     @field_validator("sandbox_cgroup")
     @classmethod
     def _cgroup_setting(cls, value: str) -> str:
-        if value not in ("auto", "off") and not value.startswith("/"):
-            raise ValueError("must be auto, off or a cgroup path starting with /")
+        if (problem := cgroups.setting_problem(value)) is not None:
+            raise ValueError(problem)
         return value
 
     sandbox_require: str = Field(layers.REQUIRE_FULL, validation_alias="HM_SANDBOX_REQUIRE")

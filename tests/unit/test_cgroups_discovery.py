@@ -5,6 +5,7 @@ the v2 refusal runs against this machine's real, controller-less unified hierarc
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -138,8 +139,18 @@ def test_v2_without_controllers_for_real_says_why() -> None:
 
 def test_settings_are_checked() -> None:
     assert open_cgroups("off") == Unavailable("HM_SANDBOX_CGROUP=off")
-    with pytest.raises(ValueError, match="HM_SANDBOX_CGROUP must be auto, off or a cgroup path"):
+    with pytest.raises(ValueError, match="HM_SANDBOX_CGROUP: must be auto, off or a cgroup path"):
         open_cgroups("relative/path")
+    assert open_cgroups("off", variable="HM_UNIT_CGROUP") == Unavailable("HM_UNIT_CGROUP=off")
+
+
+@pytest.mark.parametrize("setting", ["/own/../other", "/own/./x", "/..", "/own/.."])
+def test_a_path_with_dot_components_is_refused_before_any_comparison(setting: str) -> None:
+    """``/own/../other`` starts with ``/own/`` as a string; it is not nested under /own."""
+    with pytest.raises(
+        ValueError, match=re.escape("HM_UNIT_CGROUP: a cgroup path must not have . or .. components")
+    ):
+        open_cgroups(setting, variable="HM_UNIT_CGROUP")
 
 
 def test_platform_setting_on_this_machine_is_v1_auto() -> None:

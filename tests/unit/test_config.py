@@ -96,3 +96,52 @@ def test_lookup_reads_what_the_settings_read() -> None:
         config.lookup({"nats_url": "nats://old", "hm_nats_url": "nats://new"}, "HM_NATS_URL") == "nats://new"
     )
     assert config.lookup({}, "HM_GATEWAY_HTTP_PORT", "8080") == "8080"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:pw@db1:5432,db2:5433/hm",  # libpq's multi-host form, which asyncpg takes
+        "postgresql://u@[::1]:5432/hm",
+        "postgres:///hm?host=/var/run/postgresql",
+        "postgresql://u@db/hm?sslmode=verify-full",
+    ],
+)
+def test_postgres_urls_libpq_takes_pass(url: str) -> None:
+    assert config.postgres_url_problem(url) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("postgresql://u@db:99999/hm", "a host has a port that is not a number from 1 to 65535"),
+        (
+            "postgresql://u@db:５４３２/hm",
+            "a host has a port that is not a number from 1 to 65535",
+        ),  # full-width
+        ("postgresql://u@db1,:5432/hm", "a host is empty"),
+        ("postgresql://u@db/hm?sslmode=bogus", "sslmode must be one of disable, allow, prefer, require"),
+        ("mysql://u@db/hm", "must be a postgresql:// (or postgres://) URL"),
+        ("postgresql:///hm", "names no host"),
+    ],
+)
+def test_a_postgres_url_of_the_wrong_form_says_what_without_the_value(url: str, said: str) -> None:
+    problem = config.postgres_url_problem(url)
+    assert problem is not None and problem.startswith(said) and "u@" not in problem
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("HM_NATS_URL", "nats://n:99999", "a server URL has a port that is not a number from 1 to 65535"),
+        ("HM_STORAGE_ADDR", "storage:５００６２", "must be host:port with a port from 1 to 65535"),
+        ("HM_CREDITS_ADDR", "credits:0", "must be host:port with a port from 1 to 65535"),
+    ],
+)
+def test_ports_are_ascii_numbers_from_1_to_65535(
+    clean_env: pytest.MonkeyPatch, name: str, value: str, said: str
+) -> None:
+    clean_env.setenv("HM_DATABASE_URL", "postgresql://u@db/hm")
+    clean_env.setenv(name, value)
+    with pytest.raises(config.ConfigError, match=said):
+        config.load(InfraSettings)
