@@ -13,6 +13,7 @@ import asyncpg
 
 from hypermedia.jobs import lifecycle
 from hypermedia.sandbox import OutputFile, SandboxLimits
+from hypermedia.worker.unit import peer
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,12 @@ class JobHandler(Protocol):
         and must then leave nothing held."""
         ...
 
+    def attach_control(self, link: peer.ControlLink) -> None:
+        """Execution of a unit: ``link`` to control is open and its evidence matched (before any
+        job is admitted). The mediaworker's handler asks control's media coordinator from then
+        on (:mod:`hypermedia.worker.unit.coordinator`)."""
+        ...
+
     def reproducible(self, job: lifecycle.ClaimedJob) -> bool:
         """Whether a re-run of ``job`` writes the same bytes (libvips, PDFium, FFmpeg, tesseract:
         yes; LibreOffice's PDFs carry their creation time and a random document id: no). The
@@ -96,6 +103,9 @@ class SandboxHandler:
 
     def admit(self, job: lifecycle.ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
+
+    def attach_control(self, link: peer.ControlLink) -> None:
+        return None
 
     def reproducible(self, job: lifecycle.ClaimedJob) -> bool:
         return True

@@ -153,6 +153,7 @@ async def _control_link(
     identity: peer.UnitIdentity,
     runtime: WorkerRuntime,
     pool: asyncpg.Pool,
+    handler: JobHandler,
 ) -> peer.ControlLink:
     """Execution's link to its unit's control: admission stays closed (``awaiting_peer_evidence``)
     until control answered ``hello`` with matching evidence and the deployment lease in Postgres
@@ -184,6 +185,7 @@ async def _control_link(
             EXIT_LEASE,
             f"fenced: the deployment lease of unit {identity.unit} is at epoch {epoch}, this execution's is {identity.epoch}",
         )
+    handler.attach_control(link)
     runtime.admission.peer = "matched"
     runtime.admission.sample()
     return link
@@ -276,7 +278,9 @@ async def serve_worker(
         handler,
         http,
     )
-    link = await _control_link(stack, stop, identity, runtime, pool) if identity is not None else None
+    link = (
+        await _control_link(stack, stop, identity, runtime, pool, handler) if identity is not None else None
+    )
     status_server = rpc.GrpcServer(
         settings.status_bind,
         [

@@ -9,7 +9,8 @@ Its defaults differ from the imageworker's: ``HM_WORKER_QUEUE`` is ``media`` and
 ``HM_WORKER_SLOTS`` is 1 (the seed's media profile: one job at a time, 30 s – 30 min) when the
 environment does not set them. Any queue other than ``media`` is a configuration error (exit 78).
 
-**The media coordinator** (:class:`MediaHandler`, settings :class:`services.mediaworker.settings.MediaSettings`):
+**The media coordinator** (:class:`MediaHandler`, settings :class:`services.mediaworker.settings.MediaSettings`;
+in a worker unit it is control's, asked over the unit socket: :mod:`hypermedia.worker.unit.coordinator`):
 within the slots, at most ``HM_MEDIA_MAX_VIDEO_JOBS`` (3) ``transcode_video`` and
 ``HM_MEDIA_MAX_AUDIO_JOBS`` (1) ``transcode_audio`` jobs run at once; ``probe``, ``waveform`` and
 ``poster`` are bounded by the slots alone. With the default single slot it never holds a job back:
@@ -35,6 +36,8 @@ from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import SandboxLimits
 from hypermedia.worker.handler import SandboxHandler
 from hypermedia.worker.serve import queue_worker_settings, serve_worker
+from hypermedia.worker.unit import peer
+from hypermedia.worker.unit.coordinator import CoordinatorClient
 from services.mediaworker.settings import MediaSettings
 
 QUEUE: Final = "media"
@@ -60,6 +63,7 @@ class MediaHandler(SandboxHandler):
             AUDIO_OPERATION: asyncio.Semaphore(settings.max_audio_jobs),
         }
         """The operations the coordinator bounds, each with the jobs it admits at once."""
+        self._remote: CoordinatorClient | None = None
 
     def threads(self, job: ClaimedJob) -> int:
         """Threads of the job's decoder and of each encoder: ``HM_MEDIA_ENCODER_THREADS`` for
@@ -75,10 +79,23 @@ class MediaHandler(SandboxHandler):
             )
         }
 
+    def attach_control(self, link: peer.ControlLink) -> None:
+        """Run as a unit's execution: the coordinator is control's, for the whole unit (asked
+        over ``link`` with the attempt's identity), when control's evidence says it keeps one."""
+        if link.evidence.get("coordinator"):
+            self._remote = CoordinatorClient(link.send)
+            link.handlers["media_grant"] = self._remote.granted
+            link.on_lost.append(self._remote.lost)
+
     def admit(self, job: ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
-        """The coordinator's semaphore of the job's operation (see the module doc); none for the
-        operations it does not bound. A semaphore may be acquired in one task and released in
-        another, as :meth:`hypermedia.worker.handler.JobHandler.admit` requires."""
+        """The coordinator's admission of the job's operation (see the module doc): control's
+        (:meth:`attach_control`), else this process's semaphore; none for the operations it does
+        not bound. Either may be entered in one task and left in another, as
+        :meth:`hypermedia.worker.handler.JobHandler.admit` requires."""
+        if job.operation not in self._coordinator:
+            return contextlib.nullcontext()
+        if self._remote is not None:
+            return self._remote.admit(job)
         semaphore = self._coordinator.get(job.operation)
         return semaphore if semaphore is not None else contextlib.nullcontext()
 

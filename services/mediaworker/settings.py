@@ -14,9 +14,15 @@ class MediaSettings(ComponentSettings):
     above 1; a job that waits for it holds its slot meanwhile."""
 
     max_video_jobs: int = Field(3, ge=1, le=64, validation_alias="HM_MEDIA_MAX_VIDEO_JOBS")
-    """``transcode_video`` jobs one worker process runs at once (the seed's media coordinator: 3)."""
+    """``transcode_video`` jobs one unit (or worker process run alone) runs at once (the seed's media coordinator: 3)."""
     max_audio_jobs: int = Field(1, ge=1, le=64, validation_alias="HM_MEDIA_MAX_AUDIO_JOBS")
-    """``transcode_audio`` jobs (audio renditions) one worker process runs at once (the seed: 1)."""
+    """``transcode_audio`` jobs (audio renditions) one unit (or worker process run alone) runs at once (the seed: 1)."""
+
+    def coordinator_bounds(self) -> dict[str, int]:
+        """The media coordinator's bounds, operation → jobs at once (a unit's control keeps them:
+        :mod:`hypermedia.worker.unit.coordinator`)."""
+        return {"transcode_video": self.max_video_jobs, "transcode_audio": self.max_audio_jobs}
+
     encoder_threads: int = Field(2, ge=1, le=16, validation_alias="HM_MEDIA_ENCODER_THREADS")
     """Threads of a ``transcode_video`` job's decoder and of each of its encoders
     (``MediaLimits.threads``); its ``RLIMIT_NPROC`` is raised to match (measured up to 16:

@@ -199,6 +199,21 @@ def _descendants(pid: int) -> list[psutil.Process]:
     return []
 
 
+def _signal_and_wait_for_generation_1(unit: Unit, execution: psutil.Process, sig: signal.Signals) -> None:
+    """Send ``sig`` to execution; then generation 1 is ready and no process of generation 0 lives."""
+    doomed = [execution, *_descendants(execution.pid)]
+    os.kill(execution.pid, sig)
+    wait_for(
+        "generation 1 ready",
+        lambda: (
+            (s := unit.status_or_none()) is not None and s.unit.generation == 1 and s.unit.evidence_matched
+        ),
+        90,
+    )
+    alive = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"processes of generation 0 survived: {alive}"
+
+
 # -- configuration and identity ----------------------------------------------------------------------
 
 
@@ -213,18 +228,22 @@ def test_an_invalid_configuration_exits_78_naming_each_variable_before_anything_
         HM_UNIT_EPOCH="7",
         HM_CONSUMER_NAME="mine",
         HM_WORKER_SLOTS="0",
+        HM_UNIT_RUN_DIR="/nonexistent/run",
+        HM_UNIT_CGROUP="/elsewhere/../other",
     )
     assert unit.wait_exit(30) == 78
     text = unit.text()
-    for variable in (
+    for said in (
         "HM_DATABASE_URL",
         "HM_NATS_URL",
         "HM_STORAGE_ADDR",
         "HM_UNIT_EPOCH",
         "HM_CONSUMER_NAME",
         "HM_WORKER_SLOTS",
+        "HM_UNIT_RUN_DIR: Value error, must be an absolute path of an existing directory control can write",
+        "HM_UNIT_CGROUP: Value error, a cgroup path must not have . or .. components",
     ):
-        assert variable in text, text
+        assert said in text, text
     assert "topsecret" not in text
     assert "execution launched" not in text
     assert pg.execute("SELECT count(*) FROM worker_unit_leases WHERE unit = 'bad-config'").fetchone() == (0,)
@@ -312,23 +331,8 @@ def test_kill_9_of_execution_mid_job_contains_it_and_the_job_completes_once_on_t
     execution = unit.execution()
     assert execution is not None
     time.sleep(1.0)  # the job child is in the pipeline now
-    doomed = [execution, *_descendants(execution.pid)]
-    assert len(doomed) >= 3, "execution, its zygote and the job's child"
-    os.kill(execution.pid, signal.SIGKILL)
-
-    status = wait_for(
-        "generation 1 ready",
-        lambda: (
-            (s := unit.status_or_none()) is not None
-            and s.unit.generation == 1
-            and s.unit.evidence_matched
-            and s
-        ),
-        90,
-    )
-    assert status.unit.generation == 1
-    alive = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert alive == [], f"processes of the killed execution survived: {alive}"
+    assert len(_descendants(execution.pid)) >= 2, "its zygote and the job's child"
+    _signal_and_wait_for_generation_1(unit, execution, signal.SIGKILL)
     job = wait_job(client, job_id, timeout=120)
     assert job["status"] == "completed", job
     attempts = pg.execute(
@@ -401,6 +405,32 @@ def test_a_lost_lease_contains_execution_and_exits_75(units: Any, pg: psycopg.Co
     assert "deployment lease lost" in unit.text()
     assert not execution.is_running() or execution.status() == psutil.STATUS_ZOMBIE
     assert status.unit.epoch >= 1
+
+
+def test_a_stopped_execution_is_contained_after_30_s_of_silence_and_relaunched(
+    units: Any, tmp_path: Path
+) -> None:
+    """SIGSTOP: execution neither exits nor reports. After ``STATUS_SILENCE_SECONDS`` control
+    treats it as dead (SIGKILL reaches a stopped process too) and launches generation 1. The run
+    directory given here also held a socket directory of a control killed before it cleaned up:
+    removed at start."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / f"hm-unit-{gone.pid}-leftover"
+    stale.mkdir()
+    (stale / "control.sock").write_text("")
+    unit = units("frozen", HM_UNIT_RUN_DIR=str(tmp_path))
+    _ready(unit)
+    assert not stale.exists()
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(f"hm-unit-{unit.proc.pid}-"), left
+    execution = unit.execution()
+    assert execution is not None
+    _signal_and_wait_for_generation_1(unit, execution, signal.SIGSTOP)
+    text = unit.text()
+    assert "execution generation 0 sent no status for 30 s (stopped or stuck); containing it" in text
+    assert "execution generation 0 fell silent; contained, 0 jobs handed back; launching generation 1" in text
+    assert unit.stop() == 0
 
 
 # -- measured admission ----------------------------------------------------------------------------------
@@ -511,3 +541,28 @@ def test_sigterm_drains_within_the_default_35_s_and_the_running_job_completes(
     assert time.monotonic() - started < 35 + 10
     job = wait_job(client, job_id, timeout=5)
     assert job["status"] == "completed", job
+
+
+def test_a_profile_routed_to_the_unit_without_a_handler_or_a_bounded_retry_exits_78(
+    units: Any, pg: psycopg.Connection[Any]
+) -> None:
+    """Item 4's start check: every active profile on the unit's queue must have a handler in the
+    role and 1-10 attempts; the unit names each problem and launches nothing."""
+    pg.execute(
+        "INSERT INTO processing_profiles (operation, version, queue, base_cost, per_mb, timeout_seconds, "
+        "max_attempts, max_input_bytes, input_kinds) VALUES ('sharpen', 1, 'images', 1, 1, 30, 3, 1000, ARRAY['image'])"
+    )
+    pg.execute("UPDATE processing_profiles SET max_attempts = 50 WHERE operation = 'resize' AND active")
+    try:
+        unit = units("routing")
+        assert unit.wait_exit(30) == 78
+    finally:
+        pg.execute("DELETE FROM processing_profiles WHERE operation = 'sharpen'")
+        pg.execute("UPDATE processing_profiles SET max_attempts = 3 WHERE operation = 'resize' AND active")
+    text = unit.text()
+    assert "profile sharpen v1 on queue images: the imageworker has no handler for sharpen" in text
+    assert "profile resize v1 on queue images: max_attempts 50 is not a bounded retry policy (1-10)" in text
+    assert "execution launched" not in text
+    assert pg.execute(
+        "SELECT count(*) FROM worker_unit_leases WHERE unit = 'routing' AND released_at IS NULL"
+    ).fetchone() == (0,)

@@ -65,19 +65,23 @@ def test_media_settings_defaults_and_every_error_named(monkeypatch: pytest.Monke
     assert "lots" not in str(raised.value)
 
 
+async def admitted_by(handler: MediaHandler, operation: str, within: float = 0.2) -> bool:
+    """Whether ``handler`` admits a job of ``operation`` within ``within`` seconds (then left at once)."""
+    try:
+        async with asyncio.timeout(within):
+            async with handler.admit(_job(operation)):
+                return True
+    except TimeoutError:
+        return False
+
+
 async def test_the_coordinator_bounds_transcodes_per_operation_and_nothing_else() -> None:
     handler = MediaHandler(
         MediaSettings.model_validate({"HM_MEDIA_MAX_VIDEO_JOBS": 2, "HM_MEDIA_MAX_AUDIO_JOBS": 1})
     )
 
     async def admitted(operation: str) -> bool:
-        """Whether a job of ``operation`` is admitted within 0.2 s (then left at once)."""
-        try:
-            async with asyncio.timeout(0.2):
-                async with handler.admit(_job(operation)):
-                    return True
-        except TimeoutError:
-            return False
+        return await admitted_by(handler, operation)
 
     async with handler.admit(_job("transcode_audio")):
         assert not await admitted("transcode_audio")

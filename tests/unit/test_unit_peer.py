@@ -84,3 +84,11 @@ def test_the_link_refuses_stale_messages_and_waits_for_matching_evidence(tmp_pat
 def test_a_line_nested_too_deep_is_not_a_message() -> None:
     with pytest.raises(ValueError, match="nested too deep"):
         peer.decode(b"[" * 100_000)
+
+
+@pytest.mark.parametrize(("field", "value"), [("epoch", True), ("epoch", 4.0), ("generation", "2")])
+def test_an_identity_of_another_json_type_is_stale(field: str, value: object) -> None:
+    """``true == 1`` and ``4.0 == 4`` in Python; on the socket they are not the unit's identity."""
+    message = peer.decode(peer.encode("status", OWN))
+    message["unit"][field] = value
+    assert peer.stale_reason(message, OWN) == f"{field} {value!r}, the unit's is {getattr(OWN, field)!r}"

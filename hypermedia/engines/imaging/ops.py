@@ -68,6 +68,7 @@ import pyvips
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.imaging import hevc, tiff
+from hypermedia.engines.imaging.params import OPERATIONS
 from hypermedia.engines.imaging.sources import (
     ImageLimits,
     Source,
@@ -86,8 +87,6 @@ __all__ = [
     "run",
     "validate_params",
 ]
-
-OPERATIONS: Final = ("thumbnail", "resize", "compress", "convert")
 
 
 MAX_OUTPUT_PIXELS: Final = 100_000_000

@@ -27,13 +27,11 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -54,20 +52,26 @@ from hypermedia.jobs import lifecycle
 from hypermedia.sandbox import cgroups
 from hypermedia.sandbox.cgroupfind import Unavailable
 from hypermedia.worker import registry
-from hypermedia.worker.unit import evidence, lease, peer
+from hypermedia.worker.unit import containment, evidence, lease, peer, routing
 from hypermedia.worker.unit.autoscaler import Autoscaler
+from hypermedia.worker.unit.channel import Channel, Execution
+from hypermedia.worker.unit.coordinator import MediaCoordinator
 from hypermedia.worker.unit.settings import Configuration, validate
 
 log = logging.getLogger(__name__)
-
-CONTAINMENT_SECONDS = 10.0
-"""How long containment keeps SIGKILLing and reaping before it gives up (exit 71): a process in
-uninterruptible sleep, or a frozen one, does not die at once."""
 
 RELAUNCHES_PER_WINDOW = 5
 RELAUNCH_WINDOW_SECONDS = 300.0
 """More relaunches than this within the window end the unit (exit 70): an execution that keeps
 dying is a fault for the host controller, not for control to hide."""
+
+RELAUNCH_BACKOFF_SECONDS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+"""Wait before the n-th relaunch within the window (the first at once): a crash loop is slowed
+before it ends the unit."""
+
+STATUS_SILENCE_SECONDS = 30.0
+"""A ready execution reports status every second; silent this long (stopped with SIGSTOP, or its
+event loop stuck) it is treated as dead: contained, its jobs handed back, relaunched."""
 
 STOP_GRACE_SECONDS = 10.0
 """What control adds to execution's drain (``HM_DRAIN_SECONDS``) before it kills what is left."""
@@ -83,23 +87,6 @@ class UnitEnded(Exception):
         self.code = code
 
 
-@dataclass
-class Execution:
-    """One launch of execution: its process, cgroup, identity and what it told control."""
-
-    identity: peer.UnitIdentity
-    process: subprocess.Popen[bytes]
-    group: cgroups.JobCgroup | None
-    launched_at: float
-    worker_id: str
-    exit_code: int | None = None
-    writer: asyncio.StreamWriter | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-    status: dict[str, Any] = field(default_factory=dict)
-    stopping: bool = False
-
-
 class Control:
     """The control process of one unit. :meth:`run` returns the exit code."""
 
@@ -113,8 +100,8 @@ class Control:
         self.execution: Execution | None = None
         self.cgroups: cgroups.Cgroups | None = None
         self.autoscaler = Autoscaler(cfg.worker.slots, 512)
-        self.refused = 0
-        """Socket messages refused as stale or malformed."""
+        self.coordinator = MediaCoordinator(cfg.coordinator_bounds) if cfg.coordinator_bounds else None
+        self.channel = Channel(self.identity, lambda: self.execution, self._evidence, self.coordinator)
         self._relaunches: list[float] = []
         self._socket_dir = ""
         self.socket_path = ""
@@ -139,8 +126,10 @@ class Control:
             except (TimeoutError, OSError, ConnectionError) as exc:
                 raise UnitEnded(EXIT_UNAVAILABLE, f"Postgres not reachable: {type(exc).__name__}") from None
             server = await asyncio.start_unix_server(
-                self._connection, self.socket_path, limit=peer.MAX_MESSAGE_BYTES
+                self.channel.serve, self.socket_path, limit=peer.MAX_MESSAGE_BYTES
             )
+            if self._stop.is_set():
+                raise UnitEnded(EXIT_OK, "stopped before execution was launched")
             self._launch()
             return await self._supervise()
         except UnitEnded as ended:
@@ -178,9 +167,19 @@ class Control:
             self.boot[:8],
             extra={"unit": self.cfg.unit_name, "epoch": self.lease.epoch},
         )
+        problems = await routing.routing_problems(
+            self.pool,
+            self.cfg.worker.queue,
+            routing.handled_operations(self.cfg.role.operations),
+            self.cfg.role.name,
+        )
+        if problems:
+            raise UnitEnded(
+                EXIT_CONFIG, "the work routed to this unit is invalid:\n  " + "\n  ".join(problems)
+            )
         job_mb, source = await evidence.job_memory_mb(self.pool, [self.cfg.worker.queue])
         self.autoscaler = Autoscaler(self.cfg.worker.slots, job_mb, source)
-        opened = cgroups.open_cgroups(self.cfg.unit.cgroup)
+        opened = cgroups.open_cgroups(self.cfg.unit.cgroup, variable="HM_UNIT_CGROUP")
         if isinstance(opened, Unavailable):
             self.measured = evidence.own_group() if self.cfg.unit.cgroup != "off" else None
             log.warning(
@@ -196,7 +195,8 @@ class Control:
         with contextlib.suppress(OSError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         run_dir = self.cfg.unit.run_dir or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-        self._socket_dir = tempfile.mkdtemp(prefix="hm-unit-", dir=run_dir)  # mode 0700
+        _remove_stale_socket_dirs(run_dir)
+        self._socket_dir = tempfile.mkdtemp(prefix=f"hm-unit-{os.getpid()}-", dir=run_dir)  # mode 0700
         self.socket_path = os.path.join(self._socket_dir, "control.sock")
 
     # -- execution ---------------------------------------------------------------------------
@@ -206,6 +206,12 @@ class Control:
         return peer.UnitIdentity(
             self.deployment, self.cfg.unit_name, self.boot, self.lease.epoch, self.generation
         )
+
+    def _evidence(self) -> dict[str, Any]:
+        return {
+            "lease_expires_at": self.lease.expires_at.isoformat() if self.lease else "",
+            "coordinator": self.cfg.coordinator_bounds,
+        }
 
     def _launch(self) -> None:
         """Launch execution (``python -m services.{role}``) at the current generation, in its own
@@ -257,54 +263,6 @@ class Control:
                 ex.process.returncode = ex.exit_code
                 ex.exited.set()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection on the socket: a ``hello`` of the current identity gets the evidence;
-        anything stale is refused (logged, counted) and a stale hello closes the connection."""
-        own: peer.UnitIdentity | None = None
-        try:
-            while line := await reader.readline():
-                try:
-                    message = peer.decode(line)
-                except ValueError:
-                    self.refused += 1
-                    log.warning("unit socket: a malformed message refused")
-                    continue
-                ex = self.execution
-                current = self.identity()
-                why = peer.stale_reason(message, current)
-                if why is not None:
-                    self.refused += 1
-                    log.warning("unit socket: stale %s message refused: %s", message["kind"], why)
-                    if own is None:
-                        return
-                    continue
-                if message["kind"] == "hello" and ex is not None:
-                    if (caller := _peer_pid(writer)) != ex.process.pid:
-                        self.refused += 1
-                        log.warning(
-                            "unit socket: a hello from pid %s refused: execution is pid %d",
-                            caller,
-                            ex.process.pid,
-                        )
-                        return
-                    own = current
-                    ex.writer = writer
-                    await peer.send(
-                        writer,
-                        "evidence",
-                        current,
-                        lease_expires_at=self.lease.expires_at.isoformat() if self.lease else "",
-                    )
-                elif message["kind"] == "ready" and ex is not None and own is not None:
-                    ex.ready.set()
-                    log.info("execution ready: generation %d, peer evidence matched", current.generation)
-                elif message["kind"] == "status" and ex is not None and own is not None:
-                    ex.status = {k: v for k, v in message.items() if k not in ("kind", "unit")}
-        except (ConnectionError, ValueError):
-            pass
-        finally:
-            writer.close()
-
     async def _supervise(self) -> int:
         """Until a stop: wait for readiness, sample and decide, renew, relaunch after a death."""
         renewing = self._renewing
@@ -315,7 +273,7 @@ class Control:
                 ex = self.execution
                 assert ex is not None
                 ready = asyncio.ensure_future(ex.ready.wait())
-                ended = asyncio.ensure_future(self._first(ex.exited, self._stop, renewing))
+                ended = asyncio.ensure_future(self._first(ex, renewing))
                 deadline = ex.launched_at + STARTUP_TIMEOUT_SECONDS - time.monotonic()
                 done, _ = await asyncio.wait(
                     {ready, ended}, timeout=max(0.0, deadline), return_when=asyncio.FIRST_COMPLETED
@@ -338,13 +296,34 @@ class Control:
             sampling.cancel()
             await asyncio.gather(renewing, sampling, return_exceptions=True)
 
-    async def _first(self, exited: asyncio.Event, stop: asyncio.Event, renewing: asyncio.Task[None]) -> None:
-        waiters = [asyncio.ensure_future(exited.wait()), asyncio.ensure_future(stop.wait()), renewing]
+    async def _first(self, ex: Execution, renewing: asyncio.Task[None]) -> None:
+        """Until execution exits, a stop is asked, the lease is lost or a ready execution falls
+        silent (:data:`STATUS_SILENCE_SECONDS`)."""
+        waiters = [
+            asyncio.ensure_future(ex.exited.wait()),
+            asyncio.ensure_future(self._stop.wait()),
+            asyncio.ensure_future(self._silence(ex)),
+            renewing,
+        ]
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for w in waiters[:2]:
+            for w in waiters[:3]:
                 w.cancel()
+
+    async def _silence(self, ex: Execution) -> None:
+        """Return when ``ex`` is ready and its last status is older than
+        :data:`STATUS_SILENCE_SECONDS`."""
+        while True:
+            await asyncio.sleep(1.0)
+            if ex.ready.is_set() and time.monotonic() - ex.status_at > STATUS_SILENCE_SECONDS:
+                ex.silent = True
+                log.error(
+                    "execution generation %d sent no status for %.0f s (stopped or stuck); containing it",
+                    ex.identity.generation,
+                    STATUS_SILENCE_SECONDS,
+                )
+                return
 
     async def _after_end(self, ex: Execution, renewing: asyncio.Task[None], *, during_start: bool) -> None:
         """Execution exited, control was asked to stop, or the lease was lost: contain, then end
@@ -374,12 +353,17 @@ class Control:
                 f"execution died {len(self._relaunches)} times within {RELAUNCH_WINDOW_SECONDS:.0f} s; the host controller decides",
             )
         log.warning(
-            "execution generation %d exited %s; contained, %d jobs handed back; launching generation %d",
+            "execution generation %d %s; contained, %d jobs handed back; launching generation %d",
             ex.identity.generation,
-            code,
+            "fell silent" if ex.silent else f"exited {code}",
             handed,
             ex.identity.generation + 1,
         )
+        backoff = RELAUNCH_BACKOFF_SECONDS[min(len(self._relaunches), len(RELAUNCH_BACKOFF_SECONDS)) - 1]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), backoff)
+        if self._stop.is_set():
+            raise UnitEnded(EXIT_OK, "stopped")
         self.generation += 1
         self._launch()
 
@@ -398,62 +382,21 @@ class Control:
         await self._release_jobs(ex)
 
     async def _contain(self, ex: Execution) -> None:
-        """SIGKILL execution and every process of it until none is left, reaping as they end.
+        """:func:`containment.contain` of ``ex``.
 
         Raises:
-            UnitEnded: (71) something of it still lives after :data:`CONTAINMENT_SECONDS`.
+            UnitEnded: (71) something of it outlived SIGKILL.
         """
-        deadline = time.monotonic() + CONTAINMENT_SECONDS
-        while True:
-            victims = self._unit_processes(ex)
-            if not victims:
-                break
-            if time.monotonic() > deadline:
-                raise UnitEnded(
-                    EXIT_CONTAINMENT,
-                    f"containment failed: {len(victims)} processes of execution generation "
-                    f"{ex.identity.generation} outlived SIGKILL for {CONTAINMENT_SECONDS:.0f} s "
-                    f"(pids {', '.join(map(str, sorted(victims)[:8]))}); its jobs are not handed back",
-                )
-            for pid in victims:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            self._reap()
-            await asyncio.sleep(0.02)
-        self._reap()
-        if ex.group is not None:
-            # The group holds what execution's sandbox made in it (its base and the job groups).
-            dirs = (
-                [ex.group.memory_dir, ex.group.pids_dir] if isinstance(ex.group, cgroups.V1JobCgroup) else []
+        try:
+            await containment.contain(ex, self._reap)
+        except containment.ContainmentFailed as exc:
+            raise UnitEnded(EXIT_CONTAINMENT, str(exc)) from None
+        if self.coordinator is not None and (freed := self.coordinator.drop(ex.identity.generation)):
+            log.info(
+                "media coordinator: %d grants of generation %d freed after containment",
+                freed,
+                ex.identity.generation,
             )
-            if isinstance(ex.group, cgroups.V2JobCgroup):
-                dirs = [ex.group.path]
-            for d in dirs:
-                cgroups.remove_tree(d)
-            if not ex.group.remove():
-                log.warning("execution's cgroup could not be removed yet")
-            ex.group = None
-
-    def _unit_processes(self, ex: Execution) -> set[int]:
-        """Live (not zombie) processes of ``ex``: control's descendants and the members of
-        execution's cgroup."""
-        found: set[int] = set()
-        with contextlib.suppress(psutil.Error, OSError):
-            for child in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.Error, OSError):
-                    if child.status() != psutil.STATUS_ZOMBIE:
-                        found.add(child.pid)
-        if ex.group is not None:
-            for procs in ex.group.procs_files:
-                with contextlib.suppress(OSError):
-                    with open(procs) as f:
-                        found.update(int(p) for p in f.read().split())
-        if not ex.exited.is_set() and ex.exit_code is None:
-            with contextlib.suppress(psutil.Error, OSError):
-                if psutil.Process(ex.process.pid).status() != psutil.STATUS_ZOMBIE:
-                    found.add(ex.process.pid)
-        found.discard(os.getpid())
-        return found
 
     async def _release_jobs(self, ex: Execution) -> int:
         """Hand back the jobs of a contained execution (:func:`lifecycle.release_contained`)."""
@@ -534,7 +477,7 @@ class Control:
             "backlog": backlog,
             "job_memory_mb": self.autoscaler.job_memory_mb,
             "job_memory_source": self.autoscaler.memory_source,
-            "refused": self.refused,
+            "refused": self.channel.refused,
         }
         if sample is not None:
             body["sample"] = {
@@ -556,7 +499,7 @@ class Control:
             self._renewing.cancel()
             await asyncio.gather(self._renewing, return_exceptions=True)
         ex = self.execution
-        if ex is not None and self._unit_processes(ex):
+        if ex is not None and containment.unit_processes(ex):
             with contextlib.suppress(UnitEnded):
                 await self._contain(ex)
         if server is not None:
@@ -572,17 +515,22 @@ class Control:
             await self.pool.close()
 
 
-def _peer_pid(writer: asyncio.StreamWriter) -> int | None:
-    """The pid of the process at the other end of a Unix socket, as the kernel saw it connect
-    (``SO_PEERCRED``, unix(7)): a hello counts only from execution itself."""
-    sock = writer.get_extra_info("socket")
-    if sock is None:
-        return None
-    try:
-        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    except OSError:
-        return None
-    return int(pid)
+def _remove_stale_socket_dirs(run_dir: str) -> None:
+    """Remove the socket directories (``hm-unit-<pid>-*``) of controls of this user that died
+    without cleaning up (SIGKILL): their pid is no longer alive."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(run_dir):
+            parts = entry.name.split("-")
+            if (
+                len(parts) < 4
+                or parts[:2] != ["hm", "unit"]
+                or not (parts[2].isascii() and parts[2].isdigit())
+            ):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid():
+                    if not psutil.pid_exists(int(parts[2])):
+                        shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def cgroups_unlimited() -> int:

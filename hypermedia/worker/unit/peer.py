@@ -6,9 +6,13 @@ launch). A message whose identity differs from the receiver's is stale: refused 
 (:func:`stale_reason`), never acted on.
 
 Execution → control: ``hello`` (once, on connect: its worker id and pid), ``ready`` (its
-dependencies are open), ``status`` (every second: slots, busy, admission reason).
+dependencies are open), ``status`` (every second: slots, busy, admission reason),
+``media_request``/``media_release`` (the media coordinator, with the attempt's identity:
+:mod:`hypermedia.worker.unit.coordinator`).
 Control → execution: ``evidence`` (the answer to a matching ``hello``: execution admits no business
-work before it), ``admission`` (the autoscaler's target and why, with the age of each sample).
+work before it; it names the coordinator's bounds, if control keeps one), ``admission`` (the
+autoscaler's target and why, with the age of each sample), ``media_grant``.
+What control refuses, and how it counts refusals: :mod:`hypermedia.worker.unit.channel`.
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ def die_with_control(environ: dict[str, str] | os._Environ[str]) -> None:
 
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     expected = environ.get(ENV_CONTROL_PID, "")
-    if expected.isdigit() and os.getppid() != int(expected):
+    if expected.isascii() and expected.isdigit() and os.getppid() != int(expected):
         raise ConnectionError("the unit's control is gone")
 
 
@@ -124,10 +128,11 @@ def decode(line: bytes) -> dict[str, Any]:
 
 def stale_reason(message: dict[str, Any], own: UnitIdentity) -> str | None:
     """Why ``message`` is not for ``own`` (e.g. ``epoch 3, the unit's is 4``); ``None`` when its
-    identity is exactly ``own``."""
+    identity is exactly ``own``: the same values of the same JSON types (``true`` is not epoch 1,
+    ``1.0`` is not generation 1)."""
     theirs = message.get("unit") or {}
     for name, value in asdict(own).items():
-        if theirs.get(name) != value:
+        if type(theirs.get(name)) is not type(value) or theirs.get(name) != value:
             return f"{name} {theirs.get(name)!r}, the unit's is {value!r}"
     return None
 
@@ -153,11 +158,16 @@ class ControlLink:
     ) -> None:
         self.identity = identity
         self._path = socket_path
-        self._on_admission = on_admission
+        self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {"admission": on_admission}
+        """What :meth:`run` does with each kind of message from control (others are ignored)."""
+        self.on_lost: list[Callable[[], None]] = []
+        """Called once when the connection ended."""
         self._status = status
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self.evidence_matched = False
+        self.evidence: dict[str, Any] = {}
+        """Control's evidence message (``lease_expires_at``, ``coordinator``: its media bounds)."""
         self.lost = asyncio.Event()
         self.refused = 0
         """Messages refused as stale since the connection opened."""
@@ -178,6 +188,7 @@ class ControlLink:
                 raise ConnectionError("control closed the unit socket before it sent its evidence")
             if message["kind"] == "evidence":
                 self.evidence_matched = True
+                self.evidence = message
                 log.info(
                     "peer evidence matched: unit %s boot %s epoch %d generation %d",
                     self.identity.unit,
@@ -189,8 +200,17 @@ class ControlLink:
 
     async def ready(self) -> None:
         """Tell control the dependencies are open."""
-        assert self._writer is not None
-        await send(self._writer, "ready", self.identity)
+        await self.send("ready")
+
+    async def send(self, kind: str, **body: Any) -> None:
+        """One message of this identity to control.
+
+        Raises:
+            ConnectionError: the link is closed (or was never opened).
+        """
+        if self._writer is None or self.lost.is_set():
+            raise ConnectionError("the unit socket is closed")
+        await send(self._writer, kind, self.identity, **body)
 
     async def _next(self) -> dict[str, Any] | None:
         """The next message meant for this identity; stale and malformed ones are refused (logged,
@@ -222,11 +242,13 @@ class ControlLink:
         reporting = asyncio.create_task(self._report(stop))
         try:
             while (message := await self._next()) is not None:
-                if message["kind"] == "admission":
-                    self._on_admission(message)
+                if (handle := self.handlers.get(message["kind"])) is not None:
+                    handle(message)
         finally:
             reporting.cancel()
             self.lost.set()
+            for lost in self.on_lost:
+                lost()
 
     async def _report(self, stop: asyncio.Event) -> None:
         assert self._writer is not None

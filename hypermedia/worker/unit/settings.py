@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from hypermedia.core import config
 from hypermedia.core.config import ComponentSettings
 from hypermedia.infra import mtls
+from hypermedia.sandbox import cgroups
 from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.unit import peer
 
@@ -21,19 +22,36 @@ from hypermedia.worker.unit import peer
 @dataclass(frozen=True)
 class Role:
     """A worker service control can launch as its execution: ``python -m services.{name}``, the
-    queue it consumes, its default slots and the settings classes of its own (``module:Class``)."""
+    queue it consumes, its default slots, the settings classes of its own (``module:Class``) and
+    the one of them, if any, whose ``coordinator_bounds()`` control's media coordinator keeps."""
 
     name: str
     queue: str
     default_slots: int
+    operations: str
+    """``module:NAME`` of the tuple of operations its handler runs."""
     settings: tuple[str, ...] = ()
+    coordinator: str = ""
 
 
 ROLES: Final = {
-    "imageworker": Role("imageworker", "images", 4),
-    "docworker": Role("docworker", "documents", 2, ("hypermedia.engines.documents.settings:OfficeSettings",)),
-    "ocrworker": Role("ocrworker", "ocr", 2),
-    "mediaworker": Role("mediaworker", "media", 1, ("services.mediaworker.settings:MediaSettings",)),
+    "imageworker": Role("imageworker", "images", 4, "hypermedia.engines.imaging.params:OPERATIONS"),
+    "docworker": Role(
+        "docworker",
+        "documents",
+        2,
+        "hypermedia.engines.documents.params:OPERATIONS",
+        ("hypermedia.engines.documents.settings:OfficeSettings",),
+    ),
+    "ocrworker": Role("ocrworker", "ocr", 2, "hypermedia.engines.ocr.params:OPERATIONS"),
+    "mediaworker": Role(
+        "mediaworker",
+        "media",
+        1,
+        "hypermedia.engines.media.params:OPERATIONS",
+        ("services.mediaworker.settings:MediaSettings",),
+        coordinator="services.mediaworker.settings:MediaSettings",
+    ),
 }
 """The roles, by the name given to ``python -m hypermedia.worker.unit``."""
 
@@ -76,8 +94,17 @@ class UnitSettings(ComponentSettings):
     @field_validator("cgroup")
     @classmethod
     def _cgroup_setting(cls, value: str) -> str:
-        if value not in ("auto", "off") and not value.startswith("/"):
-            raise ValueError("must be auto, off or a cgroup path starting with /")
+        if (problem := cgroups.setting_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("run_dir")
+    @classmethod
+    def _writable_dir(cls, value: str) -> str:
+        if value and not (
+            os.path.isabs(value) and os.path.isdir(value) and os.access(value, os.W_OK | os.X_OK)
+        ):
+            raise ValueError("must be an absolute path of an existing directory control can write")
         return value
 
 
@@ -90,9 +117,11 @@ class Configuration:
     infra: config.InfraSettings
     worker: WorkerSettings
     unit_name: str
+    coordinator_bounds: dict[str, int]
+    """Operation → jobs at once of the unit's media coordinator (empty: none)."""
 
 
-def validate(role_name: str, unit_option: str | None, environ: dict[str, str] | None = None) -> Configuration:
+def validate(role_name: str, unit_option: str | None) -> Configuration:
     """Check the whole configuration of a unit of ``role_name`` before anything is launched: the
     refused variables (:data:`REFUSED`), control's settings, the connections' forms
     (``HM_DATABASE_URL``, ``HM_NATS_URL``, ``HM_STORAGE_ADDR``, ``HM_CREDITS_ADDR``), the worker's
@@ -101,7 +130,7 @@ def validate(role_name: str, unit_option: str | None, environ: dict[str, str] | 
     Raises:
         config.ConfigError: every problem found, each naming its variable and never a value (exit 78).
     """
-    env = dict(os.environ if environ is None else environ)
+    env = dict(os.environ)
     problems = [
         f"{name}: must not be set: {why}" for name, why in REFUSED.items() if config.lookup(env, name)
     ]
@@ -134,9 +163,9 @@ def validate(role_name: str, unit_option: str | None, environ: dict[str, str] | 
         problems.append(f"HM_WORKER_QUEUE: the {role.name} consumes {role.queue} only")
     unit = loaded.get("unit")
     unit_name = ""
+    if unit_option is not None and not re.fullmatch(r"[a-z][a-z0-9-]{0,62}", unit_option):
+        problems.append("--unit: must be a lowercase name of letters, digits and '-', 1-63 long")
     if isinstance(unit, UnitSettings):
-        if unit_option is not None and not re.fullmatch(r"[a-z][a-z0-9-]{0,62}", unit_option):
-            problems.append("--unit: must be a lowercase name of letters, digits and '-', 1-63 long")
         if unit_option is not None and unit.unit and unit.unit != unit_option:
             problems.append("HM_UNIT_NAME: differs from --unit; give one, or the same in both")
         unit_name = unit_option or unit.unit or role_name
@@ -145,7 +174,8 @@ def validate(role_name: str, unit_option: str | None, environ: dict[str, str] | 
     assert role is not None and isinstance(unit, UnitSettings) and isinstance(worker, WorkerSettings)
     infra = loaded["infra"]
     assert isinstance(infra, config.InfraSettings)
-    return Configuration(role, unit, infra, worker, unit_name)
+    bounds = loaded[role.coordinator].coordinator_bounds() if role.coordinator else {}  # type: ignore[attr-defined]
+    return Configuration(role, unit, infra, worker, unit_name, bounds)
 
 
 def _settings_loader(path: str):  # type: ignore[no-untyped-def]
