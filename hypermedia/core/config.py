@@ -99,7 +99,10 @@ class InfraSettings(ComponentSettings):
     @classmethod
     def _nats_url(cls, value: str) -> str:
         for server in value.split(","):
-            parts = urlsplit(server.strip())
+            try:
+                parts = urlsplit(server.strip())
+            except ValueError:  # its message quotes the URL, password included
+                raise ValueError("a server URL is malformed (its host or brackets)") from None
             if parts.scheme not in NATS_SCHEMES or not parts.hostname:
                 raise ValueError(
                     "must be a comma list of nats://host:port (or tls://, ws://, wss://) server URLs"

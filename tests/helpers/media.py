@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import secrets
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -12,6 +14,10 @@ import av
 import av.error
 import numpy as np
 from av.stream import Disposition
+
+from hypermedia.engines.media.params import validate_params
+from hypermedia.jobs.lifecycle import ClaimedJob
+from tests.helpers.jobs import claimed_job
 
 RATE = 48000
 
@@ -238,3 +244,26 @@ def decode(path: Path) -> Decoded:
             streams=streams,
             tags=tags,
         )
+
+
+def media_job(operation: str, params: dict | None = None) -> ClaimedJob:
+    """A claimed job of the media queue with the shipped profile's limits."""
+    return claimed_job(
+        operation,
+        "media",
+        job_id=secrets.token_hex(8),
+        params=validate_params(operation, params or {}),
+        timeout_seconds=1800,
+        max_input_bytes=1 << 32,
+        memory_limit_mb=8192,
+    )
+
+
+async def admitted_by(handler: Any, operation: str, within: float = 0.2) -> bool:
+    """Whether ``handler`` admits a job of ``operation`` within ``within`` seconds (then left at once)."""
+    try:
+        async with asyncio.timeout(within):
+            async with handler.admit(media_job(operation)):
+                return True
+    except TimeoutError:
+        return False

@@ -134,6 +134,7 @@ def test_a_postgres_url_of_the_wrong_form_says_what_without_the_value(url: str, 
     ("name", "value", "said"),
     [
         ("HM_NATS_URL", "nats://n:99999", "a server URL has a port that is not a number from 1 to 65535"),
+        ("HM_NATS_URL", "nats://user:S3cretPW@host\uff1a4222", "a server URL is malformed"),
         ("HM_STORAGE_ADDR", "storage:５００６２", "must be host:port with a port from 1 to 65535"),
         ("HM_CREDITS_ADDR", "credits:0", "must be host:port with a port from 1 to 65535"),
     ],
@@ -143,5 +144,6 @@ def test_ports_are_ascii_numbers_from_1_to_65535(
 ) -> None:
     clean_env.setenv("HM_DATABASE_URL", "postgresql://u@db/hm")
     clean_env.setenv(name, value)
-    with pytest.raises(config.ConfigError, match=said):
+    with pytest.raises(config.ConfigError, match=said) as raised:
         config.load(InfraSettings)
+    assert "S3cret" not in str(raised.value)

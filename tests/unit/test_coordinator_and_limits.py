@@ -6,7 +6,6 @@ cancellation, progress) is tested end to end in tests/e2e/test_media_runtime.py.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator
@@ -17,38 +16,16 @@ import pytest
 from hypermedia.core import config
 from hypermedia.core.config import ConfigError
 from hypermedia.engines.media import transcode
-from hypermedia.engines.media.params import validate_params
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from services.mediaworker.__main__ import MediaHandler
 from services.mediaworker.settings import MediaSettings
-from tests.helpers.media import write_video
+from tests.helpers.media import admitted_by, media_job, write_video
 
 LIMITS = SandboxLimits(cpu_seconds=120, wall_seconds=180, memory_bytes=8 << 30, fsize_bytes=1 << 30)
 UIDS = (61390,) if os.geteuid() == 0 else None
 """A uid of its own (as the worker gives each slot): ``RLIMIT_NPROC`` is then the job's alone."""
 LADDER = [1080, 720, 480, 360, 240, 144]
-
-
-def _job(operation: str, params: dict | None = None) -> ClaimedJob:
-    return ClaimedJob(
-        job_id=secrets.token_hex(8),
-        account_id="a",
-        object_id="o",
-        operation=operation,
-        profile_version=1,
-        queue="media",
-        params=validate_params(operation, params or {}),
-        priority=5,
-        attempt=1,
-        max_attempts=3,
-        estimated_credits=1000,
-        timeout_seconds=1800,
-        max_input_bytes=1 << 32,
-        max_pixels=100_000_000,
-        memory_limit_mb=8192,
-        backoff_base_seconds=60,
-    )
 
 
 def test_media_settings_defaults_and_every_error_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,16 +42,6 @@ def test_media_settings_defaults_and_every_error_named(monkeypatch: pytest.Monke
     assert "lots" not in str(raised.value)
 
 
-async def admitted_by(handler: MediaHandler, operation: str, within: float = 0.2) -> bool:
-    """Whether ``handler`` admits a job of ``operation`` within ``within`` seconds (then left at once)."""
-    try:
-        async with asyncio.timeout(within):
-            async with handler.admit(_job(operation)):
-                return True
-    except TimeoutError:
-        return False
-
-
 async def test_the_coordinator_bounds_transcodes_per_operation_and_nothing_else() -> None:
     handler = MediaHandler(
         MediaSettings.model_validate({"HM_MEDIA_MAX_VIDEO_JOBS": 2, "HM_MEDIA_MAX_AUDIO_JOBS": 1})
@@ -83,10 +50,10 @@ async def test_the_coordinator_bounds_transcodes_per_operation_and_nothing_else(
     async def admitted(operation: str) -> bool:
         return await admitted_by(handler, operation)
 
-    async with handler.admit(_job("transcode_audio")):
+    async with handler.admit(media_job("transcode_audio")):
         assert not await admitted("transcode_audio")
         assert await admitted("transcode_video") and await admitted("probe")
-        async with handler.admit(_job("transcode_video")), handler.admit(_job("transcode_video")):
+        async with handler.admit(media_job("transcode_video")), handler.admit(media_job("transcode_video")):
             assert not await admitted("transcode_video")
             assert all([await admitted(op) for op in ("probe", "waveform", "poster")])
     # A wait that was cancelled (a cancel request, a lost lease) left nothing held.
@@ -95,13 +62,13 @@ async def test_the_coordinator_bounds_transcodes_per_operation_and_nothing_else(
 
 def test_encoder_threads_and_nproc_for_video_transcodes_only() -> None:
     handler = MediaHandler(MediaSettings.model_validate({"HM_MEDIA_ENCODER_THREADS": 4}))
-    video = _job("transcode_video", {"heights": [720, 480, 360]})
+    video = media_job("transcode_video", {"heights": [720, 480, 360]})
     assert handler.entry_kwargs(video)["limits"].threads == 4
     limits = handler.sandbox_limits(video, LIMITS)
     assert limits.nproc == LIMITS.nproc + transcode.thread_need(video.params, 4)
     assert (limits.memory_bytes, limits.cpu_seconds) == (LIMITS.memory_bytes, LIMITS.cpu_seconds)
     for operation in ("transcode_audio", "probe", "waveform", "poster"):
-        job = _job(operation)
+        job = media_job(operation)
         assert handler.entry_kwargs(job)["limits"].threads == 1
         assert handler.sandbox_limits(job, LIMITS) is LIMITS
 
@@ -153,7 +120,7 @@ async def test_a_six_rung_ladder_with_sound_fits_the_nproc_the_handler_gives_it(
     threads (the default ``HM_MEDIA_ENCODER_THREADS``), 36 at 4, 72 at 8: more than the 16 every
     job gets, within the handler's 16 + ``thread_need`` (51, 65, 93)."""
     handler = MediaHandler(MediaSettings.model_validate({"HM_MEDIA_ENCODER_THREADS": threads}))
-    job = _job("transcode_video", {"heights": LADDER})
+    job = media_job("transcode_video", {"heights": LADDER})
     result = await _transcode(sandbox, handler, job, handler.sandbox_limits(job, LIMITS))
     assert result.error_code is None, (result.error_code, result.error_message)
     assert [o.output_type for o in result.outputs] == [f"video_{h}p" for h in LADDER]
@@ -163,6 +130,6 @@ async def test_the_same_ladder_fails_within_the_16_tasks_of_other_jobs(sandbox: 
     """Why the handler raises ``RLIMIT_NPROC``: the default ladder cannot start its threads
     within 16, and says so (``RESOURCE_LIMIT``, not an input it blames)."""
     handler = MediaHandler(MediaSettings.model_validate({}))
-    job = _job("transcode_video", {"heights": LADDER})
+    job = media_job("transcode_video", {"heights": LADDER})
     result = await _transcode(sandbox, handler, job, LIMITS)
     assert (result.error_code, result.retryable, result.outputs) == ("RESOURCE_LIMIT", False, [])

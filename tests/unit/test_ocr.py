@@ -28,6 +28,7 @@ from hypermedia.engines.ocr import assemble, geometry, params, preprocess, tesse
 from hypermedia.engines.ocr.engine import OcrLimits
 from hypermedia.engines.ocr.metrics import cer, levenshtein, normalise_whitespace
 from hypermedia.sandbox import Sandbox, SandboxLimits
+from tests.helpers.jobs import claimed_job
 from tests.helpers.ocr import (
     EUROTEXT_LANGUAGES,
     GOLD,
@@ -690,26 +691,7 @@ def test_the_ocrworker_charges_escalated_pages_as_a_line() -> None:
 
 
 def _claimed_job() -> Any:
-    from hypermedia.jobs.lifecycle import ClaimedJob
-
-    return ClaimedJob(
-        job_id="00000000-0000-0000-0000-000000000001",
-        account_id="00000000-0000-0000-0000-000000000002",
-        object_id="00000000-0000-0000-0000-000000000003",
-        operation="ocr",
-        profile_version=1,
-        queue="ocr",
-        params={},
-        priority=5,
-        attempt=1,
-        max_attempts=3,
-        estimated_credits=1500,
-        timeout_seconds=300,
-        max_input_bytes=100 << 20,
-        max_pixels=64_000_000,
-        memory_limit_mb=2048,
-        backoff_base_seconds=60,
-    )
+    return claimed_job("ocr", "ocr", estimated_credits=1500, timeout_seconds=300, max_pixels=64_000_000)
 
 
 def _image_only_page(document: pdfium.PdfDocument, image: Path) -> None:

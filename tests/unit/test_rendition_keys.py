@@ -11,29 +11,13 @@ from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.worker.transfer import rendition_name
 from services.docworker.__main__ import DocumentHandler
 from services.imageworker.__main__ import ImageHandler
+from tests.helpers.jobs import claimed_job
 
 
 def _job(
     operation: str, params: dict[str, object], job_id: str = "0b7d7c5e-4f32-4b8e-9d53-0d1f0e3c2a11"
 ) -> ClaimedJob:
-    return ClaimedJob(
-        job_id=job_id,
-        account_id="a",
-        object_id="o",
-        operation=operation,
-        profile_version=1,
-        queue="documents",
-        params=params,
-        priority=5,
-        attempt=1,
-        max_attempts=3,
-        estimated_credits=100,
-        timeout_seconds=60,
-        max_input_bytes=1 << 20,
-        max_pixels=1 << 24,
-        memory_limit_mb=512,
-        backoff_base_seconds=10,
-    )
+    return claimed_job(operation, "documents", job_id=job_id, params=params, backoff_base_seconds=10)
 
 
 def test_a_reproducible_rendition_has_one_key_whatever_job_or_attempt_writes_it() -> None:

@@ -5,9 +5,11 @@ child process plays execution)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -125,24 +127,75 @@ def test_messages_before_hello_oversized_lines_and_silent_connections_are_refuse
     assert "a status message before hello refused" not in said  # one line per kind per 10 s
 
 
-def test_connections_over_the_limit_are_closed_at_once(tmp_path: Path) -> None:
-    sleeper = subprocess.Popen(["sleep", "30"])
+def test_idle_connections_cannot_keep_execution_out(tmp_path: Path) -> None:
+    """Four connections that never say hello fill the socket; more connections close the oldest
+    idle one each, never more than four are open, and execution still gets its evidence."""
+    path = str(tmp_path / "c.sock")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            EXECUTION,
+            path,
+            _line("hello", worker_id="w-1"),
+            _line("ready"),
+            _line("status"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
 
-    async def run() -> tuple[Channel, list[bytes]]:
-        ch, _ex, server, path = await _serve(tmp_path, sleeper)
-        held = [await asyncio.open_unix_connection(path) for _ in range(channel.MAX_CONNECTIONS)]
-        await asyncio.sleep(0.1)
-        extra = [await asyncio.open_unix_connection(path) for _ in range(20)]
-        ends = [await asyncio.wait_for(r.read(), 5) for r, _w in extra]
-        assert ch.open == channel.MAX_CONNECTIONS
-        for _r, w in held + extra:
+    async def run() -> tuple[Channel, list[bytes], int]:
+        ex = Execution(OWN, child, None, time.monotonic(), "w-1")
+        ch = Channel(lambda: OWN, lambda: ex, lambda: {})
+        server = await asyncio.start_unix_server(ch.serve, path, limit=peer.MAX_MESSAGE_BYTES)
+        idle = [await asyncio.open_unix_connection(path) for _ in range(channel.MAX_CONNECTIONS + 20)]
+        await asyncio.sleep(0.2)
+        most = ch.open
+        ends = [await asyncio.wait_for(r.read(), 5) for r, _w in idle[:20]]  # the oldest: closed
+        await asyncio.wait_for(ex.ready.wait(), 10)
+        for _r, w in idle:
             w.close()
         server.close()
-        return ch, ends
+        return ch, ends, most
 
     try:
-        ch, ends = asyncio.run(run())
+        ch, ends, most = asyncio.run(run())
     finally:
-        sleeper.kill()
-        sleeper.wait()
-    assert ends == [b""] * 20 and ch.refused == 20
+        child.stdin.close()  # type: ignore[union-attr]
+        out = child.stdout.read().decode()  # type: ignore[union-attr]
+        child.wait(10)
+    assert most <= channel.MAX_CONNECTIONS and ends == [b""] * 20
+    assert peer.decode(out.encode())["kind"] == "evidence"
+    assert ch.refused >= 20
+
+
+def test_a_connection_of_an_earlier_generation_is_closed_after_a_relaunch(tmp_path: Path) -> None:
+    """After a relaunch a connection that said hello as generation 0 cannot mark generation 1
+    ready, nor report for it."""
+    identity = [OWN]
+    me = types.SimpleNamespace(pid=os.getpid())
+    ex0 = Execution(OWN, me, None, time.monotonic(), "w-1")  # type: ignore[arg-type]
+    current = [ex0]
+
+    async def run() -> tuple[Channel, Execution, bytes]:
+        ch = Channel(lambda: identity[0], lambda: current[0], lambda: {})
+        path = str(tmp_path / "c.sock")
+        server = await asyncio.start_unix_server(ch.serve, path, limit=peer.MAX_MESSAGE_BYTES)
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(peer.encode("hello", OWN))
+        await writer.drain()
+        await asyncio.wait_for(reader.readline(), 5)  # evidence
+        g1 = peer.UnitIdentity(**{**OWN.__dict__, "generation": 1})
+        identity[0] = g1
+        current[0] = Execution(g1, types.SimpleNamespace(pid=999_999), None, time.monotonic(), "w-2")  # type: ignore[arg-type]
+        writer.write(peer.encode("ready", g1) + peer.encode("status", g1, busy=7))
+        await writer.drain()
+        end = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        server.close()
+        return ch, current[0], end
+
+    ch, ex1, end = asyncio.run(run())
+    assert end == b"" and not ex1.ready.is_set() and ex1.status == {}
+    assert ch.refused == 1

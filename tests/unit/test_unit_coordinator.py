@@ -15,10 +15,10 @@ import pytest
 
 from hypermedia.worker.unit import peer
 from hypermedia.worker.unit.channel import Channel, Execution
-from hypermedia.worker.unit.coordinator import MediaCoordinator, Request
+from hypermedia.worker.unit.coordinator import MAX_OUTSTANDING, MediaCoordinator, Request, TooManyRequests
 from services.mediaworker.__main__ import MediaHandler
 from services.mediaworker.settings import MediaSettings
-from tests.unit.test_coordinator_and_limits import _job, admitted_by
+from tests.helpers.media import admitted_by, media_job
 
 OWN = peer.UnitIdentity("prod", "media-a", "ab" * 16, 2, 0)
 
@@ -55,6 +55,29 @@ def test_a_contained_generations_grants_and_waits_are_dropped() -> None:
     assert c.drop(0) == 1
     assert c.held == {} and c.request(_req(1, generation=1)) == [_req(1, generation=1)]
     assert c.release(0, 2) == []  # the old generation's request is gone, not granted
+
+
+def test_a_request_number_is_one_request_whatever_operation_it_names() -> None:
+    """Reusing a waiting request's number for another operation must not buy a second grant."""
+    c = MediaCoordinator({"transcode_video": 1, "transcode_audio": 1})
+    c.request(_req(1, "transcode_video"))
+    assert c.request(_req(2, "transcode_video")) == []
+    assert c.request(_req(2, "transcode_audio")) == []  # number 2 waits already
+    assert c.release(0, 1) == [_req(2, "transcode_video")]
+    assert c.holding("transcode_video") == 1 and c.holding("transcode_audio") == 0
+    assert c.request(_req(3, "transcode_audio")) == [_req(3, "transcode_audio")]
+    assert c.request(_req(4, "transcode_audio")) == []
+
+
+def test_a_generation_may_not_ask_without_bound() -> None:
+    c = MediaCoordinator({"transcode_audio": 1})
+    for n in range(MAX_OUTSTANDING):
+        c.request(_req(n))
+    with pytest.raises(TooManyRequests):
+        c.request(_req(MAX_OUTSTANDING))
+    assert c.request(_req(0, generation=1)) == []  # another generation's count is its own
+    c.release(0, 5)  # a withdrawn wait makes room
+    assert c.request(_req(MAX_OUTSTANDING)) == []
 
 
 @pytest.mark.parametrize(
@@ -97,17 +120,20 @@ def test_the_mediaworkers_handler_asks_controls_coordinator_over_the_socket(
             return await admitted_by(handler, operation, 0.3)
 
         held = []
-        async with handler.admit(_job("transcode_audio")):
+        async with handler.admit(media_job("transcode_audio")):
             held.append(dict(coordinator.held))
             assert not await admitted("transcode_audio")
             assert await admitted("transcode_video") and await admitted("probe")
-            async with handler.admit(_job("transcode_video")), handler.admit(_job("transcode_video")):
+            async with (
+                handler.admit(media_job("transcode_video")),
+                handler.admit(media_job("transcode_video")),
+            ):
                 assert not await admitted("transcode_video")
         for _ in range(50):  # the last release is on its way
             if not coordinator.held:
                 break
             await asyncio.sleep(0.02)
-        assert coordinator.held == {} and all(not q for q in coordinator._waiting.values())
+        assert coordinator.held == {} and coordinator.waiting() == 0
         assert await admitted("transcode_audio")
         stop.set()
         await link.close()

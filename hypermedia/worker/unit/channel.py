@@ -26,7 +26,7 @@ from typing import Any
 
 from hypermedia.sandbox import cgroups
 from hypermedia.worker.unit import peer
-from hypermedia.worker.unit.coordinator import MediaCoordinator, Request
+from hypermedia.worker.unit.coordinator import MediaCoordinator, Request, TooManyRequests
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class Channel:
         self.refused = 0
         """Socket messages and connections refused since control started."""
         self.open = 0
+        self._pending: dict[asyncio.StreamWriter, float] = {}
+        """Open connections that have not said hello yet, with when they opened."""
         self._logged: dict[str, float] = {}
 
     def refuse(self, kind: str, message: str, *args: object) -> None:
@@ -94,16 +96,25 @@ class Channel:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection (the callback of ``asyncio.start_unix_server``)."""
         if self.open >= MAX_CONNECTIONS:
-            self.refuse("connections", "a connection refused: %d are open already", self.open)
-            writer.close()
-            return
+            if not self._pending:
+                self.refuse("connections", "a connection refused: %d are open already", self.open)
+                writer.close()
+                return
+            # Make room by closing the oldest that never said hello: idle connections cannot
+            # keep execution out.
+            oldest = min(self._pending, key=self._pending.__getitem__)
+            del self._pending[oldest]
+            self.refuse("connections", "a connection without hello closed to make room")
+            oldest.close()
         self.open += 1
+        self._pending[writer] = time.monotonic()
         try:
             await self._converse(reader, writer)
         except ConnectionError:
             pass
         finally:
             self.open -= 1
+            self._pending.pop(writer, None)
             writer.close()
 
     async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -121,14 +132,23 @@ class Channel:
             except ValueError:  # asyncio's stream limit: the line is longer than a message may be
                 self.refuse("oversized", "a line over %d bytes refused", peer.MAX_MESSAGE_BYTES)
                 return
-            if not line:
+            if not line or writer.is_closing():
                 return
+            await asyncio.sleep(0)  # a burst of buffered lines must not starve control's loops
             try:
                 message = peer.decode(line)
             except ValueError as exc:
                 self.refuse("malformed", "a malformed message refused: %s", exc)
                 continue
             current = self._identity()
+            if own is not None and own != current:
+                self.refuse(
+                    "stale",
+                    "a connection of generation %d closed: the unit is at %d",
+                    own.generation,
+                    current.generation,
+                )
+                return
             if (why := peer.stale_reason(message, current)) is not None:
                 self.refuse("stale", "stale %s message refused: %s", message["kind"][:32], why)
                 if own is None:
@@ -148,6 +168,7 @@ class Channel:
                     )
                     return
                 own = current
+                self._pending.pop(writer, None)
                 ex.writer = writer
                 await peer.send(writer, "evidence", current, **self._evidence())
             elif own is None:
@@ -176,7 +197,11 @@ class Channel:
             self.refuse("malformed", "a malformed %s refused: %s", kind, exc)
             return
         if kind == "media_request":
-            granted = self.coordinator.request(req)
+            try:
+                granted = self.coordinator.request(req)
+            except TooManyRequests as exc:
+                self.refuse("flood", "a media request refused: %s", exc)
+                return
         else:
             granted = self.coordinator.release(req.generation, req.request)
         for g in granted:

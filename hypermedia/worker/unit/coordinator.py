@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,56 +62,94 @@ class Request:
         return (self.generation, self.request)
 
 
+MAX_OUTSTANDING = 256
+"""Requests one generation may have held or waiting at once (a worker has at most 64 slots, each
+with one job): more is refused, so a runaway execution cannot grow control's memory."""
+
+
+class TooManyRequests(ValueError):
+    """A generation asked for more than :data:`MAX_OUTSTANDING` at once."""
+
+
 class MediaCoordinator:
     """Control's bookkeeping: ``bounds`` (operation → jobs at once, e.g. ``{"transcode_video": 3,
-    "transcode_audio": 1}``); an operation without a bound is granted at once."""
+    "transcode_audio": 1}``); an operation without a bound is granted at once. Every step is
+    O(1) but a release's grants and :meth:`drop` (O(outstanding))."""
 
     def __init__(self, bounds: dict[str, int]) -> None:
         self.bounds = dict(bounds)
         self.held: dict[tuple[int, int], Request] = {}
-        self._waiting: dict[str, deque[Request]] = {op: deque() for op in bounds}
+        self._waiting: dict[str, dict[tuple[int, int], Request]] = {op: {} for op in bounds}
+        """Per operation, in the order asked (dicts keep insertion order)."""
+        self._holding: dict[str, int] = dict.fromkeys(bounds, 0)
+        self._outstanding: dict[int, int] = {}
 
     def holding(self, operation: str) -> int:
-        return sum(1 for r in self.held.values() if r.operation == operation)
+        return self._holding.get(operation, 0)
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
 
     def request(self, req: Request) -> list[Request]:
-        """Ask for ``req``; the requests granted by it (``[req]`` or ``[]`` while it waits)."""
-        if req.key() in self.held or any(w.key() == req.key() for w in self._waiting.get(req.operation, ())):
-            return []  # a repeated request changes nothing
+        """Ask for ``req``; the requests granted by it (``[req]`` or ``[]`` while it waits). A
+        request number already held or waiting (for any operation) changes nothing.
+
+        Raises:
+            TooManyRequests: the generation has :data:`MAX_OUTSTANDING` outstanding already.
+        """
+        key = req.key()
+        if key in self.held or any(key in q for q in self._waiting.values()):
+            return []
+        if self._outstanding.get(req.generation, 0) >= MAX_OUTSTANDING:
+            raise TooManyRequests(f"more than {MAX_OUTSTANDING} media requests outstanding")
+        self._outstanding[req.generation] = self._outstanding.get(req.generation, 0) + 1
         bound = self.bounds.get(req.operation)
         if bound is not None and self.holding(req.operation) >= bound:
-            self._waiting[req.operation].append(req)
+            self._waiting[req.operation][key] = req
             return []
-        self.held[req.key()] = req
+        self._hold(req)
         return [req]
 
     def release(self, generation: int, request: int) -> list[Request]:
         """Free (or withdraw, while it waits) a request; the waiting requests granted by it."""
-        freed = self.held.pop((generation, request), None)
+        key = (generation, request)
+        freed = self.held.pop(key, None)
         if freed is None:
             for queue in self._waiting.values():
-                for waiting in list(queue):
-                    if waiting.key() == (generation, request):
-                        queue.remove(waiting)
+                if queue.pop(key, None) is not None:
+                    self._outstanding[generation] -= 1
             return []
-        return self._grant_waiting(freed.operation)
+        self._outstanding[generation] -= 1
+        if freed.operation in self._holding:
+            self._holding[freed.operation] -= 1
+            return self._grant_waiting(freed.operation)
+        return []
 
     def drop(self, generation: int) -> int:
         """Forget every grant and request of ``generation`` (contained: none of its processes
         lives); how many grants were freed."""
         freed = [k for k, r in self.held.items() if r.generation == generation]
         for k in freed:
-            del self.held[k]
+            operation = self.held.pop(k).operation
+            if operation in self._holding:
+                self._holding[operation] -= 1
         for operation, queue in self._waiting.items():
-            self._waiting[operation] = deque(r for r in queue if r.generation != generation)
+            self._waiting[operation] = {k: r for k, r in queue.items() if r.generation != generation}
+        self._outstanding.pop(generation, None)
         return len(freed)
+
+    def _hold(self, req: Request) -> None:
+        self.held[req.key()] = req
+        if req.operation in self._holding:
+            self._holding[req.operation] += 1
 
     def _grant_waiting(self, operation: str) -> list[Request]:
         granted = []
-        queue = self._waiting.get(operation)
+        queue = self._waiting[operation]
         while queue and self.holding(operation) < self.bounds[operation]:
-            req = queue.popleft()
-            self.held[req.key()] = req
+            key = next(iter(queue))
+            req = queue.pop(key)
+            self._hold(req)
             granted.append(req)
         return granted
 
