@@ -297,7 +297,7 @@ async def serve_worker(
     draining = asyncio.Event()
     if link is not None and identity is not None:
         await link.ready()
-        linked = asyncio.create_task(link.run(draining))
+        linked = asyncio.create_task(link.run())
         observing = asyncio.create_task(
             every(
                 settings.heartbeat_seconds,

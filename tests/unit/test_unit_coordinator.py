@@ -113,8 +113,7 @@ def test_the_mediaworkers_handler_asks_controls_coordinator_over_the_socket(
         link = peer.ControlLink(OWN, path, lambda m: None, lambda: {"busy": 0})
         await asyncio.wait_for(link.connect("w-1"), 5)
         handler.attach_control(link)
-        stop = asyncio.Event()
-        reading = asyncio.create_task(link.run(stop))
+        reading = asyncio.create_task(link.run())
 
         async def admitted(operation: str) -> bool:
             return await admitted_by(handler, operation, 0.3)
@@ -135,7 +134,6 @@ def test_the_mediaworkers_handler_asks_controls_coordinator_over_the_socket(
             await asyncio.sleep(0.02)
         assert coordinator.held == {} and coordinator.waiting() == 0
         assert await admitted("transcode_audio")
-        stop.set()
         await link.close()
         await asyncio.wait_for(reading, 5)
         server.close()

@@ -70,7 +70,7 @@ def test_the_link_refuses_stale_messages_and_waits_for_matching_evidence(tmp_pat
         server = await asyncio.start_unix_server(control, path)
         link = peer.ControlLink(OWN, path, admissions.append, lambda: {"busy": 0})
         await asyncio.wait_for(link.connect("w-1"), 5)
-        await asyncio.wait_for(link.run(asyncio.Event()), 5)
+        await asyncio.wait_for(link.run(), 5)
         server.close()
         return link
 

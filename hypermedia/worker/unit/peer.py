@@ -235,11 +235,12 @@ class ControlLink:
                 continue
             return message
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Apply control's admission messages and report status every second until ``stop`` or
-        the end of the connection (which sets ``lost``)."""
+    async def run(self) -> None:
+        """Apply control's messages (:attr:`handlers`) and report status every second until the
+        end of the connection (which sets ``lost``). Status goes on during a drain: control
+        contains an execution silent for 30 s, and a drain may take 35."""
         assert self._writer is not None
-        reporting = asyncio.create_task(self._report(stop))
+        reporting = asyncio.create_task(self._report())
         try:
             while (message := await self._next()) is not None:
                 if (handle := self.handlers.get(message["kind"])) is not None:
@@ -250,17 +251,14 @@ class ControlLink:
             for lost in self.on_lost:
                 lost()
 
-    async def _report(self, stop: asyncio.Event) -> None:
+    async def _report(self) -> None:
         assert self._writer is not None
-        while not stop.is_set():
+        while True:
             try:
                 await send(self._writer, "status", self.identity, **self._status())
             except (ConnectionError, OSError):
                 return
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
+            await asyncio.sleep(1.0)
 
     async def close(self) -> None:
         if self._writer is not None:
