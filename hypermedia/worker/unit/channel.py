@@ -57,7 +57,6 @@ class Execution:
     status: dict[str, Any] = field(default_factory=dict)
     status_at: float = 0.0
     """``time.monotonic()`` of the last status (0: none yet)."""
-    stopping: bool = False
     silent: bool = False
     """Contained because it fell silent (no status for ``STATUS_SILENCE_SECONDS``)."""
 

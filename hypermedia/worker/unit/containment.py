@@ -54,15 +54,10 @@ async def contain(ex: Execution, reap: Callable[[], None]) -> None:
         await asyncio.sleep(0.02)
     reap()
     if ex.group is not None:
-        # The group holds what execution's sandbox made in it (its base and the job groups).
-        if isinstance(ex.group, cgroups.V1JobCgroup):
-            dirs = [ex.group.memory_dir, ex.group.pids_dir]
-        elif isinstance(ex.group, cgroups.V2JobCgroup):
-            dirs = [ex.group.path]
-        else:
-            dirs = []
-        for d in dirs:
-            cgroups.remove_tree(d)
+        # The group holds what execution's sandbox made in it (its base and the job groups):
+        # one directory per hierarchy, each the parent of one of its cgroup.procs files.
+        for procs in ex.group.procs_files:
+            cgroups.remove_tree(os.path.dirname(procs))
         if not ex.group.remove():
             log.warning("execution's cgroup could not be removed yet")
         ex.group = None

@@ -369,7 +369,6 @@ class Control:
 
     async def _stop_execution(self, ex: Execution) -> None:
         """SIGTERM to execution: it drains (``HM_DRAIN_SECONDS``); past that and a grace, contain."""
-        ex.stopping = True
         with contextlib.suppress(ProcessLookupError):
             os.kill(ex.process.pid, signal.SIGTERM)
         try:

@@ -8,7 +8,7 @@ the platform's configuration, and a unit that started anyway would fail every su
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 
 import asyncpg
 
@@ -23,8 +23,7 @@ def handled_operations(path: str) -> frozenset[str]:
     """The operations of a role's handler, from ``module:NAME`` (its ``OPERATIONS`` tuple), and
     ``noop``, which every worker's runtime handles (it runs, or fails at once with
     ``OPERATION_NOT_ENABLED``: :mod:`hypermedia.jobs.noop`)."""
-    module, _, name = path.partition(":")
-    return frozenset(getattr(importlib.import_module(module), name)) | {noop.OPERATION}
+    return frozenset(pkgutil.resolve_name(path)) | {noop.OPERATION}
 
 
 async def routing_problems(pool: asyncpg.Pool, queue: str, handled: frozenset[str], role: str) -> list[str]:

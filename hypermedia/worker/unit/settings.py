@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import importlib
 import os
+import pkgutil
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -179,9 +179,7 @@ def validate(role_name: str, unit_option: str | None) -> Configuration:
 
 
 def _settings_loader(path: str):  # type: ignore[no-untyped-def]
-    module, _, name = path.partition(":")
-
     def load() -> object:
-        return config.load(getattr(importlib.import_module(module), name))
+        return config.load(pkgutil.resolve_name(path))
 
     return load
