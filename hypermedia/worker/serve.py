@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,16 @@ log = logging.getLogger(__name__)
 
 
 class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
+    """``GetStatus`` of a worker process and each of its lanes (``runtimes``, one per queue)."""
+
     def __init__(
         self,
-        runtime: WorkerRuntime,
+        runtimes: Sequence[WorkerRuntime],
         sandbox_layers: Sequence[layers.Layer] = (),
         link: peer.ControlLink | None = None,
     ) -> None:
-        self._runtime = runtime
+        self._runtimes = list(runtimes)
+        self._runtime = self._runtimes[0]
         self._link = link
         self._layers = [
             worker_pb2.SandboxLayer(name=layer.name, available=layer.available, detail=layer.detail)
@@ -52,23 +56,44 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
         rt = self._runtime
         started = timestamp_pb2.Timestamp()
         started.FromSeconds(int(rt.started_at))
-        rt.admission.sample()
+        lanes = [self._queue_status(each) for each in self._runtimes]
         return worker_pb2.GetStatusResponse(
             unit=self._unit_status(),
             worker_id=rt.worker_id,
-            queue=rt.settings.queue,
-            slots_total=rt.admission.slots,
-            slots_busy=rt.admission.busy,
+            queue=",".join(lane.queue for lane in lanes),
+            slots_total=sum(lane.slots_total for lane in lanes),
+            slots_busy=sum(lane.slots_busy for lane in lanes),
             admission_open=rt.admission.open,
             reason=rt.admission.reason,
             sample_age_seconds=time.monotonic() - rt.admission.sampled_at,
-            jobs_completed=rt.jobs_completed,
-            jobs_failed=rt.jobs_failed,
+            jobs_completed=sum(lane.jobs_completed for lane in lanes),
+            jobs_failed=sum(lane.jobs_failed for lane in lanes),
             started_at=started,
             available_memory_mb=rt.admission.available_mb,
             pid_headroom=rt.admission.pids_free,
             sandbox_layers=self._layers,
             sandbox_require=rt.settings.sandbox_require,
+            queues=lanes,
+        )
+
+    @staticmethod
+    def _queue_status(rt: WorkerRuntime) -> worker_pb2.QueueStatus:
+        rt.admission.sample()
+        message = rt.admission.control
+        return worker_pb2.QueueStatus(
+            queue=rt.settings.queue,
+            worker_id=rt.worker_id,
+            slots_total=rt.admission.slots,
+            slots_busy=rt.admission.busy,
+            admission_open=rt.admission.open,
+            reason=rt.admission.reason,
+            jobs_completed=rt.jobs_completed,
+            jobs_failed=rt.jobs_failed,
+            admission_target=int(message.get("target", -1)),
+            decision_reason=str(message.get("reason", "")),
+            backlog=int(message.get("backlog", 0)),
+            job_memory_mb=int(message.get("job_memory_mb", 0)),
+            job_memory_source=str(message.get("job_memory_source", "")),
         )
 
     def _unit_status(self) -> worker_pb2.UnitStatus | None:
@@ -149,45 +174,68 @@ def probe_sandbox_layers(settings: WorkerSettings) -> tuple[layers.Layer, ...]:
 
 async def _control_link(
     stack: AsyncExitStack,
-    stop: Lifetime,
     identity: peer.UnitIdentity,
-    runtime: WorkerRuntime,
+    runtimes: Sequence[WorkerRuntime],
     pool: asyncpg.Pool,
-    handler: JobHandler,
+    handlers: Sequence[JobHandler],
 ) -> peer.ControlLink:
     """Execution's link to its unit's control: admission stays closed (``awaiting_peer_evidence``)
-    until control answered ``hello`` with matching evidence and the deployment lease in Postgres
-    is at this identity's epoch.
+    on every lane until control answered ``hello`` with matching evidence and the deployment lease
+    in Postgres is at this identity's epoch. Control's ``admission`` messages name their queue and
+    go to that lane's runtime; the ``status`` every second reports each lane (``queues``) and
+    their totals.
 
     Raises:
         ExitWith: (75) the lease is at another epoch, or none is live: this execution is fenced.
         ConnectionError, OSError: control's socket closed or cannot be reached (exit 69).
     """
-    runtime.admission.peer = "awaiting"
-    runtime.admission.target = 0
-    status = runtime.admission
+    by_queue = {rt.settings.queue: rt for rt in runtimes}
+    for rt in runtimes:
+        rt.admission.peer = "awaiting"
+        rt.admission.target = 0
 
     def report() -> dict[str, Any]:
-        status.sample()
+        lanes = {}
+        for rt in runtimes:
+            rt.admission.sample()
+            lanes[rt.settings.queue] = {
+                "busy": rt.admission.busy,
+                "slots": rt.admission.slots,
+                "reason": rt.admission.reason,
+                "worker_id": rt.worker_id,
+            }
         return {
-            "busy": status.busy,
-            "slots": status.slots,
-            "reason": status.reason,
-            "worker_id": runtime.worker_id,
+            "busy": sum(lane["busy"] for lane in lanes.values()),
+            "slots": sum(lane["slots"] for lane in lanes.values()),
+            "reason": runtimes[0].admission.reason,
+            "worker_id": runtimes[0].worker_id,
+            "queues": lanes,
         }
 
-    link = peer.ControlLink(identity, os.environ[peer.ENV_SOCKET], runtime.control_admission, report)
+    def on_admission(message: dict[str, Any]) -> None:
+        rt = by_queue.get(message.get("queue"))  # type: ignore[arg-type]
+        if rt is None:
+            link.refused += 1
+            log.warning(
+                "unit socket: an admission for queue %r refused: no lane serves it", message.get("queue")
+            )
+            return
+        rt.control_admission(message)
+
+    link = peer.ControlLink(identity, os.environ[peer.ENV_SOCKET], on_admission, report)
     stack.push_async_callback(link.close)
-    await link.connect(runtime.worker_id)
+    await link.connect(runtimes[0].worker_id)
     epoch = await lease.current_epoch(pool, identity.deployment, identity.unit)
     if epoch != identity.epoch:
         raise ExitWith(
             EXIT_LEASE,
             f"fenced: the deployment lease of unit {identity.unit} is at epoch {epoch}, this execution's is {identity.epoch}",
         )
-    handler.attach_control(link)
-    runtime.admission.peer = "matched"
-    runtime.admission.sample()
+    for handler in handlers:
+        handler.attach_control(link)
+    for rt in runtimes:
+        rt.admission.peer = "matched"
+        rt.admission.sample()
     return link
 
 
@@ -207,6 +255,24 @@ async def _cancelled(*tasks: asyncio.Task[None]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One queue a worker process serves, in a sandbox of its own: the settings (queue, slots,
+    sandbox uid base), the handler of its jobs, the modules its zygote imports once so children
+    start warm, the whole environment of its children (the worker's own is never inherited, e.g.
+    the ocrworker's with ``TESSDATA_PREFIX``) and ``periodic``: ``(interval_seconds, fn)``, where
+    ``fn(runtime)`` runs once the lane's runtime exists and then every interval until the drain
+    begins (a failing run is logged and retried at the next interval)."""
+
+    role: str
+    """Service name, e.g. ``imageworker``: part of the lane's worker id."""
+    settings: WorkerSettings
+    handler: JobHandler
+    preload: Sequence[str]
+    periodic: tuple[float, Callable[[WorkerRuntime], Awaitable[object]]] | None = None
+    child_env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_CHILD_ENV))
+
+
 async def serve_worker(
     stack: AsyncExitStack,
     stop: Lifetime,
@@ -218,24 +284,26 @@ async def serve_worker(
     child_env: Mapping[str, str] = DEFAULT_CHILD_ENV,
     settings: WorkerSettings | None = None,
 ) -> None:
-    """Wire and run one worker service: the sandbox zygote (started first, before anything else
-    runs: it must never have run a native library such as libvips), Postgres, NATS, the peer
-    services, the :class:`WorkerRuntime` and its ``WorkerService`` status server. Shutdown order on
-    SIGTERM: status NOT_SERVING, stop fetching and drain (35 s), then everything unwinds in reverse.
+    """:func:`serve_lanes` of one :class:`Lane` (a worker of one queue); ``settings`` are read
+    from the environment when not given (:func:`queue_worker_settings`)."""
+    lane = Lane(role, settings or config.load(WorkerSettings), handler, preload, periodic, child_env)
+    await serve_lanes(stack, stop, [lane])
 
-    Args:
-        role: service name, e.g. ``imageworker``. handler: the service's sandbox entry point.
-        preload: modules the zygote imports once so children start warm.
-        periodic: ``(interval_seconds, fn)``: ``fn(runtime)`` runs once the runtime exists and
-            then every interval until the drain begins (a failing run is logged and retried at
-            the next interval), e.g. the ocrworker's report of its installed languages.
-        child_env: the whole environment of the zygote and the job children (the worker's own is
-            never inherited), e.g. the ocrworker's with ``TESSDATA_PREFIX``.
-        settings: the worker's settings (:func:`queue_worker_settings`); read from the
-            environment when not given.
-    """
+
+async def serve_lanes(stack: AsyncExitStack, stop: Lifetime, lanes: Sequence[Lane]) -> None:
+    """Wire and run one worker process of one or several queues (``lanes``, each with a distinct
+    queue): each lane's sandbox zygote (started first, before anything else runs: it must never
+    have run a native library such as libvips), then Postgres, NATS and the peer services shared
+    by the lanes, a :class:`WorkerRuntime` per lane (its own slots, admission and worker id) and
+    one ``WorkerService`` status server. Shutdown order on SIGTERM: status NOT_SERVING, every lane
+    stops fetching and drains (35 s), then everything unwinds in reverse.
+
+    The shared settings (deployment, status address, timings, sandbox requirements) are the first
+    lane's. Raises config.ConfigError (exit 78) for the unit's socket variables or a required
+    sandbox layer that is missing."""
+    assert lanes and len({lane.settings.queue for lane in lanes}) == len(lanes), "one lane per queue"
     infra = config.load(config.InfraSettings)
-    settings = settings or config.load(WorkerSettings)
+    settings = lanes[0].settings
     try:
         identity = peer.UnitIdentity.from_env(os.environ)
     except ValueError as exc:
@@ -248,45 +316,53 @@ async def serve_worker(
     # child of it could not map its user namespace (the zygote, a fresh exec, is dumpable).
     sandbox_layers = probe_sandbox_layers(settings)
     make_undumpable()
-    sandbox = Sandbox(
-        Path(settings.work_dir),
-        preload=preload,
-        env=child_env,
-        uid=range(settings.sandbox_uid_base, settings.sandbox_uid_base + settings.slots)
-        if os.geteuid() == 0
-        else None,
-        cgroups=settings.sandbox_cgroup,
-    )
-    await sandbox.start()
-    stack.push_async_callback(sandbox.close)
-    pool = await open_postgres(stack, infra, max_size=settings.slots + 4)
-    nc, _js = await queues.open_jetstream(stack, infra, f"{role}-{settings.deployment}")
+    sandboxes = []
+    for lane in lanes:
+        own = lane.settings
+        sandbox = Sandbox(
+            Path(own.work_dir),
+            preload=lane.preload,
+            env=lane.child_env,
+            uid=range(own.sandbox_uid_base, own.sandbox_uid_base + own.slots) if os.geteuid() == 0 else None,
+            cgroups=own.sandbox_cgroup,
+        )
+        await sandbox.start()
+        stack.push_async_callback(sandbox.close)
+        sandboxes.append(sandbox)
+    pool = await open_postgres(stack, infra, max_size=sum(lane.settings.slots for lane in lanes) + 4)
+    name = "+".join(lane.role for lane in lanes)
+    nc, _js = await queues.open_jetstream(stack, infra, f"{name}-{settings.deployment}")
     tls = mtls.from_environment()
     peers = open_peers(stack, infra, tls)
     http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
     stack.push_async_callback(http.aclose)
 
-    runtime = WorkerRuntime(
-        settings,
-        role,
-        pool,
-        nc,
-        infra.stream_prefix,
-        peers.storage,
-        peers.credits,
-        sandbox,
-        handler,
-        http,
-    )
+    runtimes = [
+        WorkerRuntime(
+            lane.settings,
+            lane.role,
+            pool,
+            nc,
+            infra.stream_prefix,
+            peers.storage,
+            peers.credits,
+            sandbox,
+            lane.handler,
+            http,
+        )
+        for lane, sandbox in zip(lanes, sandboxes, strict=True)
+    ]
     link = (
-        await _control_link(stack, stop, identity, runtime, pool, handler) if identity is not None else None
+        await _control_link(stack, identity, runtimes, pool, [lane.handler for lane in lanes])
+        if identity is not None
+        else None
     )
     status_server = rpc.GrpcServer(
         settings.status_bind,
         [
             (
                 worker_pb2_grpc.add_WorkerServiceServicer_to_server,
-                WorkerStatusService(runtime, sandbox_layers, link),
+                WorkerStatusService(runtimes, sandbox_layers, link),
             )
         ],
         ["hypermedia.worker.v1.WorkerService"],
@@ -313,14 +389,15 @@ async def serve_worker(
 
         linked.add_done_callback(control_gone)
         stack.push_async_callback(_cancelled, linked, observing)
-    task = asyncio.create_task(runtime.run(draining))
+    tasks = [asyncio.create_task(rt.run(draining)) for rt in runtimes]
 
     def crashed(done: asyncio.Task[None]) -> None:
         if not done.cancelled() and done.exception() is not None:
             log.error("worker loop crashed", exc_info=done.exception())
             stop.fail("worker loop crashed")
 
-    task.add_done_callback(crashed)
+    for task in tasks:
+        task.add_done_callback(crashed)
 
     async def shutdown_order() -> None:
         # On SIGTERM: health NOT_SERVING first, then stop fetching and drain (35 s); the servers
@@ -330,17 +407,20 @@ async def serve_worker(
         draining.set()
 
     ordering = asyncio.create_task(shutdown_order())
-    reporting = (
-        asyncio.create_task(every(periodic[0], functools.partial(periodic[1], runtime), draining))
-        if periodic is not None
-        else None
-    )
+    reporting = [
+        asyncio.create_task(every(lane.periodic[0], functools.partial(lane.periodic[1], rt), draining))
+        for lane, rt in zip(lanes, runtimes, strict=True)
+        if lane.periodic is not None
+    ]
 
     async def finish() -> None:
         stop.set()
         await ordering
-        await task
-        if reporting is not None:
-            await reporting
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+        for report in reporting:
+            await report
+        for outcome in ended:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     stack.push_async_callback(finish)

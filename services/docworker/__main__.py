@@ -1,6 +1,6 @@
 """``python -m services.docworker``: the worker of queue ``documents`` (``pdf_info``,
 ``pdf_preview``, ``text_extract`` with PDFium; ``office_to_pdf`` and ``text_extract`` of office
-documents with LibreOffice first). Configures :func:`hypermedia.worker.serve.serve_worker`: the
+documents with LibreOffice first). Configures :func:`hypermedia.worker.serve.serve_lanes`: the
 pipeline :func:`hypermedia.engines.documents.pdf.run`, run in :class:`hypermedia.sandbox.Sandbox` children
 whose zygote has imported pyvips and pypdfium2 (PDFium initialised, no thread started: see
 :mod:`hypermedia.engines.documents.pdf`), and one warm LibreOffice listener per slot
@@ -36,13 +36,15 @@ from hypermedia.intake import contenttype
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.worker.handler import JobInput, SandboxHandler
-from hypermedia.worker.serve import queue_worker_settings, serve_worker
+from hypermedia.worker.serve import Lane, queue_worker_settings, serve_lanes
+from hypermedia.worker.settings import WorkerSettings
 
 QUEUE: Final = "documents"
 DEFAULT_SLOTS: Final = 2
 MAX_SLOTS_AS_ROOT: Final = 32
 """Half of the uid range each worker process gets (``platform.UID_RANGE_PER_REPLICA``): one uid
 per job slot and one per listener."""
+PRELOAD: Final = ("pyvips", "pypdfium2", "hypermedia.engines.documents.pdf")
 CONVERTING_OPERATIONS: Final = frozenset({"office_to_pdf", "text_extract"})
 """Operations that accept an office document (converted to PDF first)."""
 
@@ -103,8 +105,15 @@ class DocumentHandler(SandboxHandler):
         )
 
 
-async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
-    settings = queue_worker_settings("docworker", QUEUE, DEFAULT_SLOTS)
+async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
+    """The ``documents`` lane: its handler, with the office listeners started (in the background:
+    jobs wait for a listener still starting) and stopped with ``stack``. With root the lane takes
+    twice its slots in uids from ``HM_SANDBOX_UID_BASE`` (jobs, then listeners).
+
+    Raises:
+        config.ConfigError: more than :data:`MAX_SLOTS_AS_ROOT` slots as root, or invalid office
+            settings (exit 78).
+    """
     is_root = os.geteuid() == 0
     if is_root and settings.slots > MAX_SLOTS_AS_ROOT:
         raise config.ConfigError(
@@ -118,14 +127,12 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     )
     office.start()  # in the background: jobs wait for a listener still starting
     stack.push_async_callback(office.close)
-    await serve_worker(
-        stack,
-        stop,
-        role="docworker",
-        settings=settings,
-        handler=DocumentHandler(office),
-        preload=("pyvips", "pypdfium2", "hypermedia.engines.documents.pdf"),
-    )
+    return Lane("docworker", settings, DocumentHandler(office), PRELOAD)
+
+
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
+    settings = queue_worker_settings("docworker", QUEUE, DEFAULT_SLOTS)
+    await serve_lanes(stack, stop, [await lane(stack, settings)])
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ convert with libvips). Only configures :func:`hypermedia.worker.serve.serve_work
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any
 
@@ -11,7 +12,8 @@ from hypermedia.engines.imaging.ops import ImageLimits
 from hypermedia.infra.service import run_service
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.worker.handler import SandboxHandler
-from hypermedia.worker.serve import serve_worker
+from hypermedia.worker.serve import Lane, serve_worker
+from hypermedia.worker.settings import WorkerSettings
 
 
 class ImageHandler(SandboxHandler):
@@ -23,12 +25,14 @@ class ImageHandler(SandboxHandler):
         return {"limits": ImageLimits(max_pixels=job.max_pixels, max_input_bytes=job.max_input_bytes)}
 
 
-serve = partial(
-    serve_worker,
-    role="imageworker",
-    handler=ImageHandler(),
-    preload=("pyvips", "hypermedia.engines.imaging.ops"),
-)
+PRELOAD = ("pyvips", "hypermedia.engines.imaging.ops")
+
+serve = partial(serve_worker, role="imageworker", handler=ImageHandler(), preload=PRELOAD)
+
+
+async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
+    """The ``images`` lane of a worker of several queues (:mod:`services.multiworker`)."""
+    return Lane("imageworker", settings, ImageHandler(), PRELOAD)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``python -m services.mediaworker``: the worker of queue ``media`` (issue 7: ``probe``,
 ``waveform``, ``poster``, ``transcode_video`` and ``transcode_audio`` with PyAV,
-:mod:`hypermedia.engines.media.engine`). Configures :func:`hypermedia.worker.serve.serve_worker`: the
+:mod:`hypermedia.engines.media.engine`). Configures :func:`hypermedia.worker.serve.serve_lanes`: the
 engine runs in :class:`hypermedia.sandbox.Sandbox` children whose zygote has imported PyAV and the
 engine (importing ``av`` starts no thread), so a crash in FFmpeg's libraries fails the attempt,
 not the worker.
@@ -35,7 +35,8 @@ from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import SandboxLimits
 from hypermedia.worker.handler import SandboxHandler
-from hypermedia.worker.serve import queue_worker_settings, serve_worker
+from hypermedia.worker.serve import Lane, queue_worker_settings, serve_lanes
+from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.unit import peer
 from hypermedia.worker.unit.coordinator import CoordinatorClient
 from services.mediaworker.settings import MediaSettings
@@ -138,12 +139,14 @@ class MediaHandler(SandboxHandler):
         return dataclasses.replace(limits, nproc=limits.nproc + need)
 
 
+async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
+    """The ``media`` lane: its handler with the media settings (``HM_MEDIA_*``; exit 78 when invalid)."""
+    return Lane("mediaworker", settings, MediaHandler(config.load(MediaSettings)), PRELOAD)
+
+
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     settings = queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)
-    media = config.load(MediaSettings)
-    await serve_worker(
-        stack, stop, role="mediaworker", handler=MediaHandler(media), preload=PRELOAD, settings=settings
-    )
+    await serve_lanes(stack, stop, [await lane(stack, settings)])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``python -m services.ocrworker``: the worker of queue ``ocr`` (the ``ocr`` operation: tesseract
 with preprocessing, table detection and escalation to RapidOCR; :mod:`hypermedia.engines.ocr.engine`).
-Configures :func:`hypermedia.worker.serve.serve_worker`: the engine runs in
+Configures :func:`hypermedia.worker.serve.serve_lanes`: the engine runs in
 :class:`hypermedia.sandbox.Sandbox` children whose zygote has imported pyvips, pypdfium2 and the
 engine (RapidOCR and onnxruntime load in the child that escalates a page: onnxruntime starts
 thread pools, which a zygote that forks must not have). Each child runs one tesseract process at
@@ -34,7 +34,8 @@ from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, OutputFile
 from hypermedia.worker.handler import SandboxHandler
 from hypermedia.worker.runtime import WorkerRuntime
-from hypermedia.worker.serve import queue_worker_settings, serve_worker
+from hypermedia.worker.serve import Lane, queue_worker_settings, serve_lanes
+from hypermedia.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +93,22 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {**DEFAULT_CHILD_ENV, **{name: environ[name] for name in PASSED_ENV if name in environ}}
 
 
-async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
-    settings = queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)
-    await serve_worker(
-        stack,
-        stop,
-        role="ocrworker",
-        settings=settings,
-        handler=OcrHandler(),
-        preload=("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"),
+async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
+    """The ``ocr`` lane: its handler, children with ``TESSDATA_PREFIX``, and the report of the
+    installed languages every :data:`LANGUAGE_REPORT_SECONDS`."""
+    return Lane(
+        "ocrworker",
+        settings,
+        OcrHandler(),
+        ("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"),
         periodic=(LANGUAGE_REPORT_SECONDS, report_languages),
         child_env=child_env(os.environ),
     )
+
+
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
+    settings = queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)
+    await serve_lanes(stack, stop, [await lane(stack, settings)])
 
 
 if __name__ == "__main__":

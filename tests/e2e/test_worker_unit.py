@@ -36,6 +36,8 @@ from hypermedia.devtools.embedded import free_port
 from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.e2e.slowjob import make_slow_png
 
+MINIMAL_PDF = Path(__file__).resolve().parents[1] / "data" / "pdf" / "minimal-document.pdf"
+
 QUICK = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_1.jpg"
 
 
@@ -133,13 +135,18 @@ def _start_unit(platform: RunningPlatform, name: str, *args: str, **env: str) ->
     log = platform.state_dir / "logs" / f"unit-{name}-{time.monotonic_ns()}.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hypermedia.worker.unit", "imageworker", *args],
+            [sys.executable, "-m", "hypermedia.worker.unit", *_role(args), *args],
             env=full_env,
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
     return Unit(proc, status_addr, log, platform.tls().channel_credentials())
+
+
+def _role(args: tuple[str, ...]) -> list[str]:
+    """``imageworker`` unless the test gives ``--queues``."""
+    return [] if any(arg.startswith("--queues") for arg in args) else ["imageworker"]
 
 
 @pytest.fixture
@@ -566,3 +573,56 @@ def test_a_profile_routed_to_the_unit_without_a_handler_or_a_bounded_retry_exits
     assert pg.execute(
         "SELECT count(*) FROM worker_unit_leases WHERE unit = 'routing' AND released_at IS NULL"
     ).fetchone() == (0,)
+
+
+# -- one unit, several queues (item 4) -----------------------------------------------------------
+
+
+def test_a_unit_of_several_queues_runs_each_queues_jobs_in_its_own_lane(
+    units: Any, client: httpx.Client, pg: psycopg.Connection[Any]
+) -> None:
+    """``--queues=images=2,documents=1``: one execution (``services.multiworker``) with a lane
+    per queue, each with its slots, its worker id and control's admission decision for it; an
+    image job and a document job complete, each on its lane."""
+    unit = units("multi", "--queues=images=2,documents=1")
+
+    def both_decided() -> worker_pb2.GetStatusResponse | None:
+        status = _ready(unit, timeout=90)
+        return status if all(q.admission_target >= 0 for q in status.queues) else None
+
+    status = wait_for("both lanes decided", both_decided, 60, interval=0.2)
+    assert status.queue == "images,documents"
+    assert [(q.queue, q.slots_total) for q in status.queues] == [("images", 2), ("documents", 1)]
+    assert status.slots_total == 3
+    image_lane, document_lane = status.queues
+    pid = unit.execution().pid  # type: ignore[union-attr]
+    assert image_lane.worker_id.startswith("local/imageworker/") and image_lane.worker_id.endswith(
+        f"/g0/{pid}"
+    )
+    assert document_lane.worker_id.startswith("local/docworker/") and document_lane.worker_id.endswith(
+        f"/g0/{pid}"
+    )
+    assert document_lane.job_memory_source in ("measured", "profile") and document_lane.job_memory_mb > 0
+
+    image = _process(client, upload(client, QUICK)["object_id"], "thumbnail")
+    document = _process(client, upload(client, MINIMAL_PDF)["object_id"], "pdf_info")
+    for job_id, worker_id in ((image, image_lane.worker_id), (document, document_lane.worker_id)):
+        job = wait_job(client, job_id)
+        assert job["status"] == "completed", job
+        assert [a["worker_id"] for a in job["attempts"]] == [worker_id]
+    rows = pg.execute(
+        "SELECT role, queue, slots FROM workers WHERE worker_id = ANY(%s) ORDER BY queue",
+        ([image_lane.worker_id, document_lane.worker_id],),
+    ).fetchall()
+    assert rows == [("docworker", "documents", 1), ("imageworker", "images", 2)]
+    assert "admission target" in unit.text() and " on documents: " in unit.text()
+    assert unit.stop() == 0
+
+
+def test_queues_and_their_slots_come_from_the_queues_option_only(units: Any) -> None:
+    unit = units("multi-bad", "--queues=images=2,videos,images", HM_WORKER_SLOTS="3")
+    assert unit.wait_exit(30) == 78
+    text = unit.text()
+    assert "--queues: 'videos' is not one of images, documents, ocr, media" in text
+    assert "HM_WORKER_SLOTS: must not be set with --queues" in text
+    assert "execution launched" not in text

@@ -4,7 +4,7 @@ line reopens, growth needs a new sample and a backlog, shrink is at once."""
 
 from __future__ import annotations
 
-from hypermedia.worker.unit.autoscaler import SAMPLE_MAX_AGE_SECONDS, Autoscaler
+from hypermedia.worker.unit.autoscaler import SAMPLE_MAX_AGE_SECONDS, Autoscaler, decide_shared
 from hypermedia.worker.unit.evidence import Sample
 
 MB = 1024 * 1024
@@ -83,3 +83,27 @@ def test_pid_pressure_and_memory_stall_close_as_well() -> None:
     scaler = Autoscaler(slots=4, job_memory_mb=256)
     stalled = scaler.decide(sample(1.0, 100, stall=55.0), backlog=1, busy=0, now=1.0)
     assert stalled.target == 0 and "stall 55 %" in stalled.reason
+
+
+def test_queues_of_one_execution_share_the_free_memory() -> None:
+    """Two queues, 2686 MiB free under the severe line: the longer backlog's queue (given first)
+    takes 4 jobs of 512 MiB (2048), the other what is left: 638 MiB = 2 jobs of 256 MiB, not the
+    10 it would take alone. Once 3 image jobs run, their share is no longer pending."""
+    images = Autoscaler(slots=4, job_memory_mb=512, memory_source="measured")
+    documents = Autoscaler(slots=16, job_memory_mb=256)
+    first, second = decide_shared([(images, 30, 0), (documents, 5, 0)], sample(10.0, 1000), now=10.0)
+    assert (first.target, second.target) == (4, 2)
+    assert "memory for 4 jobs of 512 MiB (measured)" in first.reason
+    assert "memory for 2 jobs of 256 MiB" in second.reason
+    # 3 image jobs started and took their 1536 MiB (now in memory.current): 1 is still pending.
+    again = decide_shared([(images, 30, 3), (documents, 5, 0)], sample(11.0, 1000 + 1536), now=11.0)
+    # images: room 3686-2536 = 1150 minus documents' 2 pending (512) = 638: 3 + 1 = 4.
+    # documents: 1150 minus images' 1 pending (512) = 638: 2 jobs of 256.
+    assert [d.target for d in again] == [4, 2]
+
+
+def test_pressure_closes_every_queue_of_the_execution() -> None:
+    images, documents = Autoscaler(slots=4, job_memory_mb=512), Autoscaler(slots=2, job_memory_mb=256)
+    closed = decide_shared([(images, 3, 1), (documents, 3, 1)], sample(10.0, 3800), now=10.0)
+    assert [d.target for d in closed] == [0, 0]
+    assert all(d.reason.startswith("memory_pressure") for d in closed)

@@ -39,7 +39,7 @@ sys.stdin.read()
 
 
 async def _serve(tmp_path: Path, process: Any) -> tuple[Channel, Execution, asyncio.AbstractServer, str]:
-    ex = Execution(OWN, process, None, time.monotonic(), "w-1")
+    ex = Execution(OWN, process, None, time.monotonic(), ("w-1",))
     ch = Channel(lambda: OWN, lambda: ex, lambda: {"lease_expires_at": "soon"})
     path = str(tmp_path / "c.sock")
     server = await asyncio.start_unix_server(ch.serve, path, limit=peer.MAX_MESSAGE_BYTES)
@@ -58,7 +58,7 @@ def test_only_executions_own_process_gets_the_evidence_and_is_ready_after_it(tmp
     )
 
     async def run() -> tuple[Channel, Execution]:
-        ex = Execution(OWN, child, None, time.monotonic(), "w-1")
+        ex = Execution(OWN, child, None, time.monotonic(), ("w-1",))
         ch = Channel(lambda: OWN, lambda: ex, lambda: {"lease_expires_at": "soon"})
         server = await asyncio.start_unix_server(ch.serve, path, limit=peer.MAX_MESSAGE_BYTES)
         try:
@@ -146,7 +146,7 @@ def test_idle_connections_cannot_keep_execution_out(tmp_path: Path) -> None:
     )
 
     async def run() -> tuple[Channel, list[bytes], int]:
-        ex = Execution(OWN, child, None, time.monotonic(), "w-1")
+        ex = Execution(OWN, child, None, time.monotonic(), ("w-1",))
         ch = Channel(lambda: OWN, lambda: ex, lambda: {})
         server = await asyncio.start_unix_server(ch.serve, path, limit=peer.MAX_MESSAGE_BYTES)
         idle = [await asyncio.open_unix_connection(path) for _ in range(channel.MAX_CONNECTIONS + 20)]
@@ -175,7 +175,7 @@ def test_a_connection_of_an_earlier_generation_is_closed_after_a_relaunch(tmp_pa
     ready, nor report for it."""
     identity = [OWN]
     me = types.SimpleNamespace(pid=os.getpid())
-    ex0 = Execution(OWN, me, None, time.monotonic(), "w-1")  # type: ignore[arg-type]
+    ex0 = Execution(OWN, me, None, time.monotonic(), ("w-1",))  # type: ignore[arg-type]
     current = [ex0]
 
     async def run() -> tuple[Channel, Execution, bytes]:
@@ -188,7 +188,7 @@ def test_a_connection_of_an_earlier_generation_is_closed_after_a_relaunch(tmp_pa
         await asyncio.wait_for(reader.readline(), 5)  # evidence
         g1 = peer.UnitIdentity(**{**OWN.__dict__, "generation": 1})
         identity[0] = g1
-        current[0] = Execution(g1, types.SimpleNamespace(pid=999_999), None, time.monotonic(), "w-2")  # type: ignore[arg-type]
+        current[0] = Execution(g1, types.SimpleNamespace(pid=999_999), None, time.monotonic(), ("w-2",))  # type: ignore[arg-type]
         writer.write(peer.encode("ready", g1) + peer.encode("status", g1, busy=7))
         await writer.drain()
         end = await asyncio.wait_for(reader.read(), 5)

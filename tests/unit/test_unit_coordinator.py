@@ -102,7 +102,7 @@ def test_the_mediaworkers_handler_asks_controls_coordinator_over_the_socket(
     coordinator = MediaCoordinator({"transcode_video": 2, "transcode_audio": 1})
     path = str(tmp_path / "c.sock")
     # This test's process is execution: the channel takes its hello (SO_PEERCRED).
-    ex = Execution(OWN, types.SimpleNamespace(pid=os.getpid()), None, time.monotonic(), "w-1")  # type: ignore[arg-type]
+    ex = Execution(OWN, types.SimpleNamespace(pid=os.getpid()), None, time.monotonic(), ("w-1",))  # type: ignore[arg-type]
     handler = MediaHandler(
         MediaSettings.model_validate({"HM_MEDIA_MAX_VIDEO_JOBS": 1, "HM_MEDIA_MAX_AUDIO_JOBS": 9})
     )

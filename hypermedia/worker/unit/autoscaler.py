@@ -14,6 +14,9 @@ Rules, in order:
    :data:`SEVERE_MEMORY` holds at one job's measured peak
    (:func:`hypermedia.worker.unit.evidence.job_memory_mb`), and likewise for pids at
    :data:`PIDS_PER_JOB`; at least 1, at most the resident slots.
+   In a unit of several queues each queue has its autoscaler and the free memory and pids are
+   shared: a queue's fit leaves out what the others' admitted, not yet started jobs will take
+   (``reserved_bytes``, ``reserved_pids``: :func:`reserved`).
 4. **Grow only on a new sample and demand**: above the current target only when the sample is
    newer than the last decision's and the backlog is not empty. **Shrink at once**: execution
    then admits nothing until its running jobs are below the new target (a slot is not taken
@@ -72,15 +75,37 @@ class Autoscaler:
         self._closed_by: float = float("-inf")
         self.last = Decision(min(1, slots), "no_measurements", time.monotonic(), None, 0)
 
-    def decide(self, sample: Sample | None, backlog: int, busy: int, now: float | None = None) -> Decision:
+    def decide(
+        self,
+        sample: Sample | None,
+        backlog: int,
+        busy: int,
+        now: float | None = None,
+        *,
+        reserved_bytes: int = 0,
+        reserved_pids: int = 0,
+    ) -> Decision:
         """The next :class:`Decision` (also kept as ``last``) from ``sample`` (``None``: none
-        could be read), the queues' ``backlog`` and the jobs ``busy`` in execution now."""
+        could be read), the queue's ``backlog`` and the jobs ``busy`` in execution now;
+        ``reserved_bytes`` and ``reserved_pids`` of the free room are promised to other queues."""
         now = time.monotonic() if now is None else now
-        decision = self._decide(sample, backlog, busy, now)
+        decision = self._decide(sample, backlog, busy, now, reserved_bytes, reserved_pids)
         self.last = decision
         return decision
 
-    def _decide(self, sample: Sample | None, backlog: int, busy: int, now: float) -> Decision:
+    def pending(self, busy: int) -> int:
+        """Jobs the last decision admits that have not started: its target above ``busy``."""
+        return max(0, self.last.target - busy)
+
+    def _decide(
+        self,
+        sample: Sample | None,
+        backlog: int,
+        busy: int,
+        now: float,
+        reserved_bytes: int,
+        reserved_pids: int,
+    ) -> Decision:
         taken = sample.taken_at if sample is not None else None
         fresh = sample is not None and sample.age(now) <= SAMPLE_MAX_AGE_SECONDS
         if sample is not None and fresh:
@@ -111,8 +136,8 @@ class Autoscaler:
                 backlog,
             )
         job_bytes = self.job_memory_mb * 1024 * 1024
-        memory_room = int(sample.memory_limit * SEVERE_MEMORY) - sample.memory_current
-        pids_room = int(sample.pids_limit * SEVERE_PIDS) - sample.pids_current
+        memory_room = int(sample.memory_limit * SEVERE_MEMORY) - sample.memory_current - reserved_bytes
+        pids_room = int(sample.pids_limit * SEVERE_PIDS) - sample.pids_current - reserved_pids
         by_memory = busy + max(0, memory_room) // job_bytes
         by_pids = busy + max(0, pids_room) // PIDS_PER_JOB
         fit = max(1, min(self.slots, by_memory, by_pids))
@@ -153,3 +178,29 @@ def _recovered(sample: Sample) -> bool:
 
 def _mb(n: int) -> int:
     return n // (1024 * 1024)
+
+
+def decide_shared(
+    lanes: list[tuple[Autoscaler, int, int]], sample: Sample | None, now: float | None = None
+) -> list[Decision]:
+    """Decisions for the queues of one execution, ``lanes`` of ``(autoscaler, backlog, busy)``
+    sharing ``sample``'s room, in the order given: each queue's fit leaves out the jobs the other
+    queues admitted and have not started (the decisions already made this round, the last ones of
+    the rest), at their own memory per job and :data:`PIDS_PER_JOB` each. A lane with a longer
+    backlog should come first: it gets the room first."""
+    now = time.monotonic() if now is None else now
+    decided: list[Decision] = []
+    for i, (scaler, backlog, busy) in enumerate(lanes):
+        others = [(other, other_busy) for j, (other, _, other_busy) in enumerate(lanes) if j != i]
+        pending = [(other, other.pending(other_busy)) for other, other_busy in others]
+        decided.append(
+            scaler.decide(
+                sample,
+                backlog,
+                busy,
+                now,
+                reserved_bytes=sum(n * other.job_memory_mb * 1024 * 1024 for other, n in pending),
+                reserved_pids=sum(n * PIDS_PER_JOB for _, n in pending),
+            )
+        )
+    return decided

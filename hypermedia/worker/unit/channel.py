@@ -15,7 +15,10 @@ no hello in time) is counted in :attr:`Channel.refused` and logged, at most one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -23,6 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 from hypermedia.sandbox import cgroups
 from hypermedia.worker.unit import peer
@@ -49,7 +54,8 @@ class Execution:
     process: subprocess.Popen[bytes]
     group: cgroups.JobCgroup | None
     launched_at: float
-    worker_id: str
+    worker_ids: tuple[str, ...]
+    """The worker id of each of its lanes (one per queue), whose jobs containment hands back."""
     exit_code: int | None = None
     writer: asyncio.StreamWriter | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -59,6 +65,17 @@ class Execution:
     """``time.monotonic()`` of the last status (0: none yet)."""
     silent: bool = False
     """Contained because it fell silent (no status for ``STATUS_SILENCE_SECONDS``)."""
+
+    def busy_on(self, queue: str, slots: int) -> int:
+        """The jobs running on ``queue`` by the last status (its ``queues``; a status without
+        them gives its ``busy``), within ``0..slots``."""
+        lanes = self.status.get("queues")
+        lane = lanes.get(queue) if isinstance(lanes, dict) else None
+        value = lane.get("busy", 0) if isinstance(lane, dict) else self.status.get("busy", 0)
+        try:
+            return min(slots, max(0, int(value)))
+        except (TypeError, ValueError, OverflowError):
+            return 0
 
 
 class Channel:
@@ -227,3 +244,21 @@ def peer_pid(writer: asyncio.StreamWriter) -> int | None:
     except OSError:
         return None
     return int(pid)
+
+
+def remove_stale_socket_dirs(run_dir: str) -> None:
+    """Remove the socket directories (``hm-unit-<pid>-*``) of controls of this user that died
+    without cleaning up (SIGKILL): their pid is no longer alive."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(run_dir):
+            parts = entry.name.split("-")
+            if (
+                len(parts) < 4
+                or parts[:2] != ["hm", "unit"]
+                or not (parts[2].isascii() and parts[2].isdigit())
+            ):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid():
+                    if not psutil.pid_exists(int(parts[2])):
+                        shutil.rmtree(entry.path, ignore_errors=True)

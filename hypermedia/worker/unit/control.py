@@ -35,7 +35,6 @@ import uuid
 from typing import Any
 
 import asyncpg
-import psutil
 
 from hypermedia.core import config, telemetry
 from hypermedia.infra import db
@@ -53,10 +52,10 @@ from hypermedia.sandbox import cgroups
 from hypermedia.sandbox.cgroupfind import Unavailable
 from hypermedia.worker import registry
 from hypermedia.worker.unit import containment, evidence, lease, peer, routing
-from hypermedia.worker.unit.autoscaler import Autoscaler
-from hypermedia.worker.unit.channel import Channel, Execution
+from hypermedia.worker.unit.autoscaler import Autoscaler, decide_shared
+from hypermedia.worker.unit.channel import Channel, Execution, remove_stale_socket_dirs
 from hypermedia.worker.unit.coordinator import MediaCoordinator
-from hypermedia.worker.unit.settings import Configuration, validate
+from hypermedia.worker.unit.settings import QUEUES_VARIABLE, Configuration, lanes_spec, validate
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,8 @@ class Control:
         self.generation = 0
         self.execution: Execution | None = None
         self.cgroups: cgroups.Cgroups | None = None
-        self.autoscaler = Autoscaler(cfg.worker.slots, 512)
+        self.autoscalers = {lane.worker.queue: Autoscaler(lane.worker.slots, 512) for lane in cfg.lanes}
+        """One per queue of the unit (:func:`autoscaler.decide_shared`)."""
         self.coordinator = MediaCoordinator(cfg.coordinator_bounds) if cfg.coordinator_bounds else None
         self.channel = Channel(self.identity, lambda: self.execution, self._evidence, self.coordinator)
         self._relaunches: list[float] = []
@@ -107,7 +107,7 @@ class Control:
         self.socket_path = ""
         self._stop = asyncio.Event()
         self._renewing: asyncio.Task[None] | None = None
-        self._last_reason_kind = ""
+        self._last_reason_kind: dict[str, str] = {}
         self.measured: cgroups.JobCgroup | None = None
         """The group read for evidence when execution has none of its own: control's (read only)."""
 
@@ -143,7 +143,7 @@ class Control:
             await self._finish(server)
 
     def _name(self) -> str:
-        return f"{self.cfg.role.name}-control"
+        return f"{self.cfg.name}-control"
 
     async def _open(self) -> None:
         self.pool = await db.create_pool(self.cfg.infra.database_url.get_secret_value(), max_size=3)
@@ -167,18 +167,21 @@ class Control:
             self.boot[:8],
             extra={"unit": self.cfg.unit_name, "epoch": self.lease.epoch},
         )
-        problems = await routing.routing_problems(
-            self.pool,
-            self.cfg.worker.queue,
-            routing.handled_operations(self.cfg.role.operations),
-            self.cfg.role.name,
-        )
+        problems = []
+        for lane in self.cfg.lanes:
+            problems += await routing.routing_problems(
+                self.pool,
+                lane.worker.queue,
+                routing.handled_operations(lane.role.operations),
+                lane.role.name,
+            )
         if problems:
             raise UnitEnded(
                 EXIT_CONFIG, "the work routed to this unit is invalid:\n  " + "\n  ".join(problems)
             )
-        job_mb, source = await evidence.job_memory_mb(self.pool, [self.cfg.worker.queue])
-        self.autoscaler = Autoscaler(self.cfg.worker.slots, job_mb, source)
+        for lane in self.cfg.lanes:
+            job_mb, source = await evidence.job_memory_mb(self.pool, [lane.worker.queue])
+            self.autoscalers[lane.worker.queue] = Autoscaler(lane.worker.slots, job_mb, source)
         opened = cgroups.open_cgroups(self.cfg.unit.cgroup, variable="HM_UNIT_CGROUP")
         if isinstance(opened, Unavailable):
             self.measured = evidence.own_group() if self.cfg.unit.cgroup != "off" else None
@@ -195,7 +198,7 @@ class Control:
         with contextlib.suppress(OSError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         run_dir = self.cfg.unit.run_dir or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-        _remove_stale_socket_dirs(run_dir)
+        remove_stale_socket_dirs(run_dir)
         self._socket_dir = tempfile.mkdtemp(prefix=f"hm-unit-{os.getpid()}-", dir=run_dir)  # mode 0700
         self.socket_path = os.path.join(self._socket_dir, "control.sock")
 
@@ -214,7 +217,8 @@ class Control:
         }
 
     def _launch(self) -> None:
-        """Launch execution (``python -m services.{role}``) at the current generation, in its own
+        """Launch execution (``python -m services.{role}``, or ``services.multiworker`` with
+        ``HM_WORKER_QUEUES`` for a unit of ``--queues``) at the current generation, in its own
         cgroup when there is one (a shell writes its pid to the group's ``cgroup.procs`` and then
         execs Python, so nothing of execution ever runs outside it)."""
         identity = self.identity()
@@ -233,18 +237,21 @@ class Control:
             **os.environ,
             **identity.env(self.socket_path),
             "HM_UNIT_PYTHON": sys.executable,
-            "HM_UNIT_MODULE": f"services.{self.cfg.role.name}",
+            "HM_UNIT_MODULE": self.cfg.module,
         }
+        if self.cfg.plans:
+            env[QUEUES_VARIABLE] = lanes_spec(self.cfg.plans)
         process = subprocess.Popen(["/bin/sh", "-c", script, "sh", *procs], env=env)
-        worker_id = registry.worker_identity_of(
-            self.deployment, self.cfg.role.name, identity.generation, process.pid
+        worker_ids = tuple(
+            registry.worker_identity_of(self.deployment, lane.role.name, identity.generation, process.pid)
+            for lane in self.cfg.lanes
         )
-        self.execution = Execution(identity, process, group, time.monotonic(), worker_id)
+        self.execution = Execution(identity, process, group, time.monotonic(), worker_ids)
         log.info(
             "execution launched: generation %d pid %d",
             identity.generation,
             process.pid,
-            extra={"generation": identity.generation, "worker_id": worker_id},
+            extra={"generation": identity.generation, "worker_id": ",".join(worker_ids)},
         )
 
     def _reap(self) -> None:
@@ -398,12 +405,17 @@ class Control:
             )
 
     async def _release_jobs(self, ex: Execution) -> int:
-        """Hand back the jobs of a contained execution (:func:`lifecycle.release_contained`)."""
+        """Hand back the jobs of a contained execution, of each of its lanes
+        (:func:`lifecycle.release_contained`)."""
         assert self.pool is not None
         try:
-            released = await lifecycle.release_contained(
-                self.pool, self.cfg.infra.stream_prefix, ex.worker_id
-            )
+            released = [
+                row
+                for worker_id in ex.worker_ids
+                for row in await lifecycle.release_contained(
+                    self.pool, self.cfg.infra.stream_prefix, worker_id
+                )
+            ]
         except Exception:
             log.exception(
                 "could not hand back the contained execution's jobs; the reaper will at lease expiry"
@@ -445,51 +457,62 @@ class Control:
             await asyncio.sleep(self.cfg.unit.sample_seconds)
 
     async def _sample_once(self) -> None:
-        """One round of :meth:`_sample_loop` (nothing before execution is ready)."""
+        """One round of :meth:`_sample_loop` (nothing before execution is ready): one sample of
+        execution's cgroup, one decision per queue over the room they share
+        (:func:`autoscaler.decide_shared`, the longest backlog first), an ``admission`` message
+        per queue."""
         assert self.pool is not None
         ex = self.execution
         if ex is None or ex.writer is None or not ex.ready.is_set():
             return
         sample = evidence.read(ex.group or self.measured)
-        try:
-            backlog = await evidence.backlog(self.pool, [self.cfg.worker.queue])
-        except Exception:
-            backlog = 0
-        try:
-            busy = min(self.cfg.worker.slots, max(0, int(ex.status.get("busy", 0))))
-        except (TypeError, ValueError, OverflowError):
-            busy = 0
-        decision = self.autoscaler.decide(sample, backlog, busy)
-        kind = decision.reason.split(":")[0] + f"/{decision.target}"
-        if kind != self._last_reason_kind:
-            log.info(
-                "admission target %d: %s",
-                decision.target,
-                decision.reason,
-                extra={"admission_target": decision.target, "generation": ex.identity.generation},
-            )
-            self._last_reason_kind = kind
-        body: dict[str, Any] = {
-            "target": decision.target,
-            "reason": decision.reason,
-            "decided_at": decision.decided_at,
-            "backlog": backlog,
-            "job_memory_mb": self.autoscaler.job_memory_mb,
-            "job_memory_source": self.autoscaler.memory_source,
-            "refused": self.channel.refused,
-        }
-        if sample is not None:
-            body["sample"] = {
-                "taken_at": sample.taken_at,
-                "memory_current": sample.memory_current,
-                "memory_peak": sample.memory_peak,
-                "memory_limit": sample.memory_limit,
-                "pids_current": sample.pids_current,
-                "pids_limit": sample.pids_limit,
-                "memory_pressure": sample.memory_pressure,
+        lanes = []
+        for lane in self.cfg.lanes:
+            queue = lane.worker.queue
+            try:
+                backlog = await evidence.backlog(self.pool, [queue])
+            except Exception:
+                backlog = 0
+            lanes.append((queue, self.autoscalers[queue], backlog, ex.busy_on(queue, lane.worker.slots)))
+        lanes.sort(key=lambda lane: -lane[2])
+        decisions = decide_shared([(scaler, backlog, busy) for _, scaler, backlog, busy in lanes], sample)
+        for (queue, scaler, backlog, _), decision in zip(lanes, decisions, strict=True):
+            kind = decision.reason.split(":")[0] + f"/{decision.target}"
+            if kind != self._last_reason_kind.get(queue):
+                log.info(
+                    "admission target %d on %s: %s",
+                    decision.target,
+                    queue,
+                    decision.reason,
+                    extra={
+                        "admission_target": decision.target,
+                        "queue": queue,
+                        "generation": ex.identity.generation,
+                    },
+                )
+                self._last_reason_kind[queue] = kind
+            body: dict[str, Any] = {
+                "queue": queue,
+                "target": decision.target,
+                "reason": decision.reason,
+                "decided_at": decision.decided_at,
+                "backlog": backlog,
+                "job_memory_mb": scaler.job_memory_mb,
+                "job_memory_source": scaler.memory_source,
+                "refused": self.channel.refused,
             }
-        with contextlib.suppress(ConnectionError, OSError):
-            await peer.send(ex.writer, "admission", ex.identity, **body)
+            if sample is not None:
+                body["sample"] = {
+                    "taken_at": sample.taken_at,
+                    "memory_current": sample.memory_current,
+                    "memory_peak": sample.memory_peak,
+                    "memory_limit": sample.memory_limit,
+                    "pids_current": sample.pids_current,
+                    "pids_limit": sample.pids_limit,
+                    "memory_pressure": sample.memory_pressure,
+                }
+            with contextlib.suppress(ConnectionError, OSError):
+                await peer.send(ex.writer, "admission", ex.identity, **body)
 
     # -- stop --------------------------------------------------------------------------------
 
@@ -514,24 +537,6 @@ class Control:
             await self.pool.close()
 
 
-def _remove_stale_socket_dirs(run_dir: str) -> None:
-    """Remove the socket directories (``hm-unit-<pid>-*``) of controls of this user that died
-    without cleaning up (SIGKILL): their pid is no longer alive."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(run_dir):
-            parts = entry.name.split("-")
-            if (
-                len(parts) < 4
-                or parts[:2] != ["hm", "unit"]
-                or not (parts[2].isascii() and parts[2].isdigit())
-            ):
-                continue
-            with contextlib.suppress(OSError):
-                if entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid():
-                    if not psutil.pid_exists(int(parts[2])):
-                        shutil.rmtree(entry.path, ignore_errors=True)
-
-
 def cgroups_unlimited() -> int:
     """The largest memory limit a cgroup file takes (no limit of its own)."""
     return 2**63 - 1 - (2**63 - 1) % 4096
@@ -547,24 +552,29 @@ def _meaning(code: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m hypermedia.worker.unit ROLE [--unit NAME]``: run control; exits with the code of
-    docs/operations.md ("Exit codes")."""
+    """``python -m hypermedia.worker.unit (ROLE | --queues Q[=N],...) [--unit NAME]``: run
+    control; exits with the code of docs/operations.md ("Exit codes")."""
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m hypermedia.worker.unit", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
-        "role", help="the execution to launch: imageworker, docworker, ocrworker or mediaworker"
+        "role", nargs="?", help="the execution to launch: imageworker, docworker, ocrworker or mediaworker"
+    )
+    parser.add_argument(
+        "--queues",
+        help="instead of a role: the queues of one execution with their slots, e.g. images=4,documents=2",
     )
     parser.add_argument(
         "--unit", help="the unit's name in its deployment (default HM_UNIT_NAME, else the role)"
     )
     args = parser.parse_args(argv)
-    telemetry.setup(f"{args.role}-control", os.environ.get("HM_LOG_LEVEL", "INFO"))
+    name = args.role or "worker"
+    telemetry.setup(f"{name}-control", os.environ.get("HM_LOG_LEVEL", "INFO"))
     try:
-        cfg = validate(args.role, args.unit)
+        cfg = validate(args.role, args.unit, args.queues)
     except config.ConfigError as exc:
-        print(f"{args.role}-control: {exc}", file=sys.stderr, flush=True)
+        print(f"{name}-control: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
     sys.exit(asyncio.run(Control(cfg).run()))

@@ -32,6 +32,8 @@ class Role:
     """``module:NAME`` of the tuple of operations its handler runs."""
     settings: tuple[str, ...] = ()
     coordinator: str = ""
+    uids_per_slot: int = 1
+    """Sandbox uids one slot takes with root (the docworker's: a job's and a listener's)."""
 
 
 ROLES: Final = {
@@ -42,6 +44,7 @@ ROLES: Final = {
         2,
         "hypermedia.engines.documents.params:OPERATIONS",
         ("hypermedia.engines.documents.settings:OfficeSettings",),
+        uids_per_slot=2,
     ),
     "ocrworker": Role("ocrworker", "ocr", 2, "hypermedia.engines.ocr.params:OPERATIONS"),
     "mediaworker": Role(
@@ -55,6 +58,70 @@ ROLES: Final = {
 }
 """The roles, by the name given to ``python -m hypermedia.worker.unit``."""
 
+ROLE_OF_QUEUE: Final = {role.queue: role for role in ROLES.values()}
+
+QUEUES_VARIABLE: Final = "HM_WORKER_QUEUES"
+"""The queues of a worker of several (:mod:`services.multiworker`): ``images=4,documents=2``."""
+
+UID_RANGE: Final = 64
+"""Sandbox uids one worker process takes from ``HM_SANDBOX_UID_BASE`` with root (the range
+``hypermedia up`` gives each replica: ``platform.UID_RANGE_PER_REPLICA``)."""
+
+MULTI_QUEUE_MODULE: Final = "services.multiworker"
+
+
+@dataclass(frozen=True)
+class LanePlan:
+    """One queue of a worker of several: its role, slots, and where its sandbox uids start
+    (``uid_offset`` above ``HM_SANDBOX_UID_BASE``)."""
+
+    role: Role
+    slots: int
+    uid_offset: int
+
+
+def plan_lanes(spec: str, *, variable: str, as_root: bool) -> tuple[LanePlan, ...]:
+    """The lanes of ``spec``, a comma list of queues each with its slots or not
+    (``images=4,documents``: the role's default slots). ``variable`` names the spec in messages
+    (``--queues`` or :data:`QUEUES_VARIABLE`).
+
+    Raises:
+        ValueError: an unknown or repeated queue, slots that are not 1-64, an empty list, or
+            (``as_root``) lanes whose uids do not fit in :data:`UID_RANGE`; the message names
+            ``variable``.
+    """
+    plans: list[LanePlan] = []
+    offset = 0
+    items = [item.strip() for item in spec.split(",")]
+    if not spec.strip() or not all(items):
+        raise ValueError(f"{variable}: give queues as a comma list, e.g. images=4,documents=2")
+    for item in items:
+        queue, sep, count = item.partition("=")
+        queue = queue.strip()
+        role = ROLE_OF_QUEUE.get(queue)
+        if role is None:
+            raise ValueError(f"{variable}: {queue[:32]!r} is not one of {', '.join(ROLE_OF_QUEUE)}")
+        if any(plan.role is role for plan in plans):
+            raise ValueError(f"{variable}: {queue} is given twice")
+        count = count.strip()
+        if sep and not (count.isascii() and count.isdigit() and 1 <= int(count) <= 64):
+            raise ValueError(f"{variable}: the slots of {queue} must be a whole number 1-64")
+        slots = int(count) if sep else role.default_slots
+        plans.append(LanePlan(role, slots, offset))
+        offset += slots * role.uids_per_slot
+    if as_root and offset > UID_RANGE:
+        raise ValueError(
+            f"{variable}: the lanes take {offset} sandbox uids with root (a docworker slot takes 2), "
+            f"more than the {UID_RANGE} of one worker"
+        )
+    return tuple(plans)
+
+
+def lanes_spec(plans: tuple[LanePlan, ...]) -> str:
+    """The :data:`QUEUES_VARIABLE` value of ``plans``, every slot count given."""
+    return ",".join(f"{plan.role.queue}={plan.slots}" for plan in plans)
+
+
 REFUSED: Final = {
     peer.ENV_SOCKET: "control makes the unit's socket",
     peer.ENV_EPOCH: "the epoch is the deployment lease's",
@@ -62,6 +129,7 @@ REFUSED: Final = {
     peer.ENV_CONTROL_PID: "control hands its pid to its execution",
     "HM_WORKER_ID": "a worker's id is derived from the deployment, boot, role and generation",
     "HM_CONSUMER_NAME": "consumer names are derived from the queue and band (hypermedia/jobs/queues.py)",
+    QUEUES_VARIABLE: "control sets it from --queues",
 }
 """Variables control refuses to inherit (exit 78): the unit's identity is control's to derive, and
 consumer names are not overridable."""
@@ -109,23 +177,52 @@ class UnitSettings(ComponentSettings):
 
 
 @dataclass(frozen=True)
-class Configuration:
-    """Everything control read, validated: its own settings, the connections, execution's."""
+class LaneConfig:
+    """One queue of the unit: the role that serves it and its worker settings (queue, slots)."""
 
     role: Role
+    worker: WorkerSettings
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """Everything control read, validated: its own settings, the connections, each lane's."""
+
+    lanes: tuple[LaneConfig, ...]
     unit: UnitSettings
     infra: config.InfraSettings
-    worker: WorkerSettings
     unit_name: str
     coordinator_bounds: dict[str, int]
     """Operation → jobs at once of the unit's media coordinator (empty: none)."""
+    plans: tuple[LanePlan, ...] = ()
+    """The lanes of ``--queues`` (empty: a unit of one role)."""
+
+    @property
+    def worker(self) -> WorkerSettings:
+        """The settings the lanes share (deployment, drain, timings): the first lane's."""
+        return self.lanes[0].worker
+
+    @property
+    def name(self) -> str:
+        """``imageworker`` for a unit of one role, ``worker`` for one of several queues."""
+        return self.lanes[0].role.name if not self.plans else "worker"
+
+    @property
+    def module(self) -> str:
+        """What execution runs: ``services.{role}``, or :data:`MULTI_QUEUE_MODULE`."""
+        return f"services.{self.lanes[0].role.name}" if not self.plans else MULTI_QUEUE_MODULE
 
 
-def validate(role_name: str, unit_option: str | None) -> Configuration:
-    """Check the whole configuration of a unit of ``role_name`` before anything is launched: the
-    refused variables (:data:`REFUSED`), control's settings, the connections' forms
-    (``HM_DATABASE_URL``, ``HM_NATS_URL``, ``HM_STORAGE_ADDR``, ``HM_CREDITS_ADDR``), the worker's
-    settings with the role's queue and slots, the role's own settings and the internal TLS files.
+def validate(
+    role_name: str | None, unit_option: str | None, queues_option: str | None = None
+) -> Configuration:
+    """Check the whole configuration of a unit of ``role_name``, or of the queues of
+    ``queues_option`` (``--queues``: :func:`plan_lanes`), before anything is launched: the refused
+    variables (:data:`REFUSED`), control's settings, the connections' forms (``HM_DATABASE_URL``,
+    ``HM_NATS_URL``, ``HM_STORAGE_ADDR``, ``HM_CREDITS_ADDR``), each lane's worker settings with
+    its queue and slots, each role's own settings and the internal TLS files. A unit of
+    ``--queues`` (one or several) takes its queues and slots from there only: ``HM_WORKER_QUEUE``
+    and ``HM_WORKER_SLOTS`` are refused.
 
     Raises:
         config.ConfigError: every problem found, each naming its variable and never a value (exit 78).
@@ -134,33 +231,58 @@ def validate(role_name: str, unit_option: str | None) -> Configuration:
     problems = [
         f"{name}: must not be set: {why}" for name, why in REFUSED.items() if config.lookup(env, name)
     ]
-    role = ROLES.get(role_name)
-    if role is None:
+    plans: tuple[LanePlan, ...] = ()
+    roles: list[tuple[Role, int | None]] = []
+    if (role_name is None) == (queues_option is None):
+        problems.append("give a role or --queues, not both and not neither")
+    elif queues_option is not None:
+        try:
+            plans = plan_lanes(queues_option, variable="--queues", as_root=os.geteuid() == 0)
+        except ValueError as exc:
+            problems.append(str(exc))
+        roles = [(plan.role, plan.slots) for plan in plans]
+        problems.extend(
+            f"{name}: must not be set with --queues: give the queues and their slots there"
+            for name in ("HM_WORKER_QUEUE", "HM_WORKER_SLOTS")
+            if config.lookup(env, name)
+        )
+    elif (role := ROLES.get(role_name or "")) is None:
         problems.append(f"role: {role_name!r} is not one of {', '.join(sorted(ROLES))}")
+    else:
+        roles = [(role, None)]
     loaded: dict[str, object] = {}
+
+    def worker_loader(role: Role, slots: int | None):  # type: ignore[no-untyped-def]
+        return lambda: config.load(
+            WorkerSettings, HM_WORKER_QUEUE=role.queue, HM_WORKER_SLOTS=slots or role.default_slots
+        )
+
     for key, load in (
         ("unit", lambda: config.load(UnitSettings)),
         ("infra", lambda: config.load(config.InfraSettings)),
-        (
-            "worker",
-            lambda: (
-                config.load(WorkerSettings, HM_WORKER_QUEUE=role.queue, HM_WORKER_SLOTS=role.default_slots)
-                if role
-                else None
-            ),
-        ),
-        *((path, _settings_loader(path)) for path in (role.settings if role else ())),
+        *((f"worker:{role.queue}", worker_loader(role, slots)) for role, slots in roles),
+        *((path, _settings_loader(path)) for role, _ in roles for path in role.settings),
         ("tls", mtls.from_environment),
     ):
+        if key in loaded:
+            continue
         try:
             loaded[key] = load()
         except config.ConfigError as exc:
-            problems.extend(line.strip() for line in str(exc).splitlines()[1:] or [str(exc)])
+            problems.extend(
+                line.strip()
+                for line in str(exc).splitlines()[1:] or [str(exc)]
+                if line.strip() not in problems
+            )
         except (ValueError, OSError) as exc:
             problems.append(str(exc))
-    worker = loaded.get("worker")
-    if role is not None and isinstance(worker, WorkerSettings) and worker.queue != role.queue:
-        problems.append(f"HM_WORKER_QUEUE: the {role.name} consumes {role.queue} only")
+    lanes = []
+    for role, _ in roles:
+        worker = loaded.get(f"worker:{role.queue}")
+        if isinstance(worker, WorkerSettings):
+            if worker.queue != role.queue:
+                problems.append(f"HM_WORKER_QUEUE: the {role.name} consumes {role.queue} only")
+            lanes.append(LaneConfig(role, worker))
     unit = loaded.get("unit")
     unit_name = ""
     if unit_option is not None and not re.fullmatch(r"[a-z][a-z0-9-]{0,62}", unit_option):
@@ -168,14 +290,22 @@ def validate(role_name: str, unit_option: str | None) -> Configuration:
     if isinstance(unit, UnitSettings):
         if unit_option is not None and unit.unit and unit.unit != unit_option:
             problems.append("HM_UNIT_NAME: differs from --unit; give one, or the same in both")
-        unit_name = unit_option or unit.unit or role_name
+        default = (
+            "-".join(["worker", *(p.role.queue for p in plans)])
+            if plans
+            else (roles[0][0].name if roles else "")
+        )
+        unit_name = unit_option or unit.unit or default
     if problems:
         raise config.ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
-    assert role is not None and isinstance(unit, UnitSettings) and isinstance(worker, WorkerSettings)
+    assert isinstance(unit, UnitSettings) and lanes
     infra = loaded["infra"]
     assert isinstance(infra, config.InfraSettings)
-    bounds = loaded[role.coordinator].coordinator_bounds() if role.coordinator else {}  # type: ignore[attr-defined]
-    return Configuration(role, unit, infra, worker, unit_name, bounds)
+    bounds: dict[str, int] = {}
+    for lane in lanes:
+        if lane.role.coordinator:
+            bounds |= loaded[lane.role.coordinator].coordinator_bounds()  # type: ignore[attr-defined]
+    return Configuration(tuple(lanes), unit, infra, unit_name, bounds, plans)
 
 
 def _settings_loader(path: str):  # type: ignore[no-untyped-def]

@@ -53,6 +53,7 @@ class GetStatusResponse(_message.Message):
     SANDBOX_LAYERS_FIELD_NUMBER: _builtins.int
     SANDBOX_REQUIRE_FIELD_NUMBER: _builtins.int
     UNIT_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     queue: _builtins.str
     slots_total: _builtins.int
@@ -79,6 +80,13 @@ class GetStatusResponse(_message.Message):
     def unit(self) -> Global___UnitStatus:
         """The worker unit this worker is the execution of (absent when it runs without control)."""
 
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueStatus]:
+        """Each queue this worker serves, in the order it was given (one for a worker of one queue).
+        With several, worker_id, reason and the admission fields above are the first queue's;
+        queue joins the names with ",", slots_total, slots_busy and the job counts add up.
+        """
+
     def __init__(
         self,
         *,
@@ -97,14 +105,77 @@ class GetStatusResponse(_message.Message):
         sandbox_layers: _abc.Iterable[Global___SandboxLayer] | None = ...,
         sandbox_require: _builtins.str = ...,
         unit: Global___UnitStatus | None = ...,
+        queues: _abc.Iterable[Global___QueueStatus] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at", "unit", b"unit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "available_memory_mb", b"available_memory_mb", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "pid_headroom", b"pid_headroom", "queue", b"queue", "reason", b"reason", "sample_age_seconds", b"sample_age_seconds", "sandbox_layers", b"sandbox_layers", "sandbox_require", b"sandbox_require", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "started_at", b"started_at", "unit", b"unit", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "available_memory_mb", b"available_memory_mb", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "pid_headroom", b"pid_headroom", "queue", b"queue", "queues", b"queues", "reason", b"reason", "sample_age_seconds", b"sample_age_seconds", "sandbox_layers", b"sandbox_layers", "sandbox_require", b"sandbox_require", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "started_at", b"started_at", "unit", b"unit", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class QueueStatus(_message.Message):
+    """QueueStatus is one queue of a worker: its slots, its admission and control's last decision for it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    SLOTS_TOTAL_FIELD_NUMBER: _builtins.int
+    SLOTS_BUSY_FIELD_NUMBER: _builtins.int
+    ADMISSION_OPEN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    JOBS_COMPLETED_FIELD_NUMBER: _builtins.int
+    JOBS_FAILED_FIELD_NUMBER: _builtins.int
+    ADMISSION_TARGET_FIELD_NUMBER: _builtins.int
+    DECISION_REASON_FIELD_NUMBER: _builtins.int
+    BACKLOG_FIELD_NUMBER: _builtins.int
+    JOB_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    JOB_MEMORY_SOURCE_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    worker_id: _builtins.str
+    """The worker id its jobs are leased to ({deployment}/{role}/{host}/{boot}/g{generation}/{pid})."""
+    slots_total: _builtins.int
+    slots_busy: _builtins.int
+    admission_open: _builtins.bool
+    reason: _builtins.str
+    """As GetStatusResponse.reason, for this queue; "parked" when control's target is below its busy slots."""
+    jobs_completed: _builtins.int
+    jobs_failed: _builtins.int
+    admission_target: _builtins.int
+    """Jobs control's autoscaler admits at once on this queue; -1 without control or before its first decision."""
+    decision_reason: _builtins.str
+    backlog: _builtins.int
+    """Jobs queued on this queue at the decision."""
+    job_memory_mb: _builtins.int
+    """What one job of this queue may take, MiB, and its source ("measured" or "profile")."""
+    job_memory_source: _builtins.str
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
+        slots_total: _builtins.int = ...,
+        slots_busy: _builtins.int = ...,
+        admission_open: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        jobs_completed: _builtins.int = ...,
+        jobs_failed: _builtins.int = ...,
+        admission_target: _builtins.int = ...,
+        decision_reason: _builtins.str = ...,
+        backlog: _builtins.int = ...,
+        job_memory_mb: _builtins.int = ...,
+        job_memory_source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "admission_target", b"admission_target", "backlog", b"backlog", "decision_reason", b"decision_reason", "job_memory_mb", b"job_memory_mb", "job_memory_source", b"job_memory_source", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "queue", b"queue", "reason", b"reason", "slots_busy", b"slots_busy", "slots_total", b"slots_total", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueStatus: _TypeAlias = QueueStatus  # noqa: Y015
 
 @_typing.final
 class UnitStatus(_message.Message):

@@ -1,0 +1,48 @@
+"""The lanes of a worker of several queues (``--queues``, ``HM_WORKER_QUEUES``:
+hypermedia/worker/unit/settings.py ``plan_lanes``): each queue's role and slots, sandbox uids
+that do not overlap, and a clear error for every wrong spec."""
+
+from __future__ import annotations
+
+import pytest
+
+from hypermedia.worker.unit.settings import UID_RANGE, lanes_spec, plan_lanes
+
+
+def test_each_queue_gets_its_role_its_slots_and_uids_after_the_lanes_before_it() -> None:
+    plans = plan_lanes("images=4, documents", variable="--queues", as_root=True)
+    assert [(p.role.name, p.slots, p.uid_offset) for p in plans] == [
+        ("imageworker", 4, 0),
+        ("docworker", 2, 4),
+    ]
+    # The docworker's slot takes 2 uids (a job's, a listener's): a third lane would start at 8.
+    third = plan_lanes("images=4,documents,ocr=1", variable="--queues", as_root=True)[2]
+    assert (third.role.name, third.uid_offset) == ("ocrworker", 8)
+    assert lanes_spec(plans) == "images=4,documents=2"
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("", "--queues: give queues as a comma list, e.g. images=4,documents=2"),
+        ("images,,ocr", "--queues: give queues as a comma list"),
+        ("images,videos", "--queues: 'videos' is not one of images, documents, ocr, media"),
+        ("images,images=2", "--queues: images is given twice"),
+        ("images=0", "--queues: the slots of images must be a whole number 1-64"),
+        ("images=65", "--queues: the slots of images must be a whole number 1-64"),
+        ("images=٣", "--queues: the slots of images must be a whole number 1-64"),
+        ("images=", "--queues: the slots of images must be a whole number 1-64"),
+    ],
+)
+def test_a_wrong_spec_is_refused_naming_the_option(spec: str, said: str) -> None:
+    with pytest.raises(ValueError, match="^" + said.replace("(", r"\(").replace(")", r"\)")):
+        plan_lanes(spec, variable="--queues", as_root=False)
+
+
+def test_with_root_the_lanes_uids_must_fit_in_one_workers_range() -> None:
+    assert (
+        sum(p.slots for p in plan_lanes("images=64", variable="HM_WORKER_QUEUES", as_root=True)) == UID_RANGE
+    )
+    with pytest.raises(ValueError, match="HM_WORKER_QUEUES: the lanes take 68 sandbox uids with root"):
+        plan_lanes("images=64,documents", variable="HM_WORKER_QUEUES", as_root=True)
+    assert len(plan_lanes("images=64,documents", variable="HM_WORKER_QUEUES", as_root=False)) == 2
