@@ -510,7 +510,12 @@ def test_cancel_while_the_output_uploads_deletes_it_and_charges_nothing(
     with DelayingProxy(hold_prefix="/o/derived/") as proxy, own_database(database_url, "upcancel") as dsn:
         # Originals over HTTP (no same-host hand-off, ADR 0045): the proxy sees the worker's GET too.
         platform = start_platform(
-            tmp_root, dsn, nats_url, HM_STORAGE_PUBLIC_URL=proxy.url, HM_STORAGE_HANDOFF_SOCKET=""
+            tmp_root,
+            dsn,
+            nats_url,
+            "credits,storage,gateway,reaper,imageworker",  # a thumbnail is all it runs
+            HM_STORAGE_PUBLIC_URL=proxy.url,
+            HM_STORAGE_HANDOFF_SOCKET="",
         )
         try:
             proxy.set_upstream(platform.info["storage_http"])

@@ -302,7 +302,14 @@ def clamav_database(database_url: str) -> Iterator[str]:
 def scanning_platform(
     tmp_root: Path, clamav_database: str, nats_url: str, clamd: Clamd
 ) -> Iterator[RunningPlatform]:
-    running = start_platform(tmp_root, clamav_database, nats_url, HM_CLAMD_URL=clamd.unix_url)
+    # The imageworker is the only worker these tests use (thumbnail): no office listeners to start.
+    running = start_platform(
+        tmp_root,
+        clamav_database,
+        nats_url,
+        "credits,storage,gateway,reaper,imageworker",
+        HM_CLAMD_URL=clamd.unix_url,
+    )
     try:
         yield running
     finally:
