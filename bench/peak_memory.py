@@ -98,7 +98,9 @@ def _measured(dsn: str, operations: list[str]) -> list[dict[str, Any]]:
         ).fetchall()
     found = {r[0]: r for r in rows}
     return [
-        dict(zip(("operation", "completed", "other", "p50", "p95", "max", "limit_mb"), found[op], strict=True))
+        dict(
+            zip(("operation", "completed", "other", "p50", "p95", "max", "limit_mb"), found[op], strict=True)
+        )
         for op in operations
         if op in found
     ]
@@ -123,14 +125,26 @@ def report(rows: list[dict[str, Any]]) -> bool:
     print(
         common.table(
             table,
-            ("operation", "completed", "other", "p50 MiB", "p95 MiB", "max MiB", "limit MiB", "p95/limit", "limit ≥ p95"),
+            (
+                "operation",
+                "completed",
+                "other",
+                "p50 MiB",
+                "p95 MiB",
+                "max MiB",
+                "limit MiB",
+                "p95/limit",
+                "limit ≥ p95",
+            ),
         )
     )
     return all(row[-1] == "MET" for row in table)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=20, help="attempts per operation")
     parser.add_argument("--logs", type=Path, default=None, help="copy the platform's service logs here")
     args = parser.parse_args(argv)

@@ -33,8 +33,10 @@ import pytest
 
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from hypermedia.devtools.embedded import free_port
+from hypermedia.worker.unit.settings import ROLES
 from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.e2e.slowjob import make_slow_png
+from tests.helpers.media import write_video
 
 MINIMAL_PDF = Path(__file__).resolve().parents[1] / "data" / "pdf" / "minimal-document.pdf"
 
@@ -145,8 +147,9 @@ def _start_unit(platform: RunningPlatform, name: str, *args: str, **env: str) ->
 
 
 def _role(args: tuple[str, ...]) -> list[str]:
-    """``imageworker`` unless the test gives ``--queues``."""
-    return [] if any(arg.startswith("--queues") for arg in args) else ["imageworker"]
+    """``imageworker`` unless the test gives a role first or ``--queues``."""
+    given = (args and args[0] in ROLES) or any(arg.startswith("--queues") for arg in args)
+    return [] if given else ["imageworker"]
 
 
 @pytest.fixture
@@ -626,3 +629,36 @@ def test_queues_and_their_slots_come_from_the_queues_option_only(units: Any) -> 
     assert "--queues: 'videos' is not one of images, documents, ocr, media" in text
     assert "HM_WORKER_SLOTS: must not be set with --queues" in text
     assert "execution launched" not in text
+
+
+def test_media_grants_of_a_killed_execution_are_freed_after_containment_for_the_next_generation(
+    units: Any, client: httpx.Client, pg: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """The media coordinator lives in control (item 3): with one video job at a time and two
+    slots, kill -9 of execution while its transcode holds the grant frees that grant only after
+    containment; generation 1 gets it again, both jobs complete once, and the bound held: never
+    two grants at once."""
+    clip = write_video(tmp_path / "clip.mp4", seconds=20, width=1280, height=720)
+    unit = units("media-unit", "mediaworker", HM_WORKER_SLOTS="2", HM_MEDIA_MAX_VIDEO_JOBS="1")
+    _ready(unit)
+    object_id = upload(client, clip)["object_id"]
+    operation = {"name": "transcode_video", "params": {"heights": [240]}}
+    job_ids = []
+    for _ in range(2):
+        response = client.post(
+            "/v1/hypermedia/process", json={"object_id": object_id, "operations": [operation]}
+        )
+        assert response.status_code == 202, response.text
+        job_ids += response.json()["job_ids"]
+    wait_for("a transcode granted", lambda: "transcode_video granted (1 of 1)" in unit.text(), 60)
+    execution = unit.execution()
+    assert execution is not None
+    _signal_and_wait_for_generation_1(unit, execution, signal.SIGKILL)
+    assert "grants of generation 0 freed after containment" in unit.text()
+    for job_id in job_ids:
+        job = wait_job(client, job_id, timeout=180)
+        assert job["status"] == "completed" and job["outputs"], job
+        assert job["attempts"][-1]["worker_id"].endswith(f"/g1/{unit.execution().pid}")  # type: ignore[union-attr]
+    text = unit.text()
+    assert text.count("transcode_video granted (1 of 1)") >= 3  # g0's first, then g1's two in turn
+    assert "granted (2 of 1)" not in text
