@@ -63,17 +63,26 @@ async def beat(pool: asyncpg.Pool, worker_id: str, *, draining: bool) -> None:
 
 
 async def record_metrics(
-    pool: asyncpg.Pool, worker_id: str, work_dir: str, *, busy: int, completed: int, failed: int
+    pool: asyncpg.Pool,
+    worker_id: str,
+    work_dir: str,
+    *,
+    busy: int,
+    completed: int,
+    failed: int,
+    admission_target: int | None = None,
+    admission_reason: str = "",
 ) -> None:
     """One ``worker_metrics`` row: CPU percent, the process's resident MiB, available and free-disk
-    MiB (of ``work_dir``'s file system), busy slots, jobs completed and failed since start."""
+    MiB (of ``work_dir``'s file system), busy slots, jobs completed and failed since start, and
+    the admission state: control's target (``None`` for a worker on its own) and the reason."""
     vm = psutil.virtual_memory()
     disk = await asyncio.to_thread(psutil.disk_usage, work_dir)
     await pool.execute(
         """
         INSERT INTO worker_metrics (worker_id, cpu_percent, memory_mb, memory_available_mb, disk_free_mb,
-                                    slots_busy, jobs_completed, jobs_failed)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING
+                                    slots_busy, jobs_completed, jobs_failed, admission_target, admission_reason)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING
         """,
         worker_id,
         psutil.cpu_percent(interval=None),
@@ -83,4 +92,6 @@ async def record_metrics(
         busy,
         completed,
         failed,
+        admission_target,
+        admission_reason or None,
     )

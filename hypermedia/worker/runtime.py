@@ -155,7 +155,8 @@ class WorkerRuntime:
             self._stop_job(job_id)
 
     async def metrics_once(self) -> None:
-        """One ``worker_metrics`` row: CPU, memory, disk, slots and throughput counters."""
+        """One ``worker_metrics`` row: CPU, memory, disk, slots, throughput counters, admission."""
+        self.admission.sample()
         await registry.record_metrics(
             self._pool,
             self.worker_id,
@@ -163,6 +164,8 @@ class WorkerRuntime:
             busy=self.admission.busy,
             completed=self.jobs_completed,
             failed=self.jobs_failed,
+            admission_target=self.admission.target,
+            admission_reason=self.admission.reason,
         )
 
     async def _poll_cancellations(self) -> None:

@@ -587,7 +587,7 @@ def test_a_unit_of_several_queues_runs_each_queues_jobs_in_its_own_lane(
     """``--queues=images=2,documents=1``: one execution (``services.multiworker``) with a lane
     per queue, each with its slots, its worker id and control's admission decision for it; an
     image job and a document job complete, each on its lane."""
-    unit = units("multi", "--queues=images=2,documents=1")
+    unit = units("multi", "--queues=images=2,documents=1", HM_METRICS_SECONDS="1")
 
     def both_decided() -> worker_pb2.GetStatusResponse | None:
         status = _ready(unit, timeout=90)
@@ -618,6 +618,19 @@ def test_a_unit_of_several_queues_runs_each_queues_jobs_in_its_own_lane(
         ([image_lane.worker_id, document_lane.worker_id],),
     ).fetchall()
     assert rows == [("docworker", "documents", 1), ("imageworker", "images", 2)]
+    # The admission state is a metric too: every lane's worker_metrics rows carry control's target.
+    wait_for(
+        "metrics of both lanes",
+        lambda: (
+            pg.execute(
+                "SELECT count(DISTINCT worker_id) FROM worker_metrics WHERE worker_id = ANY(%s) "
+                "AND admission_target >= 1 AND admission_reason IS NOT NULL",
+                ([image_lane.worker_id, document_lane.worker_id],),
+            ).fetchone()
+            == (2,)
+        ),
+        30,
+    )
     assert "admission target" in unit.text() and " on documents: " in unit.text()
     assert unit.stop() == 0
 
