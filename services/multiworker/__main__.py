@@ -24,7 +24,7 @@ from hypermedia.core import config
 from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.worker.serve import Lane, serve_lanes
 from hypermedia.worker.settings import WorkerSettings
-from hypermedia.worker.unit.settings import QUEUES_VARIABLE, plan_lanes
+from hypermedia.worker.unit.settings import QUEUES_VARIABLE, is_set, plan_lanes
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
@@ -35,14 +35,15 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             ``HM_WORKER_SLOTS`` set (the lanes take theirs from ``HM_WORKER_QUEUES``), or a lane's
             own settings invalid (exit 78).
     """
+    env = dict(os.environ)
     problems = [
         f"{name}: must not be set: a worker of several queues takes them and their slots from {QUEUES_VARIABLE}"
         for name in ("HM_WORKER_QUEUE", "HM_WORKER_SLOTS")
-        if config.lookup(dict(os.environ), name)
+        if is_set(env, name)
     ]
     try:
         plans = plan_lanes(
-            os.environ.get(QUEUES_VARIABLE, ""), variable=QUEUES_VARIABLE, as_root=os.geteuid() == 0
+            config.lookup(env, QUEUES_VARIABLE), variable=QUEUES_VARIABLE, as_root=os.geteuid() == 0
         )
     except ValueError as exc:
         problems.append(str(exc))

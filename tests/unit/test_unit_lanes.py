@@ -32,6 +32,7 @@ def test_each_queue_gets_its_role_its_slots_and_uids_after_the_lanes_before_it()
         ("images=65", "--queues: the slots of images must be a whole number 1-64"),
         ("images=٣", "--queues: the slots of images must be a whole number 1-64"),
         ("images=", "--queues: the slots of images must be a whole number 1-64"),
+        ("images=" + "9" * 5000, "--queues: the slots of images must be a whole number 1-64"),
     ],
 )
 def test_a_wrong_spec_is_refused_naming_the_option(spec: str, said: str) -> None:

@@ -15,8 +15,8 @@ Rules, in order:
    (:func:`hypermedia.worker.unit.evidence.job_memory_mb`), and likewise for pids at
    :data:`PIDS_PER_JOB`; at least 1, at most the resident slots.
    In a unit of several queues each queue has its autoscaler and the free memory and pids are
-   shared: a queue's fit leaves out what the others' admitted, not yet started jobs will take
-   (``reserved_bytes``, ``reserved_pids``: :func:`reserved`).
+   shared (:class:`SharedRoom`): a queue's fit leaves out what the other queues with a backlog
+   admitted and have not started, and the "at least 1" is the unit's, not each queue's.
 4. **Grow only on a new sample and demand**: above the current target only when the sample is
    newer than the last decision's and the backlog is not empty. **Shrink at once**: execution
    then admits nothing until its running jobs are below the new target (a slot is not taken
@@ -84,12 +84,15 @@ class Autoscaler:
         *,
         reserved_bytes: int = 0,
         reserved_pids: int = 0,
+        floor: int = 1,
     ) -> Decision:
         """The next :class:`Decision` (also kept as ``last``) from ``sample`` (``None``: none
         could be read), the queue's ``backlog`` and the jobs ``busy`` in execution now;
-        ``reserved_bytes`` and ``reserved_pids`` of the free room are promised to other queues."""
+        ``reserved_bytes`` and ``reserved_pids`` of the free room are promised to other queues;
+        ``floor`` is the target without measurements or room (0 for a queue of several:
+        :class:`SharedRoom` gives the unit's one job)."""
         now = time.monotonic() if now is None else now
-        decision = self._decide(sample, backlog, busy, now, reserved_bytes, reserved_pids)
+        decision = self._decide(sample, backlog, busy, now, reserved_bytes, reserved_pids, floor)
         self.last = decision
         return decision
 
@@ -105,6 +108,7 @@ class Autoscaler:
         now: float,
         reserved_bytes: int,
         reserved_pids: int,
+        floor: int,
     ) -> Decision:
         taken = sample.taken_at if sample is not None else None
         fresh = sample is not None and sample.age(now) <= SAMPLE_MAX_AGE_SECONDS
@@ -126,10 +130,10 @@ class Autoscaler:
         elif self.closed is not None:
             return Decision(0, f"{self.closed}: waiting for a fresh sample", now, taken, backlog)
         if sample is None:
-            return Decision(min(1, self.slots), "no_measurements", now, None, backlog)
+            return Decision(min(floor, self.slots), "no_measurements", now, None, backlog)
         if not fresh:
             return Decision(
-                min(1, self.slots),
+                min(floor, self.slots),
                 f"stale_measurements: sample {sample.age(now):.1f} s old",
                 now,
                 taken,
@@ -140,7 +144,7 @@ class Autoscaler:
         pids_room = int(sample.pids_limit * SEVERE_PIDS) - sample.pids_current - reserved_pids
         by_memory = busy + max(0, memory_room) // job_bytes
         by_pids = busy + max(0, pids_room) // PIDS_PER_JOB
-        fit = max(1, min(self.slots, by_memory, by_pids))
+        fit = max(floor, min(self.slots, by_memory, by_pids))
         why = (
             f"memory for {by_memory} jobs of {self.job_memory_mb} MiB ({self.memory_source}), "
             f"pids for {by_pids}, {self.slots} slots, backlog {backlog}"
@@ -150,7 +154,7 @@ class Autoscaler:
             newer = self.last.sample_taken_at is None or sample.taken_at > self.last.sample_taken_at
             if not newer:
                 return Decision(current, f"steady (no new sample): {why}", now, taken, backlog)
-            if backlog == 0 and current >= 1:
+            if backlog == 0 and current >= floor:
                 return Decision(current, f"steady (no backlog): {why}", now, taken, backlog)
             return Decision(fit, f"grow: {why}", now, taken, backlog)
         if fit < current:
@@ -180,27 +184,97 @@ def _mb(n: int) -> int:
     return n // (1024 * 1024)
 
 
-def decide_shared(
-    lanes: list[tuple[Autoscaler, int, int]], sample: Sample | None, now: float | None = None
-) -> list[Decision]:
-    """Decisions for the queues of one execution, ``lanes`` of ``(autoscaler, backlog, busy)``
-    sharing ``sample``'s room, in the order given: each queue's fit leaves out the jobs the other
-    queues admitted and have not started (the decisions already made this round, the last ones of
-    the rest), at their own memory per job and :data:`PIDS_PER_JOB` each. A lane with a longer
-    backlog should come first: it gets the room first."""
-    now = time.monotonic() if now is None else now
-    decided: list[Decision] = []
-    for i, (scaler, backlog, busy) in enumerate(lanes):
-        others = [(other, other_busy) for j, (other, _, other_busy) in enumerate(lanes) if j != i]
-        pending = [(other, other.pending(other_busy)) for other, other_busy in others]
-        decided.append(
-            scaler.decide(
-                sample,
-                backlog,
-                busy,
-                now,
-                reserved_bytes=sum(n * other.job_memory_mb * 1024 * 1024 for other, n in pending),
-                reserved_pids=sum(n * PIDS_PER_JOB for _, n in pending),
+TURN_HOLD_SECONDS = 3.0
+"""A queue given the unit's one job keeps the turn this long at least: execution reports its
+busy slots every second, so a job it started shows by then, and the turn does not pass to another
+queue while the first job is being claimed."""
+
+
+class SharedRoom:
+    """The autoscalers of one execution's queues, deciding on one sample (seed 001's autoscaler
+    for a unit of several queues, ``--queues``).
+
+    * Each queue's fit leaves out the memory and pids that the other queues with a backlog
+      admitted and have not started (their target above their busy slots, at their own memory
+      per job and :data:`PIDS_PER_JOB`), so two queues never both grow into the same free memory,
+      and an idle queue holds no room.
+    * Missing or stale measurements, or a room that holds no further job while nothing runs,
+      admit **one job in the unit**, not one per queue: the turn goes to the queue with a backlog
+      that had it least recently (so no queue starves), and stays there while its job runs, and
+      for :data:`TURN_HOLD_SECONDS` at least while that queue has a backlog.
+    * Pressure closes every queue (the same sample is severe for all)."""
+
+    def __init__(self) -> None:
+        self.turn: Autoscaler | None = None
+        self._turn_at = float("-inf")
+        self._served: dict[int, float] = {}
+
+    def decide(
+        self, lanes: list[tuple[Autoscaler, int, int]], sample: Sample | None, now: float | None = None
+    ) -> list[Decision]:
+        """Decisions for ``lanes`` of ``(autoscaler, backlog, busy)``, in the order given (a
+        lane with a longer backlog should come first: it gets the room first). One lane decides
+        exactly as :meth:`Autoscaler.decide`."""
+        now = time.monotonic() if now is None else now
+        if len(lanes) == 1:
+            scaler, backlog, busy = lanes[0]
+            return [scaler.decide(sample, backlog, busy, now)]
+        decided: list[Decision] = []
+        for i, (scaler, backlog, busy) in enumerate(lanes):
+            pending = [
+                (other, other.pending(other_busy))
+                for j, (other, other_backlog, other_busy) in enumerate(lanes)
+                if j != i and other_backlog > 0
+            ]
+            decided.append(
+                scaler.decide(
+                    sample,
+                    backlog,
+                    busy,
+                    now,
+                    reserved_bytes=sum(n * other.job_memory_mb * 1024 * 1024 for other, n in pending),
+                    reserved_pids=sum(n * PIDS_PER_JOB for _, n in pending),
+                    floor=0,
+                )
             )
+        closed = any(scaler.closed for scaler, _, _ in lanes)
+        if closed or (sum(d.target for d in decided) > 0 and not self._holding(lanes, now)):
+            self.turn = None
+            return decided
+        holder = self._turn(lanes, now)
+        if holder is None:
+            return decided
+        i = [scaler for scaler, _, _ in lanes].index(holder)
+        d = decided[i]
+        decided[i] = Decision(
+            max(1, d.target),
+            f"{d.reason}; the unit's one job: this queue's turn",
+            d.decided_at,
+            d.sample_taken_at,
+            d.backlog,
         )
-    return decided
+        holder.last = decided[i]
+        return decided
+
+    def _holding(self, lanes: list[tuple[Autoscaler, int, int]], now: float) -> bool:
+        """The current turn still holds: given under :data:`TURN_HOLD_SECONDS` ago, and its
+        queue has a backlog or a running job."""
+        if self.turn is None or now - self._turn_at >= TURN_HOLD_SECONDS:
+            return False
+        return any(scaler is self.turn and (backlog > 0 or busy > 0) for scaler, backlog, busy in lanes)
+
+    def _turn(self, lanes: list[tuple[Autoscaler, int, int]], now: float) -> Autoscaler | None:
+        if self._holding(lanes, now):
+            return self.turn
+        running = [scaler for scaler, _, busy in lanes if busy > 0]
+        if running:  # the one job is running: its queue keeps the turn until it ends
+            self.turn = running[0]
+            return self.turn
+        waiting = [scaler for scaler, backlog, _ in lanes if backlog > 0]
+        if not waiting:
+            self.turn = None
+            return None
+        self.turn = min(waiting, key=lambda scaler: self._served.get(id(scaler), float("-inf")))
+        self._turn_at = now
+        self._served[id(self.turn)] = now
+        return self.turn

@@ -52,10 +52,10 @@ from hypermedia.sandbox import cgroups
 from hypermedia.sandbox.cgroupfind import Unavailable
 from hypermedia.worker import registry
 from hypermedia.worker.unit import containment, evidence, lease, peer, routing
-from hypermedia.worker.unit.autoscaler import Autoscaler, decide_shared
+from hypermedia.worker.unit.autoscaler import Autoscaler, SharedRoom
 from hypermedia.worker.unit.channel import Channel, Execution, remove_stale_socket_dirs
 from hypermedia.worker.unit.coordinator import MediaCoordinator
-from hypermedia.worker.unit.settings import QUEUES_VARIABLE, Configuration, lanes_spec, validate
+from hypermedia.worker.unit.settings import QUEUES_VARIABLE, ROLES, Configuration, lanes_spec, validate
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ class Control:
         self.execution: Execution | None = None
         self.cgroups: cgroups.Cgroups | None = None
         self.autoscalers = {lane.worker.queue: Autoscaler(lane.worker.slots, 512) for lane in cfg.lanes}
-        """One per queue of the unit (:func:`autoscaler.decide_shared`)."""
+        """One per queue of the unit, deciding together (:class:`SharedRoom`)."""
+        self.room = SharedRoom()
         self.coordinator = MediaCoordinator(cfg.coordinator_bounds) if cfg.coordinator_bounds else None
         self.channel = Channel(self.identity, lambda: self.execution, self._evidence, self.coordinator)
         self._relaunches: list[float] = []
@@ -408,19 +409,16 @@ class Control:
         """Hand back the jobs of a contained execution, of each of its lanes
         (:func:`lifecycle.release_contained`)."""
         assert self.pool is not None
-        try:
-            released = [
-                row
-                for worker_id in ex.worker_ids
-                for row in await lifecycle.release_contained(
+        released = []
+        for worker_id in ex.worker_ids:
+            try:
+                released += await lifecycle.release_contained(
                     self.pool, self.cfg.infra.stream_prefix, worker_id
                 )
-            ]
-        except Exception:
-            log.exception(
-                "could not hand back the contained execution's jobs; the reaper will at lease expiry"
-            )
-            return 0
+            except Exception:
+                log.exception(
+                    "could not hand back the jobs of %s; the reaper will at lease expiry", worker_id
+                )
         for job_id, status in released:
             log.info("job handed back after containment", extra={"job_id": job_id, "status": status})
         return len(released)
@@ -459,7 +457,7 @@ class Control:
     async def _sample_once(self) -> None:
         """One round of :meth:`_sample_loop` (nothing before execution is ready): one sample of
         execution's cgroup, one decision per queue over the room they share
-        (:func:`autoscaler.decide_shared`, the longest backlog first), an ``admission`` message
+        (:class:`SharedRoom`, the longest backlog first), an ``admission`` message
         per queue."""
         assert self.pool is not None
         ex = self.execution
@@ -471,11 +469,14 @@ class Control:
             queue = lane.worker.queue
             try:
                 backlog = await evidence.backlog(self.pool, [queue])
-            except Exception:
+            except Exception as exc:
+                log.warning(
+                    "backlog of %s not read (%s); counted as empty this round", queue, type(exc).__name__
+                )
                 backlog = 0
             lanes.append((queue, self.autoscalers[queue], backlog, ex.busy_on(queue, lane.worker.slots)))
         lanes.sort(key=lambda lane: -lane[2])
-        decisions = decide_shared([(scaler, backlog, busy) for _, scaler, backlog, busy in lanes], sample)
+        decisions = self.room.decide([(scaler, backlog, busy) for _, scaler, backlog, busy in lanes], sample)
         for (queue, scaler, backlog, _), decision in zip(lanes, decisions, strict=True):
             kind = decision.reason.split(":")[0] + f"/{decision.target}"
             if kind != self._last_reason_kind.get(queue):
@@ -570,7 +571,7 @@ def main(argv: list[str] | None = None) -> None:
         "--unit", help="the unit's name in its deployment (default HM_UNIT_NAME, else the role)"
     )
     args = parser.parse_args(argv)
-    name = args.role or "worker"
+    name = args.role if args.role in ROLES else "worker"  # never echo an unchecked argument
     telemetry.setup(f"{name}-control", os.environ.get("HM_LOG_LEVEL", "INFO"))
     try:
         cfg = validate(args.role, args.unit, args.queues)

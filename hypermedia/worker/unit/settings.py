@@ -104,7 +104,7 @@ def plan_lanes(spec: str, *, variable: str, as_root: bool) -> tuple[LanePlan, ..
         if any(plan.role is role for plan in plans):
             raise ValueError(f"{variable}: {queue} is given twice")
         count = count.strip()
-        if sep and not (count.isascii() and count.isdigit() and 1 <= int(count) <= 64):
+        if sep and not (count.isascii() and count.isdigit() and len(count) <= 2 and 1 <= int(count) <= 64):
             raise ValueError(f"{variable}: the slots of {queue} must be a whole number 1-64")
         slots = int(count) if sep else role.default_slots
         plans.append(LanePlan(role, slots, offset))
@@ -115,6 +115,12 @@ def plan_lanes(spec: str, *, variable: str, as_root: bool) -> tuple[LanePlan, ..
             f"more than the {UID_RANGE} of one worker"
         )
     return tuple(plans)
+
+
+def is_set(environ: dict[str, str], name: str) -> bool:
+    """Whether ``name`` (or its deprecated name) is in ``environ`` at all, empty included,
+    compared case-insensitively as the settings read it."""
+    return config.lookup(environ, name, "\0") != "\0"
 
 
 def lanes_spec(plans: tuple[LanePlan, ...]) -> str:
@@ -244,7 +250,7 @@ def validate(
         problems.extend(
             f"{name}: must not be set with --queues: give the queues and their slots there"
             for name in ("HM_WORKER_QUEUE", "HM_WORKER_SLOTS")
-            if config.lookup(env, name)
+            if is_set(env, name)
         )
     elif (role := ROLES.get(role_name or "")) is None:
         problems.append(f"role: {role_name!r} is not one of {', '.join(sorted(ROLES))}")
@@ -290,11 +296,9 @@ def validate(
     if isinstance(unit, UnitSettings):
         if unit_option is not None and unit.unit and unit.unit != unit_option:
             problems.append("HM_UNIT_NAME: differs from --unit; give one, or the same in both")
-        default = (
-            "-".join(["worker", *(p.role.queue for p in plans)])
-            if plans
-            else (roles[0][0].name if roles else "")
-        )
+        # The queues in a fixed order: --queues=documents,images is the same unit (and lease).
+        ordered = [queue for queue in ROLE_OF_QUEUE if any(p.role.queue == queue for p in plans)]
+        default = "-".join(["worker", *ordered]) if plans else (roles[0][0].name if roles else "")
         unit_name = unit_option or unit.unit or default
     if problems:
         raise config.ConfigError("invalid configuration:\n  " + "\n  ".join(problems))

@@ -83,7 +83,8 @@ class GetStatusResponse(_message.Message):
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueStatus]:
         """Each queue this worker serves, in the order it was given (one for a worker of one queue).
-        With several, worker_id, reason and the admission fields above are the first queue's;
+        With several, worker_id, reason (another queue may be open: see its QueueStatus) and the
+        admission fields above are the first queue's;
         queue joins the names with ",", slots_total, slots_busy and the job counts add up.
         """
 
@@ -229,7 +230,7 @@ class UnitStatus(_message.Message):
     memory_pressure: _builtins.float
     """memory.pressure "some avg10" in percent; -1 where the kernel gives none (cgroup v1)."""
     backlog: _builtins.int
-    """Jobs queued on the unit's queues at the decision."""
+    """Jobs queued at the decision on the unit's queue (the first queue of several: each is in QueueStatus)."""
     job_memory_mb: _builtins.int
     """What one job may take, MiB, and whether that is "measured" (p95 of job_attempts.peak_memory_mb) or from the "profile"."""
     job_memory_source: _builtins.str
