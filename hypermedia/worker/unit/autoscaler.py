@@ -26,7 +26,7 @@ Rules, in order:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypermedia.worker.unit.evidence import Sample
 
@@ -207,7 +207,8 @@ class SharedRoom:
     def __init__(self) -> None:
         self.turn: Autoscaler | None = None
         self._turn_at = float("-inf")
-        self._served: dict[int, float] = {}
+        self._served: dict[Autoscaler, float] = {}
+        """When each queue's autoscaler last got the turn."""
 
     def decide(
         self, lanes: list[tuple[Autoscaler, int, int]], sample: Sample | None, now: float | None = None
@@ -237,23 +238,20 @@ class SharedRoom:
                     floor=0,
                 )
             )
-        closed = any(scaler.closed for scaler, _, _ in lanes)
-        if closed or (sum(d.target for d in decided) > 0 and not self._holding(lanes, now)):
+        holding = self._holding(lanes, now)
+        if any(scaler.closed for scaler, _, _ in lanes) or (
+            sum(d.target for d in decided) > 0 and not holding
+        ):
             self.turn = None
             return decided
-        holder = self._turn(lanes, now)
+        holder = self.turn if holding else self._next_turn(lanes, now)
         if holder is None:
             return decided
         i = [scaler for scaler, _, _ in lanes].index(holder)
         d = decided[i]
-        decided[i] = Decision(
-            max(1, d.target),
-            f"{d.reason}; the unit's one job: this queue's turn",
-            d.decided_at,
-            d.sample_taken_at,
-            d.backlog,
+        decided[i] = holder.last = replace(
+            d, target=max(1, d.target), reason=f"{d.reason}; the unit's one job: this queue's turn"
         )
-        holder.last = decided[i]
         return decided
 
     def _holding(self, lanes: list[tuple[Autoscaler, int, int]], now: float) -> bool:
@@ -263,9 +261,7 @@ class SharedRoom:
             return False
         return any(scaler is self.turn and (backlog > 0 or busy > 0) for scaler, backlog, busy in lanes)
 
-    def _turn(self, lanes: list[tuple[Autoscaler, int, int]], now: float) -> Autoscaler | None:
-        if self._holding(lanes, now):
-            return self.turn
+    def _next_turn(self, lanes: list[tuple[Autoscaler, int, int]], now: float) -> Autoscaler | None:
         running = [scaler for scaler, _, busy in lanes if busy > 0]
         if running:  # the one job is running: its queue keeps the turn until it ends
             self.turn = running[0]
@@ -274,7 +270,7 @@ class SharedRoom:
         if not waiting:
             self.turn = None
             return None
-        self.turn = min(waiting, key=lambda scaler: self._served.get(id(scaler), float("-inf")))
+        self.turn = min(waiting, key=lambda scaler: self._served.get(scaler, float("-inf")))
         self._turn_at = now
-        self._served[id(self.turn)] = now
+        self._served[self.turn] = now
         return self.turn

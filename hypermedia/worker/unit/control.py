@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import shutil
@@ -464,19 +465,24 @@ class Control:
         if ex is None or ex.writer is None or not ex.ready.is_set():
             return
         sample = evidence.read(ex.group or self.measured)
-        lanes = []
-        for lane in self.cfg.lanes:
-            queue = lane.worker.queue
-            try:
-                backlog = await evidence.backlog(self.pool, [queue])
-            except Exception as exc:
-                log.warning(
-                    "backlog of %s not read (%s); counted as empty this round", queue, type(exc).__name__
-                )
-                backlog = 0
-            lanes.append((queue, self.autoscalers[queue], backlog, ex.busy_on(queue, lane.worker.slots)))
+        queues = [lane.worker.queue for lane in self.cfg.lanes]
+        try:
+            backlogs = await evidence.backlogs(self.pool, queues)
+        except Exception as exc:
+            log.warning("backlog not read (%s); counted as empty this round", type(exc).__name__)
+            backlogs = {}
+        lanes = [
+            (
+                lane.worker.queue,
+                self.autoscalers[lane.worker.queue],
+                backlogs.get(lane.worker.queue, 0),
+                ex.busy_on(lane.worker.queue, lane.worker.slots),
+            )
+            for lane in self.cfg.lanes
+        ]
         lanes.sort(key=lambda lane: -lane[2])
         decisions = self.room.decide([(scaler, backlog, busy) for _, scaler, backlog, busy in lanes], sample)
+        measured = dataclasses.asdict(sample) if sample is not None else None
         for (queue, scaler, backlog, _), decision in zip(lanes, decisions, strict=True):
             kind = decision.reason.split(":")[0] + f"/{decision.target}"
             if kind != self._last_reason_kind.get(queue):
@@ -502,16 +508,8 @@ class Control:
                 "job_memory_source": scaler.memory_source,
                 "refused": self.channel.refused,
             }
-            if sample is not None:
-                body["sample"] = {
-                    "taken_at": sample.taken_at,
-                    "memory_current": sample.memory_current,
-                    "memory_peak": sample.memory_peak,
-                    "memory_limit": sample.memory_limit,
-                    "pids_current": sample.pids_current,
-                    "pids_limit": sample.pids_limit,
-                    "memory_pressure": sample.memory_pressure,
-                }
+            if measured is not None:
+                body["sample"] = measured
             with contextlib.suppress(ConnectionError, OSError):
                 await peer.send(ex.writer, "admission", ex.identity, **body)
 
