@@ -90,9 +90,10 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
     return pool
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
-    """One connection with the same JSON/JSONB codecs as :func:`create_pool` (scripts, tests)."""
-    conn = await asyncpg.connect(dsn)
+async def connect(dsn: str, server_settings: dict[str, str] | None = None) -> asyncpg.Connection:
+    """One connection with the same JSON/JSONB codecs as :func:`create_pool` (scripts, tests, the
+    scheduler's leader lock), with ``server_settings`` (run-time parameters) for its session."""
+    conn = await asyncpg.connect(dsn, server_settings=server_settings)
     await _init_connection(conn)
     return conn
 

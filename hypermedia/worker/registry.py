@@ -37,8 +37,9 @@ async def register(pool: asyncpg.Pool, worker_id: str, settings: WorkerSettings,
     """Inserts (or revives) the worker's ``workers`` row as ``running``."""
     await pool.execute(
         """
-        INSERT INTO workers (worker_id, deployment, boot_id, role, generation, queue, slots, hostname, pid, status)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running')
+        INSERT INTO workers (worker_id, deployment, boot_id, role, generation, queue, slots, hostname, pid,
+                             status, burst_worker_id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10::uuid)
         ON CONFLICT (worker_id) DO UPDATE SET status = 'running', last_heartbeat = now()
         """,
         worker_id,
@@ -50,16 +51,24 @@ async def register(pool: asyncpg.Pool, worker_id: str, settings: WorkerSettings,
         settings.slots,
         socket.gethostname(),
         os.getpid(),
+        settings.burst_worker_id or None,
     )
 
 
-async def beat(pool: asyncpg.Pool, worker_id: str, *, draining: bool) -> None:
-    """The heartbeat: ``last_heartbeat`` now, status ``running`` or ``draining``."""
-    await pool.execute(
-        "UPDATE workers SET last_heartbeat = now(), status = $2 WHERE worker_id = $1",
+async def beat(pool: asyncpg.Pool, worker_id: str, *, draining: bool) -> bool:
+    """The heartbeat: ``last_heartbeat`` now, status ``running`` or ``draining``. Returns whether
+    the row says ``draining`` although this worker is not: the scheduler asked it to drain (the
+    drain handshake, ADR 0047), which a heartbeat never undoes."""
+    status = await pool.fetchval(
+        """
+        UPDATE workers SET last_heartbeat = now(),
+                           status = CASE WHEN status = 'draining' THEN 'draining' ELSE $2 END
+        WHERE worker_id = $1 RETURNING status
+        """,
         worker_id,
         "draining" if draining else "running",
     )
+    return status == "draining" and not draining
 
 
 async def record_metrics(

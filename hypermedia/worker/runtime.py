@@ -116,9 +116,9 @@ class WorkerRuntime:
         """Work of a job before its sandbox runs, by job id: its wait for admission or its
         handler's stage (cancelled by :meth:`_stop_job`)."""
         self._waiting: set[str] = set()
+        """Jobs waiting for admission (:meth:`_admit`); a drain hands them back at once."""
         self._progress_of: dict[str, JobProgress] = {}
         """The progress events of each running job (held back in its first second)."""
-        """Jobs waiting for admission (:meth:`_admit`); a drain hands them back at once."""
         self._handler = handler
         self._transfers = Transfers(storage, http, settings.storage_handoff_socket)
         self.admission = Admission(
@@ -130,6 +130,9 @@ class WorkerRuntime:
         self.jobs_completed = 0
         self.jobs_failed = 0
         self.started_at = time.time()
+        self.drain_requested: Callable[[], None] = lambda: None
+        """Called when a heartbeat finds this worker's row ``draining`` (the scheduler's drain
+        handshake, ADR 0047): the worker process stops, draining as on SIGTERM."""
 
     def control_admission(self, message: dict[str, Any]) -> None:
         """A worker unit's control set the admission target (:meth:`Admission.apply_control`); a
@@ -150,7 +153,9 @@ class WorkerRuntime:
 
     async def heartbeat_once(self) -> None:
         """Record liveness, extend the leases of running jobs, stop cancelled ones."""
-        await registry.beat(self._pool, self.worker_id, draining=self.admission.draining)
+        if await registry.beat(self._pool, self.worker_id, draining=self.admission.draining):
+            log.info("the scheduler asked this worker to drain: stopping (drain handshake)")
+            self.drain_requested()
         for job_id in await lifecycle.extend_leases(self._pool, self.worker_id, list(self.running)):
             self._stop_job(job_id)
 
@@ -242,7 +247,13 @@ class WorkerRuntime:
             for _msg, message, parent in batch
         ]
         try:
-            claimed = await self._claim([message.job_id for _msg, message, _parent in batch]) if batch else {}
+            claimed = (
+                await lifecycle.claim_retrying(
+                    self._pool, [m.job_id for _msg, m, _parent in batch], self.worker_id, self.running
+                )
+                if batch
+                else {}
+            )
         except Exception as exc:
             if not db.is_transient(exc):
                 raise
@@ -266,27 +277,6 @@ class WorkerRuntime:
             task = asyncio.create_task(self._execute(job, parent))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-
-    async def _claim(self, job_ids: list[str]) -> dict[str, lifecycle.ClaimedJob]:
-        """:func:`lifecycle.claim_many`, retried across a Postgres restart, by job id. When a retry
-        finds a job already processing under this worker, the first try committed and only its
-        reply was lost: the job is taken (:func:`lifecycle.reclaim`) instead of waiting out its lease."""
-        retried = False
-
-        def note_retry() -> None:
-            nonlocal retried
-            retried = True
-
-        claimed: list[lifecycle.ClaimedJob] = []
-        async for attempt in db.retrying(on_retry=note_retry):
-            with attempt:
-                claimed = await lifecycle.claim_many(self._pool, job_ids, self.worker_id)
-        jobs = {job.job_id: job for job in claimed}
-        for key in {lifecycle.job_key(job_id) for job_id in job_ids} if retried else ():
-            if key is not None and key not in jobs and key not in self.running:
-                if (job := await self._db(lifecycle.reclaim, key, self.worker_id)) is not None:
-                    jobs[key] = job
-        return jobs
 
     async def _db(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``fn(pool, *args)`` retried across a Postgres restart (:func:`db.retrying`): for the

@@ -389,6 +389,8 @@ async def serve_lanes(stack: AsyncExitStack, stop: Lifetime, lanes: Sequence[Lan
 
         linked.add_done_callback(control_gone)
         stack.push_async_callback(_cancelled, linked, observing)
+    for rt in runtimes:
+        rt.drain_requested = stop.set  # the scheduler's drain handshake: stop as on SIGTERM
     tasks = [asyncio.create_task(rt.run(draining)) for rt in runtimes]
 
     def crashed(done: asyncio.Task[None]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from pydantic import Field, field_validator
 
 from hypermedia.core.config import ComponentSettings, QueueName
@@ -16,6 +18,22 @@ class WorkerSettings(ComponentSettings):
     """Jobs run at once. The seed's profiles: images 4–8, documents 2–4, ocr 1–2, media 1."""
     deployment: str = Field("local", validation_alias="HM_DEPLOYMENT")
     generation: int = Field(0, ge=0, validation_alias="HM_WORKER_GENERATION")
+    burst_worker_id: str = Field("", validation_alias="HM_BURST_WORKER_ID")
+    """The scheduler's ``burst_workers`` row this process runs for (a UUID; given by the provider
+    that launched it, services/scheduler); empty for a standing worker. Recorded in ``workers``
+    so that the scheduler stops only its own workers, and only idle ones (ADR 0047)."""
+
+    @field_validator("burst_worker_id")
+    @classmethod
+    def _burst_worker_uuid(cls, value: str) -> str:
+        value = value.strip()
+        if value:
+            try:
+                uuid.UUID(value)
+            except ValueError:
+                raise ValueError("must be a UUID (the scheduler's burst worker id) or empty") from None
+        return value
+
     work_dir: str = Field(".hypermedia/work", validation_alias="HM_WORK_DIR")
     """Parent of the per-job sandbox directories ``jobs/{job_id}/``."""
     status_bind: str = Field("127.0.0.1:0", validation_alias="HM_WORKER_STATUS_BIND")

@@ -4,6 +4,7 @@ leases. Every write is fenced by ``(claimed_by, attempt_count)`` (see :mod:`hype
 from __future__ import annotations
 
 import uuid
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +129,35 @@ async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob
         worker_id,
     )
     return None if row is None else _claimed_job(row)
+
+
+async def claim_retrying(
+    pool: asyncpg.Pool, job_ids: list[str], worker_id: str, running: Container[str]
+) -> dict[str, ClaimedJob]:
+    """:func:`claim_many`, retried across a Postgres restart (:func:`db.retrying`), by job id. When a
+    retry finds a job already processing under this worker (and not in ``running``, the jobs it
+    runs), the first try committed and only its reply was lost: the job is taken
+    (:func:`reclaim`) instead of waiting out its lease. Raises the last error when Postgres stays
+    away longer than the retry budget."""
+    retried = False
+
+    def note_retry() -> None:
+        nonlocal retried
+        retried = True
+
+    claimed: list[ClaimedJob] = []
+    async for attempt in db.retrying(on_retry=note_retry):
+        with attempt:
+            claimed = await claim_many(pool, job_ids, worker_id)
+    jobs = {job.job_id: job for job in claimed}
+    for key in {job_key(job_id) for job_id in job_ids} if retried else ():
+        if key is not None and key not in jobs and key not in running:
+            async for attempt in db.retrying():
+                with attempt:
+                    job = await reclaim(pool, key, worker_id)
+            if job is not None:
+                jobs[key] = job
+    return jobs
 
 
 _CLAIMED_COLUMNS = """j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
