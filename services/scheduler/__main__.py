@@ -1,0 +1,80 @@
+"""``python -m services.scheduler``: burst workers by demand (issue 20, ADR 0047). Every
+``HM_SCHEDULER_INTERVAL_SECONDS`` it tries to be the leader (:class:`Leadership`); the leader runs
+:meth:`Scheduler.run_once`, a standby waits. Only wires."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from hypermedia.core import config
+from hypermedia.infra.service import Lifetime, every, run_service
+from services.scheduler.leader import Leadership
+from services.scheduler.providers import Provider
+from services.scheduler.providers.local import LocalProvider
+from services.scheduler.scheduler import Scheduler, Timing
+from services.scheduler.settings import SchedulerSettings
+
+log = logging.getLogger(__name__)
+
+
+def open_providers(settings: SchedulerSettings) -> dict[str, Provider]:
+    """One provider per name the pools use."""
+    local_dir = Path(settings.local_dir).resolve()
+    pools = settings.pools
+    providers: dict[str, Provider] = {}
+    if any(pool.provider == "local" for pool in pools):
+        providers["local"] = LocalProvider(
+            local_dir,
+            Path(settings.local_log_dir).resolve() if settings.local_log_dir else local_dir / "logs",
+            settings.local_uid_base,
+            sum(pool.max_workers for pool in pools if pool.provider == "local"),
+            Path(settings.local_tls_dir) if settings.local_tls_dir else None,
+            stop_on_close=settings.local_stop_on_exit,
+        )
+    return providers
+
+
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
+    infra = config.load(config.InfraSettings)
+    settings = config.load(SchedulerSettings)
+    holder = f"{socket.gethostname()}/{os.getpid()}"
+    leadership = Leadership(infra.database_url.get_secret_value(), holder)
+    stack.push_async_callback(leadership.release)
+    providers = open_providers(settings)
+    for provider in providers.values():
+        stack.push_async_callback(provider.close)
+    scheduler = Scheduler(
+        settings.pools,
+        providers,
+        holder,
+        Timing(settings.arrival_window_seconds, settings.stale_seconds, settings.drain_timeout_seconds),
+    )
+    log.info(
+        "scheduler %s: %d pools, a cycle every %gs", holder, len(scheduler.pools), settings.interval_seconds
+    )
+
+    async def cycle() -> None:
+        if await leadership.hold():
+            try:
+                await scheduler.run_once(leadership.conn)
+            except Exception:
+                await leadership.release()  # a half-done cycle: the next leader starts clean
+                raise
+
+    inner_stop = asyncio.Event()
+    task = asyncio.create_task(every(settings.interval_seconds, cycle, inner_stop))
+
+    async def finish() -> None:
+        inner_stop.set()
+        await task
+
+    stack.push_async_callback(finish)
+
+
+if __name__ == "__main__":
+    run_service("scheduler", serve)

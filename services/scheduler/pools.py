@@ -1,0 +1,83 @@
+"""A pool of burst workers (issue 20): which queues its workers take, where they run, what one
+costs, and the bounds the scheduler keeps it in. Read from ``HM_SCHEDULER_POOLS`` (a JSON list, or
+``@path`` to a JSON file); see docs/operations.md ("Scheduler")."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from hypermedia.core.config import QueueName
+
+ProviderName = Literal["local"]
+"""Providers of this release; Kubernetes and EC2 are to come (issue 20, docs/operations.md)."""
+CapacityType = Literal["on-demand", "spot"]
+
+
+class Pool(BaseModel):
+    """One pool. Times are seconds, money is whatever currency ``cost_per_hour`` is in (the
+    provider's list price of one worker, e.g. USD per instance-hour)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")
+    queues: tuple[QueueName, ...] = Field(min_length=1)
+    provider: ProviderName = "local"
+    capacity_type: CapacityType = "on-demand"
+    slots_per_worker: int = Field(4, ge=1, le=64)
+    min_workers: int = Field(0, ge=0, le=1000)
+    max_workers: int = Field(4, ge=0, le=1000)
+    boot_seconds: float = Field(60.0, gt=0, le=3600)
+    """How long from launch until a worker takes jobs (measured: a local process about 3 s, a
+    Kubernetes pod on a warm node 10–30 s, an EC2 instance 60–120 s)."""
+    cost_per_hour: float = Field(0.0, ge=0)
+    utilisation: float = Field(0.8, gt=0, le=1)
+    """The share of a worker's slots the formula plans to keep busy (headroom for bursts)."""
+    drain_target_seconds: float = Field(300.0, gt=0)
+    """How soon the backlog should be worked off: slots for the backlog = its work ÷ this."""
+    step_max: int = Field(4, ge=1, le=100)
+    """Most workers started, or drained, in one cycle."""
+    idle_seconds: float | None = Field(None, gt=0)
+    """An idle burst worker is drained after this long idle; default its boot time (per-second
+    billing: a worker idle for a boot time costs what booting a new one would)."""
+    boot_grace_seconds: float | None = Field(None, gt=0)
+    """A burst worker is never stopped this soon after launch, and one that has not registered
+    by then is a failed boot; default three boot times."""
+    max_spend_per_hour: float | None = Field(None, ge=0)
+    """The pool's spend cap: the summed ``cost_per_hour`` of its live burst workers never goes
+    above it (no cap when unset)."""
+    default_job_seconds: float = Field(1.0, gt=0)
+    """The expected work of a job of an operation that has no completed attempts yet."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Pool:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) is above max_workers ({self.max_workers})")
+        if len(set(self.queues)) != len(self.queues):
+            raise ValueError("a queue is named twice")
+        return self
+
+    @property
+    def idle_after(self) -> float:
+        return self.idle_seconds if self.idle_seconds is not None else self.boot_seconds
+
+    @property
+    def boot_grace(self) -> float:
+        return self.boot_grace_seconds if self.boot_grace_seconds is not None else 3 * self.boot_seconds
+
+
+POOLS = TypeAdapter(tuple[Pool, ...])
+
+
+def parse_pools(text: str) -> tuple[Pool, ...]:
+    """The pools of ``HM_SCHEDULER_POOLS``: JSON, or ``@path`` of a JSON file. Raises ValueError
+    (pydantic's, naming each bad field) or OSError (the file)."""
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as file:
+            text = file.read()
+    pools = POOLS.validate_json(text or "[]")
+    names = [pool.name for pool in pools]
+    if len(set(names)) != len(names):
+        raise ValueError("two pools have the same name")
+    return pools

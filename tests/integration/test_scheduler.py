@@ -1,0 +1,117 @@
+"""The scheduler on real Postgres (services/scheduler): one leader by advisory lock, taken over by
+a standby within one try when the leader's session dies, and a dead leader's connection unable to
+write; the demand it reads (ready jobs by band, due retries, running jobs, arrivals, the EWMA of
+completed attempts); and the worker's side of the drain handshake (a heartbeat sees ``draining``
+and never undoes it)."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+
+from hypermedia.worker import registry
+from hypermedia.worker.settings import WorkerSettings
+from services.scheduler.demand import EWMA_ALPHA, WorkEstimates, live_workers, queue_demand
+from services.scheduler.leader import Leadership
+from tests.integration.conftest import Seeder, _with_database
+
+
+@pytest.fixture
+async def dsn(fresh_pool: asyncpg.Pool, database_url: str) -> str:
+    return _with_database(database_url, await fresh_pool.fetchval("SELECT current_database()"))
+
+
+async def test_one_leader_a_standby_takes_over_and_the_dead_leader_cannot_write(
+    dsn: str, fresh_pool: asyncpg.Pool
+) -> None:
+    first, second = Leadership(dsn, "host/1"), Leadership(dsn, "host/2")
+    try:
+        assert await first.hold()
+        assert not await second.hold(), "a standby while the leader lives"
+        assert await first.hold(), "the leader keeps it"
+        dead = first.conn
+        # The leader's process dies: Postgres ends its session (here: terminated from outside).
+        await fresh_pool.execute("SELECT pg_terminate_backend($1)", dead.get_server_pid())
+        assert await second.hold(), "the standby takes over at its next try"
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
+            await dead.execute(
+                "INSERT INTO scaling_decisions (pool, leader, inputs, target, action, reason) "
+                "VALUES ('p', 'host/1', '{}', 0, 'hold', 'late')"
+            )
+        assert not await first.hold(), "the old leader comes back as a standby"
+        assert await fresh_pool.fetchval("SELECT count(*) FROM scaling_decisions") == 0
+    finally:
+        await first.release()
+        await second.release()
+    standby = Leadership(dsn, "host/3")
+    try:
+        assert await standby.hold(), "released on a clean stop"
+    finally:
+        await standby.release()
+
+
+async def test_the_demand_of_a_queue_and_the_ewma_of_its_operations(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    tenant = await seed.tenant()
+    for priority in (1, 2, 5, 5, 9):
+        await seed.job(tenant, priority=priority, queued_ago=30)
+    await seed.job(tenant, status="retry_wait", next_attempt_in=-1)  # due: ready
+    await seed.job(tenant, status="retry_wait", next_attempt_in=600)  # not yet
+    await seed.worker("w-burst", heartbeat_ago=2)
+    burst_id = uuid.uuid4()
+    await fresh_pool.execute("UPDATE workers SET burst_worker_id = $1 WHERE worker_id = 'w-burst'", burst_id)
+    await seed.worker("w-standing", heartbeat_ago=200)
+    running = [
+        await seed.job(tenant, status="processing", attempt_count=1, claimed_by="w-burst", lease_in=60)
+        for _ in range(2)
+    ]
+    durations = [1000, 2000, 4000]
+    for job_id, ms in zip([*running, await seed.job(tenant, status="completed")], durations, strict=True):
+        await fresh_pool.execute(
+            "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status, finished_at, duration_ms) "
+            "VALUES ($1, 9, 'w-old', 'completed', now() - interval '1 minute' + $2 * interval '1 ms', $2)",
+            job_id,
+            ms,
+        )
+    estimates = WorkEstimates()
+    async with fresh_pool.acquire() as conn:
+        assert await estimates.refresh(conn) == 3
+        assert await estimates.refresh(conn) == 0, "each attempt is folded in once"
+        expected = 1.0 + EWMA_ALPHA * (2.0 - 1.0)
+        expected += EWMA_ALPHA * (4.0 - expected)
+        assert estimates.seconds == {"thumbnail": pytest.approx(expected)}
+        [images, ocr] = await queue_demand(
+            conn, ["images", "ocr"], estimates, default_job_seconds=9.0, arrival_window_seconds=60
+        )
+        workers = {w.worker_id: w for w in await live_workers(conn, ["images"])}
+    assert images.ready == 6 and images.ready_by_band == {"high": 2, "normal": 3, "low": 1}
+    assert images.running == 2
+    assert images.backlog_work_seconds == pytest.approx(6 * expected)
+    assert images.arrival_per_second == pytest.approx(10 / 60)  # every job seeded was created now
+    assert images.arrival_work_rate == pytest.approx(10 * expected / 60)
+    assert 29 < images.oldest_ready_seconds < 60
+    assert (ocr.ready, ocr.running, ocr.backlog_work_seconds) == (0, 0, 0.0)
+    assert workers["w-burst"].running_jobs == 2 and workers["w-burst"].burst_worker_id == str(burst_id)
+    assert workers["w-standing"].burst_worker_id is None and workers["w-standing"].heartbeat_age_seconds > 199
+
+
+async def test_the_drain_handshake_is_seen_at_the_next_heartbeat_and_kept(fresh_pool: asyncpg.Pool) -> None:
+    burst_id = str(uuid.uuid4())
+    settings = WorkerSettings(HM_BURST_WORKER_ID=burst_id)  # type: ignore[call-arg]
+    await registry.register(fresh_pool, "w1", settings, "imageworker")
+    assert (
+        str(await fresh_pool.fetchval("SELECT burst_worker_id FROM workers WHERE worker_id = 'w1'"))
+        == burst_id
+    )
+    assert not await registry.beat(fresh_pool, "w1", draining=False)
+    await fresh_pool.execute(
+        "UPDATE workers SET status = 'draining' WHERE burst_worker_id = $1", uuid.UUID(burst_id)
+    )
+    assert await registry.beat(fresh_pool, "w1", draining=False), "the worker is asked to drain"
+    assert await fresh_pool.fetchval("SELECT status FROM workers WHERE worker_id = 'w1'") == "draining"
+    assert not await registry.beat(fresh_pool, "w1", draining=True), "draining now: nothing more to see"
+    with pytest.raises(ValueError, match="must be a UUID"):
+        WorkerSettings(HM_BURST_WORKER_ID="not-a-uuid")  # type: ignore[call-arg]
