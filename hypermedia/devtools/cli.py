@@ -17,10 +17,12 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
+import asyncpg
 import typer
 
 from hypermedia.core import config, telemetry
 from hypermedia.devtools import platform
+from hypermedia.devtools.scheduler_report import report as scheduler_report
 from hypermedia.infra import db
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hypermedia platform commands")
@@ -39,12 +41,21 @@ def up(
             help="replicas of a worker service, e.g. imageworker=2 (repeatable)", metavar="SERVICE=N"
         ),
     ] = None,
+    scheduler: Annotated[
+        bool,
+        typer.Option(
+            "--scheduler",
+            help="also run the scheduler: burst image workers by demand, on this machine (HM_SCHEDULER_POOLS)",
+        ),
+    ] = False,
 ) -> None:
     """Start every service as its own process (embedded Postgres/NATS/object store when HM_DATABASE_URL,
     HM_NATS_URL and S3 settings are absent) and supervise them until Ctrl-C."""
     telemetry.setup("up", os.environ.get("HM_LOG_LEVEL", "INFO"))
     chosen = tuple(s.strip() for s in services.split(",") if s.strip())
-    unknown = set(chosen) - set(platform.SERVICES)
+    if scheduler and "scheduler" not in chosen:
+        chosen += ("scheduler",)
+    unknown = set(chosen) - set(platform.SERVICES) - set(platform.OPTIONAL_SERVICES)
     if unknown:
         raise typer.BadParameter(f"unknown services: {', '.join(sorted(unknown))}")
     replicas: dict[str, int] = {}
@@ -262,6 +273,29 @@ def set_storage_quota_cmd(
         print(json.dumps(asyncio.run(_set_storage_quota(account_id, max_bytes, max_objects, default))))
     except (FileNotFoundError, LookupError) as exc:
         print(f"hypermedia admin: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+async def _scheduler_report(limit: int) -> dict[str, Any]:
+    conn = await db.connect(_database_url())
+    try:
+        return await scheduler_report(conn, limit=limit)
+    finally:
+        await conn.close()
+
+
+@admin.command("scheduler")
+def scheduler_cmd(
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="burst workers and decisions to list")] = 20,
+) -> None:
+    """The scheduler's pools (live burst workers, spend per hour, cost so far, latest decision),
+    its last burst workers with what each cost, and its last decisions, as JSON
+    (hypermedia/devtools/scheduler_report.py; docs/operations.md "Scheduler")."""
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        print(json.dumps(asyncio.run(_scheduler_report(limit))))
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"hypermedia admin scheduler: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
 
 

@@ -55,6 +55,24 @@ log = logging.getLogger(__name__)
 
 SERVICES = ("credits", "storage", "gateway", "imageworker", "docworker", "ocrworker", "mediaworker", "reaper")
 """Start order; stop order is the reverse."""
+OPTIONAL_SERVICES = ("scheduler",)
+"""Services run only when named (``--scheduler`` or ``--services``); after :data:`SERVICES` in
+start order, so the scheduler stops (and drains its burst workers) first."""
+DEFAULT_POOLS = [
+    {
+        "name": "images-local",
+        "queues": ["images"],
+        "provider": "local",
+        "slots_per_worker": 4,
+        "min_workers": 0,
+        "max_workers": 3,
+        "boot_seconds": 5,
+        "drain_target_seconds": 60,
+    }
+]
+"""The scheduler's pools under ``hypermedia up`` when ``HM_SCHEDULER_POOLS`` is not set: up to
+three local image workers of four slots beside the standing ones (a local worker boots in about
+5 s on this 2-core machine: Python, the sandbox zygote, the connections)."""
 STOP_GRACE_SECONDS = 60.0
 """SIGTERM to SIGKILL per process: a worker unit's control gives its execution the drain (35 s)
 and 10 s more before it kills what is left, then releases its lease."""
@@ -235,7 +253,10 @@ class Platform:
         scale: dict[str, int] | None = None,
     ) -> None:
         self.root = root
-        self.services = services
+        order = SERVICES + OPTIONAL_SERVICES
+        self.services = tuple(
+            sorted(services, key=lambda name: order.index(name) if name in order else len(order))
+        )
         self.scale = dict(scale or {})
         for name, count in self.scale.items():
             if name not in SCALABLE:
@@ -319,7 +340,7 @@ class Platform:
             for name in self.services
             for i in range(1, self.scale.get(name, 1) + 1)
         ]
-        workers = [(name, i, proc_name) for name, i, proc_name in replicas if name.endswith("worker")]
+        workers = [(name, i, proc_name) for name, i, proc_name in replicas if name in SCALABLE]
         if workers:
             print(sandbox_layers_line(env["HM_SANDBOX_REQUIRE"], uid_base), file=sys.stderr, flush=True)
         worker_env = {
@@ -351,6 +372,11 @@ class Platform:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        scheduler_env = (
+            self._scheduler_env(env, tls, uid_base + UID_RANGE_PER_REPLICA * len(workers))
+            if "scheduler" in self.services
+            else {}
+        )
         self.info = {
             "database_url": database_url,
             "nats_url": nats_url,
@@ -377,7 +403,10 @@ class Platform:
             proc = ServiceProcess(
                 proc_name,
                 name,
-                env | worker_env.get(proc_name, {}) | tls.get(name, {}),
+                env
+                | worker_env.get(proc_name, {})
+                | tls.get(name, {})
+                | (scheduler_env if name == "scheduler" else {}),
                 self.root / "logs" / f"{proc_name}.log",
                 self.root / "run" / f"{proc_name}.pid",
                 unit=proc_name in worker_env,
@@ -391,6 +420,22 @@ class Platform:
             gateway = next(p for p in self.procs if p.name == "gateway")
             self._wait_port(gateway, http_port, timeout=60)
         return self.info
+
+    def _scheduler_env(
+        self, env: dict[str, str], tls: dict[str, dict[str, str]], uid_base: int
+    ) -> dict[str, str]:
+        """The scheduler's settings under ``up``: its pools (:data:`DEFAULT_POOLS` unless
+        ``HM_SCHEDULER_POOLS`` is set), the local provider's directory in the state directory,
+        logs beside the others, sandbox uids after every worker replica's, the certificates of
+        each role for mutual TLS, and its burst workers stopped with the platform."""
+        return {
+            "HM_SCHEDULER_POOLS": env.get("HM_SCHEDULER_POOLS", json.dumps(DEFAULT_POOLS)),
+            "HM_SCHEDULER_LOCAL_DIR": str(self.root / "scheduler"),
+            "HM_SCHEDULER_LOCAL_LOG_DIR": str(self.root / "logs"),
+            "HM_SCHEDULER_LOCAL_UID_BASE": env.get("HM_SCHEDULER_LOCAL_UID_BASE", str(uid_base)),
+            "HM_SCHEDULER_LOCAL_TLS_DIR": str(self.root / "tls") if tls else "",
+            "HM_SCHEDULER_LOCAL_STOP_ON_EXIT": "true",
+        }
 
     def _internal_auth(self, env: dict[str, str]) -> dict[str, dict[str, str]]:
         """The ``HM_TLS_*`` files of every identity (:func:`mtls.issue_all`, a new CA in

@@ -129,3 +129,37 @@ def test_a_unit_whose_lease_is_held_is_restarted_only_after_the_lease_has_expire
     assert "deployment lease is held or was lost" in message
     other, _, _ = platform.reconcile(proc, 70, lease_seconds=15.0)
     assert other is not None and other <= 2
+
+
+def test_the_scheduler_runs_last_on_the_state_directory_with_valid_default_pools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hypermedia.core import config
+    from services.scheduler.settings import SchedulerSettings
+
+    plat = Platform(tmp_path, services=("scheduler", "reaper", "credits", "imageworker"))
+    assert plat.services == ("credits", "imageworker", "reaper", "scheduler"), "starts last, stops first"
+    env = plat._scheduler_env({}, {"imageworker": {}}, 61064)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = config.load(SchedulerSettings)
+    [pool] = settings.pools
+    assert (pool.name, pool.queues, pool.provider, pool.max_workers) == (
+        "images-local",
+        ("images",),
+        "local",
+        3,
+    )
+    assert settings.local_dir == str(tmp_path / "scheduler") and settings.local_log_dir == str(
+        tmp_path / "logs"
+    )
+    assert (settings.local_uid_base, settings.local_tls_dir, settings.local_stop_on_exit) == (
+        61064,
+        str(tmp_path / "tls"),
+        True,
+    )
+    mine = plat._scheduler_env({"HM_SCHEDULER_POOLS": '[{"name": "ocr", "queues": ["ocr"]}]'}, {}, 1)
+    assert (
+        mine["HM_SCHEDULER_POOLS"] == '[{"name": "ocr", "queues": ["ocr"]}]'
+        and mine["HM_SCHEDULER_LOCAL_TLS_DIR"] == ""
+    )

@@ -1,0 +1,240 @@
+"""The scheduler end to end (issue 20): ``hypermedia up --services …,scheduler`` with no standing
+image worker and a local pool, a second scheduler process as its standby, and a flood of 200
+thumbnail jobs.
+
+One scenario, run once (each phase needs the one before): the flood starts burst workers; the
+leader is killed with SIGKILL after its first start and another scheduler takes over within one
+cycle, adopting the workers the dead one launched (no duplicate launch); every job completes
+exactly once; every decision, recomputed from the inputs it recorded, is the decision taken; the
+spend cap (two workers' worth) holds throughout; a burst worker frozen with SIGSTOP makes the
+inputs stale and nothing is drained while they are, although the others are idle; once it runs
+again the idle workers are drained through the handshake and terminated, none while it held a job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from services.scheduler.formula import BurstWorker, Inputs, QueueDemand, plan
+from services.scheduler.pools import Pool
+from services.scheduler.providers.local import start_ticks
+from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for
+
+INTERVAL = 2.0
+JOBS = 200
+IMAGE = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_1.jpg"
+POOLS = [
+    {
+        "name": "flood",
+        "queues": ["images"],
+        "provider": "local",
+        "slots_per_worker": 2,
+        "max_workers": 3,
+        "boot_seconds": 5,
+        "idle_seconds": 8,
+        "drain_target_seconds": 20,
+        "cost_per_hour": 1.0,
+        "max_spend_per_hour": 2.0,
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def scheduled(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
+    with isolated_platform(
+        tmp_root,
+        database_url,
+        nats_url,
+        "sched",
+        services="credits,storage,gateway,reaper,scheduler",
+        HM_SCHEDULER_POOLS=json.dumps(POOLS),
+        HM_SCHEDULER_INTERVAL_SECONDS=str(INTERVAL),
+        HM_SCHEDULER_STALE_SECONDS="6",
+        HM_SCHEDULER_ARRIVAL_WINDOW_SECONDS="20",
+        HM_HEARTBEAT_SECONDS="2",
+    ) as running:
+        yield running
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode()
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def rows(dsn: str, sql: str, *args: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return cur.execute(sql, args).fetchall()
+
+
+def recomputed(decision: dict[str, Any]) -> tuple[int, str, int]:
+    """The decision :func:`plan` takes from the inputs the scheduler recorded with it."""
+    inputs = decision["inputs"]
+    again = plan(
+        Pool(**inputs["pool"]),
+        Inputs(
+            demand=tuple(QueueDemand(**d) for d in inputs["demand"]),
+            burst=tuple(BurstWorker(**b) for b in inputs["burst"]),
+            standing_slots=inputs["standing_slots"],
+            stale=inputs["stale"],
+            spend_per_hour=inputs["spend_per_hour"],
+        ),
+    )
+    return again.target, again.action, again.count
+
+
+def test_a_flood_is_worked_off_by_burst_workers_that_follow_the_formula(scheduled: RunningPlatform) -> None:
+    dsn = scheduled.info["database_url"]
+    host = socket.gethostname()
+    leader_pid = int((scheduled.state_dir / "run" / "scheduler.pid").read_text())
+    standby_log = (scheduled.state_dir / "logs" / "standby-scheduler.log").open("ab")
+    standby = subprocess.Popen(
+        [sys.executable, "-m", "services.scheduler"],
+        env=environ_of(leader_pid),
+        cwd=REPO,
+        stdout=standby_log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(
+            "the leader's first decision",
+            lambda: rows(dsn, "SELECT 1 FROM scaling_decisions WHERE leader = %s", f"{host}/{leader_pid}"),
+            30,
+        )
+        account = scheduled.admin("create-account", "--credits", "10000000")
+        with scheduled.client(account) as client:
+            obj = upload(client, IMAGE)
+            job_ids = []
+            for _ in range(JOBS):
+                created = client.post(
+                    "/v1/hypermedia/process",
+                    json={"object_id": obj["object_id"], "operations": ["thumbnail"]},
+                )
+                assert created.status_code == 202, created.text
+                job_ids += created.json()["job_ids"]
+
+        first_start = wait_for(
+            "a start decision",
+            lambda: rows(
+                dsn, "SELECT * FROM scaling_decisions WHERE action = 'start' ORDER BY decision_id LIMIT 1"
+            ),
+            30,
+        )[0]
+        assert first_start["leader"] == f"{host}/{leader_pid}"
+        assert first_start["count"] == 2, first_start["reason"]  # the spend cap: 2.0/h at 1.0/h each
+        os.kill(leader_pid, signal.SIGKILL)
+        killed_at = rows(dsn, "SELECT now() AS t")[0]["t"]
+        taken = wait_for(
+            "a decision by another scheduler",
+            lambda: rows(
+                dsn,
+                "SELECT leader, decided_at FROM scaling_decisions WHERE decided_at > %s AND leader <> %s "
+                "ORDER BY decision_id LIMIT 1",
+                killed_at,
+                f"{host}/{leader_pid}",
+            ),
+            15,
+        )[0]
+        assert (taken["decided_at"] - killed_at).total_seconds() < 2 * INTERVAL + 2, "within one cycle"
+
+        wait_for(
+            f"{JOBS} jobs completed",
+            lambda: rows(
+                dsn,
+                "SELECT 1 FROM processing_jobs HAVING count(*) FILTER (WHERE status = 'completed') = %s",
+                JOBS,
+            ),
+            240,
+            interval=0.5,
+        )
+
+        # Freeze one burst worker: its heartbeat goes stale, and nothing may be drained meanwhile.
+        live = rows(dsn, "SELECT burst_worker_id, provider_ref FROM burst_workers WHERE state = 'registered'")
+        assert live, "burst workers are live after the flood"
+        frozen = int(live[0]["provider_ref"])
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            stale_from = wait_for(
+                "a decision on stale inputs",
+                lambda: rows(
+                    dsn,
+                    "SELECT decided_at FROM scaling_decisions WHERE inputs->>'stale' <> '' ORDER BY decision_id LIMIT 1",
+                ),
+                20,
+            )[0]["decided_at"]
+            time.sleep(POOLS[0]["idle_seconds"] + 2 * INTERVAL)  # every other worker is idle long enough now
+            during = rows(
+                dsn, "SELECT action, reason FROM scaling_decisions WHERE decided_at >= %s", stale_from
+            )
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        assert during and all(d["action"] != "drain" for d in during), during
+        assert any("no scale-down" in d["reason"] for d in during), during
+        assert len(rows(dsn, "SELECT 1 FROM burst_workers WHERE state = 'registered'")) == len(live)
+
+        wait_for(
+            "every burst worker terminated",
+            lambda: not rows(dsn, "SELECT 1 FROM burst_workers WHERE state NOT IN ('terminated', 'failed')"),
+            120,
+            interval=0.5,
+        )
+    finally:
+        standby.terminate()
+        standby.wait(90)
+        standby_log.close()
+
+    jobs = rows(dsn, "SELECT status, attempt_count FROM processing_jobs")
+    assert len(jobs) == JOBS and {(j["status"], j["attempt_count"]) for j in jobs} == {("completed", 1)}
+    attempts = rows(dsn, "SELECT status, count(*) AS n FROM job_attempts GROUP BY 1")
+    assert attempts == [{"status": "completed", "n": JOBS}], "once each: nothing lost or handed back"
+
+    decisions = rows(dsn, "SELECT * FROM scaling_decisions ORDER BY decision_id")
+    for decision in decisions:
+        assert recomputed(decision) == (decision["target"], decision["action"], decision["count"]), decision
+    burst = rows(dsn, "SELECT * FROM burst_workers ORDER BY requested_at")
+    launched = sum(d["count"] for d in decisions if d["action"] == "start")
+    assert len(burst) == launched >= 2, "one burst worker per start counted: no duplicate launch"
+    assert len({b["provider_ref"] for b in burst}) == len(burst)
+    for b in burst:
+        assert b["state"] == "terminated" and b["reason"] == "its worker stopped", b
+        assert b["registered_at"] is not None and b["draining_at"] is not None
+        assert start_ticks(int(b["provider_ref"])) is None, "the process is gone"
+    workers = rows(dsn, "SELECT burst_worker_id, status FROM workers")
+    assert sorted(str(w["burst_worker_id"]) for w in workers) == sorted(
+        str(b["burst_worker_id"]) for b in burst
+    )
+    assert {w["status"] for w in workers} == {"stopped"}
+    # The spend cap: never more than two burst workers alive at once.
+    events = sorted([(b["requested_at"], 1) for b in burst] + [(b["terminated_at"], -1) for b in burst])
+    alive = peak = 0
+    for _when, step in events:
+        alive += step
+        peak = max(peak, alive)
+    assert peak <= 2
+
+    # What an operator reads: `hypermedia admin scheduler`.
+    report = scheduled.admin("scheduler", "--limit", "1000")
+    [pool] = report["pools"]
+    assert (pool["pool"], pool["live"], pool["launched"], pool["spend_per_hour"]) == (
+        "flood",
+        0,
+        len(burst),
+        0,
+    )
+    costs = {b["burst_worker_id"]: b["cost"] for b in report["burst_workers"]}
+    for b in burst:
+        hours = (b["terminated_at"] - b["requested_at"]).total_seconds() / 3600
+        assert costs[str(b["burst_worker_id"])] == pytest.approx(1.0 * hours, rel=1e-6) and hours > 0
+    assert pool["cost"] == pytest.approx(sum(costs.values()), rel=1e-6)
+    assert len(report["decisions"]) == len(decisions)
