@@ -8,8 +8,10 @@ from typing import Any
 
 import asyncpg
 
+from hypermedia.infra import db
 
-async def report(conn: asyncpg.Connection, *, limit: int = 20) -> dict[str, Any]:
+
+async def report(conn: db.Connection, *, limit: int = 20) -> dict[str, Any]:
     """``{"pools": [...], "burst_workers": [...], "decisions": [...]}``: per pool its live burst
     workers, their summed ``cost_per_hour``, what its burst workers cost so far and its latest
     decision; the last ``limit`` burst workers (``cost``: ``cost_per_hour`` × hours from request to

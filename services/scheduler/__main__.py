@@ -15,6 +15,7 @@ from hypermedia.core import config
 from hypermedia.infra.service import Lifetime, every, run_service
 from services.scheduler.leader import Leadership
 from services.scheduler.providers import Provider
+from services.scheduler.providers.ec2 import Ec2Provider
 from services.scheduler.providers.local import LocalProvider
 from services.scheduler.scheduler import Scheduler, Timing
 from services.scheduler.settings import SchedulerSettings
@@ -36,6 +37,13 @@ def open_providers(settings: SchedulerSettings) -> dict[str, Provider]:
             Path(settings.local_tls_dir) if settings.local_tls_dir else None,
             stop_on_close=settings.local_stop_on_exit,
         )
+    if any(pool.provider == "ec2" for pool in pools):
+        import boto3
+
+        client = boto3.client(
+            "ec2", region_name=settings.ec2_region or None, endpoint_url=settings.ec2_endpoint_url or None
+        )
+        providers["ec2"] = Ec2Provider(client)
     return providers
 
 

@@ -12,8 +12,7 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import asyncpg
-
+from hypermedia.infra import db
 from services.scheduler.formula import QueueDemand
 
 EWMA_ALPHA = 0.1
@@ -38,7 +37,7 @@ class WorkEstimates:
     samples: dict[str, int] = field(default_factory=dict)
     watermark: dt.datetime | None = None
 
-    async def refresh(self, conn: asyncpg.Connection) -> int:
+    async def refresh(self, conn: db.Connection) -> int:
         """Folds in the attempts completed since the last call; returns how many."""
         since = self.watermark or (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=BOOTSTRAP_SECONDS))
         rows = await conn.fetch(
@@ -67,7 +66,7 @@ class WorkEstimates:
 
 
 async def queue_demand(
-    conn: asyncpg.Connection,
+    conn: db.Connection,
     queues: Iterable[str],
     estimates: WorkEstimates,
     *,
@@ -143,7 +142,7 @@ class LiveWorker:
     running_jobs: int
 
 
-async def live_workers(conn: asyncpg.Connection, queues: Iterable[str]) -> list[LiveWorker]:
+async def live_workers(conn: db.Connection, queues: Iterable[str]) -> list[LiveWorker]:
     """The running and draining workers of ``queues`` (see :class:`LiveWorker`)."""
     rows = await conn.fetch(
         f"""

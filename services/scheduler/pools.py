@@ -10,9 +10,24 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from hypermedia.core.config import QueueName
 
-ProviderName = Literal["local"]
-"""Providers of this release; Kubernetes and EC2 are to come (issue 20, docs/operations.md)."""
+ProviderName = Literal["local", "ec2"]
+"""Providers of this release; Kubernetes is to come (issue 20, docs/operations.md)."""
 CapacityType = Literal["on-demand", "spot"]
+
+
+class Ec2Options(BaseModel):
+    """How an ``ec2`` pool's instances are launched: from a launch template (AMI, instance type,
+    network, IAM profile, and a boot script that starts the worker with the instance's
+    ``hypermedia-burst-worker-id`` tag as ``HM_BURST_WORKER_ID``: docs/operations.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    launch_template: str = Field(min_length=1, max_length=128)
+    """The launch template's name, or its id (``lt-…``)."""
+    version: str = Field("$Default", pattern=r"^(\$Default|\$Latest|[0-9]{1,10})$")
+    instance_type: str | None = Field(None, pattern=r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$")
+    """Overrides the template's instance type."""
+    subnet_id: str | None = Field(None, pattern=r"^subnet-[0-9a-f]+$")
 
 
 class Pool(BaseModel):
@@ -49,6 +64,8 @@ class Pool(BaseModel):
     above it (no cap when unset)."""
     default_job_seconds: float = Field(1.0, gt=0)
     """The expected work of a job of an operation that has no completed attempts yet."""
+    ec2: Ec2Options | None = None
+    """Required for (and only for) an ``ec2`` pool."""
 
     @model_validator(mode="after")
     def _bounds(self) -> Pool:
@@ -56,6 +73,10 @@ class Pool(BaseModel):
             raise ValueError(f"min_workers ({self.min_workers}) is above max_workers ({self.max_workers})")
         if len(set(self.queues)) != len(self.queues):
             raise ValueError("a queue is named twice")
+        if (self.provider == "ec2") != (self.ec2 is not None):
+            raise ValueError(
+                "an ec2 pool needs the ec2 field (its launch template), and only an ec2 pool has one"
+            )
         return self
 
     @property

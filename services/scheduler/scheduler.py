@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 
+from hypermedia.infra import db
 from services.scheduler import formula
 from services.scheduler.demand import LiveWorker, WorkEstimates, live_workers, queue_demand
 from services.scheduler.pools import Pool
@@ -51,7 +52,7 @@ class Scheduler:
         self._timing = timing
         self.estimates = WorkEstimates()
 
-    async def run_once(self, conn: asyncpg.Connection) -> list[formula.Plan]:
+    async def run_once(self, conn: db.Connection) -> list[formula.Plan]:
         """One cycle over every pool; returns the plans decided (in pool order)."""
         await self.estimates.refresh(conn)
         plans = []
@@ -72,7 +73,7 @@ class Scheduler:
 
     # -- the burst workers' states -----------------------------------------------------------
 
-    async def _reconcile(self, conn: asyncpg.Connection, pool: Pool, provider: Provider) -> None:
+    async def _reconcile(self, conn: db.Connection, pool: Pool, provider: Provider) -> None:
         """Moves each live burst worker of ``pool`` on by what its worker row and the provider say."""
         rows = await conn.fetch(
             """
@@ -101,7 +102,7 @@ class Scheduler:
 
     async def _advance(
         self,
-        conn: asyncpg.Connection,
+        conn: db.Connection,
         pool: Pool,
         provider: Provider,
         row: asyncpg.Record,
@@ -133,7 +134,7 @@ class Scheduler:
         else:
             await self._note_busy(conn, bid, row["worker_id"], row["running_jobs"])
 
-    async def _note_busy(self, conn: asyncpg.Connection, bid: str, worker_id: str, running_jobs: int) -> None:
+    async def _note_busy(self, conn: db.Connection, bid: str, worker_id: str, running_jobs: int) -> None:
         """``last_busy_at``: now while the worker holds a job, else the end of its latest attempt
         (a worker that ran a hundred short jobs between two cycles was busy, not idle)."""
         await conn.execute(
@@ -150,7 +151,7 @@ class Scheduler:
             running_jobs > 0,
         )
 
-    async def _set(self, conn: asyncpg.Connection, bid: str, state: str, **columns: Any) -> None:
+    async def _set(self, conn: db.Connection, bid: str, state: str, **columns: Any) -> None:
         sets = ["state = $2"]
         args: list[Any] = [bid, state]
         for name, value in columns.items():
@@ -162,7 +163,7 @@ class Scheduler:
         await conn.execute(f"UPDATE burst_workers SET {', '.join(sets)} WHERE burst_worker_id = $1", *args)
 
     async def _end(
-        self, conn: asyncpg.Connection, provider: Provider, bid: str, ref: str | None, state: str, why: str
+        self, conn: db.Connection, provider: Provider, bid: str, ref: str | None, state: str, why: str
     ) -> None:
         if ref:
             await provider.terminate(ref)
@@ -176,9 +177,7 @@ class Scheduler:
 
     # -- the decision ----------------------------------------------------------------------
 
-    async def _inputs(
-        self, conn: asyncpg.Connection, pool: Pool, workers: list[LiveWorker]
-    ) -> formula.Inputs:
+    async def _inputs(self, conn: db.Connection, pool: Pool, workers: list[LiveWorker]) -> formula.Inputs:
         demand = await queue_demand(
             conn,
             pool.queues,
@@ -227,7 +226,7 @@ class Scheduler:
         )
 
     async def _record(
-        self, conn: asyncpg.Connection, pool: Pool, inputs: formula.Inputs, plan: formula.Plan
+        self, conn: db.Connection, pool: Pool, inputs: formula.Inputs, plan: formula.Plan
     ) -> None:
         recorded = {
             **dataclasses.asdict(inputs),
@@ -254,7 +253,7 @@ class Scheduler:
 
     # -- acting ----------------------------------------------------------------------------
 
-    async def _launch(self, conn: asyncpg.Connection, pool: Pool, provider: Provider) -> None:
+    async def _launch(self, conn: db.Connection, pool: Pool, provider: Provider) -> None:
         bid = str(uuid.uuid4())
         await conn.execute(
             """
@@ -281,7 +280,7 @@ class Scheduler:
             return
         await self._set(conn, bid, "booting", provider_ref=ref, launched_at=True)
 
-    async def _drain(self, conn: asyncpg.Connection, burst_ids: Sequence[str]) -> None:
+    async def _drain(self, conn: db.Connection, burst_ids: Sequence[str]) -> None:
         """The scheduler's side of the drain handshake: the worker rows marked ``draining``
         (a heartbeat never undoes it), the burst workers too."""
         async with conn.transaction():

@@ -34,6 +34,12 @@ class SchedulerSettings(ComponentSettings):
     local_stop_on_exit: bool = Field(False, validation_alias="HM_SCHEDULER_LOCAL_STOP_ON_EXIT")
     """Terminate the local burst workers when the scheduler stops (``hypermedia up`` sets it)."""
 
+    ec2_region: str = Field("", validation_alias="HM_SCHEDULER_EC2_REGION")
+    """The ``ec2`` pools' region; empty: boto3's own (``AWS_REGION``, the profile). Credentials come
+    from boto3's chain (environment, profile, instance role)."""
+    ec2_endpoint_url: str = Field("", validation_alias="HM_SCHEDULER_EC2_ENDPOINT_URL")
+    """Another EC2 endpoint (a VPC endpoint; moto in the contract tests); empty: AWS's."""
+
     @field_validator("pools_json")
     @classmethod
     def _pools(cls, value: str) -> str:
