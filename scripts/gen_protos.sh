@@ -16,6 +16,15 @@ PATH="$root/.venv/bin:$PATH" .venv/bin/python -m grpc_tools.protoc -Iproto \
   "${files[@]}"
 mkdir -p "$out/hypermedia/api"
 test -e "$out/hypermedia/api/__init__.py" || touch "$out/hypermedia/api/__init__.py"
+# KEDA's External Scaler contract (proto/externalscaler, its own package) goes to hypermedia/api/keda.
+PATH="$root/.venv/bin:$PATH" .venv/bin/python -m grpc_tools.protoc -Iproto \
+  --python_out="$scratch" --grpc_python_out="$scratch" --mypy_out="$scratch" \
+  externalscaler/externalscaler.proto
+mkdir -p "$out/hypermedia/api/keda"
+touch "$out/hypermedia/api/keda/__init__.py"
+for f in "$scratch/externalscaler/"*; do
+  sed -E 's/^from externalscaler import/from hypermedia.api.keda import/' "$f" > "$out/hypermedia/api/keda/$(basename "$f")"
+done
 for area in $(cd "$scratch/hypermedia" && find . -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort); do
   mkdir -p "$out/hypermedia/api/$area/v1"
   touch "$out/hypermedia/api/$area/__init__.py" "$out/hypermedia/api/$area/v1/__init__.py"

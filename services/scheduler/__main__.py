@@ -11,8 +11,12 @@ import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from hypermedia.api.keda import externalscaler_pb2_grpc as keda_grpc
 from hypermedia.core import config
-from hypermedia.infra.service import Lifetime, every, run_service
+from hypermedia.infra import rpc
+from hypermedia.infra.service import Lifetime, every, open_postgres, run_service
+from services.scheduler import keda
+from services.scheduler.keda import ExternalScaler
 from services.scheduler.leader import Leadership
 from services.scheduler.providers import Provider
 from services.scheduler.providers.ec2 import Ec2Provider
@@ -73,6 +77,26 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             except Exception:
                 await leadership.release()  # a half-done cycle: the next leader starts clean
                 raise
+
+    if settings.keda_bind:
+        pool = await open_postgres(stack, infra, max_size=2)
+        scaler = rpc.GrpcServer(
+            settings.keda_bind,
+            [
+                (
+                    keda_grpc.add_ExternalScalerServicer_to_server,
+                    ExternalScaler(
+                        pool,
+                        arrival_window_seconds=settings.arrival_window_seconds,
+                        stream_seconds=settings.interval_seconds,
+                    ),
+                )
+            ],
+            [keda.SERVICE_NAME],
+        )
+        await scaler.start()
+        stack.push_async_callback(scaler.stop)
+        log.info("KEDA external scaler on %s", settings.keda_bind)
 
     inner_stop = asyncio.Event()
     task = asyncio.create_task(every(settings.interval_seconds, cycle, inner_stop))

@@ -34,6 +34,10 @@ class SchedulerSettings(ComponentSettings):
     local_stop_on_exit: bool = Field(False, validation_alias="HM_SCHEDULER_LOCAL_STOP_ON_EXIT")
     """Terminate the local burst workers when the scheduler stops (``hypermedia up`` sets it)."""
 
+    keda_bind: str = Field("", validation_alias="HM_SCHEDULER_KEDA_BIND")
+    """``host:port`` of KEDA's External Scaler API (services/scheduler/keda.py), plaintext gRPC for
+    the keda-operator (restrict it by NetworkPolicy); empty: not served. Every scheduler replica
+    serves it, leader or standby: it only reads Postgres."""
     ec2_region: str = Field("", validation_alias="HM_SCHEDULER_EC2_REGION")
     """The ``ec2`` pools' region; empty: boto3's own (``AWS_REGION``, the profile). Credentials come
     from boto3's chain (environment, profile, instance role)."""
