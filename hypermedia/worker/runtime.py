@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -130,9 +131,17 @@ class WorkerRuntime:
         self.jobs_completed = 0
         self.jobs_failed = 0
         self.started_at = time.time()
+        self.preempted_within: float | None = None
+        """Seconds the drain may take once the instance is being reclaimed (:meth:`preempt`)."""
         self.drain_requested: Callable[[], None] = lambda: None
         """Called when a heartbeat finds this worker's row ``draining`` (the scheduler's drain
         handshake, ADR 0047): the worker process stops, draining as on SIGTERM."""
+
+    def preempt(self, seconds: float) -> None:
+        """The instance is reclaimed in ``seconds``: the drain is cut to them, what is still
+        running then is handed back ``preempted``, and the worker stops."""
+        self.preempted_within = min(seconds, self.preempted_within or seconds)
+        self.drain_requested()
 
     def control_admission(self, message: dict[str, Any]) -> None:
         """A worker unit's control set the admission target (:meth:`Admission.apply_control`); a
@@ -311,7 +320,8 @@ class WorkerRuntime:
             log.info("draining %d running jobs", len(self._tasks))
             for job_id in list(self._waiting):
                 await self._hand_back(job_id)
-            _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_seconds)
+            drain = min(self.settings.drain_seconds, self.preempted_within or self.settings.drain_seconds)
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=drain)
             for job_id in list(self.running):
                 await self._hand_back(job_id)
             if pending:
@@ -322,7 +332,10 @@ class WorkerRuntime:
         job = self.running.get(job_id)
         if job is not None:
             self._stop_job(job_id)
-            await self._db(lifecycle.hand_back, job, self.worker_id, self._prefix)
+            preempted = self.preempted_within is not None
+            await self._db(
+                functools.partial(lifecycle.hand_back, preempted=preempted), job, self.worker_id, self._prefix
+            )
 
     # -- one job ---------------------------------------------------------------------------
 

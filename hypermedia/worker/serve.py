@@ -25,6 +25,7 @@ from hypermedia.infra import mtls, rpc
 from hypermedia.infra.service import EXIT_LEASE, ExitWith, Lifetime, every, open_peers, open_postgres
 from hypermedia.jobs import queues
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, layers, make_undumpable
+from hypermedia.worker import preemption
 from hypermedia.worker.handler import JobHandler
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.settings import WorkerSettings
@@ -392,6 +393,9 @@ async def serve_lanes(stack: AsyncExitStack, stop: Lifetime, lanes: Sequence[Lan
     for rt in runtimes:
         rt.drain_requested = stop.set  # the scheduler's drain handshake: stop as on SIGTERM
     tasks = [asyncio.create_task(rt.run(draining)) for rt in runtimes]
+    if settings.spot_notice != "off":
+        watching = asyncio.create_task(preemption.watch(settings, runtimes, draining))
+        stack.push_async_callback(_cancelled, watching)
 
     def crashed(done: asyncio.Task[None]) -> None:
         if not done.cancelled() and done.exception() is not None:

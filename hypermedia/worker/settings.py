@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -40,6 +41,14 @@ class WorkerSettings(ComponentSettings):
     heartbeat_seconds: float = Field(30.0, gt=0, validation_alias="HM_HEARTBEAT_SECONDS")
     metrics_seconds: float = Field(60.0, gt=0, validation_alias="HM_METRICS_SECONDS")
     drain_seconds: float = Field(35.0, gt=0, validation_alias="HM_DRAIN_SECONDS")
+    spot_notice: Literal["off", "ec2", "gce"] = Field("off", validation_alias="HM_SPOT_NOTICE")
+    """Watch this cloud's interruption notice (a spot or preemptible instance; issue 20): ``ec2``
+    (``spot/instance-action``, 2 minutes' notice), ``gce`` (``instance/preempted``, 30 s). On a
+    notice the drain is cut to the time left and what cannot finish is handed back ``preempted``
+    (:mod:`hypermedia.worker.preemption`)."""
+    spot_metadata_url: str = Field("http://169.254.169.254", validation_alias="HM_SPOT_METADATA_URL")
+    """The instance metadata service (both clouds answer at this address)."""
+    spot_poll_seconds: float = Field(5.0, gt=0, le=60, validation_alias="HM_SPOT_POLL_SECONDS")
     min_available_memory_mb: int = Field(512, ge=0, validation_alias="HM_MIN_AVAILABLE_MEMORY_MB")
     """Admission closes while available memory is below this (MiB)."""
     min_pid_headroom: int = Field(64, ge=0, validation_alias="HM_MIN_PID_HEADROOM")

@@ -48,3 +48,10 @@ CREATE INDEX workers_burst_idx ON workers(burst_worker_id) WHERE burst_worker_id
 -- window (the arrival rate), without a scan of either table.
 CREATE INDEX job_attempts_completed_idx ON job_attempts(finished_at) WHERE status = 'completed';
 CREATE INDEX processing_jobs_created_idx ON processing_jobs(created_at);
+
+-- A spot worker's hand-back when its instance is being reclaimed (issue 20 item 5): the attempt is
+-- 'preempted' (error PREEMPTED), counted, like a drain's hand-back, as lost to the infrastructure
+-- (lost_attempts, never against max_attempts).
+ALTER TABLE job_attempts DROP CONSTRAINT job_attempts_status_check,
+    ADD CONSTRAINT job_attempts_status_check
+        CHECK (status IN ('processing', 'completed', 'failed', 'lost', 'cancelled', 'preempted'));

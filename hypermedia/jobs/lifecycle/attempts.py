@@ -342,9 +342,12 @@ async def mark_cancelled(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, du
     return True
 
 
-async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix: str) -> bool:
+async def hand_back(
+    pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix: str, *, preempted: bool = False
+) -> bool:
     """Return a job this worker will not finish (drain deadline passed) to ``queued`` and publish it
-    again. The attempt is recorded as ``lost``: it counts against :data:`MAX_LOST_ATTEMPTS`, not
+    again. The attempt is recorded as ``lost`` (``preempted``, error ``PREEMPTED``, when the
+    worker's spot instance is being reclaimed): it counts against :data:`MAX_LOST_ATTEMPTS`, not
     against ``max_attempts`` (the rule of :data:`LOST_ATTEMPT`). False when the lease was lost or
     the job is no longer ``processing``."""
     async with pool.acquire() as conn, conn.transaction():
@@ -361,7 +364,12 @@ async def hand_back(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix:
         )
         if row is None:
             return False
-        await _finish_attempt(conn, job, "lost", "WORKER_LOST", "handed back at shutdown", 0, 0)
+        if preempted:
+            await _finish_attempt(
+                conn, job, "preempted", "PREEMPTED", "handed back: its instance is reclaimed", 0, 0
+            )
+        else:
+            await _finish_attempt(conn, job, "lost", "WORKER_LOST", "handed back at shutdown", 0, 0)
         if row["status"] == "queued":
             await enqueue_outbox(conn, prefix, job.job_id, row["queue"], row["priority"])
     return True
