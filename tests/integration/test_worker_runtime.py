@@ -17,8 +17,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -31,9 +32,11 @@ from nats.aio.msg import Msg
 from hypermedia.api.credits.v1 import credits_pb2
 from hypermedia.engines.contract import OutputFile
 from hypermedia.jobs import lifecycle, queues
+from hypermedia.worker import preemption
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.settings import WorkerSettings
 from tests.helpers.fakes import FakeSandbox, FakeStorage, GatedHandler, failure, success
+from tests.helpers.metadata import Metadata
 from tests.integration.conftest import Broker, Credits, Seeder, Tenant
 
 BALANCE = 10_000
@@ -602,3 +605,83 @@ async def _waiting_events(rig: Rig) -> int:
             "SELECT count(DISTINCT job_id) FROM job_events WHERE detail->>'stage' = 'waiting'"
         )
     )
+
+
+# -- spot interruption notices (hypermedia/worker/preemption.py), from a fake metadata service -----
+# Mid-job, the notice cuts the drain to the time left, the running job is handed back
+# ``preempted`` (its attempts against ``max_attempts`` unchanged) and another worker completes it.
+
+
+@pytest.fixture
+def metadata() -> Iterator[Metadata]:
+    server = Metadata()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_a_notice_mid_job_hands_it_back_preempted_and_another_worker_completes_it(
+    make_rig: Callable[..., Awaitable[Rig]],
+    metadata: Metadata,
+) -> None:
+    spot = await make_rig(
+        HM_SPOT_NOTICE="ec2",
+        HM_SPOT_METADATA_URL=metadata.url,
+        HM_SPOT_POLL_SECONDS=0.1,
+        HM_DRAIN_SECONDS=300,
+    )
+    spot.sandbox.hold.clear()  # the job runs until the drain ends it
+    job_id = await spot.job()
+    await spot.publish(job_id)
+    async with spot.loop() as (stop, task):
+        watching = asyncio.create_task(preemption.watch(spot.runtime.settings, [spot.runtime], stop))
+        spot.runtime.drain_requested = stop.set
+        await asyncio.wait_for(spot.sandbox.started.wait(), 15)
+        await asyncio.sleep(0.3)
+        assert not stop.is_set() and not watching.done(), "no notice yet: the worker goes on"
+        metadata.notice_in = 12.0  # reclaimed in 12 s: the drain gets 12 - 10 = 2 s of it
+        loop = asyncio.get_running_loop()
+        noticed = loop.time()
+        await asyncio.wait_for(task, 15)
+        took = loop.time() - noticed
+        await watching
+    assert took < 6, f"the drain was cut to the notice, not HM_DRAIN_SECONDS (took {took:.1f}s)"
+    assert set(metadata.seen_tokens) == {metadata.token}, "IMDSv2: every read with the session token"
+    assert spot.sandbox.cancelled == [job_id]
+    row = await spot.row(job_id)
+    assert (row["status"], row["attempt_count"] - row["lost_attempts"]) == ("queued", 0)
+    assert await spot.attempts(job_id) == [(1, spot.runtime.worker_id, "preempted", "PREEMPTED")]
+
+    elsewhere = await make_rig()
+    elsewhere.storage.put_original(f"objects/{spot.tenant.object_id}", ORIGINAL)
+    await elsewhere.publish(job_id)
+    await elsewhere.run_until(lambda: _status_is(elsewhere, job_id, "completed"))
+    attempts = await elsewhere.attempts(job_id)
+    assert [(a[2], a[3]) for a in attempts] == [("preempted", "PREEMPTED"), ("completed", None)]
+    assert attempts[1][1] == elsewhere.runtime.worker_id
+
+
+async def test_gce_preemption_is_read_from_its_metadata_flag(
+    make_rig: Callable[..., Awaitable[Rig]],
+    metadata: Metadata,
+) -> None:
+    rig = await make_rig(HM_SPOT_NOTICE="gce", HM_SPOT_METADATA_URL=metadata.url)
+    settings = rig.runtime.settings
+    async with httpx.AsyncClient() as http:
+        assert await preemption.notice_seconds(settings, http, []) is None
+        metadata.notice_in = 0.0
+        assert await preemption.notice_seconds(settings, http, []) == preemption.GCE_NOTICE_SECONDS
+    # An unreachable metadata service is asked again, never a stop.
+    unreachable = rig.runtime.settings.model_copy(
+        update={"spot_metadata_url": "http://127.0.0.1:9", "spot_poll_seconds": 0.05}
+    )
+    stop = asyncio.Event()
+    watching = asyncio.create_task(preemption.watch(unreachable, [rig.runtime], stop))
+    await asyncio.sleep(0.5)
+    assert not watching.done() and rig.runtime.preempted_within is None
+    stop.set()
+    await asyncio.wait_for(watching, 5)

@@ -109,7 +109,8 @@ class LocalProvider:
         pid = int(str(record["pid"]))
         if (child := self._children.get(pid)) is not None and child.poll() is not None:
             return False  # reaped now: it was our child
-        return start_ticks(pid) == record["ticks"]
+        ticks = record.get("ticks")
+        return ticks is not None and start_ticks(pid) == ticks  # None: it was gone at launch
 
     def _command(self, pool: Pool) -> tuple[list[str], dict[str, str], str]:
         from hypermedia.worker.unit.settings import ROLE_OF_QUEUE  # the roles' table, not a worker import
