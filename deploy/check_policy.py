@@ -9,8 +9,9 @@ this says whether the files keep the platform's rules and agree with each other:
 - workers get a writable /work, a grace period longer than their 35 s drain and control's 10 s,
   and an ``HM_UNIT_MEMORY_MB`` that leaves control its 320 MiB under the container's limit;
 - Services select existing pods and name existing container ports; kustomizations list every
-  manifest beside them; ScaledObjects target a worker and sum one nats-jetstream trigger per
-  priority consumer ``{queue}-p{1..10}`` on stream ``HM_{QUEUE}``;
+  manifest beside them; ScaledObjects target a worker with one ``external`` trigger on the
+  scheduler's scaler, with the worker's queue and slots; only the scheduler mounts a
+  service-account token; PodTemplates (burst/) are checked as the workloads are;
 - Secrets exist only as ``*.example.yaml`` with placeholders; ConfigMaps hold no secret;
 - every hypermedia service in compose.yaml is read-only, capability-free, has tmpfs /tmp and /work
   and resource limits; every image name maps to a target of deploy/docker/Dockerfile, which runs
@@ -42,7 +43,17 @@ from typing import Any
 
 import yaml
 
-SERVICES = ("gateway", "credits", "storage", "imageworker", "docworker", "ocrworker", "mediaworker", "reaper")
+SERVICES = (
+    "gateway",
+    "credits",
+    "storage",
+    "imageworker",
+    "docworker",
+    "ocrworker",
+    "mediaworker",
+    "reaper",
+    "scheduler",
+)
 """Services that have an image today; each is a target of deploy/docker/Dockerfile, and every target
 but ``SHARED_STAGES`` is one of them (so a new target cannot escape the checks below)."""
 SHARED_STAGES = {"build", "runtime"}
@@ -50,9 +61,13 @@ SHARED_STAGES = {"build", "runtime"}
 APT_PACKAGES = {"docworker": "DOCWORKER_PACKAGES", "ocrworker": "OCR_PACKAGES"}
 """Dockerfile targets that install Debian packages, and the Makefile variable each one's list must
 equal (versions aside); every other target installs none."""
-PRIORITIES = range(1, 11)
-"""Priority bands of a queue: one JetStream consumer ``{queue}-p{n}`` each."""
-WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "PodTemplate"}
+"""Kinds that hold a pod template (a ``PodTemplate``: the scheduler's burst worker pods, burst/)."""
+TOKEN_HOLDERS = {"scheduler"}
+"""Workloads that may mount a service-account token (a projected ``serviceAccountToken``): the
+scheduler's kubernetes provider calls the API server; no other workload does."""
+SCALER_ADDRESS = "scheduler.hypermedia.svc.cluster.local:50081"
+"""Where the ScaledObjects' ``external`` triggers reach the scheduler's External Scaler API."""
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|_KEY$|KEY_ID$|^HM_DATABASE_URL$)", re.IGNORECASE)
 MIN_WORKER_GRACE_SECONDS = 50
 """Workers drain for 35 s after SIGTERM (HM_DRAIN_SECONDS) and their unit's control gives them 10 s
@@ -73,6 +88,11 @@ def load_manifests(k8s_dir: Path) -> Iterator[tuple[Path, Doc]]:
 
 def _name(path: Path, doc: Doc) -> str:
     return f"{path.name}: {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+
+
+def _template(doc: Doc) -> Doc:
+    """The pod template of a workload: ``spec.template``, or a PodTemplate's ``template``."""
+    return dict(doc["template"] if doc.get("kind") == "PodTemplate" else doc["spec"]["template"])
 
 
 def _env(container: Doc) -> dict[str, str]:
@@ -136,10 +156,19 @@ def check_worker_seccomp(profile_path: Path) -> list[str]:
 
 def check_workload(where: str, doc: Doc) -> list[str]:
     problems: list[str] = []
-    pod = doc["spec"]["template"]["spec"]
+    pod = _template(doc)["spec"]
     pod_sc = pod.get("securityContext", {})
     if pod.get("automountServiceAccountToken") is not False:
         problems.append(f"{where}: automountServiceAccountToken must be false")
+    tokens = [
+        v["name"]
+        for v in pod.get("volumes", [])
+        if any("serviceAccountToken" in source for source in v.get("projected", {}).get("sources", []))
+    ]
+    if tokens and doc["metadata"]["name"] not in TOKEN_HOLDERS:
+        problems.append(
+            f"{where}: volume {tokens[0]} mounts a service-account token (only {sorted(TOKEN_HOLDERS)})"
+        )
     if pod_sc.get("runAsUser") == 0:
         problems.append(f"{where}: runAsUser 0")
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
@@ -205,9 +234,9 @@ def _mib(quantity: str) -> int:
 
 def check_services(docs: list[tuple[Path, Doc]]) -> list[str]:
     pods = [
-        (d["spec"]["template"]["metadata"].get("labels", {}), d["spec"]["template"]["spec"])
+        (_template(d)["metadata"].get("labels", {}), _template(d)["spec"])
         for _, d in docs
-        if d.get("kind") in WORKLOAD_KINDS - {"Job"}
+        if d.get("kind") in WORKLOAD_KINDS - {"Job", "PodTemplate"}
     ]
     problems = []
     for path, doc in docs:
@@ -228,29 +257,22 @@ def check_services(docs: list[tuple[Path, Doc]]) -> list[str]:
     return problems
 
 
-def check_scaled_object(where: str, doc: Doc, workers: dict[str, str]) -> list[str]:
-    problems = []
+def check_scaled_object(where: str, doc: Doc, workers: dict[str, tuple[str, str]]) -> list[str]:
+    """One ``external`` trigger on the scheduler's External Scaler API (services/scheduler/keda.py)
+    with the worker's queue and slots: KEDA then scales on Postgres's demand, running jobs
+    included, not on JetStream's lag (about zero while jobs run)."""
     target = doc["spec"]["scaleTargetRef"]["name"]
-    queue = workers.get(target)
-    if queue is None:
+    if target not in workers:
         return [f"{where}: scaleTargetRef {target!r} is no worker Deployment (with HM_WORKER_QUEUE)"]
+    queue, slots = workers[target]
     triggers = doc["spec"].get("triggers", [])
-    names = [t.get("name") for t in triggers]
-    expected = {f"{queue}-p{n}" for n in PRIORITIES}
-    consumers = set()
-    for trigger in triggers:
-        meta = trigger.get("metadata", {})
-        if trigger.get("type") != "nats-jetstream":
-            continue
-        consumers.add(meta.get("consumer"))
-        if meta.get("stream") != f"HM_{queue.upper()}":
-            problems.append(f"{where}: trigger {trigger.get('name')} stream {meta.get('stream')!r}")
-    if consumers != expected:
-        missing, unexpected = sorted(expected - consumers), sorted(consumers - expected)
-        problems.append(f"{where}: consumers missing {missing}, unexpected {unexpected}")
-    formula = doc["spec"].get("advanced", {}).get("scalingModifiers", {}).get("formula", "")
-    if len(triggers) > 1 and set(re.findall(r"[A-Za-z_]\w*", formula)) != set(names):
-        problems.append(f"{where}: scalingModifiers.formula must use every trigger name {names}")
+    if [t.get("type") for t in triggers] != ["external"]:
+        return [f"{where}: needs exactly one trigger, of type external (the scheduler's scaler)"]
+    meta = triggers[0].get("metadata", {})
+    problems = []
+    for key, want in (("scalerAddress", SCALER_ADDRESS), ("queue", queue), ("slotsPerReplica", slots)):
+        if str(meta.get(key)) != want:
+            problems.append(f"{where}: trigger metadata {key} {meta.get(key)!r}, not {want!r}")
     return problems
 
 
@@ -272,7 +294,7 @@ def check_k8s(k8s_dir: Path) -> list[str]:
     docs = list(load_manifests(k8s_dir))
     problems = check_kustomizations(k8s_dir) + check_services(docs)
     workers = {
-        d["metadata"]["name"]: _env(c)["HM_WORKER_QUEUE"]
+        d["metadata"]["name"]: (_env(c)["HM_WORKER_QUEUE"], _env(c).get("HM_WORKER_SLOTS", ""))
         for _, d in docs
         if d.get("kind") == "Deployment"
         for c in d["spec"]["template"]["spec"]["containers"]
@@ -282,7 +304,7 @@ def check_k8s(k8s_dir: Path) -> list[str]:
         kind, where = doc.get("kind"), _name(path, doc)
         if kind in WORKLOAD_KINDS:
             problems += check_workload(where, doc)
-            for c in doc["spec"]["template"]["spec"]["containers"]:
+            for c in _template(doc)["spec"]["containers"]:
                 image = c.get("image", "").rsplit(":", 1)[0]
                 if image.startswith("hypermedia/") and image.split("/", 1)[1] not in SERVICES:
                     problems.append(f"{where}: image {image} is no Dockerfile target")

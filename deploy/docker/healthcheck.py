@@ -24,7 +24,11 @@ GRPC_BIND_VARIABLES = {
     "docworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
     "ocrworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50071"),
     "mediaworker": ("HM_WORKER_STATUS_BIND", "0.0.0.0:50072"),
+    "scheduler": ("HM_SCHEDULER_KEDA_BIND", "0.0.0.0:50081"),
 }
+PLAINTEXT = {"scheduler"}
+"""Services whose port is plaintext gRPC whatever ``HM_INTERNAL_AUTH`` says (the scheduler's KEDA
+port: the keda-operator presents no platform certificate)."""
 
 
 def _local_target(bind: str) -> str:
@@ -33,11 +37,11 @@ def _local_target(bind: str) -> str:
     return f"127.0.0.1:{port}"
 
 
-def _channel(grpc: Any, target: str) -> Any:
+def _channel(grpc: Any, target: str, plaintext: bool = False) -> Any:
     """Mutual TLS with the service's own certificate (HM_TLS_CA, HM_TLS_CERT, HM_TLS_KEY; every
     platform identity may call Health, ADR 0044), checking the server by the 127.0.0.1 IP SAN every
     platform certificate carries; plaintext when HM_INTERNAL_AUTH=none."""
-    if os.environ.get("HM_INTERNAL_AUTH", "mtls").strip().lower() == "none":
+    if plaintext or os.environ.get("HM_INTERNAL_AUTH", "mtls").strip().lower() == "none":
         return grpc.insecure_channel(target)
     files = [
         Path(os.environ.get(name, "")).read_bytes() for name in ("HM_TLS_CA", "HM_TLS_KEY", "HM_TLS_CERT")
@@ -46,11 +50,11 @@ def _channel(grpc: Any, target: str) -> Any:
     return grpc.secure_channel(target, credentials)
 
 
-def check_grpc(target: str) -> bool:
+def check_grpc(target: str, plaintext: bool = False) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with _channel(grpc, target) as channel:
+    with _channel(grpc, target, plaintext) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_SECONDS)
     return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
@@ -72,7 +76,7 @@ def main(argv: list[str]) -> int:
             healthy = check_http(f"http://127.0.0.1:{port}/healthz")
         elif service in GRPC_BIND_VARIABLES:
             variable, default = GRPC_BIND_VARIABLES[service]
-            healthy = check_grpc(_local_target(os.environ.get(variable, default)))
+            healthy = check_grpc(_local_target(os.environ.get(variable, default)), service in PLAINTEXT)
         else:
             print(f"healthcheck.py: no check for service {service!r}", file=sys.stderr)
             return 1

@@ -27,20 +27,25 @@ from services.scheduler.settings import SchedulerSettings
 log = logging.getLogger(__name__)
 
 
-def open_providers(settings: SchedulerSettings) -> dict[str, Provider]:
-    """One provider per name the pools use."""
+def _local_provider(settings: SchedulerSettings) -> LocalProvider:
     local_dir = Path(settings.local_dir).resolve()
+    return LocalProvider(
+        local_dir,
+        Path(settings.local_log_dir).resolve() if settings.local_log_dir else local_dir / "logs",
+        settings.local_uid_base,
+        sum(pool.max_workers for pool in settings.pools if pool.provider == "local"),
+        Path(settings.local_tls_dir) if settings.local_tls_dir else None,
+        stop_on_close=settings.local_stop_on_exit,
+    )
+
+
+async def open_providers(settings: SchedulerSettings) -> dict[str, Provider]:
+    """One provider per name the pools use. Raises the clients' configuration errors (no AWS
+    region, no kubeconfig or in-cluster service account)."""
     pools = settings.pools
     providers: dict[str, Provider] = {}
     if any(pool.provider == "local" for pool in pools):
-        providers["local"] = LocalProvider(
-            local_dir,
-            Path(settings.local_log_dir).resolve() if settings.local_log_dir else local_dir / "logs",
-            settings.local_uid_base,
-            sum(pool.max_workers for pool in pools if pool.provider == "local"),
-            Path(settings.local_tls_dir) if settings.local_tls_dir else None,
-            stop_on_close=settings.local_stop_on_exit,
-        )
+        providers["local"] = _local_provider(settings)
     if any(pool.provider == "ec2" for pool in pools):
         import boto3
 
@@ -48,6 +53,20 @@ def open_providers(settings: SchedulerSettings) -> dict[str, Provider]:
             "ec2", region_name=settings.ec2_region or None, endpoint_url=settings.ec2_endpoint_url or None
         )
         providers["ec2"] = Ec2Provider(client)
+    if any(pool.provider == "kubernetes" for pool in pools):
+        from services.scheduler.providers import kubernetes
+
+        try:
+            api = await kubernetes.open_client(settings.kubeconfig, settings.kube_context)
+        except (kubernetes.ConfigException, OSError) as exc:
+            where = (
+                "the kubeconfig" if settings.kubeconfig else "the in-cluster service account (no kubeconfig)"
+            )
+            raise config.ConfigError(
+                f"HM_SCHEDULER_KUBECONFIG: the kubernetes pools' cluster cannot be reached: {where} "
+                f"cannot be loaded: {exc}"
+            ) from None
+        providers["kubernetes"] = kubernetes.KubernetesProvider(api)
     return providers
 
 
@@ -57,7 +76,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     holder = f"{socket.gethostname()}/{os.getpid()}"
     leadership = Leadership(infra.database_url.get_secret_value(), holder)
     stack.push_async_callback(leadership.release)
-    providers = open_providers(settings)
+    providers = await open_providers(settings)
     for provider in providers.values():
         stack.push_async_callback(provider.close)
     scheduler = Scheduler(

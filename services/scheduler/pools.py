@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from hypermedia.core.config import QueueName
 
-ProviderName = Literal["local", "ec2"]
-"""Providers of this release; Kubernetes is to come (issue 20, docs/operations.md)."""
+ProviderName = Literal["local", "ec2", "kubernetes"]
+"""Providers of this release (services/scheduler/providers/, docs/operations.md)."""
 CapacityType = Literal["on-demand", "spot"]
 
 
@@ -28,6 +28,36 @@ class Ec2Options(BaseModel):
     instance_type: str | None = Field(None, pattern=r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$")
     """Overrides the template's instance type."""
     subnet_id: str | None = Field(None, pattern=r"^subnet-[0-9a-f]+$")
+
+
+SPOT_LABEL = "karpenter.sh/capacity-type"
+"""The node label Karpenter puts on its nodes (``spot`` or ``on-demand``); EKS managed node groups
+use ``eks.amazonaws.com/capacityType`` (``SPOT``), GKE ``cloud.google.com/gke-spot`` (``"true"``)."""
+
+
+class KubernetesOptions(BaseModel):
+    """How a ``kubernetes`` pool's pods are made: from a ``v1/PodTemplate`` in the namespace (the
+    worker's pod spec as its Deployment has it: deploy/k8s/burst/), with the burst worker's name,
+    labels, annotations and environment added, ``restartPolicy: Never`` (a burst worker is
+    replaced, never restarted) and, for a spot pool, the spot node selector and tolerations."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field("hypermedia", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    pod_template: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    """The PodTemplate's name (in ``namespace``)."""
+    container: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    """The worker's container in the template; default its first."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Added to the template's node selector, on-demand or spot."""
+    spot_node_selector: dict[str, str] = Field(default_factory=lambda: {SPOT_LABEL: "spot"})
+    """Added for a spot pool."""
+    spot_tolerations: tuple[dict[str, str], ...] = (
+        {"key": SPOT_LABEL, "operator": "Equal", "value": "spot", "effect": "NoSchedule"},
+    )
+    """Added for a spot pool: they tolerate the taint an operator puts on spot nodes so that only
+    work meant for spot lands there (the default matches a NodePool tainted
+    ``karpenter.sh/capacity-type=spot:NoSchedule``)."""
 
 
 class Pool(BaseModel):
@@ -66,6 +96,8 @@ class Pool(BaseModel):
     """The expected work of a job of an operation that has no completed attempts yet."""
     ec2: Ec2Options | None = None
     """Required for (and only for) an ``ec2`` pool."""
+    kubernetes: KubernetesOptions | None = None
+    """Required for (and only for) a ``kubernetes`` pool."""
 
     @model_validator(mode="after")
     def _bounds(self) -> Pool:
@@ -76,6 +108,11 @@ class Pool(BaseModel):
         if (self.provider == "ec2") != (self.ec2 is not None):
             raise ValueError(
                 "an ec2 pool needs the ec2 field (its launch template), and only an ec2 pool has one"
+            )
+        if (self.provider == "kubernetes") != (self.kubernetes is not None):
+            raise ValueError(
+                "a kubernetes pool needs the kubernetes field (its pod template), and only a kubernetes "
+                "pool has one"
             )
         return self
 

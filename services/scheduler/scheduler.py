@@ -125,7 +125,12 @@ class Scheduler:
                 await self._set(conn, bid, "booting", provider_ref=ref, launched_at=True)
             return
         if worker in ("stopped", "dead", None) or gone:
-            why = "its worker stopped" if state == "draining" else f"lost: worker {worker or 'missing'}"
+            if state == "draining":
+                why = "its worker stopped"
+            elif gone and inst is not None:
+                why = f"lost: {inst.detail or 'stopped'} (worker {worker or 'missing'})"
+            else:
+                why = f"lost: worker {worker or 'missing'}"
             await self._end(conn, provider, bid, ref, "terminated", why)
         elif state == "draining" and (row["draining_for"] or 0) > self._timing.drain_timeout:
             await self._end(conn, provider, bid, ref, "terminated", "drain timed out")

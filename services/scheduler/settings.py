@@ -44,6 +44,12 @@ class SchedulerSettings(ComponentSettings):
     ec2_endpoint_url: str = Field("", validation_alias="HM_SCHEDULER_EC2_ENDPOINT_URL")
     """Another EC2 endpoint (a VPC endpoint; moto in the contract tests); empty: AWS's."""
 
+    kubeconfig: str = Field("", validation_alias="HM_SCHEDULER_KUBECONFIG")
+    """The ``kubernetes`` pools' cluster: a kubeconfig file; empty: the scheduler pod's service
+    account (in-cluster; its Role: deploy/k8s/scheduler.yaml)."""
+    kube_context: str = Field("", validation_alias="HM_SCHEDULER_KUBE_CONTEXT")
+    """The kubeconfig's context; empty: its current one."""
+
     @field_validator("pools_json")
     @classmethod
     def _pools(cls, value: str) -> str:

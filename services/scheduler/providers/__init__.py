@@ -7,7 +7,7 @@ them, describes one and terminates one. The scheduler terminates only after the 
 
 Adding a provider (Google Compute, IONOS, ...): a module here with a class meeting
 :class:`Provider` on the cloud's official client, a name in ``pools.ProviderName``, a branch in
-:func:`open_provider`, and contract tests against the closest honest stand-in of its API.
+:func:`services.scheduler.__main__.open_providers`, and contract tests against the closest honest stand-in of its API.
 """
 
 from __future__ import annotations
