@@ -61,6 +61,15 @@ class Unauthenticated(DomainError):
     default_code = "UNAUTHENTICATED"
 
 
+class PermissionDenied(DomainError):
+    """The caller is known but may not do this: an account that is not an admin calling the
+    operators' API (HTTP 403)."""
+
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = 403
+    default_code = "PERMISSION_DENIED"
+
+
 class NotFound(DomainError):
     """The thing does not exist or the caller may not see it; both answer the same (HTTP 404)."""
 

@@ -22,8 +22,8 @@ import typer
 
 from hypermedia.core import config, telemetry
 from hypermedia.devtools import platform
-from hypermedia.devtools.scheduler_report import report as scheduler_report
 from hypermedia.infra import db
+from hypermedia.jobs.scaling import report as scheduler_report
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hypermedia platform commands")
 admin = typer.Typer(no_args_is_help=True, help="administration of a running platform")
@@ -150,14 +150,14 @@ def migrate() -> None:
     print(json.dumps({"applied": applied}))
 
 
-async def _create_account(name: str, credits: float) -> dict[str, Any]:
+async def _create_account(name: str, credits: float, admin: bool = False) -> dict[str, Any]:
     from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
     from hypermedia.infra import rpc
     from hypermedia.jobs.accounts import create_account
 
     pool = await db.create_pool(_database_url(), max_size=2)
     try:
-        account_id, api_key, pool_id, webhook_secret = await create_account(pool, name)
+        account_id, api_key, pool_id, webhook_secret = await create_account(pool, name, admin=admin)
     finally:
         await pool.close()
     millicredits = round(credits * 1000)
@@ -177,6 +177,7 @@ async def _create_account(name: str, credits: float) -> dict[str, Any]:
         "pool_id": pool_id,
         "credits": balance / 1000,
         "webhook_secret": webhook_secret,
+        "admin": admin,
     }
 
 
@@ -184,12 +185,15 @@ async def _create_account(name: str, credits: float) -> dict[str, Any]:
 def create_account_cmd(
     credits: Annotated[float, typer.Option(min=0, help="credits granted at creation")] = 0.0,
     name: Annotated[str, typer.Option(help="display name")] = "account",
+    admin_account: Annotated[
+        bool, typer.Option("--admin", help="its keys may also read the operators' API (/v1/admin/...)")
+    ] = False,
 ) -> None:
     """Create an account with a pool and an API key; prints JSON {account_id, api_key, pool_id, credits,
-    webhook_secret} (the secret verifies webhook signatures)."""
+    webhook_secret, admin} (the secret verifies webhook signatures)."""
     logging.basicConfig(level=logging.WARNING)
     try:
-        print(json.dumps(asyncio.run(_create_account(name, credits))))
+        print(json.dumps(asyncio.run(_create_account(name, credits, admin_account))))
     except (FileNotFoundError, config.ConfigError) as exc:
         print(f"hypermedia admin: {exc}", file=sys.stderr)
         raise typer.Exit(config.ConfigError.exit_code) from None
@@ -290,7 +294,7 @@ def scheduler_cmd(
 ) -> None:
     """The scheduler's pools (live burst workers, spend per hour, cost so far, latest decision),
     its last burst workers with what each cost, and its last decisions, as JSON
-    (hypermedia/devtools/scheduler_report.py; docs/operations.md "Scheduler")."""
+    (hypermedia/jobs/scaling.py; docs/operations.md "Scheduler")."""
     logging.basicConfig(level=logging.WARNING)
     try:
         print(json.dumps(asyncio.run(_scheduler_report(limit))))

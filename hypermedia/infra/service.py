@@ -84,14 +84,22 @@ async def every(
     stop: asyncio.Event,
     *,
     first_after: bool = False,
+    wake: asyncio.Event | None = None,
 ) -> None:
     """Call ``run_once`` every ``interval`` seconds until ``stop`` (the thin loop around a
     ``run_once()`` that STYLE asks for). A failing run is logged and the loop goes on. With
-    ``first_after`` the first run waits one interval."""
+    ``first_after`` the first run waits one interval; ``wake``, when set, starts the next run at
+    once (and is cleared by it)."""
+
+    def pause() -> Awaitable[object]:
+        return stop.wait() if wake is None else wait_any(stop, wake)
+
     if first_after:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+            await asyncio.wait_for(pause(), interval)
     while not stop.is_set():
+        if wake is not None:
+            wake.clear()
         try:
             await run_once()
         except Exception:
@@ -99,7 +107,7 @@ async def every(
                 "%s failed; the next run retries", getattr(run_once, "__qualname__", "periodic run")
             )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+            await asyncio.wait_for(pause(), interval)
 
 
 async def wait_any(*events: asyncio.Event) -> None:

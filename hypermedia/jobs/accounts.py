@@ -18,10 +18,12 @@ from hypermedia.jobs.webhooks import new_webhook_secret
 
 @dataclass(frozen=True)
 class Caller:
-    """The authenticated account behind a request and its default pool."""
+    """The authenticated account behind a request, its default pool, and whether it is an
+    admin account (the operators' API: ``accounts.is_admin``)."""
 
     account_id: str
     pool_id: str
+    is_admin: bool = False
 
 
 def new_key() -> tuple[str, str, bytes]:
@@ -49,6 +51,7 @@ async def authenticate(pool: asyncpg.Pool, header: str | None) -> Caller:
     row = await pool.fetchrow(
         """
         SELECT k.account_id, k.secret_hash,
+               (SELECT is_admin FROM accounts a WHERE a.account_id = k.account_id) AS is_admin,
                (SELECT pool_id FROM pools p WHERE p.account_id = k.account_id ORDER BY created_at LIMIT 1) AS pool_id
         FROM api_keys k WHERE k.key_id = $1 AND k.revoked_at IS NULL
         """,
@@ -57,21 +60,24 @@ async def authenticate(pool: asyncpg.Pool, header: str | None) -> Caller:
     digest = hashlib.sha256(secret.encode()).digest()
     if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), digest) or row["pool_id"] is None:
         raise Unauthenticated("unknown API key", "UNAUTHENTICATED")
-    return Caller(account_id=str(row["account_id"]), pool_id=str(row["pool_id"]))
+    return Caller(
+        account_id=str(row["account_id"]), pool_id=str(row["pool_id"]), is_admin=bool(row["is_admin"])
+    )
 
 
-async def create_account(pool: asyncpg.Pool, name: str) -> tuple[str, str, str, str]:
-    """Create an account with one pool, one API key and a webhook signing secret.
-    Returns (account_id, api_key, pool_id, webhook_secret)."""
+async def create_account(pool: asyncpg.Pool, name: str, *, admin: bool = False) -> tuple[str, str, str, str]:
+    """Create an account with one pool, one API key and a webhook signing secret; an ``admin``
+    one may also read the operators' API. Returns (account_id, api_key, pool_id, webhook_secret)."""
     account_id, pool_id = uuid.uuid4(), uuid.uuid4()
     key, key_id, digest = new_key()
     webhook_secret = new_webhook_secret()
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
-            "INSERT INTO accounts (account_id, name, webhook_secret) VALUES ($1, $2, $3)",
+            "INSERT INTO accounts (account_id, name, webhook_secret, is_admin) VALUES ($1, $2, $3, $4)",
             account_id,
             name,
             webhook_secret,
+            admin,
         )
         await conn.execute(
             "INSERT INTO pools (pool_id, account_id, name) VALUES ($1, $2, 'default')", pool_id, account_id

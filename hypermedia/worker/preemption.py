@@ -23,8 +23,10 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 
+import asyncpg
 import httpx
 
+from hypermedia.worker import registry
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.settings import WorkerSettings
 
@@ -70,8 +72,15 @@ async def notice_seconds(settings: WorkerSettings, http: httpx.AsyncClient, toke
         return EC2_NOTICE_SECONDS
 
 
-async def watch(settings: WorkerSettings, runtimes: Sequence[WorkerRuntime], stop: asyncio.Event) -> None:
-    """Polls for a notice until ``stop``; on one, preempts every runtime (and so stops the worker)."""
+async def watch(
+    settings: WorkerSettings,
+    runtimes: Sequence[WorkerRuntime],
+    stop: asyncio.Event,
+    pool: asyncpg.Pool | None = None,
+) -> None:
+    """Polls for a notice until ``stop``; on one, preempts every runtime (and so stops the worker)
+    and, with ``pool``, announces it (:func:`~hypermedia.worker.registry.announce_preemption`: the
+    scheduler replaces the capacity at once). A failed announcement is logged; the drain goes on."""
     token: list[str] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as http:
         while not stop.is_set():
@@ -85,6 +94,13 @@ async def watch(settings: WorkerSettings, runtimes: Sequence[WorkerRuntime], sto
                 log.warning("spot interruption notice: reclaimed in %.0fs; draining for %.0fs", left, drain)
                 for runtime in runtimes:
                     runtime.preempt(drain)
+                if pool is not None:
+                    try:
+                        await registry.announce_preemption(pool, [rt.worker_id for rt in runtimes])
+                    except (OSError, asyncpg.PostgresError) as exc:
+                        log.warning(
+                            "the preemption could not be announced (%s): the scheduler sees it later", exc
+                        )
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.spot_poll_seconds)

@@ -11,6 +11,7 @@ from pathlib import Path
 import asyncpg
 import psutil
 
+from hypermedia.jobs import scaling
 from hypermedia.worker.settings import WorkerSettings
 
 
@@ -69,6 +70,19 @@ async def beat(pool: asyncpg.Pool, worker_id: str, *, draining: bool) -> bool:
         "draining" if draining else "running",
     )
     return status == "draining" and not draining
+
+
+async def announce_preemption(pool: asyncpg.Pool, worker_ids: list[str]) -> None:
+    """The instance is being reclaimed: the workers' rows say ``draining`` at once (the scheduler
+    counts them out of its live capacity) and the scheduler is woken (``NOTIFY`` on
+    :data:`~hypermedia.jobs.scaling.WAKE_CHANNEL`, payload ``preempted``) to start replacements
+    within a moment."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE workers SET status = 'draining' WHERE worker_id = ANY($1::text[]) AND status = 'running'",
+            worker_ids,
+        )
+        await conn.execute("SELECT pg_notify($1, 'preempted')", scaling.WAKE_CHANNEL)
 
 
 async def record_metrics(

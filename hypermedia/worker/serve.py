@@ -394,7 +394,7 @@ async def serve_lanes(stack: AsyncExitStack, stop: Lifetime, lanes: Sequence[Lan
         rt.drain_requested = stop.set  # the scheduler's drain handshake: stop as on SIGTERM
     tasks = [asyncio.create_task(rt.run(draining)) for rt in runtimes]
     if settings.spot_notice != "off":
-        watching = asyncio.create_task(preemption.watch(settings, runtimes, draining))
+        watching = asyncio.create_task(preemption.watch(settings, runtimes, draining, pool))
         stack.push_async_callback(_cancelled, watching)
 
     def crashed(done: asyncio.Task[None]) -> None:

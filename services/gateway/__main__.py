@@ -11,6 +11,7 @@ from functools import partial
 import httpx
 
 from hypermedia.api.jobs.v1 import jobs_pb2_grpc
+from hypermedia.api.scheduler.v1 import scheduler_pb2_grpc
 from hypermedia.core import config
 from hypermedia.infra import mtls, rpc
 from hypermedia.infra.httplimits import HttpSettings
@@ -23,10 +24,12 @@ from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.events import JobEventHub
 from hypermedia.jobs.outbox import OutboxRelay
 from hypermedia.jobs.settlement import Settlement
+from services.gateway import operators_api
 from services.gateway.accounts import Accounts
 from services.gateway.cancellation import JobCancellation
 from services.gateway.creation import JobCreation
 from services.gateway.grpc_api import JobService
+from services.gateway.operators import SchedulerAdmin
 from services.gateway.resolved import LinkSigner, OutputResolver
 from services.gateway.rest import HEALTH_PATHS, build_app
 from services.gateway.settings import GatewaySettings
@@ -95,6 +98,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         status=status,
         cancellation=JobCancellation(pool, settlement, status),
         accounts=Accounts(pool, peers.credits),
+        operators=SchedulerAdmin(pool),
     )
     resolver = OutputResolver(
         pool, peers.storage, http, LinkSigner.from_secret(secret_key) if secret_key else None
@@ -115,8 +119,14 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
 
     grpc_server = rpc.GrpcServer(
         f"{settings.grpc_host}:{settings.grpc_port}",
-        [(jobs_pb2_grpc.add_JobServiceServicer_to_server, JobService(api, authenticate))],
-        ["hypermedia.jobs.v1.JobService"],
+        [
+            (jobs_pb2_grpc.add_JobServiceServicer_to_server, JobService(api, authenticate)),
+            (
+                scheduler_pb2_grpc.add_SchedulerAdminServiceServicer_to_server,
+                operators_api.SchedulerAdminService(api.operators, authenticate),
+            ),
+        ],
+        ["hypermedia.jobs.v1.JobService", operators_api.SERVICE_NAME],
     )
     await grpc_server.start()
     stack.push_async_callback(grpc_server.stop)

@@ -39,7 +39,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+def timestamp_of(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     """``value`` as a Timestamp (``Timestamp.FromDatetime``: an aware time converted to UTC, a
     naive one taken as UTC); None for None, leaving the field unset."""
     if value is None:
@@ -77,9 +77,9 @@ def job_message(job: Job) -> jobs_pb2.Job:
         estimated_credits=credits_text(job.estimated_millicredits),
         actual_credits=credits_text(job.actual_millicredits),
         charge_lines={name: credits_text(amount) for name, amount in job.charge_lines.items()},
-        created_at=_timestamp(job.created_at),
-        started_at=_timestamp(job.started_at),
-        completed_at=_timestamp(job.completed_at),
+        created_at=timestamp_of(job.created_at),
+        started_at=timestamp_of(job.started_at),
+        completed_at=timestamp_of(job.completed_at),
     )
     for out in job.outputs:
         message.outputs.add(
@@ -204,7 +204,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 status=jobs_pb2.JobStatus.Value(f"JOB_STATUS_{event.status.upper()}"),
                 progress=event.progress or 0.0,
                 detail=_struct(event.detail),
-                created_at=_timestamp(event.created_at),
+                created_at=timestamp_of(event.created_at),
             )
 
     async def ListOcrLanguages(

@@ -25,6 +25,7 @@ from hypermedia.core import pgtext, telemetry
 from hypermedia.core.errors import DomainError, PayloadTooLarge
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller
+from services.gateway import operators_api
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
 from services.gateway.results import Attempt, Balance, Job, Output, ProcessResult
@@ -435,6 +436,8 @@ def build_app(
     async def caller(request: Request, authorization: str | None = Header(None)) -> Caller:
         known = getattr(request.state, "caller", None)  # authenticated by _BodyGuard already
         return known if isinstance(known, Caller) else await authenticate(authorization)
+
+    app.include_router(operators_api.router(api.operators, caller))
 
     @app.post("/v1/objects", status_code=201, response_model=ObjectOut)
     async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:

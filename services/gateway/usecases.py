@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from services.gateway.accounts import Accounts
 from services.gateway.cancellation import JobCancellation
 from services.gateway.creation import JobCreation
+from services.gateway.operators import SchedulerAdmin
 from services.gateway.status import JobStatus
 from services.gateway.uploads import Uploads
 
@@ -27,3 +28,5 @@ class UseCases:
     """Cancel a job."""
     accounts: Accounts
     """The caller's account and balance."""
+    operators: SchedulerAdmin
+    """The scheduler's pools, burst workers and decisions, for admin accounts."""

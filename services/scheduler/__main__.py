@@ -118,7 +118,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         log.info("KEDA external scaler on %s", settings.keda_bind)
 
     inner_stop = asyncio.Event()
-    task = asyncio.create_task(every(settings.interval_seconds, cycle, inner_stop))
+    task = asyncio.create_task(every(settings.interval_seconds, cycle, inner_stop, wake=leadership.wake))
 
     async def finish() -> None:
         inner_stop.set()

@@ -8,12 +8,14 @@ standby tries the lock every cycle and so takes over within one cycle of the lea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
 import asyncpg
 
 from hypermedia.infra import db
+from hypermedia.jobs.scaling import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,14 @@ class Leadership:
         self._dsn = dsn
         self.holder = holder
         self._conn: asyncpg.Connection | None = None
+        self.wake = asyncio.Event()
+        """Set by a ``NOTIFY`` on :data:`~hypermedia.jobs.scaling.WAKE_CHANNEL` (a preemption)
+        while this process leads: its lock connection ``LISTEN``s there, so the next cycle runs
+        at once instead of an interval later."""
+
+    def _woken(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        log.info("scheduler woken early: %s", payload or "notified")
+        self.wake.set()
 
     @property
     def conn(self) -> asyncpg.Connection:
@@ -50,6 +60,7 @@ class Leadership:
             await self.release()
         self._conn = await db.connect(self._dsn, server_settings=KEEPALIVE)
         if await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
+            await self._conn.add_listener(WAKE_CHANNEL, self._woken)
             log.info("scheduler %s is the leader", self.holder)
             return True
         await self.release()

@@ -24,9 +24,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psycopg
 import pytest
+from google.protobuf import json_format
 
+from hypermedia.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.formula import BurstWorker, Inputs, QueueDemand, plan
 from services.scheduler.pools import Pool
 from services.scheduler.providers.local import start_ticks
@@ -228,7 +231,7 @@ def test_a_flood_is_worked_off_by_burst_workers_that_follow_the_formula(schedule
     # What an operator reads: `hypermedia admin scheduler`.
     report = scheduled.admin("scheduler", "--limit", "1000")
     [pool] = report["pools"]
-    assert (pool["pool"], pool["live"], pool["launched"], pool["spend_per_hour"]) == (
+    assert (pool["name"], pool["live_workers"], pool["launched"], pool["spend_per_hour"]) == (
         "flood",
         0,
         len(burst),
@@ -247,3 +250,86 @@ def test_a_flood_is_worked_off_by_burst_workers_that_follow_the_formula(schedule
         for d in rows(dsn, "SELECT decision_id FROM scaling_decisions")
         if d["decision_id"] <= max(reported)
     }
+
+
+def test_operators_read_pools_burst_workers_and_decisions_over_rest_and_grpc(
+    scheduled: RunningPlatform,
+) -> None:
+    """The operators' API (docs/api.md "Operators") on the running gateway: an admin account reads
+    what Postgres holds, over REST and gRPC alike; any other account is refused 403 /
+    PERMISSION_DENIED, a missing key 401 / UNAUTHENTICATED."""
+    dsn = scheduled.info["database_url"]
+    wait_for("a decision", lambda: rows(dsn, "SELECT 1 FROM scaling_decisions"), 30)
+    admin = scheduled.admin("create-account", "--admin", "--name", "ops")
+    tenant = scheduled.admin("create-account")
+    assert (admin["admin"], tenant["admin"]) == (True, False)
+    with scheduled.client(admin) as client:
+        pools = client.get("/v1/admin/scheduler/pools")
+        assert pools.status_code == 200, pools.text
+        [pool] = pools.json()["pools"]
+        latest = rows(dsn, "SELECT decision_id FROM scaling_decisions ORDER BY decision_id DESC LIMIT 1")[0]
+        assert pool["name"] == "flood" and pool["config"]["max_spend_per_hour"] == 2.0
+        assert pool["latest_decision"]["decision_id"] <= latest["decision_id"]
+        assert pool["launched"] == len(rows(dsn, "SELECT 1 FROM burst_workers WHERE pool = 'flood'"))
+
+        burst = client.get(
+            "/v1/admin/scheduler/burst-workers", params={"pool": "flood", "limit": 1000}
+        ).json()
+        in_db = rows(
+            dsn, "SELECT burst_worker_id::text AS id, state FROM burst_workers ORDER BY requested_at DESC"
+        )
+        assert [(b["burst_worker_id"], b["state"]) for b in burst["burst_workers"]] == [
+            (r["id"], r["state"]) for r in in_db
+        ]
+        live = client.get("/v1/admin/scheduler/burst-workers", params={"live_only": "true"}).json()
+        assert all(b["state"] not in ("terminated", "failed") for b in live["burst_workers"])
+
+        first = client.get("/v1/admin/scheduler/decisions", params={"limit": 3}).json()["decisions"]
+        assert len(first) == 3 and [d["decision_id"] for d in first] == sorted(
+            (d["decision_id"] for d in first), reverse=True
+        )
+        assert first[0]["inputs"]["pool"]["name"] == "flood" and "demand" in first[0]["inputs"]
+        page = client.get(
+            "/v1/admin/scheduler/decisions",
+            params={"limit": 3, "before_decision_id": first[-1]["decision_id"]},
+        ).json()["decisions"]
+        assert page and page[0]["decision_id"] < first[-1]["decision_id"]
+        bad = client.get("/v1/admin/scheduler/decisions", params={"limit": 5000})
+        assert (bad.status_code, bad.json()["error_code"]) == (422, "INVALID_REQUEST")
+
+    with scheduled.client(tenant) as client:
+        refused = client.get("/v1/admin/scheduler/pools")
+        assert (refused.status_code, refused.json()["error_code"]) == (403, "PERMISSION_DENIED")
+    with scheduled.client({"api_key": "none"}) as client:
+        assert client.get("/v1/admin/scheduler/decisions").status_code == 401
+
+    def grpc_calls(key: str) -> tuple[Any, ...]:
+        metadata = (("authorization", f"Bearer {key}"),)
+        with grpc.insecure_channel(scheduled.grpc_addr) as chan:
+            stub = scheduler_pb2_grpc.SchedulerAdminServiceStub(chan)
+            return (
+                stub.ListPools(scheduler_pb2.ListPoolsRequest(), metadata=metadata, timeout=10),
+                stub.ListBurstWorkers(
+                    scheduler_pb2.ListBurstWorkersRequest(pool="flood", limit=1000),
+                    metadata=metadata,
+                    timeout=10,
+                ),
+                stub.ListScalingDecisions(
+                    scheduler_pb2.ListScalingDecisionsRequest(limit=2), metadata=metadata, timeout=10
+                ),
+            )
+
+    pools_reply, burst_reply, decisions_reply = grpc_calls(admin["api_key"])
+    assert [p.name for p in pools_reply.pools] == ["flood"]
+    assert pools_reply.pools[0].launched == pool["launched"]
+    assert [b.burst_worker_id for b in burst_reply.burst_workers] == [r["id"] for r in in_db]
+    for b in burst_reply.burst_workers:
+        assert b.requested_at.seconds > 0 and b.cost >= 0
+    assert len(decisions_reply.decisions) == 2
+    assert json_format.MessageToDict(decisions_reply.decisions[0].inputs)["pool"]["name"] == "flood"
+    with pytest.raises(grpc.RpcError) as denied:
+        grpc_calls(tenant["api_key"])
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as unknown:
+        grpc_calls("hm_000000000000_nope")
+    assert unknown.value.code() == grpc.StatusCode.UNAUTHENTICATED

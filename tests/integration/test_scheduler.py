@@ -6,11 +6,14 @@ and never undoes it)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Callable
 
 import asyncpg
 import pytest
 
+from hypermedia.infra.service import every
 from hypermedia.worker import registry
 from hypermedia.worker.settings import WorkerSettings
 from services.scheduler.demand import EWMA_ALPHA, WorkEstimates, live_workers, queue_demand
@@ -50,6 +53,51 @@ async def test_one_leader_a_standby_takes_over_and_the_dead_leader_cannot_write(
         assert await standby.hold(), "released on a clean stop"
     finally:
         await standby.release()
+
+
+async def test_a_preemption_announced_by_a_worker_wakes_the_leaders_cycle_at_once(
+    dsn: str, fresh_pool: asyncpg.Pool
+) -> None:
+    """A spot worker's notice (registry.announce_preemption) marks its row draining and NOTIFYs;
+    the leader's loop (``every`` with the lock's wake event) runs its next cycle at once, not an
+    interval later; a standby is not woken (it does not LISTEN)."""
+    settings = WorkerSettings(HM_WORKER_QUEUE="images", HM_WORKER_SLOTS=2)
+    await registry.register(fresh_pool, "prod/imageworker/spot/b/g0/1", settings, "imageworker")
+    leader, standby = Leadership(dsn, "host/1"), Leadership(dsn, "host/2")
+    stop = asyncio.Event()
+    cycles: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def cycle() -> None:
+        if await leader.hold():
+            cycles.append(loop.time())
+
+    try:
+        assert await leader.hold() and not await standby.hold()
+        running = asyncio.create_task(every(600, cycle, stop, wake=leader.wake))
+        await wait_until(lambda: len(cycles) == 1)
+        announced = loop.time()
+        await registry.announce_preemption(fresh_pool, ["prod/imageworker/spot/b/g0/1"])
+        await wait_until(lambda: len(cycles) == 2)
+        assert cycles[1] - announced < 2, "the next cycle ran at once, not 600 s later"
+        assert not standby.wake.is_set()
+        status = await fresh_pool.fetchval(
+            "SELECT status FROM workers WHERE worker_id = 'prod/imageworker/spot/b/g0/1'"
+        )
+        assert status == "draining", "counted out of the live capacity at once"
+        stop.set()
+        await asyncio.wait_for(running, 5)
+    finally:
+        stop.set()
+        await leader.release()
+        await standby.release()
+
+
+async def wait_until(done: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
 
 
 async def test_the_demand_of_a_queue_and_the_ewma_of_its_operations(

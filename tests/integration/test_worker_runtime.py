@@ -31,8 +31,8 @@ from nats.aio.msg import Msg
 
 from hypermedia.api.credits.v1 import credits_pb2
 from hypermedia.engines.contract import OutputFile
-from hypermedia.jobs import lifecycle, queues
-from hypermedia.worker import preemption
+from hypermedia.jobs import lifecycle, queues, scaling
+from hypermedia.worker import preemption, registry
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.settings import WorkerSettings
 from tests.helpers.fakes import FakeSandbox, FakeStorage, GatedHandler, failure, success
@@ -637,8 +637,20 @@ async def test_a_notice_mid_job_hands_it_back_preempted_and_another_worker_compl
     spot.sandbox.hold.clear()  # the job runs until the drain ends it
     job_id = await spot.job()
     await spot.publish(job_id)
+    await registry.register(spot.pool, spot.runtime.worker_id, spot.runtime.settings, "imageworker")
+    listener = await spot.pool.acquire()
+    woken: list[object] = []
+    notified = asyncio.Event()
+
+    def wake(*args: object) -> None:
+        woken.append(args[-1])
+        notified.set()
+
+    await listener.add_listener(scaling.WAKE_CHANNEL, wake)
     async with spot.loop() as (stop, task):
-        watching = asyncio.create_task(preemption.watch(spot.runtime.settings, [spot.runtime], stop))
+        watching = asyncio.create_task(
+            preemption.watch(spot.runtime.settings, [spot.runtime], stop, spot.pool)
+        )
         spot.runtime.drain_requested = stop.set
         await asyncio.wait_for(spot.sandbox.started.wait(), 15)
         await asyncio.sleep(0.3)
@@ -646,11 +658,18 @@ async def test_a_notice_mid_job_hands_it_back_preempted_and_another_worker_compl
         metadata.notice_in = 12.0  # reclaimed in 12 s: the drain gets 12 - 10 = 2 s of it
         loop = asyncio.get_running_loop()
         noticed = loop.time()
+        await asyncio.wait_for(notified.wait(), 5)
+        announced_status = await spot.pool.fetchval(
+            "SELECT status FROM workers WHERE worker_id = $1", spot.runtime.worker_id
+        )
         await asyncio.wait_for(task, 15)
         took = loop.time() - noticed
         await watching
     assert took < 6, f"the drain was cut to the notice, not HM_DRAIN_SECONDS (took {took:.1f}s)"
     assert set(metadata.seen_tokens) == {metadata.token}, "IMDSv2: every read with the session token"
+    assert woken == ["preempted"], "the scheduler is woken to replace the capacity at once"
+    assert announced_status == "draining", "the scheduler counts it out of the live capacity at once"
+    await spot.pool.release(listener)
     assert spot.sandbox.cancelled == [job_id]
     row = await spot.row(job_id)
     assert (row["status"], row["attempt_count"] - row["lost_attempts"]) == ("queued", 0)
