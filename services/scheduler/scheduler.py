@@ -237,6 +237,9 @@ class Scheduler:
             **dataclasses.asdict(inputs),
             "slots_needed": round(plan.slots_needed, 4),
             "expected_seconds": {op: round(s, 4) for op, s in self.estimates.seconds.items()},
+            "expected_seconds_per_mb": {
+                op: round(s, 4) for op, s in self.estimates.per_mb.items() if op in self.estimates.by_size
+            },
             "pool": pool.model_dump(mode="json"),
             "drain": list(plan.drain_ids),
         }

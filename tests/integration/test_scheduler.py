@@ -146,6 +146,51 @@ async def test_the_demand_of_a_queue_and_the_ewma_of_its_operations(
     assert workers["w-standing"].burst_worker_id is None and workers["w-standing"].heartbeat_age_seconds > 199
 
 
+async def test_work_scales_with_the_input_where_the_profile_prices_by_size(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """Seconds per MiB (each job at least 1 MiB) for an operation whose profile has ``per_mb``:
+    a backlog of large files weighs by their size, one of small files as the per-job EWMA."""
+    tenant = await seed.tenant()
+    big = await seed.output_object(tenant)
+    await fresh_pool.execute("UPDATE objects SET size_bytes = 8 * 1048576 WHERE object_id = $1", big)
+    done_small, done_big = (
+        await seed.job(tenant, status="completed"),
+        await seed.job(tenant, status="completed"),
+    )
+    await fresh_pool.execute("UPDATE processing_jobs SET object_id = $1 WHERE job_id = $2", big, done_big)
+    for job_id, ms, ago in ((done_small, 2000, 60), (done_big, 8000, 30)):  # 2 s/MiB, then 1 s/MiB
+        await fresh_pool.execute(
+            "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status, finished_at, duration_ms) "
+            "VALUES ($1, 1, 'w', 'completed', now() - make_interval(secs => $3::float8), $2)",
+            job_id,
+            ms,
+            ago,
+        )
+    ready_big = [await seed.job(tenant) for _ in range(3)]
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET object_id = $1 WHERE job_id = ANY($2::uuid[])", big, ready_big
+    )
+    await seed.job(tenant)  # one of 1 MiB
+    estimates = WorkEstimates()
+    async with fresh_pool.acquire() as conn:
+        assert await estimates.refresh(conn) == 2
+        assert "thumbnail" in estimates.by_size and "noop" not in estimates.by_size
+        per_mb = 2.0 + EWMA_ALPHA * (1.0 - 2.0)
+        assert estimates.per_mb == {"thumbnail": pytest.approx(per_mb)}
+        [images] = await queue_demand(
+            conn, ["images"], estimates, default_job_seconds=9.0, arrival_window_seconds=60
+        )
+        # 3 jobs of 8 MiB and 1 of 1 MiB: 25 MiB of work at the per-MiB rate, not 4 × the per-job EWMA.
+        assert images.backlog_work_seconds == pytest.approx(25 * per_mb)
+        await conn.execute("UPDATE processing_profiles SET per_mb = 0 WHERE operation = 'thumbnail'")
+        assert await estimates.refresh(conn) == 0
+        [per_job] = await queue_demand(
+            conn, ["images"], estimates, default_job_seconds=9.0, arrival_window_seconds=60
+        )
+    assert per_job.backlog_work_seconds == pytest.approx(4 * estimates.seconds["thumbnail"])
+
+
 async def test_the_drain_handshake_is_seen_at_the_next_heartbeat_and_kept(fresh_pool: asyncpg.Pool) -> None:
     burst_id = str(uuid.uuid4())
     settings = WorkerSettings(HM_BURST_WORKER_ID=burst_id)  # type: ignore[call-arg]
