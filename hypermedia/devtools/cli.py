@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ import typer
 from hypermedia.core import config, telemetry
 from hypermedia.devtools import platform
 from hypermedia.infra import db
+from hypermedia.jobs import scaling
 from hypermedia.jobs.scaling import report as scheduler_report
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hypermedia platform commands")
@@ -301,6 +303,81 @@ def scheduler_cmd(
     except (OSError, asyncpg.PostgresError) as exc:
         print(f"hypermedia admin scheduler: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
+
+
+async def _with_conn(work: Callable[[Any], Awaitable[Any]]) -> Any:
+    conn = await db.connect(_database_url())
+    try:
+        return await work(conn)
+    finally:
+        await conn.close()
+
+
+def _changes(pairs: list[str]) -> dict[str, int]:
+    changes = {}
+    for pair in pairs:
+        field, sep, value = pair.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise typer.BadParameter(f"{pair!r}: give FIELD=INTEGER, e.g. timeout_seconds=60")
+        changes[field.strip()] = int(value)
+    return changes
+
+
+@admin.command("profile-version")
+def profile_version_cmd(
+    operation: Annotated[str, typer.Argument(help="operation whose profile gets a new version")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="FIELD=INTEGER to change in the new version (repeatable)"),
+    ] = None,
+) -> None:
+    """Make the next version of OPERATION's profile the active one (a copy of the active version
+    with the --set changes); jobs created from now on run under it and the older versions'
+    outputs become outdated (admin outdated). Prints the new profile as JSON."""
+    from hypermedia.jobs import profiles
+
+    logging.basicConfig(level=logging.WARNING)
+    changes = _changes(set_ or [])
+    try:
+        row = asyncio.run(_with_conn(lambda conn: profiles.new_version(conn, operation, changes)))
+    except (LookupError, ValueError) as exc:
+        print(f"hypermedia admin profile-version: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"hypermedia admin profile-version: {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(json.dumps(scaling.jsonable(row)))
+
+
+@admin.command("outdated")
+def outdated_cmd(
+    operation: Annotated[str, typer.Option(help="only this operation's outputs")] = "",
+    account: Annotated[str | None, typer.Option(help="only this account's outputs")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="outputs to list")] = 100,
+) -> None:
+    """The outputs a newer active profile version has made outdated (made under an older version,
+    with no output of the active one yet for the same object, operation and params), oldest
+    first, as JSON {"outputs": [...]}."""
+    from hypermedia.jobs import profiles
+
+    logging.basicConfig(level=logging.WARNING)
+    if account is not None:
+        try:
+            uuid.UUID(account)
+        except ValueError:
+            raise typer.BadParameter(f"{account!r} is not an account id") from None
+    try:
+        rows = asyncio.run(
+            _with_conn(
+                lambda conn: profiles.outdated_outputs(
+                    conn, operation=operation, account_id=account, limit=limit
+                )
+            )
+        )
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"hypermedia admin outdated: {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(json.dumps(scaling.jsonable({"outputs": rows})))
 
 
 if __name__ == "__main__":
