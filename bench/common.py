@@ -100,7 +100,18 @@ def running_platform(
                 print(f"warning: hypermedia up exited with {code}", file=sys.stderr)
 
         stack.callback(stop_platform)
-        account = platform.admin("create-account", "--credits", str(credits))
+        account = platform.admin("create-account", "--credits", str(credits), "--interactive")
+        # The benchmarks measure the platform, not an account's job quota (hypermedia/jobs/quotas.py).
+        platform.admin(
+            "set-quota",
+            account["account_id"],
+            "--max-queued-jobs",
+            "1000000",
+            "--rate",
+            "100000",
+            "--burst",
+            "1000000",
+        )
         yield BenchPlatform(root, dsn, platform, account, nats.process.pid if nats.process else 0)
 
 

@@ -113,6 +113,18 @@ class StorageQuotaExceeded(DomainError):
     default_code = "STORAGE_QUOTA_EXCEEDED"
 
 
+class RateLimited(DomainError):
+    """The account is over a job quota for now: its request rate (``RATE_LIMITED``) or its
+    waiting jobs (``TOO_MANY_QUEUED_JOBS``); HTTP 429 with ``Retry-After``, gRPC
+    RESOURCE_EXHAUSTED. ``details``: ``retry_after_seconds`` (an integer ≥ 1) and ``limit``
+    (hypermedia/jobs/quotas.py, ADR 0055)."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    retryable = True
+    default_code = "RATE_LIMITED"
+
+
 class UnsupportedInput(DomainError):
     """The content is not something the operation can process (HTTP 415). Permanent."""
 
@@ -141,6 +153,7 @@ class TransientError(DomainError):
 _BY_GRPC_CODE: dict[grpc.StatusCode, type[DomainError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.RESOURCE_EXHAUSTED: PayloadTooLarge,
     grpc.StatusCode.FAILED_PRECONDITION: Conflict,
@@ -155,6 +168,8 @@ _BY_ERROR_CODE: dict[str, type[DomainError]] = {
     "INSUFFICIENT_CREDITS": InsufficientCredits,
     "CONFLICT": Conflict,
     "STORAGE_QUOTA_EXCEEDED": StorageQuotaExceeded,
+    "RATE_LIMITED": RateLimited,
+    "TOO_MANY_QUEUED_JOBS": RateLimited,
 }
 
 

@@ -152,14 +152,18 @@ def migrate() -> None:
     print(json.dumps({"applied": applied}))
 
 
-async def _create_account(name: str, credits: float, admin: bool = False) -> dict[str, Any]:
+async def _create_account(
+    name: str, credits: float, admin: bool = False, interactive: bool = False
+) -> dict[str, Any]:
     from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
     from hypermedia.infra import rpc
     from hypermedia.jobs.accounts import create_account
 
     pool = await db.create_pool(_database_url(), max_size=2)
     try:
-        account_id, api_key, pool_id, webhook_secret = await create_account(pool, name, admin=admin)
+        account_id, api_key, pool_id, webhook_secret = await create_account(
+            pool, name, admin=admin, interactive=interactive
+        )
     finally:
         await pool.close()
     millicredits = round(credits * 1000)
@@ -180,6 +184,7 @@ async def _create_account(name: str, credits: float, admin: bool = False) -> dic
         "credits": balance / 1000,
         "webhook_secret": webhook_secret,
         "admin": admin,
+        "interactive": interactive,
     }
 
 
@@ -190,12 +195,16 @@ def create_account_cmd(
     admin_account: Annotated[
         bool, typer.Option("--admin", help="its keys may also read the operators' API (/v1/admin/...)")
     ] = False,
+    interactive: Annotated[
+        bool, typer.Option("--interactive", help="it may use priorities 1-3 (the interactive band)")
+    ] = False,
 ) -> None:
     """Create an account with a pool and an API key; prints JSON {account_id, api_key, pool_id, credits,
-    webhook_secret, admin} (the secret verifies webhook signatures)."""
+    webhook_secret, admin, interactive} (the secret verifies webhook signatures). Its job quota is
+    the credits service's defaults (``set-quota`` changes it)."""
     logging.basicConfig(level=logging.WARNING)
     try:
-        print(json.dumps(asyncio.run(_create_account(name, credits, admin_account))))
+        print(json.dumps(asyncio.run(_create_account(name, credits, admin_account, interactive))))
     except (FileNotFoundError, config.ConfigError) as exc:
         print(f"hypermedia admin: {exc}", file=sys.stderr)
         raise typer.Exit(config.ConfigError.exit_code) from None
@@ -278,6 +287,60 @@ def set_storage_quota_cmd(
     try:
         print(json.dumps(asyncio.run(_set_storage_quota(account_id, max_bytes, max_objects, default))))
     except (FileNotFoundError, LookupError) as exc:
+        print(f"hypermedia admin: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+async def _set_quota(account_id: str, changes: dict[str, Any], default: bool) -> dict[str, Any]:
+    from hypermedia.jobs.quotas import set_quota
+
+    conn = await db.connect(_database_url())
+    try:
+        return await set_quota(conn, uuid.UUID(account_id), default=default, **changes)
+    finally:
+        await conn.close()
+
+
+@admin.command("set-quota")
+def set_quota_cmd(
+    account_id: Annotated[str, typer.Argument(help="account whose job quota to set")],
+    interactive: Annotated[
+        bool | None,
+        typer.Option("--interactive/--no-interactive", help="whether it may use priorities 1-3"),
+    ] = None,
+    max_queued_jobs: Annotated[
+        int | None, typer.Option(min=0, help="jobs it may have queued or waiting for a retry at once")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option(min=0.001, help="job-creating requests a second, on average")
+    ] = None,
+    burst: Annotated[int | None, typer.Option(min=1, help="requests at once after a pause")] = None,
+    default: Annotated[
+        bool, typer.Option("--default", help="every limit back to the service's defaults")
+    ] = False,
+) -> None:
+    """Set an account's job quota (what is given; the rest stays); prints JSON {account_id,
+    interactive, max_queued_jobs, rate_per_second, burst}, a null limit meaning the credits
+    service's default (HM_QUOTA_MAX_QUEUED_JOBS, HM_QUOTA_RATE_PER_SECOND, HM_QUOTA_BURST;
+    docs/operations.md "Job quotas")."""
+    logging.basicConfig(level=logging.WARNING)
+    changes = {
+        "interactive": interactive,
+        "max_queued_jobs": max_queued_jobs,
+        "rate_per_second": rate,
+        "burst": burst,
+    }
+    if all(v is None for v in changes.values()) and not default:
+        raise typer.BadParameter(
+            "give --interactive/--no-interactive, --max-queued-jobs, --rate, --burst or --default"
+        )
+    try:
+        uuid.UUID(account_id)
+    except ValueError:
+        raise typer.BadParameter(f"{account_id!r} is not an account id") from None
+    try:
+        print(json.dumps(asyncio.run(_set_quota(account_id, changes, default))))
+    except (FileNotFoundError, LookupError, ValueError) as exc:
         print(f"hypermedia admin: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
 

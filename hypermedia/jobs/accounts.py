@@ -65,9 +65,12 @@ async def authenticate(pool: asyncpg.Pool, header: str | None) -> Caller:
     )
 
 
-async def create_account(pool: asyncpg.Pool, name: str, *, admin: bool = False) -> tuple[str, str, str, str]:
+async def create_account(
+    pool: asyncpg.Pool, name: str, *, admin: bool = False, interactive: bool = False
+) -> tuple[str, str, str, str]:
     """Create an account with one pool, one API key and a webhook signing secret; an ``admin``
-    one may also read the operators' API. Returns (account_id, api_key, pool_id, webhook_secret)."""
+    one may also read the operators' API, an ``interactive`` one use priorities 1-3 (its job
+    quota, hypermedia/jobs/quotas.py). Returns (account_id, api_key, pool_id, webhook_secret)."""
     account_id, pool_id = uuid.uuid4(), uuid.uuid4()
     key, key_id, digest = new_key()
     webhook_secret = new_webhook_secret()
@@ -89,4 +92,7 @@ async def create_account(pool: asyncpg.Pool, name: str, *, admin: bool = False) 
             digest,
         )
         await conn.execute("INSERT INTO credit_accounts (account_id) VALUES ($1)", account_id)
+        await conn.execute(
+            "INSERT INTO account_quotas (account_id, interactive) VALUES ($1, $2)", account_id, interactive
+        )
     return str(account_id), key, str(pool_id), webhook_secret

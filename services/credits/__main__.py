@@ -20,7 +20,12 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> GrpcServer:
     pool = await open_postgres(stack, infra, max_size=10)
     server = GrpcServer(
         settings.grpc_bind,
-        [(credits_pb2_grpc.add_CreditsServiceServicer_to_server, CreditsService(pool))],
+        [
+            (
+                credits_pb2_grpc.add_CreditsServiceServicer_to_server,
+                CreditsService(pool, settings.quota_defaults()),
+            )
+        ],
         ["hypermedia.credits.v1.CreditsService"],
         tls=tls,
     )

@@ -23,6 +23,7 @@ from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.core import pgtext
 from hypermedia.core.errors import InsufficientCredits, InvalidArgument, NotFound
 from hypermedia.infra import db
+from hypermedia.jobs import quotas
 
 LINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 """A charge line's name (``ocr_escalation``)."""
@@ -151,10 +152,12 @@ async def _hold(
 
 
 class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
-    """gRPC servicer over the ``credit_*`` tables."""
+    """gRPC servicer over the ``credit_*`` tables and the job quotas (``account_quotas``,
+    :mod:`hypermedia.jobs.quotas`) with ``quota_defaults`` where an account has no limit of its own."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, quota_defaults: quotas.QuotaDefaults = quotas.DEFAULTS) -> None:
         self._pool = pool
+        self._quota_defaults = quota_defaults
 
     async def Estimate(
         self, request: credits_pb2.EstimateRequest, context: grpc.aio.ServicerContext
@@ -182,8 +185,14 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         job_ids = [_uuid(j.job_id, "job_id") for j in request.jobs]
         if any(j.extra_millicredits < 0 for j in request.jobs):
             raise InvalidArgument("extra_millicredits must not be negative")
+        if request.priority and request.priority not in range(1, 11):
+            raise InvalidArgument("priority must be 1 (highest) to 10, or 0 when not given")
         async with self._pool.acquire() as conn, conn.transaction():
             estimates = await _estimates(conn, [j.operation for j in request.jobs], request.size_bytes)
+            if job_ids and not await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM credit_holds WHERE job_id = $1)", job_ids[0]
+            ):
+                await quotas.check(conn, account_id, request.priority, len(job_ids), self._quota_defaults)
             holds = [
                 (job_id, e.millicredits + j.extra_millicredits)
                 for job_id, e, j in zip(job_ids, estimates, request.jobs, strict=True)

@@ -424,7 +424,7 @@ class JobCreation:
                     replay = await self._replay(caller, request.idempotency_key, request.request_hash, conn)
                     if replay is not None:
                         return replay
-                jobs, total_millicredits = await self._hold(caller, planned, size_bytes)
+                jobs, total_millicredits = await self._hold(caller, planned, size_bytes, request.priority)
                 held = True
                 await self._persist(conn, caller, request, jobs)
         except BaseException:
@@ -435,19 +435,22 @@ class JobCreation:
         return ProcessResult(job_ids=tuple(j.job_id for j in jobs), estimated_millicredits=total_millicredits)
 
     async def _hold(
-        self, caller: Caller, planned: Sequence[_PlannedJob], size_bytes: int
+        self, caller: Caller, planned: Sequence[_PlannedJob], size_bytes: int, priority: int
     ) -> tuple[list[_PricedJob], int]:
-        """One ``EstimateAndHold`` for all the jobs: each priced by the credits service
+        """One ``EstimateAndHold`` for all the jobs: the account's job quota checked at
+        ``priority`` (hypermedia/jobs/quotas.py), then each job priced by the credits service
         (``base_cost + per_mb × size_mb`` of its profile) and held with its allowance. Returns
-        the jobs with their prices and the prices' total (millicredits). Raises
-        InsufficientCredits (402) when the account's available credits do not cover them (nothing
-        is held then), NotFound (``UNKNOWN_OPERATION``) when a profile went inactive since it was
-        resolved."""
+        the jobs with their prices and the prices' total (millicredits). Raises PermissionDenied
+        (403 ``PRIORITY_NOT_ALLOWED``), RateLimited (429 ``RATE_LIMITED`` or
+        ``TOO_MANY_QUEUED_JOBS``), InsufficientCredits (402) when the account's available credits
+        do not cover them (nothing is held then), NotFound (``UNKNOWN_OPERATION``) when a profile
+        went inactive since it was resolved."""
         response = await call(
             self._credits.EstimateAndHold,
             credits_pb2.EstimateAndHoldRequest(
                 account_id=caller.account_id,
                 size_bytes=size_bytes,
+                priority=priority,
                 jobs=[
                     credits_pb2.JobToHold(
                         job_id=j.job_id,

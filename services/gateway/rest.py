@@ -62,12 +62,16 @@ def problem(status: int, title: str, detail: str, error_code: str, **extra: Any)
 
 def domain_problem(exc: DomainError) -> JSONResponse:
     """The problem response of a domain error: its status, public message, ``error_code`` and
-    :attr:`~hypermedia.core.errors.DomainError.details`; a 401 also names the scheme in ``WWW-Authenticate``."""
+    :attr:`~hypermedia.core.errors.DomainError.details`; a 401 also names the scheme in
+    ``WWW-Authenticate``, and an error with ``retry_after_seconds`` (a 429 of the job quota) says
+    it in ``Retry-After``."""
     response = problem(
         exc.http_status, HTTPStatus(exc.http_status).phrase, exc.public_message, exc.error_code, **exc.details
     )
     if exc.http_status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="hypermedia"'
+    if isinstance(retry_after := exc.details.get("retry_after_seconds"), int):
+        response.headers["Retry-After"] = str(retry_after)
     return response
 
 

@@ -234,6 +234,7 @@ class Chaos:
                 "create-account",
                 "--credits",
                 str(CREDITS),
+                "--interactive",  # the plan's priorities span 1-10
             ],
             env={**env, "HM_CREDITS_ADDR": self.info["credits_addr"]},
             cwd=REPO,

@@ -39,7 +39,7 @@ def test_upload_process_and_get_job_over_grpc(platform: RunningPlatform, account
             op = jobs_pb2.Operation(name="thumbnail")
             op.params.update({"size": 128})
             created = await stub.Process(
-                jobs_pb2.ProcessRequest(object_id=obj.object_id, operations=[op], priority=1),
+                jobs_pb2.ProcessRequest(object_id=obj.object_id, operations=[op], priority=4),
                 metadata=metadata,
             )
             assert len(created.job_ids) == 1 and float(created.estimated_credits) > 0

@@ -137,7 +137,7 @@ def test_rest_same_key_same_request_replays_the_jobs_and_holds_once(
     key = f"order-{secrets.token_hex(4)}"
     with _client(idle_platform, account) as client:
         obj = upload(client, PHOTO)
-        body = {"object_id": obj["object_id"], "operations": ["thumbnail"], "priority": 3}
+        body = {"object_id": obj["object_id"], "operations": ["thumbnail"], "priority": 6}
         expected = _price("thumbnail", obj["size_bytes"])
 
         first = _process(client, body, key)
@@ -156,7 +156,7 @@ def test_rest_same_key_same_request_replays_the_jobs_and_holds_once(
         assert second.json() == created
         # The same body with its keys in another order is the same request.
         same = _process(
-            client, {"priority": 3, "operations": ["thumbnail"], "object_id": obj["object_id"]}, key
+            client, {"priority": 6, "operations": ["thumbnail"], "object_id": obj["object_id"]}, key
         )
         assert same.status_code == 202 and same.json() == created
 
@@ -171,7 +171,7 @@ def test_rest_same_key_same_request_replays_the_jobs_and_holds_once(
         assert client.get("/v1/credits").json()["held"] == expected / 1000, "held once"
 
         job = client.get(f"/v1/jobs/{created['job_ids'][0]}").json()
-        assert (job["status"], job["priority"], job["operation"]) == ("queued", 3, "thumbnail")
+        assert (job["status"], job["priority"], job["operation"]) == ("queued", 6, "thumbnail")
 
         # After the job has ended (here: cancelled), the key still answers the same jobs, and
         # nothing is held again.
@@ -402,7 +402,7 @@ def test_grpc_process_replays_with_the_same_key_and_conflicts_with_another_reque
         other.params.update({"size": 64})
         for conflicting in (
             jobs_pb2.ProcessRequest(
-                object_id=obj.object_id, operations=[op], priority=2, idempotency_key=key
+                object_id=obj.object_id, operations=[op], priority=7, idempotency_key=key
             ),
             jobs_pb2.ProcessRequest(object_id=obj.object_id, operations=[other], idempotency_key=key),
         ):

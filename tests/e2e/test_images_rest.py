@@ -179,7 +179,7 @@ def test_resize_compress_convert_decode_to_what_was_asked(client: httpx.Client) 
         {"name": "convert", "params": {"format": "png"}},
     ]
     created = client.post(
-        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops, "priority": 2}
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ops, "priority": 4}
     )
     assert created.status_code == 202, created.text
     jobs = [wait_job(client, job_id) for job_id in created.json()["job_ids"]]

@@ -58,7 +58,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 def test_priority_1_job_behind_a_priority_8_backlog_starts_first(idle_platform: RunningPlatform) -> None:
-    account = idle_platform.admin("create-account", "--credits", "1000")
+    account = idle_platform.admin("create-account", "--credits", "1000", "--interactive")
     with _client(idle_platform, account) as client:
         obj = upload(client, EXIF / "Landscape_1.jpg")
         backlog = []

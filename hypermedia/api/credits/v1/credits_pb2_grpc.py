@@ -104,7 +104,12 @@ class CreditsServiceServicer:
         is held, all jobs or none. `estimates` answer the jobs in their order. NOT_FOUND with
         UNKNOWN_OPERATION for an operation without an active profile; INVALID_ARGUMENT for a negative
         size or extra or a malformed id; otherwise the errors of Hold (ACCOUNT_NOT_FOUND,
-        INSUFFICIENT_CREDITS naming the credits needed and available). Idempotent per job id as Hold.
+        INSUFFICIENT_CREDITS naming the credits needed and available). Before the hold, the account's
+        job quota (hypermedia/jobs/quotas.py): PERMISSION_DENIED with PRIORITY_NOT_ALLOWED for a
+        priority 1-3 of an account without the interactive band; RESOURCE_EXHAUSTED with RATE_LIMITED
+        (requests a second) or TOO_MANY_QUEUED_JOBS, their `retry_after_seconds` in the
+        hm-error-details trailer. Idempotent per job id as Hold: a call whose first job holds already
+        is not checked against the quota again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
