@@ -416,12 +416,17 @@ def profile_version_cmd(
 def outdated_cmd(
     operation: Annotated[str, typer.Option(help="only this operation's outputs")] = "",
     account: Annotated[str | None, typer.Option(help="only this account's outputs")] = None,
+    preset: Annotated[
+        str,
+        typer.Option(help="instead: the outputs a newer version of this preset of --account made outdated"),
+    ] = "",
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="outputs to list")] = 100,
 ) -> None:
     """The outputs a newer active profile version has made outdated (made under an older version,
     with no output of the active one yet for the same object, operation and params), oldest
-    first, as JSON {"outputs": [...]}."""
-    from hypermedia.jobs import profiles
+    first, as JSON {"outputs": [...]}. With --preset (and --account): the outputs of jobs made
+    from an older version of that preset, for objects without one of the active version."""
+    from hypermedia.jobs import presets, profiles
 
     logging.basicConfig(level=logging.WARNING)
     if account is not None:
@@ -429,14 +434,24 @@ def outdated_cmd(
             uuid.UUID(account)
         except ValueError:
             raise typer.BadParameter(f"{account!r} is not an account id") from None
+    if preset and (account is None or operation):
+        raise typer.BadParameter("--preset takes --account (a preset is an account's) and no --operation")
     try:
-        rows = asyncio.run(
-            _with_conn(
-                lambda conn: profiles.outdated_outputs(
-                    conn, operation=operation, account_id=account, limit=limit
+        if preset:
+            assert account is not None
+            rows = asyncio.run(
+                _with_conn(
+                    lambda conn: presets.outdated_outputs(conn, uuid.UUID(account), preset, limit=limit)
                 )
             )
-        )
+        else:
+            rows = asyncio.run(
+                _with_conn(
+                    lambda conn: profiles.outdated_outputs(
+                        conn, operation=operation, account_id=account, limit=limit
+                    )
+                )
+            )
     except (OSError, asyncpg.PostgresError) as exc:
         print(f"hypermedia admin outdated: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None

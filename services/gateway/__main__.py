@@ -30,6 +30,7 @@ from services.gateway.cancellation import JobCancellation
 from services.gateway.creation import JobCreation
 from services.gateway.grpc_api import JobService
 from services.gateway.operators import SchedulerAdmin
+from services.gateway.presets import Presets
 from services.gateway.resolved import LinkSigner, OutputResolver
 from services.gateway.rest import HEALTH_PATHS, build_app
 from services.gateway.settings import GatewaySettings
@@ -81,24 +82,26 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
 
     settlement = Settlement(peers.credits)
     status = JobStatus(pool, peers.storage, events)
+    creation = JobCreation(
+        pool,
+        peers.storage,
+        peers.credits,
+        settlement,
+        relay,
+        stream_prefix=infra.stream_prefix,
+        max_operations=settings.max_operations,
+        password_key=jobsecrets.derive_key(secret_key) if secret_key else None,
+        webhook_allow_private=settings.webhook_allow_private,
+        noop_enabled=settings.noop_operation,
+    )
     api = UseCases(
         uploads=Uploads(peers.storage, http, max_upload_bytes=settings.max_upload_bytes, scanner=scanner),
-        creation=JobCreation(
-            pool,
-            peers.storage,
-            peers.credits,
-            settlement,
-            relay,
-            stream_prefix=infra.stream_prefix,
-            max_operations=settings.max_operations,
-            password_key=jobsecrets.derive_key(secret_key) if secret_key else None,
-            webhook_allow_private=settings.webhook_allow_private,
-            noop_enabled=settings.noop_operation,
-        ),
+        creation=creation,
         status=status,
         cancellation=JobCancellation(pool, settlement, status),
         accounts=Accounts(pool, peers.credits),
         operators=SchedulerAdmin(pool),
+        presets=Presets(pool, creation),
     )
     resolver = OutputResolver(
         pool, peers.storage, http, LinkSigner.from_secret(secret_key) if secret_key else None

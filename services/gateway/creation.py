@@ -43,7 +43,7 @@ from hypermedia.engines.ocr import params as ocr_params
 from hypermedia.infra import db
 from hypermedia.infra.rpc import call
 from hypermedia.intake import contenttype
-from hypermedia.jobs import lifecycle, noop
+from hypermedia.jobs import lifecycle, noop, presets
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.outbox import OutboxRelay
@@ -99,6 +99,8 @@ class _Operation:
     profile: asyncpg.Record
     """Its active ``processing_profiles`` row."""
     password: str | None
+    preset: tuple[str, int] | None = None
+    """The name and version of the caller's preset it came from, if any."""
 
 
 @dataclass(frozen=True)
@@ -213,9 +215,34 @@ class JobCreation:
             if earlier is not None:
                 return earlier
         obj = await self._object(caller, request.object_id)
-        resolved = await self._resolve_profiles(request, obj)
+        resolved = await self._resolve_profiles(caller, request, obj)
         planned = self._plan(resolved, obj)
         return await self._hold_and_persist(caller, request, planned, obj.size_bytes)
+
+    async def check_preset(self, operation: str, params: dict[str, Any]) -> None:
+        """Whether ``operation`` with ``params`` may be a preset: what a process request of it
+        would be checked for without an object (the strings' bounds, an active profile, ``noop``
+        enabled, the params; an ``ocr`` job's languages against the reported ones). Raises
+        InvalidArgument (``INVALID_REQUEST``, ``UNKNOWN_OPERATION``, ``OPERATION_NOT_ENABLED``,
+        ``INVALID_PARAMS``, also for a ``password``: a preset never holds one) or InvalidText."""
+        op = OperationRequest(operation, params)
+        check_text([op], None)
+        if jobsecrets.PASSWORD_PARAM in params:
+            raise InvalidArgument(
+                "a preset cannot hold a password; send it with the request", "INVALID_PARAMS"
+            )
+        profile = await self._pool.fetchrow(
+            "SELECT * FROM processing_profiles WHERE active AND operation = $1", operation
+        )
+        if profile is None:
+            raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
+        if operation == noop.OPERATION and not self._noop_enabled:
+            raise InvalidArgument(noop.NOT_ENABLED_MESSAGE, noop.NOT_ENABLED)
+        if profile["queue"] == "ocr":
+            languages = await self.ocr_languages()
+            ocr_params.validate_params(operation, params, installed_languages=languages or None)
+            return
+        self._params(op, profile, storage_pb2.Object(), [])
 
     async def ocr_languages(self) -> list[str]:
         """The recognition languages ``ocr`` jobs may ask for: every language an ocrworker
@@ -279,7 +306,9 @@ class JobCreation:
         existed (stored hashes stay valid), plus ``{"password_hmac": …}`` for one with a password."""
         hashed: list[list[Any]] = []
         for op, password in zip(operations, passwords, strict=True):
-            if password is None:
+            if op.preset:  # a preset is named, never given a password
+                hashed.append([op.name, op.params, {"preset": op.preset}])
+            elif password is None:
                 hashed.append([op.name, op.params])
             else:
                 assert self._password_key is not None  # _take_passwords refused it otherwise
@@ -323,12 +352,37 @@ class JobCreation:
         )
         return response.object
 
-    async def _resolve_profiles(self, request: _Request, obj: storage_pb2.Object) -> list[_Operation]:
-        """Each operation with its active profile and its params normalised, checked in the
-        request's order: unknown operation (422) → ``noop`` where it is not enabled (422) → a
-        password where none is taken (422) → the object's kind (415) → its size (413) → the params
-        (422; an ``ocr`` job's languages against those the ocrworkers reported; ``noop`` takes none)."""
-        names = [o.name for o in request.operations]
+    async def _presets(
+        self, caller: Caller, operations: list[OperationRequest]
+    ) -> list[tuple[OperationRequest, tuple[str, int] | None]]:
+        """Each operation, a ``{preset}`` one as the operation and params of the caller's active
+        version of it, with that preset's name and version. Raises InvalidArgument
+        (``UNKNOWN_PRESET``) for a preset the caller has no active version of."""
+        named = sorted({op.preset for op in operations if op.preset})
+        found = await presets.active(self._pool, uuid.UUID(caller.account_id), named) if named else {}
+        expanded: list[tuple[OperationRequest, tuple[str, int] | None]] = []
+        for op in operations:
+            if not op.preset:
+                expanded.append((op, None))
+                continue
+            preset = found.get(op.preset)
+            if preset is None:
+                raise InvalidArgument(f"unknown preset {op.preset!r}", "UNKNOWN_PRESET")
+            expanded.append(
+                (OperationRequest(preset["operation"], preset["params"]), (preset["name"], preset["version"]))
+            )
+        return expanded
+
+    async def _resolve_profiles(
+        self, caller: Caller, request: _Request, obj: storage_pb2.Object
+    ) -> list[_Operation]:
+        """Each operation (a preset's as its active version says: :meth:`_presets`) with its
+        active profile and its params normalised, checked in the request's order: unknown preset
+        (422) → unknown operation (422) → ``noop`` where it is not enabled (422) → a password where
+        none is taken (422) → the object's kind (415) → its size (413) → the params (422; an
+        ``ocr`` job's languages against those the ocrworkers reported; ``noop`` takes none)."""
+        expanded = await self._presets(caller, request.operations)
+        names = [o.name for o, _ in expanded]
         profiles = {
             r["operation"]: r
             for r in await self._pool.fetch(
@@ -338,7 +392,7 @@ class JobCreation:
         input_kind = contenttype.kind(obj.mime_type)
         languages = await self.ocr_languages() if any(p["queue"] == "ocr" for p in profiles.values()) else []
         resolved = []
-        for op, password in zip(request.operations, request.passwords, strict=True):
+        for (op, preset), password in zip(expanded, request.passwords, strict=True):
             profile = profiles.get(op.name)
             if profile is None:
                 raise InvalidArgument(f"unknown operation {op.name!r}", "UNKNOWN_OPERATION")
@@ -363,7 +417,8 @@ class JobCreation:
                     f"operation {op.name!r} accepts at most {profile['max_input_bytes']} bytes",
                     "INPUT_TOO_LARGE",
                 )
-            resolved.append(_Operation(op.name, self._params(op, profile, obj, languages), profile, password))
+            params = self._params(op, profile, obj, languages)
+            resolved.append(_Operation(op.name, params, profile, password, preset))
         return resolved
 
     @staticmethod
@@ -503,6 +558,7 @@ class JobCreation:
                     estimated_credits=j.price_millicredits,
                     webhook_url=request.webhook_url or None,
                     idempotency_key=request.idempotency_key,
+                    preset=j.operation.preset,
                 )
                 for j in jobs
             ],

@@ -77,6 +77,8 @@ def job_message(job: Job) -> jobs_pb2.Job:
         estimated_credits=credits_text(job.estimated_millicredits),
         actual_credits=credits_text(job.actual_millicredits),
         charge_lines={name: credits_text(amount) for name, amount in job.charge_lines.items()},
+        preset_name=job.preset[0] if job.preset else "",
+        preset_version=job.preset[1] if job.preset else 0,
         created_at=timestamp_of(job.created_at),
         started_at=timestamp_of(job.started_at),
         completed_at=timestamp_of(job.completed_at),
@@ -118,6 +120,17 @@ def usage_message(usage: StorageUsage) -> jobs_pb2.DeleteObjectResponse:
     )
 
 
+def _operation(op: jobs_pb2.Operation) -> dict[str, Any]:
+    """``op`` as REST's JSON has it: ``{name, params}``, ``{preset}``, or with both (refused by
+    :func:`parse_operations`)."""
+    if op.preset and not op.name and not op.params.fields:
+        return {"preset": op.preset}
+    shape: dict[str, Any] = {"name": op.name, "params": _plain(json_format.MessageToDict(op.params))}
+    if op.preset:
+        shape["preset"] = op.preset
+    return shape
+
+
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     """Authenticates each call from the ``authorization`` metadata entry, then delegates."""
 
@@ -150,12 +163,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.ProcessRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ProcessResponse:
         caller = await self._caller(context)
-        operations = parse_operations(
-            [
-                {"name": op.name, "params": _plain(json_format.MessageToDict(op.params))}
-                for op in request.operations
-            ]
-        )
+        operations = parse_operations([_operation(op) for op in request.operations])
         result = await self._api.creation.process(
             caller,
             request.object_id,

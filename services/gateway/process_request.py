@@ -25,14 +25,20 @@ class OperationRequest:
     """One operation as a client asked for it, before validation."""
 
     name: str
-    """The operation's name (a ``processing_profiles.operation``, once checked)."""
+    """The operation's name (a ``processing_profiles.operation``, once checked); empty for a preset."""
     params: dict[str, Any]
     """Its params as sent (JSON object)."""
+    preset: str = ""
+    """The name of the caller's preset that stands for the operation and its params
+    (:mod:`hypermedia.jobs.presets`), or empty."""
+
+
+SHAPES = "an operation is a name, {name, params} or {preset}"
 
 
 def parse_operations(raw: Any) -> list[OperationRequest]:
-    """``operations`` of a request: names or ``{name, params}`` objects. Raises InvalidArgument
-    (``INVALID_REQUEST``) for an empty list or anything else."""
+    """``operations`` of a request: names, ``{name, params}`` objects or ``{preset}`` objects.
+    Raises InvalidArgument (``INVALID_REQUEST``) for an empty list or anything else."""
     if not isinstance(raw, list) or not raw:
         raise InvalidArgument("operations must be a non-empty list", "INVALID_REQUEST")
     parsed = []
@@ -42,10 +48,12 @@ def parse_operations(raw: Any) -> list[OperationRequest]:
         elif isinstance(item, dict) and isinstance(item.get("name"), str):
             params = item.get("params") or {}
             if not isinstance(params, dict) or set(item) - {"name", "params"}:
-                raise InvalidArgument("an operation is a name or {name, params}", "INVALID_REQUEST")
+                raise InvalidArgument(SHAPES, "INVALID_REQUEST")
             parsed.append(OperationRequest(item["name"], params))
+        elif isinstance(item, dict) and set(item) == {"preset"} and isinstance(item["preset"], str):
+            parsed.append(OperationRequest("", {}, item["preset"]))
         else:
-            raise InvalidArgument("an operation is a name or {name, params}", "INVALID_REQUEST")
+            raise InvalidArgument(SHAPES, "INVALID_REQUEST")
     return parsed
 
 
@@ -105,6 +113,7 @@ def check_text(operations: list[OperationRequest], idempotency_key: str | None) 
     pgtext.check(idempotency_key, "idempotency_key", pgtext.MAX_IDEMPOTENCY_KEY_LENGTH)
     for i, op in enumerate(operations):
         pgtext.check(op.name, f"operations[{i}].name", pgtext.MAX_OPERATION_NAME_LENGTH)
+        pgtext.check(op.preset, f"operations[{i}].preset", pgtext.MAX_OPERATION_NAME_LENGTH)
         if pgtext.json_size(op.params) > pgtext.MAX_PARAMS_BYTES:
             raise pgtext.InvalidText(
                 f"operations[{i}].params", f"may be at most {pgtext.MAX_PARAMS_BYTES} bytes of JSON"

@@ -25,7 +25,7 @@ from hypermedia.core import pgtext, telemetry
 from hypermedia.core.errors import DomainError, PayloadTooLarge
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller
-from services.gateway import operators_api
+from services.gateway import operators_api, presets_api
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
 from services.gateway.results import Attempt, Balance, Job, Output, ProcessResult
@@ -94,12 +94,18 @@ class Operation(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class PresetOperation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str = Field(description="Name of one of the caller's presets (PUT /v1/presets/{name})")
+
+
 class ProcessBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     object_id: str
-    operations: list[str | Operation] = Field(
-        description='Names or {name, params}: "thumbnail", {"name": "resize", "params": {"width": 800}}'
+    operations: list[str | Operation | PresetOperation] = Field(
+        description='Names, {name, params} or {preset}: "thumbnail", {"name": "resize", "params": {"width": 800}}, {"preset": "avatar"}'
     )
     priority: StrictInt | None = Field(None, description="1 (highest) to 10; default 5")
     webhook_url: str | None = None
@@ -197,6 +203,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "profile_version": job.profile_version,
         "queue": job.queue,
         "params": job.params,
+        "preset": {"name": job.preset[0], "version": job.preset[1]} if job.preset else None,
         "status": job.status,
         "priority": job.priority,
         "attempt_count": job.attempt_count,
@@ -442,6 +449,7 @@ def build_app(
         return known if isinstance(known, Caller) else await authenticate(authorization)
 
     app.include_router(operators_api.router(api.operators, caller))
+    app.include_router(presets_api.router(api.presets, caller))
 
     @app.post("/v1/objects", status_code=201, response_model=ObjectOut)
     async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:

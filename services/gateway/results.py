@@ -129,6 +129,8 @@ class Job:
     """The queue it runs on (``images``, ``documents``, ``ocr``, ``media``)."""
     params: dict[str, Any]
     """The normalised params (never a password)."""
+    preset: tuple[str, int] | None
+    """The name and version of the caller's preset it was made from, if any."""
     status: str
     """The job's status (``queued``, ``processing``, ``completed``, …; the ``processing_jobs`` check)."""
     priority: int

@@ -26,6 +26,7 @@ def job_result(job: asyncpg.Record, attempts: list[asyncpg.Record], outputs: lis
         profile_version=job["profile_version"],
         queue=job["queue"],
         params=job["params"],
+        preset=(job["preset_name"], job["preset_version"]) if job["preset_name"] else None,
         status=job["status"],
         priority=job["priority"],
         attempt_count=job["attempt_count"],

@@ -8,6 +8,7 @@ from services.gateway.accounts import Accounts
 from services.gateway.cancellation import JobCancellation
 from services.gateway.creation import JobCreation
 from services.gateway.operators import SchedulerAdmin
+from services.gateway.presets import Presets
 from services.gateway.status import JobStatus
 from services.gateway.uploads import Uploads
 
@@ -30,3 +31,5 @@ class UseCases:
     """The caller's account and balance."""
     operators: SchedulerAdmin
     """The scheduler's pools, burst workers and decisions, for admin accounts."""
+    presets: Presets
+    """The caller's named presets."""

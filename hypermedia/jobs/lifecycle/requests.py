@@ -30,6 +30,8 @@ class NewJob:
     """Millicredits held for it."""
     webhook_url: str | None
     idempotency_key: str | None
+    preset: tuple[str, int] | None = None
+    """The name and version of the account's preset it was made from, if any."""
 
 
 async def create_queued(conn: db.Connection, prefix: str, jobs: Iterable[NewJob]) -> None:
@@ -40,8 +42,8 @@ async def create_queued(conn: db.Connection, prefix: str, jobs: Iterable[NewJob]
             """
             INSERT INTO processing_jobs (job_id, account_id, object_id, request_id, operation,
                 profile_version, queue, params, priority, status, max_attempts, estimated_credits,
-                webhook_url, idempotency_key, queued_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'queued', $10, $11, $12, $13, now())
+                webhook_url, idempotency_key, preset_name, preset_version, queued_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'queued', $10, $11, $12, $13, $14, $15, now())
             """,
             job.job_id,
             job.account_id,
@@ -56,6 +58,8 @@ async def create_queued(conn: db.Connection, prefix: str, jobs: Iterable[NewJob]
             job.estimated_credits,
             job.webhook_url,
             job.idempotency_key,
+            job.preset[0] if job.preset else None,
+            job.preset[1] if job.preset else None,
         )
         await enqueue_outbox(conn, prefix, job.job_id, job.queue, job.priority)
 

@@ -126,11 +126,18 @@ Global___UploadObjectResponse: _TypeAlias = UploadObjectResponse  # noqa: Y015
 
 @_typing.final
 class Operation(_message.Message):
+    """An operation: `name` with its `params`, or `preset` alone (one of the caller's presets, which
+    stands for an operation and its params; REST PUT /v1/presets/{name}). A preset with a name or
+    params beside it is INVALID_ARGUMENT (INVALID_REQUEST); an unknown one UNKNOWN_PRESET.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
+    PRESET_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    preset: _builtins.str
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
     def __init__(
@@ -138,10 +145,11 @@ class Operation(_message.Message):
         *,
         name: _builtins.str = ...,
         params: _struct_pb2.Struct | None = ...,
+        preset: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "params", b"params"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "params", b"params", "preset", b"preset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -331,6 +339,8 @@ class Job(_message.Message):
     OUTPUTS_FIELD_NUMBER: _builtins.int
     LOST_ATTEMPTS_FIELD_NUMBER: _builtins.int
     CHARGE_LINES_FIELD_NUMBER: _builtins.int
+    PRESET_NAME_FIELD_NUMBER: _builtins.int
+    PRESET_VERSION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     object_id: _builtins.str
     operation: _builtins.str
@@ -348,6 +358,11 @@ class Job(_message.Message):
     """Attempts lost to the infrastructure (worker killed or stuck, handed back at a drain); they do
     not count against max_attempts.
     """
+    preset_name: _builtins.str
+    """The caller's preset it was made from and that preset's version; "" and 0 for a job of a
+    named operation.
+    """
+    preset_version: _builtins.int
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -385,10 +400,12 @@ class Job(_message.Message):
         outputs: _abc.Iterable[Global___JobOutput] | None = ...,
         lost_attempts: _builtins.int = ...,
         charge_lines: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        preset_name: _builtins.str = ...,
+        preset_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "params", b"params", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "charge_lines", b"charge_lines", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "priority", b"priority", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "charge_lines", b"charge_lines", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "preset_name", b"preset_name", "preset_version", b"preset_version", "priority", b"priority", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
