@@ -74,6 +74,7 @@ JOB = Job(
     profile_version=3,
     queue="ocr",
     params={"languages": ["eng", "deu"], "escalate": True, "dpi": 300},
+    preset=("scans", 2),
     status="completed",
     priority=4,
     attempt_count=2,
@@ -107,6 +108,7 @@ def test_a_job_with_every_field_as_the_rest_json() -> None:
         "profile_version",
         "queue",
         "params",
+        "preset",
         "status",
         "priority",
         "attempt_count",
@@ -131,6 +133,7 @@ def test_a_job_with_every_field_as_the_rest_json() -> None:
     assert body["profile_version"] == 3
     assert body["queue"] == "ocr"
     assert body["params"] == {"languages": ["eng", "deu"], "escalate": True, "dpi": 300}
+    assert body["preset"] == {"name": "scans", "version": 2}
     assert body["status"] == "completed"
     assert body["priority"] == 4
     assert (body["attempt_count"], body["max_attempts"], body["lost_attempts"]) == (2, 3, 1)
@@ -195,6 +198,7 @@ def test_a_job_with_every_field_as_the_grpc_message() -> None:
         "dpi": 300,
     }
     assert message.status == jobs_pb2.JOB_STATUS_COMPLETED
+    assert (message.preset_name, message.preset_version) == ("scans", 2)
     assert message.priority == 4
     assert (message.attempt_count, message.max_attempts, message.lost_attempts) == (2, 3, 1)
     assert message.error_code == "TIMEOUT"
@@ -226,6 +230,7 @@ def test_unset_fields_are_null_in_json_and_absent_in_the_message() -> None:
     job = dataclasses.replace(
         JOB,
         status="queued",
+        preset=None,
         error_code=None,
         error_message=None,
         actual_millicredits=None,
@@ -238,12 +243,13 @@ def test_unset_fields_are_null_in_json_and_absent_in_the_message() -> None:
         outputs=(),
     )
     body = job_json(job)
-    assert body["actual_credits"] is None and body["charge_lines"] == {}
+    assert body["actual_credits"] is None and body["charge_lines"] == {} and body["preset"] is None
     assert body["started_at"] is body["completed_at"] is body["queued_at"] is body["next_attempt_at"] is None
     assert body["attempts"] == [] and body["outputs"] == []
     message = jobs_pb2.Job.FromString(job_message(job).SerializeToString())
     assert message.status == jobs_pb2.JOB_STATUS_QUEUED
     assert message.actual_credits == "" and message.error_code == "" and message.error_message == ""
+    assert (message.preset_name, message.preset_version) == ("", 0)
     assert message.HasField("created_at")
     assert not message.HasField("started_at") and not message.HasField("completed_at")
 
