@@ -309,12 +309,16 @@ def set_quota_cmd(
         typer.Option("--interactive/--no-interactive", help="whether it may use priorities 1-3"),
     ] = None,
     max_queued_jobs: Annotated[
-        int | None, typer.Option(min=0, help="jobs it may have queued or waiting for a retry at once")
+        int | None,
+        typer.Option(min=0, max=10_000_000, help="jobs it may have queued or waiting for a retry at once"),
     ] = None,
     rate: Annotated[
-        float | None, typer.Option(min=0.001, help="job-creating requests a second, on average")
+        float | None,
+        typer.Option(min=0.001, max=1_000_000, help="job-creating requests a second, on average"),
     ] = None,
-    burst: Annotated[int | None, typer.Option(min=1, help="requests at once after a pause")] = None,
+    burst: Annotated[
+        int | None, typer.Option(min=1, max=1_000_000, help="requests at once after a pause")
+    ] = None,
     default: Annotated[
         bool, typer.Option("--default", help="every limit back to the service's defaults")
     ] = False,
@@ -334,6 +338,8 @@ def set_quota_cmd(
         raise typer.BadParameter(
             "give --interactive/--no-interactive, --max-queued-jobs, --rate, --burst or --default"
         )
+    if default and any(changes[k] is not None for k in ("max_queued_jobs", "rate_per_second", "burst")):
+        raise typer.BadParameter("--default puts every limit back to the defaults: give no limit with it")
     try:
         uuid.UUID(account_id)
     except ValueError:

@@ -1,20 +1,25 @@
 """Job quotas per account, checked by the credits service in ``EstimateAndHold`` (issue 21 item 4;
 ADR 0055): the credits service is the platform's "credit and quota" service of seed 000.
 
-Three rules, checked in this order in the transaction that holds the request's credits, after the
-account's ``credit_accounts`` row is locked (so one account's requests are checked one at a time):
+Three rules, checked in this order in the transaction that holds the request's credits, with the
+account's ``account_quotas`` row locked first (so one account's requests are checked one at a
+time, and each sees what the ones before it held):
 
 1. **Priority band.** Priorities 1-3 are the interactive band; only an account with
    ``account_quotas.interactive`` may use them. Others are refused, never clamped: a caller that
    asked for priority 1 learns at once that it will not get it (403 ``PRIORITY_NOT_ALLOWED``).
 2. **Request rate.** A token bucket of ``burst`` tokens refilled at ``rate_per_second``; every
    request that creates jobs takes one token (a request of 20 operations is one request). Short of
-   a token: 429 ``RATE_LIMITED`` with ``retry_after_seconds``, the time until the next token.
-   Only a request that creates its jobs keeps its token (the transaction of a refused one,
-   402 included, rolls back).
+   a token: 429 ``RATE_LIMITED`` with ``retry_after_seconds``, the time until the next token. A
+   request the credits service refuses (402 included) rolls back and keeps no token; one that
+   fails after its hold, in the gateway (the object deleted meanwhile), has used it.
 3. **Waiting jobs.** At most ``max_queued_jobs`` of the account's jobs ``queued`` or in
-   ``retry_wait`` at once, the new ones included: 429 ``TOO_MANY_QUEUED_JOBS`` with
-   ``retry_after_seconds`` :data:`QUEUED_RETRY_AFTER_SECONDS`.
+   ``retry_wait`` at once, the new ones included. Over it: 429 ``TOO_MANY_QUEUED_JOBS`` with
+   ``retry_after_seconds`` :data:`QUEUED_RETRY_AFTER_SECONDS`; a request of more jobs than the
+   limit itself could never pass: 403 ``QUEUE_QUOTA_TOO_SMALL``. The count is exact because the
+   caller that creates the jobs holds :func:`creation_lock` from before this check until its
+   jobs are committed (the gateway's transaction commits after this one: without the lock, each
+   of a burst of concurrent requests would count the jobs before the others').
 
 A limit left NULL in ``account_quotas`` is the service's default (:class:`QuotaDefaults`,
 ``HM_QUOTA_*``). ``hypermedia admin set-quota`` sets them (:func:`set_quota`).
@@ -39,6 +44,12 @@ INTERACTIVE_PRIORITIES = range(1, 4)
 QUEUED_RETRY_AFTER_SECONDS = 5
 """``retry_after_seconds`` of a ``TOO_MANY_QUEUED_JOBS``: a hint, since when enough of the account's
 jobs start depends on the queue (an image job runs in well under a second)."""
+
+
+MAX_QUEUED_JOBS = 10_000_000
+MIN_RATE, MAX_RATE = 0.001, 1_000_000.0
+"""The bounds of a rate, requests a second (a NaN or an infinity is outside them)."""
+MAX_BURST = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -68,30 +79,30 @@ class Quota:
     burst: int
 
 
+async def creation_lock(conn: db.Connection, account_id: str) -> None:
+    """In the transaction that creates an account's jobs, before their credits are held: wait
+    for the account's other job-creating transactions to end (a transaction-scoped advisory
+    lock), so :func:`check` counts their jobs. Every caller of ``EstimateAndHold`` that then
+    creates jobs takes it (the gateway: ``services/gateway/creation.py``)."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"job-creation:{account_id}")
+
+
 async def check(
     conn: db.Connection, account_id: uuid.UUID, priority: int, new_jobs: int, defaults: QuotaDefaults
 ) -> None:
-    """In the caller's transaction (with the account's credit row locked): apply the three rules
-    of the module docstring to a request of ``new_jobs`` jobs at ``priority`` (0: not given, no
-    band check) and take its token.
+    """In the caller's transaction: lock the account's quota row (made at its first request),
+    apply the three rules of the module docstring to a request of ``new_jobs`` jobs at
+    ``priority`` (0: not given, no band check) and take its token.
 
     Raises:
         NotFound: ``ACCOUNT_NOT_FOUND``, no such account.
         PermissionDenied: ``PRIORITY_NOT_ALLOWED``, details ``priority`` and ``allowed``
-            (the lowest priority number the account may use).
+            (the lowest priority number the account may use); ``QUEUE_QUOTA_TOO_SMALL``, details
+            ``limit``, for more jobs than the account may have waiting at all.
         RateLimited: ``RATE_LIMITED`` or ``TOO_MANY_QUEUED_JOBS``, details ``retry_after_seconds``
             (an integer ≥ 1) and ``limit``.
     """
-    try:
-        row = await conn.fetchrow(
-            """INSERT INTO account_quotas (account_id) VALUES ($1)
-               ON CONFLICT (account_id) DO UPDATE SET account_id = excluded.account_id
-               RETURNING *, now() AS now""",
-            account_id,
-        )
-    except asyncpg.ForeignKeyViolationError:
-        raise NotFound("no credit account", "ACCOUNT_NOT_FOUND") from None
-    assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING yields the row
+    row = await _locked(conn, account_id)
     quota = _applying(row, defaults)
     if priority in INTERACTIVE_PRIORITIES and not quota.interactive:
         raise PermissionDenied(
@@ -100,21 +111,28 @@ async def check(
             "PRIORITY_NOT_ALLOWED",
             {"priority": priority, "allowed": INTERACTIVE_PRIORITIES.stop},
         )
+    if new_jobs > quota.max_queued_jobs:
+        raise PermissionDenied(
+            f"this request has {new_jobs} jobs and this account may have at most "
+            f"{quota.max_queued_jobs} waiting: send fewer, or ask the operator for a larger quota",
+            "QUEUE_QUOTA_TOO_SMALL",
+            {"limit": quota.max_queued_jobs},
+        )
     if quota.rate_per_second > 0:
         tokens = _refilled(row["tokens"], row["refilled_at"], row["now"], quota)
         if tokens < 1:
-            wait = math.ceil((1 - tokens) / quota.rate_per_second)
+            wait = max(1, math.ceil((1 - tokens) / quota.rate_per_second))
             raise RateLimited(
                 f"this account may create jobs in {quota.rate_per_second:g} requests a second "
                 f"(bursts of {quota.burst}); retry after {wait} s",
                 "RATE_LIMITED",
-                {"retry_after_seconds": max(1, wait), "limit": quota.rate_per_second},
+                {"retry_after_seconds": wait, "limit": quota.rate_per_second},
             )
         await conn.execute(
             "UPDATE account_quotas SET tokens = $2, refilled_at = $3 WHERE account_id = $1",
             account_id,
             tokens - 1,
-            row["now"],
+            max(row["now"], row["refilled_at"] or row["now"]),
         )
     waiting = await conn.fetchval(
         "SELECT count(*) FROM processing_jobs WHERE account_id = $1 AND status IN ('queued', 'retry_wait')",
@@ -127,6 +145,25 @@ async def check(
             "TOO_MANY_QUEUED_JOBS",
             {"retry_after_seconds": QUEUED_RETRY_AFTER_SECONDS, "limit": quota.max_queued_jobs},
         )
+
+
+async def _locked(conn: db.Connection, account_id: uuid.UUID) -> Any:
+    """The account's ``account_quotas`` row, locked, with ``now``: the clock after the lock was
+    granted (``clock_timestamp()``, not the transaction's start, so a request that waited for the
+    lock does not refill the bucket from the past). Made with the defaults when missing.
+    Raises NotFound (``ACCOUNT_NOT_FOUND``) when there is no such account."""
+    query = "SELECT *, clock_timestamp() AS now FROM account_quotas WHERE account_id = $1 FOR UPDATE"
+    row = await conn.fetchrow(query, account_id)
+    if row is None:
+        try:
+            await conn.execute(
+                "INSERT INTO account_quotas (account_id) VALUES ($1) ON CONFLICT DO NOTHING", account_id
+            )
+        except asyncpg.ForeignKeyViolationError:
+            raise NotFound("no credit account", "ACCOUNT_NOT_FOUND") from None
+        row = await conn.fetchrow(query, account_id)
+    assert row is not None
+    return row
 
 
 def _applying(row: Any, defaults: QuotaDefaults) -> Quota:
@@ -166,14 +203,17 @@ async def set_quota(
     """Set an account's quota: each given field, the others kept (``default``: every limit back to
     NULL, the service's defaults; ``interactive`` is set only when given). Returns the row as
     ``{account_id, interactive, max_queued_jobs, rate_per_second, burst}``, a null limit meaning
-    the default. Raises LookupError for an unknown account, ValueError for a negative
-    ``max_queued_jobs``, a ``rate_per_second`` that is not above 0, a ``burst`` below 1."""
-    if max_queued_jobs is not None and max_queued_jobs < 0:
-        raise ValueError("max_queued_jobs must not be negative")
-    if rate_per_second is not None and not rate_per_second > 0:
-        raise ValueError("rate_per_second must be above 0")
-    if burst is not None and burst < 1:
-        raise ValueError("burst must be at least 1")
+    the default. Raises LookupError for an unknown account, ValueError for a limit outside
+    :data:`MAX_QUEUED_JOBS`, :data:`MIN_RATE`-:data:`MAX_RATE`, :data:`MAX_BURST`, or a limit
+    given with ``default``."""
+    if max_queued_jobs is not None and not 0 <= max_queued_jobs <= MAX_QUEUED_JOBS:
+        raise ValueError(f"max_queued_jobs must be 0 to {MAX_QUEUED_JOBS:,}")
+    if rate_per_second is not None and not MIN_RATE <= rate_per_second <= MAX_RATE:
+        raise ValueError(f"rate_per_second must be {MIN_RATE:g} to {MAX_RATE:g}")
+    if burst is not None and not 1 <= burst <= MAX_BURST:
+        raise ValueError(f"burst must be 1 to {MAX_BURST:,}")
+    if default and (max_queued_jobs is not None or rate_per_second is not None or burst is not None):
+        raise ValueError("default puts every limit back to the defaults: give no limit with it")
     async with conn.transaction():
         if not await conn.fetchval("SELECT true FROM accounts WHERE account_id = $1", account_id):
             raise LookupError(f"no account {account_id}")

@@ -189,9 +189,13 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
             raise InvalidArgument("priority must be 1 (highest) to 10, or 0 when not given")
         async with self._pool.acquire() as conn, conn.transaction():
             estimates = await _estimates(conn, [j.operation for j in request.jobs], request.size_bytes)
-            if job_ids and not await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM credit_holds WHERE job_id = $1)", job_ids[0]
-            ):
+            # A retried call (every job holds for this account already) is not counted twice.
+            held_before = await conn.fetchval(
+                "SELECT count(*) FROM credit_holds WHERE job_id = ANY($1::uuid[]) AND account_id = $2",
+                job_ids,
+                account_id,
+            )
+            if held_before < len(set(job_ids)):
                 await quotas.check(conn, account_id, request.priority, len(job_ids), self._quota_defaults)
             holds = [
                 (job_id, e.millicredits + j.extra_millicredits)

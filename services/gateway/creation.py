@@ -43,7 +43,7 @@ from hypermedia.engines.ocr import params as ocr_params
 from hypermedia.infra import db
 from hypermedia.infra.rpc import call
 from hypermedia.intake import contenttype
-from hypermedia.jobs import lifecycle, noop, presets
+from hypermedia.jobs import lifecycle, noop, presets, quotas
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.outbox import OutboxRelay
@@ -463,7 +463,8 @@ class JobCreation:
     async def _hold_and_persist(
         self, caller: Caller, request: _Request, planned: list[_PlannedJob], size_bytes: int
     ) -> ProcessResult:
-        """Price and hold the jobs' credits (:meth:`_hold`) and create them in one transaction.
+        """Price and hold the jobs' credits (:meth:`_hold`) and create them in one transaction,
+        holding the account's :func:`quotas.creation_lock` so its job quota counts exactly.
         With an Idempotency-Key, duplicates of one key wait on an advisory lock for the first to
         commit, then replay it: they must not hold credits of their own (a retrying client could
         get a 402). A hold taken before the transaction failed is released (:meth:`_release`);
@@ -471,6 +472,9 @@ class JobCreation:
         held = False
         try:
             async with self._pool.acquire() as conn, conn.transaction():
+                # The account's job-creating requests one at a time, from the quota check in
+                # EstimateAndHold to the commit of their jobs: each check counts the jobs before it.
+                await quotas.creation_lock(conn, caller.account_id)
                 if request.idempotency_key:
                     await conn.execute(
                         "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",

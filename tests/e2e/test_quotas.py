@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -125,13 +127,39 @@ def test_past_its_waiting_jobs_an_account_gets_429_until_jobs_leave_the_queue(
         assert full.json()["error_code"] == "TOO_MANY_QUEUED_JOBS"
         assert full.headers["Retry-After"] == "5"
         assert "has 2 jobs waiting and may have at most 3" in full.json()["detail"]
+        never = _process(client, obj["object_id"], ops=4)
+        assert (never.status_code, never.json()["error_code"]) == (403, "QUEUE_QUOTA_TOO_SMALL")
+        assert "Retry-After" not in never.headers
         job_id = created.json()["job_ids"][0]
         assert client.post(f"/v1/jobs/{job_id}:cancel").json()["status"] == "cancelled"
         assert _process(client, obj["object_id"], ops=2).status_code == 202
 
 
+def test_concurrent_requests_cannot_pass_the_waiting_limit_together(quota_platform: RunningPlatform) -> None:
+    account = quota_platform.admin("create-account", "--credits", "100")
+    quota_platform.admin("set-quota", account["account_id"], "--max-queued-jobs", "6")
+    with quota_platform.client(account) as client:
+        obj = upload(client, PHOTO)
+    start = threading.Barrier(16)
+
+    def one(_: int) -> httpx.Response:
+        with quota_platform.client(account) as c:
+            start.wait()
+            return _process(c, obj["object_id"], ops=2)
+
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(one, range(16)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [202] * 3 + [429] * 13, codes
+    assert {r.json()["error_code"] for r in responses if r.status_code == 429} == {"TOO_MANY_QUEUED_JOBS"}
+    accepted = sum(r.json()["estimated_credits"] for r in responses if r.status_code == 202)
+    with quota_platform.client(account) as client:
+        assert _held(client) == pytest.approx(accepted)  # the refused ones hold nothing
+
+
 def test_set_quota_refuses_what_it_cannot_set(quota_platform: RunningPlatform) -> None:
     env = {k: v for k, v in quota_platform.env.items() if k not in ("HM_DATABASE_URL", "HM_CREDITS_ADDR")}
+    env["COLUMNS"] = "300"  # typer's error box keeps each message on one line
 
     def admin(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -147,6 +175,16 @@ def test_set_quota_refuses_what_it_cannot_set(quota_platform: RunningPlatform) -
     assert unknown.returncode == 1 and "no account 00000000-0000-4000-8000-000000000000" in unknown.stderr
     nothing = admin("00000000-0000-4000-8000-000000000000")
     assert nothing.returncode == 2 and "give --interactive/--no-interactive" in nothing.stderr
+    for bad in (
+        ["--rate", "inf"],
+        ["--rate", "1e-300"],
+        ["--max-queued-jobs", "2147483648"],
+        ["--burst", "0"],
+    ):
+        refused = admin("00000000-0000-4000-8000-000000000000", *bad)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, (bad, refused.stderr)
+    both = admin("00000000-0000-4000-8000-000000000000", "--default", "--rate", "5")
+    assert both.returncode == 2 and "give no limit with it" in both.stderr
     assert admin("not-an-id", "--burst", "2").returncode == 2
     assert admin("00000000-0000-4000-8000-000000000000", "--burst", "0").returncode == 2
     account = quota_platform.admin("create-account")

@@ -130,12 +130,39 @@ async def test_the_most_waiting_jobs_counts_queued_and_retry_wait_and_the_new_on
     assert await _held(fresh_pool, tenant) == 2000
 
 
+async def test_a_request_larger_than_the_limit_itself_is_refused_for_good(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await _tenant(seed, fresh_pool, max_queued_jobs=3, rate_per_second=0.01, burst=1)
+    with pytest.raises(PermissionDenied) as never:
+        await call(credits.stub.EstimateAndHold, _request(tenant, jobs=4))
+    assert never.value.error_code == "QUEUE_QUOTA_TOO_SMALL"
+    assert never.value.details == {"limit": 3}
+    assert never.value.public_message.startswith(
+        "this request has 4 jobs and this account may have at most 3"
+    )
+    # It took no token: the one request of the bucket still goes through.
+    await credits.service.EstimateAndHold(_request(tenant, jobs=3), None)
+
+
+async def test_a_retried_call_with_a_new_job_is_checked_again(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await _tenant(seed, fresh_pool, rate_per_second=0.01, burst=1)
+    first = _request(tenant)
+    await credits.service.EstimateAndHold(first, None)
+    grown = _request(tenant)
+    grown.jobs.insert(0, first.jobs[0])  # the first job holds already, the second is new
+    with pytest.raises(RateLimited):
+        await credits.service.EstimateAndHold(grown, None)
+
+
 async def test_the_service_defaults_apply_where_the_account_sets_no_limit(
     fresh_pool: asyncpg.Pool, seed: Seeder
 ) -> None:
     service = CreditsService(fresh_pool, quotas.QuotaDefaults(max_queued_jobs=1, rate_per_second=0, burst=1))
     tenant = await seed.tenant(balance=100_000)
-    with pytest.raises(RateLimited) as full:
+    with pytest.raises(PermissionDenied) as full:
         await service.EstimateAndHold(_request(tenant, jobs=2), None)
     assert full.value.details["limit"] == 1
     for _ in range(5):  # rate 0: no rate limit
@@ -146,7 +173,7 @@ async def test_the_service_defaults_apply_where_the_account_sets_no_limit(
     async with fresh_pool.acquire() as conn:
         row = await quotas.set_quota(conn, tenant.account_id, default=True)
     assert row["max_queued_jobs"] is None
-    with pytest.raises(RateLimited):
+    with pytest.raises(PermissionDenied):
         await service.EstimateAndHold(_request(tenant, jobs=2), None)
 
 
@@ -156,9 +183,15 @@ async def test_bad_quotas_priorities_and_accounts_are_refused(
     tenant = await seed.tenant(balance=100_000)
     async with fresh_pool.acquire() as conn:
         for bad, message in (
-            ({"max_queued_jobs": -1}, "max_queued_jobs must not be negative"),
-            ({"rate_per_second": 0.0}, "rate_per_second must be above 0"),
-            ({"burst": 0}, "burst must be at least 1"),
+            ({"max_queued_jobs": -1}, "max_queued_jobs must be 0 to 10,000,000"),
+            ({"max_queued_jobs": 2**31}, "max_queued_jobs must be 0 to 10,000,000"),
+            ({"rate_per_second": 0.0}, "rate_per_second must be 0.001 to 1e"),
+            ({"rate_per_second": 1e-300}, "rate_per_second must be 0.001 to 1e"),
+            ({"rate_per_second": float("inf")}, "rate_per_second must be 0.001 to 1e"),
+            ({"rate_per_second": float("nan")}, "rate_per_second must be 0.001 to 1e"),
+            ({"burst": 0}, "burst must be 1 to 1,000,000"),
+            ({"burst": 10**7}, "burst must be 1 to 1,000,000"),
+            ({"burst": 5, "default": True}, "give no limit with it"),
         ):
             with pytest.raises(ValueError, match=message):
                 await quotas.set_quota(conn, tenant.account_id, **bad)

@@ -108,8 +108,10 @@ class CreditsServiceServicer:
         job quota (hypermedia/jobs/quotas.py): PERMISSION_DENIED with PRIORITY_NOT_ALLOWED for a
         priority 1-3 of an account without the interactive band; RESOURCE_EXHAUSTED with RATE_LIMITED
         (requests a second) or TOO_MANY_QUEUED_JOBS, their `retry_after_seconds` in the
-        hm-error-details trailer. Idempotent per job id as Hold: a call whose first job holds already
-        is not checked against the quota again.
+        hm-error-details trailer; PERMISSION_DENIED with QUEUE_QUOTA_TOO_SMALL for more jobs than the
+        account may have waiting at all. Idempotent per job id as Hold: a call whose jobs all hold
+        for the account already is not checked against the quota again. A caller that creates the
+        jobs holds quotas.creation_lock until they are committed, so the waiting count is exact.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
