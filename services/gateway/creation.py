@@ -15,11 +15,13 @@ named steps over one request, in the seed's order:
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
 import json
 import logging
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,6 +175,8 @@ class JobCreation:
         self._password_key = password_key
         self._webhook_allow_private = webhook_allow_private
         self._noop_enabled = noop_enabled
+        self._creating: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        """Per account, the lock its job-creating requests take in this process (dropped once unused)."""
 
     async def process(
         self,
@@ -464,16 +468,28 @@ class JobCreation:
         self, caller: Caller, request: _Request, planned: list[_PlannedJob], size_bytes: int
     ) -> ProcessResult:
         """Price and hold the jobs' credits (:meth:`_hold`) and create them in one transaction,
-        holding the account's :func:`quotas.creation_lock` so its job quota counts exactly.
+        one request of the account at a time (an asyncio lock per account, then
+        :func:`quotas.creation_lock`) so its job quota counts exactly.
         With an Idempotency-Key, duplicates of one key wait on an advisory lock for the first to
         commit, then replay it: they must not hold credits of their own (a retrying client could
         get a 402). A hold taken before the transaction failed is released (:meth:`_release`);
         after a commit the outbox relay is woken."""
+        # The account's job-creating requests one at a time, from the quota check in
+        # EstimateAndHold to the commit of their jobs, so each check counts the jobs before it:
+        # first in this process, holding no connection (an account's burst of requests must not
+        # tie up the pool other accounts need), then across gateway replicas in Postgres.
+        lock = self._creating.get(caller.account_id)
+        if lock is None:
+            lock = self._creating[caller.account_id] = asyncio.Lock()
+        async with lock:
+            return await self._hold_and_persist_locked(caller, request, planned, size_bytes)
+
+    async def _hold_and_persist_locked(
+        self, caller: Caller, request: _Request, planned: list[_PlannedJob], size_bytes: int
+    ) -> ProcessResult:
         held = False
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                # The account's job-creating requests one at a time, from the quota check in
-                # EstimateAndHold to the commit of their jobs: each check counts the jobs before it.
                 await quotas.creation_lock(conn, caller.account_id)
                 if request.idempotency_key:
                     await conn.execute(
