@@ -26,6 +26,21 @@ log = logging.getLogger(__name__)
 
 QueueName = Literal["images", "documents", "ocr", "media", "bulk"]
 QUEUES: tuple[QueueName, ...] = ("images", "documents", "ocr", "media", "bulk")
+RouteName = Literal[
+    "images", "documents", "ocr", "media", "bulk.images", "bulk.documents", "bulk.ocr", "bulk.media"
+]
+"""What a worker lane consumes and a job row's ``queue`` holds: an engine's queue, or the ``bulk``
+queue's lane of that engine (``bulk.images``: bulk jobs run by the image pipeline; ADR 0057)."""
+ROUTES: tuple[RouteName, ...] = (
+    "images",
+    "documents",
+    "ocr",
+    "media",
+    "bulk.images",
+    "bulk.documents",
+    "bulk.ocr",
+    "bulk.media",
+)
 
 DEPRECATED_NAMES: Final = {
     "DATABASE_URL": "HM_DATABASE_URL",

@@ -53,7 +53,17 @@ from hypermedia.sandbox import cgroups, layers
 
 log = logging.getLogger(__name__)
 
-SERVICES = ("credits", "storage", "gateway", "imageworker", "docworker", "ocrworker", "mediaworker", "reaper")
+SERVICES = (
+    "credits",
+    "storage",
+    "gateway",
+    "imageworker",
+    "docworker",
+    "ocrworker",
+    "mediaworker",
+    "bulkworker",
+    "reaper",
+)
 """Start order; stop order is the reverse."""
 OPTIONAL_SERVICES = ("scheduler",)
 """Services run only when named (``--scheduler`` or ``--services``); after :data:`SERVICES` in
@@ -100,7 +110,7 @@ def read_platform(path: Path | None = None) -> dict[str, Any]:
     return dict(json.loads(file.read_text()))
 
 
-SCALABLE = frozenset({"imageworker", "docworker", "ocrworker", "mediaworker"})
+SCALABLE = frozenset({"imageworker", "docworker", "ocrworker", "mediaworker", "bulkworker"})
 """Services that may run as several replicas on one machine (no fixed port, own work directory)."""
 UID_RANGE_PER_REPLICA = 64
 """Sandbox uids per worker process (``HM_WORKER_SLOTS`` is at most 64); every worker process of
@@ -114,6 +124,15 @@ WORKER_ENV = {
 docworker's, ocrworker's and mediaworker's slots (the seed's documents profile runs 2–4 jobs at
 once, its ocr profile 1–2, its media profile 1; ``HM_WORKER_SLOTS`` in the environment is meant for
 the imageworker)."""
+
+BULK_UNIT_QUEUES = "bulk.images=2"
+"""The lanes of ``up``'s local bulk unit, ``bulkworker`` (``HM_UP_BULK_QUEUES`` overrides them,
+e.g. ``bulk.images=2,bulk.documents=1``): it runs ``python -m hypermedia.worker.unit --queues=…``
+so that bulk jobs (regeneration and backfill, ADR 0057) run on one machine. Only the image
+engine's lane by default: each lane is a zygote of its own, and a documents lane starts
+LibreOffice listeners."""
+UNIT_ENV_REFUSED = ("HM_WORKER_QUEUE", "HM_WORKER_SLOTS")
+"""Variables a unit of ``--queues`` refuses (it exits 78): not given to the bulk unit."""
 
 
 def worker_work_dir(base: str, service: str, replica: int) -> str:
@@ -146,6 +165,8 @@ class ServiceProcess:
     log_path: Path
     pid_path: Path
     unit: bool = False
+    unit_queues: str = ""
+    """For a unit of several lanes (the bulk unit): its ``--queues`` spec; empty, a unit of ``module``'s role."""
     process: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)
     quick_deaths: int = 0
@@ -157,6 +178,8 @@ class ServiceProcess:
     """Not restarted any more: it exited for its configuration (78)."""
 
     def command(self) -> list[str]:
+        if self.unit and self.unit_queues:
+            return [sys.executable, "-m", "hypermedia.worker.unit", f"--queues={self.unit_queues}"]
         if self.unit:
             return [sys.executable, "-m", "hypermedia.worker.unit", self.module]
         return [sys.executable, "-m", f"services.{self.module}"]
@@ -399,17 +422,24 @@ class Platform:
         platform_file.write_text(json.dumps(self.info, indent=2))
         platform_file.chmod(0o600)
         (self.root / "run").mkdir(exist_ok=True)
+        bulk_queues = config.lookup(env, "HM_UP_BULK_QUEUES") or BULK_UNIT_QUEUES
         for name, _i, proc_name in replicas:
-            proc = ServiceProcess(
-                proc_name,
-                name,
+            proc_env = (
                 env
                 | worker_env.get(proc_name, {})
                 | tls.get(name, {})
-                | (scheduler_env if name == "scheduler" else {}),
+                | (scheduler_env if name == "scheduler" else {})
+            )
+            if name == "bulkworker":
+                proc_env = {k: v for k, v in proc_env.items() if k not in UNIT_ENV_REFUSED}
+            proc = ServiceProcess(
+                proc_name,
+                name,
+                proc_env,
                 self.root / "logs" / f"{proc_name}.log",
                 self.root / "run" / f"{proc_name}.pid",
                 unit=proc_name in worker_env,
+                unit_queues=bulk_queues if name == "bulkworker" else "",
             )
             proc.start()
             self.procs.append(proc)

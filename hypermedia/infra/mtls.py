@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 
 SPIFFE_PREFIX = "spiffe://hypermedia/"
 """A service's identity is the URI SAN ``spiffe://hypermedia/<identity>`` of its certificate."""
-WORKERS = frozenset({"imageworker", "docworker", "ocrworker", "mediaworker"})
+WORKERS = frozenset({"imageworker", "docworker", "ocrworker", "mediaworker", "bulkworker"})
+"""Worker identities; ``bulkworker`` is a unit of bulk lanes (ADR 0057), any engine's."""
 IDENTITIES = frozenset({"gateway", "storage", "credits", "reaper", "admin", *WORKERS})
 """Every identity the platform issues a certificate to (``admin``: the ``hypermedia admin`` CLI)."""
 CERT_VALIDITY = datetime.timedelta(days=7)

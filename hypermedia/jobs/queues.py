@@ -15,6 +15,12 @@ while nothing can have arrived above it, and sweeps from priority 1 again when t
 ``idle_wait_seconds`` (a message nak'd with a delay or redelivered after ``ACK_WAIT_SECONDS`` does
 not ring the doorbell; it is found within that bound, as an idle worker finds it).
 
+The ``bulk`` queue (seed 000's batch regeneration and backfill, priorities 7-10 only) is one
+stream with a lane per engine: a bulk job of an image operation is on
+``{prefix}.jobs.bulk.images.p{7..10}`` (consumers ``bulk-images-p{N}``), and only a worker lane
+configured for ``bulk.images`` takes it, with the image pipeline (ADR 0057). A job row's ``queue``
+is its route: ``images`` or ``bulk.images``.
+
 Streams use work-queue retention (a message is removed once acknowledged), file storage and a
 two-minute duplicate window for ``Nats-Msg-Id`` de-duplication. Postgres is the system of record;
 a message only says "job X may be ready".
@@ -36,41 +42,78 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError
 
-from hypermedia.core.config import QUEUES, InfraSettings
+from hypermedia.core.config import QUEUES, ROUTES, InfraSettings
 
 log = logging.getLogger(__name__)
 
 PRIORITIES = tuple(range(1, 11))
+BULK = "bulk"
+BULK_PRIORITIES = tuple(range(7, 11))
+"""The bands of the bulk queue: seed 000's background priorities 7-10."""
+ENGINE_QUEUES = tuple(queue for queue in QUEUES if queue != BULK)
 ACK_WAIT_SECONDS = 30.0
 """A fetched message not acknowledged within this is delivered again."""
 DUPLICATE_WINDOW_SECONDS = 120.0
 
 
-def stream_name(prefix: str, queue: str) -> str:
-    """Stream of one queue, e.g. ``HM_IMAGES``."""
-    return f"{prefix}_{queue.upper()}"
+def bulk_route(engine_queue: str) -> str:
+    """The bulk queue's lane of an engine: ``bulk_route("images")`` → ``bulk.images``. Raises
+    ValueError for a name that is not an engine's queue."""
+    if engine_queue not in ENGINE_QUEUES:
+        raise ValueError(f"no bulk lane for {engine_queue!r}: one of {', '.join(ENGINE_QUEUES)}")
+    return f"{BULK}.{engine_queue}"
 
 
-def subject(prefix: str, queue: str, priority: int) -> str:
-    """Subject of one priority band of a queue, e.g. ``hm.jobs.images.p1``."""
-    if priority not in PRIORITIES:
-        raise ValueError(f"priority must be 1..10, got {priority}")
-    return f"{prefix.lower()}.jobs.{queue}.p{priority}"
+def is_bulk(route: str) -> bool:
+    """Whether ``route`` is a lane of the bulk queue (``bulk.images``)."""
+    return route.startswith(BULK + ".")
 
 
-def doorbell_subject(prefix: str, queue: str) -> str:
-    """Core-NATS subject rung after messages were published to ``queue``."""
-    return f"{prefix.lower()}.ready.{queue}"
+def engine_of(route: str) -> str:
+    """The engine's queue of a route: ``bulk.images`` → ``images``, ``images`` → ``images``."""
+    return route.removeprefix(BULK + ".")
+
+
+def bands(route: str) -> tuple[int, ...]:
+    """The priority bands a route has consumers for: 1-10, or 7-10 for a bulk lane."""
+    return BULK_PRIORITIES if is_bulk(route) else PRIORITIES
+
+
+def _check_route(route: str) -> None:
+    if route not in ROUTES:
+        raise ValueError(f"not a queue route: {route[:40]!r} (one of {', '.join(ROUTES)})")
+
+
+def stream_name(prefix: str, route: str) -> str:
+    """Stream of one queue, e.g. ``HM_IMAGES``; every bulk lane is in ``HM_BULK``."""
+    return f"{prefix}_{route.split('.')[0].upper()}"
+
+
+def subject(prefix: str, route: str, priority: int) -> str:
+    """Subject of one priority band of a route, e.g. ``hm.jobs.images.p1``, ``hm.jobs.bulk.images.p8``.
+    Raises ValueError for an unknown route or a band the route does not have (:func:`bands`)."""
+    _check_route(route)
+    if priority not in bands(route):
+        allowed = bands(route)
+        raise ValueError(f"priority of {route} must be {allowed[0]}..{allowed[-1]}, got {priority}")
+    return f"{prefix.lower()}.jobs.{route}.p{priority}"
+
+
+def doorbell_subject(prefix: str, route: str) -> str:
+    """Core-NATS subject rung after messages were published to ``route`` (``hm.ready.bulk.images``)."""
+    return f"{prefix.lower()}.ready.{route}"
 
 
 def doorbell_for(job_subject: str) -> str:
-    """The doorbell of the queue a job subject belongs to (``hm.jobs.images.p1`` → ``hm.ready.images``)."""
-    prefix, _jobs, queue, _band = job_subject.split(".")
-    return doorbell_subject(prefix, queue)
+    """The doorbell of the route a job subject belongs to (``hm.jobs.images.p1`` →
+    ``hm.ready.images``, ``hm.jobs.bulk.images.p8`` → ``hm.ready.bulk.images``)."""
+    prefix, _jobs, *route, _band = job_subject.split(".")
+    return doorbell_subject(prefix, ".".join(route))
 
 
-def consumer_name(queue: str, priority: int) -> str:
-    return f"{queue}-p{priority}"
+def consumer_name(route: str, priority: int) -> str:
+    """The durable consumer of one band of a route: ``images-p1``, ``bulk-images-p8``."""
+    return f"{route.replace('.', '-')}-p{priority}"
 
 
 @dataclass(frozen=True)
@@ -101,7 +144,8 @@ async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
 
 
 async def ensure_streams(js: JetStreamContext, prefix: str) -> None:
-    """Create (or update) the five queue streams and their per-priority durable consumers."""
+    """Create (or update) the five queue streams and the durable consumer of every band of every
+    route (:data:`ROUTES`: 10 per engine queue, 4 per bulk lane)."""
     for queue in QUEUES:
         name = stream_name(prefix, queue)
         config = api.StreamConfig(
@@ -117,12 +161,13 @@ async def ensure_streams(js: JetStreamContext, prefix: str) -> None:
             await js.add_stream(config)
         except BadRequestError:
             await js.update_stream(config)
-        for priority in PRIORITIES:
+        bands_of_stream = [(r, p) for r in ROUTES if r.split(".")[0] == queue for p in bands(r)]
+        for route, priority in bands_of_stream:
             await js.add_consumer(
                 name,
                 api.ConsumerConfig(
-                    durable_name=consumer_name(queue, priority),
-                    filter_subject=subject(prefix, queue, priority),
+                    durable_name=consumer_name(route, priority),
+                    filter_subject=subject(prefix, route, priority),
                     ack_policy=api.AckPolicy.EXPLICIT,
                     ack_wait=ACK_WAIT_SECONDS,
                     max_ack_pending=10_000,
@@ -137,7 +182,7 @@ class PriorityFetcher:
     Args:
         nc: connected NATS client.
         prefix: stream prefix (``HM_STREAM_PREFIX``).
-        queue: queue name.
+        queue: the route (:data:`ROUTES`): a queue's name, or a bulk lane's (``bulk.images``).
         idle_wait_seconds: longest sleep between sweeps when the queue is empty.
     """
 
@@ -147,10 +192,11 @@ class PriorityFetcher:
         self._queue = queue
         self._doorbell_subject = doorbell_subject(prefix, queue)
         self._idle_wait = idle_wait_seconds
+        self._bands = bands(queue)
         self._rung = asyncio.Event()
         self._rung_since_full_sweep = True
         """Set by the doorbell: a band above :attr:`_start_band` may have messages again."""
-        self._start_band = PRIORITIES[0]
+        self._start_band = self._bands[0]
         """The band that gave the last message; the bands above it were empty at :attr:`_full_at`."""
         self._full_at = float("-inf")
         """When the last sweep from priority 1 started (``time.monotonic()``)."""
@@ -195,17 +241,17 @@ class PriorityFetcher:
         return messages
 
     async def sweep(self) -> Msg | None:
-        """One pass over priorities 1..10; the first message found, or None."""
-        found = await self._sweep_from(PRIORITIES[0], 1)
+        """One pass over the route's bands (1..10, or 7..10 for bulk); the first message found, or None."""
+        found = await self._sweep_from(self._bands[0], 1)
         return found[0] if found else None
 
     async def _sweep_from(self, first: int, batch: int) -> list[Msg]:
-        """One pass over priorities ``first``..10: up to ``batch`` messages of the first band that
+        """One pass over the bands ``first``..10: up to ``batch`` messages of the first band that
         has any (none of a lower band), remembering that band."""
-        if first == PRIORITIES[0]:
+        if first == self._bands[0]:
             self._rung_since_full_sweep = False
             self._full_at = time.monotonic()
-        for priority in range(first, PRIORITIES[-1] + 1):
+        for priority in range(first, self._bands[-1] + 1):
             found = await self._pull(priority, batch)
             if found:
                 self._start_band = priority
@@ -216,7 +262,7 @@ class PriorityFetcher:
         """Where the next sweep starts: the last message's band while no band above it can have
         received a message since they were seen empty, else priority 1 (see the module docstring)."""
         if self._rung_since_full_sweep or time.monotonic() - self._full_at >= self._idle_wait:
-            return PRIORITIES[0]
+            return self._bands[0]
         return self._start_band
 
     async def next(self, stop: asyncio.Event) -> Msg | None:
@@ -236,8 +282,8 @@ class PriorityFetcher:
             self._rung.clear()
             first = self._first_band()
             found = await self._sweep_from(first, batch)
-            if not found and first != PRIORITIES[0]:
-                found = await self._sweep_from(PRIORITIES[0], batch)
+            if not found and first != self._bands[0]:
+                found = await self._sweep_from(self._bands[0], batch)
             if found:
                 return found
             waiters = [asyncio.ensure_future(self._rung.wait()), asyncio.ensure_future(stop.wait())]

@@ -134,7 +134,8 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
 
 def queue_worker_settings(role: str, queue: str, default_slots: int) -> WorkerSettings:
     """The settings of a worker service that consumes one queue only (the docworker, the
-    ocrworker, the mediaworker): ``HM_WORKER_QUEUE`` and ``HM_WORKER_SLOTS`` default to ``queue``
+    ocrworker, the mediaworker): ``HM_WORKER_QUEUE`` (``queue`` or its bulk lane, ``bulk.{queue}``)
+    and ``HM_WORKER_SLOTS`` default to ``queue``
     and ``default_slots`` (the environment still overrides them). Pass the result to
     :func:`serve_worker`.
 
@@ -143,9 +144,9 @@ def queue_worker_settings(role: str, queue: str, default_slots: int) -> WorkerSe
             invalid.
     """
     settings = config.load(WorkerSettings, HM_WORKER_QUEUE=queue, HM_WORKER_SLOTS=default_slots)
-    if settings.queue != queue:
+    if queues.engine_of(settings.queue) != queue:
         raise config.ConfigError(
-            f"invalid configuration:\n  HM_WORKER_QUEUE: the {role} consumes {queue} only"
+            f"invalid configuration:\n  HM_WORKER_QUEUE: the {role} consumes {queue} or {queues.bulk_route(queue)} only"
         )
     return settings
 

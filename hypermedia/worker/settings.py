@@ -7,14 +7,16 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from hypermedia.core.config import ComponentSettings, QueueName
+from hypermedia.core.config import ComponentSettings, RouteName
 from hypermedia.sandbox import cgroups, layers
 
 
 class WorkerSettings(ComponentSettings):
     """A worker process of one queue."""
 
-    queue: QueueName = Field("images", validation_alias="HM_WORKER_QUEUE")
+    queue: RouteName = Field("images", validation_alias="HM_WORKER_QUEUE")
+    """The route it consumes: its role's queue (``images``), or that engine's lane of the bulk
+    queue (``bulk.images``: regeneration and backfill jobs, priorities 7-10; ADR 0057)."""
     slots: int = Field(4, ge=1, le=64, validation_alias="HM_WORKER_SLOTS")
     """Jobs run at once. The seed's profiles: images 4–8, documents 2–4, ocr 1–2, media 1."""
     deployment: str = Field("local", validation_alias="HM_DEPLOYMENT")

@@ -45,7 +45,7 @@ from hypermedia.engines.ocr import params as ocr_params
 from hypermedia.infra import db
 from hypermedia.infra.rpc import call
 from hypermedia.intake import contenttype
-from hypermedia.jobs import lifecycle, noop, presets, quotas
+from hypermedia.jobs import lifecycle, noop, presets, queues, quotas
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.outbox import OutboxRelay
@@ -54,6 +54,7 @@ from services.gateway.ids import parse_uuid
 from services.gateway.process_request import (
     OperationRequest,
     check_priority,
+    check_queue,
     check_text,
     check_webhook_url,
 )
@@ -89,6 +90,8 @@ class _Request:
     webhook_url: str | None
     idempotency_key: str | None
     request_hash: str
+    bulk: bool = False
+    """Whether the jobs go to the bulk queue's lanes (``bulk.{engine}``, ADR 0057)."""
     """SHA-256 (hex) of what makes two requests with one Idempotency-Key the same."""
 
 
@@ -186,8 +189,11 @@ class JobCreation:
         priority: int | None,
         webhook_url: str | None,
         idempotency_key: str | None = None,
+        queue: str | None = None,
     ) -> ProcessResult:
-        """Create one job per operation; returns their ids and price.
+        """Create one job per operation; returns their ids and price. With ``queue="bulk"`` each job
+        goes to the bulk queue's lane of its operation's engine (``bulk.images`` for a thumbnail;
+        priority 7-10, default 8), taken only by units configured for it (ADR 0057).
 
         Order (the seed's): object exists and is the caller's → profile per operation → estimate
         and hold credits in one call (402 before anything is stored) → job rows + outbox rows in
@@ -206,6 +212,8 @@ class JobCreation:
             params (``INVALID_PARAMS`` also for a password that is not a non-empty string of at
             most 1024 characters, or given to an operation outside :data:`PASSWORD_QUEUES`),
             priority or webhook (also a password for input that is not a PDF);
+            ``INVALID_QUEUE`` for a queue other than ``bulk``, ``INVALID_PRIORITY`` for a bulk
+            request's priority outside 7-10;
             ``PASSWORDS_NOT_ENABLED`` for a password when the gateway has no
             ``password_key``; ``OPERATION_NOT_ENABLED`` for ``noop`` unless ``noop_enabled``. UnsupportedInput: the object's type is not accepted by an
             operation. PayloadTooLarge: the object exceeds a profile's max_input_bytes.
@@ -213,7 +221,7 @@ class JobCreation:
             InvalidText (``INVALID_REQUEST``, naming the field): a string Postgres would refuse or
             above its bound (:func:`check_text`), before anything else is looked at.
         """
-        request = self._check(object_id, operations, priority, webhook_url, idempotency_key)
+        request = self._check(object_id, operations, priority, webhook_url, idempotency_key, queue)
         if request.idempotency_key:
             earlier = await self._replay(caller, request.idempotency_key, request.request_hash)
             if earlier is not None:
@@ -266,26 +274,27 @@ class JobCreation:
         priority: int | None,
         webhook_url: str | None,
         idempotency_key: str | None,
+        queue: str | None = None,
     ) -> _Request:
         """Everything that needs nothing but the request, in the order the errors are reported:
-        the object id's form, the number of operations, the strings' bounds, the priority, the
-        webhook URL, the passwords; then the request hash."""
+        the object id's form, the number of operations, the strings' bounds, the queue, the
+        priority, the webhook URL, the passwords; then the request hash (a bulk request's
+        includes the queue; any other's is as before bulk existed)."""
         object_id = parse_uuid(object_id, "object")
         if len(operations) > self._max_operations:
             raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
         check_text(operations, idempotency_key)
-        priority = check_priority(priority)
+        bulk = check_queue(queue)
+        priority = check_priority(priority, bulk=bulk)
         if webhook_url:
             check_webhook_url(webhook_url, allow_private=self._webhook_allow_private)
         operations, passwords = self._take_passwords(operations)
+        hashed = [object_id, self._hashed_operations(operations, passwords), priority, webhook_url]
         request_hash = hashlib.sha256(
-            json.dumps(
-                [object_id, self._hashed_operations(operations, passwords), priority, webhook_url],
-                sort_keys=True,
-            ).encode()
+            json.dumps([*hashed, queues.BULK] if bulk else hashed, sort_keys=True).encode()
         ).hexdigest()
         return _Request(
-            object_id, operations, passwords, priority, webhook_url, idempotency_key, request_hash
+            object_id, operations, passwords, priority, webhook_url, idempotency_key, request_hash, bulk
         )
 
     def _take_passwords(
@@ -571,7 +580,11 @@ class JobCreation:
                     request_id=request_id,
                     operation=j.operation.name,
                     profile_version=j.operation.profile["version"],
-                    queue=j.operation.profile["queue"],
+                    queue=(
+                        queues.bulk_route(j.operation.profile["queue"])
+                        if request.bulk
+                        else j.operation.profile["queue"]
+                    ),
                     params=j.operation.params,
                     priority=request.priority,
                     max_attempts=j.operation.profile["max_attempts"],

@@ -61,7 +61,7 @@ def credits_text(millicredits: int | None) -> str:
 
 def job_message(job: Job) -> jobs_pb2.Job:
     """A :class:`~services.gateway.results.Job` as a ``jobs.v1.Job`` (which has no
-    ``profile_version``, ``queue``, ``queued_at``, ``next_attempt_at`` or attempts)."""
+    ``profile_version``, ``queued_at``, ``next_attempt_at`` or attempts)."""
     message = jobs_pb2.Job(
         job_id=job.job_id,
         object_id=job.object_id,
@@ -78,6 +78,7 @@ def job_message(job: Job) -> jobs_pb2.Job:
         actual_credits=credits_text(job.actual_millicredits),
         charge_lines={name: credits_text(amount) for name, amount in job.charge_lines.items()},
         preset_name=job.preset[0] if job.preset else "",
+        queue=job.queue,
         preset_version=job.preset[1] if job.preset else 0,
         created_at=timestamp_of(job.created_at),
         started_at=timestamp_of(job.started_at),
@@ -171,6 +172,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             request.priority or None,
             request.webhook_url or None,
             request.idempotency_key or None,
+            request.queue or None,
         )
         return jobs_pb2.ProcessResponse(
             job_ids=result.job_ids, estimated_credits=credits_text(result.estimated_millicredits)

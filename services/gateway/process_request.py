@@ -18,6 +18,8 @@ from hypermedia.jobs.webhooks import literal_private_host
 
 DEFAULT_PRIORITY = 5
 """The priority of a request that gives none (1 is the highest, 10 the lowest)."""
+DEFAULT_BULK_PRIORITY = 8
+"""The priority of a bulk request that gives none (seed 000's example of a bulk regeneration)."""
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,34 @@ def parse_operations(raw: Any) -> list[OperationRequest]:
     return parsed
 
 
-def check_priority(priority: int | None) -> int:
-    """The request's priority, :data:`DEFAULT_PRIORITY` when None. Raises InvalidArgument
-    (``INVALID_PRIORITY``) for anything but an integer from 1 to 10 (a bool is not one)."""
-    priority = DEFAULT_PRIORITY if priority is None else priority
+def check_priority(priority: int | None, *, bulk: bool = False) -> int:
+    """The request's priority, :data:`DEFAULT_PRIORITY` (:data:`DEFAULT_BULK_PRIORITY` for a bulk
+    request) when None. Raises InvalidArgument (``INVALID_PRIORITY``) for anything but an integer
+    from 1 to 10 (a bool is not one), or, for a bulk request, from 7 to 10 (the bulk queue's
+    bands: :data:`hypermedia.jobs.queues.BULK_PRIORITIES`)."""
+    default = DEFAULT_BULK_PRIORITY if bulk else DEFAULT_PRIORITY
+    priority = default if priority is None else priority
     if not isinstance(priority, int) or isinstance(priority, bool) or priority not in queues.PRIORITIES:
         raise InvalidArgument("priority must be an integer from 1 (highest) to 10", "INVALID_PRIORITY")
+    if bulk and priority not in queues.BULK_PRIORITIES:
+        raise InvalidArgument(
+            "a bulk request's priority must be 7 to 10 (the bulk queue's background bands)",
+            "INVALID_PRIORITY",
+        )
     return priority
+
+
+def check_queue(queue: str | None) -> bool:
+    """Whether the request goes to the bulk queue: ``queue`` is ``"bulk"``; None or empty means
+    each operation's own queue (its profile's). Raises InvalidArgument (``INVALID_QUEUE``) for
+    anything else: the other queues are the operations' to choose, not the caller's."""
+    if queue is None or queue == "":
+        return False
+    if queue != queues.BULK:
+        raise InvalidArgument(
+            'queue must be "bulk" or left out (each operation then goes to its own queue)', "INVALID_QUEUE"
+        )
+    return True
 
 
 MAX_WEBHOOK_URL_LENGTH = 2048

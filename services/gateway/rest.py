@@ -107,8 +107,15 @@ class ProcessBody(BaseModel):
     operations: list[str | Operation | PresetOperation] = Field(
         description='Names, {name, params} or {preset}: "thumbnail", {"name": "resize", "params": {"width": 800}}, {"preset": "avatar"}'
     )
-    priority: StrictInt | None = Field(None, description="1 (highest) to 10; default 5")
+    priority: StrictInt | None = Field(
+        None, description="1 (highest) to 10; default 5 (bulk: 7-10, default 8)"
+    )
     webhook_url: str | None = None
+    queue: str | None = Field(
+        None,
+        description='"bulk": the jobs go to the bulk queue (regeneration, backfill; run by bulk units '
+        "only, priority 7-10); left out, each operation goes to its own queue",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -474,7 +481,7 @@ def build_app(
         """Create one job per operation; 402 when credits are short (nothing is queued then)."""
         ops = parse_operations([o if isinstance(o, str) else o.model_dump() for o in body.operations])
         result = await api.creation.process(
-            who, body.object_id, ops, body.priority, body.webhook_url, idempotency_key
+            who, body.object_id, ops, body.priority, body.webhook_url, idempotency_key, body.queue
         )
         return process_json(result)
 

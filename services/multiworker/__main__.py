@@ -2,7 +2,8 @@
 ``worker --queues=images,documents``; issue 19 item 4).
 
 ``HM_WORKER_QUEUES`` names the queues with their slots (``images=4,documents=2``; a queue without
-``=n`` gets its role's default). Each queue is a lane of
+``=n`` gets its role's default); an engine's lane of the bulk queue is one too
+(``bulk.images=2``: its jobs run by the image pipeline, ADR 0057). Each queue is a lane of
 :func:`hypermedia.worker.serve.serve_lanes`, built by its role's service (``services.{role}.lane``:
 the docworker's starts its office listeners): its own sandbox zygote, slots, admission and worker
 id, so a document job never waits for an image slot. Postgres, NATS, the storage and credits
@@ -51,7 +52,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         raise config.ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
     lanes: list[Lane] = []
     for plan in plans:
-        settings = config.load(WorkerSettings, HM_WORKER_QUEUE=plan.role.queue, HM_WORKER_SLOTS=plan.slots)
+        settings = config.load(WorkerSettings, HM_WORKER_QUEUE=plan.queue, HM_WORKER_SLOTS=plan.slots)
         settings = settings.model_copy(
             update={"sandbox_uid_base": settings.sandbox_uid_base + plan.uid_offset}
         )

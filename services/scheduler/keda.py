@@ -5,15 +5,16 @@ JetStream's lag (about zero while jobs run: workers ack a message when they clai
 The trigger's metadata (``ScaledObject.spec.triggers[].metadata`` of ``type: external``):
 
 ==================== ========================================================================
-``queue``            required: the queue (``images``, ``documents``, ``ocr``, ``media``, ``bulk``),
-                     or several, comma-separated, for a worker of several queues
-``slotsPerReplica``  slots of one replica (default: the role's, e.g. images 4; required for bulk)
+``queue``            required: the queue (``images``, ``documents``, ``ocr``, ``media``) or bulk lane
+                     (``bulk.images``, ...: ADR 0057), or several, comma-separated, for a worker
+                     of several queues
+``slotsPerReplica``  slots of one replica (default: the roles', e.g. images 4)
 ``utilisation``      share of a replica's slots to keep busy, 0 < u ≤ 1 (default 0.8)
 ``drainTargetSeconds`` how soon the backlog should be worked off (default 300)
 ``defaultJobSeconds`` expected seconds of a job of an operation without attempts yet (default 1)
 ==================== ========================================================================
 
-The metric ``hypermedia-slots-{queues}`` is the slots the queues need: per queue
+The metric ``hypermedia-slots-{queues}`` (a bulk lane's dot as ``-``) is the slots the queues need: per queue
 ``max(arrival_work_rate, running) + backlog_work / drainTargetSeconds`` (Little's law, as the
 scheduler's own formula, but never below the jobs running now, so a replica holding a long job is
 not counted away); its target per replica is ``slotsPerReplica × utilisation``, so the HPA asks
@@ -34,8 +35,8 @@ import grpc
 
 from hypermedia.api.keda import externalscaler_pb2 as pb
 from hypermedia.api.keda import externalscaler_pb2_grpc as pb_grpc
-from hypermedia.core.config import QUEUES
-from hypermedia.worker.unit.settings import ROLE_OF_QUEUE
+from hypermedia.core.config import ROUTES
+from hypermedia.worker.unit.settings import ROLE_OF_ROUTE
 from services.scheduler.demand import WorkEstimates, queue_demand
 from services.scheduler.formula import QueueDemand
 
@@ -56,21 +57,18 @@ class Trigger:
 
     @property
     def metric_name(self) -> str:
-        return "hypermedia-slots-" + "-".join(self.queues)
+        return "hypermedia-slots-" + "-".join(q.replace(".", "-") for q in self.queues)
 
     @classmethod
     def parse(cls, metadata: dict[str, str]) -> Trigger:
         """Raises ValueError naming the bad key."""
         queues = tuple(q.strip().lower() for q in metadata.get("queue", "").split(",") if q.strip())
-        if not queues or any(q not in QUEUES for q in queues) or len(set(queues)) != len(queues):
-            raise ValueError(f"queue: one or more of {', '.join(QUEUES)}, comma-separated")
-        slots_text = metadata.get("slotsPerReplica", "")
-        if slots_text:
+        if not queues or any(q not in ROUTES for q in queues) or len(set(queues)) != len(queues):
+            raise ValueError(f"queue: one or more of {', '.join(ROUTES)}, comma-separated")
+        if metadata.get("slotsPerReplica", ""):
             slots = _number(metadata, "slotsPerReplica", int, 1, 64)
-        elif all(q in ROLE_OF_QUEUE for q in queues):
-            slots = sum(ROLE_OF_QUEUE[q].default_slots for q in queues)
         else:
-            raise ValueError("slotsPerReplica: required for a queue without a worker role (bulk)")
+            slots = sum(ROLE_OF_ROUTE[q].default_slots for q in queues)
         return cls(
             queues,
             int(slots),

@@ -310,10 +310,39 @@ async def test_next_batch_takes_up_to_the_batch_from_the_highest_band_only(broke
 async def test_ensure_streams_is_idempotent(broker: Broker) -> None:
     await queues.ensure_streams(broker.js, broker.prefix)
 
-    for queue in ("images", "documents", "ocr", "media", "bulk"):
+    for queue in ("images", "documents", "ocr", "media"):
         info = await broker.js.stream_info(broker.stream(queue))
         assert info.config.subjects == [f"{broker.prefix.lower()}.jobs.{queue}.>"]
         assert info.state.consumer_count == len(queues.PRIORITIES)
+    bulk = await broker.js.stream_info(broker.stream("bulk"))
+    assert bulk.config.subjects == [f"{broker.prefix.lower()}.jobs.bulk.>"]
+    assert bulk.state.consumer_count == 4 * 4  # a lane per engine, bands 7-10
+    consumer = await broker.js.consumer_info(broker.stream("bulk"), "bulk-images-p8")
+    assert consumer.config.filter_subject == f"{broker.prefix.lower()}.jobs.bulk.images.p8"
+
+
+async def test_a_bulk_lane_takes_its_engines_bulk_jobs_only_in_bands_7_to_10(broker: Broker) -> None:
+    """The bulk queue's lanes (ADR 0057): a job published for ``bulk.images`` is fetched by a
+    ``bulk.images`` fetcher, not by the ``images`` one nor by ``bulk.documents``; a bulk route has
+    no band above 7."""
+    for route, job in (("bulk.images", "a"), ("images", "b")):
+        await broker.js.publish(
+            queues.subject(broker.prefix, route, 8), queues.JobMessage(job, route, 8).encode()
+        )
+    with pytest.raises(ValueError, match=r"priority of bulk\.images must be 7\.\.10"):
+        queues.subject(broker.prefix, "bulk.images", 3)
+    taken: dict[str, list[str]] = {}
+    for route in ("bulk.documents", "images", "bulk.images"):
+        fetcher = queues.PriorityFetcher(broker.nc, broker.prefix, route)
+        await fetcher.start()
+        try:
+            msg = await fetcher.sweep()
+            taken[route] = [] if msg is None else [queues.JobMessage.decode(msg.data).job_id]
+            if msg is not None:
+                await msg.ack_sync()
+        finally:
+            await fetcher.stop()
+    assert taken == {"bulk.documents": [], "images": ["b"], "bulk.images": ["a"]}
 
 
 async def test_empty_sweep_returns_none_quickly(broker: Broker) -> None:

@@ -105,7 +105,7 @@ async def test_stream_is_active_follows_the_queue(scaler: pb_grpc.ExternalScaler
     [
         ({}, "queue: one or more of"),
         ({"queue": "pictures"}, "queue: one or more of"),
-        ({"queue": "bulk"}, "slotsPerReplica: required"),
+        ({"queue": "bulk"}, "queue: one or more of"),
         ({"queue": "images", "slotsPerReplica": "x"}, "slotsPerReplica: not a number"),
         ({"queue": "images", "utilisation": "2"}, "utilisation: must be between 0.01 and 1"),
     ],

@@ -21,12 +21,28 @@ def test_each_queue_gets_its_role_its_slots_and_uids_after_the_lanes_before_it()
     assert lanes_spec(plans) == "images=4,documents=2"
 
 
+def test_a_bulk_lane_is_served_by_its_engines_role_beside_that_engines_own_queue() -> None:
+    """ADR 0057: ``bulk.images`` is a lane of the imageworker's role, apart from ``images``."""
+    plans = plan_lanes("images=2,bulk.images=1,bulk.ocr", variable="--queues", as_root=True)
+    assert [(p.queue, p.role.name, p.slots, p.uid_offset) for p in plans] == [
+        ("images", "imageworker", 2, 0),
+        ("bulk.images", "imageworker", 1, 2),
+        ("bulk.ocr", "ocrworker", 2, 3),
+    ]
+    assert lanes_spec(plans) == "images=2,bulk.images=1,bulk.ocr=2"
+
+
 @pytest.mark.parametrize(
     ("spec", "said"),
     [
         ("", "--queues: give queues as a comma list, e.g. images=4,documents=2"),
         ("images,,ocr", "--queues: give queues as a comma list"),
-        ("images,videos", "--queues: 'videos' is not one of images, documents, ocr, media"),
+        (
+            "images,videos",
+            "--queues: 'videos' is not one of images, documents, ocr, media, bulk.images, bulk.documents",
+        ),
+        ("bulk=2", "--queues: 'bulk' is not one of"),
+        ("bulk.images,bulk.images=1", "--queues: bulk.images is given twice"),
         ("images,images=2", "--queues: images is given twice"),
         ("images=0", "--queues: the slots of images must be a whole number 1-64"),
         ("images=65", "--queues: the slots of images must be a whole number 1-64"),

@@ -48,7 +48,7 @@ from hypermedia.infra.service import (
     EXIT_UNAVAILABLE,
     STARTUP_TIMEOUT_SECONDS,
 )
-from hypermedia.jobs import lifecycle
+from hypermedia.jobs import lifecycle, queues
 from hypermedia.sandbox import cgroups
 from hypermedia.sandbox.cgroupfind import Unavailable
 from hypermedia.worker import registry
@@ -173,7 +173,7 @@ class Control:
         for lane in self.cfg.lanes:
             problems += await routing.routing_problems(
                 self.pool,
-                lane.worker.queue,
+                queues.engine_of(lane.worker.queue),  # a bulk lane runs its engine's profiles
                 routing.handled_operations(lane.role.operations),
                 lane.role.name,
             )
@@ -182,7 +182,9 @@ class Control:
                 EXIT_CONFIG, "the work routed to this unit is invalid:\n  " + "\n  ".join(problems)
             )
         for lane in self.cfg.lanes:
-            job_mb, source = await evidence.job_memory_mb(self.pool, [lane.worker.queue])
+            # A bulk lane's jobs are its engine's operations: the engine's attempts count too.
+            routes = sorted({lane.worker.queue, queues.engine_of(lane.worker.queue)})
+            job_mb, source = await evidence.job_memory_mb(self.pool, routes)
             self.autoscalers[lane.worker.queue] = Autoscaler(lane.worker.slots, job_mb, source)
         opened = cgroups.open_cgroups(self.cfg.unit.cgroup, variable="HM_UNIT_CGROUP")
         if isinstance(opened, Unavailable):
@@ -465,9 +467,9 @@ class Control:
         if ex is None or ex.writer is None or not ex.ready.is_set():
             return
         sample = evidence.read(ex.group or self.measured)
-        queues = [lane.worker.queue for lane in self.cfg.lanes]
+        routes = [lane.worker.queue for lane in self.cfg.lanes]
         try:
-            backlogs = await evidence.backlogs(self.pool, queues)
+            backlogs = await evidence.backlogs(self.pool, routes)
         except Exception as exc:
             log.warning("backlog not read (%s); counted as empty this round", type(exc).__name__)
             backlogs = {}

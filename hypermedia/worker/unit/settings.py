@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from hypermedia.core import config
 from hypermedia.core.config import ComponentSettings
 from hypermedia.infra import mtls
+from hypermedia.jobs import queues
 from hypermedia.sandbox import cgroups
 from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.unit import peer
@@ -60,6 +61,10 @@ ROLES: Final = {
 
 ROLE_OF_QUEUE: Final = {role.queue: role for role in ROLES.values()}
 
+ROLE_OF_ROUTE: Final = ROLE_OF_QUEUE | {queues.bulk_route(role.queue): role for role in ROLES.values()}
+"""The role that serves each route: an engine's queue, and that engine's lane of the bulk queue
+(``bulk.images`` → the imageworker; ADR 0057)."""
+
 QUEUES_VARIABLE: Final = "HM_WORKER_QUEUES"
 """The queues of a worker of several (:mod:`services.multiworker`): ``images=4,documents=2``."""
 
@@ -72,21 +77,28 @@ MULTI_QUEUE_MODULE: Final = "services.multiworker"
 
 @dataclass(frozen=True)
 class LanePlan:
-    """One queue of a worker of several: its role, slots, and where its sandbox uids start
-    (``uid_offset`` above ``HM_SANDBOX_UID_BASE``)."""
+    """One queue of a worker of several: its role, slots, where its sandbox uids start
+    (``uid_offset`` above ``HM_SANDBOX_UID_BASE``) and the route it consumes (``images`` or
+    ``bulk.images``; the role's queue when not given)."""
 
     role: Role
     slots: int
     uid_offset: int
+    queue: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.queue:
+            object.__setattr__(self, "queue", self.role.queue)
 
 
 def plan_lanes(spec: str, *, variable: str, as_root: bool) -> tuple[LanePlan, ...]:
-    """The lanes of ``spec``, a comma list of queues each with its slots or not
-    (``images=4,documents``: the role's default slots). ``variable`` names the spec in messages
-    (``--queues`` or :data:`QUEUES_VARIABLE`).
+    """The lanes of ``spec``, a comma list of routes (:data:`ROLE_OF_ROUTE`: a queue, or an
+    engine's bulk lane such as ``bulk.images``) each with its slots or not (``images=4,documents``:
+    the role's default slots). ``variable`` names the spec in messages (``--queues`` or
+    :data:`QUEUES_VARIABLE`).
 
     Raises:
-        ValueError: an unknown or repeated queue, slots that are not 1-64, an empty list, or
+        ValueError: an unknown or repeated route, slots that are not 1-64, an empty list, or
             (``as_root``) lanes whose uids do not fit in :data:`UID_RANGE`; the message names
             ``variable``.
     """
@@ -98,16 +110,16 @@ def plan_lanes(spec: str, *, variable: str, as_root: bool) -> tuple[LanePlan, ..
     for item in items:
         queue, sep, count = item.partition("=")
         queue = queue.strip()
-        role = ROLE_OF_QUEUE.get(queue)
+        role = ROLE_OF_ROUTE.get(queue)
         if role is None:
-            raise ValueError(f"{variable}: {queue[:32]!r} is not one of {', '.join(ROLE_OF_QUEUE)}")
-        if any(plan.role is role for plan in plans):
+            raise ValueError(f"{variable}: {queue[:32]!r} is not one of {', '.join(ROLE_OF_ROUTE)}")
+        if any(plan.queue == queue for plan in plans):
             raise ValueError(f"{variable}: {queue} is given twice")
         count = count.strip()
         if sep and not (count.isascii() and count.isdigit() and len(count) <= 2 and 1 <= int(count) <= 64):
             raise ValueError(f"{variable}: the slots of {queue} must be a whole number 1-64")
         slots = int(count) if sep else role.default_slots
-        plans.append(LanePlan(role, slots, offset))
+        plans.append(LanePlan(role, slots, offset, queue))
         offset += slots * role.uids_per_slot
     if as_root and offset > UID_RANGE:
         raise ValueError(
@@ -125,7 +137,7 @@ def is_set(environ: dict[str, str], name: str) -> bool:
 
 def lanes_spec(plans: tuple[LanePlan, ...]) -> str:
     """The :data:`QUEUES_VARIABLE` value of ``plans``, every slot count given."""
-    return ",".join(f"{plan.role.queue}={plan.slots}" for plan in plans)
+    return ",".join(f"{plan.queue}={plan.slots}" for plan in plans)
 
 
 REFUSED: Final = {
@@ -238,7 +250,9 @@ def validate(
         f"{name}: must not be set: {why}" for name, why in REFUSED.items() if config.lookup(env, name)
     ]
     plans: tuple[LanePlan, ...] = ()
-    roles: list[tuple[Role, int | None]] = []
+    roles: list[tuple[Role, int | None, str | None]] = []
+    """Per lane: its role, its slots from --queues and its route from --queues (None: the
+    environment's, else the role's)."""
     if (role_name is None) == (queues_option is None):
         problems.append("give a role or --queues, not both and not neither")
     elif queues_option is not None:
@@ -246,7 +260,7 @@ def validate(
             plans = plan_lanes(queues_option, variable="--queues", as_root=os.geteuid() == 0)
         except ValueError as exc:
             problems.append(str(exc))
-        roles = [(plan.role, plan.slots) for plan in plans]
+        roles = [(plan.role, plan.slots, plan.queue) for plan in plans]
         problems.extend(
             f"{name}: must not be set with --queues: give the queues and their slots there"
             for name in ("HM_WORKER_QUEUE", "HM_WORKER_SLOTS")
@@ -255,19 +269,22 @@ def validate(
     elif (role := ROLES.get(role_name or "")) is None:
         problems.append(f"role: {role_name!r} is not one of {', '.join(sorted(ROLES))}")
     else:
-        roles = [(role, None)]
+        roles = [(role, None, None)]
     loaded: dict[str, object] = {}
 
-    def worker_loader(role: Role, slots: int | None):  # type: ignore[no-untyped-def]
+    def worker_loader(role: Role, slots: int | None, route: str | None):  # type: ignore[no-untyped-def]
         return lambda: config.load(
-            WorkerSettings, HM_WORKER_QUEUE=role.queue, HM_WORKER_SLOTS=slots or role.default_slots
+            WorkerSettings, HM_WORKER_QUEUE=route or role.queue, HM_WORKER_SLOTS=slots or role.default_slots
         )
 
     for key, load in (
         ("unit", lambda: config.load(UnitSettings)),
         ("infra", lambda: config.load(config.InfraSettings)),
-        *((f"worker:{role.queue}", worker_loader(role, slots)) for role, slots in roles),
-        *((path, _settings_loader(path)) for role, _ in roles for path in role.settings),
+        *(
+            (f"worker:{route or role.queue}", worker_loader(role, slots, route))
+            for role, slots, route in roles
+        ),
+        *((path, _settings_loader(path)) for role, _, _ in roles for path in role.settings),
         ("tls", mtls.from_environment),
     ):
         if key in loaded:
@@ -283,11 +300,14 @@ def validate(
         except (ValueError, OSError) as exc:
             problems.append(str(exc))
     lanes = []
-    for role, _ in roles:
-        worker = loaded.get(f"worker:{role.queue}")
+    for role, _, route in roles:
+        worker = loaded.get(f"worker:{route or role.queue}")
         if isinstance(worker, WorkerSettings):
-            if worker.queue != role.queue:
-                problems.append(f"HM_WORKER_QUEUE: the {role.name} consumes {role.queue} only")
+            if queues.engine_of(worker.queue) != role.queue:
+                problems.append(
+                    f"HM_WORKER_QUEUE: the {role.name} consumes {role.queue} or "
+                    f"{queues.bulk_route(role.queue)} only"
+                )
             lanes.append(LaneConfig(role, worker))
     unit = loaded.get("unit")
     unit_name = ""
@@ -297,7 +317,7 @@ def validate(
         if unit_option is not None and unit.unit and unit.unit != unit_option:
             problems.append("HM_UNIT_NAME: differs from --unit; give one, or the same in both")
         # The queues in a fixed order: --queues=documents,images is the same unit (and lease).
-        ordered = [queue for queue in ROLE_OF_QUEUE if any(p.role.queue == queue for p in plans)]
+        ordered = [route.replace(".", "-") for route in ROLE_OF_ROUTE if any(p.queue == route for p in plans)]
         default = "-".join(["worker", *ordered]) if plans else (roles[0][0].name if roles else "")
         unit_name = unit_option or unit.unit or default
     if problems:

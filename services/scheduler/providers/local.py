@@ -113,14 +113,14 @@ class LocalProvider:
         return ticks is not None and start_ticks(pid) == ticks  # None: it was gone at launch
 
     def _command(self, pool: Pool) -> tuple[list[str], dict[str, str], str]:
-        from hypermedia.worker.unit.settings import ROLE_OF_QUEUE  # the roles' table, not a worker import
+        from hypermedia.worker.unit.settings import ROLE_OF_ROUTE  # the roles' table, not a worker import
 
         if len(pool.queues) == 1:
-            role = ROLE_OF_QUEUE[pool.queues[0]].name
+            role = ROLE_OF_ROUTE[pool.queues[0]].name
             env = {"HM_WORKER_QUEUE": pool.queues[0], "HM_WORKER_SLOTS": str(pool.slots_per_worker)}
             return [sys.executable, "-m", f"services.{role}"], env, role
         env = {"HM_WORKER_QUEUES": ",".join(f"{q}={pool.slots_per_worker}" for q in pool.queues)}
-        return [sys.executable, "-m", "services.multiworker"], env, ROLE_OF_QUEUE[pool.queues[0]].name
+        return [sys.executable, "-m", "services.multiworker"], env, ROLE_OF_ROUTE[pool.queues[0]].name
 
     async def launch(self, pool: Pool, burst_worker_id: str) -> str:
         """Starts the worker process (see the module docstring); returns its pid. Raises

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhypermedia/jobs/v1/jobs.proto\x12\x12hypermedia.jobs.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"8\n\x13UploadObjectRequest\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\"\xcd\x01\n\x14UploadObjectResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x10\n\x08\x66ilename\x18\x06 \x01(\t\x12\x19\n\x11\x63laimed_mime_type\x18\x07 \x01(\t\x12\x16\n\x0ename_mime_type\x18\x08 \x01(\t\x12\x15\n\rtype_mismatch\x18\t \x01(\x08\"R\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06preset\x18\x03 \x01(\t\"(\n\x13\x44\x65leteObjectRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\"l\n\x14\x44\x65leteObjectResponse\x12\x12\n\nused_bytes\x18\x01 \x01(\x03\x12\x13\n\x0blimit_bytes\x18\x02 \x01(\x03\x12\x14\n\x0cused_objects\x18\x03 \x01(\x03\x12\x15\n\rlimit_objects\x18\x04 \x01(\x03\"\x96\x01\n\x0eProcessRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x31\n\noperations\x18\x02 \x03(\x0b\x32\x1d.hypermedia.jobs.v1.Operation\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x13\n\x0bwebhook_url\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\"=\n\x0fProcessResponse\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x19\n\x11\x65stimated_credits\x18\x02 \x01(\t\"\x8c\x01\n\tJobOutput\x12\x13\n\x0boutput_type\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x0b\n\x03url\x18\x05 \x01(\t\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xaa\x05\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\'\n\x06params\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x06status\x18\x05 \x01(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x15\n\rattempt_count\x18\x07 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12\x12\n\nerror_code\x18\t \x01(\t\x12\x15\n\rerror_message\x18\n \x01(\t\x12\x19\n\x11\x65stimated_credits\x18\x0b \x01(\t\x12\x16\n\x0e\x61\x63tual_credits\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x07outputs\x18\x10 \x03(\x0b\x32\x1d.hypermedia.jobs.v1.JobOutput\x12\x15\n\rlost_attempts\x18\x11 \x01(\x05\x12>\n\x0c\x63harge_lines\x18\x12 \x03(\x0b\x32(.hypermedia.jobs.v1.Job.ChargeLinesEntry\x12\x13\n\x0bpreset_name\x18\x13 \x01(\t\x12\x16\n\x0epreset_version\x18\x14 \x01(\x05\x1a\x32\n\x10\x43hargeLinesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x0eGetJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.hypermedia.jobs.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x11\x43\x61ncelJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.hypermedia.jobs.v1.Job\"\x13\n\x11GetBalanceRequest\"3\n\x12GetBalanceResponse\x12\x0f\n\x07\x62\x61lance\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\t\"9\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x02 \x01(\x03\"\xdc\x01\n\x10WatchJobResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12-\n\x06status\x18\x04 \x01(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\'\n\x06\x64\x65tail\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x19\n\x17ListOcrLanguagesRequest\"-\n\x18ListOcrLanguagesResponse\x12\x11\n\tlanguages\x18\x01 \x03(\t*\x90\x02\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATUS_CREATED\x10\x01\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x02\x12\x16\n\x12JOB_STATUS_CLAIMED\x10\x03\x12\x19\n\x15JOB_STATUS_PROCESSING\x10\x04\x12\x18\n\x14JOB_STATUS_COMPLETED\x10\x05\x12\x19\n\x15JOB_STATUS_RETRY_WAIT\x10\x06\x12\x15\n\x11JOB_STATUS_FAILED\x10\x07\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x08\x12\x1f\n\x1bJOB_STATUS_CANCEL_REQUESTED\x10\t2\xf6\x05\n\nJobService\x12\x61\n\x0cUploadObject\x12\'.hypermedia.jobs.v1.UploadObjectRequest\x1a(.hypermedia.jobs.v1.UploadObjectResponse\x12\x61\n\x0c\x44\x65leteObject\x12\'.hypermedia.jobs.v1.DeleteObjectRequest\x1a(.hypermedia.jobs.v1.DeleteObjectResponse\x12R\n\x07Process\x12\".hypermedia.jobs.v1.ProcessRequest\x1a#.hypermedia.jobs.v1.ProcessResponse\x12O\n\x06GetJob\x12!.hypermedia.jobs.v1.GetJobRequest\x1a\".hypermedia.jobs.v1.GetJobResponse\x12X\n\tCancelJob\x12$.hypermedia.jobs.v1.CancelJobRequest\x1a%.hypermedia.jobs.v1.CancelJobResponse\x12[\n\nGetBalance\x12%.hypermedia.jobs.v1.GetBalanceRequest\x1a&.hypermedia.jobs.v1.GetBalanceResponse\x12W\n\x08WatchJob\x12#.hypermedia.jobs.v1.WatchJobRequest\x1a$.hypermedia.jobs.v1.WatchJobResponse0\x01\x12m\n\x10ListOcrLanguages\x12+.hypermedia.jobs.v1.ListOcrLanguagesRequest\x1a,.hypermedia.jobs.v1.ListOcrLanguagesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhypermedia/jobs/v1/jobs.proto\x12\x12hypermedia.jobs.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"8\n\x13UploadObjectRequest\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\"\xcd\x01\n\x14UploadObjectResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x10\n\x08\x66ilename\x18\x06 \x01(\t\x12\x19\n\x11\x63laimed_mime_type\x18\x07 \x01(\t\x12\x16\n\x0ename_mime_type\x18\x08 \x01(\t\x12\x15\n\rtype_mismatch\x18\t \x01(\x08\"R\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06preset\x18\x03 \x01(\t\"(\n\x13\x44\x65leteObjectRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\"l\n\x14\x44\x65leteObjectResponse\x12\x12\n\nused_bytes\x18\x01 \x01(\x03\x12\x13\n\x0blimit_bytes\x18\x02 \x01(\x03\x12\x14\n\x0cused_objects\x18\x03 \x01(\x03\x12\x15\n\rlimit_objects\x18\x04 \x01(\x03\"\xa5\x01\n\x0eProcessRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x31\n\noperations\x18\x02 \x03(\x0b\x32\x1d.hypermedia.jobs.v1.Operation\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x13\n\x0bwebhook_url\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\r\n\x05queue\x18\x06 \x01(\t\"=\n\x0fProcessResponse\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x19\n\x11\x65stimated_credits\x18\x02 \x01(\t\"\x8c\x01\n\tJobOutput\x12\x13\n\x0boutput_type\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x0b\n\x03url\x18\x05 \x01(\t\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xb9\x05\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\'\n\x06params\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x06status\x18\x05 \x01(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x15\n\rattempt_count\x18\x07 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12\x12\n\nerror_code\x18\t \x01(\t\x12\x15\n\rerror_message\x18\n \x01(\t\x12\x19\n\x11\x65stimated_credits\x18\x0b \x01(\t\x12\x16\n\x0e\x61\x63tual_credits\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x07outputs\x18\x10 \x03(\x0b\x32\x1d.hypermedia.jobs.v1.JobOutput\x12\x15\n\rlost_attempts\x18\x11 \x01(\x05\x12>\n\x0c\x63harge_lines\x18\x12 \x03(\x0b\x32(.hypermedia.jobs.v1.Job.ChargeLinesEntry\x12\x13\n\x0bpreset_name\x18\x13 \x01(\t\x12\x16\n\x0epreset_version\x18\x14 \x01(\x05\x12\r\n\x05queue\x18\x15 \x01(\t\x1a\x32\n\x10\x43hargeLinesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x0eGetJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.hypermedia.jobs.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x11\x43\x61ncelJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.hypermedia.jobs.v1.Job\"\x13\n\x11GetBalanceRequest\"3\n\x12GetBalanceResponse\x12\x0f\n\x07\x62\x61lance\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\t\"9\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x02 \x01(\x03\"\xdc\x01\n\x10WatchJobResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12-\n\x06status\x18\x04 \x01(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\'\n\x06\x64\x65tail\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x19\n\x17ListOcrLanguagesRequest\"-\n\x18ListOcrLanguagesResponse\x12\x11\n\tlanguages\x18\x01 \x03(\t*\x90\x02\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATUS_CREATED\x10\x01\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x02\x12\x16\n\x12JOB_STATUS_CLAIMED\x10\x03\x12\x19\n\x15JOB_STATUS_PROCESSING\x10\x04\x12\x18\n\x14JOB_STATUS_COMPLETED\x10\x05\x12\x19\n\x15JOB_STATUS_RETRY_WAIT\x10\x06\x12\x15\n\x11JOB_STATUS_FAILED\x10\x07\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x08\x12\x1f\n\x1bJOB_STATUS_CANCEL_REQUESTED\x10\t2\xf6\x05\n\nJobService\x12\x61\n\x0cUploadObject\x12\'.hypermedia.jobs.v1.UploadObjectRequest\x1a(.hypermedia.jobs.v1.UploadObjectResponse\x12\x61\n\x0c\x44\x65leteObject\x12\'.hypermedia.jobs.v1.DeleteObjectRequest\x1a(.hypermedia.jobs.v1.DeleteObjectResponse\x12R\n\x07Process\x12\".hypermedia.jobs.v1.ProcessRequest\x1a#.hypermedia.jobs.v1.ProcessResponse\x12O\n\x06GetJob\x12!.hypermedia.jobs.v1.GetJobRequest\x1a\".hypermedia.jobs.v1.GetJobResponse\x12X\n\tCancelJob\x12$.hypermedia.jobs.v1.CancelJobRequest\x1a%.hypermedia.jobs.v1.CancelJobResponse\x12[\n\nGetBalance\x12%.hypermedia.jobs.v1.GetBalanceRequest\x1a&.hypermedia.jobs.v1.GetBalanceResponse\x12W\n\x08WatchJob\x12#.hypermedia.jobs.v1.WatchJobRequest\x1a$.hypermedia.jobs.v1.WatchJobResponse0\x01\x12m\n\x10ListOcrLanguages\x12+.hypermedia.jobs.v1.ListOcrLanguagesRequest\x1a,.hypermedia.jobs.v1.ListOcrLanguagesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOB_CHARGELINESENTRY']._loaded_options = None
   _globals['_JOB_CHARGELINESENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATUS']._serialized_start=2277
-  _globals['_JOBSTATUS']._serialized_end=2549
+  _globals['_JOBSTATUS']._serialized_start=2307
+  _globals['_JOBSTATUS']._serialized_end=2579
   _globals['_UPLOADOBJECTREQUEST']._serialized_start=116
   _globals['_UPLOADOBJECTREQUEST']._serialized_end=172
   _globals['_UPLOADOBJECTRESPONSE']._serialized_start=175
@@ -48,35 +48,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEOBJECTRESPONSE']._serialized_start=508
   _globals['_DELETEOBJECTRESPONSE']._serialized_end=616
   _globals['_PROCESSREQUEST']._serialized_start=619
-  _globals['_PROCESSREQUEST']._serialized_end=769
-  _globals['_PROCESSRESPONSE']._serialized_start=771
-  _globals['_PROCESSRESPONSE']._serialized_end=832
-  _globals['_JOBOUTPUT']._serialized_start=835
-  _globals['_JOBOUTPUT']._serialized_end=975
-  _globals['_JOB']._serialized_start=978
-  _globals['_JOB']._serialized_end=1660
-  _globals['_JOB_CHARGELINESENTRY']._serialized_start=1610
-  _globals['_JOB_CHARGELINESENTRY']._serialized_end=1660
-  _globals['_GETJOBREQUEST']._serialized_start=1662
-  _globals['_GETJOBREQUEST']._serialized_end=1693
-  _globals['_GETJOBRESPONSE']._serialized_start=1695
-  _globals['_GETJOBRESPONSE']._serialized_end=1749
-  _globals['_CANCELJOBREQUEST']._serialized_start=1751
-  _globals['_CANCELJOBREQUEST']._serialized_end=1785
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1787
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1844
-  _globals['_GETBALANCEREQUEST']._serialized_start=1846
-  _globals['_GETBALANCEREQUEST']._serialized_end=1865
-  _globals['_GETBALANCERESPONSE']._serialized_start=1867
-  _globals['_GETBALANCERESPONSE']._serialized_end=1918
-  _globals['_WATCHJOBREQUEST']._serialized_start=1920
-  _globals['_WATCHJOBREQUEST']._serialized_end=1977
-  _globals['_WATCHJOBRESPONSE']._serialized_start=1980
-  _globals['_WATCHJOBRESPONSE']._serialized_end=2200
-  _globals['_LISTOCRLANGUAGESREQUEST']._serialized_start=2202
-  _globals['_LISTOCRLANGUAGESREQUEST']._serialized_end=2227
-  _globals['_LISTOCRLANGUAGESRESPONSE']._serialized_start=2229
-  _globals['_LISTOCRLANGUAGESRESPONSE']._serialized_end=2274
-  _globals['_JOBSERVICE']._serialized_start=2552
-  _globals['_JOBSERVICE']._serialized_end=3310
+  _globals['_PROCESSREQUEST']._serialized_end=784
+  _globals['_PROCESSRESPONSE']._serialized_start=786
+  _globals['_PROCESSRESPONSE']._serialized_end=847
+  _globals['_JOBOUTPUT']._serialized_start=850
+  _globals['_JOBOUTPUT']._serialized_end=990
+  _globals['_JOB']._serialized_start=993
+  _globals['_JOB']._serialized_end=1690
+  _globals['_JOB_CHARGELINESENTRY']._serialized_start=1640
+  _globals['_JOB_CHARGELINESENTRY']._serialized_end=1690
+  _globals['_GETJOBREQUEST']._serialized_start=1692
+  _globals['_GETJOBREQUEST']._serialized_end=1723
+  _globals['_GETJOBRESPONSE']._serialized_start=1725
+  _globals['_GETJOBRESPONSE']._serialized_end=1779
+  _globals['_CANCELJOBREQUEST']._serialized_start=1781
+  _globals['_CANCELJOBREQUEST']._serialized_end=1815
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1817
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1874
+  _globals['_GETBALANCEREQUEST']._serialized_start=1876
+  _globals['_GETBALANCEREQUEST']._serialized_end=1895
+  _globals['_GETBALANCERESPONSE']._serialized_start=1897
+  _globals['_GETBALANCERESPONSE']._serialized_end=1948
+  _globals['_WATCHJOBREQUEST']._serialized_start=1950
+  _globals['_WATCHJOBREQUEST']._serialized_end=2007
+  _globals['_WATCHJOBRESPONSE']._serialized_start=2010
+  _globals['_WATCHJOBRESPONSE']._serialized_end=2230
+  _globals['_LISTOCRLANGUAGESREQUEST']._serialized_start=2232
+  _globals['_LISTOCRLANGUAGESREQUEST']._serialized_end=2257
+  _globals['_LISTOCRLANGUAGESRESPONSE']._serialized_start=2259
+  _globals['_LISTOCRLANGUAGESRESPONSE']._serialized_end=2304
+  _globals['_JOBSERVICE']._serialized_start=2582
+  _globals['_JOBSERVICE']._serialized_end=3340
 # @@protoc_insertion_point(module_scope)

@@ -211,12 +211,18 @@ class ProcessRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     WEBHOOK_URL_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     object_id: _builtins.str
     priority: _builtins.int
     """1 (highest) to 10; 0 means the default, 5."""
     webhook_url: _builtins.str
     idempotency_key: _builtins.str
     """Same key and same request: the same job ids again."""
+    queue: _builtins.str
+    """"bulk": every job goes to the bulk queue's lane of its operation's engine (regeneration and
+    backfill, run only by units configured for bulk; priority 7-10, 0 means 8). Empty: each
+    operation goes to its own queue. Anything else is INVALID_ARGUMENT (INVALID_QUEUE).
+    """
     @_builtins.property
     def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Operation]: ...
     def __init__(
@@ -227,10 +233,11 @@ class ProcessRequest(_message.Message):
         priority: _builtins.int = ...,
         webhook_url: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "object_id", b"object_id", "operations", b"operations", "priority", b"priority", "webhook_url", b"webhook_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "object_id", b"object_id", "operations", b"operations", "priority", b"priority", "queue", b"queue", "webhook_url", b"webhook_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -341,6 +348,7 @@ class Job(_message.Message):
     CHARGE_LINES_FIELD_NUMBER: _builtins.int
     PRESET_NAME_FIELD_NUMBER: _builtins.int
     PRESET_VERSION_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     object_id: _builtins.str
     operation: _builtins.str
@@ -363,6 +371,10 @@ class Job(_message.Message):
     named operation.
     """
     preset_version: _builtins.int
+    queue: _builtins.str
+    """Where it waits or waited: its operation's queue ("images"), or that engine's lane of the bulk
+    queue ("bulk.images") for a request with queue "bulk".
+    """
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -402,10 +414,11 @@ class Job(_message.Message):
         charge_lines: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         preset_name: _builtins.str = ...,
         preset_version: _builtins.int = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "params", b"params", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "charge_lines", b"charge_lines", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "preset_name", b"preset_name", "preset_version", b"preset_version", "priority", b"priority", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "charge_lines", b"charge_lines", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "preset_name", b"preset_name", "preset_version", b"preset_version", "priority", b"priority", "queue", b"queue", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
