@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -462,6 +463,83 @@ def outdated_cmd(
         print(f"hypermedia admin outdated: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     print(json.dumps(scaling.jsonable({"outputs": rows})))
+
+
+@admin.command("backfills")
+def backfills_cmd(
+    account: Annotated[str | None, typer.Option(help="only this account's runs")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="runs to list")] = 50,
+) -> None:
+    """Backfill runs, newest first, with their progress, as JSON {"runs": [...]} (every account's
+    unless --account)."""
+    from hypermedia.jobs.backfill import runs
+
+    logging.basicConfig(level=logging.WARNING)
+    if account is not None:
+        _account_id(account)
+    try:
+        found = asyncio.run(_with_conn(lambda conn: runs.list_runs(conn, account, limit)))
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"hypermedia admin backfills: {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(json.dumps(scaling.jsonable({"runs": [dataclasses.asdict(r) for r in found]})))
+
+
+BACKFILL_ACTIONS = ("show", "pause", "resume", "cancel", "replay")
+
+
+@admin.command("backfill")
+def backfill_cmd(
+    action: Annotated[str, typer.Argument(help="show, pause, resume, cancel or replay")],
+    run_id: Annotated[str, typer.Argument(help="the run's id (admin backfills lists them)")],
+) -> None:
+    """Show a backfill run of any account, or pause, resume or cancel it, or replay its failures,
+    as the account's own API would (a cancel also cancels its jobs that have not started; the
+    reaper then releases their holds). Prints the run as JSON; exit 1 with the reason when the
+    run is not found or not in a state the action applies to."""
+    from hypermedia.core.errors import DomainError
+    from hypermedia.jobs import lifecycle
+    from hypermedia.jobs.backfill import runs
+
+    logging.basicConfig(level=logging.WARNING)
+    if action not in BACKFILL_ACTIONS:
+        raise typer.BadParameter(f"{action!r}: give one of {', '.join(BACKFILL_ACTIONS)}")
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        raise typer.BadParameter(f"{run_id!r} is not a run id") from None
+
+    async def act(conn: Any) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if action == "replay":
+            extra["replayed"] = await runs.replay_failures(conn, run_id)
+        elif action != "show":
+            await runs.transition(conn, run_id, action)
+        run = await runs.get(conn, run_id)
+        if action == "cancel":
+            cancelled = 0
+            for job_id in await runs.waiting_jobs(conn, run_id):
+                cancelled += await lifecycle.cancel_if_waiting(conn, job_id, run.account_id)
+            extra["jobs_cancelled"] = cancelled
+            run = await runs.get(conn, run_id)
+        return dataclasses.asdict(run) | extra
+
+    try:
+        shown = asyncio.run(_with_conn(act))
+    except DomainError as exc:
+        print(f"hypermedia admin backfill: {exc.error_code}: {exc.public_message}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"hypermedia admin backfill: {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(json.dumps(scaling.jsonable(shown)))
+
+
+def _account_id(account: str) -> None:
+    try:
+        uuid.UUID(account)
+    except ValueError:
+        raise typer.BadParameter(f"{account!r} is not an account id") from None
 
 
 if __name__ == "__main__":

@@ -85,11 +85,18 @@ async def creation_lock(conn: db.Connection, account_id: str) -> None:
 
 
 async def check(
-    conn: db.Connection, account_id: uuid.UUID, priority: int, new_jobs: int, defaults: QuotaDefaults
+    conn: db.Connection,
+    account_id: uuid.UUID,
+    priority: int,
+    new_jobs: int,
+    defaults: QuotaDefaults,
+    *,
+    take_token: bool = True,
 ) -> None:
     """In the caller's transaction: lock the account's quota row (made at its first request),
     apply the three rules of the module docstring to a request of ``new_jobs`` jobs at
-    ``priority`` (0: not given, no band check) and take its token.
+    ``priority`` (0: not given, no band check) and take its token. Without ``take_token`` (a
+    backfill run's jobs, which the run paces at its own rate) rule 2 is skipped.
 
     Raises:
         NotFound: ``ACCOUNT_NOT_FOUND``, no such account.
@@ -115,7 +122,7 @@ async def check(
             "QUEUE_QUOTA_TOO_SMALL",
             {"limit": quota.max_queued_jobs},
         )
-    if quota.rate_per_second > 0:
+    if take_token and quota.rate_per_second > 0:
         tokens = _refilled(row["tokens"], row["refilled_at"], row["now"], quota)
         if tokens < 1:
             wait = max(1, math.ceil((1 - tokens) / quota.rate_per_second))

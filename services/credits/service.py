@@ -24,6 +24,7 @@ from hypermedia.core import pgtext
 from hypermedia.core.errors import InsufficientCredits, InvalidArgument, NotFound
 from hypermedia.infra import db
 from hypermedia.jobs import quotas
+from hypermedia.jobs.pricing import price
 
 LINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 """A charge line's name (``ocr_escalation``)."""
@@ -34,11 +35,6 @@ DEFAULT_HOLDS_PAGE = 500
 MAX_HOLDS_PAGE = 1000
 """Largest ListHolds page."""
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-
-
-def price(base_cost: int, per_mb: int, size_bytes: int) -> int:
-    """Millicredits for one operation on ``size_bytes`` of input."""
-    return base_cost + math.ceil(per_mb * size_bytes / (1024 * 1024))
 
 
 def _uuid(value: str, what: str) -> uuid.UUID:
@@ -196,7 +192,14 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 account_id,
             )
             if held_before < len(set(job_ids)):
-                await quotas.check(conn, account_id, request.priority, len(job_ids), self._quota_defaults)
+                await quotas.check(
+                    conn,
+                    account_id,
+                    request.priority,
+                    len(job_ids),
+                    self._quota_defaults,
+                    take_token=not request.paced,
+                )
             holds = [
                 (job_id, e.millicredits + j.extra_millicredits)
                 for job_id, e, j in zip(job_ids, estimates, request.jobs, strict=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from contextlib import AsyncExitStack
 from functools import partial
 
 import httpx
 
-from hypermedia.api.jobs.v1 import jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import backfill_pb2_grpc, jobs_pb2_grpc
 from hypermedia.api.scheduler.v1 import scheduler_pb2_grpc
 from hypermedia.core import config
 from hypermedia.infra import mtls, rpc
@@ -24,8 +26,10 @@ from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.events import JobEventHub
 from hypermedia.jobs.outbox import OutboxRelay
 from hypermedia.jobs.settlement import Settlement
-from services.gateway import operators_api
+from services.gateway import backfills_grpc, operators_api
 from services.gateway.accounts import Accounts
+from services.gateway.backfill_runner import BackfillRunner
+from services.gateway.backfills import Backfills
 from services.gateway.cancellation import JobCancellation
 from services.gateway.creation import JobCreation
 from services.gateway.grpc_api import JobService
@@ -94,6 +98,22 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         webhook_allow_private=settings.webhook_allow_private,
         noop_enabled=settings.noop_operation,
     )
+    backfills = Backfills(pool, creation, peers.credits, settlement)
+    runner = BackfillRunner(
+        pool,
+        creation,
+        settlement,
+        owner=f"gateway/{socket.gethostname()}/{os.getpid()}",
+        brake_targets=settings.brake_targets,
+    )
+    runner_stop = asyncio.Event()
+    runner_task = asyncio.create_task(runner.run(runner_stop, settings.backfill_poll_seconds))
+
+    async def stop_runner() -> None:
+        runner_stop.set()
+        await runner_task
+
+    stack.push_async_callback(stop_runner)
     api = UseCases(
         uploads=Uploads(peers.storage, http, max_upload_bytes=settings.max_upload_bytes, scanner=scanner),
         creation=creation,
@@ -102,6 +122,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         accounts=Accounts(pool, peers.credits),
         operators=SchedulerAdmin(pool),
         presets=Presets(pool, creation),
+        backfills=backfills,
     )
     resolver = OutputResolver(
         pool, peers.storage, http, LinkSigner.from_secret(secret_key) if secret_key else None
@@ -125,11 +146,15 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         [
             (jobs_pb2_grpc.add_JobServiceServicer_to_server, JobService(api, authenticate)),
             (
+                backfill_pb2_grpc.add_BackfillServiceServicer_to_server,
+                backfills_grpc.BackfillService(api.backfills, authenticate),
+            ),
+            (
                 scheduler_pb2_grpc.add_SchedulerAdminServiceServicer_to_server,
                 operators_api.SchedulerAdminService(api.operators, authenticate),
             ),
         ],
-        ["hypermedia.jobs.v1.JobService", operators_api.SERVICE_NAME],
+        ["hypermedia.jobs.v1.JobService", backfills_grpc.SERVICE_NAME, operators_api.SERVICE_NAME],
     )
     await grpc_server.start()
     stack.push_async_callback(grpc_server.stop)

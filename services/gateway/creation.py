@@ -190,6 +190,8 @@ class JobCreation:
         webhook_url: str | None,
         idempotency_key: str | None = None,
         queue: str | None = None,
+        *,
+        paced: bool = False,
     ) -> ProcessResult:
         """Create one job per operation; returns their ids and price. With ``queue="bulk"`` each job
         goes to the bulk queue's lane of its operation's engine (``bulk.images`` for a thumbnail;
@@ -220,6 +222,9 @@ class JobCreation:
             InsufficientCredits: the hold failed. Conflict: Idempotency-Key reused with another body.
             InvalidText (``INVALID_REQUEST``, naming the field): a string Postgres would refuse or
             above its bound (:func:`check_text`), before anything else is looked at.
+
+        ``paced`` is a backfill run's (:mod:`services.gateway.backfill_runner`): the run paces its
+        jobs at its own rate, so they take no token of the account's request rate.
         """
         request = self._check(object_id, operations, priority, webhook_url, idempotency_key, queue)
         if request.idempotency_key:
@@ -229,12 +234,13 @@ class JobCreation:
         obj = await self._object(caller, request.object_id)
         resolved = await self._resolve_profiles(caller, request, obj)
         planned = self._plan(resolved, obj)
-        return await self._hold_and_persist(caller, request, planned, obj.size_bytes)
+        return await self._hold_and_persist(caller, request, planned, obj.size_bytes, paced)
 
-    async def check_preset(self, operation: str, params: dict[str, Any]) -> None:
-        """Whether ``operation`` with ``params`` may be a preset: what a process request of it
-        would be checked for without an object (the strings' bounds, an active profile, ``noop``
-        enabled, the params; an ``ocr`` job's languages against the reported ones). Raises
+    async def check_preset(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Whether ``operation`` with ``params`` may be a preset (or a backfill run's selector):
+        what a process request of it would be checked for without an object (the strings' bounds,
+        an active profile, ``noop`` enabled, the params; an ``ocr`` job's languages against the
+        reported ones). Returns the params normalised as a job of them would store them. Raises
         InvalidArgument (``INVALID_REQUEST``, ``UNKNOWN_OPERATION``, ``OPERATION_NOT_ENABLED``,
         ``INVALID_PARAMS``, also for a ``password``: a preset never holds one) or InvalidText."""
         op = OperationRequest(operation, params)
@@ -252,9 +258,8 @@ class JobCreation:
             raise InvalidArgument(noop.NOT_ENABLED_MESSAGE, noop.NOT_ENABLED)
         if profile["queue"] == "ocr":
             languages = await self.ocr_languages()
-            ocr_params.validate_params(operation, params, installed_languages=languages or None)
-            return
-        self._params(op, profile, storage_pb2.Object(), [])
+            return ocr_params.validate_params(operation, params, installed_languages=languages or None)
+        return self._params(op, profile, storage_pb2.Object(), [])
 
     async def ocr_languages(self) -> list[str]:
         """The recognition languages ``ocr`` jobs may ask for: every language an ocrworker
@@ -474,7 +479,7 @@ class JobCreation:
     # -- step 4: hold and persist ----------------------------------------------------------
 
     async def _hold_and_persist(
-        self, caller: Caller, request: _Request, planned: list[_PlannedJob], size_bytes: int
+        self, caller: Caller, request: _Request, planned: list[_PlannedJob], size_bytes: int, paced: bool
     ) -> ProcessResult:
         """Price and hold the jobs' credits (:meth:`_hold`) and create them in one transaction,
         one request of the account at a time (an asyncio lock per account, then
@@ -491,10 +496,10 @@ class JobCreation:
         if lock is None:
             lock = self._creating[caller.account_id] = asyncio.Lock()
         async with lock:
-            return await self._hold_and_persist_locked(caller, request, planned, size_bytes)
+            return await self._hold_and_persist_locked(caller, request, planned, size_bytes, paced)
 
     async def _hold_and_persist_locked(
-        self, caller: Caller, request: _Request, planned: list[_PlannedJob], size_bytes: int
+        self, caller: Caller, request: _Request, planned: list[_PlannedJob], size_bytes: int, paced: bool
     ) -> ProcessResult:
         held = False
         try:
@@ -508,7 +513,9 @@ class JobCreation:
                     replay = await self._replay(caller, request.idempotency_key, request.request_hash, conn)
                     if replay is not None:
                         return replay
-                jobs, total_millicredits = await self._hold(caller, planned, size_bytes, request.priority)
+                jobs, total_millicredits = await self._hold(
+                    caller, planned, size_bytes, request.priority, paced
+                )
                 held = True
                 await self._persist(conn, caller, request, jobs)
         except BaseException:
@@ -519,7 +526,7 @@ class JobCreation:
         return ProcessResult(job_ids=tuple(j.job_id for j in jobs), estimated_millicredits=total_millicredits)
 
     async def _hold(
-        self, caller: Caller, planned: Sequence[_PlannedJob], size_bytes: int, priority: int
+        self, caller: Caller, planned: Sequence[_PlannedJob], size_bytes: int, priority: int, paced: bool
     ) -> tuple[list[_PricedJob], int]:
         """One ``EstimateAndHold`` for all the jobs: the account's job quota checked at
         ``priority`` (hypermedia/jobs/quotas.py), then each job priced by the credits service
@@ -535,6 +542,7 @@ class JobCreation:
                 account_id=caller.account_id,
                 size_bytes=size_bytes,
                 priority=priority,
+                paced=paced,
                 jobs=[
                     credits_pb2.JobToHold(
                         job_id=j.job_id,

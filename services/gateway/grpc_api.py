@@ -132,6 +132,18 @@ def _operation(op: jobs_pb2.Operation) -> dict[str, Any]:
     return shape
 
 
+async def authenticated(
+    context: grpc.aio.ServicerContext, authenticate: Callable[[str | None], Awaitable[Caller]]
+) -> Caller:
+    """The caller of a public RPC, from its ``authorization`` metadata entry (the last one).
+    Raises Unauthenticated as ``authenticate`` does."""
+    header = None
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            header = str(value)
+    return await authenticate(header)
+
+
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     """Authenticates each call from the ``authorization`` metadata entry, then delegates."""
 
@@ -140,11 +152,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self._authenticate = authenticate
 
     async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
-        header = None
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                header = str(value)
-        return await self._authenticate(header)
+        return await authenticated(context, self._authenticate)
 
     async def UploadObject(
         self, request: jobs_pb2.UploadObjectRequest, context: grpc.aio.ServicerContext

@@ -25,7 +25,7 @@ from hypermedia.core import pgtext, telemetry
 from hypermedia.core.errors import DomainError, PayloadTooLarge
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller
-from services.gateway import operators_api, presets_api
+from services.gateway import backfills_api, operators_api, presets_api
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
 from services.gateway.results import Attempt, Balance, Job, Output, ProcessResult
@@ -457,6 +457,7 @@ def build_app(
 
     app.include_router(operators_api.router(api.operators, caller))
     app.include_router(presets_api.router(api.presets, caller))
+    app.include_router(backfills_api.router(api.backfills, caller))
 
     @app.post("/v1/objects", status_code=201, response_model=ObjectOut)
     async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:

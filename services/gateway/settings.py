@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field, SecretStr, model_validator
 
 from hypermedia.core.config import ComponentSettings, env
+
+BRAKE_DEFAULT = "images=5,documents=30,ocr=120,media=300"
+"""The brake's targets: the top of seed 000's typical job duration for images (0.1-5 s),
+documents (1-30 s) and OCR (5-120 s); five minutes for media, whose typical 30 s-30 min would let
+bulk work crowd a waiting transcode for half an hour."""
+INTERACTIVE_QUEUES = ("images", "documents", "ocr", "media")
+
+
+def parse_brake(text: str) -> dict[str, float]:
+    """``images=5,documents=30`` as ``{"images": 5.0, "documents": 30.0}``. Raises ValueError
+    naming ``HM_BACKFILL_BRAKE`` for a queue that is not interactive, a repeated queue, or seconds
+    that are not a number from 0.1 to 86400."""
+    targets: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        queue, _, seconds = part.partition("=")
+        queue = queue.strip()
+        if queue not in INTERACTIVE_QUEUES or queue in targets:
+            raise ValueError(
+                f"HM_BACKFILL_BRAKE: {queue!r} is not one of {', '.join(INTERACTIVE_QUEUES)} named once"
+            )
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = math.nan
+        if not 0.1 <= value <= 86_400:
+            raise ValueError(f"HM_BACKFILL_BRAKE: {queue}'s seconds must be a number from 0.1 to 86400")
+        targets[queue] = value
+    return targets
 
 
 class GatewaySettings(ComponentSettings):
@@ -45,6 +75,23 @@ class GatewaySettings(ComponentSettings):
     hash (:mod:`hypermedia.jobs.secrets`). Empty: requests with a ``password`` are refused. Every
     gateway replica needs the same value; changing it makes a stored key sent again with its
     password answer 409."""
+
+    backfill_poll_seconds: float = Field(0.5, gt=0, le=60, validation_alias="HM_BACKFILL_POLL_SECONDS")
+    """How often this gateway's backfill runner ticks (seconds): each tick enqueues what the
+    running runs' buckets hold."""
+    backfill_brake: str = Field(BRAKE_DEFAULT, validation_alias="HM_BACKFILL_BRAKE")
+    """``queue=seconds,…``: bulk dispatch stops while one of these interactive queues' oldest
+    queued job has waited longer than its seconds (ADR 0058). Empty: no brake."""
+
+    @property
+    def brake_targets(self) -> dict[str, float]:
+        """:attr:`backfill_brake` as queue → seconds."""
+        return parse_brake(self.backfill_brake)
+
+    @model_validator(mode="after")
+    def _brake(self) -> GatewaySettings:
+        parse_brake(self.backfill_brake)
+        return self
 
     @model_validator(mode="after")
     def _clamd_url(self) -> GatewaySettings:

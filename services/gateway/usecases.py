@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.gateway.accounts import Accounts
+from services.gateway.backfills import Backfills
 from services.gateway.cancellation import JobCancellation
 from services.gateway.creation import JobCreation
 from services.gateway.operators import SchedulerAdmin
@@ -33,3 +34,5 @@ class UseCases:
     """The scheduler's pools, burst workers and decisions, for admin accounts."""
     presets: Presets
     """The caller's named presets."""
+    backfills: Backfills
+    """The caller's backfill runs."""

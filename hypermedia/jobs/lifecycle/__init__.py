@@ -41,7 +41,13 @@ from hypermedia.jobs.lifecycle.recovery import (
     republish_stale,
     settleable,
 )
-from hypermedia.jobs.lifecycle.requests import NewJob, create_queued, job_status, request_cancel
+from hypermedia.jobs.lifecycle.requests import (
+    NewJob,
+    cancel_if_waiting,
+    create_queued,
+    job_status,
+    request_cancel,
+)
 from hypermedia.jobs.lifecycle.rules import (
     LEASE_MARGIN_SECONDS,
     LOST_ATTEMPT,
@@ -57,6 +63,7 @@ __all__ = [
     "ClaimedJob",
     "NewJob",
     "Output",
+    "cancel_if_waiting",
     "cancel_requested",
     "claim",
     "claim_many",

@@ -86,6 +86,22 @@ async def request_cancel(pool: asyncpg.Pool, job_id: str, account_id: str) -> st
     return None if status is None else str(status)
 
 
+async def cancel_if_waiting(pool: asyncpg.Pool, job_id: str, account_id: str) -> bool:
+    """Cancels the account's job only if it has not started (``created``/``queued``/
+    ``retry_wait`` → ``cancelled``; the caller settles its credits); a job a worker holds is left
+    to finish. Returns whether it was cancelled (a backfill run's cancellation)."""
+    status = await pool.fetchval(
+        """
+        UPDATE processing_jobs SET status = 'cancelled', completed_at = now(), updated_at = now()
+        WHERE job_id = $1 AND account_id = $2 AND status IN ('created', 'queued', 'retry_wait')
+        RETURNING status
+        """,
+        job_id,
+        account_id,
+    )
+    return status is not None
+
+
 async def job_status(pool: asyncpg.Pool, job_id: str, account_id: str) -> str | None:
     """The status of the account's job, or None when it has no job ``job_id``."""
     status = await pool.fetchval(

@@ -196,11 +196,16 @@ class EstimateAndHoldRequest(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    PACED_FIELD_NUMBER: _builtins.int
     account_id: _builtins.str
     size_bytes: _builtins.int
     priority: _builtins.int
     """The jobs' priority, 1 (highest) to 10; 0: not given (no band check). Priorities 1-3 need an
     account with the interactive band (hypermedia/jobs/quotas.py).
+    """
+    paced: _builtins.bool
+    """The caller paces these jobs itself (a backfill run at its own rate, hypermedia/jobs/backfill.py):
+    no token of the account's request rate is taken. The band and the waiting-jobs limit still apply.
     """
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobToHold]: ...
@@ -211,10 +216,11 @@ class EstimateAndHoldRequest(_message.Message):
         size_bytes: _builtins.int = ...,
         jobs: _abc.Iterable[Global___JobToHold] | None = ...,
         priority: _builtins.int = ...,
+        paced: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "jobs", b"jobs", "priority", b"priority", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "jobs", b"jobs", "paced", b"paced", "priority", b"priority", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
