@@ -16,18 +16,18 @@ from typing import Any
 import asyncpg
 
 from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.core.errors import DomainError, InsufficientCredits, InvalidArgument
+from hypermedia.core.errors import DomainError, InsufficientCredits, InvalidArgument, NotFound
 from hypermedia.engines.ocr import params as ocr_params
 from hypermedia.infra.rpc import call
 from hypermedia.intake import contenttype
 from hypermedia.jobs import lifecycle, presets
+from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.backfill import runs, selection
 from hypermedia.jobs.backfill.runs import Run
 from hypermedia.jobs.backfill.selection import Candidate, Estimate, Selector
 from hypermedia.jobs.settlement import Settlement
 from services.gateway.creation import JobCreation
-from services.gateway.ids import parse_uuid
 from services.gateway.process_request import check_priority
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,14 @@ def _invalid(message: str, code: str = "INVALID_SELECTOR") -> InvalidArgument:
     return InvalidArgument(message, code)
 
 
+def _run_id(value: str) -> str:
+    """``value`` as a canonical run id; anything else is a run that does not exist."""
+    try:
+        return str(uuid.UUID(value))
+    except (ValueError, TypeError, AttributeError):
+        raise NotFound("no such backfill run", "RUN_NOT_FOUND") from None
+
+
 def _object_id(value: str) -> str:
     try:
         return str(uuid.UUID(value))
@@ -71,9 +79,19 @@ def _object_id(value: str) -> str:
 
 
 def _aware(value: datetime.datetime | None, name: str) -> datetime.datetime | None:
-    if value is not None and value.tzinfo is None:
+    """``value`` in UTC. Raises InvalidArgument (``INVALID_REQUEST``) for a time without a zone or
+    outside the years 1900-9999 in UTC (Postgres and Python must both hold it)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
         raise _invalid(f"{name} must carry a time zone (e.g. 2026-01-31T00:00:00Z)", "INVALID_REQUEST")
-    return value
+    try:
+        utc = value.astimezone(datetime.UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not 1900 <= utc.year <= 9999:
+        raise _invalid(f"{name} must be a time from 1900 to 9999", "INVALID_REQUEST")
+    return utc
 
 
 class Backfills:
@@ -106,7 +124,7 @@ class Backfills:
         Raises:
             InvalidArgument: ``INVALID_SELECTOR`` (neither or both of operation and preset, params
                 with a preset, an unknown scope, more than
-                :data:`~hypermedia.jobs.backfill.selection.MAX_OBJECT_IDS` ids or a bad one,
+                :data:`~hypermedia.jobs.backfill.selection.MAX_OBJECT_IDS` ids, none, or a bad one,
                 ``created_after`` not before ``created_before``), ``INVALID_REQUEST`` (a time
                 without a zone), ``INVALID_PRIORITY`` (outside 7-10), ``INVALID_RATE`` (outside
                 0.01-1000 jobs a second), ``INVALID_DEADLINE`` (not in the future),
@@ -162,7 +180,7 @@ class Backfills:
 
     async def get(self, caller: Caller, run_id: str) -> Run:
         """The caller's run with its progress. Raises NotFound (``RUN_NOT_FOUND``)."""
-        return await runs.get(self._pool, parse_uuid(run_id, "run"), caller.account_id)
+        return await runs.get(self._pool, _run_id(run_id), caller.account_id)
 
     async def list(self, caller: Caller, limit: int = 50) -> list[Run]:
         """The caller's runs, newest first, at most ``limit`` (1-1000)."""
@@ -171,14 +189,14 @@ class Backfills:
     async def pause(self, caller: Caller, run_id: str) -> Run:
         """Stop enqueuing (its jobs enqueued already go on). Raises NotFound, Conflict
         (``RUN_NOT_PAUSABLE``: only a running run pauses; pausing a paused one changes nothing)."""
-        run_id = parse_uuid(run_id, "run")
+        run_id = _run_id(run_id)
         await runs.transition(self._pool, run_id, "pause", caller.account_id)
         return await runs.get(self._pool, run_id, caller.account_id)
 
     async def resume(self, caller: Caller, run_id: str) -> Run:
         """Enqueue again from where it stopped. Raises NotFound, Conflict (``RUN_NOT_RESUMABLE``,
         ``RUN_DEADLINE_PASSED``)."""
-        run_id = parse_uuid(run_id, "run")
+        run_id = _run_id(run_id)
         await runs.transition(self._pool, run_id, "resume", caller.account_id)
         return await runs.get(self._pool, run_id, caller.account_id)
 
@@ -186,7 +204,7 @@ class Backfills:
         """Stop the run for good and cancel its jobs that have not started (their holds released);
         running jobs finish. Raises NotFound, Conflict (``RUN_NOT_CANCELLABLE`` for a completed
         run)."""
-        run_id = parse_uuid(run_id, "run")
+        run_id = _run_id(run_id)
         await runs.transition(self._pool, run_id, "cancel", caller.account_id)
         await cancel_waiting(
             self._pool, self._settlement, caller.account_id, await runs.waiting_jobs(self._pool, run_id)
@@ -196,7 +214,7 @@ class Backfills:
     async def replay(self, caller: Caller, run_id: str) -> tuple[Run, int]:
         """Enqueue again the items whose job failed (each under a new key); returns the run and
         how many. Raises NotFound, Conflict (``RUN_NOT_REPLAYABLE``)."""
-        run_id = parse_uuid(run_id, "run")
+        run_id = _run_id(run_id)
         async with self._pool.acquire() as conn:
             replayed = await runs.replay_failures(conn, run_id, caller.account_id)
         return await runs.get(self._pool, run_id, caller.account_id), replayed
@@ -210,13 +228,22 @@ class Backfills:
         normalised), its rate, priority and deadline; raises what :meth:`create` says."""
         if bool(request.operation) == bool(request.preset):
             raise _invalid("a selector names an operation or a preset, one of them")
+        if request.preset and not presets.NAME.fullmatch(request.preset):
+            raise InvalidArgument("unknown preset: not a preset's name", "UNKNOWN_PRESET")
+        if request.params is not None and jobsecrets.PASSWORD_PARAM in request.params:
+            raise InvalidArgument(
+                "a backfill run takes no password: password-protected documents cannot be backfilled",
+                "INVALID_PARAMS",
+            )
         if request.preset and request.params is not None:
             raise _invalid("a preset has its params: send none with it")
         if request.scope not in SCOPES:
             raise _invalid('scope must be "outdated" or "all"')
         ids = request.object_ids
-        if ids is not None and len(ids) > selection.MAX_OBJECT_IDS:
-            raise _invalid(f"at most {selection.MAX_OBJECT_IDS} object_ids")
+        if ids is not None and not 1 <= len(ids) <= selection.MAX_OBJECT_IDS:
+            raise _invalid(
+                f"object_ids takes 1 to {selection.MAX_OBJECT_IDS} ids (leave it out for every object)"
+            )
         object_ids = tuple(_object_id(i) for i in ids) if ids is not None else None
         after = _aware(request.created_after, "created_after")
         before = _aware(request.created_before, "created_before")

@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hypermedia.core import pgtext
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.backfill.runs import Run
 from hypermedia.jobs.backfill.selection import Estimate
@@ -34,7 +35,7 @@ class SelectorIn(BaseModel):
     scope: Literal["outdated", "all"] = Field(
         "outdated", description="Outdated outputs only, or every object"
     )
-    object_ids: list[str] | None = Field(None, description="Only these objects (at most 10,000)")
+    object_ids: list[str] | None = Field(None, description="Only these objects (at most 1,000)")
     created_after: datetime | None = Field(
         None, description="Only objects uploaded at or after (with a zone)"
     )
@@ -43,6 +44,15 @@ class SelectorIn(BaseModel):
 
 class BackfillIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        """Every string and key under :mod:`hypermedia.core.pgtext`'s rule before any field is
+        read, as a process request's body (``services/gateway/rest.py``): 422 ``INVALID_REQUEST``
+        naming the field for a NUL or a lone surrogate."""
+        pgtext.check_json(data)
+        return data
 
     selector: SelectorIn
     priority: int | None = Field(None, description="7-10 (the bulk queue's bands), default 8")

@@ -6,6 +6,7 @@ profile versions and the brake's queued document job must not reach other module
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,6 +268,7 @@ def test_pause_resume_and_cancel_and_a_run_takes_no_token_of_the_account_rate(
             "paused",
             "PAUSED",
         )
+        time.sleep(1)  # a tick under way finishes the item it is enqueuing, then stops
         at_pause = client.get(f"/v1/backfills/{run_id}").json()["progress"]["enqueued"]
         time.sleep(2)
         assert client.get(f"/v1/backfills/{run_id}").json()["progress"]["enqueued"] == at_pause
@@ -292,7 +294,8 @@ def test_pause_resume_and_cancel_and_a_run_takes_no_token_of_the_account_rate(
         assert not any("RATE_LIMITED" in s for s in seen), seen
         cancelled = client.post(f"/v1/backfills/{run_id}:cancel")
         assert (cancelled.status_code, cancelled.json()["state"]) == (200, "cancelled")
-        left = cancelled.json()["progress"]["pending"]
+        time.sleep(1)  # as for the pause: a job made by a tick under way is cancelled by it
+        left = client.get(f"/v1/backfills/{run_id}").json()["progress"]["pending"]
         assert left > 0
         time.sleep(1.5)
         after = client.get(f"/v1/backfills/{run_id}").json()
@@ -394,6 +397,15 @@ def test_replay_enqueues_the_failed_items_again_under_new_keys(
         ({"selector": {"operation": "thumbnail"}, "max_rate_per_second": 1e308}, 422, "INVALID_RATE"),
         ({"selector": {"operation": "thumbnail"}, "deadline": "2020-01-01T00:00:00Z"}, 422, "INVALID_DEADLINE"),
         ({"selector": {"operation": "thumbnail", "scope": "some"}}, 422, "INVALID_REQUEST"),
+        # From a hostile review: each of these was a 500 or a misleading code.
+        ({"selector": {"preset": "a\u0000b"}}, 422, "INVALID_REQUEST"),
+        ({"selector": {"preset": "\ud800"}}, 422, "INVALID_REQUEST"),
+        ({"selector": {"preset": "Not A Name"}}, 422, "UNKNOWN_PRESET"),
+        ({"selector": {"operation": "thumbnail", "params": {"\ud800": 1}}}, 422, "INVALID_REQUEST"),
+        ({"selector": {"operation": "thumbnail", "created_after": "0001-01-01T00:00:00+01:00"}}, 422, "INVALID_REQUEST"),
+        ({"selector": {"operation": "thumbnail"}, "deadline": "9999-12-31T23:59:59-12:00"}, 422, "INVALID_REQUEST"),
+        ({"selector": {"operation": "thumbnail", "object_ids": []}}, 422, "INVALID_SELECTOR"),
+        ({"selector": {"operation": "thumbnail", "params": {"password": "x"}}}, 422, "INVALID_PARAMS"),
     ],
 )  # fmt: skip
 def test_a_bad_run_request_is_refused_with_its_code_and_creates_nothing(
@@ -401,11 +413,17 @@ def test_a_bad_run_request_is_refused_with_its_code_and_creates_nothing(
 ) -> None:
     account = _account(running, "10")
     with running.client(account) as client:
-        refused = client.post("/v1/backfills", json=body)
+        # Escaped JSON (httpx would encode a lone surrogate as UTF-8, which cannot be done).
+        refused = client.post(
+            "/v1/backfills", content=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
         assert (refused.status_code, refused.json()["error_code"]) == (status, code), refused.text
         assert client.get("/v1/backfills").json()["runs"] == []
-        missing = client.get("/v1/backfills/00000000-0000-4000-8000-000000000000")
-        assert (missing.status_code, missing.json()["error_code"]) == (404, "RUN_NOT_FOUND")
+        for path in ("/v1/backfills/00000000-0000-4000-8000-000000000000", "/v1/backfills/not-an-id"):
+            missing = client.get(path)
+            assert (missing.status_code, missing.json()["error_code"]) == (404, "RUN_NOT_FOUND")
+        malformed = client.post("/v1/backfills/..:pause")
+        assert (malformed.status_code, malformed.json()["error_code"]) == (404, "RUN_NOT_FOUND")
 
 
 def test_runs_over_grpc_and_another_accounts_run_is_not_found(running: RunningPlatform) -> None:

@@ -241,44 +241,50 @@ async def transition(
 ) -> tuple[str, bool]:
     """``pause``, ``resume`` or ``cancel`` the run (``account_id``'s, None: any). Returns the state
     after and whether it changed: an action on a run already in its target state changes nothing.
-    A resumed run's bucket starts again with one token and no waiting reason. Raises NotFound
+    A resumed run's bucket goes on from where it was at the pause (no refill for the paused time). Raises NotFound
     (``RUN_NOT_FOUND``), Conflict (``RUN_NOT_PAUSABLE``, ``RUN_NOT_RESUMABLE``,
     ``RUN_NOT_CANCELLABLE``) for a run in another state; ``RUN_DEADLINE_PASSED`` to resume a
     paused run whose deadline has passed."""
     sources, target, code, reason = _TRANSITIONS[action]
-    row = await conn.fetchrow(
-        """
-        UPDATE backfill_runs SET state = $3, reason_code = $4, reason = $5, waiting_reason = NULL,
-               tokens = CASE WHEN $3 = 'running' THEN 1 ELSE tokens END,
-               refilled_at = now(), updated_at = now(),
-               ended_at = CASE WHEN $3 = 'cancelled' THEN now() END
-        WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2) AND state = ANY($6::text[])
-          AND ($3 <> 'running' OR deadline IS NULL OR deadline > now())
-        RETURNING state
-        """,
-        uuid.UUID(run_id),
-        uuid.UUID(account_id) if account_id else None,
-        target,
-        code,
-        reason,
-        sorted(sources),
-    )
-    if row is not None:
-        return target, True
-    current = await conn.fetchrow(
-        "SELECT state, deadline <= now() AS passed FROM backfill_runs"
-        " WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2)",
-        uuid.UUID(run_id),
-        uuid.UUID(account_id) if account_id else None,
-    )
-    if current is None:
-        raise NotFound("no such backfill run", "RUN_NOT_FOUND")
-    if current["state"] == target:
-        return target, False
-    if action == "resume" and current["state"] == "paused" and current["passed"]:
-        raise Conflict("the run's deadline has passed: create a new run", "RUN_DEADLINE_PASSED")
+    state = "unknown"
+    for _ in range(3):  # a concurrent action may move the run between the update and the read
+        row = await conn.fetchrow(
+            """
+            UPDATE backfill_runs SET state = $3, reason_code = $4, reason = $5, waiting_reason = NULL,
+                   refilled_at = now(), updated_at = now(),
+                   ended_at = CASE WHEN $3 = 'cancelled' THEN now() END
+            WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2) AND state = ANY($6::text[])
+              AND ($3 <> 'running' OR deadline IS NULL OR deadline > now())
+            RETURNING state
+            """,
+            uuid.UUID(run_id),
+            uuid.UUID(account_id) if account_id else None,
+            target,
+            code,
+            reason,
+            sorted(sources),
+        )
+        if row is not None:
+            return target, True
+        current = await conn.fetchrow(
+            "SELECT state, deadline <= now() AS passed FROM backfill_runs"
+            " WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2)",
+            uuid.UUID(run_id),
+            uuid.UUID(account_id) if account_id else None,
+        )
+        if current is None:
+            raise NotFound("no such backfill run", "RUN_NOT_FOUND")
+        state = current["state"]
+        if state == target:
+            return target, False
+        if action == "resume" and (current["state"] == "expired" or current["passed"]):
+            raise Conflict("the run's deadline has passed: create a new run", "RUN_DEADLINE_PASSED")
+        if state not in sources:
+            break
     verb = {"pause": "PAUSABLE", "resume": "RESUMABLE", "cancel": "CANCELLABLE"}[action]
-    raise Conflict(f"a {current['state']} run cannot be {target}", f"RUN_NOT_{verb}")
+    done = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}[action]
+    allowed = ", ".join(sorted(sources))
+    raise Conflict(f"the run is {state}: only a run that is {allowed} can be {done}", f"RUN_NOT_{verb}")
 
 
 async def waiting_jobs(conn: db.Connection | asyncpg.Pool, run_id: str) -> list[str]:

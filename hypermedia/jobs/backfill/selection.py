@@ -20,8 +20,8 @@ from hypermedia.jobs.pricing import price
 MAX_ITEMS = 100_000
 """Most items one run may have; a selector matching more is refused (``RUN_TOO_LARGE``): narrow it
 by a creation-time range and make several runs."""
-MAX_OBJECT_IDS = 10_000
-"""Most object ids a selector may name."""
+MAX_OBJECT_IDS = 1_000
+"""Most object ids a selector may name (a REST body is at most 64 KiB: about 1,600 ids)."""
 MIN_RATE, MAX_RATE = 0.01, 1000.0
 """The bounds of a run's ``rate_per_second`` (jobs a second)."""
 DEFAULT_RATE = 10.0

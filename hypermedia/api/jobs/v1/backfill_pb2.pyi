@@ -75,7 +75,7 @@ class BackfillSelector(_message.Message):
 
     @_builtins.property
     def object_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Only these objects (at most 10,000); empty: all of the caller's."""
+        """Only these objects (at most 1,000); empty: all of the caller's."""
 
     @_builtins.property
     def created_after(self) -> _timestamp_pb2.Timestamp: ...
