@@ -3,7 +3,8 @@ LibreOffice listeners against a cold ``soffice`` per document), OCR (the ``ocr``
 bare ``tesseract`` processes, and the CER of each corpus page), the media transcodes
 (``transcode_video`` and ``transcode_audio`` against the ``ffmpeg`` command line, and peak memory
 per job), the engine's tesseract call (direct against pytesseract), PDF preview (against bare
-pdfium) and job-system throughput with no-op jobs (against raw asyncpg + nats-py), each against a
+pdfium), job-system throughput with no-op jobs (against raw asyncpg + nats-py) and fairness
+(a tenant's one job behind another's flood, against the same job on an idle queue), each against a
 baseline measured in the same run, then a summary table, issue 17's goals P1–P7 with MET/MISSED,
 and P3's CPU per job per process. Ratios, never timed assertions.
 
@@ -30,6 +31,7 @@ if str(REPO) not in sys.path:
 
 from bench import (  # noqa: E402
     common,
+    fairness,
     job_overhead,
     job_throughput,
     media,
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         depths=(10, 1000) if args.quick else (10, 1000, 10000),
         keep_logs=logs / "throughput_noop" if logs else None,
     )
+    print()
+    fair = fairness.run(flood=500 if args.quick else 1000, rounds=1 if args.quick else 3)
     print()
     print(f"summary ({common.machine()}):")
     rows = [
@@ -163,6 +167,17 @@ def main(argv: list[str] | None = None) -> int:
                 + " (ADR 0034)",
             )
         )
+    rows.append(
+        (
+            "fairness: B's one job behind A's flood, waited (ms)",
+            round(fair["alone_ms"]),
+            round(fair["wait_ms"]),
+            f"{fair['wait_ms'] / max(fair['alone_ms'], 1):.1f}x",
+            f"at most {fair['ahead']} of A's jobs started first; goal <= "
+            f"{fairness.FAIR_WINDOW + job_throughput.SLOTS} (issue 21): "
+            + ("met" if fair["met"] else "MISSED"),
+        )
+    )
     print(common.table(rows, ("benchmark", "baseline", "platform", "ratio", "note")))
     print(
         f"background load from other processes: {tp['background_cores']:.2f} cores (throughput, median), "

@@ -15,9 +15,11 @@ behind them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from nats.aio.client import Client as NatsClient
@@ -26,12 +28,18 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError
 
-from hypermedia.jobs import queues
+from hypermedia.jobs import lifecycle, queues
 
 log = logging.getLogger(__name__)
 
 FAILED_ROW_BACKOFF_SECONDS = 30.0
 """How long a relay leaves a row alone after failing to publish it."""
+SWEEP_EVERY_SECONDS = 1.0
+"""How often a relay makes ready the deferred rows whose window has room without a claim having
+released them (:func:`hypermedia.jobs.lifecycle.sweep_deferred`)."""
+NOTIFY_CHANNEL = "hm_outbox"
+"""The channel a claim that released deferred rows notifies (:func:`lifecycle.release_deferred`);
+every relay listens on it, so a released row is published at once, not at the next poll."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class OutboxRelay:
         self._retain_seconds = retain_seconds
         self._purge_every_seconds = purge_every_seconds
         self._next_purge = 0.0  # monotonic: the first run purges
+        self._next_sweep = 0.0
         self.wake = asyncio.Event()
         # outbox_id → monotonic time before which this relay does not try the row again. Holds at
         # most the rows that failed within the last FAILED_ROW_BACKOFF_SECONDS.
@@ -83,7 +92,7 @@ class OutboxRelay:
             rows = await conn.fetch(
                 """
                 SELECT outbox_id, subject, msg_id, payload FROM outbox
-                WHERE published_at IS NULL AND outbox_id <> ALL($2::bigint[])
+                WHERE published_at IS NULL AND NOT deferred AND outbox_id <> ALL($2::bigint[])
                 ORDER BY outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED
                 """,
                 self._batch_size,
@@ -105,6 +114,10 @@ class OutboxRelay:
                 await conn.execute(
                     "UPDATE outbox SET published_at = now() WHERE outbox_id = ANY($1::bigint[])", published
                 )
+            if now >= self._next_sweep:  # windows freed without a claim (ADR 0059)
+                self._next_sweep = now + SWEEP_EVERY_SECONDS
+                if await lifecycle.sweep_deferred(conn):
+                    self.wake.set()
             purged = 0
             if now >= self._next_purge:
                 self._next_purge = now + self._purge_every_seconds
@@ -133,18 +146,60 @@ class OutboxRelay:
         )
 
     async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0) -> None:
-        """Loop until ``stop``: run, then wait for :attr:`wake` or ``poll_seconds``."""
-        while not stop.is_set():
-            self.wake.clear()
-            try:
-                result = await self.run_once()
-                if result.published == self._batch_size:
-                    continue
-            except Exception:
-                log.exception("outbox relay run failed; retrying")
-            waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
-            _done, pending = await asyncio.wait(
-                waiters, timeout=poll_seconds, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in pending:
-                task.cancel()
+        """Loop until ``stop``: run, then wait for :attr:`wake` or ``poll_seconds``. A connection of
+        the pool listens on :data:`NOTIFY_CHANNEL` meanwhile (set up again after a loss; without it
+        the poll alone publishes released rows)."""
+        listener: Any = None
+        try:
+            while not stop.is_set():
+                listener = await self._listening(listener)
+                await self._turn(stop, poll_seconds)
+        finally:
+            if listener is not None:
+                await self._unlisten(listener)
+
+    async def _listening(self, listener: Any) -> Any:
+        """The listening connection, acquired (again) when there is none or it was lost."""
+        if listener is not None and not listener.is_closed():
+            return listener
+        if listener is not None:
+            await self._unlisten(listener)
+        try:
+            conn = await self._pool.acquire()
+        except Exception:
+            return None
+        try:
+            await conn.add_listener(NOTIFY_CHANNEL, self._notified)
+        except Exception:
+            await self._pool.release(conn)
+            return None
+        return conn
+
+    async def _unlisten(self, conn: Any) -> None:
+        try:
+            await conn.remove_listener(NOTIFY_CHANNEL, self._notified)
+        except Exception:
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn)
+
+    def _notified(self, *_: object) -> None:
+        self.wake.set()
+
+    async def _turn(self, stop: asyncio.Event, poll_seconds: float) -> None:
+        """One run of the loop: publish, then wait for :attr:`wake` or ``poll_seconds`` unless a
+        full batch went out."""
+        self.wake.clear()
+        try:
+            result = await self.run_once()
+            if result.published == self._batch_size:
+                return
+        except Exception:
+            log.exception("outbox relay run failed; retrying")
+        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
+        _done, pending = await asyncio.wait(
+            waiters, timeout=poll_seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in pending:
+            task.cancel()

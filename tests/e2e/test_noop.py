@@ -11,6 +11,7 @@ import httpx
 import psycopg
 import pytest
 
+from hypermedia.jobs.lifecycle import FAIR_WINDOW
 from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_job
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_1.jpg"
@@ -66,3 +67,47 @@ def test_noop_jobs_run_through_the_job_system_and_cost_nothing(noop_platform: Ru
     assert statuses is not None and statuses[0][-1] == "completed" and "processing" in statuses[0]
     assert charged == (0,)
     assert (balance["balance"], balance["held"]) == (1, 0)
+
+
+def test_one_tenants_flood_does_not_hold_another_tenants_job_back(noop_platform: RunningPlatform) -> None:
+    """ADR 0059, loosely (bench/fairness.py measures it): tenant A creates about 1,000 no-op jobs
+    at priority 5, then tenant B one. While B's job waited, at most A's window and a few of the
+    worker's batches of A's jobs started, not the rest of the flood queued before it."""
+    flood = noop_platform.admin("create-account", "--credits", "1")
+    noop_platform.admin(
+        "set-quota",
+        flood["account_id"],
+        "--rate",
+        "100000",
+        "--burst",
+        "100000",
+        "--max-queued-jobs",
+        "100000",
+    )
+    other = noop_platform.admin("create-account", "--credits", "1")
+    with noop_platform.client(flood) as a, noop_platform.client(other) as b:
+        a_object, b_object = upload(a, PHOTO)["object_id"], upload(b, PHOTO)["object_id"]
+        flooded: list[str] = []
+        for _ in range(63):
+            made = a.post(
+                "/v1/hypermedia/process",
+                json={"object_id": a_object, "operations": ["noop"] * 16, "priority": 5},
+            )
+            assert made.status_code == 202, made.text
+            flooded += made.json()["job_ids"]
+        behind = b.post(
+            "/v1/hypermedia/process", json={"object_id": b_object, "operations": ["noop"], "priority": 5}
+        ).json()["job_ids"][0]
+        assert wait_job(b, behind, timeout=120)["status"] == "completed"
+    with psycopg.connect(noop_platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
+        created, started = conn.execute(
+            "SELECT created_at, started_at FROM processing_jobs WHERE job_id = %s", (behind,)
+        ).fetchone()  # type: ignore[misc]
+        waiting, ahead = conn.execute(
+            """SELECT count(*) FILTER (WHERE started_at IS NULL OR started_at > %s),
+                      count(*) FILTER (WHERE started_at > %s AND started_at < %s)
+               FROM processing_jobs WHERE job_id = ANY(%s::uuid[])""",
+            (created, created, started, flooded),
+        ).fetchone()  # type: ignore[misc]
+    assert waiting > 300, "the flood was still queued when B's job was created (else this shows nothing)"
+    assert ahead <= FAIR_WINDOW + 32, (ahead, waiting)

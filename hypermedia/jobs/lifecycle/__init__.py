@@ -49,14 +49,18 @@ from hypermedia.jobs.lifecycle.requests import (
     request_cancel,
 )
 from hypermedia.jobs.lifecycle.rules import (
+    FAIR_WINDOW,
     LEASE_MARGIN_SECONDS,
     LOST_ATTEMPT,
     MAX_LOST_ATTEMPTS,
     enqueue_outbox,
     enqueue_outbox_many,
+    release_deferred,
+    sweep_deferred,
 )
 
 __all__ = [
+    "FAIR_WINDOW",
     "LEASE_MARGIN_SECONDS",
     "LOST_ATTEMPT",
     "MAX_LOST_ATTEMPTS",
@@ -84,7 +88,9 @@ __all__ = [
     "promote_retries",
     "reclaim",
     "release_contained",
+    "release_deferred",
     "republish_stale",
     "request_cancel",
     "settleable",
+    "sweep_deferred",
 ]

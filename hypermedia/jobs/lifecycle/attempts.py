@@ -16,6 +16,7 @@ from hypermedia.jobs.lifecycle.rules import (
     MAX_LOST_ATTEMPTS,
     enqueue_outbox,
     lost_attempt_sql,
+    release_deferred,
 )
 
 
@@ -109,6 +110,7 @@ async def claim_many(pool: asyncpg.Pool, job_ids: list[str], worker_id: str) -> 
             "updated_at = now() WHERE job_id = ANY($1::uuid[])",
             claimed_ids,
         )
+        await release_deferred(conn, claimed_ids)  # their accounts' windows move on (ADR 0059)
     by_id = {str(row["job_id"]): _claimed_job(row) for row in rows}
     return [by_id.pop(job_id) for job_id in valid if job_id in by_id]
 

@@ -117,6 +117,9 @@ async def republish_stale(pool: asyncpg.Pool, prefix: str, batch: int, stale_sec
             WITH stale AS (
                 SELECT job_id FROM processing_jobs
                 WHERE status = 'queued' AND queued_at < now() - make_interval(secs => $2)
+                  -- a job whose row waits in the outbox (deferred by its window) has no message to lose
+                  AND NOT EXISTS (SELECT 1 FROM outbox o
+                                  WHERE o.job_id = processing_jobs.job_id AND o.published_at IS NULL)
                 ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED
             )
             UPDATE processing_jobs j SET queued_at = now(), updated_at = now()
