@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -482,7 +481,7 @@ def backfills_cmd(
     except (OSError, asyncpg.PostgresError) as exc:
         print(f"hypermedia admin backfills: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
-    print(json.dumps(scaling.jsonable({"runs": [dataclasses.asdict(r) for r in found]})))
+    print(json.dumps({"runs": [runs.as_json(r) for r in found]}))
 
 
 BACKFILL_ACTIONS = ("show", "pause", "resume", "cancel", "replay")
@@ -522,7 +521,7 @@ def backfill_cmd(
                 cancelled += await lifecycle.cancel_if_waiting(conn, job_id, run.account_id)
             extra["jobs_cancelled"] = cancelled
             run = await runs.get(conn, run_id)
-        return dataclasses.asdict(run) | extra
+        return runs.as_json(run) | extra
 
     try:
         shown = asyncio.run(_with_conn(act))
@@ -532,7 +531,7 @@ def backfill_cmd(
     except (OSError, asyncpg.PostgresError) as exc:
         print(f"hypermedia admin backfill: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
-    print(json.dumps(scaling.jsonable(shown)))
+    print(json.dumps(shown))
 
 
 def _account_id(account: str) -> None:

@@ -4,8 +4,8 @@ enqueues the pending items of the running backfill runs through job creation, pa
 Each tick: end what has ended (runs past their deadline, dispatched runs whose jobs all ended);
 lease up to 16 running runs no other gateway holds (``LEASE_SECONDS``, so a crashed gateway's runs
 go on elsewhere); unless the brake is on (an interactive queue's oldest job has waited longer than
-its target), enqueue as many items of each as its token bucket holds (at most ``chunk``), one
-process request each: ``"queue": "bulk"`` at the run's priority, ``paced`` (no token of the
+its target), enqueue as many items of each as its token bucket holds (of its next ``chunk``), one
+process request and one token each: ``"queue": "bulk"`` at the run's priority, ``paced`` (no token of the
 account's request rate), under the item's idempotency key. An item whose key has a job already is
 linked to it (``existing``). The run's outcome decides what follows:
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ class _Counts:
     existing: int = 0
     skipped: int = 0
     used: int = 0
-    """Tokens used: items enqueued, linked or skipped."""
+    """Tokens used: one a process request (an item enqueued or skipped); a linked item takes none."""
     waiting: str | None = None
     pause: tuple[str, str] | None = None
 
@@ -165,9 +164,7 @@ class BackfillRunner:
             elif (changed := await self._preset_changed(run)) is not None:
                 counts.pause = ("PRESET_CHANGED", changed)
             else:
-                items = await dispatch.pending(
-                    self._pool, run.run_id, min(self._chunk, math.floor(run.tokens))
-                )
+                items = await dispatch.pending(self._pool, run.run_id, self._chunk)
                 for item in items:
                     await self._enqueue(run, item, counts)
         except _Stop:
@@ -203,11 +200,12 @@ class BackfillRunner:
             item.object_id, run.operation, item.params, run.target_version, item.replays
         )
         earlier = await selection.existing_jobs(self._pool, run.account_id, [key])
-        if key in earlier:
+        if key in earlier:  # linked, no job made: it takes no token
             counts.existing += 1
-            counts.used += 1
             await self._record(run, item, "existing", earlier[key])
             return
+        if counts.used + 1 > run.tokens:
+            raise _Stop  # the bucket is empty until the next tick
         operation = (
             OperationRequest("", {}, run.preset[0])
             if run.preset
@@ -223,7 +221,6 @@ class BackfillRunner:
             if key not in earlier:
                 raise
             counts.existing += 1
-            counts.used += 1
             await self._record(run, item, "existing", earlier[key])
             return
         except InsufficientCredits as exc:

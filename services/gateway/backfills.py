@@ -10,6 +10,7 @@ import datetime
 import logging
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,6 +176,7 @@ class Backfills:
                 priority=priority,
                 rate_per_second=rate,
                 deadline=deadline,
+                planned_millicredits=estimate.estimated_millicredits,
             )
         return await runs.get(self._pool, run_id, caller.account_id)
 
@@ -185,6 +187,18 @@ class Backfills:
     async def list(self, caller: Caller, limit: int = 50) -> list[Run]:
         """The caller's runs, newest first, at most ``limit`` (1-1000)."""
         return await runs.list_runs(self._pool, caller.account_id, limit)
+
+    async def items(
+        self, caller: Caller, run_id: str, *, state: str | None = None, after: int = 0, limit: int = 100
+    ) -> Sequence[runs.ItemRow]:
+        """The run's items after item ``after`` (the last ``item_no`` of the previous page), at most
+        ``limit`` (1-1000), of ``state`` when given, each with its job id and status. Raises
+        NotFound (``RUN_NOT_FOUND``), InvalidArgument (``INVALID_REQUEST``) for an unknown state."""
+        if state is not None and state not in runs.ITEM_STATES:
+            raise InvalidArgument(f"state must be one of {', '.join(runs.ITEM_STATES)}", "INVALID_REQUEST")
+        return await runs.items(
+            self._pool, _run_id(run_id), caller.account_id, state=state, after=max(0, after), limit=limit
+        )
 
     async def pause(self, caller: Caller, run_id: str) -> Run:
         """Stop enqueuing (its jobs enqueued already go on). Raises NotFound, Conflict

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hypermedia.core import pgtext
 from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.backfill import runs
 from hypermedia.jobs.backfill.runs import Run
 from hypermedia.jobs.backfill.selection import Estimate
 from services.gateway.backfills import Backfills, RunRequest
@@ -62,44 +63,22 @@ class BackfillIn(BaseModel):
 
 
 def run_json(run: Run) -> dict[str, Any]:
-    """A run as REST shows it (docs/api.md "Backfill runs")."""
-    s, p = run.selector, run.progress
+    """A run as REST shows it (docs/api.md "Backfill runs"): :func:`runs.as_json`."""
+    return runs.as_json(run)
+
+
+def item_json(item: runs.ItemRow) -> dict[str, Any]:
+    """One item of ``GET /v1/backfills/{id}/items``."""
     return {
-        "run_id": run.run_id,
-        "state": run.state,
-        "reason_code": run.reason_code,
-        "reason": run.reason,
-        "waiting_reason": run.waiting_reason,
-        "selector": {
-            "operation": s.operation,
-            "params": s.params,
-            "preset": {"name": s.preset[0], "version": s.preset[1]} if s.preset else None,
-            "scope": "outdated" if s.outdated_only else "all",
-            "object_ids": list(s.object_ids) if s.object_ids is not None else None,
-            "created_after": s.created_after.isoformat() if s.created_after else None,
-            "created_before": s.created_before.isoformat() if s.created_before else None,
-        },
-        "target_version": run.target_version,
-        "priority": run.priority,
-        "max_rate_per_second": run.rate_per_second,
-        "deadline": run.deadline.isoformat() if run.deadline else None,
-        "progress": {
-            "matched": p.matched,
-            "pending": p.pending,
-            "enqueued": p.enqueued,
-            "existing": p.existing,
-            "skipped": p.skipped,
-            "in_flight": p.in_flight,
-            "completed": p.completed,
-            "failed": p.failed,
-            "cancelled": p.cancelled,
-        },
-        "estimated_credits": credits(p.estimated_millicredits),
-        "charged_credits": credits(p.charged_millicredits),
-        "braked_seconds": run.braked_seconds,
-        "created_at": run.created_at.isoformat(),
-        "updated_at": run.updated_at.isoformat(),
-        "ended_at": run.ended_at.isoformat() if run.ended_at else None,
+        "item_no": item.item_no,
+        "object_id": item.object_id,
+        "params": item.params,
+        "state": item.state,
+        "job_id": item.job_id,
+        "job_status": item.job_status,
+        "error_code": item.error_code,
+        "error_message": item.error_message,
+        "replays": item.replays,
     }
 
 
@@ -163,6 +142,22 @@ def router(backfills: Backfills, caller: Callable[..., Awaitable[Caller]]) -> AP
     async def get_backfill(run_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A run with its progress; 404 ``RUN_NOT_FOUND``."""
         return run_json(await backfills.get(who, run_id))
+
+    @routes.get("/{run_id}/items")
+    async def backfill_items(
+        run_id: str,
+        state: str | None = Query(None, description="pending, enqueued, existing or skipped"),
+        after: int = Query(0, ge=0, le=2**31 - 1, description="the last item_no of the previous page"),
+        limit: int = Query(100, ge=1, le=1000),
+        who: Caller = Depends(caller),
+    ) -> dict[str, Any]:
+        """The run's items in order, each with the job it created or was linked to; page with
+        ``after`` (``next_after`` of the answer, null on the last page)."""
+        found = await backfills.items(who, run_id, state=state, after=after, limit=limit)
+        return {
+            "items": [item_json(i) for i in found],
+            "next_after": found[-1].item_no if len(found) == limit else None,
+        }
 
     @routes.post("/{run_id}:pause")
     async def pause_backfill(run_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:

@@ -73,6 +73,7 @@ def run_message(run: Run) -> backfill_pb2.BackfillRun:
         estimated_credits=credits_text(p.estimated_millicredits),
         charged_credits=credits_text(p.charged_millicredits),
         braked_seconds=run.braked_seconds,
+        planned_credits=credits_text(run.planned_millicredits),
         created_at=timestamp_of(run.created_at),
         updated_at=timestamp_of(run.updated_at),
         ended_at=timestamp_of(run.ended_at),
@@ -144,6 +145,32 @@ class BackfillService(backfill_pb2_grpc.BackfillServiceServicer):
         caller = await self._caller(context)
         found = await self._backfills.list(caller, request.page_size or 50)
         return backfill_pb2.ListBackfillRunsResponse(runs=[run_message(r) for r in found])
+
+    async def ListBackfillItems(
+        self, request: backfill_pb2.ListBackfillItemsRequest, context: grpc.aio.ServicerContext
+    ) -> backfill_pb2.ListBackfillItemsResponse:
+        caller = await self._caller(context)
+        limit = request.page_size or 100
+        found = await self._backfills.items(
+            caller, request.run_id, state=request.state or None, after=request.after, limit=limit
+        )
+        return backfill_pb2.ListBackfillItemsResponse(
+            items=[
+                backfill_pb2.BackfillItem(
+                    item_no=i.item_no,
+                    object_id=i.object_id,
+                    params=_struct(i.params),
+                    state=i.state,
+                    job_id=i.job_id or "",
+                    job_status=i.job_status or "",
+                    error_code=i.error_code or "",
+                    error_message=i.error_message or "",
+                    replays=i.replays,
+                )
+                for i in found
+            ],
+            next_after=found[-1].item_no if len(found) == limit else 0,
+        )
 
     async def PauseBackfillRun(
         self, request: backfill_pb2.PauseBackfillRunRequest, context: grpc.aio.ServicerContext

@@ -141,6 +141,7 @@ def test_a_run_regenerates_exactly_the_outdated_thumbnails_at_its_rate_once_each
         assert created.status_code == 201, created.text
         run = created.json()
         assert (run["state"], run["priority"], run["progress"]["matched"]) == ("running", 8, 290)
+        assert (run["planned_credits"], run["estimated_credits"]) == (estimate["estimated_credits"], 0)
 
         # An interactive thumbnail made while the run enqueues starts within the images target (5 s).
         time.sleep(1.0)
@@ -191,6 +192,22 @@ def test_a_run_regenerates_exactly_the_outdated_thumbnails_at_its_rate_once_each
     }
 
     with running.client(account) as client:
+        # The run's items, paged, name exactly its jobs.
+        listed, after = [], 0
+        while after is not None:
+            page = client.get(
+                f"/v1/backfills/{run['run_id']}/items", params={"after": after, "limit": 100}
+            ).json()
+            listed += page["items"]
+            after = page["next_after"]
+        assert [i["item_no"] for i in listed] == list(range(1, 291))
+        assert {(i["job_id"], i["object_id"]) for i in listed} == {(j[0], j[1]) for j in jobs}
+        assert {(i["state"], i["job_status"]) for i in listed} == {("enqueued", "completed")}
+        skipped = client.get(f"/v1/backfills/{run['run_id']}/items", params={"state": "skipped"}).json()
+        assert skipped == {"items": [], "next_after": None}
+        # Scope all counts the originals the account uploaded, not the thumbnails made of them.
+        every = _create(client, {"operation": "thumbnail", "scope": "all"}, dry_run=True).json()
+        assert every["matched"] == 300
         again = _create(client, selector).json()
         assert again["progress"]["matched"] == 0
         assert _wait_state(client, again["run_id"], "completed")["progress"]["enqueued"] == 0
@@ -283,6 +300,7 @@ def test_pause_resume_and_cancel_and_a_run_takes_no_token_of_the_account_rate(
         assert statuses == [202, 429]
 
         assert client.post(f"/v1/backfills/{run_id}:resume").json()["state"] == "running"
+        assert client.post(f"/v1/backfills/{run_id}:resume").json()["state"] == "running"  # no change
         seen: list[str] = []
 
         def moved() -> bool:
@@ -466,6 +484,18 @@ def test_runs_over_grpc_and_another_accounts_run_is_not_found(running: RunningPl
         assert (done.progress.completed, done.estimated_credits) == (2, dry.estimate.estimated_credits)
         listed = stub.ListBackfillRuns(backfill_pb2.ListBackfillRunsRequest(), metadata=metadata).runs
         assert [r.run_id for r in listed] == [made.run_id]
+        assert done.planned_credits == dry.estimate.estimated_credits
+        items = stub.ListBackfillItems(
+            backfill_pb2.ListBackfillItemsRequest(run_id=made.run_id, page_size=1), metadata=metadata
+        )
+        assert [(i.item_no, i.object_id, i.state, i.job_status) for i in items.items] == [
+            (1, ids[0], "enqueued", "completed")
+        ]
+        assert items.next_after == 1 and items.items[0].params["size"] == 64
+        rest = stub.ListBackfillItems(
+            backfill_pb2.ListBackfillItemsRequest(run_id=made.run_id, after=1), metadata=metadata
+        )
+        assert [i.object_id for i in rest.items] == [ids[1]] and rest.next_after == 0
         with pytest.raises(grpc.RpcError) as ended:
             stub.PauseBackfillRun(backfill_pb2.PauseBackfillRunRequest(run_id=made.run_id), metadata=metadata)
         assert ended.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -483,6 +513,7 @@ def test_runs_over_grpc_and_another_accounts_run_is_not_found(running: RunningPl
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     shown = running.admin("backfill", "show", made.run_id)
     assert (shown["state"], shown["progress"]["completed"]) == ("completed", 2)
+    assert (shown["max_rate_per_second"], shown["selector"]["scope"]) == (5.0, "all")  # REST's fields
     assert [r["run_id"] for r in running.admin("backfills", "--account", account["account_id"])["runs"]] == [
         made.run_id
     ]

@@ -27,6 +27,7 @@ CREATE TABLE backfill_runs (
     reason           text,
     waiting_reason   text,
     braked_seconds   double precision NOT NULL DEFAULT 0,
+    planned_millicredits bigint NOT NULL DEFAULT 0,
     tokens           double precision NOT NULL DEFAULT 0,
     refilled_at      timestamptz NOT NULL DEFAULT now(),
     lease_until      timestamptz,

@@ -62,6 +62,8 @@ class Run:
     unavailable service), None once it enqueues again."""
     braked_seconds: float
     """How long the brake has held it in all."""
+    planned_millicredits: int
+    """The dry-run estimate it was created with: the prices of the jobs it was to create."""
     created_at: datetime.datetime
     updated_at: datetime.datetime
     ended_at: datetime.datetime | None
@@ -78,16 +80,18 @@ async def create(
     priority: int,
     rate_per_second: float,
     deadline: datetime.datetime | None,
+    planned_millicredits: int = 0,
 ) -> str:
-    """Stores a ``running`` run of ``items`` (in the caller's transaction) and returns its id. The
-    runner takes it at its next tick; its bucket starts with one token."""
+    """Stores a ``running`` run of ``items`` (in the caller's transaction) and returns its id,
+    with ``planned_millicredits``, its dry run's estimate. The runner takes it at its next tick;
+    its bucket starts with one token."""
     run_id = str(uuid.uuid4())
     await conn.execute(
         """
         INSERT INTO backfill_runs (run_id, account_id, operation, params, preset_name, preset_version,
             target_version, outdated_only, object_ids, created_after, created_before, priority,
-            rate_per_second, deadline, state, tokens)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::uuid[], $10, $11, $12, $13, $14, 'running', 1)
+            rate_per_second, deadline, state, tokens, planned_millicredits)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::uuid[], $10, $11, $12, $13, $14, 'running', 1, $15)
         """,
         run_id,
         uuid.UUID(account_id),
@@ -103,6 +107,7 @@ async def create(
         priority,
         rate_per_second,
         deadline,
+        planned_millicredits,
     )
     await conn.execute(
         """
@@ -123,7 +128,7 @@ _RUN_COLUMNS = """
     run_id::text AS run_id, account_id::text AS account_id, operation, params, preset_name,
     preset_version, target_version, outdated_only, object_ids::text[] AS object_ids, created_after,
     created_before, priority, rate_per_second, deadline, state, reason_code, reason, waiting_reason,
-    braked_seconds, created_at, updated_at, ended_at
+    braked_seconds, planned_millicredits, created_at, updated_at, ended_at
 """
 
 
@@ -189,6 +194,7 @@ def _run(row: Any, made: Progress | None) -> Run:
         reason=row["reason"],
         waiting_reason=row["waiting_reason"],
         braked_seconds=round(row["braked_seconds"], 3),
+        planned_millicredits=row["planned_millicredits"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         ended_at=row["ended_at"],
@@ -334,3 +340,126 @@ async def replay_failures(conn: db.Connection, run_id: str, account_id: str | No
                 uuid.UUID(run_id),
             )
     return replayed
+
+
+def _credits(millicredits: int | None) -> float | None:
+    return None if millicredits is None else round(millicredits / 1000, 3)
+
+
+def _iso(value: datetime.datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def as_json(run: Run) -> dict[str, Any]:
+    """The run as REST and ``hypermedia admin backfill`` show it (docs/api.md "Backfill runs"):
+    credits as numbers with three decimals, times as ISO 8601."""
+    s, p = run.selector, run.progress
+    return {
+        "run_id": run.run_id,
+        "account_id": run.account_id,
+        "state": run.state,
+        "reason_code": run.reason_code,
+        "reason": run.reason,
+        "waiting_reason": run.waiting_reason,
+        "selector": {
+            "operation": s.operation,
+            "params": s.params,
+            "preset": {"name": s.preset[0], "version": s.preset[1]} if s.preset else None,
+            "scope": "outdated" if s.outdated_only else "all",
+            "object_ids": list(s.object_ids) if s.object_ids is not None else None,
+            "created_after": _iso(s.created_after),
+            "created_before": _iso(s.created_before),
+        },
+        "target_version": run.target_version,
+        "priority": run.priority,
+        "max_rate_per_second": run.rate_per_second,
+        "deadline": _iso(run.deadline),
+        "progress": {
+            "matched": p.matched,
+            "pending": p.pending,
+            "enqueued": p.enqueued,
+            "existing": p.existing,
+            "skipped": p.skipped,
+            "in_flight": p.in_flight,
+            "completed": p.completed,
+            "failed": p.failed,
+            "cancelled": p.cancelled,
+        },
+        "planned_credits": _credits(run.planned_millicredits),
+        "estimated_credits": _credits(p.estimated_millicredits),
+        "charged_credits": _credits(p.charged_millicredits),
+        "braked_seconds": run.braked_seconds,
+        "created_at": _iso(run.created_at),
+        "updated_at": _iso(run.updated_at),
+        "ended_at": _iso(run.ended_at),
+    }
+
+
+ITEM_STATES = ("pending", "enqueued", "existing", "skipped")
+MAX_ITEMS_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class ItemRow:
+    """One item of a run as listed: what it regenerates and what became of it."""
+
+    item_no: int
+    """Its place in the run (1, 2, …): the page token."""
+    object_id: str
+    params: dict[str, Any]
+    state: str
+    job_id: str | None
+    """The job it created (``enqueued``) or was linked to (``existing``)."""
+    job_status: str | None
+    error_code: str | None
+    """Why it was skipped."""
+    error_message: str | None
+    replays: int
+
+
+async def items(
+    conn: db.Connection | asyncpg.Pool,
+    run_id: str,
+    account_id: str | None,
+    *,
+    state: str | None = None,
+    after: int = 0,
+    limit: int = 100,
+) -> list[ItemRow]:
+    """The run's items after item ``after``, in order, at most ``limit`` (1 to
+    :data:`MAX_ITEMS_PAGE`), of ``state`` when given, each with its job's status. Raises NotFound
+    (``RUN_NOT_FOUND``) for a run that is not ``account_id``'s (None: any)."""
+    exists = await conn.fetchval(
+        "SELECT 1 FROM backfill_runs WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2)",
+        uuid.UUID(run_id),
+        uuid.UUID(account_id) if account_id else None,
+    )
+    if not exists:
+        raise NotFound("no such backfill run", "RUN_NOT_FOUND")
+    rows = await conn.fetch(
+        """
+        SELECT i.item_no, i.object_id::text AS object_id, i.params, i.state, i.job_id::text AS job_id,
+               j.status AS job_status, i.error_code, i.error_message, i.replays
+        FROM backfill_items i LEFT JOIN processing_jobs j ON j.job_id = i.job_id
+        WHERE i.run_id = $1 AND i.item_no > $2 AND ($3::text IS NULL OR i.state = $3)
+        ORDER BY i.item_no LIMIT $4
+        """,
+        uuid.UUID(run_id),
+        after,
+        state,
+        max(1, min(limit, MAX_ITEMS_PAGE)),
+    )
+    return [
+        ItemRow(
+            item_no=r["item_no"],
+            object_id=r["object_id"],
+            params=dict(r["params"]),
+            state=r["state"],
+            job_id=r["job_id"],
+            job_status=r["job_status"],
+            error_code=r["error_code"],
+            error_message=r["error_message"],
+            replays=r["replays"],
+        )
+        for r in rows
+    ]

@@ -117,7 +117,8 @@ async def candidates(
     """The items ``selector`` matches among ``account_id``'s available objects, oldest object
     first, at most :data:`MAX_ITEMS` + 1 (the caller refuses more than :data:`MAX_ITEMS`):
 
-    - every object (``outdated_only`` false): one item per object, with the selector's params;
+    - every original (``outdated_only`` false): one item per object the account uploaded (not
+      the outputs its jobs made), with the selector's params;
     - an operation's outdated outputs: one item per (object, params) with an output of a
       version below ``target_version`` and none of it or later (``params`` given: those only);
     - a preset's outdated outputs: one item per object with an output of a job made from a
@@ -136,7 +137,7 @@ async def candidates(
             SELECT ob.object_id::text AS object_id, ob.size_bytes, ob.mime_type, NULL::jsonb AS params
             FROM objects ob
             JOIN object_ownership ow ON ow.object_id = ob.object_id AND ow.account_id = $1
-            WHERE {_OBJECTS}
+            WHERE {_OBJECTS} AND ob.source_object_id IS NULL  -- originals, not the outputs made of them
             ORDER BY ob.created_at, ob.object_id
             LIMIT $5
             """,

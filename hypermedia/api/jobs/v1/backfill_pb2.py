@@ -26,51 +26,57 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!hypermedia/jobs/v1/backfill.proto\x12\x12hypermedia.jobs.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x02\n\x10\x42\x61\x63kfillSelector\x12\x11\n\toperation\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06preset\x18\x03 \x01(\t\x12\x30\n\x05scope\x18\x04 \x01(\x0e\x32!.hypermedia.jobs.v1.BackfillScope\x12\x12\n\nobject_ids\x18\x05 \x03(\t\x12\x31\n\rcreated_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0epreset_version\x18\x08 \x01(\x05\"\xb2\x01\n\x10\x42\x61\x63kfillProgress\x12\x0f\n\x07matched\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\x10\n\x08\x65nqueued\x18\x03 \x01(\x03\x12\x10\n\x08\x65xisting\x18\x04 \x01(\x03\x12\x0f\n\x07skipped\x18\x05 \x01(\x03\x12\x11\n\tin_flight\x18\x06 \x01(\x03\x12\x11\n\tcompleted\x18\x07 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\x03\x12\x11\n\tcancelled\x18\t \x01(\x03\"\xa8\x04\n\x0b\x42\x61\x63kfillRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x13\n\x0breason_code\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0ewaiting_reason\x18\x05 \x01(\t\x12\x36\n\x08selector\x18\x06 \x01(\x0b\x32$.hypermedia.jobs.v1.BackfillSelector\x12\x16\n\x0etarget_version\x18\x07 \x01(\x05\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x1b\n\x13max_rate_per_second\x18\t \x01(\x01\x12,\n\x08\x64\x65\x61\x64line\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x08progress\x18\x0b \x01(\x0b\x32$.hypermedia.jobs.v1.BackfillProgress\x12\x19\n\x11\x65stimated_credits\x18\x0c \x01(\t\x12\x17\n\x0f\x63harged_credits\x18\r \x01(\t\x12\x16\n\x0e\x62raked_seconds\x18\x0e \x01(\x01\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc9\x01\n\x10\x42\x61\x63kfillEstimate\x12\x0f\n\x07matched\x18\x01 \x01(\x03\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x03\x12\x12\n\nto_enqueue\x18\x03 \x01(\x03\x12\x19\n\x11\x65stimated_credits\x18\x04 \x01(\t\x12\x19\n\x11\x61vailable_credits\x18\x05 \x01(\t\x12\x19\n\x11\x65stimated_seconds\x18\x06 \x01(\x01\x12\x15\n\rfits_deadline\x18\x07 \x01(\x08\x12\x16\n\x0etarget_version\x18\x08 \x01(\x05\"\xc0\x01\n\x18\x43reateBackfillRunRequest\x12\x36\n\x08selector\x18\x01 \x01(\x0b\x32$.hypermedia.jobs.v1.BackfillSelector\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x1b\n\x13max_rate_per_second\x18\x03 \x01(\x01\x12,\n\x08\x64\x65\x61\x64line\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x64ry_run\x18\x05 \x01(\x08\"\x81\x01\n\x19\x43reateBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\x12\x36\n\x08\x65stimate\x18\x02 \x01(\x0b\x32$.hypermedia.jobs.v1.BackfillEstimate\"\'\n\x15GetBackfillRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"F\n\x16GetBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\",\n\x17ListBackfillRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\"I\n\x18ListBackfillRunsResponse\x12-\n\x04runs\x18\x01 \x03(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\")\n\x17PauseBackfillRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"H\n\x18PauseBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\"*\n\x18ResumeBackfillRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"I\n\x19ResumeBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\"*\n\x18\x43\x61ncelBackfillRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"I\n\x19\x43\x61ncelBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\"/\n\x1dReplayBackfillFailuresRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"`\n\x1eReplayBackfillFailuresResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\x12\x10\n\x08replayed\x18\x02 \x01(\x03*d\n\rBackfillScope\x12\x1e\n\x1a\x42\x41\x43KFILL_SCOPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x42\x41\x43KFILL_SCOPE_OUTDATED\x10\x01\x12\x16\n\x12\x42\x41\x43KFILL_SCOPE_ALL\x10\x02\x32\xaf\x06\n\x0f\x42\x61\x63kfillService\x12p\n\x11\x43reateBackfillRun\x12,.hypermedia.jobs.v1.CreateBackfillRunRequest\x1a-.hypermedia.jobs.v1.CreateBackfillRunResponse\x12g\n\x0eGetBackfillRun\x12).hypermedia.jobs.v1.GetBackfillRunRequest\x1a*.hypermedia.jobs.v1.GetBackfillRunResponse\x12m\n\x10ListBackfillRuns\x12+.hypermedia.jobs.v1.ListBackfillRunsRequest\x1a,.hypermedia.jobs.v1.ListBackfillRunsResponse\x12m\n\x10PauseBackfillRun\x12+.hypermedia.jobs.v1.PauseBackfillRunRequest\x1a,.hypermedia.jobs.v1.PauseBackfillRunResponse\x12p\n\x11ResumeBackfillRun\x12,.hypermedia.jobs.v1.ResumeBackfillRunRequest\x1a-.hypermedia.jobs.v1.ResumeBackfillRunResponse\x12p\n\x11\x43\x61ncelBackfillRun\x12,.hypermedia.jobs.v1.CancelBackfillRunRequest\x1a-.hypermedia.jobs.v1.CancelBackfillRunResponse\x12\x7f\n\x16ReplayBackfillFailures\x12\x31.hypermedia.jobs.v1.ReplayBackfillFailuresRequest\x1a\x32.hypermedia.jobs.v1.ReplayBackfillFailuresResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!hypermedia/jobs/v1/backfill.proto\x12\x12hypermedia.jobs.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x02\n\x10\x42\x61\x63kfillSelector\x12\x11\n\toperation\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06preset\x18\x03 \x01(\t\x12\x30\n\x05scope\x18\x04 \x01(\x0e\x32!.hypermedia.jobs.v1.BackfillScope\x12\x12\n\nobject_ids\x18\x05 \x03(\t\x12\x31\n\rcreated_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0epreset_version\x18\x08 \x01(\x05\"\xb2\x01\n\x10\x42\x61\x63kfillProgress\x12\x0f\n\x07matched\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\x10\n\x08\x65nqueued\x18\x03 \x01(\x03\x12\x10\n\x08\x65xisting\x18\x04 \x01(\x03\x12\x0f\n\x07skipped\x18\x05 \x01(\x03\x12\x11\n\tin_flight\x18\x06 \x01(\x03\x12\x11\n\tcompleted\x18\x07 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\x03\x12\x11\n\tcancelled\x18\t \x01(\x03\"\xc1\x04\n\x0b\x42\x61\x63kfillRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x13\n\x0breason_code\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0ewaiting_reason\x18\x05 \x01(\t\x12\x36\n\x08selector\x18\x06 \x01(\x0b\x32$.hypermedia.jobs.v1.BackfillSelector\x12\x16\n\x0etarget_version\x18\x07 \x01(\x05\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x1b\n\x13max_rate_per_second\x18\t \x01(\x01\x12,\n\x08\x64\x65\x61\x64line\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x08progress\x18\x0b \x01(\x0b\x32$.hypermedia.jobs.v1.BackfillProgress\x12\x19\n\x11\x65stimated_credits\x18\x0c \x01(\t\x12\x17\n\x0f\x63harged_credits\x18\r \x01(\t\x12\x16\n\x0e\x62raked_seconds\x18\x0e \x01(\x01\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fplanned_credits\x18\x12 \x01(\t\"\xc9\x01\n\x10\x42\x61\x63kfillEstimate\x12\x0f\n\x07matched\x18\x01 \x01(\x03\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x03\x12\x12\n\nto_enqueue\x18\x03 \x01(\x03\x12\x19\n\x11\x65stimated_credits\x18\x04 \x01(\t\x12\x19\n\x11\x61vailable_credits\x18\x05 \x01(\t\x12\x19\n\x11\x65stimated_seconds\x18\x06 \x01(\x01\x12\x15\n\rfits_deadline\x18\x07 \x01(\x08\x12\x16\n\x0etarget_version\x18\x08 \x01(\x05\"\xc0\x01\n\x18\x43reateBackfillRunRequest\x12\x36\n\x08selector\x18\x01 \x01(\x0b\x32$.hypermedia.jobs.v1.BackfillSelector\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x1b\n\x13max_rate_per_second\x18\x03 \x01(\x01\x12,\n\x08\x64\x65\x61\x64line\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x64ry_run\x18\x05 \x01(\x08\"\x81\x01\n\x19\x43reateBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\x12\x36\n\x08\x65stimate\x18\x02 \x01(\x0b\x32$.hypermedia.jobs.v1.BackfillEstimate\"\'\n\x15GetBackfillRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"F\n\x16GetBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\",\n\x17ListBackfillRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\"I\n\x18ListBackfillRunsResponse\x12-\n\x04runs\x18\x01 \x03(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\"[\n\x18ListBackfillItemsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\"\xca\x01\n\x0c\x42\x61\x63kfillItem\x12\x0f\n\x07item_no\x18\x01 \x01(\x05\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\'\n\x06params\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05state\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x12\n\njob_status\x18\x06 \x01(\t\x12\x12\n\nerror_code\x18\x07 \x01(\t\x12\x15\n\rerror_message\x18\x08 \x01(\t\x12\x0f\n\x07replays\x18\t \x01(\x05\"`\n\x19ListBackfillItemsResponse\x12/\n\x05items\x18\x01 \x03(\x0b\x32 .hypermedia.jobs.v1.BackfillItem\x12\x12\n\nnext_after\x18\x02 \x01(\x05\")\n\x17PauseBackfillRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"H\n\x18PauseBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\"*\n\x18ResumeBackfillRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"I\n\x19ResumeBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\"*\n\x18\x43\x61ncelBackfillRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"I\n\x19\x43\x61ncelBackfillRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\"/\n\x1dReplayBackfillFailuresRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"`\n\x1eReplayBackfillFailuresResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.hypermedia.jobs.v1.BackfillRun\x12\x10\n\x08replayed\x18\x02 \x01(\x03*d\n\rBackfillScope\x12\x1e\n\x1a\x42\x41\x43KFILL_SCOPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x42\x41\x43KFILL_SCOPE_OUTDATED\x10\x01\x12\x16\n\x12\x42\x41\x43KFILL_SCOPE_ALL\x10\x02\x32\xa1\x07\n\x0f\x42\x61\x63kfillService\x12p\n\x11\x43reateBackfillRun\x12,.hypermedia.jobs.v1.CreateBackfillRunRequest\x1a-.hypermedia.jobs.v1.CreateBackfillRunResponse\x12g\n\x0eGetBackfillRun\x12).hypermedia.jobs.v1.GetBackfillRunRequest\x1a*.hypermedia.jobs.v1.GetBackfillRunResponse\x12m\n\x10ListBackfillRuns\x12+.hypermedia.jobs.v1.ListBackfillRunsRequest\x1a,.hypermedia.jobs.v1.ListBackfillRunsResponse\x12p\n\x11ListBackfillItems\x12,.hypermedia.jobs.v1.ListBackfillItemsRequest\x1a-.hypermedia.jobs.v1.ListBackfillItemsResponse\x12m\n\x10PauseBackfillRun\x12+.hypermedia.jobs.v1.PauseBackfillRunRequest\x1a,.hypermedia.jobs.v1.PauseBackfillRunResponse\x12p\n\x11ResumeBackfillRun\x12,.hypermedia.jobs.v1.ResumeBackfillRunRequest\x1a-.hypermedia.jobs.v1.ResumeBackfillRunResponse\x12p\n\x11\x43\x61ncelBackfillRun\x12,.hypermedia.jobs.v1.CancelBackfillRunRequest\x1a-.hypermedia.jobs.v1.CancelBackfillRunResponse\x12\x7f\n\x16ReplayBackfillFailures\x12\x31.hypermedia.jobs.v1.ReplayBackfillFailuresRequest\x1a\x32.hypermedia.jobs.v1.ReplayBackfillFailuresResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hypermedia.jobs.v1.backfill_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BACKFILLSCOPE']._serialized_start=2417
-  _globals['_BACKFILLSCOPE']._serialized_end=2517
+  _globals['_BACKFILLSCOPE']._serialized_start=2838
+  _globals['_BACKFILLSCOPE']._serialized_end=2938
   _globals['_BACKFILLSELECTOR']._serialized_start=121
   _globals['_BACKFILLSELECTOR']._serialized_end=412
   _globals['_BACKFILLPROGRESS']._serialized_start=415
   _globals['_BACKFILLPROGRESS']._serialized_end=593
   _globals['_BACKFILLRUN']._serialized_start=596
-  _globals['_BACKFILLRUN']._serialized_end=1148
-  _globals['_BACKFILLESTIMATE']._serialized_start=1151
-  _globals['_BACKFILLESTIMATE']._serialized_end=1352
-  _globals['_CREATEBACKFILLRUNREQUEST']._serialized_start=1355
-  _globals['_CREATEBACKFILLRUNREQUEST']._serialized_end=1547
-  _globals['_CREATEBACKFILLRUNRESPONSE']._serialized_start=1550
-  _globals['_CREATEBACKFILLRUNRESPONSE']._serialized_end=1679
-  _globals['_GETBACKFILLRUNREQUEST']._serialized_start=1681
-  _globals['_GETBACKFILLRUNREQUEST']._serialized_end=1720
-  _globals['_GETBACKFILLRUNRESPONSE']._serialized_start=1722
-  _globals['_GETBACKFILLRUNRESPONSE']._serialized_end=1792
-  _globals['_LISTBACKFILLRUNSREQUEST']._serialized_start=1794
-  _globals['_LISTBACKFILLRUNSREQUEST']._serialized_end=1838
-  _globals['_LISTBACKFILLRUNSRESPONSE']._serialized_start=1840
-  _globals['_LISTBACKFILLRUNSRESPONSE']._serialized_end=1913
-  _globals['_PAUSEBACKFILLRUNREQUEST']._serialized_start=1915
-  _globals['_PAUSEBACKFILLRUNREQUEST']._serialized_end=1956
-  _globals['_PAUSEBACKFILLRUNRESPONSE']._serialized_start=1958
-  _globals['_PAUSEBACKFILLRUNRESPONSE']._serialized_end=2030
-  _globals['_RESUMEBACKFILLRUNREQUEST']._serialized_start=2032
-  _globals['_RESUMEBACKFILLRUNREQUEST']._serialized_end=2074
-  _globals['_RESUMEBACKFILLRUNRESPONSE']._serialized_start=2076
-  _globals['_RESUMEBACKFILLRUNRESPONSE']._serialized_end=2149
-  _globals['_CANCELBACKFILLRUNREQUEST']._serialized_start=2151
-  _globals['_CANCELBACKFILLRUNREQUEST']._serialized_end=2193
-  _globals['_CANCELBACKFILLRUNRESPONSE']._serialized_start=2195
-  _globals['_CANCELBACKFILLRUNRESPONSE']._serialized_end=2268
-  _globals['_REPLAYBACKFILLFAILURESREQUEST']._serialized_start=2270
-  _globals['_REPLAYBACKFILLFAILURESREQUEST']._serialized_end=2317
-  _globals['_REPLAYBACKFILLFAILURESRESPONSE']._serialized_start=2319
-  _globals['_REPLAYBACKFILLFAILURESRESPONSE']._serialized_end=2415
-  _globals['_BACKFILLSERVICE']._serialized_start=2520
-  _globals['_BACKFILLSERVICE']._serialized_end=3335
+  _globals['_BACKFILLRUN']._serialized_end=1173
+  _globals['_BACKFILLESTIMATE']._serialized_start=1176
+  _globals['_BACKFILLESTIMATE']._serialized_end=1377
+  _globals['_CREATEBACKFILLRUNREQUEST']._serialized_start=1380
+  _globals['_CREATEBACKFILLRUNREQUEST']._serialized_end=1572
+  _globals['_CREATEBACKFILLRUNRESPONSE']._serialized_start=1575
+  _globals['_CREATEBACKFILLRUNRESPONSE']._serialized_end=1704
+  _globals['_GETBACKFILLRUNREQUEST']._serialized_start=1706
+  _globals['_GETBACKFILLRUNREQUEST']._serialized_end=1745
+  _globals['_GETBACKFILLRUNRESPONSE']._serialized_start=1747
+  _globals['_GETBACKFILLRUNRESPONSE']._serialized_end=1817
+  _globals['_LISTBACKFILLRUNSREQUEST']._serialized_start=1819
+  _globals['_LISTBACKFILLRUNSREQUEST']._serialized_end=1863
+  _globals['_LISTBACKFILLRUNSRESPONSE']._serialized_start=1865
+  _globals['_LISTBACKFILLRUNSRESPONSE']._serialized_end=1938
+  _globals['_LISTBACKFILLITEMSREQUEST']._serialized_start=1940
+  _globals['_LISTBACKFILLITEMSREQUEST']._serialized_end=2031
+  _globals['_BACKFILLITEM']._serialized_start=2034
+  _globals['_BACKFILLITEM']._serialized_end=2236
+  _globals['_LISTBACKFILLITEMSRESPONSE']._serialized_start=2238
+  _globals['_LISTBACKFILLITEMSRESPONSE']._serialized_end=2334
+  _globals['_PAUSEBACKFILLRUNREQUEST']._serialized_start=2336
+  _globals['_PAUSEBACKFILLRUNREQUEST']._serialized_end=2377
+  _globals['_PAUSEBACKFILLRUNRESPONSE']._serialized_start=2379
+  _globals['_PAUSEBACKFILLRUNRESPONSE']._serialized_end=2451
+  _globals['_RESUMEBACKFILLRUNREQUEST']._serialized_start=2453
+  _globals['_RESUMEBACKFILLRUNREQUEST']._serialized_end=2495
+  _globals['_RESUMEBACKFILLRUNRESPONSE']._serialized_start=2497
+  _globals['_RESUMEBACKFILLRUNRESPONSE']._serialized_end=2570
+  _globals['_CANCELBACKFILLRUNREQUEST']._serialized_start=2572
+  _globals['_CANCELBACKFILLRUNREQUEST']._serialized_end=2614
+  _globals['_CANCELBACKFILLRUNRESPONSE']._serialized_start=2616
+  _globals['_CANCELBACKFILLRUNRESPONSE']._serialized_end=2689
+  _globals['_REPLAYBACKFILLFAILURESREQUEST']._serialized_start=2691
+  _globals['_REPLAYBACKFILLFAILURESREQUEST']._serialized_end=2738
+  _globals['_REPLAYBACKFILLFAILURESRESPONSE']._serialized_start=2740
+  _globals['_REPLAYBACKFILLFAILURESRESPONSE']._serialized_end=2836
+  _globals['_BACKFILLSERVICE']._serialized_start=2941
+  _globals['_BACKFILLSERVICE']._serialized_end=3870
 # @@protoc_insertion_point(module_scope)

@@ -169,6 +169,7 @@ class BackfillRun(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     ENDED_AT_FIELD_NUMBER: _builtins.int
+    PLANNED_CREDITS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     state: _builtins.str
     """running, paused, dispatched, completed, cancelled or expired."""
@@ -181,6 +182,8 @@ class BackfillRun(_message.Message):
     estimated_credits: _builtins.str
     charged_credits: _builtins.str
     braked_seconds: _builtins.float
+    planned_credits: _builtins.str
+    """The dry-run estimate the run was created with (estimated_credits counts the jobs made so far)."""
     @_builtins.property
     def selector(self) -> Global___BackfillSelector: ...
     @_builtins.property
@@ -213,10 +216,11 @@ class BackfillRun(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         ended_at: _timestamp_pb2.Timestamp | None = ...,
+        planned_credits: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "ended_at", b"ended_at", "progress", b"progress", "selector", b"selector", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["braked_seconds", b"braked_seconds", "charged_credits", b"charged_credits", "created_at", b"created_at", "deadline", b"deadline", "ended_at", b"ended_at", "estimated_credits", b"estimated_credits", "max_rate_per_second", b"max_rate_per_second", "priority", b"priority", "progress", b"progress", "reason", b"reason", "reason_code", b"reason_code", "run_id", b"run_id", "selector", b"selector", "state", b"state", "target_version", b"target_version", "updated_at", b"updated_at", "waiting_reason", b"waiting_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["braked_seconds", b"braked_seconds", "charged_credits", b"charged_credits", "created_at", b"created_at", "deadline", b"deadline", "ended_at", b"ended_at", "estimated_credits", b"estimated_credits", "max_rate_per_second", b"max_rate_per_second", "planned_credits", b"planned_credits", "priority", b"priority", "progress", b"progress", "reason", b"reason", "reason_code", b"reason_code", "run_id", b"run_id", "selector", b"selector", "state", b"state", "target_version", b"target_version", "updated_at", b"updated_at", "waiting_reason", b"waiting_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -406,6 +410,111 @@ class ListBackfillRunsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListBackfillRunsResponse: _TypeAlias = ListBackfillRunsResponse  # noqa: Y015
+
+@_typing.final
+class ListBackfillItemsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    state: _builtins.str
+    """pending, enqueued, existing or skipped; empty: all."""
+    after: _builtins.int
+    """The last item_no of the previous page (next_after); 0: from the start."""
+    page_size: _builtins.int
+    """1-1000; 0: 100."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        after: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "page_size", b"page_size", "run_id", b"run_id", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBackfillItemsRequest: _TypeAlias = ListBackfillItemsRequest  # noqa: Y015
+
+@_typing.final
+class BackfillItem(_message.Message):
+    """BackfillItem is one (object, params) of a run and what became of it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_NO_FIELD_NUMBER: _builtins.int
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    JOB_STATUS_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    REPLAYS_FIELD_NUMBER: _builtins.int
+    item_no: _builtins.int
+    object_id: _builtins.str
+    state: _builtins.str
+    """pending, enqueued, existing or skipped."""
+    job_id: _builtins.str
+    """The job it created or was linked to; empty while pending or skipped."""
+    job_status: _builtins.str
+    """That job's status (queued, processing, completed, …); empty without a job."""
+    error_code: _builtins.str
+    """Why it was skipped."""
+    error_message: _builtins.str
+    replays: _builtins.int
+    @_builtins.property
+    def params(self) -> _struct_pb2.Struct: ...
+    def __init__(
+        self,
+        *,
+        item_no: _builtins.int = ...,
+        object_id: _builtins.str = ...,
+        params: _struct_pb2.Struct | None = ...,
+        state: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        job_status: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        replays: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "item_no", b"item_no", "job_id", b"job_id", "job_status", b"job_status", "object_id", b"object_id", "params", b"params", "replays", b"replays", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackfillItem: _TypeAlias = BackfillItem  # noqa: Y015
+
+@_typing.final
+class ListBackfillItemsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_FIELD_NUMBER: _builtins.int
+    next_after: _builtins.int
+    """The `after` of the next page; 0 on the last page."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackfillItem]: ...
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___BackfillItem] | None = ...,
+        next_after: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "next_after", b"next_after"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBackfillItemsResponse: _TypeAlias = ListBackfillItemsResponse  # noqa: Y015
 
 @_typing.final
 class PauseBackfillRunRequest(_message.Message):

@@ -50,6 +50,11 @@ class BackfillServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillRunsRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillRunsResponse.FromString,
                 _registered_method=True)
+        self.ListBackfillItems = channel.unary_unary(
+                '/hypermedia.jobs.v1.BackfillService/ListBackfillItems',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillItemsRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillItemsResponse.FromString,
+                _registered_method=True)
         self.PauseBackfillRun = channel.unary_unary(
                 '/hypermedia.jobs.v1.BackfillService/PauseBackfillRun',
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.PauseBackfillRunRequest.SerializeToString,
@@ -96,6 +101,14 @@ class BackfillServiceServicer:
 
     def ListBackfillRuns(self, request, context):
         """ListBackfillRuns returns the caller's runs, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBackfillItems(self, request, context):
+        """ListBackfillItems pages through a run's items in order, each with the job it created or was
+        linked to. NOT_FOUND (RUN_NOT_FOUND); INVALID_ARGUMENT for an unknown state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,6 +162,11 @@ def add_BackfillServiceServicer_to_server(servicer, server):
                     servicer.ListBackfillRuns,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillRunsRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillRunsResponse.SerializeToString,
+            ),
+            'ListBackfillItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBackfillItems,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillItemsRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillItemsResponse.SerializeToString,
             ),
             'PauseBackfillRun': grpc.unary_unary_rpc_method_handler(
                     servicer.PauseBackfillRun,
@@ -253,6 +271,33 @@ class BackfillService:
             '/hypermedia.jobs.v1.BackfillService/ListBackfillRuns',
             hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillRunsRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBackfillItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.BackfillService/ListBackfillItems',
+            hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillItemsRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_backfill__pb2.ListBackfillItemsResponse.FromString,
             options,
             channel_credentials,
             insecure,
