@@ -88,6 +88,10 @@ class OutboxRelay:
         rung: set[str] = set()
         now = time.monotonic()
         self._retry_after = {k: t for k, t in self._retry_after.items() if t > now}
+        if now >= self._next_sweep:  # windows freed without a claim (ADR 0059), in a statement of its own
+            self._next_sweep = now + SWEEP_EVERY_SECONDS
+            if await lifecycle.sweep_deferred(self._pool):
+                self.wake.set()
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 """
@@ -114,10 +118,6 @@ class OutboxRelay:
                 await conn.execute(
                     "UPDATE outbox SET published_at = now() WHERE outbox_id = ANY($1::bigint[])", published
                 )
-            if now >= self._next_sweep:  # windows freed without a claim (ADR 0059)
-                self._next_sweep = now + SWEEP_EVERY_SECONDS
-                if await lifecycle.sweep_deferred(conn):
-                    self.wake.set()
             purged = 0
             if now >= self._next_purge:
                 self._next_purge = now + self._purge_every_seconds

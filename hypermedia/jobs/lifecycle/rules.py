@@ -90,6 +90,7 @@ _MAKE_READY = """
                 WHERE published_at IS NULL AND deferred AND account_id = w.account_id
                   AND job_queue = w.job_queue AND priority = w.priority
                 ORDER BY outbox_id LIMIT greatest(w.n, 0)
+                FOR UPDATE SKIP LOCKED  -- a concurrent claim or sweep releases those: no waits, no deadlock
             ) d
         ) x
         WHERE o.outbox_id = x.outbox_id
