@@ -152,17 +152,26 @@ class OutboxRelay:
         listener: Any = None
         try:
             while not stop.is_set():
-                listener = await self._listening(listener)
+                try:
+                    listener = await self._listening(listener)
+                except Exception:  # never the relay's end: it polls without a listener
+                    log.exception("outbox relay could not listen on %s; polling", NOTIFY_CHANNEL)
+                    listener = None
                 await self._turn(stop, poll_seconds)
         finally:
             if listener is not None:
                 await self._unlisten(listener)
 
     async def _listening(self, listener: Any) -> Any:
-        """The listening connection, acquired (again) when there is none or it was lost."""
-        if listener is not None and not listener.is_closed():
-            return listener
+        """The listening connection, acquired (again) when there is none or it was lost. A lost
+        connection's proxy is detached by the pool at once (``is_closed`` then raises
+        InterfaceError: a Postgres restart)."""
         if listener is not None:
+            try:
+                if not listener.is_closed():
+                    return listener
+            except asyncpg.InterfaceError:
+                pass
             await self._unlisten(listener)
         try:
             conn = await self._pool.acquire()

@@ -133,3 +133,44 @@ async def test_a_deferred_job_is_not_republished_as_stale(
     rows = await fresh_pool.fetch("SELECT job_id FROM outbox WHERE job_id = ANY($1::uuid[])", jobs[W:])
     assert len(rows) == 2
     assert uuid.UUID(jobs[0])  # ids are job ids
+
+
+async def test_a_relay_whose_listening_connection_dies_goes_on_publishing_and_listens_again(
+    fresh_pool: asyncpg.Pool, seed: Seeder, broker: Broker
+) -> None:
+    """The chaos run's finding: after a Postgres restart the pool detaches the listening
+    connection (its ``is_closed`` raises), which had ended the relay's loop for good."""
+    tenant = await seed.tenant()
+    relay = OutboxRelay(fresh_pool, broker.nc, broker.js)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop, poll_seconds=0.2))
+
+    async def listeners() -> list[int]:
+        rows = await fresh_pool.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %hm_outbox%'"
+        )
+        return [r["pid"] for r in rows]
+
+    try:
+        for _ in range(50):
+            if await listeners():
+                break
+            await asyncio.sleep(0.1)
+        [pid] = await listeners()
+        await fresh_pool.execute("SELECT pg_terminate_backend($1)", pid)
+        await asyncio.sleep(0.5)
+        await _queued(fresh_pool, seed, broker, tenant, 3)
+        for _ in range(50):
+            if await broker.stream_messages("images") == 3:
+                break
+            await asyncio.sleep(0.1)
+        assert await broker.stream_messages("images") == 3, "the relay still publishes"
+        assert not running.done()
+        for _ in range(50):
+            if (now := await listeners()) and now != [pid]:
+                break
+            await asyncio.sleep(0.1)
+        assert now and now != [pid], "and listens again on a new connection"
+    finally:
+        stop.set()
+        await running
