@@ -1,7 +1,8 @@
 """REST routes of the caller's backfill runs (docs/api.md "Backfill runs"): ``POST /v1/backfills``
 (``dry_run`` answers the count and the estimate), ``GET /v1/backfills`` and
-``/v1/backfills/{id}``, and ``POST /v1/backfills/{id}:pause``, ``:resume``, ``:cancel`` and
-``:replay``, over :class:`~services.gateway.backfills.Backfills`."""
+``/v1/backfills/{id}``, ``GET /v1/backfills/{id}/items``, and ``POST
+/v1/backfills/{id}:pause``, ``:resume``, ``:cancel`` and ``:replay``, over
+:class:`~services.gateway.backfills.Backfills`."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class SelectorIn(BaseModel):
     )
     preset: str | None = Field(None, description="One of the caller's presets (its active version)")
     scope: Literal["outdated", "all"] = Field(
-        "outdated", description="Outdated outputs only, or every object"
+        "outdated", description="Outdated outputs only, or every original the caller uploaded"
     )
     object_ids: list[str] | None = Field(None, description="Only these objects (at most 1,000)")
     created_after: datetime | None = Field(
