@@ -436,10 +436,7 @@ def outdated_cmd(
 
     logging.basicConfig(level=logging.WARNING)
     if account is not None:
-        try:
-            uuid.UUID(account)
-        except ValueError:
-            raise typer.BadParameter(f"{account!r} is not an account id") from None
+        _account_id(account)
     if preset and (account is None or operation):
         raise typer.BadParameter("--preset takes --account (a preset is an account's) and no --operation")
     try:

@@ -10,6 +10,12 @@ import math
 MIB = 1024 * 1024
 
 
+def as_credits(millicredits: int | None) -> float | None:
+    """Millicredits as the API's credits (1 credit = 1000 millicredits): a number rounded to
+    three decimals (1234 → 1.234); None stays None (JSON ``null``)."""
+    return None if millicredits is None else round(millicredits / 1000, 3)
+
+
 def price(base_cost: int, per_mb: int, size_bytes: int) -> int:
     """Millicredits for one operation on ``size_bytes`` of input: ``base_cost`` plus ``per_mb``
     per MiB, the part of a MiB rounded up to the next millicredit."""

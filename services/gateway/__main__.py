@@ -18,7 +18,7 @@ from hypermedia.core import config
 from hypermedia.infra import mtls, rpc
 from hypermedia.infra.httplimits import HttpSettings
 from hypermedia.infra.httpserver import HttpServer
-from hypermedia.infra.service import Lifetime, open_peers, open_postgres, run_service
+from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres, run_service
 from hypermedia.intake import clamav
 from hypermedia.jobs import accounts as auth
 from hypermedia.jobs import queues
@@ -98,7 +98,8 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         webhook_allow_private=settings.webhook_allow_private,
         noop_enabled=settings.noop_operation,
     )
-    backfills = Backfills(pool, creation, peers.credits, settlement)
+    accounts = Accounts(pool, peers.credits)
+    backfills = Backfills(pool, creation, accounts, settlement)
     runner = BackfillRunner(
         pool,
         creation,
@@ -107,7 +108,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         brake_targets=settings.brake_targets,
     )
     runner_stop = asyncio.Event()
-    runner_task = asyncio.create_task(runner.run(runner_stop, settings.backfill_poll_seconds))
+    runner_task = asyncio.create_task(every(settings.backfill_poll_seconds, runner.run_once, runner_stop))
 
     async def stop_runner() -> None:
         runner_stop.set()
@@ -119,7 +120,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         creation=creation,
         status=status,
         cancellation=JobCancellation(pool, settlement, status),
-        accounts=Accounts(pool, peers.credits),
+        accounts=accounts,
         operators=SchedulerAdmin(pool),
         presets=Presets(pool, creation),
         backfills=backfills,

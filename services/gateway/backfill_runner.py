@@ -21,7 +21,7 @@ linked to it (``existing``). The run's outcome decides what follows:
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping
@@ -114,23 +114,10 @@ class BackfillRunner:
         self._brake_targets = dict(brake_targets)
         self._chunk = chunk
 
-    async def run(self, stop: asyncio.Event, poll_seconds: float) -> None:
-        """Ticks every ``poll_seconds`` until ``stop`` is set; a failed tick is logged and the next
-        one tries again (the runs' leases expire, so nothing is lost)."""
-        while not stop.is_set():
-            try:
-                tick = await self.run_once()
-                if tick.enqueued or tick.skipped or tick.expired or tick.completed or tick.paused:
-                    log.info("backfill tick", extra={"tick": tick.__dict__})
-            except Exception:
-                log.exception("backfill tick failed")
-            try:
-                await asyncio.wait_for(stop.wait(), poll_seconds)
-            except TimeoutError:
-                pass
-
     async def run_once(self) -> Tick:
-        """One tick over every running run this runner can lease (see the module docstring)."""
+        """One tick over every running run this runner can lease (see the module docstring); the
+        gateway calls it every ``HM_BACKFILL_POLL_SECONDS`` (:func:`hypermedia.infra.service.every`).
+        Logs a line when it did something."""
         expired, completed = await dispatch.housekeeping(self._pool)
         leased = await dispatch.lease(self._pool, self._owner)
         if not leased:
@@ -144,7 +131,7 @@ class BackfillRunner:
             totals.existing += counts.existing
             totals.skipped += counts.skipped
             paused += counts.pause is not None
-        return Tick(
+        tick = Tick(
             expired=expired,
             completed=completed,
             leased=len(leased),
@@ -154,6 +141,9 @@ class BackfillRunner:
             paused=paused,
             braked=braked,
         )
+        if tick.enqueued or tick.skipped or tick.expired or tick.completed or tick.paused:
+            log.info("backfill tick", extra={"tick": dataclasses.asdict(tick)})
+        return tick
 
     async def _advance(self, run: Leased, braked: str | None) -> _Counts:
         """One run's tick; always releases its lease with its bucket and why it waits."""
@@ -165,8 +155,17 @@ class BackfillRunner:
                 counts.pause = ("PRESET_CHANGED", changed)
             else:
                 items = await dispatch.pending(self._pool, run.run_id, self._chunk)
+                keys = {
+                    item.item_no: selection.idempotency_key(
+                        item.object_id, run.operation, item.params, run.target_version, item.replays
+                    )
+                    for item in items
+                }
+                earlier = await selection.existing_jobs(self._pool, run.account_id, list(keys.values()))
                 for item in items:
-                    await self._enqueue(run, item, counts)
+                    await self._enqueue(
+                        run, item, keys[item.item_no], earlier.get(keys[item.item_no]), counts
+                    )
         except _Stop:
             pass
         finally:
@@ -193,16 +192,11 @@ class BackfillRunner:
         became = f"version {now['version']}" if now else "deleted"
         return f"preset {name!r} was version {version} when the run was created and is now {became}: create a new run"
 
-    async def _enqueue(self, run: Leased, item: Item, counts: _Counts) -> None:
-        """Enqueues one item (or links its key's job, or skips it), records it, and raises _Stop
-        when the run must end its tick."""
-        key = selection.idempotency_key(
-            item.object_id, run.operation, item.params, run.target_version, item.replays
-        )
-        earlier = await selection.existing_jobs(self._pool, run.account_id, [key])
-        if key in earlier:  # linked, no job made: it takes no token
-            counts.existing += 1
-            await self._record(run, item, "existing", earlier[key])
+    async def _enqueue(self, run: Leased, item: Item, key: str, earlier: str | None, counts: _Counts) -> None:
+        """Enqueues one item under ``key`` (or links ``earlier``, the job the key has already, or
+        skips it), records it, and raises _Stop when the run must end its tick."""
+        if earlier is not None:
+            await self._link(run, item, earlier, counts)
             return
         if counts.used + 1 > run.tokens:
             raise _Stop  # the bucket is empty until the next tick
@@ -216,12 +210,11 @@ class BackfillRunner:
             result = await self._creation.process(
                 caller, item.object_id, [operation], run.priority, None, key, "bulk", paced=True
             )
-        except Conflict:  # the key's request was made with other fields (another run's priority)
-            earlier = await selection.existing_jobs(self._pool, run.account_id, [key])
-            if key not in earlier:
+        except Conflict:  # the key's request was made meanwhile with other fields (another run's)
+            made = await selection.existing_jobs(self._pool, run.account_id, [key])
+            if key not in made:
                 raise
-            counts.existing += 1
-            await self._record(run, item, "existing", earlier[key])
+            await self._link(run, item, made[key], counts)
             return
         except InsufficientCredits as exc:
             counts.pause = ("INSUFFICIENT_CREDITS", exc.public_message)
@@ -248,6 +241,11 @@ class BackfillRunner:
         counts.enqueued += 1
         counts.used += 1
         await self._record(run, item, "enqueued", result.job_ids[0])
+
+    async def _link(self, run: Leased, item: Item, job_id: str, counts: _Counts) -> None:
+        """Links the item to the job its key has already: no job made, no token taken."""
+        counts.existing += 1
+        await self._record(run, item, "existing", job_id)
 
     async def _skip(self, run: Leased, item: Item, exc: DomainError, counts: _Counts) -> None:
         counts.skipped += 1

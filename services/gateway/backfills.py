@@ -16,10 +16,8 @@ from typing import Any
 
 import asyncpg
 
-from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.core.errors import DomainError, InsufficientCredits, InvalidArgument, NotFound
 from hypermedia.engines.ocr import params as ocr_params
-from hypermedia.infra.rpc import call
 from hypermedia.intake import contenttype
 from hypermedia.jobs import lifecycle, presets
 from hypermedia.jobs import secrets as jobsecrets
@@ -28,7 +26,9 @@ from hypermedia.jobs.backfill import runs, selection
 from hypermedia.jobs.backfill.runs import Run
 from hypermedia.jobs.backfill.selection import Candidate, Estimate, Selector
 from hypermedia.jobs.settlement import Settlement
+from services.gateway.accounts import Accounts
 from services.gateway.creation import JobCreation
+from services.gateway.ids import canonical_uuid
 from services.gateway.process_request import check_priority
 
 log = logging.getLogger(__name__)
@@ -66,17 +66,17 @@ def _invalid(message: str, code: str = "INVALID_SELECTOR") -> InvalidArgument:
 
 def _run_id(value: str) -> str:
     """``value`` as a canonical run id; anything else is a run that does not exist."""
-    try:
-        return str(uuid.UUID(value))
-    except (ValueError, TypeError, AttributeError):
-        raise NotFound("no such backfill run", "RUN_NOT_FOUND") from None
+    canonical = canonical_uuid(value)
+    if canonical is None:
+        raise NotFound("no such backfill run", "RUN_NOT_FOUND")
+    return canonical
 
 
 def _object_id(value: str) -> str:
-    try:
-        return str(uuid.UUID(value))
-    except (ValueError, TypeError, AttributeError):
-        raise _invalid(f"object_ids: {value[:64]!r} is not an object id") from None
+    canonical = canonical_uuid(value)
+    if canonical is None:
+        raise _invalid(f"object_ids: {str(value)[:64]!r} is not an object id")
+    return canonical
 
 
 def _aware(value: datetime.datetime | None, name: str) -> datetime.datetime | None:
@@ -101,8 +101,8 @@ class Backfills:
     Args:
         pool: the system of record (runs, items; jobs are read, and cancelled through lifecycle).
         creation: checks an operation's params as a process request's (``check_preset``).
-        credits: the account's available credits for the 402 of a run that could not hold its
-            first job.
+        accounts: the account's available credits (:meth:`Accounts.balance`), for the dry run and
+            the 402 of a run that could not hold its first job.
         settlement: releases the holds of the jobs a cancellation cancels.
     """
 
@@ -110,12 +110,12 @@ class Backfills:
         self,
         pool: asyncpg.Pool,
         creation: JobCreation,
-        credits: credits_pb2_grpc.CreditsServiceStub,
+        accounts: Accounts,
         settlement: Settlement,
     ) -> None:
         self._pool = pool
         self._creation = creation
-        self._credits = credits
+        self._accounts = accounts
         self._settlement = settlement
 
     async def create(self, caller: Caller, request: RunRequest) -> Run | Estimate:
@@ -138,7 +138,7 @@ class Backfills:
         """
         selector, rate, priority, deadline = await self._checked(caller, request)
         profile = await self._pool.fetchrow(
-            "SELECT version, queue, input_kinds, max_input_bytes FROM processing_profiles"
+            "SELECT version, queue, input_kinds, max_input_bytes, base_cost, per_mb FROM processing_profiles"
             " WHERE active AND operation = $1",
             selector.operation,
         )
@@ -153,9 +153,9 @@ class Backfills:
                 "RUN_TOO_LARGE",
             )
         estimate = await selection.estimate(
-            self._pool, caller.account_id, selector, items, profile["version"], rate, deadline
+            self._pool, caller.account_id, selector, items, profile, rate, deadline
         )
-        available = await self._available(caller)
+        available = (await self._accounts.balance(caller)).available_millicredits
         estimate = dataclasses.replace(estimate, available_millicredits=available)
         if request.dry_run:
             return estimate
@@ -204,14 +204,16 @@ class Backfills:
         """Stop enqueuing (its jobs enqueued already go on). Raises NotFound, Conflict
         (``RUN_NOT_PAUSABLE``: only a running run pauses; pausing a paused one changes nothing)."""
         run_id = _run_id(run_id)
-        await runs.transition(self._pool, run_id, "pause", caller.account_id)
+        async with self._pool.acquire() as conn:
+            await runs.transition(conn, run_id, "pause", caller.account_id)
         return await runs.get(self._pool, run_id, caller.account_id)
 
     async def resume(self, caller: Caller, run_id: str) -> Run:
         """Enqueue again from where it stopped. Raises NotFound, Conflict (``RUN_NOT_RESUMABLE``,
         ``RUN_DEADLINE_PASSED``)."""
         run_id = _run_id(run_id)
-        await runs.transition(self._pool, run_id, "resume", caller.account_id)
+        async with self._pool.acquire() as conn:
+            await runs.transition(conn, run_id, "resume", caller.account_id)
         return await runs.get(self._pool, run_id, caller.account_id)
 
     async def cancel(self, caller: Caller, run_id: str) -> Run:
@@ -219,7 +221,8 @@ class Backfills:
         running jobs finish. Raises NotFound, Conflict (``RUN_NOT_CANCELLABLE`` for a completed
         run)."""
         run_id = _run_id(run_id)
-        await runs.transition(self._pool, run_id, "cancel", caller.account_id)
+        async with self._pool.acquire() as conn:
+            await runs.transition(conn, run_id, "cancel", caller.account_id)
         await cancel_waiting(
             self._pool, self._settlement, caller.account_id, await runs.waiting_jobs(self._pool, run_id)
         )
@@ -287,11 +290,9 @@ class Backfills:
             )
         else:
             assert request.operation is not None
-            params = request.params
-            if params is not None or not outdated:
-                params = await self._creation.check_preset(request.operation, params or {})
-            else:
-                await self._creation.check_preset(request.operation, {})  # the operation exists
+            checked = await self._creation.check_preset(request.operation, request.params or {})
+            # Without params, an outdated run takes each outdated output's own params.
+            params = checked if request.params is not None or not outdated else None
             selector = Selector(operation=request.operation, params=params, outdated_only=outdated)
         return (
             dataclasses.replace(selector, object_ids=object_ids, created_after=after, created_before=before),
@@ -299,13 +300,6 @@ class Backfills:
             priority,
             deadline,
         )
-
-    async def _available(self, caller: Caller) -> int:
-        """The account's credits not held (millicredits)."""
-        balance = await call(
-            self._credits.GetBalance, credits_pb2.GetBalanceRequest(account_id=caller.account_id)
-        )
-        return int(balance.balance_millicredits - balance.held_millicredits)
 
 
 def _accepted(item: Candidate, profile: asyncpg.Record) -> bool:

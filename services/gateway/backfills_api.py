@@ -18,12 +18,8 @@ from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.backfill import runs
 from hypermedia.jobs.backfill.runs import Run
 from hypermedia.jobs.backfill.selection import Estimate
+from hypermedia.jobs.pricing import as_credits
 from services.gateway.backfills import Backfills, RunRequest
-
-
-def credits(millicredits: int | None) -> float | None:
-    """Millicredits as credits (three decimals), as every REST amount."""
-    return None if millicredits is None else round(millicredits / 1000, 3)
 
 
 class SelectorIn(BaseModel):
@@ -90,8 +86,8 @@ def estimate_json(estimate: Estimate) -> dict[str, Any]:
         "matched": estimate.matched,
         "existing": estimate.existing,
         "to_enqueue": estimate.to_enqueue,
-        "estimated_credits": credits(estimate.estimated_millicredits),
-        "available_credits": credits(estimate.available_millicredits),
+        "estimated_credits": as_credits(estimate.estimated_millicredits),
+        "available_credits": as_credits(estimate.available_millicredits),
         "estimated_seconds": estimate.estimated_seconds,
         "fits_deadline": estimate.fits_deadline,
         "target_version": estimate.target_version,

@@ -25,6 +25,7 @@ from hypermedia.core import pgtext, telemetry
 from hypermedia.core.errors import DomainError, PayloadTooLarge
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.pricing import as_credits
 from services.gateway import backfills_api, operators_api, presets_api
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
@@ -168,10 +169,8 @@ class BalanceOut(BaseModel):
 # -- rendering of results: the JSON the API has always answered ------------------------------
 
 
-def credits_number(millicredits: int | None) -> float | None:
-    """Millicredits as the API's credits (1 credit = 1000 millicredits): a number rounded to
-    three decimals (1234 → 1.234); None stays None (JSON ``null``)."""
-    return None if millicredits is None else round(millicredits / 1000, 3)
+credits_number = as_credits
+"""Millicredits as the API's credits: :func:`hypermedia.jobs.pricing.as_credits`."""
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -37,7 +37,8 @@ CREATE TABLE backfill_runs (
     ended_at         timestamptz
 );
 CREATE INDEX backfill_runs_account_idx ON backfill_runs(account_id, created_at DESC);
-CREATE INDEX backfill_runs_active_idx ON backfill_runs(state) WHERE state IN ('running', 'dispatched');
+-- The runner's housekeeping and lease read these every tick in every gateway: never the ended runs.
+CREATE INDEX backfill_runs_active_idx ON backfill_runs(state) WHERE state IN ('running', 'paused', 'dispatched');
 
 CREATE TABLE backfill_items (
     run_id         uuid NOT NULL REFERENCES backfill_runs(run_id),

@@ -15,6 +15,7 @@ import asyncpg
 from hypermedia.core.errors import Conflict, NotFound
 from hypermedia.infra import db
 from hypermedia.jobs.backfill.selection import WAITING, Candidate, Selector
+from hypermedia.jobs.pricing import as_credits
 
 
 @dataclass(frozen=True)
@@ -202,13 +203,20 @@ def _run(row: Any, made: Progress | None) -> Run:
     )
 
 
+_OWNED = "run_id = $1 AND ($2::uuid IS NULL OR account_id = $2)"
+"""The run ``$1`` if it is account ``$2``'s (NULL: any account's, the operators'): :func:`_owned`."""
+
+
+def _owned(run_id: str, account_id: str | None) -> tuple[uuid.UUID, uuid.UUID | None]:
+    """The parameters of :data:`_OWNED`."""
+    return uuid.UUID(run_id), uuid.UUID(account_id) if account_id else None
+
+
 async def get(conn: db.Connection | asyncpg.Pool, run_id: str, account_id: str | None = None) -> Run:
     """The run with its progress; ``account_id`` (None: any account, the operators') must own it.
     Raises NotFound (``RUN_NOT_FOUND``)."""
     row = await conn.fetchrow(
-        f"SELECT {_RUN_COLUMNS} FROM backfill_runs WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2)",
-        uuid.UUID(run_id),
-        uuid.UUID(account_id) if account_id else None,
+        f"SELECT {_RUN_COLUMNS} FROM backfill_runs WHERE {_OWNED}", *_owned(run_id, account_id)
     )
     if row is None:
         raise NotFound("no such backfill run", "RUN_NOT_FOUND")
@@ -243,54 +251,47 @@ _TRANSITIONS = {
 
 
 async def transition(
-    conn: db.Connection | asyncpg.Pool, run_id: str, action: str, account_id: str | None = None
+    conn: db.Connection, run_id: str, action: str, account_id: str | None = None
 ) -> tuple[str, bool]:
-    """``pause``, ``resume`` or ``cancel`` the run (``account_id``'s, None: any). Returns the state
-    after and whether it changed: an action on a run already in its target state changes nothing.
-    A resumed run's bucket goes on from where it was at the pause (no refill for the paused time). Raises NotFound
-    (``RUN_NOT_FOUND``), Conflict (``RUN_NOT_PAUSABLE``, ``RUN_NOT_RESUMABLE``,
-    ``RUN_NOT_CANCELLABLE``) for a run in another state; ``RUN_DEADLINE_PASSED`` to resume a
-    paused run whose deadline has passed."""
+    """``pause``, ``resume`` or ``cancel`` the run (``account_id``'s, None: any), in a transaction
+    that locks its row. Returns the state after and whether it changed: an action on a run
+    already in its target state changes nothing. A resumed run's bucket goes on from where it
+    was at the pause (no refill for the paused time). Raises NotFound (``RUN_NOT_FOUND``),
+    Conflict (``RUN_NOT_PAUSABLE``, ``RUN_NOT_RESUMABLE``, ``RUN_NOT_CANCELLABLE``) for a run in
+    another state; ``RUN_DEADLINE_PASSED`` to resume a run whose deadline has passed."""
     sources, target, code, reason = _TRANSITIONS[action]
-    state = "unknown"
-    for _ in range(3):  # a concurrent action may move the run between the update and the read
-        row = await conn.fetchrow(
-            """
-            UPDATE backfill_runs SET state = $3, reason_code = $4, reason = $5, waiting_reason = NULL,
-                   refilled_at = now(), updated_at = now(),
-                   ended_at = CASE WHEN $3 = 'cancelled' THEN now() END
-            WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2) AND state = ANY($6::text[])
-              AND ($3 <> 'running' OR deadline IS NULL OR deadline > now())
-            RETURNING state
-            """,
-            uuid.UUID(run_id),
-            uuid.UUID(account_id) if account_id else None,
-            target,
-            code,
-            reason,
-            sorted(sources),
-        )
-        if row is not None:
-            return target, True
+    async with conn.transaction():
         current = await conn.fetchrow(
-            "SELECT state, deadline <= now() AS passed FROM backfill_runs"
-            " WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2)",
-            uuid.UUID(run_id),
-            uuid.UUID(account_id) if account_id else None,
+            f"SELECT state, deadline <= now() AS passed FROM backfill_runs WHERE {_OWNED} FOR UPDATE",
+            *_owned(run_id, account_id),
         )
         if current is None:
             raise NotFound("no such backfill run", "RUN_NOT_FOUND")
         state = current["state"]
         if state == target:
             return target, False
-        if action == "resume" and (current["state"] == "expired" or current["passed"]):
+        if action == "resume" and (state == "expired" or current["passed"]):
             raise Conflict("the run's deadline has passed: create a new run", "RUN_DEADLINE_PASSED")
         if state not in sources:
-            break
-    verb = {"pause": "PAUSABLE", "resume": "RESUMABLE", "cancel": "CANCELLABLE"}[action]
-    done = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}[action]
-    allowed = ", ".join(sorted(sources))
-    raise Conflict(f"the run is {state}: only a run that is {allowed} can be {done}", f"RUN_NOT_{verb}")
+            verb = {"pause": "PAUSABLE", "resume": "RESUMABLE", "cancel": "CANCELLABLE"}[action]
+            done = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}[action]
+            allowed = ", ".join(sorted(sources))
+            raise Conflict(
+                f"the run is {state}: only a run that is {allowed} can be {done}", f"RUN_NOT_{verb}"
+            )
+        await conn.execute(
+            """
+            UPDATE backfill_runs SET state = $2, reason_code = $3, reason = $4, waiting_reason = NULL,
+                   refilled_at = now(), updated_at = now(),
+                   ended_at = CASE WHEN $2 = 'cancelled' THEN now() END
+            WHERE run_id = $1
+            """,
+            uuid.UUID(run_id),
+            target,
+            code,
+            reason,
+        )
+    return target, True
 
 
 async def waiting_jobs(conn: db.Connection | asyncpg.Pool, run_id: str) -> list[str]:
@@ -313,10 +314,8 @@ async def replay_failures(conn: db.Connection, run_id: str, account_id: str | No
     for a cancelled run, or an expired one whose deadline has passed."""
     async with conn.transaction():
         run = await conn.fetchrow(
-            "SELECT state, deadline <= now() AS passed FROM backfill_runs"
-            " WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2) FOR UPDATE",
-            uuid.UUID(run_id),
-            uuid.UUID(account_id) if account_id else None,
+            f"SELECT state, deadline <= now() AS passed FROM backfill_runs WHERE {_OWNED} FOR UPDATE",
+            *_owned(run_id, account_id),
         )
         if run is None:
             raise NotFound("no such backfill run", "RUN_NOT_FOUND")
@@ -340,10 +339,6 @@ async def replay_failures(conn: db.Connection, run_id: str, account_id: str | No
                 uuid.UUID(run_id),
             )
     return replayed
-
-
-def _credits(millicredits: int | None) -> float | None:
-    return None if millicredits is None else round(millicredits / 1000, 3)
 
 
 def _iso(value: datetime.datetime | None) -> str | None:
@@ -385,9 +380,9 @@ def as_json(run: Run) -> dict[str, Any]:
             "failed": p.failed,
             "cancelled": p.cancelled,
         },
-        "planned_credits": _credits(run.planned_millicredits),
-        "estimated_credits": _credits(p.estimated_millicredits),
-        "charged_credits": _credits(p.charged_millicredits),
+        "planned_credits": as_credits(run.planned_millicredits),
+        "estimated_credits": as_credits(p.estimated_millicredits),
+        "charged_credits": as_credits(p.charged_millicredits),
         "braked_seconds": run.braked_seconds,
         "created_at": _iso(run.created_at),
         "updated_at": _iso(run.updated_at),
@@ -429,11 +424,7 @@ async def items(
     """The run's items after item ``after``, in order, at most ``limit`` (1 to
     :data:`MAX_ITEMS_PAGE`), of ``state`` when given, each with its job's status. Raises NotFound
     (``RUN_NOT_FOUND``) for a run that is not ``account_id``'s (None: any)."""
-    exists = await conn.fetchval(
-        "SELECT 1 FROM backfill_runs WHERE run_id = $1 AND ($2::uuid IS NULL OR account_id = $2)",
-        uuid.UUID(run_id),
-        uuid.UUID(account_id) if account_id else None,
-    )
+    exists = await conn.fetchval(f"SELECT 1 FROM backfill_runs WHERE {_OWNED}", *_owned(run_id, account_id))
     if not exists:
         raise NotFound("no such backfill run", "RUN_NOT_FOUND")
     rows = await conn.fetch(

@@ -13,7 +13,6 @@ from typing import Any
 
 import asyncpg
 
-from hypermedia.core.errors import NotFound
 from hypermedia.infra import db
 from hypermedia.jobs.pricing import price
 
@@ -220,20 +219,15 @@ async def estimate(
     account_id: str,
     selector: Selector,
     items: Sequence[Candidate],
-    target_version: int,
+    profile: Mapping[str, Any] | asyncpg.Record,
     rate_per_second: float,
     deadline: datetime.datetime | None,
 ) -> Estimate:
-    """What a run of ``items`` would do: how many have a job already, how many it would create
-    and their prices under the operation's active profile, and how long enqueuing them takes at
-    ``rate_per_second``. Raises NotFound (``UNKNOWN_OPERATION``) when the operation has no active
-    profile."""
-    profile = await conn.fetchrow(
-        "SELECT base_cost, per_mb FROM processing_profiles WHERE active AND operation = $1",
-        selector.operation,
-    )
-    if profile is None:
-        raise NotFound(f"unknown operation {selector.operation!r}", "UNKNOWN_OPERATION")
+    """What a run of ``items`` would do under ``profile`` (the operation's active
+    ``processing_profiles`` row: ``version``, ``base_cost``, ``per_mb``): how many have a job
+    already, how many it would create and their prices, and how long enqueuing them takes at
+    ``rate_per_second``."""
+    target_version = profile["version"]
     keys = [idempotency_key(i.object_id, selector.operation, i.params, target_version) for i in items]
     existing = await existing_jobs(conn, account_id, keys)
     new = [i for i, k in zip(items, keys, strict=True) if k not in existing]
