@@ -319,26 +319,33 @@ def set_quota_cmd(
     burst: Annotated[
         int | None, typer.Option(min=1, max=1_000_000, help="requests at once after a pause")
     ] = None,
+    max_running_jobs: Annotated[
+        int | None,
+        typer.Option(min=0, max=100_000, help="jobs it may have running at once in each queue (0: no cap)"),
+    ] = None,
     default: Annotated[
-        bool, typer.Option("--default", help="every limit back to the service's defaults")
+        bool,
+        typer.Option("--default", help="every limit back to the service's defaults, no running-jobs cap"),
     ] = False,
 ) -> None:
     """Set an account's job quota (what is given; the rest stays); prints JSON {account_id,
-    interactive, max_queued_jobs, rate_per_second, burst}, a null limit meaning the credits
-    service's default (HM_QUOTA_MAX_QUEUED_JOBS, HM_QUOTA_RATE_PER_SECOND, HM_QUOTA_BURST;
-    docs/operations.md "Job quotas")."""
+    interactive, max_queued_jobs, rate_per_second, burst, max_running_jobs}, a null limit meaning
+    the credits service's default (HM_QUOTA_MAX_QUEUED_JOBS, HM_QUOTA_RATE_PER_SECOND,
+    HM_QUOTA_BURST) and a null max_running_jobs no cap (docs/operations.md "Job quotas")."""
     logging.basicConfig(level=logging.WARNING)
     changes = {
         "interactive": interactive,
         "max_queued_jobs": max_queued_jobs,
         "rate_per_second": rate,
         "burst": burst,
+        "max_running_jobs": max_running_jobs,
     }
     if all(v is None for v in changes.values()) and not default:
         raise typer.BadParameter(
-            "give --interactive/--no-interactive, --max-queued-jobs, --rate, --burst or --default"
+            "give --interactive/--no-interactive, --max-queued-jobs, --rate, --burst, "
+            "--max-running-jobs or --default"
         )
-    if default and any(changes[k] is not None for k in ("max_queued_jobs", "rate_per_second", "burst")):
+    if default and any(v is not None for k, v in changes.items() if k != "interactive"):
         raise typer.BadParameter("--default puts every limit back to the defaults: give no limit with it")
     try:
         uuid.UUID(account_id)

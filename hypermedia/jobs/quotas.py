@@ -23,6 +23,9 @@ time, and each sees what the ones before it held):
 
 A limit left NULL in ``account_quotas`` is the service's default (:class:`QuotaDefaults`,
 ``HM_QUOTA_*``). ``hypermedia admin set-quota`` sets them (:func:`set_quota`).
+
+A fourth limit, ``max_running_jobs`` (the account's running jobs in each queue, NULL: no cap), is
+set here too but applies at claim, not at creation: :mod:`hypermedia.jobs.lifecycle.caps`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ MAX_QUEUED_JOBS = 10_000_000
 MIN_RATE, MAX_RATE = 0.001, 1_000_000.0
 """The bounds of a rate, requests a second (a NaN or an infinity is outside them)."""
 MAX_BURST = 1_000_000
+MAX_RUNNING_JOBS = 100_000
 
 
 @dataclass(frozen=True)
@@ -202,41 +206,50 @@ async def set_quota(
     max_queued_jobs: int | None = None,
     rate_per_second: float | None = None,
     burst: int | None = None,
+    max_running_jobs: int | None = None,
     default: bool = False,
 ) -> dict[str, Any]:
     """Set an account's quota: each given field, the others kept (``default``: every limit back to
-    NULL, the service's defaults; ``interactive`` is set only when given). Returns the row as
-    ``{account_id, interactive, max_queued_jobs, rate_per_second, burst}``, a null limit meaning
-    the default. Raises LookupError for an unknown account, ValueError for a limit outside
-    :data:`MAX_QUEUED_JOBS`, :data:`MIN_RATE`-:data:`MAX_RATE`, :data:`MAX_BURST`, or a limit
+    NULL, the service's defaults, and no cap of running jobs; ``interactive`` is set only when
+    given; ``max_running_jobs`` 0 removes the cap). Returns the row as ``{account_id,
+    interactive, max_queued_jobs, rate_per_second, burst, max_running_jobs}``, a null limit
+    meaning the default (for ``max_running_jobs``: no cap). Raises LookupError for an unknown
+    account, ValueError for a limit outside :data:`MAX_QUEUED_JOBS`,
+    :data:`MIN_RATE`-:data:`MAX_RATE`, :data:`MAX_BURST`, 0-:data:`MAX_RUNNING_JOBS`, or a limit
     given with ``default``."""
+    limits = (max_queued_jobs, rate_per_second, burst, max_running_jobs)
     if max_queued_jobs is not None and not 0 <= max_queued_jobs <= MAX_QUEUED_JOBS:
         raise ValueError(f"max_queued_jobs must be 0 to {MAX_QUEUED_JOBS:,}")
+    if max_running_jobs is not None and not 0 <= max_running_jobs <= MAX_RUNNING_JOBS:
+        raise ValueError(f"max_running_jobs must be 0 (no cap) to {MAX_RUNNING_JOBS:,}")
     if rate_per_second is not None and not MIN_RATE <= rate_per_second <= MAX_RATE:
         raise ValueError(f"rate_per_second must be {MIN_RATE:g} to {MAX_RATE:g}")
     if burst is not None and not 1 <= burst <= MAX_BURST:
         raise ValueError(f"burst must be 1 to {MAX_BURST:,}")
-    if default and (max_queued_jobs is not None or rate_per_second is not None or burst is not None):
+    if default and any(limit is not None for limit in limits):
         raise ValueError("default puts every limit back to the defaults: give no limit with it")
     async with conn.transaction():
         if not await conn.fetchval("SELECT true FROM accounts WHERE account_id = $1", account_id):
             raise LookupError(f"no account {account_id}")
         row = await conn.fetchrow(
-            """INSERT INTO account_quotas AS q (account_id, interactive, max_queued_jobs, rate_per_second, burst)
-               VALUES ($1, coalesce($2, false), $3, $4, $5)
+            """INSERT INTO account_quotas AS q
+                   (account_id, interactive, max_queued_jobs, rate_per_second, burst, max_running_jobs)
+               VALUES ($1, coalesce($2, false), $3, $4, $5, nullif($7, 0))
                ON CONFLICT (account_id) DO UPDATE SET
                    interactive = coalesce($2, q.interactive),
                    max_queued_jobs = CASE WHEN $6 THEN NULL ELSE coalesce($3, q.max_queued_jobs) END,
                    rate_per_second = CASE WHEN $6 THEN NULL ELSE coalesce($4, q.rate_per_second) END,
                    burst = CASE WHEN $6 THEN NULL ELSE coalesce($5, q.burst) END,
+                   max_running_jobs = CASE WHEN $6 THEN NULL ELSE nullif(coalesce($7, q.max_running_jobs), 0) END,
                    updated_at = now()
-               RETURNING interactive, max_queued_jobs, rate_per_second, burst""",
+               RETURNING interactive, max_queued_jobs, rate_per_second, burst, max_running_jobs""",
             account_id,
             interactive,
-            None if default else max_queued_jobs,
-            None if default else rate_per_second,
-            None if default else burst,
+            max_queued_jobs,
+            rate_per_second,
+            burst,
             default,
+            max_running_jobs,
         )
     assert row is not None
     return {"account_id": str(account_id), **dict(row)}

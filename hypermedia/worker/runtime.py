@@ -9,7 +9,8 @@ One :class:`WorkerRuntime` per worker process:
   a fresh sample;
 - **fetch → claim → ack**: messages come in priority order (:class:`queues.PriorityFetcher`); the
   job is claimed in Postgres and the message acknowledged once the claim is decided (``term`` when
-  the job is no longer claimable). From then on the Postgres lease (``visibility_timeout``) guards
+  the job is no longer claimable, ``nak`` with a delay when its account's cap of running jobs
+  holds it: ADR 0060). From then on the Postgres lease (``visibility_timeout``) guards
   the job, not the message; see docs/adr/0003;
 - **execute**: presigned GET → fresh sandbox directory → the handler's admission (a media
   coordinator's bound per operation; a ``waiting`` progress event while the job waits) → its
@@ -49,6 +50,7 @@ from hypermedia.core.errors import DomainError, PermanentJobError, TransientErro
 from hypermedia.infra import db
 from hypermedia.infra.service import every, wait_any
 from hypermedia.jobs import lifecycle, noop, queues
+from hypermedia.jobs.lifecycle import caps
 from hypermedia.jobs.settlement import Settlement
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from hypermedia.worker import registry
@@ -242,7 +244,8 @@ class WorkerRuntime:
 
     async def _dispatch(self, msgs: list[Any]) -> None:
         """Claims the jobs of ``msgs`` (one band's, at most the free slots) in one transaction,
-        acks and starts each claimed one; terms a malformed message or one whose job is not
+        acks and starts each claimed one; gives back, to come again after a delay, one its
+        account's running-jobs cap holds; terms a malformed message or one whose job is not
         queued (a duplicate delivery: someone else has it, or it was cancelled or finished)."""
         batch: list[tuple[Any, queues.JobMessage, Context]] = []
         for msg in msgs:
@@ -256,12 +259,12 @@ class WorkerRuntime:
             for _msg, message, parent in batch
         ]
         try:
-            claimed = (
+            claimed, held = (
                 await lifecycle.claim_retrying(
                     self._pool, [m.job_id for _msg, m, _parent in batch], self.worker_id, self.running
                 )
                 if batch
-                else {}
+                else ({}, set())
             )
         except Exception as exc:
             if not db.is_transient(exc):
@@ -276,7 +279,11 @@ class WorkerRuntime:
             for span in spans:
                 span.end()
         for msg, message, parent in batch:
-            job = claimed.pop(lifecycle.job_key(message.job_id) or "", None)
+            key = lifecycle.job_key(message.job_id) or ""
+            job = claimed.pop(key, None)
+            if job is None and key in held:  # its account's cap of running jobs: later (ADR 0060)
+                await msg.nak(delay=caps.HELD_REDELIVERY_SECONDS)
+                continue
             if job is None:
                 await msg.term()
                 continue

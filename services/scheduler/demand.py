@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hypermedia.infra import db
+from hypermedia.jobs.lifecycle import caps
 from services.scheduler.formula import QueueDemand
 
 EWMA_ALPHA = 0.1
@@ -32,7 +33,7 @@ MB = f"greatest(o.size_bytes / 1048576.0, {MIN_MB})::float8"
 """The MiB a job counts (its object ``o``), in SQL."""
 
 READY = "(status = 'queued' OR (status = 'retry_wait' AND next_attempt_at <= now()))"
-RUNNING = "status IN ('claimed', 'processing', 'cancel_requested')"
+RUNNING = caps.RUNNING
 BAND = "CASE WHEN priority <= 3 THEN 'high' WHEN priority <= 7 THEN 'normal' ELSE 'low' END"
 
 
@@ -106,14 +107,17 @@ async def queue_demand(
 ) -> tuple[QueueDemand, ...]:
     """The demand of each of ``queues`` now (see :class:`QueueDemand`): ready jobs by operation
     and band (their expected work from ``estimates``), running jobs, and the jobs created in the
-    last ``arrival_window_seconds``."""
+    last ``arrival_window_seconds``. The jobs of an account at its cap of running jobs in the
+    queue are not ready (ADR 0060): more workers would not start them."""
     names = list(queues)
     ready = await conn.fetch(
         f"""
+        WITH {caps.AT_CAP}
         SELECT queue, operation, {BAND} AS band, count(*) AS n, sum({MB}) AS mb,
                extract(epoch FROM now() - min(coalesce(queued_at, j.created_at)))::float8 AS oldest
         FROM processing_jobs j JOIN objects o ON o.object_id = j.object_id
         WHERE queue = ANY($1::text[]) AND {READY}
+          AND NOT EXISTS (SELECT 1 FROM at_cap c WHERE c.account_id = j.account_id AND c.queue = j.queue)
         GROUP BY 1, 2, 3
         """,
         names,

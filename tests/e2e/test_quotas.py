@@ -180,11 +180,14 @@ def test_set_quota_refuses_what_it_cannot_set(quota_platform: RunningPlatform) -
         ["--rate", "1e-300"],
         ["--max-queued-jobs", "2147483648"],
         ["--burst", "0"],
+        ["--max-running-jobs", "-1"],
+        ["--max-running-jobs", "100001"],
     ):
         refused = admin("00000000-0000-4000-8000-000000000000", *bad)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, (bad, refused.stderr)
-    both = admin("00000000-0000-4000-8000-000000000000", "--default", "--rate", "5")
-    assert both.returncode == 2 and "give no limit with it" in both.stderr
+    for limit in (["--rate", "5"], ["--max-running-jobs", "2"]):
+        both = admin("00000000-0000-4000-8000-000000000000", "--default", *limit)
+        assert both.returncode == 2 and "give no limit with it" in both.stderr
     assert admin("not-an-id", "--burst", "2").returncode == 2
     assert admin("00000000-0000-4000-8000-000000000000", "--burst", "0").returncode == 2
     account = quota_platform.admin("create-account")
@@ -196,4 +199,5 @@ def test_set_quota_refuses_what_it_cannot_set(quota_platform: RunningPlatform) -
         "max_queued_jobs": 7,
         "rate_per_second": None,
         "burst": None,
+        "max_running_jobs": None,
     }

@@ -64,6 +64,7 @@ async def test_the_interactive_band_needs_the_right_and_is_refused_over_the_wire
         "max_queued_jobs": None,
         "rate_per_second": None,
         "burst": None,
+        "max_running_jobs": None,
     }
     await call(credits.stub.EstimateAndHold, _request(tenant, 1))
     assert await _held(fresh_pool, tenant) == 5 * 1000
@@ -192,6 +193,9 @@ async def test_bad_quotas_priorities_and_accounts_are_refused(
             ({"burst": 0}, "burst must be 1 to 1,000,000"),
             ({"burst": 10**7}, "burst must be 1 to 1,000,000"),
             ({"burst": 5, "default": True}, "give no limit with it"),
+            ({"max_running_jobs": -1}, "max_running_jobs must be 0 \\(no cap\\) to 100,000"),
+            ({"max_running_jobs": 10**6}, "max_running_jobs must be 0 \\(no cap\\) to 100,000"),
+            ({"max_running_jobs": 2, "default": True}, "give no limit with it"),
         ):
             with pytest.raises(ValueError, match=message):
                 await quotas.set_quota(conn, tenant.account_id, **bad)

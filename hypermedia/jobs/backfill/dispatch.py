@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 
 from hypermedia.infra import db
+from hypermedia.jobs.lifecycle import caps
 
 LEASE_SECONDS = 30
 """How long a runner holds a run between two ticks; another takes it over after a crash."""
@@ -191,13 +192,16 @@ async def end_tick(
 
 async def brake(conn: db.Connection | asyncpg.Pool, targets: Mapping[str, float]) -> str | None:
     """Why bulk dispatch must wait, or None: the first interactive queue (of ``targets``, queue →
-    seconds) whose oldest queued job has waited longer than its target."""
+    seconds) whose oldest queued job has waited longer than its target. A job its account's cap
+    of running jobs holds (ADR 0060) waits for its own account, not for the platform: not counted."""
     if not targets:
         return None
     rows = await conn.fetch(
-        """
+        f"""
+        WITH {caps.AT_CAP}
         SELECT queue, extract(epoch FROM now() - min(coalesce(queued_at, created_at)))::float8 AS waited
-        FROM processing_jobs WHERE status = 'queued' AND queue = ANY($1::text[])
+        FROM processing_jobs j WHERE status = 'queued' AND queue = ANY($1::text[])
+          AND NOT EXISTS (SELECT 1 FROM at_cap c WHERE c.account_id = j.account_id AND c.queue = j.queue)
         GROUP BY queue ORDER BY queue
         """,
         list(targets),

@@ -12,8 +12,9 @@ Whenever a job (re-)enters ``queued`` an outbox row is written in the same trans
 Modules: :mod:`~hypermedia.jobs.lifecycle.requests` (the caller's: create, cancel),
 :mod:`~hypermedia.jobs.lifecycle.attempts` (a worker's: claim → complete / fail / cancel / hand
 back, progress, leases), :mod:`~hypermedia.jobs.lifecycle.recovery` (the reaper's: lost leases,
-retries, stale jobs, holds due for settlement) and :mod:`~hypermedia.jobs.lifecycle.rules` (the one
-rule for a lost attempt; the outbox rows). Nothing else writes ``processing_jobs`` or
+retries, stale jobs, holds due for settlement), :mod:`~hypermedia.jobs.lifecycle.rules` (the one
+rule for a lost attempt; the outbox rows) and :mod:`~hypermedia.jobs.lifecycle.caps` (an
+account's cap of running jobs, checked at claim). Nothing else writes ``processing_jobs`` or
 ``job_attempts``: services decide, this package writes.
 """
 
@@ -22,6 +23,7 @@ from hypermedia.jobs.lifecycle.attempts import (
     Output,
     cancel_requested,
     claim,
+    claim_held,
     claim_many,
     claim_retrying,
     complete,
@@ -70,6 +72,7 @@ __all__ = [
     "cancel_if_waiting",
     "cancel_requested",
     "claim",
+    "claim_held",
     "claim_many",
     "claim_retrying",
     "complete",

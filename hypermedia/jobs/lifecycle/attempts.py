@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 
 from hypermedia.infra import db
+from hypermedia.jobs.lifecycle import caps
 from hypermedia.jobs.lifecycle.rules import (
     LEASE_MARGIN_SECONDS,
     MAX_LOST_ATTEMPTS,
@@ -67,13 +68,25 @@ async def claim_many(pool: asyncpg.Pool, job_ids: list[str], worker_id: str) -> 
     ANY($1) AND status = 'queued'``, then a ``job_attempts`` row each and ``processing``. Each job
     is claimed exactly as alone: its own lease (``timeout_seconds × 1.5`` + margin) and attempt
     count (the fencing token); a job that is not ``queued`` (someone else has it, cancelled,
-    finished, unknown id, not a UUID) is left out. Returns the claimed jobs in the order of
+    finished, unknown id, not a UUID) is left out, and so is one its account's running-jobs cap
+    holds back (:func:`claim_held` says which). Returns the claimed jobs in the order of
     ``job_ids`` (a repeated id is claimed once). The rows are locked in job id order, so batches
     claiming overlapping jobs wait for each other, never deadlock."""
+    claimed, _held = await claim_held(pool, job_ids, worker_id)
+    return claimed
+
+
+async def claim_held(
+    pool: asyncpg.Pool, job_ids: list[str], worker_id: str
+) -> tuple[list[ClaimedJob], set[str]]:
+    """:func:`claim_many`, with the ids (canonical UUID text) of the queued jobs left queued
+    because their account has reached its cap of running jobs in their queue
+    (:mod:`~hypermedia.jobs.lifecycle.caps`): their messages must come back later, not be dropped."""
     valid = [key for key in map(job_key, job_ids) if key is not None]
     if not valid:
-        return []
+        return [], set()
     async with pool.acquire() as conn, conn.transaction():
+        held = await caps.over_cap(conn, valid, await caps.lock_capped(conn, valid))
         rows = await conn.fetch(
             f"""
             WITH locked AS (  -- in job id order: two batches never wait on each other in a cycle
@@ -90,12 +103,12 @@ async def claim_many(pool: asyncpg.Pool, job_ids: list[str], worker_id: str) -> 
               AND p.operation = j.operation AND p.version = j.profile_version
             RETURNING {_CLAIMED_COLUMNS}
             """,
-            valid,
+            [key for key in valid if key not in held],
             worker_id,
             LEASE_MARGIN_SECONDS,
         )
         if not rows:
-            return []
+            return [], held
         claimed_ids = [row["job_id"] for row in rows]
         await conn.execute(
             "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status) "
@@ -112,7 +125,7 @@ async def claim_many(pool: asyncpg.Pool, job_ids: list[str], worker_id: str) -> 
         )
         await release_deferred(conn, claimed_ids)  # their accounts' windows move on (ADR 0059)
     by_id = {str(row["job_id"]): _claimed_job(row) for row in rows}
-    return [by_id.pop(job_id) for job_id in valid if job_id in by_id]
+    return [by_id.pop(job_id) for job_id in valid if job_id in by_id], held
 
 
 async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:
@@ -135,12 +148,12 @@ async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob
 
 async def claim_retrying(
     pool: asyncpg.Pool, job_ids: list[str], worker_id: str, running: Container[str]
-) -> dict[str, ClaimedJob]:
-    """:func:`claim_many`, retried across a Postgres restart (:func:`db.retrying`), by job id. When a
-    retry finds a job already processing under this worker (and not in ``running``, the jobs it
-    runs), the first try committed and only its reply was lost: the job is taken
-    (:func:`reclaim`) instead of waiting out its lease. Raises the last error when Postgres stays
-    away longer than the retry budget."""
+) -> tuple[dict[str, ClaimedJob], set[str]]:
+    """:func:`claim_held`, retried across a Postgres restart (:func:`db.retrying`): the claimed
+    jobs by job id, and the ids held back by their account's cap. When a retry finds a job already
+    processing under this worker (and not in ``running``, the jobs it runs), the first try
+    committed and only its reply was lost: the job is taken (:func:`reclaim`) instead of waiting
+    out its lease. Raises the last error when Postgres stays away longer than the retry budget."""
     retried = False
 
     def note_retry() -> None:
@@ -148,18 +161,19 @@ async def claim_retrying(
         retried = True
 
     claimed: list[ClaimedJob] = []
+    held: set[str] = set()
     async for attempt in db.retrying(on_retry=note_retry):
         with attempt:
-            claimed = await claim_many(pool, job_ids, worker_id)
+            claimed, held = await claim_held(pool, job_ids, worker_id)
     jobs = {job.job_id: job for job in claimed}
     for key in {job_key(job_id) for job_id in job_ids} if retried else ():
-        if key is not None and key not in jobs and key not in running:
+        if key is not None and key not in jobs and key not in held and key not in running:
             async for attempt in db.retrying():
                 with attempt:
                     job = await reclaim(pool, key, worker_id)
             if job is not None:
                 jobs[key] = job
-    return jobs
+    return jobs, held
 
 
 _CLAIMED_COLUMNS = """j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
