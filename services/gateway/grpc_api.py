@@ -5,7 +5,7 @@ here: ``Timestamp`` from datetimes, credits as decimal strings from millicredits
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -17,6 +17,7 @@ from hypermedia.infra import rpc
 from hypermedia.jobs.accounts import Caller
 from services.gateway.process_request import parse_operations
 from services.gateway.results import Job, StorageUsage, StoredObject
+from services.gateway.status import JobFilter
 from services.gateway.usecases import UseCases
 
 
@@ -94,6 +95,14 @@ def job_message(job: Job) -> jobs_pb2.Job:
             metadata=_struct(out.metadata),
         )
     return message
+
+
+def status_name(status: int) -> str:
+    """A ``JobStatus`` enum value as the status it names (``JOB_STATUS_RETRY_WAIT`` →
+    ``retry_wait``); ``JOB_STATUS_UNSPECIFIED`` and unknown numbers as themselves, which
+    :meth:`JobStatus.list_jobs` refuses (``INVALID_STATUS``)."""
+    names = {int(value): name for name, value in jobs_pb2.JobStatus.items()}
+    return names.get(status, str(status)).removeprefix("JOB_STATUS_").lower()
 
 
 def upload_message(obj: StoredObject) -> jobs_pb2.UploadObjectResponse:
@@ -192,6 +201,28 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         caller = await self._caller(context)
         return jobs_pb2.GetJobResponse(
             job=job_message(await self._api.status.get_job(caller, request.job_id))
+        )
+
+    async def ListJobs(
+        self, request: jobs_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.ListJobsResponse:
+        caller = await self._caller(context)
+        filters = JobFilter(
+            statuses=tuple(status_name(s) for s in request.statuses),
+            operation=request.operation or None,
+            object_id=request.object_id or None,
+            created_after=request.created_after.ToDatetime(UTC)
+            if request.HasField("created_after")
+            else None,
+            created_before=request.created_before.ToDatetime(UTC)
+            if request.HasField("created_before")
+            else None,
+        )
+        page = await self._api.status.list_jobs(
+            caller, filters, request.page_size or 50, request.page_token or None
+        )
+        return jobs_pb2.ListJobsResponse(
+            jobs=[job_message(job) for job in page.jobs], next_page_token=page.next_cursor or ""
         )
 
     async def CancelJob(

@@ -30,6 +30,7 @@ from services.gateway import backfills_api, operators_api, presets_api
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
 from services.gateway.results import Attempt, Balance, Job, Output, ProcessResult
+from services.gateway.status import MAX_PAGE_SIZE, JobFilter, JobPage
 from services.gateway.usecases import UseCases
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,17 @@ def job_json(job: Job) -> dict[str, Any]:
         "next_attempt_at": _iso(job.next_attempt_at),
         "attempts": [attempt_json(a) for a in job.attempts],
         "outputs": [output_json(o) for o in job.outputs],
+    }
+
+
+def job_page_json(page: JobPage) -> dict[str, Any]:
+    """The answer of ``GET /v1/jobs``: each job as :func:`job_json` without ``attempts`` and
+    ``outputs`` (``GET /v1/jobs/{id}`` has them), and ``next_cursor``."""
+    return {
+        "jobs": [
+            {k: v for k, v in job_json(job).items() if k not in ("attempts", "outputs")} for job in page.jobs
+        ],
+        "next_cursor": page.next_cursor,
     }
 
 
@@ -484,6 +496,27 @@ def build_app(
             who, body.object_id, ops, body.priority, body.webhook_url, idempotency_key, body.queue
         )
         return process_json(result)
+
+    @app.get("/v1/jobs")
+    async def list_jobs(
+        who: Caller = Depends(caller),
+        status: list[str] = Query([], description="any of these statuses (repeat the parameter)"),
+        operation: str | None = Query(None, description="jobs of this operation"),
+        object_id: str | None = Query(None, description="jobs on this object"),
+        created_after: datetime | None = Query(
+            None, description="created at or after (ISO 8601; UTC if no offset)"
+        ),
+        created_before: datetime | None = Query(
+            None, description="created before (ISO 8601; UTC if no offset)"
+        ),
+        limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="jobs a page"),
+        cursor: str | None = Query(None, description="next_cursor of the previous page"),
+    ) -> dict[str, Any]:
+        """The caller's jobs, newest first, a page at a time: ``{"jobs": [...], "next_cursor"}``
+        (null on the last page). 422 ``INVALID_STATUS``, ``UNKNOWN_OPERATION`` (both list the
+        valid values), ``INVALID_ID``, ``INVALID_RANGE``, ``INVALID_CURSOR``."""
+        filters = JobFilter(tuple(status), operation, object_id, created_after, created_before)
+        return job_page_json(await api.status.list_jobs(who, filters, limit, cursor))
 
     @app.get("/v1/jobs/{job_id}")
     async def get_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:

@@ -1,18 +1,24 @@
-"""Job status (``GET /v1/jobs/{id}``, ``GET /v1/jobs/{id}/events``; gRPC ``GetJob``,
-``WatchJob``): a job of the caller with its attempts and outputs, and its events as they happen."""
+"""Job status (``GET /v1/jobs/{id}``, ``GET /v1/jobs``, ``GET /v1/jobs/{id}/events``; gRPC
+``GetJob``, ``ListJobs``, ``WatchJob``): a job of the caller with its attempts and outputs, the
+caller's jobs a page at a time, and a job's events as they happen."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import datetime as dt
+import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import asyncpg
 
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
-from hypermedia.core.errors import NotFound
+from hypermedia.core.errors import InvalidArgument, NotFound
 from hypermedia.infra.rpc import call
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.events import JobEvent, JobEventHub
-from services.gateway.ids import parse_uuid
+from services.gateway.ids import canonical_uuid, parse_uuid
 from services.gateway.results import Attempt, Job, Output
 
 
@@ -60,6 +66,69 @@ def job_result(job: asyncpg.Record, attempts: list[asyncpg.Record], outputs: lis
     )
 
 
+JOB_STATUSES = (
+    "created",
+    "queued",
+    "claimed",
+    "processing",
+    "completed",
+    "retry_wait",
+    "failed",
+    "cancelled",
+    "cancel_requested",
+)
+"""Every status of a job (the seed's lifecycle; ``processing_jobs.status``)."""
+MAX_PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which of the caller's jobs :meth:`JobStatus.list_jobs` lists: any of ``statuses`` (empty:
+    all), of ``operation``, on ``object_id`` (an original or an output), created at or after
+    ``created_after`` and before ``created_before`` (timezone-aware; naive ones are UTC)."""
+
+    statuses: tuple[str, ...] = ()
+    operation: str | None = None
+    object_id: str | None = None
+    created_after: dt.datetime | None = None
+    created_before: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """A page of jobs, newest first, and the cursor of the next page (None on the last)."""
+
+    jobs: tuple[Job, ...]
+    next_cursor: str | None
+
+
+def _cursor(job: Job) -> str:
+    """The opaque cursor after ``job``: its creation time and id, base64url JSON."""
+    position = {"t": job.created_at.isoformat(), "j": job.job_id}
+    return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
+
+
+def _position(cursor: str) -> tuple[dt.datetime, str]:
+    """The (created_at, job_id) a :func:`_cursor` names. Raises InvalidArgument
+    (``INVALID_CURSOR``) for anything else."""
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        when = dt.datetime.fromisoformat(raw["t"])
+        job_id = canonical_uuid(raw["j"])
+        if when.tzinfo is None or job_id is None:
+            raise ValueError
+        return when, job_id
+    except (ValueError, TypeError, KeyError, binascii.Error, UnicodeDecodeError, RecursionError):
+        raise InvalidArgument(
+            "cursor is not one this API gave: pass next_cursor of the previous page unchanged",
+            "INVALID_CURSOR",
+        ) from None
+
+
+def _aware(when: dt.datetime | None) -> dt.datetime | None:
+    return when.replace(tzinfo=dt.UTC) if when is not None and when.tzinfo is None else when
+
+
 class JobStatus:
     """The job status use cases. Dependencies come in through the constructor.
 
@@ -92,6 +161,71 @@ class JobStatus:
             "SELECT * FROM job_outputs WHERE job_id = $1 ORDER BY output_type", job_id
         )
         return job_result(job, attempts, [await self._output(out) for out in rows])
+
+    async def list_jobs(
+        self, caller: Caller, filters: JobFilter, limit: int = 50, cursor: str | None = None
+    ) -> JobPage:
+        """The caller's jobs matching ``filters``, newest first (by ``created_at``, then job id),
+        ``limit`` (1 to :data:`MAX_PAGE_SIZE`) a page, after ``cursor`` (``next_cursor`` of the
+        previous page). Each job without its attempts and outputs (``get_job`` has them).
+
+        Raises:
+            InvalidArgument: ``INVALID_STATUS`` (a status not in :data:`JOB_STATUSES`; the message
+                lists them), ``UNKNOWN_OPERATION`` (the message lists the operations),
+                ``INVALID_ID`` (an object id that is not a UUID), ``INVALID_RANGE``
+                (``created_after`` not before ``created_before``), ``INVALID_CURSOR``,
+                ``INVALID_PAGE_SIZE``.
+        """
+        if not 1 <= limit <= MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page size must be 1 to {MAX_PAGE_SIZE}", "INVALID_PAGE_SIZE")
+        wrong = [s for s in filters.statuses if s not in JOB_STATUSES]
+        if wrong:
+            raise InvalidArgument(
+                f"unknown status {wrong[0]!r}: one of {', '.join(JOB_STATUSES)}", "INVALID_STATUS"
+            )
+        object_id = None
+        if filters.object_id is not None:
+            object_id = canonical_uuid(filters.object_id)
+            if object_id is None:
+                raise InvalidArgument(f"object_id {filters.object_id!r} is not a UUID", "INVALID_ID")
+        after, before = _aware(filters.created_after), _aware(filters.created_before)
+        if after is not None and before is not None and after >= before:
+            raise InvalidArgument("created_after must be before created_before", "INVALID_RANGE")
+        if filters.operation is not None:
+            operations = await self._pool.fetchval(
+                "SELECT array_agg(DISTINCT operation ORDER BY operation) FROM processing_profiles"
+            )
+            if filters.operation not in operations:
+                raise InvalidArgument(
+                    f"unknown operation {filters.operation!r}: one of {', '.join(operations)}",
+                    "UNKNOWN_OPERATION",
+                )
+        at, last = _position(cursor) if cursor else (None, None)
+        rows = await self._pool.fetch(
+            """
+            SELECT * FROM processing_jobs
+            WHERE account_id = $1
+              AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
+              AND ($3::text IS NULL OR operation = $3)
+              AND ($4::uuid IS NULL OR object_id = $4)
+              AND ($5::timestamptz IS NULL OR created_at >= $5)
+              AND ($6::timestamptz IS NULL OR created_at < $6)
+              AND ($7::timestamptz IS NULL OR (created_at, job_id) < ($7, $8::uuid))
+            ORDER BY created_at DESC, job_id DESC
+            LIMIT $9
+            """,
+            caller.account_id,
+            list(filters.statuses),
+            filters.operation,
+            object_id,
+            after,
+            before,
+            at,
+            last,
+            limit + 1,
+        )
+        jobs = tuple(job_result(row, [], []) for row in rows[:limit])
+        return JobPage(jobs, _cursor(jobs[-1]) if len(rows) > limit else None)
 
     async def _output(self, out: asyncpg.Record) -> Output:
         """A ``job_outputs`` row with a presigned GET URL of its key."""

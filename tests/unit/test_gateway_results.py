@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import json_format, timestamp_pb2
 
 from hypermedia.api.jobs.v1 import jobs_pb2
-from services.gateway.grpc_api import credits_text, job_message, upload_message, usage_message
+from services.gateway.grpc_api import credits_text, job_message, status_name, upload_message, usage_message
 from services.gateway.rest import balance_json, credits_number, job_json, process_json
 from services.gateway.results import (
     Attempt,
@@ -25,6 +25,7 @@ from services.gateway.results import (
     StorageUsage,
     StoredObject,
 )
+from services.gateway.status import JOB_STATUSES
 
 CREATED = datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
 QUEUED = datetime(2026, 3, 4, 5, 6, 8, tzinfo=UTC)
@@ -333,20 +334,16 @@ def test_process_balance_upload_and_usage() -> None:
     assert (usage.used_bytes, usage.limit_bytes, usage.used_objects, usage.limit_objects) == (1, 2, 3, 4)
 
 
-@pytest.mark.parametrize(
-    "status",
-    [
-        "created",
-        "queued",
-        "claimed",
-        "processing",
-        "completed",
-        "retry_wait",
-        "failed",
-        "cancelled",
-        "cancel_requested",
-    ],
-)
+@pytest.mark.parametrize("status", JOB_STATUSES)
 def test_every_job_status_has_its_enum_value(status: str) -> None:
     message = job_message(dataclasses.replace(JOB, status=status))
     assert jobs_pb2.JobStatus.Name(message.status) == f"JOB_STATUS_{status.upper()}"
+    assert status_name(message.status) == status  # ListJobs reads the enum back
+
+
+def test_the_statuses_are_the_enums_and_an_unknown_number_stays_unknown() -> None:
+    assert {f"JOB_STATUS_{s.upper()}" for s in JOB_STATUSES} | {"JOB_STATUS_UNSPECIFIED"} == set(
+        jobs_pb2.JobStatus.keys()
+    )
+    assert status_name(jobs_pb2.JOB_STATUS_UNSPECIFIED) == "unspecified"
+    assert status_name(99) == "99"

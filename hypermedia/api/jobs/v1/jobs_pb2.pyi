@@ -464,6 +464,82 @@ class GetJobResponse(_message.Message):
 Global___GetJobResponse: _TypeAlias = GetJobResponse  # noqa: Y015
 
 @_typing.final
+class ListJobsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUSES_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    CREATED_BEFORE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    operation: _builtins.str
+    """Jobs of this operation ("thumbnail"); empty: all."""
+    object_id: _builtins.str
+    """Jobs on this object; empty: all."""
+    page_size: _builtins.int
+    """Jobs a page, 1 to 1000; 0: 50."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty: the first page."""
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___JobStatus.ValueType]:
+        """Jobs in any of these statuses; empty: all."""
+
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Jobs created at or after this time; unset: no bound."""
+
+    @_builtins.property
+    def created_before(self) -> _timestamp_pb2.Timestamp:
+        """Jobs created before this time; unset: no bound."""
+
+    def __init__(
+        self,
+        *,
+        statuses: _abc.Iterable[Global___JobStatus.ValueType] | None = ...,
+        operation: _builtins.str = ...,
+        object_id: _builtins.str = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
+        created_before: _timestamp_pb2.Timestamp | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "object_id", b"object_id", "operation", b"operation", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsRequest: _TypeAlias = ListJobsRequest  # noqa: Y015
+
+@_typing.final
+class ListJobsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """The page_token of the next page; empty on the last page."""
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]:
+        """Newest first (by created_at, then job_id); outputs are left empty."""
+
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___Job] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
+
+@_typing.final
 class CancelJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -55,6 +55,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobResponse.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/ListJobs',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
         self.CancelJob = channel.unary_unary(
                 '/hypermedia.jobs.v1.JobService/CancelJob',
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.CancelJobRequest.SerializeToString,
@@ -115,6 +120,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListJobs(self, request, context):
+        """ListJobs pages through the caller's jobs, newest first, each without its outputs (GetJob has
+        them). INVALID_ARGUMENT (error_code INVALID_STATUS, UNKNOWN_OPERATION, INVALID_ID,
+        INVALID_RANGE, INVALID_CURSOR or INVALID_PAGE_SIZE) for a bad filter or page token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CancelJob(self, request, context):
         """CancelJob cancels a queued job at once, or asks a running one to stop.
         """
@@ -168,6 +182,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetJob,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobResponse.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListJobsRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListJobsResponse.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
@@ -299,6 +318,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/GetJob',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/ListJobs',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListJobsRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
