@@ -107,17 +107,17 @@ async def queue_demand(
 ) -> tuple[QueueDemand, ...]:
     """The demand of each of ``queues`` now (see :class:`QueueDemand`): ready jobs by operation
     and band (their expected work from ``estimates``), running jobs, and the jobs created in the
-    last ``arrival_window_seconds``. The jobs of an account at its cap of running jobs in the
-    queue are not ready (ADR 0060): more workers would not start them."""
+    last ``arrival_window_seconds``. The queued jobs an account's cap of running jobs holds are
+    not ready (ADR 0060): more workers would not start them."""
     names = list(queues)
     ready = await conn.fetch(
         f"""
-        WITH {caps.AT_CAP}
+        WITH {caps.HELD}
         SELECT queue, operation, {BAND} AS band, count(*) AS n, sum({MB}) AS mb,
                extract(epoch FROM now() - min(coalesce(queued_at, j.created_at)))::float8 AS oldest
         FROM processing_jobs j JOIN objects o ON o.object_id = j.object_id
         WHERE queue = ANY($1::text[]) AND {READY}
-          AND NOT EXISTS (SELECT 1 FROM at_cap c WHERE c.account_id = j.account_id AND c.queue = j.queue)
+          AND NOT EXISTS (SELECT 1 FROM held h WHERE h.job_id = j.job_id)
         GROUP BY 1, 2, 3
         """,
         names,

@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from typing import Any
 
 import asyncpg
+import pytest
 
 from hypermedia.jobs import lifecycle, quotas
 from hypermedia.jobs.backfill import dispatch
+from hypermedia.jobs.lifecycle import caps
 from services.scheduler.demand import WorkEstimates, queue_demand
 from tests.integration.conftest import Broker, Seeder, Tenant
 
@@ -114,9 +117,9 @@ async def test_the_cap_counts_each_queue_apart(fresh_pool: asyncpg.Pool, seed: S
 async def test_jobs_held_by_the_cap_are_not_republished_braked_on_or_counted_as_demand(
     fresh_pool: asyncpg.Pool, seed: Seeder, broker: Broker
 ) -> None:
-    capped = await _capped(fresh_pool, seed, 1)
+    capped = await _capped(fresh_pool, seed, 2)  # one running: room for one more
     await seed.job(capped, status="processing", claimed_by="w-1", attempt_count=1, lease_in=60)
-    waiting = await seed.job(capped, priority=2, queued_ago=120)
+    waiting = [await seed.job(capped, priority=p, queued_ago=120) for p in (4, 2, 6)]
 
     async def ready() -> int:
         async with fresh_pool.acquire() as conn:
@@ -125,15 +128,64 @@ async def test_jobs_held_by_the_cap_are_not_republished_braked_on_or_counted_as_
             )
         return images.ready
 
-    assert await lifecycle.republish_stale(fresh_pool, broker.prefix, 100, 60) == 0
-    assert await dispatch.brake(fresh_pool, {"images": 5.0}) is None
-    assert await ready() == 0
+    # The most urgent waiting job fits the room: it is backlog (a claim would take it); the
+    # other two are held.
+    assert await ready() == 1
+    assert await lifecycle.republish_stale(fresh_pool, broker.prefix, 100, 60) == 1
+    assert [len(await seed.outbox_rows(job)) for job in waiting] == [0, 1, 0]
+    await fresh_pool.execute("UPDATE processing_jobs SET queued_at = now() - interval '120 s'")
+    assert await dispatch.brake(fresh_pool, {"documents": 5.0}) is None
 
-    # The same account without its cap: the job is the platform's backlog again.
+    # At the cap, none of them is.
+    await seed.job(capped, status="processing", claimed_by="w-2", attempt_count=1, lease_in=60)
+    assert await ready() == 0
+    assert await dispatch.brake(fresh_pool, {"images": 5.0}) is None
+    assert await lifecycle.republish_stale(fresh_pool, broker.prefix, 100, 60) == 0
+
+    # The same account without its cap: every one is the platform's backlog again.
     async with fresh_pool.acquire() as conn:
         await quotas.set_quota(conn, capped.account_id, default=True)
     reason = await dispatch.brake(fresh_pool, {"images": 5.0})
     assert reason is not None and reason.startswith("BRAKE: the images queue's oldest job has waited")
-    assert await ready() == 1
-    assert await lifecycle.republish_stale(fresh_pool, broker.prefix, 100, 60) == 1
-    assert len(await seed.outbox_rows(waiting)) == 1
+    assert await ready() == 3
+    # the two held before (the third's row from the first republish is still unpublished)
+    assert await lifecycle.republish_stale(fresh_pool, broker.prefix, 100, 60) == 2
+    assert [len(await seed.outbox_rows(job)) for job in waiting] == [1, 1, 1]
+
+
+async def test_a_job_turning_queued_during_a_claim_is_not_taken_past_the_cap(
+    fresh_pool: asyncpg.Pool, seed: Seeder, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job in ``retry_wait`` (or handed back) in the batch when the cap is counted, ``queued``
+    by the time the claim's UPDATE runs: the claim must not take it (it was not counted)."""
+    capped = await _capped(fresh_pool, seed, 1)
+    await seed.job(capped, status="processing", claimed_by="w-1", attempt_count=1, lease_in=60)
+    retrying = await seed.job(capped, status="retry_wait", attempt_count=1, next_attempt_in=-1)
+    counted = caps.over_cap
+
+    async def promote_meanwhile(conn: Any, job_ids: Any, capped_pairs: Any) -> caps.Room:
+        room = await counted(conn, job_ids, capped_pairs)
+        assert await lifecycle.promote_retries(fresh_pool, broker.prefix, 10) == 1  # commits now
+        return room
+
+    monkeypatch.setattr(caps, "over_cap", promote_meanwhile)
+    claimed, held = await lifecycle.claim_held(fresh_pool, [str(retrying)], "w-2")
+    assert claimed == [] and held == set()  # its old message is a duplicate: promote wrote a new one
+    assert (await seed.job_row(retrying))["status"] == "queued"
+    assert await _running(fresh_pool, capped) == 1
+
+    monkeypatch.setattr(caps, "over_cap", counted)
+    claimed, held = await lifecycle.claim_held(fresh_pool, [str(retrying)], "w-2")
+    assert claimed == [] and held == {str(retrying)}, "its new message is held, as it should be"
+
+
+async def test_each_lane_of_the_bulk_queue_is_capped_apart(fresh_pool: asyncpg.Pool, seed: Seeder) -> None:
+    capped = await _capped(fresh_pool, seed, 1)
+    lanes = {}
+    for lane in ("bulk.images", "bulk.images", "bulk.media"):
+        job = await seed.job(capped, priority=8)
+        await fresh_pool.execute("UPDATE processing_jobs SET queue = $2 WHERE job_id = $1", job, lane)
+        lanes.setdefault(lane, []).append(str(job))
+    claimed, held = await lifecycle.claim_held(fresh_pool, [*lanes["bulk.images"], *lanes["bulk.media"]], "w")
+    assert {job.queue for job in claimed} == {"bulk.images", "bulk.media"}
+    assert held == {lanes["bulk.images"][1]}

@@ -198,10 +198,10 @@ async def brake(conn: db.Connection | asyncpg.Pool, targets: Mapping[str, float]
         return None
     rows = await conn.fetch(
         f"""
-        WITH {caps.AT_CAP}
+        WITH {caps.HELD}
         SELECT queue, extract(epoch FROM now() - min(coalesce(queued_at, created_at)))::float8 AS waited
         FROM processing_jobs j WHERE status = 'queued' AND queue = ANY($1::text[])
-          AND NOT EXISTS (SELECT 1 FROM at_cap c WHERE c.account_id = j.account_id AND c.queue = j.queue)
+          AND NOT EXISTS (SELECT 1 FROM held h WHERE h.job_id = j.job_id)
         GROUP BY queue ORDER BY queue
         """,
         list(targets),

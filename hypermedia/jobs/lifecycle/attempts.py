@@ -86,7 +86,7 @@ async def claim_held(
     if not valid:
         return [], set()
     async with pool.acquire() as conn, conn.transaction():
-        held = await caps.over_cap(conn, valid, await caps.lock_capped(conn, valid))
+        room = await caps.over_cap(conn, valid, await caps.lock_capped(conn, valid))
         rows = await conn.fetch(
             f"""
             WITH locked AS (  -- in job id order: two batches never wait on each other in a cycle
@@ -103,12 +103,12 @@ async def claim_held(
               AND p.operation = j.operation AND p.version = j.profile_version
             RETURNING {_CLAIMED_COLUMNS}
             """,
-            [key for key in valid if key not in held],
+            [key for key in valid if key not in room.barred],
             worker_id,
             LEASE_MARGIN_SECONDS,
         )
         if not rows:
-            return [], held
+            return [], set(room.held)
         claimed_ids = [row["job_id"] for row in rows]
         await conn.execute(
             "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status) "
@@ -125,7 +125,7 @@ async def claim_held(
         )
         await release_deferred(conn, claimed_ids)  # their accounts' windows move on (ADR 0059)
     by_id = {str(row["job_id"]): _claimed_job(row) for row in rows}
-    return [by_id.pop(job_id) for job_id in valid if job_id in by_id], held
+    return [by_id.pop(job_id) for job_id in valid if job_id in by_id], set(room.held)
 
 
 async def reclaim(pool: asyncpg.Pool, job_id: str, worker_id: str) -> ClaimedJob | None:

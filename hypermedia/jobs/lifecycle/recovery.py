@@ -112,19 +112,19 @@ async def promote_retries(pool: asyncpg.Pool, prefix: str, batch: int) -> int:
 async def republish_stale(pool: asyncpg.Pool, prefix: str, batch: int, stale_seconds: float) -> int:
     """Publishes again up to ``batch`` jobs ``queued`` for more than ``stale_seconds`` (a message
     the broker lost never strands a job: claims are idempotent, duplicates dropped). Returns how
-    many. A job whose account is at its cap of running jobs in its queue is left alone: its
-    message comes and goes while the cap holds it (ADR 0060), and it is republished, if its
-    message was lost, once the account is under the cap."""
+    many. A job its account's cap of running jobs holds is left alone: its message comes and
+    goes while the cap holds it (ADR 0060), and it is republished, if its message was lost,
+    once the cap leaves room for it."""
     async with pool.acquire() as conn, conn.transaction():
         rows = await conn.fetch(
             f"""
-            WITH {caps.AT_CAP}, stale AS (
+            WITH {caps.HELD}, stale AS (
                 SELECT job_id FROM processing_jobs j
                 WHERE status = 'queued' AND queued_at < now() - make_interval(secs => $2)
                   -- a job whose row waits in the outbox (deferred by its window) has no message to lose
                   AND NOT EXISTS (SELECT 1 FROM outbox o
                                   WHERE o.job_id = j.job_id AND o.published_at IS NULL)
-                  AND NOT EXISTS (SELECT 1 FROM at_cap c WHERE c.account_id = j.account_id AND c.queue = j.queue)
+                  AND NOT EXISTS (SELECT 1 FROM held h WHERE h.job_id = j.job_id)
                 ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED
             )
             UPDATE processing_jobs j SET queued_at = now(), updated_at = now()
