@@ -16,7 +16,7 @@ from hypermedia.core.errors import DomainError
 from hypermedia.infra import rpc
 from hypermedia.jobs.accounts import Caller
 from services.gateway.process_request import parse_operations
-from services.gateway.results import Job, StorageUsage, StoredObject
+from services.gateway.results import Job, ObjectInfo, StorageUsage, StoredObject
 from services.gateway.status import JobFilter
 from services.gateway.usecases import UseCases
 
@@ -120,6 +120,22 @@ def upload_message(obj: StoredObject) -> jobs_pb2.UploadObjectResponse:
     )
 
 
+def object_message(obj: ObjectInfo) -> jobs_pb2.GetObjectResponse:
+    """An object as ``GetObjectResponse`` (an original's ``source_object_id`` is ``""``)."""
+    return jobs_pb2.GetObjectResponse(
+        object_id=obj.object_id,
+        pool_id=obj.pool_id,
+        size_bytes=obj.size_bytes,
+        mime_type=obj.mime_type,
+        sha256=obj.sha256,
+        filename=obj.filename,
+        source_object_id=obj.source_object_id or "",
+        created_at=timestamp_of(obj.created_at),
+        url=obj.url,
+        url_expires_at=timestamp_of(obj.url_expires_at),
+    )
+
+
 def usage_message(usage: StorageUsage) -> jobs_pb2.DeleteObjectResponse:
     """The storage usage after a delete as ``DeleteObjectResponse``."""
     return jobs_pb2.DeleteObjectResponse(
@@ -170,6 +186,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return upload_message(
             await self._api.uploads.upload_object(caller, request.content, request.filename)
         )
+
+    async def GetObject(
+        self, request: jobs_pb2.GetObjectRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.GetObjectResponse:
+        caller = await self._caller(context)
+        return object_message(await self._api.uploads.get_object(caller, request.object_id))
 
     async def DeleteObject(
         self, request: jobs_pb2.DeleteObjectRequest, context: grpc.aio.ServicerContext

@@ -29,7 +29,7 @@ from hypermedia.jobs.pricing import as_credits
 from services.gateway import backfills_api, operators_api, presets_api
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
-from services.gateway.results import Attempt, Balance, Job, Output, ProcessResult
+from services.gateway.results import Attempt, Balance, Job, ObjectInfo, Output, ProcessResult
 from services.gateway.status import MAX_PAGE_SIZE, JobFilter, JobPage
 from services.gateway.usecases import UseCases
 
@@ -228,6 +228,22 @@ def job_json(job: Job) -> dict[str, Any]:
         "next_attempt_at": _iso(job.next_attempt_at),
         "attempts": [attempt_json(a) for a in job.attempts],
         "outputs": [output_json(o) for o in job.outputs],
+    }
+
+
+def object_json(obj: ObjectInfo) -> dict[str, Any]:
+    """The answer of ``GET /v1/objects/{id}``: times as ISO 8601 strings."""
+    return {
+        "object_id": obj.object_id,
+        "pool_id": obj.pool_id,
+        "size_bytes": obj.size_bytes,
+        "mime_type": obj.mime_type,
+        "sha256": obj.sha256,
+        "filename": obj.filename,
+        "source_object_id": obj.source_object_id,
+        "created_at": _iso(obj.created_at),
+        "url": obj.url,
+        "url_expires_at": _iso(obj.url_expires_at),
     }
 
 
@@ -477,6 +493,12 @@ def build_app(
         content = await file.read(api.uploads.max_upload_bytes + 1)
         stored = await api.uploads.upload_object(who, content, file.filename or "", file.content_type)
         return dataclasses.asdict(stored)
+
+    @app.get("/v1/objects/{object_id}")
+    async def get_object(object_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """An object of the caller (an original, or an output of its jobs) with a presigned
+        ``url`` to download it until ``url_expires_at``; 404 ``NOT_FOUND`` for others' objects."""
+        return object_json(await api.uploads.get_object(who, object_id))
 
     @app.delete("/v1/objects/{object_id}", response_model=StorageUsageOut)
     async def delete_object(object_id: str, who: Caller = Depends(caller)) -> dict[str, int]:

@@ -45,6 +45,29 @@ class StoredObject:
 
 
 @dataclass(frozen=True)
+class ObjectInfo:
+    """An object of the caller, original or output (``GET /v1/objects/{id}``, ``GetObject``),
+    with a presigned URL to download it."""
+
+    object_id: str
+    pool_id: str
+    size_bytes: int
+    """Its size (bytes)."""
+    mime_type: str
+    sha256: str
+    """SHA-256 of the bytes, 64 lowercase hex digits."""
+    filename: str
+    """An original's display name (``""`` when none was given, and for outputs)."""
+    source_object_id: str | None
+    """For an output, the object it was derived from; None for an original."""
+    created_at: datetime
+    url: str
+    """A presigned GET URL of the bytes, served with :attr:`mime_type`."""
+    url_expires_at: datetime
+    """When :attr:`url` stops working (the storage service's default lifetime, 15 minutes)."""
+
+
+@dataclass(frozen=True)
 class StorageUsage:
     """An account's storage against its quota (ADR 0029), as the storage service reports it."""
 

@@ -1,6 +1,6 @@
-"""Uploads and deletion of originals (``POST /v1/objects``, ``DELETE /v1/objects/{id}``; gRPC
-``UploadObject``, ``DeleteObject``): every check of the bytes before storage hears of them, then
-the storage service's reserve → PUT → complete."""
+"""Uploads, reading and deletion of objects (``POST /v1/objects``, ``GET`` and ``DELETE
+/v1/objects/{id}``; gRPC ``UploadObject``, ``GetObject``, ``DeleteObject``): every check of the
+bytes before storage hears of them, then the storage service's reserve → PUT → complete."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import logging
 import unicodedata
+from datetime import UTC
 
 import httpx
 
@@ -18,7 +19,7 @@ from hypermedia.intake import contenttype
 from hypermedia.intake.clamav import ClamdScanner
 from hypermedia.jobs.accounts import Caller
 from services.gateway.ids import parse_uuid
-from services.gateway.results import StorageUsage, StoredObject
+from services.gateway.results import ObjectInfo, StorageUsage, StoredObject
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,34 @@ class Uploads:
             )
         except DomainError:
             log.exception("could not delete the pending original of a failed upload")
+
+    async def get_object(self, caller: Caller, object_id: str) -> ObjectInfo:
+        """An object the caller owns, an original or an output of its jobs, with a presigned
+        download URL.
+
+        Raises:
+            NotFound: ``NOT_FOUND`` for a malformed id, an unknown, pending, deleted or another
+                account's object (alike).
+        """
+        object_id = parse_uuid(object_id, "object")
+        found = await call(
+            self._storage.GetObject,
+            storage_pb2.GetObjectRequest(object_id=object_id, account_id=caller.account_id),
+        )
+        obj = found.object
+        signed = await call(self._storage.PresignGet, storage_pb2.PresignGetRequest(key=obj.key))
+        return ObjectInfo(
+            object_id=obj.object_id,
+            pool_id=obj.pool_id,
+            size_bytes=obj.size_bytes,
+            mime_type=obj.mime_type,
+            sha256=obj.sha256,
+            filename=obj.filename,
+            source_object_id=obj.source_object_id or None,
+            created_at=obj.created_at.ToDatetime(UTC),
+            url=signed.url,
+            url_expires_at=signed.expires_at.ToDatetime(UTC),
+        )
 
     async def delete_object(self, caller: Caller, object_id: str) -> StorageUsage:
         """Delete an original of the caller: its bytes go and its size and one object go back to

@@ -156,6 +156,76 @@ class Operation(_message.Message):
 Global___Operation: _TypeAlias = Operation  # noqa: Y015
 
 @_typing.final
+class GetObjectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    object_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        object_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_id", b"object_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetObjectRequest: _TypeAlias = GetObjectRequest  # noqa: Y015
+
+@_typing.final
+class GetObjectResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    POOL_ID_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    MIME_TYPE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    FILENAME_FIELD_NUMBER: _builtins.int
+    SOURCE_OBJECT_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    URL_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    object_id: _builtins.str
+    pool_id: _builtins.str
+    size_bytes: _builtins.int
+    mime_type: _builtins.str
+    sha256: _builtins.str
+    filename: _builtins.str
+    """An original's display name; "" when none was given, and for outputs."""
+    source_object_id: _builtins.str
+    """For an output, the object it was derived from; "" for an original."""
+    url: _builtins.str
+    """A presigned GET URL of the bytes, valid until url_expires_at (15 minutes by default)."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def url_expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        object_id: _builtins.str = ...,
+        pool_id: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        mime_type: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        filename: _builtins.str = ...,
+        source_object_id: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        url: _builtins.str = ...,
+        url_expires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "url_expires_at", b"url_expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "filename", b"filename", "mime_type", b"mime_type", "object_id", b"object_id", "pool_id", b"pool_id", "sha256", b"sha256", "size_bytes", b"size_bytes", "source_object_id", b"source_object_id", "url", b"url", "url_expires_at", b"url_expires_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetObjectResponse: _TypeAlias = GetObjectResponse  # noqa: Y015
+
+@_typing.final
 class DeleteObjectRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -40,6 +40,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectResponse.FromString,
                 _registered_method=True)
+        self.GetObject = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/GetObject',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectResponse.FromString,
+                _registered_method=True)
         self.DeleteObject = channel.unary_unary(
                 '/hypermedia.jobs.v1.JobService/DeleteObject',
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectRequest.SerializeToString,
@@ -91,6 +96,14 @@ class JobServiceServicer:
         INVALID_ARGUMENT for an empty file, RESOURCE_EXHAUSTED above the upload limit, and
         RESOURCE_EXHAUSTED with error_code STORAGE_QUOTA_EXCEEDED when the account's storage quota
         (bytes or objects) has no room for it; nothing is stored then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetObject(self, request, context):
+        """GetObject returns an object of the caller (an original, or an output of its jobs) with a
+        presigned URL to download it. NOT_FOUND for others' objects and deleted ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,6 +181,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectResponse.SerializeToString,
             ),
+            'GetObject': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetObject,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectResponse.SerializeToString,
+            ),
             'DeleteObject': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteObject,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectRequest.FromString,
@@ -237,6 +255,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/UploadObject',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.UploadObjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetObject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/GetObject',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectResponse.FromString,
             options,
             channel_credentials,
             insecure,
