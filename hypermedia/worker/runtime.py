@@ -50,7 +50,6 @@ from hypermedia.core.errors import DomainError, PermanentJobError, TransientErro
 from hypermedia.infra import db
 from hypermedia.infra.service import every, wait_any
 from hypermedia.jobs import lifecycle, noop, queues
-from hypermedia.jobs.lifecycle import caps
 from hypermedia.jobs.settlement import Settlement
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from hypermedia.worker import registry
@@ -244,9 +243,8 @@ class WorkerRuntime:
 
     async def _dispatch(self, msgs: list[Any]) -> None:
         """Claims the jobs of ``msgs`` (one band's, at most the free slots) in one transaction,
-        acks and starts each claimed one; gives back, to come again after a delay, one its
-        account's running-jobs cap holds; terms a malformed message or one whose job is not
-        queued (a duplicate delivery: someone else has it, or it was cancelled or finished)."""
+        acks and starts each claimed one, gives back one its account's running-jobs cap holds,
+        and terms a malformed message or one whose job is not queued (a duplicate delivery)."""
         batch: list[tuple[Any, queues.JobMessage, Context]] = []
         for msg in msgs:
             try:
@@ -254,17 +252,15 @@ class WorkerRuntime:
             except ValueError:
                 log.warning("dropping a malformed queue message")
                 await msg.term()
+        if not batch:
+            return
         spans = [
             _tracer.start_span("job.claim", context=parent, attributes={"job.id": message.job_id})
             for _msg, message, parent in batch
         ]
         try:
-            claimed, held = (
-                await lifecycle.claim_retrying(
-                    self._pool, [m.job_id for _msg, m, _parent in batch], self.worker_id, self.running
-                )
-                if batch
-                else ({}, set())
+            claimed, held = await lifecycle.claim_retrying(
+                self._pool, [m.job_id for _msg, m, _parent in batch], self.worker_id, self.running
             )
         except Exception as exc:
             if not db.is_transient(exc):
@@ -281,11 +277,8 @@ class WorkerRuntime:
         for msg, message, parent in batch:
             key = lifecycle.job_key(message.job_id) or ""
             job = claimed.pop(key, None)
-            if job is None and key in held:  # its account's cap of running jobs: later (ADR 0060)
-                await msg.nak(delay=caps.HELD_REDELIVERY_SECONDS)
-                continue
-            if job is None:
-                await msg.term()
+            if job is None:  # held by its account's running-jobs cap: again later (ADR 0060); or gone
+                await (msg.nak(delay=lifecycle.HELD_REDELIVERY_SECONDS) if key in held else msg.term())
                 continue
             await msg.ack()
             self.running[job.job_id] = job

@@ -36,6 +36,7 @@ from hypermedia.jobs.lifecycle.attempts import (
     progress,
     reclaim,
 )
+from hypermedia.jobs.lifecycle.caps import HELD_REDELIVERY_SECONDS
 from hypermedia.jobs.lifecycle.recovery import (
     expire_leases,
     promote_retries,
@@ -63,6 +64,7 @@ from hypermedia.jobs.lifecycle.rules import (
 
 __all__ = [
     "FAIR_WINDOW",
+    "HELD_REDELIVERY_SECONDS",
     "LEASE_MARGIN_SECONDS",
     "LOST_ATTEMPT",
     "MAX_LOST_ATTEMPTS",

@@ -79,9 +79,9 @@ async def claim_many(pool: asyncpg.Pool, job_ids: list[str], worker_id: str) -> 
 async def claim_held(
     pool: asyncpg.Pool, job_ids: list[str], worker_id: str
 ) -> tuple[list[ClaimedJob], set[str]]:
-    """:func:`claim_many`, with the ids (canonical UUID text) of the queued jobs left queued
-    because their account has reached its cap of running jobs in their queue
-    (:mod:`~hypermedia.jobs.lifecycle.caps`): their messages must come back later, not be dropped."""
+    """:func:`claim_many`, with the ids (canonical UUID text) of the queued jobs it held: left
+    queued, beyond the room their account's cap of running jobs leaves in their queue
+    (:mod:`~hypermedia.jobs.lifecycle.caps`); their messages must come back later, not be dropped."""
     valid = [key for key in map(job_key, job_ids) if key is not None]
     if not valid:
         return [], set()
