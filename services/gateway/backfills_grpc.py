@@ -4,19 +4,17 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import grpc
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import json_format
 
 from hypermedia.api.jobs.v1 import backfill_pb2, backfill_pb2_grpc
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.backfill.runs import Run
 from hypermedia.jobs.backfill.selection import Estimate
 from services.gateway.backfills import Backfills, RunRequest
-from services.gateway.grpc_api import _plain, _struct, authenticated, credits_text, timestamp_of
+from services.gateway.grpc_api import _plain, _struct, authenticated, credits_text, time_of, timestamp_of
 
 SERVICE_NAME = "hypermedia.jobs.v1.BackfillService"
 _SCOPES = {
@@ -24,14 +22,6 @@ _SCOPES = {
     backfill_pb2.BACKFILL_SCOPE_OUTDATED: "outdated",
     backfill_pb2.BACKFILL_SCOPE_ALL: "all",
 }
-
-
-def _time(message: Any, name: str) -> dt.datetime | None:
-    """A Timestamp field as an aware UTC datetime, None when unset."""
-    if not message.HasField(name):
-        return None
-    value: timestamp_pb2.Timestamp = getattr(message, name)
-    return value.ToDatetime(tzinfo=dt.UTC)
 
 
 def run_message(run: Run) -> backfill_pb2.BackfillRun:
@@ -103,11 +93,11 @@ def run_request(request: backfill_pb2.CreateBackfillRunRequest) -> RunRequest:
         preset=s.preset or None,
         scope=_SCOPES.get(s.scope, "unknown"),
         object_ids=list(s.object_ids) or None,
-        created_after=_time(s, "created_after"),
-        created_before=_time(s, "created_before"),
+        created_after=time_of(s, "created_after"),
+        created_before=time_of(s, "created_before"),
         priority=request.priority or None,
         rate_per_second=request.max_rate_per_second or None,
-        deadline=_time(request, "deadline"),
+        deadline=time_of(request, "deadline"),
         dry_run=request.dry_run,
     )
 

@@ -50,6 +50,15 @@ def timestamp_of(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     return ts
 
 
+def time_of(message: Any, name: str) -> datetime | None:
+    """The Timestamp field ``name`` of ``message`` as an aware UTC datetime; None when unset
+    (the inverse of :func:`timestamp_of`)."""
+    if not message.HasField(name):
+        return None
+    value: timestamp_pb2.Timestamp = getattr(message, name)
+    return value.ToDatetime(tzinfo=UTC)
+
+
 def credits_text(millicredits: int | None) -> str:
     """Millicredits as ``jobs.v1``'s credits: a decimal string of credits with three decimals
     (1234 → ``"1.234"``, -5 → ``"-0.005"``), ``""`` for None. Integer arithmetic, so no amount
@@ -97,12 +106,16 @@ def job_message(job: Job) -> jobs_pb2.Job:
     return message
 
 
+_STATUS_NAMES = {
+    int(value): name.removeprefix("JOB_STATUS_").lower() for name, value in jobs_pb2.JobStatus.items()
+}
+
+
 def status_name(status: int) -> str:
     """A ``JobStatus`` enum value as the status it names (``JOB_STATUS_RETRY_WAIT`` →
     ``retry_wait``); ``JOB_STATUS_UNSPECIFIED`` and unknown numbers as themselves, which
     :meth:`JobStatus.list_jobs` refuses (``INVALID_STATUS``)."""
-    names = {int(value): name for name, value in jobs_pb2.JobStatus.items()}
-    return names.get(status, str(status)).removeprefix("JOB_STATUS_").lower()
+    return _STATUS_NAMES.get(status, str(status))
 
 
 def upload_message(obj: StoredObject) -> jobs_pb2.UploadObjectResponse:
@@ -233,12 +246,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             statuses=tuple(status_name(s) for s in request.statuses),
             operation=request.operation or None,
             object_id=request.object_id or None,
-            created_after=request.created_after.ToDatetime(UTC)
-            if request.HasField("created_after")
-            else None,
-            created_before=request.created_before.ToDatetime(UTC)
-            if request.HasField("created_before")
-            else None,
+            created_after=time_of(request, "created_after"),
+            created_before=time_of(request, "created_before"),
         )
         page = await self._api.status.list_jobs(
             caller, filters, request.page_size or 50, request.page_token or None

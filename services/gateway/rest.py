@@ -234,15 +234,8 @@ def job_json(job: Job) -> dict[str, Any]:
 def object_json(obj: ObjectInfo) -> dict[str, Any]:
     """The answer of ``GET /v1/objects/{id}``: times as ISO 8601 strings."""
     return {
-        "object_id": obj.object_id,
-        "pool_id": obj.pool_id,
-        "size_bytes": obj.size_bytes,
-        "mime_type": obj.mime_type,
-        "sha256": obj.sha256,
-        "filename": obj.filename,
-        "source_object_id": obj.source_object_id,
+        **dataclasses.asdict(obj),
         "created_at": _iso(obj.created_at),
-        "url": obj.url,
         "url_expires_at": _iso(obj.url_expires_at),
     }
 

@@ -35,17 +35,24 @@ second per band where it has jobs waiting."""
 RUNNING = "status IN ('claimed', 'processing', 'cancel_requested')"
 """A job that holds a slot, as SQL over ``processing_jobs`` (what the cap counts)."""
 
+_TAKEN_FIRST = "j.priority, j.created_at, j.job_id"
+"""The order in which a capped pair's queued jobs get the room: most urgent, then oldest."""
+
 HELD = f"""
     held AS (  -- queued jobs beyond the room their account's cap leaves in their queue
         SELECT w.job_id FROM (
-            SELECT j.job_id, j.account_id, j.queue, q.max_running_jobs AS cap, row_number() OVER (
-                PARTITION BY j.account_id, j.queue ORDER BY j.priority, j.created_at, j.job_id) AS n
+            SELECT j.job_id, j.account_id, j.queue, q.max_running_jobs AS cap,
+                   row_number() OVER (PARTITION BY j.account_id, j.queue ORDER BY {_TAKEN_FIRST}) AS n
             FROM processing_jobs j
             JOIN account_quotas q ON q.account_id = j.account_id AND q.max_running_jobs IS NOT NULL
             WHERE j.status = 'queued'
         ) w
-        WHERE w.n > w.cap - (SELECT count(*) FROM processing_jobs r
-                             WHERE r.account_id = w.account_id AND r.queue = w.queue AND r.{RUNNING})
+        LEFT JOIN (
+            SELECT r.account_id, r.queue, count(*) AS running FROM processing_jobs r
+            JOIN account_quotas q ON q.account_id = r.account_id AND q.max_running_jobs IS NOT NULL
+            WHERE r.{RUNNING} GROUP BY r.account_id, r.queue
+        ) c ON c.account_id = w.account_id AND c.queue = w.queue
+        WHERE w.n > w.cap - coalesce(c.running, 0)
     )"""
 """A CTE ``held(job_id)`` to put in a ``WITH``: the queued jobs a claim would hold now (beyond the
 cap less the running jobs of their account and queue, in the order :func:`over_cap` takes them).
@@ -103,7 +110,7 @@ async def over_cap(
         )
         SELECT j.job_id, j.status = 'queued' AS queued, row_number() OVER (
                    PARTITION BY j.account_id, j.queue
-                   ORDER BY j.status <> 'queued', j.priority, j.created_at, j.job_id) <= r.room AS fits
+                   ORDER BY j.status <> 'queued', {_TAKEN_FIRST}) <= r.room AS fits
         FROM processing_jobs j JOIN room r ON r.account_id = j.account_id AND r.queue = j.queue
         WHERE j.job_id = ANY($1::uuid[])
         """,
