@@ -120,13 +120,21 @@ def _position(cursor: str) -> tuple[dt.datetime, str]:
         return when, job_id
     except (ValueError, TypeError, KeyError, binascii.Error, UnicodeDecodeError, RecursionError):
         raise InvalidArgument(
-            "cursor is not one this API gave: pass next_cursor of the previous page unchanged",
+            "cursor is not one this API gave: pass next_cursor (gRPC: next_page_token) of the "
+            "previous page unchanged",
             "INVALID_CURSOR",
         ) from None
 
 
-def _aware(when: dt.datetime | None) -> dt.datetime | None:
-    return when.replace(tzinfo=dt.UTC) if when is not None and when.tzinfo is None else when
+def _utc(when: dt.datetime | None, name: str) -> dt.datetime | None:
+    """``when`` in UTC (a naive one taken as UTC). Raises InvalidArgument (``INVALID_RANGE``)
+    for a time whose offset takes it outside the years 1-9999 (``0001-01-01T00:00:00+14:00``)."""
+    if when is None:
+        return None
+    try:
+        return (when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidArgument(f"{name} is outside the years 1 to 9999 in UTC", "INVALID_RANGE") from None
 
 
 class JobStatus:
@@ -188,7 +196,8 @@ class JobStatus:
             object_id = canonical_uuid(filters.object_id)
             if object_id is None:
                 raise InvalidArgument(f"object_id {filters.object_id!r} is not a UUID", "INVALID_ID")
-        after, before = _aware(filters.created_after), _aware(filters.created_before)
+        after = _utc(filters.created_after, "created_after")
+        before = _utc(filters.created_before, "created_before")
         if after is not None and before is not None and after >= before:
             raise InvalidArgument("created_after must be before created_before", "INVALID_RANGE")
         if filters.operation is not None:

@@ -123,6 +123,8 @@ def test_filters_by_status_operation_object_and_creation_time(
             "INVALID_RANGE",
             "created_after",
         ),
+        ({"created_after": "0001-01-01T00:00:00+14:00"}, "INVALID_RANGE", "created_after"),
+        ({"created_before": "9999-12-31T23:59:59-14:00"}, "INVALID_RANGE", "created_before"),
         ({"limit": 0}, "INVALID_REQUEST", "limit"),
         ({"limit": 1001}, "INVALID_REQUEST", "limit"),
         ({"created_after": "yesterday"}, "INVALID_REQUEST", "created_after"),
