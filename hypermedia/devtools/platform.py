@@ -395,6 +395,8 @@ class Platform:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        # Each process its own metrics port (a value in the environment would be one for all).
+        metrics_binds = {proc_name: f"127.0.0.1:{free_port()}" for _name, _i, proc_name in replicas}
         scheduler_env = (
             self._scheduler_env(env, tls, uid_base + UID_RANGE_PER_REPLICA * len(workers))
             if "scheduler" in self.services
@@ -411,6 +413,7 @@ class Platform:
             "storage_http": f"http://127.0.0.1:{storage_http_port}",
             "imageworker_status_addr": worker_env.get("imageworker", {}).get("HM_WORKER_STATUS_BIND", ""),
             "workers": {name: w["HM_WORKER_STATUS_BIND"] for name, w in worker_env.items()},
+            "metrics": {name: f"http://{bind}/metrics" for name, bind in metrics_binds.items()},
             "run_dir": str(self.root / "run"),
             "objects_dir": env["HM_STORAGE_DIR"],
             "logs_dir": str(self.root / "logs"),
@@ -429,6 +432,7 @@ class Platform:
                 | worker_env.get(proc_name, {})
                 | tls.get(name, {})
                 | (scheduler_env if name == "scheduler" else {})
+                | {"HM_METRICS_BIND": metrics_binds[proc_name]}
             )
             if name == "bulkworker":
                 proc_env = {k: v for k, v in proc_env.items() if k not in UNIT_ENV_REFUSED}

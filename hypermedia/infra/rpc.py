@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from hypermedia.core import pgtext, telemetry
+from hypermedia.core import metrics, pgtext, telemetry
 from hypermedia.core.errors import (
     ERROR_CODE_METADATA_KEY,
     ERROR_DETAILS_METADATA_KEY,
@@ -129,10 +130,22 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             )
         inner = handler.unary_unary
 
+        service, _, name = method.lstrip("/").partition("/")
+        seconds = metrics.GRPC_SECONDS.labels(service, name)
+
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             parent = telemetry.extract({k: str(v) for k, v in context.invocation_metadata() or ()})
-            with _tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER):
-                return await self._handle(inner, request, context, method)
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                with _tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER):
+                    return await self._handle(inner, request, context, method)
+            except BaseException:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            finally:
+                seconds.observe(time.perf_counter() - started)
+                metrics.GRPC_HANDLED.labels(service, name, code.name).inc()
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,

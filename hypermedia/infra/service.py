@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -33,7 +34,7 @@ import grpc
 
 from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.api.storage.v1 import storage_pb2_grpc
-from hypermedia.core import telemetry
+from hypermedia.core import metrics, telemetry
 from hypermedia.core.config import ConfigError, InfraSettings
 from hypermedia.infra import db, rpc
 from hypermedia.infra.mtls import Tls
@@ -127,6 +128,13 @@ async def _main(name: str, serve: Serve) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with AsyncExitStack() as stack:
+            if bind := os.environ.get("HM_METRICS_BIND", "").strip():
+                try:
+                    _port, stop_metrics = metrics.serve(bind)
+                except (ValueError, OSError) as exc:
+                    print(f"{name}: HM_METRICS_BIND: cannot serve metrics: {exc}", file=sys.stderr)
+                    return EXIT_CONFIG
+                stack.callback(stop_metrics)
             starting = asyncio.ensure_future(serve(stack, stop))
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait(
@@ -174,9 +182,10 @@ async def _main(name: str, serve: Serve) -> int:
 
 
 def run_service(name: str, serve: Serve) -> None:
-    """Run ``serve`` as service ``name`` and exit with the documented code."""
-    import os
-
+    """Run ``serve`` as service ``name`` and exit with the documented code. With
+    ``HM_METRICS_BIND`` (``host:port``) set, the service's Prometheus metrics are served there
+    (:func:`hypermedia.core.metrics.serve`) from before it starts until it has stopped; a bind
+    that fails is exit 78."""
     telemetry.setup(name, os.environ.get("HM_LOG_LEVEL", "INFO"))
     try:
         code = asyncio.run(_main(name, serve))

@@ -28,6 +28,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError
 
+from hypermedia.core import metrics
 from hypermedia.jobs import lifecycle, queues
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class OutboxRelay:
                     """,
                     float(self._retain_seconds),
                 )
+        metrics.OUTBOX_PUBLISHED.inc(len(published))
         for doorbell in rung:
             await self._nc.publish(doorbell, b"")
         return RelayResult(published=len(published), purged=int(purged or 0))

@@ -187,6 +187,7 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
             "ok": False,
             "error_code": "RESOURCE_LIMIT",
             "message": "The job exceeded its memory limit.",
+            "limit": "memory",
         }
     except OSError as exc:
         if exc.errno == errno.EFBIG:
@@ -194,6 +195,7 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
                 "ok": False,
                 "error_code": "RESOURCE_LIMIT",
                 "message": "The job exceeded its file size limit.",
+                "limit": "file_size",
             }
         else:
             report = _internal_report()

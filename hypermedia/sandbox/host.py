@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from opentelemetry import trace
 
+from hypermedia.core import metrics
 from hypermedia.engines.contract import OutputFile
 from hypermedia.sandbox.cgroups import Cgroups, Unavailable, open_cgroups
 from hypermedia.sandbox.confine import _check_reachable, _primary_gid
@@ -474,7 +475,9 @@ class Sandbox:
                     job.done.set_result({"status": None, "failure": "zygote lost"})
 
     def _result(self, job: _Job, exit_: _Exit) -> SandboxResult:
-        def failed(code: str, message: str, retryable: bool) -> SandboxResult:
+        def failed(code: str, message: str, retryable: bool, killed: str = "") -> SandboxResult:
+            if killed:  # a limit or fence stopped the child: metrics.SANDBOX_KILLS' reasons
+                metrics.SANDBOX_KILLS.labels(killed).inc()
             return SandboxResult(
                 [], code, message, retryable, exit_.duration_ms or 0, peak, layers, exit_.cgroup_peak_bytes
             )
@@ -482,7 +485,7 @@ class Sandbox:
         peak = -(-(exit_.maxrss_kib or 0) // 1024)
         layers: dict[str, Any] = {}
         if job.cancelled:
-            return failed("CANCELLED", "The job was cancelled.", False)
+            return failed("CANCELLED", "The job was cancelled.", False, "cancelled")
         if exit_.status is None and (exit_.failure or "").startswith("cgroup:"):
             log.error("sandbox job %s: its cgroup could not be made: %s", job.job_id, exit_.failure)
             return failed(
@@ -509,7 +512,7 @@ class Sandbox:
                 outputs, None, None, False, exit_.duration_ms or 0, peak, layers, exit_.cgroup_peak_bytes
             )
         if exit_.oom_killed and not job.timed_out:
-            return failed("RESOURCE_LIMIT", "The job exceeded its memory limit.", False)
+            return failed("RESOURCE_LIMIT", "The job exceeded its memory limit.", False, "memory")
         if report is not None and report.get("ok") is False:
             if report.get("traceback"):
                 log.error("sandbox job %s failed:\n%s", job.job_id, report["traceback"])
@@ -517,23 +520,29 @@ class Sandbox:
                 str(report.get("error_code") or "INTERNAL"),
                 str(report.get("message") or "Internal error."),
                 bool(report.get("retryable", False)),
+                # RLIMIT_AS's MemoryError, RLIMIT_FSIZE's EFBIG; anything else a child says is not a
+                # label value (a compromised child must not grow the metric's series).
+                {"memory": "memory", "file_size": "file_size"}.get(str(report.get("limit")), ""),
             )
         signum = -1
         if os.WIFSIGNALED(exit_.status):
             signum = os.WTERMSIG(exit_.status)
         if job.timed_out:
-            return failed("TIMEOUT", "The job exceeded its time limit.", True)
+            return failed("TIMEOUT", "The job exceeded its time limit.", True, "wall_time")
         if signum == signal.SIGXCPU or (
             signum == signal.SIGKILL and (exit_.cpu_seconds or 0) >= job.limits.cpu_seconds
         ):
-            return failed("TIMEOUT", "The job exceeded its CPU time limit.", True)
+            return failed("TIMEOUT", "The job exceeded its CPU time limit.", True, "cpu_time")
         if signum == signal.SIGSYS:
             log.warning("sandbox job %s was killed by the seccomp filter (a refused system call)", job.job_id)
             return failed(
-                "SANDBOX_VIOLATION", "The job was stopped: it made a system call the sandbox refuses.", False
+                "SANDBOX_VIOLATION",
+                "The job was stopped: it made a system call the sandbox refuses.",
+                False,
+                "seccomp",
             )
         if signum == signal.SIGXFSZ:
-            return failed("RESOURCE_LIMIT", "The job exceeded its file size limit.", False)
+            return failed("RESOURCE_LIMIT", "The job exceeded its file size limit.", False, "file_size")
         log.error(
             "sandbox job %s died without a report: status=%s signal=%s failure=%s",
             job.job_id,

@@ -18,6 +18,7 @@ import asyncpg
 import grpc
 import httpx
 from google.protobuf import timestamp_pb2
+from prometheus_client import REGISTRY
 
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from hypermedia.core import config
@@ -26,6 +27,7 @@ from hypermedia.infra.service import EXIT_LEASE, ExitWith, Lifetime, every, open
 from hypermedia.jobs import queues
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, layers, make_undumpable
 from hypermedia.worker import preemption
+from hypermedia.worker.gauges import WorkerCollector
 from hypermedia.worker.handler import JobHandler
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.settings import WorkerSettings
@@ -354,6 +356,9 @@ async def serve_lanes(stack: AsyncExitStack, stop: Lifetime, lanes: Sequence[Lan
         )
         for lane, sandbox in zip(lanes, sandboxes, strict=True)
     ]
+    collector = WorkerCollector(runtimes, sandbox_layers)
+    REGISTRY.register(collector)
+    stack.callback(REGISTRY.unregister, collector)
     link = (
         await _control_link(stack, identity, runtimes, pool, [lane.handler for lane in lanes])
         if identity is not None

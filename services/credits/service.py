@@ -20,7 +20,7 @@ import asyncpg
 import grpc
 
 from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.core import pgtext
+from hypermedia.core import metrics, pgtext
 from hypermedia.core.errors import InsufficientCredits, InvalidArgument, NotFound
 from hypermedia.infra import db
 from hypermedia.jobs import quotas
@@ -106,11 +106,12 @@ async def _estimates(
 
 async def _hold(
     conn: db.Connection, account_id: uuid.UUID, holds: list[tuple[uuid.UUID, int]]
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """In the caller's transaction: hold ``(job_id, millicredits)`` each, all or nothing, skipping
     jobs that hold already (idempotent per job). Returns the account's ``(balance, held)``
-    afterwards (millicredits). Raises NotFound (``ACCOUNT_NOT_FOUND``), InsufficientCredits when
-    the new holds exceed what is available (nothing is held then)."""
+    afterwards and the millicredits newly held (counted in :data:`metrics.CREDITS` once the
+    transaction commits). Raises NotFound (``ACCOUNT_NOT_FOUND``), InsufficientCredits when the
+    new holds exceed what is available (nothing is held then)."""
     account = await conn.fetchrow(
         "SELECT balance, held FROM credit_accounts WHERE account_id = $1 FOR UPDATE", account_id
     )
@@ -144,7 +145,7 @@ async def _hold(
         total,
     )
     # The row was locked FOR UPDATE above: its new values are known.
-    return account["balance"], account["held"] + total
+    return account["balance"], account["held"] + total, total
 
 
 class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
@@ -171,7 +172,8 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         if any(amount < 0 for _, amount in holds):
             raise InvalidArgument("hold amounts must not be negative")
         async with self._pool.acquire() as conn, conn.transaction():
-            balance, held = await _hold(conn, account_id, holds)
+            balance, held, placed = await _hold(conn, account_id, holds)
+        metrics.CREDITS.labels("held").inc(placed)
         return credits_pb2.HoldResponse(balance_millicredits=balance, held_millicredits=held)
 
     async def EstimateAndHold(
@@ -204,7 +206,8 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 (job_id, e.millicredits + j.extra_millicredits)
                 for job_id, e, j in zip(job_ids, estimates, request.jobs, strict=True)
             ]
-            balance, held = await _hold(conn, account_id, holds)
+            balance, held, placed = await _hold(conn, account_id, holds)
+        metrics.CREDITS.labels("held").inc(placed)
         return credits_pb2.EstimateAndHoldResponse(
             estimates=estimates,
             total_millicredits=sum(e.millicredits for e in estimates),
@@ -243,6 +246,8 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 charged,
                 hold["amount"],
             )
+        metrics.CREDITS.labels("committed").inc(charged)
+        metrics.CREDITS.labels("released").inc(hold["amount"] - charged)
         return credits_pb2.CommitResponse(charged_millicredits=charged, already_settled=False)
 
     async def Release(
@@ -270,6 +275,7 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
                 hold["account_id"],
                 hold["amount"],
             )
+        metrics.CREDITS.labels("released").inc(hold["amount"])
         return credits_pb2.ReleaseResponse(released_millicredits=hold["amount"], already_settled=False)
 
     async def GetBalance(

@@ -30,6 +30,7 @@ import asyncpg
 
 from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core import metrics
 from hypermedia.core.errors import (
     Conflict,
     DomainError,
@@ -523,6 +524,9 @@ class JobCreation:
                 await self._release(planned)
             raise
         self._relay.wake.set()
+        for j in jobs:
+            queue = "bulk" if request.bulk else j.operation.profile["queue"]
+            metrics.JOBS_CREATED.labels(j.operation.name, queue).inc()
         return ProcessResult(job_ids=tuple(j.job_id for j in jobs), estimated_millicredits=total_millicredits)
 
     async def _hold(

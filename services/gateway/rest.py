@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypermedia.core import pgtext, telemetry
+from hypermedia.core import metrics, pgtext, telemetry
 from hypermedia.core.errors import DomainError, PayloadTooLarge
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller
@@ -59,6 +60,7 @@ def problem(status: int, title: str, detail: str, error_code: str, **extra: Any)
         "error_code": error_code,
     }
     body.update(extra)
+    metrics.API_ERRORS.labels(error_code).inc()
     return JSONResponse(body, status_code=status, media_type=PROBLEM)
 
 
@@ -369,11 +371,14 @@ class _BodyGuard:
 
 class TraceRequests:
     """ASGI middleware: one SERVER span per HTTP request (``"{method} {path}"``), continuing a
-    caller's ``traceparent`` when it sends one, with the response's ``http.status_code``. Pure
-    ASGI, not starlette's ``BaseHTTPMiddleware``, which costs a task, a stream and a second
-    request object per request (issue 17: the gateway's middlewares cost as much as the endpoint);
-    an exception of the app ends the span with it (recorded, status ERROR) and goes on up to
-    starlette's error middleware, as before."""
+    caller's ``traceparent`` when it sends one, with the response's ``http.status_code``, and the
+    request counted and timed in :data:`~hypermedia.core.metrics.HTTP_REQUESTS` and
+    :data:`~hypermedia.core.metrics.HTTP_SECONDS` under its route template (``unmatched`` when no
+    route took it: a 404, or an answer of the body guard before routing). Pure ASGI, not
+    starlette's ``BaseHTTPMiddleware``, which costs a task, a stream and a second request object
+    per request (issue 17: the gateway's middlewares cost as much as the endpoint); an exception
+    of the app ends the span with it (recorded, status ERROR) and goes on up to starlette's error
+    middleware, as before (counted there as a 500)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -382,18 +387,27 @@ class TraceRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        with _tracer.start_as_current_span(
-            f"{scope['method']} {scope['path']}",
-            context=telemetry.extract(Headers(scope=scope)),
-            kind=SpanKind.SERVER,
-        ) as span:
+        started = time.perf_counter()
+        status = 500
+        try:
+            with _tracer.start_as_current_span(
+                f"{scope['method']} {scope['path']}",
+                context=telemetry.extract(Headers(scope=scope)),
+                kind=SpanKind.SERVER,
+            ) as span:
 
-            async def traced_send(message: dict[str, Any]) -> None:
-                if message["type"] == "http.response.start":
-                    span.set_attribute("http.status_code", message["status"])
-                await send(message)
+                async def traced_send(message: dict[str, Any]) -> None:
+                    nonlocal status
+                    if message["type"] == "http.response.start":
+                        status = message["status"]
+                        span.set_attribute("http.status_code", status)
+                    await send(message)
 
-            await self.app(scope, receive, traced_send)
+                await self.app(scope, receive, traced_send)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            metrics.HTTP_SECONDS.labels(scope["method"], route).observe(time.perf_counter() - started)
+            metrics.HTTP_REQUESTS.labels(scope["method"], route, str(status)).inc()
 
 
 def build_app(

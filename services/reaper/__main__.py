@@ -1,5 +1,6 @@
 """``python -m services.reaper``: runs :meth:`Reaper.run_once` every ``HM_REAPER_INTERVAL_SECONDS``,
-an outbox relay for the messages it writes, and the webhook dispatcher. Only wires."""
+an outbox relay for the messages it writes, and the webhook dispatcher, and serves the platform's
+gauges from Postgres (:mod:`hypermedia.jobs.gauges`) with its metrics. Only wires."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import os
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from hypermedia.core import config
 from hypermedia.infra import mtls
 from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres, run_service
 from hypermedia.jobs import queues
+from hypermedia.jobs.gauges import PlatformCollector
 from hypermedia.jobs.outbox import OutboxRelay
 from services.reaper.reaper import Reaper
 from services.reaper.settings import ReaperSettings
@@ -46,6 +50,10 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         max_attempts=settings.webhook_max_attempts,
         base_delay_seconds=settings.webhook_base_delay_seconds,
     )
+
+    collector = PlatformCollector(pool, asyncio.get_running_loop(), settings.dead_worker_seconds)
+    REGISTRY.register(collector)
+    stack.callback(REGISTRY.unregister, collector)
 
     async def reap() -> None:
         if (await reaper.run_once()).anything:

@@ -28,6 +28,7 @@ import asyncpg
 import httpx
 from standardwebhooks import Webhook
 
+from hypermedia.core import metrics
 from hypermedia.jobs.webhooks import BlockedAddress, account_secret, public_addresses
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,13 @@ class WebhookDispatcher:
             retried=outcomes.count("pending"),
             failed=outcomes.count("failed"),
         )
+        for outcome, n in (
+            ("delivered", result.delivered),
+            ("retrying", result.retried),
+            ("failed", result.failed),
+        ):
+            if n:
+                metrics.WEBHOOK_DELIVERIES.labels(outcome).inc(n)
         if result.anything:
             log.info("webhooks: %s", result)
         return result

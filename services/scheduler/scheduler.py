@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 
+from hypermedia.core import metrics
 from hypermedia.infra import db
 from services.scheduler import formula
 from services.scheduler.demand import LiveWorker, WorkEstimates, live_workers, queue_demand
@@ -256,6 +257,7 @@ class Scheduler:
             plan.count,
             plan.reason,
         )
+        metrics.SCHEDULER_DECISIONS.labels(pool.name, plan.action).inc()
         if plan.action != "hold":
             log.info("pool %s: %s", pool.name, plan.reason)
 

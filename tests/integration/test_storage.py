@@ -871,3 +871,28 @@ async def test_main_serves_and_stops_on_sigterm(database_url: str, tmp_path: Pat
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+@pytest.mark.parametrize("bind", ["9464", "127.0.0.1:{taken}"])
+def test_main_exits_78_when_its_metrics_bind_is_malformed_or_taken(bind: str) -> None:
+    """``HM_METRICS_BIND`` (ADR 0061) is checked before anything starts: a malformed value or a
+    port another socket holds is exit 78 with the variable named, not a traceback."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HM_DATABASE_URL": "postgresql://hm@127.0.0.1:9/hm",
+            "HM_METRICS_BIND": bind.format(taken=holder.getsockname()[1]),
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.storage"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 78, proc.stderr
+    assert "storage: HM_METRICS_BIND: cannot serve metrics" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import pyvips
+from prometheus_client import REGISTRY
 
 from hypermedia.engines.imaging import ops
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
@@ -197,15 +198,22 @@ async def test_child_is_confined(sandbox: Sandbox) -> None:
     sandbox.cleanup(job)
 
 
+def _kills(reason: str) -> float:
+    """``hypermedia_sandbox_kills_total{reason}`` of this process (the sandbox host counts them)."""
+    return REGISTRY.get_sample_value("hypermedia_sandbox_kills_total", {"reason": reason}) or 0.0
+
+
 async def test_wall_clock_timeout_kills_the_process_group(sandbox: Sandbox) -> None:
     limits = SandboxLimits(cpu_seconds=10, wall_seconds=0.5, memory_bytes=2 << 30, fsize_bytes=1 << 20)
     started = time.monotonic()
+    kills = _kills("wall_time")
     job = job_id()
     task = asyncio.create_task(run_entry(sandbox, "sleep_forever", job=job, limits=limits))
     processes = await pids_written(sandbox, job)
     _, result = await task
 
     assert (result.error_code, result.retryable) == ("TIMEOUT", True)
+    assert _kills("wall_time") == kills + 1
     assert time.monotonic() - started < 3
     await wait_gone(processes)
     sandbox.cleanup(job)
@@ -213,17 +221,21 @@ async def test_wall_clock_timeout_kills_the_process_group(sandbox: Sandbox) -> N
 
 async def test_cpu_limit_is_a_timeout(sandbox: Sandbox) -> None:
     limits = SandboxLimits(cpu_seconds=1, wall_seconds=10, memory_bytes=2 << 30, fsize_bytes=1 << 20)
+    kills = _kills("cpu_time")
     job, result = await run_entry(sandbox, "spin", limits=limits)
     assert (result.error_code, result.retryable) == ("TIMEOUT", True)
     assert result.duration_ms < 5000
+    assert _kills("cpu_time") == kills + 1
     sandbox.cleanup(job)
 
 
 async def test_memory_limit_is_a_resource_limit(sandbox: Sandbox) -> None:
     limits = SandboxLimits(cpu_seconds=10, wall_seconds=10, memory_bytes=512 << 20, fsize_bytes=1 << 20)
+    kills = _kills("memory")
     job, result = await run_entry(sandbox, "allocate", {"bytes": 1 << 30}, limits=limits)
     assert (result.error_code, result.retryable) == ("RESOURCE_LIMIT", False)
     assert result.peak_memory_mb < 512
+    assert _kills("memory") == kills + 1
     sandbox.cleanup(job)
 
     job, result = await run_entry(sandbox, "allocate", {"bytes": 64 << 20}, limits=limits)
@@ -234,8 +246,10 @@ async def test_memory_limit_is_a_resource_limit(sandbox: Sandbox) -> None:
 
 async def test_file_size_limit_is_a_resource_limit(sandbox: Sandbox) -> None:
     limits = SandboxLimits(cpu_seconds=10, wall_seconds=10, memory_bytes=2 << 30, fsize_bytes=1 << 20)
+    kills, memory_kills = _kills("file_size"), _kills("memory")
     job, result = await run_entry(sandbox, "write_big", {"bytes": 2 << 20}, limits=limits)
     assert (result.error_code, result.retryable) == ("RESOURCE_LIMIT", False)
+    assert (_kills("file_size"), _kills("memory")) == (kills + 1, memory_kills)
     sandbox.cleanup(job)
 
 

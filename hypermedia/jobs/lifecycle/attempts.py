@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from hypermedia.core import metrics
 from hypermedia.infra import db
 from hypermedia.jobs.lifecycle import caps
 from hypermedia.jobs.lifecycle.rules import (
@@ -276,6 +277,7 @@ async def complete(
             ],
         )
         await _finish_attempt(conn, job, "completed", None, None, duration_ms, peak_memory_mb)
+    _observe(job, "completed", duration_ms, peak_memory_mb)
     return True
 
 
@@ -334,6 +336,8 @@ async def fail(
             status = await _fenced_status(conn, job, worker_id)
             return str(status) if status in ("retry_wait", "failed") else None
         await _finish_attempt(conn, job, "failed", error_code, error_message, duration_ms, peak_memory_mb)
+    _observe(job, "retried" if status == "retry_wait" else "failed", duration_ms, peak_memory_mb)
+    metrics.JOB_ERRORS.labels(job.operation, error_code).inc()
     return str(status)
 
 
@@ -355,7 +359,18 @@ async def mark_cancelled(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, du
         if status is None:
             return await _fenced_status(conn, job, worker_id) == "cancelled"
         await _finish_attempt(conn, job, "cancelled", "CANCELLED", "cancelled by the caller", duration_ms, 0)
+    _observe(job, "cancelled", duration_ms, 0)
     return True
+
+
+def _observe(job: ClaimedJob, outcome: str, duration_ms: int, peak_memory_mb: int) -> None:
+    """An attempt this process finished, in the worker's metrics (:mod:`hypermedia.core.metrics`),
+    once its transaction committed (a retried call that finds its own earlier outcome is not
+    counted again)."""
+    metrics.ATTEMPTS.labels(job.operation, outcome).inc()
+    metrics.ATTEMPT_SECONDS.labels(job.operation).observe(duration_ms / 1000)
+    if peak_memory_mb > 0:
+        metrics.ATTEMPT_PEAK_MEMORY.labels(job.operation).observe(peak_memory_mb * 2**20)
 
 
 async def hand_back(

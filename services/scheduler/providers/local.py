@@ -138,6 +138,7 @@ class LocalProvider:
                 "HM_BURST_WORKER_ID": burst_worker_id,
                 "HM_WORK_DIR": str(work_dir),
                 "HM_WORKER_STATUS_BIND": "127.0.0.1:0",
+                "HM_METRICS_BIND": "",  # the scheduler's own port is in its environment
                 "HM_SANDBOX_UID_BASE": str(self._uid_base + UID_RANGE * slot),
                 "HM_DEPLOYMENT": self._env.get("HM_DEPLOYMENT", "local"),
             }

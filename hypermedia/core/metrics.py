@@ -1,0 +1,155 @@
+"""The platform's Prometheus metrics (``prometheus-client``, ADR 0061): every one is defined here,
+once, with its help text, and docs/operations.md lists them all (a unit test holds the two
+together). A service serves them on ``HM_METRICS_BIND`` (:func:`serve`, started for every service
+by :func:`hypermedia.infra.service.run_service`); the values are the process's own, so a query
+sums over instances (``sum by (operation) (rate(hypermedia_attempts_total[5m]))``).
+
+Conventions (https://prometheus.io/docs/practices/naming/): base units in the name (``_seconds``,
+``_bytes``, ``_millicredits``), ``_total`` on counters, and label values from closed sets only:
+operations, queues, bands, statuses and error codes of the platform, route templates (never a
+path with an id in it), gRPC method names. What is read from Postgres at the scrape (queue depth,
+jobs by status, outbox lag) is :mod:`hypermedia.jobs.gauges`, served by the reaper; what is read
+from a worker's own state at the scrape is :class:`hypermedia.worker.serve.WorkerCollector`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Final
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+# Seconds: from a 64 px thumbnail (tens of ms) to a long transcode (the media queue's 30 min).
+_DURATION_BUCKETS: Final = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# Bytes: 16 MiB .. 4 GiB, doubling (the profiles' memory limits are 256 MiB .. 2 GiB).
+_MEMORY_BUCKETS: Final = tuple(float(16 * 2**20 * 2**i) for i in range(9))
+# Seconds of an HTTP or gRPC request: milliseconds to an upload's tens of seconds.
+_REQUEST_BUCKETS: Final = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# --- gateway (REST) ---------------------------------------------------------------------------
+HTTP_REQUESTS: Final = Counter(
+    "hypermedia_http_requests",
+    "REST requests answered, by method, route template and status code.",
+    ["method", "route", "code"],
+)
+HTTP_SECONDS: Final = Histogram(
+    "hypermedia_http_request_duration_seconds",
+    "Time from a REST request's start to the end of its response, by method and route template.",
+    ["method", "route"],
+    buckets=_REQUEST_BUCKETS,
+)
+API_ERRORS: Final = Counter(
+    "hypermedia_api_errors",
+    "Error responses (application/problem+json) of the REST API, by error code.",
+    ["error_code"],
+)
+JOBS_CREATED: Final = Counter(
+    "hypermedia_jobs_created",
+    "Jobs created (REST, gRPC and backfill runs), by operation and queue.",
+    ["operation", "queue"],
+)
+
+# --- every gRPC server (the names of go-grpc-prometheus) ---------------------------------------
+GRPC_HANDLED: Final = Counter(
+    "grpc_server_handled",
+    "Unary RPCs completed on the server, by service, method and status code.",
+    ["grpc_service", "grpc_method", "grpc_code"],
+)
+GRPC_SECONDS: Final = Histogram(
+    "grpc_server_handling_seconds",
+    "Time a unary RPC took on the server, by service and method.",
+    ["grpc_service", "grpc_method"],
+    buckets=_REQUEST_BUCKETS,
+)
+
+# --- workers ----------------------------------------------------------------------------------
+ATTEMPTS: Final = Counter(
+    "hypermedia_attempts",
+    "Job attempts a worker finished, by operation and outcome (completed, failed, retried, cancelled).",
+    ["operation", "outcome"],
+)
+ATTEMPT_SECONDS: Final = Histogram(
+    "hypermedia_attempt_duration_seconds",
+    "Wall time of a finished attempt, by operation (the sandbox child's fork to exit; the whole "
+    "attempt where no child ran).",
+    ["operation"],
+    buckets=_DURATION_BUCKETS,
+)
+ATTEMPT_PEAK_MEMORY: Final = Histogram(
+    "hypermedia_attempt_peak_memory_bytes",
+    "Peak resident set of a finished attempt's sandbox child, by operation (job_attempts."
+    "peak_memory_mb; attempts where no child ran are not observed).",
+    ["operation"],
+    buckets=_MEMORY_BUCKETS,
+)
+JOB_ERRORS: Final = Counter(
+    "hypermedia_job_errors",
+    "Failed attempts, by operation and error code (TIMEOUT, RESOURCE_LIMIT, CORRUPT_INPUT, ...).",
+    ["operation", "error_code"],
+)
+SANDBOX_KILLS: Final = Counter(
+    "hypermedia_sandbox_kills",
+    "Sandbox children stopped by a limit or a fence, by reason: memory (cgroup OOM kill), "
+    "wall_time, cpu_time, file_size, seccomp (a refused system call), cancelled.",
+    ["reason"],
+)
+
+# --- credits ----------------------------------------------------------------------------------
+CREDITS: Final = Counter(
+    "hypermedia_credits_millicredits",
+    "Millicredits moved by the credits service, by action: held (a job's hold placed), committed "
+    "(charged at completion), released (a hold given back).",
+    ["action"],
+)
+
+# --- reaper -----------------------------------------------------------------------------------
+WEBHOOK_DELIVERIES: Final = Counter(
+    "hypermedia_webhook_deliveries",
+    "Webhook delivery attempts, by outcome: delivered, retrying (a later attempt follows), failed "
+    "(given up: attempts spent or an address that is not public).",
+    ["outcome"],
+)
+
+# --- scheduler --------------------------------------------------------------------------------
+SCHEDULER_DECISIONS: Final = Counter(
+    "hypermedia_scheduler_decisions",
+    "Decisions of the scheduler's leader, by pool and action (start, drain, hold).",
+    ["pool", "action"],
+)
+
+# --- outbox relay (gateway) -------------------------------------------------------------------
+OUTBOX_PUBLISHED: Final = Counter(
+    "hypermedia_outbox_published",
+    "Outbox rows published to JetStream by this process's relay.",
+)
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:9464`` for IPv6) → (host, port). Raises ValueError naming what is
+    wrong (no port, a port outside 0..65535)."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be host:port, got {bind!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve(bind: str) -> tuple[int, Callable[[], None]]:
+    """Serve every registered metric at ``http://{bind}/metrics`` (the text exposition format) from
+    a thread of prometheus-client's WSGI server. Returns the port bound (``bind`` may say 0) and a
+    function that stops the server. Raises ValueError for a malformed ``bind``, OSError when it
+    cannot be bound."""
+    host, port = parse_bind(bind)
+    server, thread = start_http_server(port, host)
+    log.info("metrics on http://%s:%d/metrics", host, server.server_port)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        if thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    return int(server.server_port), stop
