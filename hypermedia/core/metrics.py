@@ -14,12 +14,16 @@ from a worker's own state at the scrape is :class:`hypermedia.worker.serve.Worke
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Callable
-from typing import Final
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 
 from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +130,57 @@ OUTBOX_PUBLISHED: Final = Counter(
     "hypermedia_outbox_published",
     "Outbox rows published to JetStream by this process's relay.",
 )
+
+
+SCRAPE_TIMEOUT_SECONDS: Final = 5.0
+"""Longest a :class:`ScrapeCollector` waits for its reads; past it (or on any error) the scrape
+answers its ``..._up 0`` and none of its other families."""
+
+
+class ScrapeCollector(Collector):
+    """A collector whose values are read at the scrape by a coroutine of the service's event loop
+    (Postgres through its asyncpg pool, as postgres_exporter reads its queries), from the scrape's
+    own thread. Subclasses give :attr:`prefix` (``hypermedia_platform_gauges``: its ``_up`` and
+    ``_scrape_seconds`` families), :meth:`read` and :meth:`families`."""
+
+    prefix = "hypermedia_collector"
+    subject = "the collector's reads"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+
+    async def read(self) -> Any:
+        """What :meth:`families` needs, read on the service's event loop."""
+        raise NotImplementedError
+
+    def families(self, values: Any) -> list[GaugeMetricFamily]:
+        """The families, filled from ``values`` (None: empty, for :meth:`describe`)."""
+        raise NotImplementedError
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families without values (registering must not run the reads)."""
+        return iter([*self.families(None), *self._status(None, 0.0)])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        started = time.perf_counter()
+        try:
+            assert self._loop is not None
+            values = asyncio.run_coroutine_threadsafe(self.read(), self._loop).result(SCRAPE_TIMEOUT_SECONDS)
+        except Exception as exc:
+            log.warning("%s failed: %s", self.subject, type(exc).__name__)
+            values = None
+        if values is not None:
+            yield from self.families(values)
+        yield from self._status(values, time.perf_counter() - started)
+
+    def _status(self, values: Any, seconds: float) -> list[GaugeMetricFamily]:
+        up = GaugeMetricFamily(
+            f"{self.prefix}_up", f"1 when the last scrape's reads of {self.subject} answered, else 0."
+        )
+        took = GaugeMetricFamily(f"{self.prefix}_scrape_seconds", f"Time the reads of {self.subject} took.")
+        up.add_metric([], 0.0 if values is None else 1.0)
+        took.add_metric([], seconds)
+        return [up, took]
 
 
 def parse_bind(bind: str) -> tuple[str, int]:

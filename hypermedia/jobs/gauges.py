@@ -1,8 +1,9 @@
 """The platform's state in Postgres as Prometheus gauges, read at each scrape (ADR 0061), as
 postgres_exporter reads its queries: queue depth and oldest age per queue and band, jobs by
-status, the outbox's backlog and lag, pending webhook deliveries, credits held, live workers and
-burst workers. The reaper registers :class:`PlatformCollector`; with several reapers each serves
-the same values (query them with ``max``).
+status, the outbox's backlog and lag, pending webhook deliveries, live workers and burst workers
+(credits held are the credits service's: ``services/credits/gauges.py``). The reaper registers
+:class:`PlatformCollector`; with several reapers each serves the same values (query them with
+``max``).
 
 Each query reads an index, not the job history: the active statuses through
 ``processing_jobs_status_idx``, the outbox's unpublished rows through its partial indexes, the
@@ -14,20 +15,12 @@ count of the whole history at every scrape would grow with it); their rate is
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections.abc import Iterator
 from typing import Any, Final
 
 import asyncpg
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-log = logging.getLogger(__name__)
-
-SCRAPE_TIMEOUT_SECONDS: Final = 5.0
-"""Longest a scrape waits for the queries; past it (or on any error) the scrape answers
-``hypermedia_platform_gauges_up 0`` and no other family of this collector."""
+from hypermedia.core.metrics import ScrapeCollector
 
 ACTIVE_STATUSES: Final = ("created", "queued", "retry_wait", "claimed", "processing", "cancel_requested")
 
@@ -46,7 +39,6 @@ _QUERIES: Final = {
         SELECT count(*) AS n, coalesce(extract(epoch FROM now() - min(created_at)), 0) AS oldest
         FROM webhook_deliveries WHERE status = 'pending'
     """,
-    "holds": "SELECT count(*) AS n, coalesce(sum(amount), 0) AS amount FROM credit_holds WHERE status = 'held'",
     "workers": """
         SELECT queue, status, count(*) AS n FROM workers
         WHERE status IN ('running', 'draining') AND last_heartbeat > now() - make_interval(secs => $1)
@@ -59,50 +51,34 @@ _QUERIES: Final = {
 }
 
 
-class PlatformCollector(Collector):
-    """Reads :data:`_QUERIES` on the event loop ``loop`` (the reaper's, where ``pool`` lives) from
-    the scrape's thread, and answers their families. ``dead_worker_seconds``: a worker whose last
-    heartbeat is older is not counted (the reaper's own threshold)."""
+class PlatformCollector(ScrapeCollector):
+    """Reads :data:`_QUERIES` through ``pool`` on the event loop ``loop`` (the reaper's) at each
+    scrape (:class:`~hypermedia.core.metrics.ScrapeCollector`), and answers their families.
+    ``dead_worker_seconds``: a worker whose last heartbeat is older is not counted (the reaper's
+    own threshold)."""
+
+    prefix = "hypermedia_platform_gauges"
+    subject = "the platform's state in Postgres"
 
     def __init__(
-        self, pool: asyncpg.Pool, loop: asyncio.AbstractEventLoop, dead_worker_seconds: float
+        self, pool: asyncpg.Pool | None, loop: asyncio.AbstractEventLoop | None, dead_worker_seconds: float
     ) -> None:
+        super().__init__(loop)
         self._pool = pool
-        self._loop = loop
         self._dead_worker_seconds = dead_worker_seconds
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        """The families without values (so registering does not run the queries)."""
-        families, up = self._families(None)
-        return iter([*families, up, _took()])
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        started = time.perf_counter()
-        try:
-            rows = asyncio.run_coroutine_threadsafe(self._read(), self._loop).result(SCRAPE_TIMEOUT_SECONDS)
-        except Exception as exc:
-            log.warning("platform gauges: the queries failed: %s", type(exc).__name__)
-            rows = None
-        families, up = self._families(rows)
-        up.add_metric([], 0.0 if rows is None else 1.0)
-        took = _took()
-        took.add_metric([], time.perf_counter() - started)
-        yield from (families if rows is not None else [])
-        yield from (up, took)
-
-    async def _read(self) -> dict[str, list[asyncpg.Record]]:
+    async def read(self) -> dict[str, list[asyncpg.Record]]:
+        assert self._pool is not None
         async with self._pool.acquire() as conn:
             return {
                 "jobs": await conn.fetch(_QUERIES["jobs"], list(ACTIVE_STATUSES)),
                 "outbox": await conn.fetch(_QUERIES["outbox"]),
                 "webhooks": await conn.fetch(_QUERIES["webhooks"]),
-                "holds": await conn.fetch(_QUERIES["holds"]),
                 "workers": await conn.fetch(_QUERIES["workers"], float(self._dead_worker_seconds)),
                 "burst": await conn.fetch(_QUERIES["burst"]),
             }
 
-    @staticmethod
-    def _families(rows: dict[str, list[Any]] | None) -> tuple[list[GaugeMetricFamily], GaugeMetricFamily]:
+    def families(self, rows: dict[str, list[Any]] | None) -> list[GaugeMetricFamily]:
         depth = GaugeMetricFamily(
             "hypermedia_queue_depth",
             "Jobs queued (waiting for a worker), by queue (route) and priority band.",
@@ -135,10 +111,6 @@ class PlatformCollector(Collector):
         webhook_age = GaugeMetricFamily(
             "hypermedia_webhook_oldest_pending_age_seconds", "Age of the oldest pending webhook delivery."
         )
-        holds = GaugeMetricFamily("hypermedia_credit_holds_open", "Credit holds of unfinished jobs.")
-        held = GaugeMetricFamily(
-            "hypermedia_credits_held_millicredits", "Millicredits held by unfinished jobs, all accounts."
-        )
         workers = GaugeMetricFamily(
             "hypermedia_workers",
             "Worker processes with a fresh heartbeat, by queue (route) and status (running, draining).",
@@ -149,12 +121,9 @@ class PlatformCollector(Collector):
             "The scheduler's burst workers not yet terminated, by pool and state.",
             labels=["pool", "state"],
         )
-        up = GaugeMetricFamily(
-            "hypermedia_platform_gauges_up", "1 when the last scrape's queries answered, else 0."
-        )
-        families = [depth, oldest, jobs, outbox, lag, webhooks, webhook_age, holds, held, workers, burst]
+        families = [depth, oldest, jobs, outbox, lag, webhooks, webhook_age, workers, burst]
         if rows is None:
-            return families, up
+            return families
         by_status: dict[tuple[str, str], int] = {}
         for r in rows["jobs"]:
             key = (r["status"], r["queue"])
@@ -170,16 +139,8 @@ class PlatformCollector(Collector):
         lag.add_metric([], float(pending[False]["oldest"] or 0) if False in pending else 0.0)
         webhooks.add_metric([], int(rows["webhooks"][0]["n"]))
         webhook_age.add_metric([], float(rows["webhooks"][0]["oldest"]))
-        holds.add_metric([], int(rows["holds"][0]["n"]))
-        held.add_metric([], int(rows["holds"][0]["amount"]))
         for r in rows["workers"]:
             workers.add_metric([r["queue"], r["status"]], int(r["n"]))
         for r in rows["burst"]:
             burst.add_metric([r["pool"], r["state"]], int(r["n"]))
-        return families, up
-
-
-def _took() -> GaugeMetricFamily:
-    return GaugeMetricFamily(
-        "hypermedia_platform_gauges_scrape_seconds", "Time the platform gauges' queries took."
-    )
+        return families

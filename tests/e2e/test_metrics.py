@@ -65,6 +65,7 @@ def test_every_service_serves_its_own_metrics(platform: RunningPlatform) -> None
         interval=0.5,
     )
     assert _value(reaper, "hypermedia_platform_gauges_up") == 1
+    assert _value(_scrape(urls["credits"]), "hypermedia_credits_gauges_up") == 1
     worker = _scrape(urls["imageworker"])
     slots = _value(worker, "hypermedia_worker_slots", queue="images")
     assert slots >= 1

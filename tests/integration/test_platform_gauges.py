@@ -1,6 +1,6 @@
 """The reaper's platform gauges (issue 22 item 1, ADR 0061) read from a real Postgres at the
 scrape: queue depth and oldest age per queue and band, jobs by active status, outbox backlog and
-lag, pending webhooks, open holds, live workers. Each value is checked against rows seeded with
+lag, pending webhooks, live workers; and the credits service's open holds. Each value is checked against rows seeded with
 known ages; a scrape whose queries fail answers ``hypermedia_platform_gauges_up 0`` and nothing
 else of the collector, without raising."""
 
@@ -13,11 +13,13 @@ import asyncpg
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hypermedia.core.metrics import ScrapeCollector
 from hypermedia.jobs.gauges import PlatformCollector
+from services.credits.gauges import HoldsCollector
 from tests.integration.conftest import Seeder
 
 
-async def _scrape(collector: PlatformCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+async def _scrape(collector: ScrapeCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of one scrape through a registry, as Prometheus reads it (the text format),
     taken from another thread as prometheus-client's HTTP server does."""
     registry = CollectorRegistry()
@@ -80,8 +82,10 @@ async def test_each_gauge_is_what_the_seeded_rows_say(fresh_pool: asyncpg.Pool, 
     assert got[("hypermedia_outbox_pending", (("state", "ready"),))] == 2
     assert got[("hypermedia_outbox_pending", (("state", "deferred"),))] == 1
     assert 40 <= got[("hypermedia_outbox_lag_seconds", ())] < 50  # the deferred row is not lag
-    assert got[("hypermedia_credit_holds_open", ())] == 1
-    assert got[("hypermedia_credits_held_millicredits", ())] == 1234
+    holds = await _scrape(HoldsCollector(fresh_pool, asyncio.get_running_loop()))
+    assert holds[("hypermedia_credits_gauges_up", ())] == 1
+    assert holds[("hypermedia_credit_holds_open", ())] == 1
+    assert holds[("hypermedia_credits_held_millicredits", ())] == 1234
     assert got[("hypermedia_workers", (("queue", "images"), ("status", "running")))] == 1
     assert got[("hypermedia_workers", (("queue", "images"), ("status", "draining")))] == 1
     assert got[("hypermedia_webhook_deliveries_pending", ())] == 0

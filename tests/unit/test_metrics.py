@@ -15,6 +15,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from hypermedia.core import metrics
 from hypermedia.jobs.gauges import PlatformCollector
 from hypermedia.worker.gauges import WorkerCollector
+from services.credits.gauges import HoldsCollector
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
@@ -26,7 +27,12 @@ def _defined() -> dict[str, str]:
         if isinstance(value, MetricWrapperBase):
             suffix = "_total" if isinstance(value, Counter) else ""
             names[value._name + suffix] = value._type
-    for family in [*PlatformCollector(None, None, 60).describe(), *WorkerCollector([]).collect()]:  # type: ignore[arg-type]
+    collected = [
+        *PlatformCollector(None, None, 60).describe(),
+        *HoldsCollector(None, None).describe(),
+        *WorkerCollector([]).collect(),
+    ]
+    for family in collected:
         names[family.name] = family.type
     return names
 
