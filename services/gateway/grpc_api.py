@@ -206,6 +206,20 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         caller = await self._caller(context)
         return object_message(await self._api.uploads.get_object(caller, request.object_id))
 
+    async def GetOutputUrl(
+        self, request: jobs_pb2.GetOutputUrlRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.GetOutputUrlResponse:
+        caller = await self._caller(context)
+        link = await self._api.status.output_link(caller, request.job_id, request.output_type)
+        return jobs_pb2.GetOutputUrlResponse(
+            output_type=link.output_type,
+            object_id=link.object_id,
+            mime_type=link.mime_type,
+            size_bytes=link.size_bytes,
+            url=link.url,
+            url_expires_at=timestamp_of(link.url_expires_at),
+        )
+
     async def DeleteObject(
         self, request: jobs_pb2.DeleteObjectRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.DeleteObjectResponse:

@@ -205,8 +205,8 @@ class OutputResolver:
                 "JOB_NOT_COMPLETED",
             )
         rows = await self._pool.fetch(
-            "SELECT output_type, key, mime_type, size_bytes FROM job_outputs"
-            " WHERE job_id = $1 AND profile_version = $2",
+            "SELECT j.output_type, j.key, j.mime_type, j.size_bytes FROM job_outputs j JOIN objects o USING (object_id)"
+            " WHERE j.job_id = $1 AND j.profile_version = $2 AND o.state = 'available'",
             job_id,
             job["profile_version"],
         )

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, File, Header, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -229,7 +230,10 @@ def job_json(job: Job) -> dict[str, Any]:
         "completed_at": _iso(job.completed_at),
         "next_attempt_at": _iso(job.next_attempt_at),
         "attempts": [attempt_json(a) for a in job.attempts],
-        "outputs": [output_json(o) for o in job.outputs],
+        "outputs": [
+            output_json(o) | {"link": f"/v1/jobs/{job.job_id}/outputs/{quote(o.output_type, safe='')}"}
+            for o in job.outputs
+        ],
     }
 
 
@@ -510,7 +514,8 @@ def build_app(
     @app.delete("/v1/objects/{object_id}", response_model=StorageUsageOut)
     async def delete_object(object_id: str, who: Caller = Depends(caller)) -> dict[str, int]:
         """Delete an original: its bytes go and its size goes back to the storage quota (ADR 0029);
-        jobs on it keep their history and outputs. 409 OBJECT_IN_USE while a job on it runs."""
+        the outputs derived from it go too (its jobs keep their history, without outputs). 409
+        OBJECT_IN_USE while a job on it runs."""
         return dataclasses.asdict(await api.uploads.delete_object(who, object_id))
 
     @app.post("/v1/hypermedia/process", status_code=202, response_model=ProcessOut)
@@ -551,6 +556,30 @@ def build_app(
     async def get_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A job: status, attempts, errors, credits, timestamps, outputs with presigned URLs."""
         return job_json(await api.status.get_job(who, job_id))
+
+    @app.get(
+        "/v1/jobs/{job_id}/outputs/{output_type}",
+        response_model=None,
+        responses={
+            307: {"description": "Location: a fresh presigned URL of the output"},
+            200: {"description": "with redirect=false: the URL as JSON"},
+        },
+    )
+    async def output_link(
+        job_id: str,
+        output_type: str,
+        who: Caller = Depends(caller),
+        redirect: bool = Query(True, description="false: answer the URL as JSON instead"),
+    ) -> Response:
+        """A stable link to an output: ``307`` to a presigned URL made for this request (15
+        minutes), so a link kept for days keeps working as long as the API key does. With
+        ``redirect=false``, ``200`` with ``{"url", "url_expires_at", "mime_type", ...}``.
+        404 ``NOT_FOUND``, ``OUTPUT_NOT_FOUND`` (lists the job's outputs), ``OUTPUT_DELETED``;
+        409 ``JOB_NOT_COMPLETED``."""
+        link = await api.status.output_link(who, job_id, output_type)
+        if not redirect:
+            return JSONResponse({**dataclasses.asdict(link), "url_expires_at": _iso(link.url_expires_at)})
+        return Response(status_code=307, headers={"Location": link.url, "Cache-Control": "private, no-store"})
 
     @app.get(
         "/v1/jobs/{job_id}/outputs/{output_type}/resolved",

@@ -68,6 +68,21 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True)
+class OutputLink:
+    """A fresh presigned URL of one output of a job (``GET /v1/jobs/{id}/outputs/{type}``, gRPC
+    ``GetOutputUrl``)."""
+
+    output_type: str
+    object_id: str
+    mime_type: str
+    size_bytes: int
+    url: str
+    """A presigned GET URL of the output's bytes, made for this request."""
+    url_expires_at: datetime
+    """When :attr:`url` stops working (the storage service's default lifetime, 15 minutes)."""
+
+
+@dataclass(frozen=True)
 class StorageUsage:
     """An account's storage against its quota (ADR 0029), as the storage service reports it."""
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import asyncpg
 
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
-from hypermedia.core.errors import InvalidArgument, NotFound
+from hypermedia.core.errors import Conflict, InvalidArgument, NotFound
 from hypermedia.infra.rpc import call
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.events import JobEvent, JobEventHub
 from services.gateway.ids import canonical_uuid, parse_uuid
-from services.gateway.results import Attempt, Job, Output
+from services.gateway.results import Attempt, Job, Output, OutputLink
 
 
 def job_result(job: asyncpg.Record, attempts: list[asyncpg.Record], outputs: list[Output]) -> Job:
@@ -154,8 +154,8 @@ class JobStatus:
         self._events = events
 
     async def get_job(self, caller: Caller, job_id: str) -> Job:
-        """A job of the caller with attempts and outputs (with presigned download URLs).
-        Raises NotFound: a malformed id, an unknown job or another account's (alike)."""
+        """A job of the caller with attempts and outputs (with presigned download URLs; outputs
+        deleted with their original are left out). Raises NotFound: a malformed id, an unknown job or another account's (alike)."""
         job_id = parse_uuid(job_id, "job")
         job = await self._pool.fetchrow(
             "SELECT * FROM processing_jobs WHERE job_id = $1 AND account_id = $2", job_id, caller.account_id
@@ -166,7 +166,9 @@ class JobStatus:
             "SELECT * FROM job_attempts WHERE job_id = $1 ORDER BY attempt_number", job_id
         )
         rows = await self._pool.fetch(
-            "SELECT * FROM job_outputs WHERE job_id = $1 ORDER BY output_type", job_id
+            "SELECT j.* FROM job_outputs j JOIN objects o USING (object_id)"
+            " WHERE j.job_id = $1 AND o.state = 'available' ORDER BY j.output_type",
+            job_id,
         )
         return job_result(job, attempts, [await self._output(out) for out in rows])
 
@@ -235,6 +237,51 @@ class JobStatus:
         )
         jobs = tuple(job_result(row, [], []) for row in rows[:limit])
         return JobPage(jobs, _cursor(jobs[-1]) if len(rows) > limit else None)
+
+    async def output_link(self, caller: Caller, job_id: str, output_type: str) -> OutputLink:
+        """A fresh presigned URL of the output ``output_type`` of the caller's job: what the stable
+        link ``/v1/jobs/{id}/outputs/{type}`` redirects to, so a link kept for days keeps working
+        while each URL it gives lives 15 minutes.
+
+        Raises:
+            NotFound: ``NOT_FOUND`` (a malformed id, an unknown job or another account's, alike);
+                ``OUTPUT_NOT_FOUND`` (the job has no such output: the message lists those it has);
+                ``OUTPUT_DELETED`` (its original was deleted, and the outputs with it).
+            Conflict: ``JOB_NOT_COMPLETED`` (the job has no outputs yet; the message says its status).
+            TransientError: storage unreachable.
+        """
+        job_id = parse_uuid(job_id, "job")
+        status = await self._pool.fetchval(
+            "SELECT status FROM processing_jobs WHERE job_id = $1 AND account_id = $2",
+            job_id,
+            caller.account_id,
+        )
+        if status is None:
+            raise NotFound("job not found", "NOT_FOUND")
+        rows = await self._pool.fetch(
+            "SELECT j.*, o.state FROM job_outputs j JOIN objects o USING (object_id) WHERE j.job_id = $1"
+            " ORDER BY j.output_type",
+            job_id,
+        )
+        out = next((r for r in rows if r["output_type"] == output_type), None)
+        if out is None and status != "completed":
+            raise Conflict(f"the job has no outputs: it is {status}", "JOB_NOT_COMPLETED")
+        if out is None:
+            names = ", ".join(r["output_type"] for r in rows) or "none"
+            raise NotFound(
+                f"the job has no output {output_type[:64]!r}; its outputs: {names}", "OUTPUT_NOT_FOUND"
+            )
+        if out["state"] != "available":
+            raise NotFound("the output was deleted with its original", "OUTPUT_DELETED")
+        signed = await call(self._storage.PresignGet, storage_pb2.PresignGetRequest(key=out["key"]))
+        return OutputLink(
+            output_type=out["output_type"],
+            object_id=str(out["object_id"]),
+            mime_type=out["mime_type"],
+            size_bytes=out["size_bytes"],
+            url=signed.url,
+            url_expires_at=signed.expires_at.ToDatetime(dt.UTC),
+        )
 
     async def _output(self, out: asyncpg.Record) -> Output:
         """A ``job_outputs`` row with a presigned GET URL of its key."""

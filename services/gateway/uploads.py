@@ -219,7 +219,8 @@ class Uploads:
 
     async def delete_object(self, caller: Caller, object_id: str) -> StorageUsage:
         """Delete an original of the caller: its bytes go and its size and one object go back to
-        the account's storage quota; jobs keep referring to it, outputs derived from it stay.
+        the account's storage quota; the outputs derived from it are deleted too (jobs keep their
+        history but list no outputs).
         Returns the account's storage usage after it.
 
         Raises:

@@ -307,10 +307,12 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def DeleteObject(
         self, request: storage_pb2.DeleteObjectRequest, context: grpc.aio.ServicerContext
     ) -> storage_pb2.DeleteObjectResponse:
-        """Delete an original the account owns: its bytes go, its row stays as ``deleted`` (jobs and
-        their outputs refer to it; outputs derived from it are kept), and its size and one object
-        leave the account's ``storage_usage`` in the same transaction. A pending original (an
-        upload that never completed) is deleted the same way. Returns the usage after it.
+        """Delete an original the account owns, and the outputs derived from it: their bytes go,
+        their rows stay as ``deleted`` (jobs refer to them; a job's deleted outputs are no longer
+        listed or linked), and the original's size and one object leave the account's
+        ``storage_usage`` in the same transaction (outputs are not counted there, ADR 0029). A
+        pending original (an upload that never completed) is deleted the same way. Returns the
+        usage after it.
 
         Errors: NOT_FOUND unknown, derived, already deleted or not the account's (alike);
         FAILED_PRECONDITION ``OBJECT_IN_USE`` while a job on it has not ended.
@@ -337,6 +339,11 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             await conn.execute(
                 "UPDATE objects SET state = 'deleted', deleted_at = now() WHERE object_id = $1", object_id
             )
+            outputs = await conn.fetch(
+                "UPDATE objects SET state = 'deleted', deleted_at = now()"
+                " WHERE source_object_id = $1 AND state <> 'deleted' RETURNING key",
+                object_id,
+            )
             usage = await conn.fetchrow(
                 """UPDATE storage_usage SET used_bytes = greatest(used_bytes - $2, 0),
                        used_objects = greatest(used_objects - 1, 0), updated_at = now()
@@ -345,10 +352,11 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 row["size_bytes"],
             )
         # After the commit: a failure here leaves unreferenced bytes, never a row without them.
-        try:
-            await self._backend.delete(row["key"])
-        except Exception:
-            log.exception("the bytes of deleted object %s are left behind", object_id)
+        for key in [row["key"], *(o["key"] for o in outputs)]:
+            try:
+                await self._backend.delete(key)
+            except Exception:
+                log.exception("the bytes of %s, deleted with object %s, are left behind", key, object_id)
         return storage_pb2.DeleteObjectResponse(usage=_usage(usage, self._quota))
 
     async def CompleteUpload(

@@ -181,6 +181,7 @@ def test_a_job_with_every_field_as_the_rest_json() -> None:
             "size_bytes": 4321,
             "metadata": {"pages": 2, "languages": ["eng", "deu"], "mean_confidence": 91.5},
             "url": "http://127.0.0.1:9000/derived/p1/o1/3/text-abc?X-Amz-Signature=00",
+            "link": "/v1/jobs/0b9f4c1e-7a2d-4c55-8f0e-6d1b2a3c4d5e/outputs/text",
         }
     ]
     # Every time parses back to the instant it was made from.

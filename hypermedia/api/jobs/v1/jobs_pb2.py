@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhypermedia/jobs/v1/jobs.proto\x12\x12hypermedia.jobs.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"8\n\x13UploadObjectRequest\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\"\xcd\x01\n\x14UploadObjectResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x10\n\x08\x66ilename\x18\x06 \x01(\t\x12\x19\n\x11\x63laimed_mime_type\x18\x07 \x01(\t\x12\x16\n\x0ename_mime_type\x18\x08 \x01(\t\x12\x15\n\rtype_mismatch\x18\t \x01(\x08\"R\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06preset\x18\x03 \x01(\t\"%\n\x10GetObjectRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\"\x8b\x02\n\x11GetObjectResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x10\n\x08\x66ilename\x18\x06 \x01(\t\x12\x18\n\x10source_object_id\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03url\x18\t \x01(\t\x12\x32\n\x0eurl_expires_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"(\n\x13\x44\x65leteObjectRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\"l\n\x14\x44\x65leteObjectResponse\x12\x12\n\nused_bytes\x18\x01 \x01(\x03\x12\x13\n\x0blimit_bytes\x18\x02 \x01(\x03\x12\x14\n\x0cused_objects\x18\x03 \x01(\x03\x12\x15\n\rlimit_objects\x18\x04 \x01(\x03\"\xa5\x01\n\x0eProcessRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x31\n\noperations\x18\x02 \x03(\x0b\x32\x1d.hypermedia.jobs.v1.Operation\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x13\n\x0bwebhook_url\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\r\n\x05queue\x18\x06 \x01(\t\"=\n\x0fProcessResponse\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x19\n\x11\x65stimated_credits\x18\x02 \x01(\t\"\x8c\x01\n\tJobOutput\x12\x13\n\x0boutput_type\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x0b\n\x03url\x18\x05 \x01(\t\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xb9\x05\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\'\n\x06params\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x06status\x18\x05 \x01(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x15\n\rattempt_count\x18\x07 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12\x12\n\nerror_code\x18\t \x01(\t\x12\x15\n\rerror_message\x18\n \x01(\t\x12\x19\n\x11\x65stimated_credits\x18\x0b \x01(\t\x12\x16\n\x0e\x61\x63tual_credits\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x07outputs\x18\x10 \x03(\x0b\x32\x1d.hypermedia.jobs.v1.JobOutput\x12\x15\n\rlost_attempts\x18\x11 \x01(\x05\x12>\n\x0c\x63harge_lines\x18\x12 \x03(\x0b\x32(.hypermedia.jobs.v1.Job.ChargeLinesEntry\x12\x13\n\x0bpreset_name\x18\x13 \x01(\t\x12\x16\n\x0epreset_version\x18\x14 \x01(\x05\x12\r\n\x05queue\x18\x15 \x01(\t\x1a\x32\n\x10\x43hargeLinesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x0eGetJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.hypermedia.jobs.v1.Job\"\xf6\x01\n\x0fListJobsRequest\x12/\n\x08statuses\x18\x01 \x03(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x11\n\toperation\x18\x02 \x01(\t\x12\x11\n\tobject_id\x18\x03 \x01(\t\x12\x31\n\rcreated_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"R\n\x10ListJobsResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.hypermedia.jobs.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x11\x43\x61ncelJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.hypermedia.jobs.v1.Job\"\x13\n\x11GetBalanceRequest\"3\n\x12GetBalanceResponse\x12\x0f\n\x07\x62\x61lance\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\t\"9\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x02 \x01(\x03\"\xdc\x01\n\x10WatchJobResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12-\n\x06status\x18\x04 \x01(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\'\n\x06\x64\x65tail\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x19\n\x17ListOcrLanguagesRequest\"-\n\x18ListOcrLanguagesResponse\x12\x11\n\tlanguages\x18\x01 \x03(\t*\x90\x02\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATUS_CREATED\x10\x01\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x02\x12\x16\n\x12JOB_STATUS_CLAIMED\x10\x03\x12\x19\n\x15JOB_STATUS_PROCESSING\x10\x04\x12\x18\n\x14JOB_STATUS_COMPLETED\x10\x05\x12\x19\n\x15JOB_STATUS_RETRY_WAIT\x10\x06\x12\x15\n\x11JOB_STATUS_FAILED\x10\x07\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x08\x12\x1f\n\x1bJOB_STATUS_CANCEL_REQUESTED\x10\t2\xa7\x07\n\nJobService\x12\x61\n\x0cUploadObject\x12\'.hypermedia.jobs.v1.UploadObjectRequest\x1a(.hypermedia.jobs.v1.UploadObjectResponse\x12X\n\tGetObject\x12$.hypermedia.jobs.v1.GetObjectRequest\x1a%.hypermedia.jobs.v1.GetObjectResponse\x12\x61\n\x0c\x44\x65leteObject\x12\'.hypermedia.jobs.v1.DeleteObjectRequest\x1a(.hypermedia.jobs.v1.DeleteObjectResponse\x12R\n\x07Process\x12\".hypermedia.jobs.v1.ProcessRequest\x1a#.hypermedia.jobs.v1.ProcessResponse\x12O\n\x06GetJob\x12!.hypermedia.jobs.v1.GetJobRequest\x1a\".hypermedia.jobs.v1.GetJobResponse\x12U\n\x08ListJobs\x12#.hypermedia.jobs.v1.ListJobsRequest\x1a$.hypermedia.jobs.v1.ListJobsResponse\x12X\n\tCancelJob\x12$.hypermedia.jobs.v1.CancelJobRequest\x1a%.hypermedia.jobs.v1.CancelJobResponse\x12[\n\nGetBalance\x12%.hypermedia.jobs.v1.GetBalanceRequest\x1a&.hypermedia.jobs.v1.GetBalanceResponse\x12W\n\x08WatchJob\x12#.hypermedia.jobs.v1.WatchJobRequest\x1a$.hypermedia.jobs.v1.WatchJobResponse0\x01\x12m\n\x10ListOcrLanguages\x12+.hypermedia.jobs.v1.ListOcrLanguagesRequest\x1a,.hypermedia.jobs.v1.ListOcrLanguagesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhypermedia/jobs/v1/jobs.proto\x12\x12hypermedia.jobs.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"8\n\x13UploadObjectRequest\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\"\xcd\x01\n\x14UploadObjectResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x10\n\x08\x66ilename\x18\x06 \x01(\t\x12\x19\n\x11\x63laimed_mime_type\x18\x07 \x01(\t\x12\x16\n\x0ename_mime_type\x18\x08 \x01(\t\x12\x15\n\rtype_mismatch\x18\t \x01(\x08\"R\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06preset\x18\x03 \x01(\t\"%\n\x10GetObjectRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\"\x8b\x02\n\x11GetObjectResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x10\n\x08\x66ilename\x18\x06 \x01(\t\x12\x18\n\x10source_object_id\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03url\x18\t \x01(\t\x12\x32\n\x0eurl_expires_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x13GetOutputUrlRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0boutput_type\x18\x02 \x01(\t\"\xa6\x01\n\x14GetOutputUrlResponse\x12\x13\n\x0boutput_type\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x32\n\x0eurl_expires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"(\n\x13\x44\x65leteObjectRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\"l\n\x14\x44\x65leteObjectResponse\x12\x12\n\nused_bytes\x18\x01 \x01(\x03\x12\x13\n\x0blimit_bytes\x18\x02 \x01(\x03\x12\x14\n\x0cused_objects\x18\x03 \x01(\x03\x12\x15\n\rlimit_objects\x18\x04 \x01(\x03\"\xa5\x01\n\x0eProcessRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x31\n\noperations\x18\x02 \x03(\x0b\x32\x1d.hypermedia.jobs.v1.Operation\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x13\n\x0bwebhook_url\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\r\n\x05queue\x18\x06 \x01(\t\"=\n\x0fProcessResponse\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x19\n\x11\x65stimated_credits\x18\x02 \x01(\t\"\x8c\x01\n\tJobOutput\x12\x13\n\x0boutput_type\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x0b\n\x03url\x18\x05 \x01(\t\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xb9\x05\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\'\n\x06params\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x06status\x18\x05 \x01(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x15\n\rattempt_count\x18\x07 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12\x12\n\nerror_code\x18\t \x01(\t\x12\x15\n\rerror_message\x18\n \x01(\t\x12\x19\n\x11\x65stimated_credits\x18\x0b \x01(\t\x12\x16\n\x0e\x61\x63tual_credits\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x07outputs\x18\x10 \x03(\x0b\x32\x1d.hypermedia.jobs.v1.JobOutput\x12\x15\n\rlost_attempts\x18\x11 \x01(\x05\x12>\n\x0c\x63harge_lines\x18\x12 \x03(\x0b\x32(.hypermedia.jobs.v1.Job.ChargeLinesEntry\x12\x13\n\x0bpreset_name\x18\x13 \x01(\t\x12\x16\n\x0epreset_version\x18\x14 \x01(\x05\x12\r\n\x05queue\x18\x15 \x01(\t\x1a\x32\n\x10\x43hargeLinesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x0eGetJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.hypermedia.jobs.v1.Job\"\xf6\x01\n\x0fListJobsRequest\x12/\n\x08statuses\x18\x01 \x03(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x11\n\toperation\x18\x02 \x01(\t\x12\x11\n\tobject_id\x18\x03 \x01(\t\x12\x31\n\rcreated_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"R\n\x10ListJobsResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.hypermedia.jobs.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x11\x43\x61ncelJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.hypermedia.jobs.v1.Job\"\x13\n\x11GetBalanceRequest\"3\n\x12GetBalanceResponse\x12\x0f\n\x07\x62\x61lance\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\t\"9\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x02 \x01(\x03\"\xdc\x01\n\x10WatchJobResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12-\n\x06status\x18\x04 \x01(\x0e\x32\x1d.hypermedia.jobs.v1.JobStatus\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\'\n\x06\x64\x65tail\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x19\n\x17ListOcrLanguagesRequest\"-\n\x18ListOcrLanguagesResponse\x12\x11\n\tlanguages\x18\x01 \x03(\t*\x90\x02\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATUS_CREATED\x10\x01\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x02\x12\x16\n\x12JOB_STATUS_CLAIMED\x10\x03\x12\x19\n\x15JOB_STATUS_PROCESSING\x10\x04\x12\x18\n\x14JOB_STATUS_COMPLETED\x10\x05\x12\x19\n\x15JOB_STATUS_RETRY_WAIT\x10\x06\x12\x15\n\x11JOB_STATUS_FAILED\x10\x07\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x08\x12\x1f\n\x1bJOB_STATUS_CANCEL_REQUESTED\x10\t2\x8a\x08\n\nJobService\x12\x61\n\x0cUploadObject\x12\'.hypermedia.jobs.v1.UploadObjectRequest\x1a(.hypermedia.jobs.v1.UploadObjectResponse\x12X\n\tGetObject\x12$.hypermedia.jobs.v1.GetObjectRequest\x1a%.hypermedia.jobs.v1.GetObjectResponse\x12\x61\n\x0c\x44\x65leteObject\x12\'.hypermedia.jobs.v1.DeleteObjectRequest\x1a(.hypermedia.jobs.v1.DeleteObjectResponse\x12R\n\x07Process\x12\".hypermedia.jobs.v1.ProcessRequest\x1a#.hypermedia.jobs.v1.ProcessResponse\x12O\n\x06GetJob\x12!.hypermedia.jobs.v1.GetJobRequest\x1a\".hypermedia.jobs.v1.GetJobResponse\x12\x61\n\x0cGetOutputUrl\x12\'.hypermedia.jobs.v1.GetOutputUrlRequest\x1a(.hypermedia.jobs.v1.GetOutputUrlResponse\x12U\n\x08ListJobs\x12#.hypermedia.jobs.v1.ListJobsRequest\x1a$.hypermedia.jobs.v1.ListJobsResponse\x12X\n\tCancelJob\x12$.hypermedia.jobs.v1.CancelJobRequest\x1a%.hypermedia.jobs.v1.CancelJobResponse\x12[\n\nGetBalance\x12%.hypermedia.jobs.v1.GetBalanceRequest\x1a&.hypermedia.jobs.v1.GetBalanceResponse\x12W\n\x08WatchJob\x12#.hypermedia.jobs.v1.WatchJobRequest\x1a$.hypermedia.jobs.v1.WatchJobResponse0\x01\x12m\n\x10ListOcrLanguages\x12+.hypermedia.jobs.v1.ListOcrLanguagesRequest\x1a,.hypermedia.jobs.v1.ListOcrLanguagesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOB_CHARGELINESENTRY']._loaded_options = None
   _globals['_JOB_CHARGELINESENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATUS']._serialized_start=2949
-  _globals['_JOBSTATUS']._serialized_end=3221
+  _globals['_JOBSTATUS']._serialized_start=3178
+  _globals['_JOBSTATUS']._serialized_end=3450
   _globals['_UPLOADOBJECTREQUEST']._serialized_start=116
   _globals['_UPLOADOBJECTREQUEST']._serialized_end=172
   _globals['_UPLOADOBJECTRESPONSE']._serialized_start=175
@@ -47,44 +47,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETOBJECTREQUEST']._serialized_end=503
   _globals['_GETOBJECTRESPONSE']._serialized_start=506
   _globals['_GETOBJECTRESPONSE']._serialized_end=773
-  _globals['_DELETEOBJECTREQUEST']._serialized_start=775
-  _globals['_DELETEOBJECTREQUEST']._serialized_end=815
-  _globals['_DELETEOBJECTRESPONSE']._serialized_start=817
-  _globals['_DELETEOBJECTRESPONSE']._serialized_end=925
-  _globals['_PROCESSREQUEST']._serialized_start=928
-  _globals['_PROCESSREQUEST']._serialized_end=1093
-  _globals['_PROCESSRESPONSE']._serialized_start=1095
-  _globals['_PROCESSRESPONSE']._serialized_end=1156
-  _globals['_JOBOUTPUT']._serialized_start=1159
-  _globals['_JOBOUTPUT']._serialized_end=1299
-  _globals['_JOB']._serialized_start=1302
-  _globals['_JOB']._serialized_end=1999
-  _globals['_JOB_CHARGELINESENTRY']._serialized_start=1949
-  _globals['_JOB_CHARGELINESENTRY']._serialized_end=1999
-  _globals['_GETJOBREQUEST']._serialized_start=2001
-  _globals['_GETJOBREQUEST']._serialized_end=2032
-  _globals['_GETJOBRESPONSE']._serialized_start=2034
-  _globals['_GETJOBRESPONSE']._serialized_end=2088
-  _globals['_LISTJOBSREQUEST']._serialized_start=2091
-  _globals['_LISTJOBSREQUEST']._serialized_end=2337
-  _globals['_LISTJOBSRESPONSE']._serialized_start=2339
-  _globals['_LISTJOBSRESPONSE']._serialized_end=2421
-  _globals['_CANCELJOBREQUEST']._serialized_start=2423
-  _globals['_CANCELJOBREQUEST']._serialized_end=2457
-  _globals['_CANCELJOBRESPONSE']._serialized_start=2459
-  _globals['_CANCELJOBRESPONSE']._serialized_end=2516
-  _globals['_GETBALANCEREQUEST']._serialized_start=2518
-  _globals['_GETBALANCEREQUEST']._serialized_end=2537
-  _globals['_GETBALANCERESPONSE']._serialized_start=2539
-  _globals['_GETBALANCERESPONSE']._serialized_end=2590
-  _globals['_WATCHJOBREQUEST']._serialized_start=2592
-  _globals['_WATCHJOBREQUEST']._serialized_end=2649
-  _globals['_WATCHJOBRESPONSE']._serialized_start=2652
-  _globals['_WATCHJOBRESPONSE']._serialized_end=2872
-  _globals['_LISTOCRLANGUAGESREQUEST']._serialized_start=2874
-  _globals['_LISTOCRLANGUAGESREQUEST']._serialized_end=2899
-  _globals['_LISTOCRLANGUAGESRESPONSE']._serialized_start=2901
-  _globals['_LISTOCRLANGUAGESRESPONSE']._serialized_end=2946
-  _globals['_JOBSERVICE']._serialized_start=3224
-  _globals['_JOBSERVICE']._serialized_end=4159
+  _globals['_GETOUTPUTURLREQUEST']._serialized_start=775
+  _globals['_GETOUTPUTURLREQUEST']._serialized_end=833
+  _globals['_GETOUTPUTURLRESPONSE']._serialized_start=836
+  _globals['_GETOUTPUTURLRESPONSE']._serialized_end=1002
+  _globals['_DELETEOBJECTREQUEST']._serialized_start=1004
+  _globals['_DELETEOBJECTREQUEST']._serialized_end=1044
+  _globals['_DELETEOBJECTRESPONSE']._serialized_start=1046
+  _globals['_DELETEOBJECTRESPONSE']._serialized_end=1154
+  _globals['_PROCESSREQUEST']._serialized_start=1157
+  _globals['_PROCESSREQUEST']._serialized_end=1322
+  _globals['_PROCESSRESPONSE']._serialized_start=1324
+  _globals['_PROCESSRESPONSE']._serialized_end=1385
+  _globals['_JOBOUTPUT']._serialized_start=1388
+  _globals['_JOBOUTPUT']._serialized_end=1528
+  _globals['_JOB']._serialized_start=1531
+  _globals['_JOB']._serialized_end=2228
+  _globals['_JOB_CHARGELINESENTRY']._serialized_start=2178
+  _globals['_JOB_CHARGELINESENTRY']._serialized_end=2228
+  _globals['_GETJOBREQUEST']._serialized_start=2230
+  _globals['_GETJOBREQUEST']._serialized_end=2261
+  _globals['_GETJOBRESPONSE']._serialized_start=2263
+  _globals['_GETJOBRESPONSE']._serialized_end=2317
+  _globals['_LISTJOBSREQUEST']._serialized_start=2320
+  _globals['_LISTJOBSREQUEST']._serialized_end=2566
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2568
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2650
+  _globals['_CANCELJOBREQUEST']._serialized_start=2652
+  _globals['_CANCELJOBREQUEST']._serialized_end=2686
+  _globals['_CANCELJOBRESPONSE']._serialized_start=2688
+  _globals['_CANCELJOBRESPONSE']._serialized_end=2745
+  _globals['_GETBALANCEREQUEST']._serialized_start=2747
+  _globals['_GETBALANCEREQUEST']._serialized_end=2766
+  _globals['_GETBALANCERESPONSE']._serialized_start=2768
+  _globals['_GETBALANCERESPONSE']._serialized_end=2819
+  _globals['_WATCHJOBREQUEST']._serialized_start=2821
+  _globals['_WATCHJOBREQUEST']._serialized_end=2878
+  _globals['_WATCHJOBRESPONSE']._serialized_start=2881
+  _globals['_WATCHJOBRESPONSE']._serialized_end=3101
+  _globals['_LISTOCRLANGUAGESREQUEST']._serialized_start=3103
+  _globals['_LISTOCRLANGUAGESREQUEST']._serialized_end=3128
+  _globals['_LISTOCRLANGUAGESRESPONSE']._serialized_start=3130
+  _globals['_LISTOCRLANGUAGESRESPONSE']._serialized_end=3175
+  _globals['_JOBSERVICE']._serialized_start=3453
+  _globals['_JOBSERVICE']._serialized_end=4487
 # @@protoc_insertion_point(module_scope)

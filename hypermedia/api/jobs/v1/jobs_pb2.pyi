@@ -226,6 +226,65 @@ class GetObjectResponse(_message.Message):
 Global___GetObjectResponse: _TypeAlias = GetObjectResponse  # noqa: Y015
 
 @_typing.final
+class GetOutputUrlRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_TYPE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    output_type: _builtins.str
+    """The output's name among the job's outputs: "thumbnail", "hls_720p", ..."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        output_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "output_type", b"output_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOutputUrlRequest: _TypeAlias = GetOutputUrlRequest  # noqa: Y015
+
+@_typing.final
+class GetOutputUrlResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTPUT_TYPE_FIELD_NUMBER: _builtins.int
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    MIME_TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    URL_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    output_type: _builtins.str
+    object_id: _builtins.str
+    mime_type: _builtins.str
+    size_bytes: _builtins.int
+    url: _builtins.str
+    """A presigned GET URL made for this call, valid until url_expires_at (15 minutes by default)."""
+    @_builtins.property
+    def url_expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        output_type: _builtins.str = ...,
+        object_id: _builtins.str = ...,
+        mime_type: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        url: _builtins.str = ...,
+        url_expires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["url_expires_at", b"url_expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mime_type", b"mime_type", "object_id", b"object_id", "output_type", b"output_type", "size_bytes", b"size_bytes", "url", b"url", "url_expires_at", b"url_expires_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOutputUrlResponse: _TypeAlias = GetOutputUrlResponse  # noqa: Y015
+
+@_typing.final
 class DeleteObjectRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -60,6 +60,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobResponse.FromString,
                 _registered_method=True)
+        self.GetOutputUrl = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/GetOutputUrl',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetOutputUrlRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetOutputUrlResponse.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/hypermedia.jobs.v1.JobService/ListJobs',
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListJobsRequest.SerializeToString,
@@ -110,7 +115,8 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteObject(self, request, context):
-        """DeleteObject deletes an original of the caller and gives its bytes back to the quota.
+        """DeleteObject deletes an original of the caller, and the outputs derived from it, and gives
+        its bytes back to the quota.
         NOT_FOUND for others' objects, FAILED_PRECONDITION (OBJECT_IN_USE) while a job on it runs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -128,6 +134,15 @@ class JobServiceServicer:
 
     def GetJob(self, request, context):
         """GetJob returns a job with its outputs and presigned download URLs. NOT_FOUND for others' jobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOutputUrl(self, request, context):
+        """GetOutputUrl returns a fresh presigned URL of one output of a job (what REST's stable link
+        /v1/jobs/{id}/outputs/{type} redirects to). NOT_FOUND (error_code NOT_FOUND, OUTPUT_NOT_FOUND
+        listing the job's outputs, or OUTPUT_DELETED), FAILED_PRECONDITION (JOB_NOT_COMPLETED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,6 +215,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetJob,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobResponse.SerializeToString,
+            ),
+            'GetOutputUrl': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOutputUrl,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetOutputUrlRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetOutputUrlResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
@@ -363,6 +383,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/GetJob',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOutputUrl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/GetOutputUrl',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetOutputUrlRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetOutputUrlResponse.FromString,
             options,
             channel_credentials,
             insecure,

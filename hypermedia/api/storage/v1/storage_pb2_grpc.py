@@ -171,8 +171,9 @@ class StorageServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteObject(self, request, context):
-        """DeleteObject deletes an original of the account (its bytes; the row stays as `deleted` for
-        the jobs that refer to it) and gives its bytes and object back to the account's quota.
+        """DeleteObject deletes an original of the account and the outputs derived from it (their bytes;
+        the rows stay as `deleted` for the jobs that refer to them) and gives the original's bytes and
+        object back to the account's quota.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
