@@ -3,8 +3,8 @@ tracer provider. The trace context travels in W3C ``traceparent`` form: in gRPC 
 (:func:`hypermedia.infra.rpc.call` and the server interceptor), in outbox rows and from there in the NATS
 message headers, so one trace follows a job from the REST request through the worker.
 
-Spans cost something only where something exports them (:func:`span_exporters`: the console when
-``HM_TRACE_CONSOLE=1``; OTLP through the standard ``OTEL_*`` variables is to plug in there). With
+Spans cost something only where something exports them (:func:`span_exporters`: OTLP through the
+standard ``OTEL_*`` variables, the console when ``HM_TRACE_CONSOLE=1``). With
 no exporter the SDK's provider samples nothing (``ALWAYS_OFF``): a span is then a non-recording
 context with ids of its own in the caller's trace (or a new trace), flagged not sampled, so log
 lines keep their trace id and a caller's trace id still reaches the worker, while nothing is
@@ -23,7 +23,12 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from pythonjsonlogger.json import JsonFormatter
 
@@ -35,14 +40,50 @@ class _TraceContextFilter(logging.Filter):
         return True
 
 
+OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
 def span_exporters(env: Mapping[str, str] | None = None) -> list[SpanExporter]:
     """The span exporters ``env`` (default: the process's environment) configures, empty when
-    none is: a :class:`ConsoleSpanExporter` for ``HM_TRACE_CONSOLE=1``. The one place an exporter
-    is chosen; OTLP (``OTEL_TRACES_EXPORTER=otlp``, ``OTEL_EXPORTER_OTLP_*``) is added here."""
+    none is; the one place an exporter is chosen.
+
+    - OTLP, by the standard variables (https://opentelemetry.io/docs/specs/otel/configuration/
+      sdk-environment-variables/): ``OTEL_TRACES_EXPORTER`` naming ``otlp`` (a comma list), or,
+      with it unset, an ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``..._TRACES_ENDPOINT`` set. The
+      protocol is ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL``:
+      ``grpc`` (the default) or ``http/protobuf``; endpoint, headers, TLS and timeout are read by
+      the exporter itself from the other ``OTEL_EXPORTER_OTLP_*`` variables. ``none`` in
+      ``OTEL_TRACES_EXPORTER`` turns it off whatever else is set. Unlike the SDK's own default
+      (``otlp`` to localhost), nothing is exported unless asked for: an unreachable collector
+      would cost every span.
+    - :class:`ConsoleSpanExporter` for ``HM_TRACE_CONSOLE=1`` (or ``console`` in
+      ``OTEL_TRACES_EXPORTER``).
+
+    Raises ValueError naming the variable for an exporter or protocol this platform does not
+    ship (so a typo is a start-up error, not silence)."""
     env = os.environ if env is None else env
+    named = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
+    unknown = [n for n in named if n not in ("otlp", "console", "none")]
+    if unknown:
+        raise ValueError(f"OTEL_TRACES_EXPORTER: {unknown[0]!r} is not one of otlp, console, none")
     exporters: list[SpanExporter] = []
-    if env.get("HM_TRACE_CONSOLE") == "1":
+    if "none" in named:
+        return exporters
+    if "console" in named or env.get("HM_TRACE_CONSOLE") == "1":
         exporters.append(ConsoleSpanExporter())
+    if "otlp" in named or (not named and any(env.get(v) for v in OTLP_ENDPOINT_VARIABLES)):
+        protocol = (
+            env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+        )
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        elif protocol == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
+                OTLPSpanExporter,
+            )
+        else:
+            raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not grpc or http/protobuf")
+        exporters.append(OTLPSpanExporter())
     return exporters
 
 
@@ -50,7 +91,8 @@ def setup(service: str, level: str = "INFO") -> trace.Tracer:
     """Install JSON logging on stderr and the SDK's tracer provider (``service.name``
     ``hypermedia.<service>``): exporting to each exporter :func:`span_exporters` names, or, when it
     names none, sampling nothing (spans get ids, record nothing). Returns the tracer
-    ``hypermedia.<service>``."""
+    ``hypermedia.<service>``. An ``OTEL_*`` value :func:`span_exporters` refuses exits the process
+    with 78 and the variable named."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter(
@@ -65,7 +107,11 @@ def setup(service: str, level: str = "INFO") -> trace.Tracer:
     root.setLevel(level.upper())
     for noisy in ("nats", "uvicorn.access", "httpx", "botocore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    exporters = span_exporters()
+    try:
+        exporters = span_exporters()
+    except ValueError as exc:  # a misspelt exporter or protocol: refuse to start, as config does
+        print(f"{service}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(78) from None
     provider = TracerProvider(
         resource=Resource.create({"service.name": f"hypermedia.{service}"}),
         # Nothing to export: every span is dropped at its start, but keeps ids of its own in the
@@ -73,9 +119,22 @@ def setup(service: str, level: str = "INFO") -> trace.Tracer:
         sampler=None if exporters else ALWAYS_OFF,
     )
     for exporter in exporters:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        # The console prints as spans end; OTLP sends batches from a thread of its own
+        # (OTEL_BSP_* tune it), so a slow collector never holds a request.
+        console = isinstance(exporter, ConsoleSpanExporter)
+        provider.add_span_processor(
+            SimpleSpanProcessor(exporter) if console else BatchSpanProcessor(exporter)
+        )
     trace.set_tracer_provider(provider)
     return trace.get_tracer(f"hypermedia.{service}")
+
+
+def shutdown() -> None:
+    """Flush and stop the span processors (the batches not yet sent), at a process's end; waits
+    at most ``OTEL_BSP_EXPORT_TIMEOUT`` (30 s) for a collector that does not answer."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.shutdown()
 
 
 def inject() -> dict[str, str]:

@@ -192,6 +192,7 @@ def run_service(name: str, serve: Serve) -> None:
     except ConfigError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         code = EXIT_CONFIG
+    telemetry.shutdown()  # the spans of the last moments, still in an exporter's batch
     sys.exit(code)
 
 

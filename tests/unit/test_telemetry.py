@@ -1,5 +1,7 @@
 """Tracing costs nothing when nothing exports: without an exporter ``telemetry.setup``'s provider
-samples nothing (spans get ids in the caller's trace and record nothing); with one it records."""
+samples nothing (spans get ids in the caller's trace and record nothing); with one it records. The
+exporters are chosen by the standard ``OTEL_*`` variables (issue 22 item 2); a value this
+platform does not ship stops a service at start with 78."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcOTLPSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpOTLPSpanExporter
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
 from hypermedia.core import telemetry
@@ -50,6 +55,53 @@ def test_span_exporters_are_the_console_only_when_asked_for() -> None:
     assert telemetry.span_exporters({"HM_TRACE_CONSOLE": "0"}) == []
     [exporter] = telemetry.span_exporters({"HM_TRACE_CONSOLE": "1"})
     assert isinstance(exporter, ConsoleSpanExporter)
+    [exporter] = telemetry.span_exporters({"OTEL_TRACES_EXPORTER": "console"})
+    assert isinstance(exporter, ConsoleSpanExporter)
+
+
+def test_otlp_is_chosen_by_the_standard_variables() -> None:
+    [grpc_exporter] = telemetry.span_exporters({"OTEL_TRACES_EXPORTER": "otlp"})
+    assert isinstance(grpc_exporter, GrpcOTLPSpanExporter)
+    [by_endpoint] = telemetry.span_exporters({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"})
+    assert isinstance(by_endpoint, GrpcOTLPSpanExporter)
+    [http_exporter] = telemetry.span_exporters(
+        {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    )
+    assert isinstance(http_exporter, HttpOTLPSpanExporter)
+    both = telemetry.span_exporters({"OTEL_TRACES_EXPORTER": "otlp,console"})
+    assert sorted(type(e).__name__ for e in both) == ["ConsoleSpanExporter", "OTLPSpanExporter"]
+    none = {
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
+        "HM_TRACE_CONSOLE": "1",
+    }
+    assert telemetry.span_exporters(none) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER"),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+    ],
+)
+def test_an_exporter_this_platform_does_not_ship_is_refused_by_name(
+    env: dict[str, str], variable: str
+) -> None:
+    with pytest.raises(ValueError, match=variable):
+        telemetry.span_exporters(env)
+    started = subprocess.run(
+        [sys.executable, "-m", "services.credits"],
+        env={"PATH": os.environ.get("PATH", ""), "HM_DATABASE_URL": "postgresql://hm@127.0.0.1:9/hm", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 78, started.stderr
+    assert started.stderr.startswith(f"credits: {variable}:") and "Traceback" not in started.stderr
 
 
 def test_without_an_exporter_spans_record_nothing_and_keep_the_callers_trace() -> None:
