@@ -254,7 +254,7 @@ class JobCreation:
             "SELECT * FROM processing_profiles WHERE active AND operation = $1", operation
         )
         if profile is None:
-            raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
+            raise await self._unknown_operation(operation)
         if operation == noop.OPERATION and not self._noop_enabled:
             raise InvalidArgument(noop.NOT_ENABLED_MESSAGE, noop.NOT_ENABLED)
         if profile["queue"] == "ocr":
@@ -392,6 +392,15 @@ class JobCreation:
             )
         return expanded
 
+    async def _unknown_operation(self, name: str) -> InvalidArgument:
+        """The ``UNKNOWN_OPERATION`` error for ``name``, listing the operations a request may
+        name (the active profiles'; ``noop`` only where it is enabled)."""
+        known = await self._pool.fetchval(
+            "SELECT array_agg(DISTINCT operation ORDER BY operation) FROM processing_profiles WHERE active"
+        )
+        valid = [o for o in known or () if o != noop.OPERATION or self._noop_enabled]
+        return InvalidArgument(f"unknown operation {name!r}: one of {', '.join(valid)}", "UNKNOWN_OPERATION")
+
     async def _resolve_profiles(
         self, caller: Caller, request: _Request, obj: storage_pb2.Object
     ) -> list[_Operation]:
@@ -414,7 +423,7 @@ class JobCreation:
         for (op, preset), password in zip(expanded, request.passwords, strict=True):
             profile = profiles.get(op.name)
             if profile is None:
-                raise InvalidArgument(f"unknown operation {op.name!r}", "UNKNOWN_OPERATION")
+                raise await self._unknown_operation(op.name)
             if op.name == noop.OPERATION and not self._noop_enabled:
                 raise InvalidArgument(noop.NOT_ENABLED_MESSAGE, noop.NOT_ENABLED)
             if password is not None and profile["queue"] not in PASSWORD_QUEUES:

@@ -274,6 +274,10 @@ def test_bad_requests_are_specific_4xx_problems(
     assert response.headers["content-type"].startswith("application/problem+json")
     assert response.json()["error_code"] == error_code
     assert "Traceback" not in response.text
+    if error_code == "UNKNOWN_OPERATION":  # the valid ones listed (issue 22 item 3); noop is off here
+        detail = response.json()["detail"]
+        assert detail.startswith("unknown operation 'sharpen': one of compress, convert, ")
+        assert "thumbnail" in detail and "transcode_video" in detail and "noop" not in detail
 
 
 def test_a_json_body_sent_as_a_form_is_415_and_creates_nothing(
