@@ -15,6 +15,7 @@ from a worker's own state at the scrape is :class:`hypermedia.worker.serve.Worke
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -145,9 +146,12 @@ class ScrapeCollector(Collector):
 
     prefix = "hypermedia_collector"
     subject = "the collector's reads"
+    timeout_seconds = SCRAPE_TIMEOUT_SECONDS
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
+        self._reading: concurrent.futures.Future[Any] | None = None
+        self._lock = threading.Lock()
 
     async def read(self) -> Any:
         """What :meth:`families` needs, read on the service's event loop."""
@@ -162,13 +166,24 @@ class ScrapeCollector(Collector):
         return iter([*self.families(None), *self._status(None, 0.0)])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One read at a time: a scrape that comes while a read is still running answers ``_up 0``
+        at once; a read past :attr:`timeout_seconds` is cancelled (it must not keep a
+        connection of the service's pool: scrapers retry, and the pool is the service's own)."""
         started = time.perf_counter()
-        try:
-            assert self._loop is not None
-            values = asyncio.run_coroutine_threadsafe(self.read(), self._loop).result(SCRAPE_TIMEOUT_SECONDS)
-        except Exception as exc:
-            log.warning("%s failed: %s", self.subject, type(exc).__name__)
-            values = None
+        values = None
+        with self._lock:
+            busy = self._reading is not None and not self._reading.done()
+            if not busy and self._loop is not None:
+                self._reading = asyncio.run_coroutine_threadsafe(self.read(), self._loop)
+            reading = self._reading
+        if busy or reading is None:
+            log.warning("%s: a scrape came while the last read still runs", self.subject)
+        else:
+            try:
+                values = reading.result(self.timeout_seconds)
+            except Exception as exc:  # a scrape reports the failure, never raises it
+                reading.cancel()
+                log.warning("%s failed: %s", self.subject, type(exc).__name__)
         if values is not None:
             yield from self.families(values)
         yield from self._status(values, time.perf_counter() - started)
@@ -183,12 +198,41 @@ class ScrapeCollector(Collector):
         return [up, took]
 
 
+JOB_ERROR_CODES: Final = frozenset(
+    {
+        "CANCELLED", "CORRUPT_INPUT", "INPUT_TOO_LARGE", "INPUT_TOO_LARGE_PIXELS", "INPUT_TOO_MANY_PAGES",
+        "INTERNAL", "INVALID_PARAMS", "LINKED_CONTENT_NOT_ALLOWED", "MEDIA_TOO_LONG", "NO_AUDIO_STREAM",
+        "NO_VIDEO_STREAM", "OCR_ENGINE_UNAVAILABLE", "OCR_PAGE_LIMIT", "OCR_PAGE_TIMEOUT", "OFFICE_CRASHED",
+        "OFFICE_UNAVAILABLE", "OPERATION_NOT_ENABLED", "PARSE_ERROR", "PASSWORD_INCORRECT", "PASSWORD_REQUIRED",
+        "PDF_PAGE_LIMIT", "PDF_PAGE_TOO_LARGE", "PDF_TEXT_LIMIT", "PDF_UNSUPPORTED_ENCRYPTION", "PREEMPTED",
+        "RESOURCE_LIMIT", "SANDBOX_CRASHED", "SANDBOX_UNAVAILABLE", "SANDBOX_VIOLATION", "STORAGE_UNAVAILABLE",
+        "SVG_EXTERNAL_REFERENCE", "SVG_FORBIDDEN", "TIMEOUT", "TRANSIENT", "UNSUPPORTED_FORMAT", "WORKER_LOST",
+    }
+)  # fmt: skip
+"""The job error codes (docs/api.md, Job error codes): the values of ``error_code`` labels. A code
+outside it (a sandbox child's report is not trusted to name one) is counted as ``OTHER``."""
+
+HTTP_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""The ``method`` label's values; any other method a client sends is counted as ``other``."""
+
+
+def job_error_label(code: str) -> str:
+    """``code`` as an ``error_code`` label value: itself if it is one of :data:`JOB_ERROR_CODES`,
+    else ``OTHER``."""
+    return code if code in JOB_ERROR_CODES else "OTHER"
+
+
+def method_label(method: str) -> str:
+    """An HTTP method as a ``method`` label value: one of :data:`HTTP_METHODS`, else ``other``."""
+    return method if method in HTTP_METHODS else "other"
+
+
 def parse_bind(bind: str) -> tuple[str, int]:
     """``host:port`` (``[::1]:9464`` for IPv6) → (host, port). Raises ValueError naming what is
     wrong (no port, a port outside 0..65535)."""
     host, sep, port = bind.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"must be host:port, got {bind!r}")
+    if not sep or not port.isascii() or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be host:port, with a port 0-65535 in ASCII digits")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 

@@ -69,7 +69,7 @@ class PlatformCollector(ScrapeCollector):
 
     async def read(self) -> dict[str, list[asyncpg.Record]]:
         assert self._pool is not None
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire(timeout=self.timeout_seconds) as conn:
             return {
                 "jobs": await conn.fetch(_QUERIES["jobs"], list(ACTIVE_STATUSES)),
                 "outbox": await conn.fetch(_QUERIES["outbox"]),

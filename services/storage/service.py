@@ -169,6 +169,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self._backend = backend
         self._ttl = url_ttl_seconds
         self._max_put_bytes = max_put_bytes
+        self._removals: set[asyncio.Task[None]] = set()
+        """Byte removals after a delete committed, kept until done (a cancelled call does not stop them)."""
         self._quota = quota or StorageQuota()
 
     def _ttl_of(self, requested: int) -> int:
@@ -307,7 +309,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def DeleteObject(
         self, request: storage_pb2.DeleteObjectRequest, context: grpc.aio.ServicerContext
     ) -> storage_pb2.DeleteObjectResponse:
-        """Delete an original the account owns, and the outputs derived from it: their bytes go,
+        """Delete an original the account owns, and the outputs derived from it (and from those):
+        their bytes go,
         their rows stay as ``deleted`` (jobs refer to them; a job's deleted outputs are no longer
         listed or linked), and the original's size and one object leave the account's
         ``storage_usage`` in the same transaction (outputs are not counted there, ADR 0029). A
@@ -315,7 +318,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         usage after it.
 
         Errors: NOT_FOUND unknown, derived, already deleted or not the account's (alike);
-        FAILED_PRECONDITION ``OBJECT_IN_USE`` while a job on it has not ended.
+        FAILED_PRECONDITION ``OBJECT_IN_USE`` while a job on it, or on an object derived from it
+        (at any depth: an output may be processed too), has not ended.
         """
         account_id = _uuid(request.account_id)
         object_id = _uuid(request.object_id)
@@ -330,19 +334,30 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             )
             if row is None:
                 raise NotFound("object not found")
-            if await conn.fetchval(
-                "SELECT 1 FROM processing_jobs WHERE object_id = $1"
-                " AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1",
+            # The outputs derived from it, and theirs (an output may be processed too), locked
+            # like the original: a job being created on one of them holds its row (the job's
+            # foreign key), so this waits for it, then sees it below.
+            tree = await conn.fetch(
+                """WITH RECURSIVE tree(object_id) AS (
+                       SELECT object_id FROM objects WHERE source_object_id = $1
+                       UNION SELECT o.object_id FROM objects o JOIN tree t ON o.source_object_id = t.object_id)
+                   SELECT o.object_id, o.key, o.state FROM objects o JOIN tree USING (object_id)
+                   ORDER BY o.object_id FOR UPDATE OF o""",
                 object_id,
-            ):
-                raise Conflict("a job on this object has not ended yet", "OBJECT_IN_USE")
-            await conn.execute(
-                "UPDATE objects SET state = 'deleted', deleted_at = now() WHERE object_id = $1", object_id
             )
-            outputs = await conn.fetch(
-                "UPDATE objects SET state = 'deleted', deleted_at = now()"
-                " WHERE source_object_id = $1 AND state <> 'deleted' RETURNING key",
-                object_id,
+            if await conn.fetchval(
+                "SELECT 1 FROM processing_jobs WHERE object_id = ANY($1::uuid[])"
+                " AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1",
+                [object_id, *(o["object_id"] for o in tree)],
+            ):
+                raise Conflict(
+                    "a job on this object, or on an output derived from it, has not ended yet",
+                    "OBJECT_IN_USE",
+                )
+            outputs = [o for o in tree if o["state"] != "deleted"]
+            await conn.execute(
+                "UPDATE objects SET state = 'deleted', deleted_at = now() WHERE object_id = ANY($1::uuid[])",
+                [object_id, *(o["object_id"] for o in outputs)],
             )
             usage = await conn.fetchrow(
                 """UPDATE storage_usage SET used_bytes = greatest(used_bytes - $2, 0),
@@ -351,13 +366,24 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 account_id,
                 row["size_bytes"],
             )
-        # After the commit: a failure here leaves unreferenced bytes, never a row without them.
-        for key in [row["key"], *(o["key"] for o in outputs)]:
+        # After the commit: a failure here leaves unreferenced bytes, never a row without them. A
+        # task of its own, so a caller's deadline that cancels this call does not cut it short.
+        removal = asyncio.create_task(
+            self._delete_bytes(object_id, [row["key"], *(o["key"] for o in outputs)])
+        )
+        self._removals.add(removal)
+        removal.add_done_callback(self._removals.discard)
+        await asyncio.shield(removal)
+        return storage_pb2.DeleteObjectResponse(usage=_usage(usage, self._quota))
+
+    async def _delete_bytes(self, object_id: uuid.UUID, keys: list[str]) -> None:
+        """Remove the bytes of a deleted original's objects, each failure logged and the rest
+        still removed."""
+        for key in keys:
             try:
                 await self._backend.delete(key)
             except Exception:
                 log.exception("the bytes of %s, deleted with object %s, are left behind", key, object_id)
-        return storage_pb2.DeleteObjectResponse(usage=_usage(usage, self._quota))
 
     async def CompleteUpload(
         self, request: storage_pb2.CompleteUploadRequest, context: grpc.aio.ServicerContext

@@ -104,3 +104,33 @@ async def test_a_failed_scrape_says_down_and_raises_nothing(fresh_pool: asyncpg.
     got = await _scrape(collector)
     assert got[("hypermedia_platform_gauges_up", ())] == 0
     assert not [name for name, _ in got if name.startswith("hypermedia_queue")]
+
+
+async def test_a_read_past_its_time_is_cancelled_and_gives_its_connection_back(
+    fresh_pool: asyncpg.Pool,
+) -> None:
+    """Review finding: a read that timed out went on waiting, holding a connection of the service's
+    own pool, and each scrape added one. Now it is cancelled, and a scrape while one still runs
+    does not start another."""
+    collector = PlatformCollector(fresh_pool, asyncio.get_running_loop(), dead_worker_seconds=60)
+    collector.timeout_seconds = 0.5
+    async with fresh_pool.acquire() as locker, locker.transaction():
+        await locker.execute("LOCK TABLE burst_workers IN ACCESS EXCLUSIVE MODE")
+        got = await _scrape(collector)
+        assert got[("hypermedia_platform_gauges_up", ())] == 0
+
+        async def waiting() -> int:
+            return int(
+                await locker.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            )
+
+        for _ in range(50):  # the cancel reaches Postgres within a moment
+            if await waiting() == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await waiting() == 0
+    got = await _scrape(collector)
+    assert got[("hypermedia_platform_gauges_up", ())] == 1
+    assert fresh_pool.get_size() - fresh_pool.get_idle_size() == 0  # every connection back

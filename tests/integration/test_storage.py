@@ -896,3 +896,58 @@ def test_main_exits_78_when_its_metrics_bind_is_malformed_or_taken(bind: str) ->
     assert proc.returncode == 78, proc.stderr
     assert "storage: HM_METRICS_BIND: cannot serve metrics" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+async def _derive(
+    svc: Running, pool: asyncpg.Pool, tenant: Tenant, source: storage_pb2.Object
+) -> tuple[storage_pb2.Object, str]:
+    """An output of a (``processing``) job on ``source``, uploaded and registered as a worker does."""
+    job_id = await _job(pool, tenant, source)
+    granted = await svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
+    key, data = f"{granted.outputs.key_prefix}out.webp", os.urandom(3000)
+    async with httpx.AsyncClient() as http:
+        sent = await send_output(http, granted.outputs, key, data, "image/webp", _sha(data))
+        assert sent.is_success, sent.text
+    upload = storage_pb2.OutputUpload(
+        key=key, mime_type="image/webp", size_bytes=len(data), sha256=_sha(data)
+    )
+    registered = await svc.stub.RegisterOutputs(
+        storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=1, outputs=[upload])
+    )
+    return registered.objects[0], job_id
+
+
+async def test_deleting_an_original_takes_every_object_derived_from_it_at_any_depth(
+    local: Running, tenant: Tenant, pool: asyncpg.Pool
+) -> None:
+    """Issue 22 item 3 (review findings): an output may be processed too. While a job on an
+    output of an output runs, the original is OBJECT_IN_USE and nothing is deleted; once it ended,
+    the original, its output and the output's output all go, rows and bytes."""
+    original = await _upload(local, tenant, b"the original")
+    output, first_job = await _derive(local, pool, tenant, original)
+    await pool.execute(
+        "UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", uuid.UUID(first_job)
+    )
+    grandchild, running_job = await _derive(local, pool, tenant, output)
+    objects = [original, output, grandchild]
+    delete = storage_pb2.DeleteObjectRequest(account_id=tenant.account_id, object_id=original.object_id)
+
+    refused = await _rpc_error(local.stub.DeleteObject(delete))
+    assert (refused.code(), _error_code(refused)) == (grpc.StatusCode.FAILED_PRECONDITION, "OBJECT_IN_USE")
+    states = await pool.fetch(
+        "SELECT state FROM objects WHERE object_id = ANY($1::uuid[])",
+        [uuid.UUID(o.object_id) for o in objects],
+    )
+    assert {r["state"] for r in states} == {"available"}
+    assert all([await local.backend.stat(o.key) is not None for o in objects])
+
+    await pool.execute(
+        "UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", uuid.UUID(running_job)
+    )
+    await local.stub.DeleteObject(delete)
+    states = await pool.fetch(
+        "SELECT state FROM objects WHERE object_id = ANY($1::uuid[])",
+        [uuid.UUID(o.object_id) for o in objects],
+    )
+    assert [r["state"] for r in states] == ["deleted"] * 3
+    assert [await local.backend.stat(o.key) for o in objects] == [None, None, None]

@@ -80,3 +80,32 @@ def test_a_malformed_bind_is_refused_by_name(bind: str) -> None:
 def test_ipv6_and_an_empty_host_bind() -> None:
     assert metrics.parse_bind("[::1]:9464") == ("::1", 9464)
     assert metrics.parse_bind(":9464") == ("0.0.0.0", 9464)
+
+
+def test_error_code_and_method_labels_are_closed_sets() -> None:
+    """Review finding: a sandbox child's report named the ``error_code`` label, and any method a
+    client sent named ``method``: each unknown value is one more series."""
+    assert metrics.job_error_label("CORRUPT_INPUT") == "CORRUPT_INPUT"
+    assert metrics.job_error_label("PWN_b0d5") == "OTHER"
+    assert metrics.method_label("GET") == "GET"
+    assert metrics.method_label("PROPFIND") == "other"
+
+
+def test_every_job_error_code_documented_or_raised_by_an_engine_is_a_label() -> None:
+    api = (DOCS.parent / "api.md").read_text()
+    table = api[api.index("### Job error codes") : api.index("## gRPC")]
+    documented = {
+        c
+        for row in re.findall(r"^\| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \|", table, re.M)
+        for c in re.findall(r"[A-Z_]+", row)
+    }
+    root = DOCS.parent.parent / "hypermedia"
+    raised = {
+        code
+        for folder in ("engines", "sandbox", "worker")
+        for path in (root / folder).rglob("*.py")
+        for code in re.findall(r'Error\([^()]*?,\s*"([A-Z][A-Z_]{3,})"\)', path.read_text(), re.S)
+    }
+    assert len(documented) > 25 and len(raised) > 15
+    assert documented - metrics.JOB_ERROR_CODES == set()
+    assert raised - metrics.JOB_ERROR_CODES == set()

@@ -337,7 +337,7 @@ async def fail(
             return str(status) if status in ("retry_wait", "failed") else None
         await _finish_attempt(conn, job, "failed", error_code, error_message, duration_ms, peak_memory_mb)
     _observe(job, "retried" if status == "retry_wait" else "failed", duration_ms, peak_memory_mb)
-    metrics.JOB_ERRORS.labels(job.operation, error_code).inc()
+    metrics.JOB_ERRORS.labels(job.operation, metrics.job_error_label(error_code)).inc()
     return str(status)
 
 
