@@ -560,7 +560,7 @@ class Platform:
 
     def summary(self) -> str:
         """The one plain line about the platform: where to call it, which worker units are ready
-        and which are not (with the exit code of the last that exited)."""
+        and which not (the exit code of the last that exited), logs, metrics, how to make an account."""
         ready = self.workers_ready()
         late = []
         for proc in self.procs:
@@ -573,7 +573,8 @@ class Platform:
             if "gateway" in self.services
             else "no gateway"
         )
-        return f"hypermedia up: ready: {where}; {workers}; logs in {self.root / 'logs'}"
+        account = "an account: hypermedia admin create-account --credits 100"
+        return f"hypermedia up: ready: {where}; {workers}; logs in {self.root / 'logs'}; metrics URLs in {self.root / 'platform.json'}; {account}"
 
     def stop(self) -> None:
         """Stop services one at a time in reverse start order — workers and the reaper drain while

@@ -31,6 +31,7 @@ from services.gateway.accounts import Accounts
 from services.gateway.backfill_runner import BackfillRunner
 from services.gateway.backfills import Backfills
 from services.gateway.cancellation import JobCancellation
+from services.gateway.catalogue import OperationCatalogue
 from services.gateway.creation import JobCreation
 from services.gateway.grpc_api import JobService
 from services.gateway.operators import SchedulerAdmin
@@ -124,6 +125,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         operators=SchedulerAdmin(pool),
         presets=Presets(pool, creation),
         backfills=backfills,
+        catalogue=OperationCatalogue(pool, settings.noop_operation),
     )
     resolver = OutputResolver(
         pool, peers.storage, http, LinkSigner.from_secret(secret_key) if secret_key else None

@@ -15,6 +15,7 @@ from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.core.errors import DomainError
 from hypermedia.infra import rpc
 from hypermedia.jobs.accounts import Caller
+from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
 from services.gateway.process_request import parse_operations
 from services.gateway.results import Job, ObjectInfo, StorageUsage, StoredObject
 from services.gateway.status import JobFilter
@@ -159,6 +160,26 @@ def usage_message(usage: StorageUsage) -> jobs_pb2.DeleteObjectResponse:
     )
 
 
+def operation_message(op: OperationInfo) -> jobs_pb2.OperationInfo:
+    """An operation as ``ListOperations`` lists it (credits as decimal strings)."""
+    return jobs_pb2.OperationInfo(
+        name=op.name,
+        queue=op.queue,
+        profile_version=op.profile_version,
+        input_kinds=list(op.input_kinds),
+        params_schema=_struct(op.params_schema),
+        base_credits=credits_text(op.base_millicredits),
+        per_mb_credits=credits_text(op.per_mb_millicredits),
+        escalation_per_page_credits=credits_text(op.escalation_per_page_millicredits),
+        timeout_seconds=op.timeout_seconds,
+        max_attempts=op.max_attempts,
+        max_input_bytes=op.max_input_bytes,
+        max_pixels=op.max_pixels,
+        memory_limit_mb=op.memory_limit_mb,
+        max_duration_seconds=op.max_duration_seconds,
+    )
+
+
 def _operation(op: jobs_pb2.Operation) -> dict[str, Any]:
     """``op`` as REST's JSON has it: ``{name, params}``, ``{preset}``, or with both (refused by
     :func:`parse_operations`)."""
@@ -300,6 +321,15 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 detail=_struct(event.detail),
                 created_at=timestamp_of(event.created_at),
             )
+
+    async def ListOperations(
+        self, request: jobs_pb2.ListOperationsRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.ListOperationsResponse:
+        await self._caller(context)
+        return jobs_pb2.ListOperationsResponse(
+            operations=[operation_message(o) for o in await self._api.catalogue.operations()],
+            price_formula=PRICE_FORMULA,
+        )
 
     async def ListOcrLanguages(
         self, request: jobs_pb2.ListOcrLanguagesRequest, context: grpc.aio.ServicerContext

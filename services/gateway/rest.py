@@ -29,6 +29,7 @@ from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.pricing import as_credits
 from services.gateway import backfills_api, operators_api, presets_api
+from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
 from services.gateway.results import Attempt, Balance, Job, ObjectInfo, Output, ProcessResult
@@ -237,6 +238,30 @@ def job_json(job: Job) -> dict[str, Any]:
     }
 
 
+def operation_json(op: OperationInfo) -> dict[str, Any]:
+    """An operation as ``GET /v1/operations`` lists it: prices in credits, limits together."""
+    return {
+        "name": op.name,
+        "queue": op.queue,
+        "profile_version": op.profile_version,
+        "input_kinds": list(op.input_kinds),
+        "params_schema": op.params_schema,
+        "price": {
+            "base_credits": credits_number(op.base_millicredits),
+            "per_mb_credits": credits_number(op.per_mb_millicredits),
+            "escalation_per_page_credits": credits_number(op.escalation_per_page_millicredits),
+        },
+        "limits": {
+            "timeout_seconds": op.timeout_seconds,
+            "max_attempts": op.max_attempts,
+            "max_input_bytes": op.max_input_bytes,
+            "max_pixels": op.max_pixels,
+            "memory_limit_mb": op.memory_limit_mb,
+            "max_duration_seconds": op.max_duration_seconds,
+        },
+    }
+
+
 def object_json(obj: ObjectInfo) -> dict[str, Any]:
     """The answer of ``GET /v1/objects/{id}``: times as ISO 8601 strings."""
     return {
@@ -410,8 +435,9 @@ class TraceRequests:
                 await self.app(scope, receive, traced_send)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            metrics.HTTP_SECONDS.labels(scope["method"], route).observe(time.perf_counter() - started)
-            metrics.HTTP_REQUESTS.labels(scope["method"], route, str(status)).inc()
+            method = metrics.method_label(scope["method"])
+            metrics.HTTP_SECONDS.labels(method, route).observe(time.perf_counter() - started)
+            metrics.HTTP_REQUESTS.labels(method, route, str(status)).inc()
 
 
 def build_app(
@@ -557,8 +583,9 @@ def build_app(
         """A job: status, attempts, errors, credits, timestamps, outputs with presigned URLs."""
         return job_json(await api.status.get_job(who, job_id))
 
-    @app.get(
+    @app.api_route(
         "/v1/jobs/{job_id}/outputs/{output_type}",
+        methods=["GET", "HEAD"],
         response_model=None,
         responses={
             307: {"description": "Location: a fresh presigned URL of the output"},
@@ -578,7 +605,10 @@ def build_app(
         409 ``JOB_NOT_COMPLETED``."""
         link = await api.status.output_link(who, job_id, output_type)
         if not redirect:
-            return JSONResponse({**dataclasses.asdict(link), "url_expires_at": _iso(link.url_expires_at)})
+            return JSONResponse(
+                {**dataclasses.asdict(link), "url_expires_at": _iso(link.url_expires_at)},
+                headers={"Cache-Control": "private, no-store"},  # it holds a presigned URL
+            )
         return Response(status_code=307, headers={"Location": link.url, "Cache-Control": "private, no-store"})
 
     @app.get(
@@ -655,6 +685,16 @@ def build_app(
     async def credits(who: Caller = Depends(caller)) -> dict[str, Any]:
         """The caller's balance and the credits held by unfinished jobs."""
         return balance_json(await api.accounts.balance(who))
+
+    @app.get("/v1/operations")
+    async def operations(who: Caller = Depends(caller)) -> dict[str, Any]:
+        """Every operation a request may name: ``{"operations": [...], "price_formula"}``, each
+        with its queue, the kinds of original it takes, its params as a JSON Schema (draft
+        2020-12), its price terms in credits and its limits."""
+        return {
+            "operations": [operation_json(o) for o in await api.catalogue.operations()],
+            "price_formula": PRICE_FORMULA,
+        }
 
     @app.get("/v1/ocr/languages")
     async def ocr_languages(who: Caller = Depends(caller)) -> dict[str, list[str]]:

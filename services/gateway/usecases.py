@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from services.gateway.accounts import Accounts
 from services.gateway.backfills import Backfills
 from services.gateway.cancellation import JobCancellation
+from services.gateway.catalogue import OperationCatalogue
 from services.gateway.creation import JobCreation
 from services.gateway.operators import SchedulerAdmin
 from services.gateway.presets import Presets
@@ -36,3 +37,5 @@ class UseCases:
     """The caller's named presets."""
     backfills: Backfills
     """The caller's backfill runs."""
+    catalogue: OperationCatalogue
+    """The operations a request may name, with their params schemas, prices and limits."""

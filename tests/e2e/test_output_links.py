@@ -50,8 +50,11 @@ def test_a_kept_link_redirects_to_a_fresh_url_and_goes_with_the_original(
     derived = client.get(f"/v1/objects/{output['object_id']}").json()
     assert hashlib.sha256(fetched.content).hexdigest() == derived["sha256"]
 
+    headed = client.head(link)
+    assert (headed.status_code, headed.headers["cache-control"]) == (307, "private, no-store")
     described = client.get(link, params={"redirect": "false"})
     assert described.status_code == 200
+    assert described.headers["cache-control"] == "private, no-store"
     body = described.json()
     assert (body["object_id"], body["mime_type"], body["size_bytes"]) == (
         output["object_id"],

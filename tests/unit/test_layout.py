@@ -20,7 +20,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "engines": {"core", "intake"},
     "sandbox": {"core", "engines.contract"},
     "worker": {"core", "infra", "jobs", "sandbox", "api", "engines.contract"},
-    "devtools": {"core", "infra", "jobs", "api", "intake", "sandbox", "worker", "engines"},
+    "devtools": {"core", "infra", "jobs", "api", "intake", "sandbox", "worker", "engines", "client"},
+    "client": {"core"},
 }
 """Package → the packages it may import (its own always). ``engines.contract`` is the engine
 contract alone, not the engines."""

@@ -844,3 +844,109 @@ class ListOcrLanguagesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListOcrLanguagesResponse: _TypeAlias = ListOcrLanguagesResponse  # noqa: Y015
+
+@_typing.final
+class ListOperationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOperationsRequest: _TypeAlias = ListOperationsRequest  # noqa: Y015
+
+@_typing.final
+class ListOperationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    PRICE_FORMULA_FIELD_NUMBER: _builtins.int
+    price_formula: _builtins.str
+    """How an estimate follows from the price terms and the original's size."""
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___OperationInfo]: ...
+    def __init__(
+        self,
+        *,
+        operations: _abc.Iterable[Global___OperationInfo] | None = ...,
+        price_formula: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operations", b"operations", "price_formula", b"price_formula"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOperationsResponse: _TypeAlias = ListOperationsResponse  # noqa: Y015
+
+@_typing.final
+class OperationInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    PROFILE_VERSION_FIELD_NUMBER: _builtins.int
+    INPUT_KINDS_FIELD_NUMBER: _builtins.int
+    PARAMS_SCHEMA_FIELD_NUMBER: _builtins.int
+    BASE_CREDITS_FIELD_NUMBER: _builtins.int
+    PER_MB_CREDITS_FIELD_NUMBER: _builtins.int
+    ESCALATION_PER_PAGE_CREDITS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    MAX_INPUT_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_PIXELS_FIELD_NUMBER: _builtins.int
+    MEMORY_LIMIT_MB_FIELD_NUMBER: _builtins.int
+    MAX_DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    queue: _builtins.str
+    """images, documents, ocr or media."""
+    profile_version: _builtins.int
+    base_credits: _builtins.str
+    """Credits as decimal strings ("1.500")."""
+    per_mb_credits: _builtins.str
+    escalation_per_page_credits: _builtins.str
+    """ocr: the most its escalation line adds per page ("0.000" elsewhere)."""
+    timeout_seconds: _builtins.int
+    max_attempts: _builtins.int
+    max_input_bytes: _builtins.int
+    max_pixels: _builtins.int
+    memory_limit_mb: _builtins.int
+    max_duration_seconds: _builtins.int
+    @_builtins.property
+    def input_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The kinds of original it takes: image, pdf, office, video, audio, ..."""
+
+    @_builtins.property
+    def params_schema(self) -> _struct_pb2.Struct:
+        """JSON Schema (draft 2020-12) of its params; numbers arrive as doubles."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        profile_version: _builtins.int = ...,
+        input_kinds: _abc.Iterable[_builtins.str] | None = ...,
+        params_schema: _struct_pb2.Struct | None = ...,
+        base_credits: _builtins.str = ...,
+        per_mb_credits: _builtins.str = ...,
+        escalation_per_page_credits: _builtins.str = ...,
+        timeout_seconds: _builtins.int = ...,
+        max_attempts: _builtins.int = ...,
+        max_input_bytes: _builtins.int = ...,
+        max_pixels: _builtins.int = ...,
+        memory_limit_mb: _builtins.int = ...,
+        max_duration_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["params_schema", b"params_schema"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_credits", b"base_credits", "escalation_per_page_credits", b"escalation_per_page_credits", "input_kinds", b"input_kinds", "max_attempts", b"max_attempts", "max_duration_seconds", b"max_duration_seconds", "max_input_bytes", b"max_input_bytes", "max_pixels", b"max_pixels", "memory_limit_mb", b"memory_limit_mb", "name", b"name", "params_schema", b"params_schema", "per_mb_credits", b"per_mb_credits", "profile_version", b"profile_version", "queue", b"queue", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OperationInfo: _TypeAlias = OperationInfo  # noqa: Y015

@@ -90,6 +90,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesResponse.FromString,
                 _registered_method=True)
+        self.ListOperations = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/ListOperations',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOperationsRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOperationsResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -188,6 +193,14 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListOperations(self, request, context):
+        """ListOperations returns every operation a request may name, with its params as a JSON Schema,
+        its price terms and its limits (REST: GET /v1/operations).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -245,6 +258,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ListOcrLanguages,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesResponse.SerializeToString,
+            ),
+            'ListOperations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOperations,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOperationsRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOperationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -545,6 +563,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/ListOcrLanguages',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOcrLanguagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOperations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/ListOperations',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOperationsRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListOperationsResponse.FromString,
             options,
             channel_credentials,
             insecure,
