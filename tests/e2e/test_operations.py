@@ -43,7 +43,11 @@ def test_every_operation_with_its_schema_price_and_limits(
         assert op["input_kinds"], op["name"]
     thumbnail = operations["thumbnail"]
     assert thumbnail["input_kinds"] == ["image"]
-    assert thumbnail["price"] == {"base_credits": 1.0, "per_mb_credits": 0.2, "escalation_per_page_credits": 0.0}
+    assert thumbnail["price"] == {
+        "base_credits": 1.0,
+        "per_mb_credits": 0.2,
+        "escalation_per_page_credits": 0.0,
+    }
     assert operations["ocr"]["price"]["escalation_per_page_credits"] == 0.3
     assert "size_bytes / 1048576" in body["price_formula"]
 
@@ -69,14 +73,21 @@ def test_every_operation_with_its_schema_price_and_limits(
 
     metadata = (("authorization", f"Bearer {account['api_key']}"),)
     with grpc.insecure_channel(platform.grpc_addr) as channel:
-        listed = jobs_pb2_grpc.JobServiceStub(channel).ListOperations(jobs_pb2.ListOperationsRequest(), metadata=metadata)
+        listed = jobs_pb2_grpc.JobServiceStub(channel).ListOperations(
+            jobs_pb2.ListOperationsRequest(), metadata=metadata
+        )
     by_name = {o.name: o for o in listed.operations}
     assert set(by_name) == set(operations)
     grpc_thumbnail = by_name["thumbnail"]
-    assert (grpc_thumbnail.queue, grpc_thumbnail.base_credits, grpc_thumbnail.per_mb_credits) == ("images", "1.000", "0.200")
-    assert json_format.MessageToDict(grpc_thumbnail.params_schema)["properties"].keys() == thumbnail["params_schema"][
-        "properties"
-    ].keys()
+    assert (grpc_thumbnail.queue, grpc_thumbnail.base_credits, grpc_thumbnail.per_mb_credits) == (
+        "images",
+        "1.000",
+        "0.200",
+    )
+    assert (
+        json_format.MessageToDict(grpc_thumbnail.params_schema)["properties"].keys()
+        == thumbnail["params_schema"]["properties"].keys()
+    )
     assert listed.price_formula == body["price_formula"]
 
 
