@@ -1,4 +1,6 @@
-"""The ``hypermedia`` command: ``up`` (the whole platform), ``migrate``, and ``admin …``.
+"""The ``hypermedia`` command: ``up`` (the whole platform), ``migrate``, ``admin …``, and the
+client commands of :mod:`hypermedia.client.commands` (``submit``, ``jobs``, ``objects``,
+``operations``).
 
 ``hypermedia admin …`` reads ``platform.json`` from the state directory (``./.hypermedia`` or
 ``HM_STATE_DIR``) to reach the platform that ``hypermedia up`` started there; with
@@ -21,6 +23,7 @@ from typing import Annotated, Any
 import asyncpg
 import typer
 
+from hypermedia.client import commands
 from hypermedia.core import config, telemetry
 from hypermedia.devtools import platform
 from hypermedia.infra import db
@@ -30,6 +33,7 @@ from hypermedia.jobs.scaling import report as scheduler_report
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hypermedia platform commands")
 admin = typer.Typer(no_args_is_help=True, help="administration of a running platform")
 app.add_typer(admin, name="admin")
+commands.register(app)  # submit, jobs, objects, operations: a client of the REST API
 
 
 @app.command()

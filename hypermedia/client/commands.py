@@ -1,0 +1,339 @@
+"""The client commands of ``hypermedia``, over the REST API with an API key (``HM_API_KEY`` or
+the config file: :class:`~hypermedia.client.session.ClientSettings`):
+
+- ``hypermedia submit FILE --op thumbnail --op convert:format=avif [--watch] [--download DIR]``
+- ``hypermedia jobs ls|get|watch|cancel``, ``hypermedia objects get|rm``, ``hypermedia operations``
+
+Tables on stdout (rich), progress on stderr when it is a terminal, ``--json`` for scripts.
+
+Exit codes: 0 done (every watched job completed); 1 a watched job failed or was cancelled;
+2 a usage or configuration error (no API key, a malformed ``--op``); 3 the API refused the
+request (its ``error_code`` and detail on stderr); 4 the gateway could not be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+from rich.table import Table
+
+from hypermedia.client.session import TERMINAL, ApiError, ClientSettings, ConfigMissing, Session
+
+T = TypeVar("T")
+
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_API = 3
+EXIT_UNREACHABLE = 4
+
+out = Console()
+err = Console(stderr=True)
+
+jobs_app = typer.Typer(no_args_is_help=True, help="your jobs: ls, get, watch, cancel")
+objects_app = typer.Typer(no_args_is_help=True, help="your objects: get, rm")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of tables")]
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def _session() -> Session:
+    try:
+        return Session(ClientSettings.load())
+    except ConfigMissing as exc:
+        _fail(EXIT_USAGE, str(exc))
+    except ValueError as exc:
+        _fail(EXIT_USAGE, str(exc))
+
+
+def _api(exc: ApiError) -> NoReturn:
+    _fail(EXIT_UNREACHABLE if exc.status == 0 else EXIT_API, str(exc))
+
+
+def _ask(call: Callable[[Session], T]) -> T:
+    """``call`` on a session of the configured gateway; an API error is the command's exit."""
+    with _session() as session:
+        try:
+            return call(session)
+        except ApiError as exc:
+            _api(exc)
+
+
+def parse_op(spec: str) -> dict[str, Any] | str:
+    """``--op`` as a request's operation: ``NAME``, ``NAME:key=value,key=value`` (each value read
+    as JSON when it parses: ``size=128``, ``hls=true``, ``languages=["eng","deu"]``; else a
+    string), ``preset:NAME``, or a JSON object. Raises ValueError naming what is wrong."""
+    spec = spec.strip()
+    if spec.startswith("{"):
+        value = json.loads(spec)
+        if not isinstance(value, dict):
+            raise ValueError(f"--op {spec!r}: a JSON operation must be an object")
+        return value
+    name, _, rest = spec.partition(":")
+    if not name:
+        raise ValueError(f"--op {spec!r}: no operation name")
+    if name == "preset":
+        return {"preset": rest}
+    if not rest:
+        return name
+    params: dict[str, Any] = {}
+    for pair in _split(rest):
+        key, eq, raw = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--op {spec!r}: params are key=value, separated by commas")
+        try:
+            params[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key.strip()] = raw
+    return {"name": name, "params": params}
+
+
+def _split(text: str) -> list[str]:
+    """Commas outside brackets and quotes separate params (``languages=["eng","deu"],dpi=300``)."""
+    parts, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(text):
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch in "[{":
+            depth += 1
+        elif not quoted and ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0 and not quoted:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
+def _progress(disable: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        console=err,
+        disable=disable or not err.is_terminal,
+        transient=True,
+    )
+
+
+def _watch(session: Session, job_ids: list[str], quiet: bool) -> list[dict[str, Any]]:
+    """Follow each job's events until it ends (a progress bar each); returns the jobs as they
+    ended."""
+    ended = []
+    with _progress(quiet) as bars:
+        for job_id in job_ids:
+            task = bars.add_task(f"{job_id[:8]} queued", total=1.0)
+            for event in session.events(job_id):
+                status, progress = event.get("status") or "", event.get("progress")
+                bars.update(task, description=f"{job_id[:8]} {status}", completed=progress or 0.0)
+                if status in TERMINAL:
+                    break
+            bars.update(task, completed=1.0)
+            ended.append(session.job(job_id))
+    return ended
+
+
+def _jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table("job_id", "operation", "status", "error", "credits", "created_at")
+    for j in jobs:
+        error = f"{j['error_code']}: {j['error_message']}" if j.get("error_code") else ""
+        credits = (
+            j.get("actual_credits") if j.get("actual_credits") is not None else j.get("estimated_credits")
+        )
+        table.add_row(j["job_id"], j["operation"], j["status"], error, str(credits), j["created_at"])
+    return table
+
+
+def _outputs_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table("job_id", "output", "type", "bytes", "link")
+    for j in jobs:
+        for o in j.get("outputs", []):
+            table.add_row(j["job_id"], o["output_type"], o["mime_type"], str(o["size_bytes"]), o["link"])
+    return table
+
+
+def _download(session: Session, jobs: list[dict[str, Any]], folder: Path, stem: str) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for job in jobs:
+        for output in job.get("outputs", []):
+            ext = mimetypes.guess_extension(output["mime_type"].split(";")[0]) or ".bin"
+            path = folder / f"{stem}.{output['output_type']}{ext}"
+            session.download(job["job_id"], output["output_type"], path)
+            written.append(str(path))
+    return written
+
+
+def submit(
+    file: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="the original to upload")
+    ],
+    op: Annotated[
+        list[str],
+        typer.Option(
+            "--op",
+            help="an operation: NAME, NAME:key=value,... (values as JSON), preset:NAME, or a JSON "
+            "object; repeat for several",
+        ),
+    ],
+    watch: Annotated[bool, typer.Option("--watch", help="follow the jobs until they end")] = False,
+    download: Annotated[
+        Path | None, typer.Option("--download", help="save the outputs in this folder (implies --watch)")
+    ] = None,
+    priority: Annotated[int | None, typer.Option(min=1, max=10, help="1 (first) .. 10")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Upload FILE and run the operations on it; with --watch, wait for the jobs (exit 1 if one
+    failed), with --download, save their outputs."""
+    try:
+        operations = [parse_op(o) for o in op]
+    except (ValueError, json.JSONDecodeError) as exc:
+        _fail(EXIT_USAGE, str(exc))
+    with _session() as session:
+        try:
+            with _progress(as_json) as bars:
+                task = bars.add_task(f"upload {file.name}", total=file.stat().st_size)
+                obj = session.upload(file, lambda n: bars.advance(task, n))
+            created = session.process(obj["object_id"], operations, priority)
+            result: dict[str, Any] = {"object": obj, **created}
+            if watch or download is not None:
+                jobs = _watch(session, created["job_ids"], as_json)
+                result["jobs"] = jobs
+                if download is not None:
+                    result["downloaded"] = _download(
+                        session, [j for j in jobs if j["status"] == "completed"], download, file.stem
+                    )
+        except ApiError as exc:
+            _api(exc)
+    if as_json:
+        out.print_json(data=result)
+    elif "jobs" in result:
+        out.print(_jobs_table(result["jobs"]))
+        out.print(_outputs_table(result["jobs"]))
+        for path in result.get("downloaded", []):
+            out.print(f"saved {path}", highlight=False)
+    else:
+        out.print(f"object {obj['object_id']}; jobs {' '.join(created['job_ids'])}", highlight=False)
+    if any(j["status"] != "completed" for j in result.get("jobs", [])):
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+@jobs_app.command("ls")
+def jobs_ls(
+    status: Annotated[list[str] | None, typer.Option("--status", help="only these statuses (repeat)")] = None,
+    operation: Annotated[str | None, typer.Option(help="only this operation")] = None,
+    object_id: Annotated[str | None, typer.Option("--object", help="only jobs on this object")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="jobs a page")] = 20,
+    cursor: Annotated[str | None, typer.Option(help="next_cursor of the previous page")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Your jobs, newest first, a page at a time."""
+    with _session() as session:
+        try:
+            page = session.jobs(
+                status=status or None, operation=operation, object_id=object_id, limit=limit, cursor=cursor
+            )
+        except ApiError as exc:
+            _api(exc)
+    if as_json:
+        out.print_json(data=page)
+        return
+    out.print(_jobs_table(page["jobs"]))
+    if page.get("next_cursor"):
+        out.print(f"more: --cursor {page['next_cursor']}", highlight=False)
+
+
+@jobs_app.command("get")
+def jobs_get(job_id: str, as_json: JsonFlag = False) -> None:
+    """A job with its attempts and outputs (exit 1 if it failed or was cancelled)."""
+    job = _ask(lambda session: session.job(job_id))
+    if as_json:
+        out.print_json(data=job)
+    else:
+        out.print(_jobs_table([job]))
+        if job["outputs"]:
+            out.print(_outputs_table([job]))
+    if job["status"] in ("failed", "cancelled"):
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+@jobs_app.command("watch")
+def jobs_watch(
+    job_ids: Annotated[list[str], typer.Argument(help="one or more job ids")], as_json: JsonFlag = False
+) -> None:
+    """Follow jobs until they end; exit 1 if one failed or was cancelled."""
+    jobs = _ask(lambda session: _watch(session, job_ids, as_json))
+    if as_json:
+        out.print_json(data=jobs)
+    else:
+        out.print(_jobs_table(jobs))
+    if any(j["status"] != "completed" for j in jobs):
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: str, as_json: JsonFlag = False) -> None:
+    """Cancel a queued job at once, or ask a running one to stop."""
+    job = _ask(lambda session: session.cancel(job_id))
+    if as_json:
+        out.print_json(data=job)
+    else:
+        out.print(_jobs_table([job]))
+
+
+@objects_app.command("get")
+def objects_get(object_id: str, as_json: JsonFlag = False) -> None:
+    """An object (original or output) with a download URL valid 15 minutes."""
+    obj = _ask(lambda session: session.object(object_id))
+    if as_json:
+        out.print_json(data=obj)
+        return
+    table = Table("field", "value")
+    for key, value in obj.items():
+        table.add_row(key, str(value))
+    out.print(table)
+
+
+@objects_app.command("rm")
+def objects_rm(object_id: str, as_json: JsonFlag = False) -> None:
+    """Delete an original and every output derived from it (refused while a job on them runs)."""
+    usage = _ask(lambda session: session.delete_object(object_id))
+    if as_json:
+        out.print_json(data=usage)
+    else:
+        out.print(
+            f"deleted {object_id}; storage used: {usage['used_bytes']} of {usage['limit_bytes']} bytes",
+            highlight=False,
+        )
+
+
+def operations(as_json: JsonFlag = False) -> None:
+    """The operations you may run, with their queue, price and params."""
+    listed = _ask(lambda session: session.operations())
+    if as_json:
+        out.print_json(data=listed)
+        return
+    table = Table("operation", "queue", "inputs", "credits", "params")
+    for o in listed["operations"]:
+        price = f"{o['price']['base_credits']} + {o['price']['per_mb_credits']}/MiB"
+        params = ", ".join(o["params_schema"].get("properties", {}))
+        table.add_row(o["name"], o["queue"], ", ".join(o["input_kinds"]), price, params)
+    out.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds the client commands to the ``hypermedia`` command."""
+    app.command("submit")(submit)
+    app.command("operations")(operations)
+    app.add_typer(jobs_app, name="jobs")
+    app.add_typer(objects_app, name="objects")

@@ -1,0 +1,119 @@
+"""The client commands (issue 22 item 5) as a user runs them, against the real platform: ``hypermedia
+submit`` uploads, runs, waits for and downloads a photo's outputs; ``jobs`` and ``objects`` read,
+list and delete; each failure has its exit code and a one-line error, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from hypermedia.devtools.embedded import free_port
+from tests.e2e.conftest import REPO, RunningPlatform
+
+EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
+
+
+def _run(env: dict[str, str], *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "hypermedia.devtools.cli", *args],
+        env={**base, **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def user(platform: RunningPlatform, account: dict[str, Any]) -> dict[str, str]:
+    return {"HM_API_URL": platform.rest_url, "HM_API_KEY": account["api_key"]}
+
+
+def test_submit_watches_and_downloads_then_jobs_and_objects_read_and_delete(
+    user: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    done = _run(
+        user,
+        "submit",
+        str(EXIF / "Landscape_3.jpg"),
+        "--op",
+        "thumbnail:size=128",
+        "--op",
+        "convert:format=png",
+        "--download",
+        str(out),
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert [j["status"] for j in result["jobs"]] == ["completed", "completed"]
+    saved = sorted(Path(p).name for p in result["downloaded"])
+    assert saved == ["Landscape_3.converted.png", "Landscape_3.thumbnail.webp"]
+    with Image.open(out / "Landscape_3.thumbnail.webp") as thumb:
+        assert (thumb.format, thumb.size) == ("WEBP", (128, 85))
+    with Image.open(out / "Landscape_3.converted.png") as png:
+        assert (png.format, png.size) == ("PNG", (1800, 1200))
+
+    object_id = result["object"]["object_id"]
+    listed = _run(user, "jobs", "ls", "--object", object_id, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {j["job_id"] for j in json.loads(listed.stdout)["jobs"]} == set(result["job_ids"])
+    table = _run(user, "jobs", "get", result["job_ids"][0])
+    assert table.returncode == 0 and "completed" in table.stdout and "thumbnail" in table.stdout
+
+    assert _run(user, "objects", "rm", object_id).returncode == 0
+    gone = _run(user, "objects", "get", object_id)
+    assert gone.returncode == 3
+    assert "404 NOT_FOUND" in gone.stderr and "Traceback" not in gone.stderr
+
+
+def test_a_failed_job_is_exit_1_and_says_why(user: dict[str, str], tmp_path: Path) -> None:
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes((EXIF / "Landscape_1.jpg").read_bytes()[:20000])
+    done = _run(user, "submit", str(cut), "--op", "thumbnail", "--watch")
+    assert done.returncode == 1, done.stderr
+    assert "failed" in done.stdout and "CORRUPT_INPUT" in done.stdout
+
+
+def test_the_key_may_come_from_the_config_file(user: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "client.toml"
+    config.write_text(f'url = "{user["HM_API_URL"]}"\napi_key = "{user["HM_API_KEY"]}"\n')
+    done = _run({"HM_CLIENT_CONFIG": str(config)}, "operations", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "thumbnail" in {o["name"] for o in json.loads(done.stdout)["operations"]}
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "code", "said"),
+    [
+        ({}, ("jobs", "ls"), 2, "no API key: set HM_API_KEY"),
+        ({"HM_API_KEY": "hm_wrong"}, ("jobs", "ls"), 3, "401 UNAUTHENTICATED"),
+        ({"HM_API_KEY": "k", "HM_API_URL": "http://127.0.0.1:{port}"}, ("jobs", "ls"), 4, "UNREACHABLE"),
+        (
+            {"HM_API_KEY": "k"},
+            ("submit", str(EXIF / "Landscape_1.jpg"), "--op", "resize:width"),
+            2,
+            "key=value",
+        ),
+    ],
+)
+def test_each_failure_has_its_exit_code_and_one_line(
+    platform: RunningPlatform,
+    tmp_path: Path,
+    env: dict[str, str],
+    args: tuple[str, ...],
+    code: int,
+    said: str,
+) -> None:
+    env = {"HM_API_URL": platform.rest_url, **{k: v.format(port=free_port()) for k, v in env.items()}}
+    done = _run({**env, "XDG_CONFIG_HOME": str(tmp_path)}, *args)
+    assert done.returncode == code, (done.stdout, done.stderr)
+    assert said in done.stderr and "Traceback" not in done.stderr
