@@ -6,13 +6,14 @@ VENV := .venv
 UV_VERSION := 0.13.8
 STAMP := $(VENV)/.synced
 
-.PHONY: demo test test-unprivileged test-fast lint proto proto-check bench chaos up clean help
+.PHONY: demo test test-unprivileged test-fast lint proto proto-check bench chaos fuzz up clean help
 
 help:
 	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF, an ODT, scans (OCR) and a generated phone video clip"
 	@echo "make test   - the whole test suite (real Postgres, NATS, libvips)"
 	@echo "make test-unprivileged - tests/security again as the unprivileged user hmtest"
 	@echo "make lint   - ruff, mypy, buf lint, stub drift, deploy linters"
+	@echo "make fuzz   - the REST API fuzzed against its OpenAPI document (schemathesis), 300 examples an operation"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
 	@echo "make chaos  - 1,000 jobs while workers, the relay, NATS and Postgres are killed (JOBS=N)"
 	@echo "make up     - run the platform until Ctrl-C"
@@ -93,6 +94,12 @@ bench: $(STAMP)
 JOBS ?= 1000
 chaos: $(STAMP)
 	$(VENV)/bin/python -m tests.chaos.harness --jobs $(JOBS)
+
+# The REST API fuzzed against its OpenAPI document at length (make test runs 8 examples an
+# operation; this 300): no 5xx, every answer as documented (tests/e2e/test_openapi_fuzz.py).
+fuzz: $(STAMP)
+	@scripts/ensure_debian_packages.sh $(DEBIAN_TEST_PACKAGES)
+	HM_FUZZ_EXAMPLES=$(or $(EXAMPLES),300) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/e2e/test_openapi_fuzz.py
 
 up: $(STAMP)
 	$(VENV)/bin/hypermedia up

@@ -17,6 +17,7 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, File, Header, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi_offline import FastAPIOffline
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
@@ -28,7 +29,7 @@ from hypermedia.core.errors import DomainError, PayloadTooLarge
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.pricing import as_credits
-from services.gateway import backfills_api, operators_api, presets_api
+from services.gateway import backfills_api, openapi, operators_api, presets_api
 from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
@@ -452,7 +453,13 @@ def build_app(
     caller; ``readiness`` reports each dependency for ``/readyz``; ``resolver`` serves resolved
     playlists and WebVTT outputs; ``max_bodies_per_account`` caps one account's requests with a
     body in progress (``HM_MAX_CONCURRENT_UPLOADS_PER_ACCOUNT``; 0: no cap)."""
-    app = FastAPI(title="hypermedia", version="1.0", description="Queued, sandboxed, billed file processing.")
+    # The docs pages with their assets bundled (fastapi-offline), not from a CDN: /docs, /redoc.
+    app = FastAPIOffline(
+        title="hypermedia",
+        version="1.0",
+        description="Queued, sandboxed, billed file processing. Errors are application/problem+json "
+        "with a stable error_code; authenticate with an API key: Authorization: Bearer hm_….",
+    )
 
     def body_limit(path: str) -> int:
         # Uploads may be large (plus room for the multipart framing); every other body is a small
@@ -531,7 +538,7 @@ def build_app(
         stored = await api.uploads.upload_object(who, content, file.filename or "", file.content_type)
         return dataclasses.asdict(stored)
 
-    @app.get("/v1/objects/{object_id}")
+    @app.get("/v1/objects/{object_id}", responses={200: {"model": openapi.ObjectInfoOut}})
     async def get_object(object_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """An object of the caller (an original, or an output of its jobs) with a presigned
         ``url`` to download it until ``url_expires_at``; 404 ``NOT_FOUND`` for others' objects."""
@@ -557,7 +564,7 @@ def build_app(
         )
         return process_json(result)
 
-    @app.get("/v1/jobs")
+    @app.get("/v1/jobs", responses={200: {"model": openapi.JobPageOut}})
     async def list_jobs(
         who: Caller = Depends(caller),
         status: list[str] = Query([], description="any of these statuses (repeat the parameter)"),
@@ -578,19 +585,27 @@ def build_app(
         filters = JobFilter(tuple(status), operation, object_id, created_after, created_before)
         return job_page_json(await api.status.list_jobs(who, filters, limit, cursor))
 
-    @app.get("/v1/jobs/{job_id}")
+    @app.get("/v1/jobs/{job_id}", responses={200: {"model": openapi.JobOut}})
     async def get_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A job: status, attempts, errors, credits, timestamps, outputs with presigned URLs."""
         return job_json(await api.status.get_job(who, job_id))
 
-    @app.api_route(
+    link_responses: dict[int | str, dict[str, Any]] = {
+        307: {"description": "Location: a fresh presigned URL of the output"},
+        200: {"description": "with redirect=false: the URL as JSON", "model": openapi.OutputLinkOut},
+    }
+
+    @app.head(
         "/v1/jobs/{job_id}/outputs/{output_type}",
-        methods=["GET", "HEAD"],
         response_model=None,
-        responses={
-            307: {"description": "Location: a fresh presigned URL of the output"},
-            200: {"description": "with redirect=false: the URL as JSON"},
-        },
+        responses=link_responses,
+        operation_id="head_output_link",
+    )
+    @app.get(
+        "/v1/jobs/{job_id}/outputs/{output_type}",
+        response_model=None,
+        responses=link_responses,
+        operation_id="output_link",
     )
     async def output_link(
         job_id: str,
@@ -615,7 +630,14 @@ def build_app(
         "/v1/jobs/{job_id}/outputs/{output_type}/resolved",
         name="resolved_output",
         response_class=Response,
-        responses={200: {"content": {"application/vnd.apple.mpegurl": {}, "text/vtt": {}}}},
+        responses={
+            200: {
+                "content": {
+                    "application/vnd.apple.mpegurl": {"schema": {"type": "string"}},
+                    "text/vtt": {"schema": {"type": "string"}},
+                }
+            }
+        },
     )
     async def resolved_output(
         request: Request,
@@ -647,7 +669,11 @@ def build_app(
             headers["Access-Control-Allow-Origin"] = "*"
         return Response(resolved.content, media_type=resolved.mime_type, headers=headers)
 
-    @app.get("/v1/jobs/{job_id}/events")
+    @app.get(
+        "/v1/jobs/{job_id}/events",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    )
     async def job_events(
         job_id: str, who: Caller = Depends(caller), last_event_id: str | None = Header(None)
     ) -> StreamingResponse:
@@ -671,7 +697,7 @@ def build_app(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @app.post("/v1/jobs/{job_id}:cancel")
+    @app.post("/v1/jobs/{job_id}:cancel", responses={200: {"model": openapi.JobOut}})
     async def cancel_job(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """Cancel a queued job at once, or ask a running one to stop."""
         return job_json(await api.cancellation.cancel_job(who, job_id))
@@ -686,7 +712,7 @@ def build_app(
         """The caller's balance and the credits held by unfinished jobs."""
         return balance_json(await api.accounts.balance(who))
 
-    @app.get("/v1/operations")
+    @app.get("/v1/operations", responses={200: {"model": openapi.OperationsOut}})
     async def operations(who: Caller = Depends(caller)) -> dict[str, Any]:
         """Every operation a request may name: ``{"operations": [...], "price_formula"}``, each
         with its queue, the kinds of original it takes, its params as a JSON Schema (draft
@@ -696,7 +722,7 @@ def build_app(
             "price_formula": PRICE_FORMULA,
         }
 
-    @app.get("/v1/ocr/languages")
+    @app.get("/v1/ocr/languages", responses={200: {"model": openapi.LanguagesOut}})
     async def ocr_languages(who: Caller = Depends(caller)) -> dict[str, list[str]]:
         """The tesseract language codes an ``ocr`` job may ask for (``params.languages``), as
         the running ocrworkers reported them; empty before any has started."""
@@ -707,7 +733,9 @@ def build_app(
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz", responses={200: {"model": openapi.ReadinessOut}, 503: {"model": openapi.ReadinessOut}}
+    )
     async def readyz() -> JSONResponse:
         """Readiness: Postgres, NATS, credits and storage answer."""
         checks = await readiness()
@@ -716,4 +744,5 @@ def build_app(
             {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
         )
 
+    openapi.install(app)
     return app
