@@ -51,6 +51,7 @@ from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.outbox import OutboxRelay
 from hypermedia.jobs.settlement import UNCREATED, Settlement
+from services.gateway import estimates
 from services.gateway.ids import parse_uuid
 from services.gateway.process_request import (
     OperationRequest,
@@ -59,7 +60,7 @@ from services.gateway.process_request import (
     check_text,
     check_webhook_url,
 )
-from services.gateway.results import ProcessResult
+from services.gateway.results import EstimateResult, OperationEstimate, ProcessResult
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,36 @@ class JobCreation:
         resolved = await self._resolve_profiles(caller, request, obj)
         planned = self._plan(resolved, obj)
         return await self._hold_and_persist(caller, request, planned, obj.size_bytes, paced)
+
+    async def estimate(
+        self, caller: Caller, object_id: str, operations: list[OperationRequest], priority: int | None = None
+    ) -> EstimateResult:
+        """What a process request of ``operations`` on the object would hold, and how long each
+        job would run (:func:`estimates.predict`), checked as :meth:`process` checks it but with
+        nothing held or created. Raises what :meth:`process` raises before its hold."""
+        request = self._check(object_id, operations, priority, None, None)
+        obj = await self._object(caller, request.object_id)
+        planned = self._plan(await self._resolve_profiles(caller, request, obj), obj)
+        priced = await call(
+            self._credits.Estimate,
+            credits_pb2.EstimateRequest(
+                operations=[p.operation.name for p in planned], size_bytes=obj.size_bytes
+            ),
+        )
+        lines = []
+        for plan, price in zip(planned, priced.estimates, strict=True):
+            prediction = await estimates.predict(self._pool, plan.operation.name, obj.size_bytes)
+            lines.append(
+                OperationEstimate(
+                    plan.operation.name,
+                    price.millicredits,
+                    plan.allowance_millicredits,
+                    prediction.seconds,
+                    prediction.samples,
+                    prediction.basis,
+                )
+            )
+        return EstimateResult(tuple(lines), sum(e.millicredits + e.allowance_millicredits for e in lines))
 
     async def check_preset(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
         """Whether ``operation`` with ``params`` may be a preset (or a backfill run's selector):

@@ -265,6 +265,29 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             job_ids=result.job_ids, estimated_credits=credits_text(result.estimated_millicredits)
         )
 
+    async def Estimate(
+        self, request: jobs_pb2.EstimateRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.EstimateResponse:
+        caller = await self._caller(context)
+        operations = parse_operations([_operation(op) for op in request.operations])
+        result = await self._api.creation.estimate(
+            caller, request.object_id, operations, request.priority or None
+        )
+        return jobs_pb2.EstimateResponse(
+            estimated_credits=credits_text(result.total_millicredits),
+            operations=[
+                jobs_pb2.OperationEstimate(
+                    operation=e.operation,
+                    credits=credits_text(e.millicredits),
+                    allowance_credits=credits_text(e.allowance_millicredits),
+                    predicted_seconds=e.predicted_seconds,
+                    samples=e.samples,
+                    basis=e.basis,
+                )
+                for e in result.operations
+            ],
+        )
+
     async def GetJob(
         self, request: jobs_pb2.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.GetJobResponse:

@@ -213,9 +213,10 @@ def enrich(doc: dict[str, Any]) -> dict[str, Any]:
             "description": "An API key: Authorization: Bearer hm_…",
         }
     }
-    process = schemas.get("ProcessBody", {}).get("properties", {}).get("operations")
-    if process is not None:
-        process["items"] = {"$ref": "#/components/schemas/OperationRequest"}
+    for body in ("ProcessBody", "EstimateBody"):
+        listed = schemas.get(body, {}).get("properties", {}).get("operations")
+        if listed is not None:
+            listed["items"] = {"$ref": "#/components/schemas/OperationRequest"}
     for path, operations in doc.get("paths", {}).items():
         for operation in operations.values():
             parameters = [p for p in operation.get("parameters", []) if p["name"].lower() != "authorization"]

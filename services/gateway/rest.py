@@ -107,7 +107,22 @@ class PresetOperation(BaseModel):
     preset: str = Field(description="Name of one of the caller's presets (PUT /v1/presets/{name})")
 
 
-class ProcessBody(BaseModel):
+class _StorableText(BaseModel):
+    """A JSON body whose strings are checked before its fields (:meth:`_storable_text`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        """Every string and key of the body under :mod:`hypermedia.core.pgtext`'s rule, before any
+        field is validated: JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8
+        encoder (Postgres, httpx, the JSON of pydantic's own error answer) accepts, and ``\\u0000``
+        to NUL, which Postgres refuses. Raises InvalidText, a DomainError pydantic lets through:
+        the answer is 422 ``INVALID_REQUEST`` with the field's path in ``field``."""
+        pgtext.check_json(data)
+        return data
+
+
+class ProcessBody(_StorableText):
     model_config = ConfigDict(extra="forbid")
 
     object_id: str
@@ -124,16 +139,33 @@ class ProcessBody(BaseModel):
         "only, priority 7-10); left out, each operation goes to its own queue",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _storable_text(cls, data: Any) -> Any:
-        """Every string and key of the body under :mod:`hypermedia.core.pgtext`'s rule, before any
-        field is validated: JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8
-        encoder (Postgres, httpx, the JSON of pydantic's own error answer) accepts, and ``\\u0000``
-        to NUL, which Postgres refuses. Raises InvalidText, a DomainError pydantic lets through:
-        the answer is 422 ``INVALID_REQUEST`` with the field's path in ``field``."""
-        pgtext.check_json(data)
-        return data
+
+class EstimateBody(_StorableText):
+    model_config = ConfigDict(extra="forbid")
+
+    object_id: str
+    operations: list[str | Operation | PresetOperation] = Field(
+        description="As in POST /v1/hypermedia/process"
+    )
+    priority: StrictInt | None = Field(None, description="As in POST /v1/hypermedia/process")
+
+
+class HistoryOut(BaseModel):
+    samples: int = Field(description="Completed attempts of the operation the prediction is made from")
+    basis: str = Field(description="size (a line on the input's size), median, or none (too few samples)")
+
+
+class OperationEstimateOut(BaseModel):
+    operation: str
+    credits: float = Field(description="Its price on this input")
+    allowance_credits: float = Field(description="Held beside it for an ocr job's escalation; 0 otherwise")
+    predicted_seconds: float | None = Field(description="Its run, predicted; null without enough history")
+    history: HistoryOut
+
+
+class EstimateOut(BaseModel):
+    estimated_credits: float = Field(description="What a process request of these operations would hold")
+    operations: list[OperationEstimateOut]
 
 
 class ObjectOut(BaseModel):
@@ -563,6 +595,27 @@ def build_app(
             who, body.object_id, ops, body.priority, body.webhook_url, idempotency_key, body.queue
         )
         return process_json(result)
+
+    @app.post("/v1/hypermedia/estimate", response_model=EstimateOut)
+    async def estimate(body: EstimateBody, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """What ``POST /v1/hypermedia/process`` with these operations would hold, and how long each
+        job would run, predicted from the operation's history; nothing is held or created. The
+        same checks and errors as a process request before its hold (404, 415, 413, 422)."""
+        ops = parse_operations([o if isinstance(o, str) else o.model_dump() for o in body.operations])
+        result = await api.creation.estimate(who, body.object_id, ops, body.priority)
+        return {
+            "estimated_credits": credits_number(result.total_millicredits),
+            "operations": [
+                {
+                    "operation": e.operation,
+                    "credits": credits_number(e.millicredits),
+                    "allowance_credits": credits_number(e.allowance_millicredits),
+                    "predicted_seconds": e.predicted_seconds,
+                    "history": {"samples": e.samples, "basis": e.basis},
+                }
+                for e in result.operations
+            ],
+        }
 
     @app.get("/v1/jobs", responses={200: {"model": openapi.JobPageOut}})
     async def list_jobs(

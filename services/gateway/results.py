@@ -83,6 +83,32 @@ class OutputLink:
 
 
 @dataclass(frozen=True)
+class OperationEstimate:
+    """One operation of ``POST /v1/hypermedia/estimate``."""
+
+    operation: str
+    millicredits: int
+    """What its job would be held: the profile's price on this input."""
+    allowance_millicredits: int
+    """Held beside it for what an ``ocr`` job's escalation may add (0 for others)."""
+    predicted_seconds: float | None
+    """Its run predicted from the operation's history (None without enough of it)."""
+    samples: int
+    """Completed attempts the prediction is made from."""
+    basis: str
+    """``size``, ``median`` or ``none`` (:class:`services.gateway.estimates.Prediction`)."""
+
+
+@dataclass(frozen=True)
+class EstimateResult:
+    """``POST /v1/hypermedia/estimate``: each operation, and the total held for all of them."""
+
+    operations: tuple[OperationEstimate, ...]
+    total_millicredits: int
+    """The sum of every price and allowance: what a process request would hold."""
+
+
+@dataclass(frozen=True)
 class StorageUsage:
     """An account's storage against its quota (ADR 0029), as the storage service reports it."""
 

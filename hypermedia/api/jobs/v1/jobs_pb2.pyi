@@ -373,6 +373,96 @@ class ProcessRequest(_message.Message):
 Global___ProcessRequest: _TypeAlias = ProcessRequest  # noqa: Y015
 
 @_typing.final
+class EstimateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    object_id: _builtins.str
+    priority: _builtins.int
+    """As in ProcessRequest: 0 means the default."""
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Operation]: ...
+    def __init__(
+        self,
+        *,
+        object_id: _builtins.str = ...,
+        operations: _abc.Iterable[Global___Operation] | None = ...,
+        priority: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_id", b"object_id", "operations", b"operations", "priority", b"priority"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EstimateRequest: _TypeAlias = EstimateRequest  # noqa: Y015
+
+@_typing.final
+class OperationEstimate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATION_FIELD_NUMBER: _builtins.int
+    CREDITS_FIELD_NUMBER: _builtins.int
+    ALLOWANCE_CREDITS_FIELD_NUMBER: _builtins.int
+    PREDICTED_SECONDS_FIELD_NUMBER: _builtins.int
+    SAMPLES_FIELD_NUMBER: _builtins.int
+    BASIS_FIELD_NUMBER: _builtins.int
+    operation: _builtins.str
+    credits: _builtins.str
+    """Credits as decimal strings."""
+    allowance_credits: _builtins.str
+    predicted_seconds: _builtins.float
+    """Its run in seconds, predicted; absent without enough history (see basis)."""
+    samples: _builtins.int
+    """Completed attempts the prediction is made from, and how: "size", "median" or "none"."""
+    basis: _builtins.str
+    def __init__(
+        self,
+        *,
+        operation: _builtins.str = ...,
+        credits: _builtins.str = ...,
+        allowance_credits: _builtins.str = ...,
+        predicted_seconds: _builtins.float | None = ...,
+        samples: _builtins.int = ...,
+        basis: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_predicted_seconds", b"_predicted_seconds", "predicted_seconds", b"predicted_seconds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_predicted_seconds", b"_predicted_seconds", "allowance_credits", b"allowance_credits", "basis", b"basis", "credits", b"credits", "operation", b"operation", "predicted_seconds", b"predicted_seconds", "samples", b"samples"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__predicted_seconds: _TypeAlias = _typing.Literal["predicted_seconds"]  # noqa: Y015
+    _WhichOneofArgType__predicted_seconds: _TypeAlias = _typing.Literal["_predicted_seconds", b"_predicted_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__predicted_seconds) -> _WhichOneofReturnType__predicted_seconds | None: ...
+
+Global___OperationEstimate: _TypeAlias = OperationEstimate  # noqa: Y015
+
+@_typing.final
+class EstimateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ESTIMATED_CREDITS_FIELD_NUMBER: _builtins.int
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    estimated_credits: _builtins.str
+    """What Process of these operations would hold, credits as a decimal string."""
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___OperationEstimate]: ...
+    def __init__(
+        self,
+        *,
+        estimated_credits: _builtins.str = ...,
+        operations: _abc.Iterable[Global___OperationEstimate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_credits", b"estimated_credits", "operations", b"operations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EstimateResponse: _TypeAlias = EstimateResponse  # noqa: Y015
+
+@_typing.final
 class ProcessResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

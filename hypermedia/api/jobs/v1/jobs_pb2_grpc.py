@@ -55,6 +55,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ProcessRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ProcessResponse.FromString,
                 _registered_method=True)
+        self.Estimate = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/Estimate',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.EstimateRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.EstimateResponse.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/hypermedia.jobs.v1.JobService/GetJob',
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetJobRequest.SerializeToString,
@@ -132,6 +137,15 @@ class JobServiceServicer:
         """Process creates one job per operation (the seed's "Job Creation"). NOT_FOUND for an object the
         caller may not see, INVALID_ARGUMENT for an unknown operation or bad params,
         FAILED_PRECONDITION (error_code INSUFFICIENT_CREDITS) when credits are short; nothing is queued then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Estimate(self, request, context):
+        """Estimate answers what Process with these operations would hold and how long each job would
+        run (predicted from the operation's history); nothing is held or created. The errors of
+        Process before its hold.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -223,6 +237,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.Process,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ProcessRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ProcessResponse.SerializeToString,
+            ),
+            'Estimate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Estimate,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.EstimateRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.EstimateResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
@@ -374,6 +393,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/Process',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ProcessRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Estimate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/Estimate',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.EstimateRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.EstimateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,31 @@
+"""The run-time prediction of ``POST /v1/hypermedia/estimate`` (issue 22 item 3): a line on the
+input's size from the operation's history, the median where sizes did not vary, nothing from
+too little history, never faster for a larger input."""
+
+from __future__ import annotations
+
+from services.gateway.estimates import MIN_SAMPLES, fit
+
+
+def test_too_little_history_predicts_nothing() -> None:
+    assert fit([(1.0, 0.2)] * (MIN_SAMPLES - 1), 1.0).seconds is None
+    assert fit([], 1.0).basis == "none"
+
+
+def test_one_size_gives_the_median() -> None:
+    prediction = fit([(2.0, t) for t in (0.1, 0.2, 0.9, 0.3, 0.25)], 40.0)
+    assert (prediction.seconds, prediction.basis, prediction.samples) == (0.25, "median", 5)
+
+
+def test_a_line_on_size_where_size_matters() -> None:
+    history = [(s, 0.1 + 0.05 * s) for s in (1.0, 2.0, 4.0, 8.0, 16.0)]
+    prediction = fit(history, 32.0)
+    assert prediction.basis == "size"
+    assert abs((prediction.seconds or 0) - 1.7) < 1e-6
+
+
+def test_a_larger_input_is_never_predicted_faster() -> None:
+    history = [(1.0, 2.0), (2.0, 1.5), (4.0, 1.0), (8.0, 0.8), (16.0, 0.5)]  # noise that falls
+    small, large = fit(history, 1.0), fit(history, 100.0)
+    assert small.seconds == large.seconds  # the slope is clamped at 0: the mean
+    assert (large.seconds or 0) >= min(t for _, t in history)
