@@ -12,7 +12,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
-from hypermedia.core.errors import DomainError
+from hypermedia.core.errors import DomainError, InvalidArgument
 from hypermedia.infra import rpc
 from hypermedia.jobs.accounts import Caller
 from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
@@ -182,7 +182,16 @@ def operation_message(op: OperationInfo) -> jobs_pb2.OperationInfo:
 
 def _operation(op: jobs_pb2.Operation) -> dict[str, Any]:
     """``op`` as REST's JSON has it: ``{name, params}``, ``{preset}``, or with both (refused by
-    :func:`parse_operations`)."""
+    :func:`parse_operations`). A typed one (the ``typed`` oneof) is ``{name: its field's name,
+    params: its set fields}``; with a name, params or preset beside it, ``INVALID_REQUEST``."""
+    typed = op.WhichOneof("typed")
+    if typed is not None:
+        if op.name or op.preset or op.params.fields:
+            raise InvalidArgument(
+                f"operation {typed!r} is typed: give no name, params or preset beside it", "INVALID_REQUEST"
+            )
+        params = json_format.MessageToDict(getattr(op, typed), preserving_proto_field_name=True)
+        return {"name": typed, "params": params}
     if op.preset and not op.name and not op.params.fields:
         return {"preset": op.preset}
     shape: dict[str, Any] = {"name": op.name, "params": _plain(json_format.MessageToDict(op.params))}

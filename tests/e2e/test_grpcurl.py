@@ -56,6 +56,12 @@ def test_grpcurl_lists_describes_and_runs_a_job(platform: RunningPlatform, accou
         "-plaintext", platform.grpc_addr, "describe", "hypermedia.jobs.v1.ProcessRequest"
     ).stdout
     assert "string object_id = 1;" in request
+    typed = _grpcurl("-plaintext", platform.grpc_addr, "describe", "hypermedia.jobs.v1.Operation").stdout
+    assert "oneof typed {" in typed and ".hypermedia.jobs.v1.TranscodeVideoParams transcode_video" in typed
+    sizes = _grpcurl(
+        "-plaintext", platform.grpc_addr, "describe", "hypermedia.jobs.v1.ThumbnailParams"
+    ).stdout
+    assert "optional int32 size = 1;" in sizes
 
     key = account["api_key"]
     uploaded = _call(
@@ -69,7 +75,7 @@ def test_grpcurl_lists_describes_and_runs_a_job(platform: RunningPlatform, accou
         platform,
         key,
         "Process",
-        {"object_id": uploaded["object_id"], "operations": [{"name": "thumbnail", "params": {"size": 128}}]},
+        {"object_id": uploaded["object_id"], "operations": [{"thumbnail": {"size": 128}}]},  # typed params
     )
     [job_id] = created["job_ids"]
     deadline = time.monotonic() + 60

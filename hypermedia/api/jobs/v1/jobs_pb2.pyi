@@ -129,6 +129,10 @@ class Operation(_message.Message):
     """An operation: `name` with its `params`, or `preset` alone (one of the caller's presets, which
     stands for an operation and its params; REST PUT /v1/presets/{name}). A preset with a name or
     params beside it is INVALID_ARGUMENT (INVALID_REQUEST); an unknown one UNKNOWN_PRESET.
+    One operation of a request: a name with free-form params, one of the typed params below (the
+    operation is the field's name), or one of the caller's presets. Each is checked as REST's
+    {name, params} is (docs/api.md, Operations and params; GET /v1/operations has their JSON
+    Schemas). Giving a typed one with name, params or preset is INVALID_ARGUMENT.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -136,24 +140,685 @@ class Operation(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
     PRESET_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_FIELD_NUMBER: _builtins.int
+    RESIZE_FIELD_NUMBER: _builtins.int
+    COMPRESS_FIELD_NUMBER: _builtins.int
+    CONVERT_FIELD_NUMBER: _builtins.int
+    PDF_INFO_FIELD_NUMBER: _builtins.int
+    PDF_PREVIEW_FIELD_NUMBER: _builtins.int
+    TEXT_EXTRACT_FIELD_NUMBER: _builtins.int
+    OFFICE_TO_PDF_FIELD_NUMBER: _builtins.int
+    OCR_FIELD_NUMBER: _builtins.int
+    PROBE_FIELD_NUMBER: _builtins.int
+    WAVEFORM_FIELD_NUMBER: _builtins.int
+    POSTER_FIELD_NUMBER: _builtins.int
+    TRANSCODE_VIDEO_FIELD_NUMBER: _builtins.int
+    TRANSCODE_AUDIO_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     preset: _builtins.str
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def thumbnail(self) -> Global___ThumbnailParams: ...
+    @_builtins.property
+    def resize(self) -> Global___ResizeParams: ...
+    @_builtins.property
+    def compress(self) -> Global___CompressParams: ...
+    @_builtins.property
+    def convert(self) -> Global___ConvertParams: ...
+    @_builtins.property
+    def pdf_info(self) -> Global___PdfInfoParams: ...
+    @_builtins.property
+    def pdf_preview(self) -> Global___PdfPreviewParams: ...
+    @_builtins.property
+    def text_extract(self) -> Global___TextExtractParams: ...
+    @_builtins.property
+    def office_to_pdf(self) -> Global___OfficeToPdfParams: ...
+    @_builtins.property
+    def ocr(self) -> Global___OcrParams: ...
+    @_builtins.property
+    def probe(self) -> Global___ProbeParams: ...
+    @_builtins.property
+    def waveform(self) -> Global___WaveformParams: ...
+    @_builtins.property
+    def poster(self) -> Global___PosterParams: ...
+    @_builtins.property
+    def transcode_video(self) -> Global___TranscodeVideoParams: ...
+    @_builtins.property
+    def transcode_audio(self) -> Global___TranscodeAudioParams: ...
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         params: _struct_pb2.Struct | None = ...,
         preset: _builtins.str = ...,
+        thumbnail: Global___ThumbnailParams | None = ...,
+        resize: Global___ResizeParams | None = ...,
+        compress: Global___CompressParams | None = ...,
+        convert: Global___ConvertParams | None = ...,
+        pdf_info: Global___PdfInfoParams | None = ...,
+        pdf_preview: Global___PdfPreviewParams | None = ...,
+        text_extract: Global___TextExtractParams | None = ...,
+        office_to_pdf: Global___OfficeToPdfParams | None = ...,
+        ocr: Global___OcrParams | None = ...,
+        probe: Global___ProbeParams | None = ...,
+        waveform: Global___WaveformParams | None = ...,
+        poster: Global___PosterParams | None = ...,
+        transcode_video: Global___TranscodeVideoParams | None = ...,
+        transcode_audio: Global___TranscodeAudioParams | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compress", b"compress", "convert", b"convert", "ocr", b"ocr", "office_to_pdf", b"office_to_pdf", "params", b"params", "pdf_info", b"pdf_info", "pdf_preview", b"pdf_preview", "poster", b"poster", "probe", b"probe", "resize", b"resize", "text_extract", b"text_extract", "thumbnail", b"thumbnail", "transcode_audio", b"transcode_audio", "transcode_video", b"transcode_video", "typed", b"typed", "waveform", b"waveform"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "params", b"params", "preset", b"preset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compress", b"compress", "convert", b"convert", "name", b"name", "ocr", b"ocr", "office_to_pdf", b"office_to_pdf", "params", b"params", "pdf_info", b"pdf_info", "pdf_preview", b"pdf_preview", "poster", b"poster", "preset", b"preset", "probe", b"probe", "resize", b"resize", "text_extract", b"text_extract", "thumbnail", b"thumbnail", "transcode_audio", b"transcode_audio", "transcode_video", b"transcode_video", "typed", b"typed", "waveform", b"waveform"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_typed: _TypeAlias = _typing.Literal["thumbnail", "resize", "compress", "convert", "pdf_info", "pdf_preview", "text_extract", "office_to_pdf", "ocr", "probe", "waveform", "poster", "transcode_video", "transcode_audio"]  # noqa: Y015
+    _WhichOneofArgType_typed: _TypeAlias = _typing.Literal["typed", b"typed"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_typed) -> _WhichOneofReturnType_typed | None: ...
+
+Global___Operation: _TypeAlias = Operation  # noqa: Y015
+
+@_typing.final
+class ThumbnailParams(_message.Message):
+    """Unset optional fields take the operation's defaults."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIZE_FIELD_NUMBER: _builtins.int
+    size: _builtins.int
+    """Side of the square box, pixels: 1-4096, default 256."""
+    def __init__(
+        self,
+        *,
+        size: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_size", b"_size", "size", b"size"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_size", b"_size", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__size: _TypeAlias = _typing.Literal["size"]  # noqa: Y015
+    _WhichOneofArgType__size: _TypeAlias = _typing.Literal["_size", b"_size"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__size) -> _WhichOneofReturnType__size | None: ...
+
+Global___ThumbnailParams: _TypeAlias = ThumbnailParams  # noqa: Y015
+
+@_typing.final
+class ResizeParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WIDTH_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
+    FIT_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    width: _builtins.int
+    """Output width and height, pixels: 1-16384; give one or both (cover and fill need both)."""
+    height: _builtins.int
+    fit: _builtins.str
+    """contain (default), cover or fill."""
+    format: _builtins.str
+    """jpeg, png, webp or avif; default: the source's."""
+    def __init__(
+        self,
+        *,
+        width: _builtins.int | None = ...,
+        height: _builtins.int | None = ...,
+        fit: _builtins.str | None = ...,
+        format: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_fit", b"_fit", "_format", b"_format", "_height", b"_height", "_width", b"_width", "fit", b"fit", "format", b"format", "height", b"height", "width", b"width"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fit", b"_fit", "_format", b"_format", "_height", b"_height", "_width", b"_width", "fit", b"fit", "format", b"format", "height", b"height", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__fit: _TypeAlias = _typing.Literal["fit"]  # noqa: Y015
+    _WhichOneofArgType__fit: _TypeAlias = _typing.Literal["_fit", b"_fit"]  # noqa: Y015
+    _WhichOneofReturnType__format: _TypeAlias = _typing.Literal["format"]  # noqa: Y015
+    _WhichOneofArgType__format: _TypeAlias = _typing.Literal["_format", b"_format"]  # noqa: Y015
+    _WhichOneofReturnType__height: _TypeAlias = _typing.Literal["height"]  # noqa: Y015
+    _WhichOneofArgType__height: _TypeAlias = _typing.Literal["_height", b"_height"]  # noqa: Y015
+    _WhichOneofReturnType__width: _TypeAlias = _typing.Literal["width"]  # noqa: Y015
+    _WhichOneofArgType__width: _TypeAlias = _typing.Literal["_width", b"_width"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fit) -> _WhichOneofReturnType__fit | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__format) -> _WhichOneofReturnType__format | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__height) -> _WhichOneofReturnType__height | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__width) -> _WhichOneofReturnType__width | None: ...
+
+Global___ResizeParams: _TypeAlias = ResizeParams  # noqa: Y015
+
+@_typing.final
+class CompressParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUALITY_FIELD_NUMBER: _builtins.int
+    quality: _builtins.int
+    """1-100, default 75."""
+    def __init__(
+        self,
+        *,
+        quality: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_quality", b"_quality", "quality", b"quality"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quality", b"_quality", "quality", b"quality"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__quality: _TypeAlias = _typing.Literal["quality"]  # noqa: Y015
+    _WhichOneofArgType__quality: _TypeAlias = _typing.Literal["_quality", b"_quality"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quality) -> _WhichOneofReturnType__quality | None: ...
+
+Global___CompressParams: _TypeAlias = CompressParams  # noqa: Y015
+
+@_typing.final
+class ConvertParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORMAT_FIELD_NUMBER: _builtins.int
+    QUALITY_FIELD_NUMBER: _builtins.int
+    format: _builtins.str
+    """jpeg, png, webp or avif (required)."""
+    quality: _builtins.int
+    """1-100."""
+    def __init__(
+        self,
+        *,
+        format: _builtins.str = ...,
+        quality: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_quality", b"_quality", "quality", b"quality"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quality", b"_quality", "format", b"format", "quality", b"quality"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__quality: _TypeAlias = _typing.Literal["quality"]  # noqa: Y015
+    _WhichOneofArgType__quality: _TypeAlias = _typing.Literal["_quality", b"_quality"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quality) -> _WhichOneofReturnType__quality | None: ...
+
+Global___ConvertParams: _TypeAlias = ConvertParams  # noqa: Y015
+
+@_typing.final
+class PdfInfoParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    password: _builtins.str
+    """Opens an encrypted PDF; kept apart from the job and deleted when it ends."""
+    def __init__(
+        self,
+        *,
+        password: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "password", b"password"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "password", b"password"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__password: _TypeAlias = _typing.Literal["password"]  # noqa: Y015
+    _WhichOneofArgType__password: _TypeAlias = _typing.Literal["_password", b"_password"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__password) -> _WhichOneofReturnType__password | None: ...
+
+Global___PdfInfoParams: _TypeAlias = PdfInfoParams  # noqa: Y015
+
+@_typing.final
+class PdfPreviewParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGES_FIELD_NUMBER: _builtins.int
+    WIDTH_FIELD_NUMBER: _builtins.int
+    DPI_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    pages: _builtins.str
+    """Pages, 1-based: "1-3,5"; default the first."""
+    width: _builtins.int
+    """Width of each image in pixels, or dpi (default 96); not both."""
+    dpi: _builtins.int
+    format: _builtins.str
+    """webp (default), png or jpeg."""
+    password: _builtins.str
+    def __init__(
+        self,
+        *,
+        pages: _builtins.str | None = ...,
+        width: _builtins.int | None = ...,
+        dpi: _builtins.int | None = ...,
+        format: _builtins.str | None = ...,
+        password: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_dpi", b"_dpi", "_format", b"_format", "_pages", b"_pages", "_password", b"_password", "_width", b"_width", "dpi", b"dpi", "format", b"format", "pages", b"pages", "password", b"password", "width", b"width"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_dpi", b"_dpi", "_format", b"_format", "_pages", b"_pages", "_password", b"_password", "_width", b"_width", "dpi", b"dpi", "format", b"format", "pages", b"pages", "password", b"password", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__dpi: _TypeAlias = _typing.Literal["dpi"]  # noqa: Y015
+    _WhichOneofArgType__dpi: _TypeAlias = _typing.Literal["_dpi", b"_dpi"]  # noqa: Y015
+    _WhichOneofReturnType__format: _TypeAlias = _typing.Literal["format"]  # noqa: Y015
+    _WhichOneofArgType__format: _TypeAlias = _typing.Literal["_format", b"_format"]  # noqa: Y015
+    _WhichOneofReturnType__pages: _TypeAlias = _typing.Literal["pages"]  # noqa: Y015
+    _WhichOneofArgType__pages: _TypeAlias = _typing.Literal["_pages", b"_pages"]  # noqa: Y015
+    _WhichOneofReturnType__password: _TypeAlias = _typing.Literal["password"]  # noqa: Y015
+    _WhichOneofArgType__password: _TypeAlias = _typing.Literal["_password", b"_password"]  # noqa: Y015
+    _WhichOneofReturnType__width: _TypeAlias = _typing.Literal["width"]  # noqa: Y015
+    _WhichOneofArgType__width: _TypeAlias = _typing.Literal["_width", b"_width"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dpi) -> _WhichOneofReturnType__dpi | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__format) -> _WhichOneofReturnType__format | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pages) -> _WhichOneofReturnType__pages | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__password) -> _WhichOneofReturnType__password | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__width) -> _WhichOneofReturnType__width | None: ...
+
+Global___PdfPreviewParams: _TypeAlias = PdfPreviewParams  # noqa: Y015
+
+@_typing.final
+class TextExtractParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    password: _builtins.str
+    def __init__(
+        self,
+        *,
+        password: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "password", b"password"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "password", b"password"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__password: _TypeAlias = _typing.Literal["password"]  # noqa: Y015
+    _WhichOneofArgType__password: _TypeAlias = _typing.Literal["_password", b"_password"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__password) -> _WhichOneofReturnType__password | None: ...
+
+Global___TextExtractParams: _TypeAlias = TextExtractParams  # noqa: Y015
+
+@_typing.final
+class OfficeToPdfParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Operation: _TypeAlias = Operation  # noqa: Y015
+Global___OfficeToPdfParams: _TypeAlias = OfficeToPdfParams  # noqa: Y015
+
+@_typing.final
+class OcrParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANGUAGES_FIELD_NUMBER: _builtins.int
+    PAGES_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    TABLE_DETECTION_FIELD_NUMBER: _builtins.int
+    SKIP_TEXT_PAGES_FIELD_NUMBER: _builtins.int
+    ESCALATE_FIELD_NUMBER: _builtins.int
+    pages: _builtins.str
+    """Pages or frames, 1-based: "1-3,5"; default every page (at most 20)."""
+    table_detection: _builtins.bool
+    skip_text_pages: _builtins.bool
+    escalate: _builtins.bool
+    @_builtins.property
+    def languages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tesseract languages, the first the primary one (GET /v1/ocr/languages); default eng."""
+
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """text, words, hocr, searchable_pdf, tables; default text and words."""
+
+    def __init__(
+        self,
+        *,
+        languages: _abc.Iterable[_builtins.str] | None = ...,
+        pages: _builtins.str | None = ...,
+        outputs: _abc.Iterable[_builtins.str] | None = ...,
+        table_detection: _builtins.bool | None = ...,
+        skip_text_pages: _builtins.bool | None = ...,
+        escalate: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_escalate", b"_escalate", "_pages", b"_pages", "_skip_text_pages", b"_skip_text_pages", "_table_detection", b"_table_detection", "escalate", b"escalate", "pages", b"pages", "skip_text_pages", b"skip_text_pages", "table_detection", b"table_detection"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_escalate", b"_escalate", "_pages", b"_pages", "_skip_text_pages", b"_skip_text_pages", "_table_detection", b"_table_detection", "escalate", b"escalate", "languages", b"languages", "outputs", b"outputs", "pages", b"pages", "skip_text_pages", b"skip_text_pages", "table_detection", b"table_detection"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__escalate: _TypeAlias = _typing.Literal["escalate"]  # noqa: Y015
+    _WhichOneofArgType__escalate: _TypeAlias = _typing.Literal["_escalate", b"_escalate"]  # noqa: Y015
+    _WhichOneofReturnType__pages: _TypeAlias = _typing.Literal["pages"]  # noqa: Y015
+    _WhichOneofArgType__pages: _TypeAlias = _typing.Literal["_pages", b"_pages"]  # noqa: Y015
+    _WhichOneofReturnType__skip_text_pages: _TypeAlias = _typing.Literal["skip_text_pages"]  # noqa: Y015
+    _WhichOneofArgType__skip_text_pages: _TypeAlias = _typing.Literal["_skip_text_pages", b"_skip_text_pages"]  # noqa: Y015
+    _WhichOneofReturnType__table_detection: _TypeAlias = _typing.Literal["table_detection"]  # noqa: Y015
+    _WhichOneofArgType__table_detection: _TypeAlias = _typing.Literal["_table_detection", b"_table_detection"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__escalate) -> _WhichOneofReturnType__escalate | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pages) -> _WhichOneofReturnType__pages | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__skip_text_pages) -> _WhichOneofReturnType__skip_text_pages | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__table_detection) -> _WhichOneofReturnType__table_detection | None: ...
+
+Global___OcrParams: _TypeAlias = OcrParams  # noqa: Y015
+
+@_typing.final
+class ProbeParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeParams: _TypeAlias = ProbeParams  # noqa: Y015
+
+@_typing.final
+class WaveformParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUCKETS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    BUCKETS_FIELD_NUMBER: _builtins.int
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    buckets_per_second: _builtins.int
+    buckets: _builtins.int
+    channels: _builtins.str
+    """mix or separate."""
+    @_builtins.property
+    def image(self) -> Global___WaveformImage:
+        """The PNG's settings; unset: the defaults (turning the image off takes the free-form params)."""
+
+    def __init__(
+        self,
+        *,
+        buckets_per_second: _builtins.int | None = ...,
+        buckets: _builtins.int | None = ...,
+        channels: _builtins.str | None = ...,
+        image: Global___WaveformImage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_buckets", b"_buckets", "_buckets_per_second", b"_buckets_per_second", "_channels", b"_channels", "buckets", b"buckets", "buckets_per_second", b"buckets_per_second", "channels", b"channels", "image", b"image"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_buckets", b"_buckets", "_buckets_per_second", b"_buckets_per_second", "_channels", b"_channels", "buckets", b"buckets", "buckets_per_second", b"buckets_per_second", "channels", b"channels", "image", b"image"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__buckets: _TypeAlias = _typing.Literal["buckets"]  # noqa: Y015
+    _WhichOneofArgType__buckets: _TypeAlias = _typing.Literal["_buckets", b"_buckets"]  # noqa: Y015
+    _WhichOneofReturnType__buckets_per_second: _TypeAlias = _typing.Literal["buckets_per_second"]  # noqa: Y015
+    _WhichOneofArgType__buckets_per_second: _TypeAlias = _typing.Literal["_buckets_per_second", b"_buckets_per_second"]  # noqa: Y015
+    _WhichOneofReturnType__channels: _TypeAlias = _typing.Literal["channels"]  # noqa: Y015
+    _WhichOneofArgType__channels: _TypeAlias = _typing.Literal["_channels", b"_channels"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__buckets) -> _WhichOneofReturnType__buckets | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__buckets_per_second) -> _WhichOneofReturnType__buckets_per_second | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__channels) -> _WhichOneofReturnType__channels | None: ...
+
+Global___WaveformParams: _TypeAlias = WaveformParams  # noqa: Y015
+
+@_typing.final
+class WaveformImage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WIDTH_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
+    COLOR_FIELD_NUMBER: _builtins.int
+    BACKGROUND_FIELD_NUMBER: _builtins.int
+    width: _builtins.int
+    height: _builtins.int
+    color: _builtins.str
+    """"#RRGGBB"."""
+    background: _builtins.str
+    """"#RRGGBB" or "transparent"."""
+    def __init__(
+        self,
+        *,
+        width: _builtins.int | None = ...,
+        height: _builtins.int | None = ...,
+        color: _builtins.str | None = ...,
+        background: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_color", b"_color", "_height", b"_height", "_width", b"_width", "background", b"background", "color", b"color", "height", b"height", "width", b"width"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_color", b"_color", "_height", b"_height", "_width", b"_width", "background", b"background", "color", b"color", "height", b"height", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__background: _TypeAlias = _typing.Literal["background"]  # noqa: Y015
+    _WhichOneofArgType__background: _TypeAlias = _typing.Literal["_background", b"_background"]  # noqa: Y015
+    _WhichOneofReturnType__color: _TypeAlias = _typing.Literal["color"]  # noqa: Y015
+    _WhichOneofArgType__color: _TypeAlias = _typing.Literal["_color", b"_color"]  # noqa: Y015
+    _WhichOneofReturnType__height: _TypeAlias = _typing.Literal["height"]  # noqa: Y015
+    _WhichOneofArgType__height: _TypeAlias = _typing.Literal["_height", b"_height"]  # noqa: Y015
+    _WhichOneofReturnType__width: _TypeAlias = _typing.Literal["width"]  # noqa: Y015
+    _WhichOneofArgType__width: _TypeAlias = _typing.Literal["_width", b"_width"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__background) -> _WhichOneofReturnType__background | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__color) -> _WhichOneofReturnType__color | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__height) -> _WhichOneofReturnType__height | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__width) -> _WhichOneofReturnType__width | None: ...
+
+Global___WaveformImage: _TypeAlias = WaveformImage  # noqa: Y015
+
+@_typing.final
+class PosterParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WIDTH_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    QUALITY_FIELD_NUMBER: _builtins.int
+    SPRITE_FIELD_NUMBER: _builtins.int
+    width: _builtins.int
+    format: _builtins.str
+    """jpeg (default), webp or png."""
+    quality: _builtins.int
+    @_builtins.property
+    def sprite(self) -> Global___PosterSprite:
+        """Set (even empty): a sprite sheet of thumbnails and its WebVTT index; unset: none."""
+
+    def __init__(
+        self,
+        *,
+        width: _builtins.int | None = ...,
+        format: _builtins.str | None = ...,
+        quality: _builtins.int | None = ...,
+        sprite: Global___PosterSprite | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_format", b"_format", "_quality", b"_quality", "_width", b"_width", "format", b"format", "quality", b"quality", "sprite", b"sprite", "width", b"width"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_format", b"_format", "_quality", b"_quality", "_width", b"_width", "format", b"format", "quality", b"quality", "sprite", b"sprite", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__format: _TypeAlias = _typing.Literal["format"]  # noqa: Y015
+    _WhichOneofArgType__format: _TypeAlias = _typing.Literal["_format", b"_format"]  # noqa: Y015
+    _WhichOneofReturnType__quality: _TypeAlias = _typing.Literal["quality"]  # noqa: Y015
+    _WhichOneofArgType__quality: _TypeAlias = _typing.Literal["_quality", b"_quality"]  # noqa: Y015
+    _WhichOneofReturnType__width: _TypeAlias = _typing.Literal["width"]  # noqa: Y015
+    _WhichOneofArgType__width: _TypeAlias = _typing.Literal["_width", b"_width"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__format) -> _WhichOneofReturnType__format | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quality) -> _WhichOneofReturnType__quality | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__width) -> _WhichOneofReturnType__width | None: ...
+
+Global___PosterParams: _TypeAlias = PosterParams  # noqa: Y015
+
+@_typing.final
+class PosterSprite(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
+    WIDTH_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    columns: _builtins.int
+    width: _builtins.int
+    def __init__(
+        self,
+        *,
+        count: _builtins.int | None = ...,
+        columns: _builtins.int | None = ...,
+        width: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_columns", b"_columns", "_count", b"_count", "_width", b"_width", "columns", b"columns", "count", b"count", "width", b"width"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_columns", b"_columns", "_count", b"_count", "_width", b"_width", "columns", b"columns", "count", b"count", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__columns: _TypeAlias = _typing.Literal["columns"]  # noqa: Y015
+    _WhichOneofArgType__columns: _TypeAlias = _typing.Literal["_columns", b"_columns"]  # noqa: Y015
+    _WhichOneofReturnType__count: _TypeAlias = _typing.Literal["count"]  # noqa: Y015
+    _WhichOneofArgType__count: _TypeAlias = _typing.Literal["_count", b"_count"]  # noqa: Y015
+    _WhichOneofReturnType__width: _TypeAlias = _typing.Literal["width"]  # noqa: Y015
+    _WhichOneofArgType__width: _TypeAlias = _typing.Literal["_width", b"_width"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__columns) -> _WhichOneofReturnType__columns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__count) -> _WhichOneofReturnType__count | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__width) -> _WhichOneofReturnType__width | None: ...
+
+Global___PosterSprite: _TypeAlias = PosterSprite  # noqa: Y015
+
+@_typing.final
+class TranscodeVideoParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODEC_FIELD_NUMBER: _builtins.int
+    HEIGHTS_FIELD_NUMBER: _builtins.int
+    QUALITY_FIELD_NUMBER: _builtins.int
+    PRESET_FIELD_NUMBER: _builtins.int
+    AUDIO_BITRATE_FIELD_NUMBER: _builtins.int
+    HLS_FIELD_NUMBER: _builtins.int
+    HLS_SEGMENT_SECONDS_FIELD_NUMBER: _builtins.int
+    codec: _builtins.str
+    """h264 (default), vp9 or av1."""
+    quality: _builtins.int
+    preset: _builtins.str
+    audio_bitrate: _builtins.int
+    hls: _builtins.bool
+    hls_segment_seconds: _builtins.int
+    @_builtins.property
+    def heights(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The ladder's heights, e.g. [720, 480]; default 1080, 720, 480, 360 (never upscaled)."""
+
+    def __init__(
+        self,
+        *,
+        codec: _builtins.str | None = ...,
+        heights: _abc.Iterable[_builtins.int] | None = ...,
+        quality: _builtins.int | None = ...,
+        preset: _builtins.str | None = ...,
+        audio_bitrate: _builtins.int | None = ...,
+        hls: _builtins.bool | None = ...,
+        hls_segment_seconds: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_audio_bitrate", b"_audio_bitrate", "_codec", b"_codec", "_hls", b"_hls", "_hls_segment_seconds", b"_hls_segment_seconds", "_preset", b"_preset", "_quality", b"_quality", "audio_bitrate", b"audio_bitrate", "codec", b"codec", "hls", b"hls", "hls_segment_seconds", b"hls_segment_seconds", "preset", b"preset", "quality", b"quality"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_audio_bitrate", b"_audio_bitrate", "_codec", b"_codec", "_hls", b"_hls", "_hls_segment_seconds", b"_hls_segment_seconds", "_preset", b"_preset", "_quality", b"_quality", "audio_bitrate", b"audio_bitrate", "codec", b"codec", "heights", b"heights", "hls", b"hls", "hls_segment_seconds", b"hls_segment_seconds", "preset", b"preset", "quality", b"quality"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__audio_bitrate: _TypeAlias = _typing.Literal["audio_bitrate"]  # noqa: Y015
+    _WhichOneofArgType__audio_bitrate: _TypeAlias = _typing.Literal["_audio_bitrate", b"_audio_bitrate"]  # noqa: Y015
+    _WhichOneofReturnType__codec: _TypeAlias = _typing.Literal["codec"]  # noqa: Y015
+    _WhichOneofArgType__codec: _TypeAlias = _typing.Literal["_codec", b"_codec"]  # noqa: Y015
+    _WhichOneofReturnType__hls: _TypeAlias = _typing.Literal["hls"]  # noqa: Y015
+    _WhichOneofArgType__hls: _TypeAlias = _typing.Literal["_hls", b"_hls"]  # noqa: Y015
+    _WhichOneofReturnType__hls_segment_seconds: _TypeAlias = _typing.Literal["hls_segment_seconds"]  # noqa: Y015
+    _WhichOneofArgType__hls_segment_seconds: _TypeAlias = _typing.Literal["_hls_segment_seconds", b"_hls_segment_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__preset: _TypeAlias = _typing.Literal["preset"]  # noqa: Y015
+    _WhichOneofArgType__preset: _TypeAlias = _typing.Literal["_preset", b"_preset"]  # noqa: Y015
+    _WhichOneofReturnType__quality: _TypeAlias = _typing.Literal["quality"]  # noqa: Y015
+    _WhichOneofArgType__quality: _TypeAlias = _typing.Literal["_quality", b"_quality"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__audio_bitrate) -> _WhichOneofReturnType__audio_bitrate | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__codec) -> _WhichOneofReturnType__codec | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__hls) -> _WhichOneofReturnType__hls | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__hls_segment_seconds) -> _WhichOneofReturnType__hls_segment_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__preset) -> _WhichOneofReturnType__preset | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quality) -> _WhichOneofReturnType__quality | None: ...
+
+Global___TranscodeVideoParams: _TypeAlias = TranscodeVideoParams  # noqa: Y015
+
+@_typing.final
+class TranscodeAudioParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORMAT_FIELD_NUMBER: _builtins.int
+    BITRATE_FIELD_NUMBER: _builtins.int
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    LOUDNESS_FIELD_NUMBER: _builtins.int
+    format: _builtins.str
+    """aac (default), mp3 or opus."""
+    bitrate: _builtins.int
+    channels: _builtins.int
+    @_builtins.property
+    def loudness(self) -> Global___TranscodeLoudness:
+        """Set (even empty): EBU R 128 loudness normalisation to these targets; unset: levels kept."""
+
+    def __init__(
+        self,
+        *,
+        format: _builtins.str | None = ...,
+        bitrate: _builtins.int | None = ...,
+        channels: _builtins.int | None = ...,
+        loudness: Global___TranscodeLoudness | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bitrate", b"_bitrate", "_channels", b"_channels", "_format", b"_format", "bitrate", b"bitrate", "channels", b"channels", "format", b"format", "loudness", b"loudness"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bitrate", b"_bitrate", "_channels", b"_channels", "_format", b"_format", "bitrate", b"bitrate", "channels", b"channels", "format", b"format", "loudness", b"loudness"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__bitrate: _TypeAlias = _typing.Literal["bitrate"]  # noqa: Y015
+    _WhichOneofArgType__bitrate: _TypeAlias = _typing.Literal["_bitrate", b"_bitrate"]  # noqa: Y015
+    _WhichOneofReturnType__channels: _TypeAlias = _typing.Literal["channels"]  # noqa: Y015
+    _WhichOneofArgType__channels: _TypeAlias = _typing.Literal["_channels", b"_channels"]  # noqa: Y015
+    _WhichOneofReturnType__format: _TypeAlias = _typing.Literal["format"]  # noqa: Y015
+    _WhichOneofArgType__format: _TypeAlias = _typing.Literal["_format", b"_format"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bitrate) -> _WhichOneofReturnType__bitrate | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__channels) -> _WhichOneofReturnType__channels | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__format) -> _WhichOneofReturnType__format | None: ...
+
+Global___TranscodeAudioParams: _TypeAlias = TranscodeAudioParams  # noqa: Y015
+
+@_typing.final
+class TranscodeLoudness(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_LUFS_FIELD_NUMBER: _builtins.int
+    TRUE_PEAK_DB_FIELD_NUMBER: _builtins.int
+    target_lufs: _builtins.float
+    true_peak_db: _builtins.float
+    def __init__(
+        self,
+        *,
+        target_lufs: _builtins.float | None = ...,
+        true_peak_db: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_target_lufs", b"_target_lufs", "_true_peak_db", b"_true_peak_db", "target_lufs", b"target_lufs", "true_peak_db", b"true_peak_db"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_target_lufs", b"_target_lufs", "_true_peak_db", b"_true_peak_db", "target_lufs", b"target_lufs", "true_peak_db", b"true_peak_db"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__target_lufs: _TypeAlias = _typing.Literal["target_lufs"]  # noqa: Y015
+    _WhichOneofArgType__target_lufs: _TypeAlias = _typing.Literal["_target_lufs", b"_target_lufs"]  # noqa: Y015
+    _WhichOneofReturnType__true_peak_db: _TypeAlias = _typing.Literal["true_peak_db"]  # noqa: Y015
+    _WhichOneofArgType__true_peak_db: _TypeAlias = _typing.Literal["_true_peak_db", b"_true_peak_db"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__target_lufs) -> _WhichOneofReturnType__target_lufs | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__true_peak_db) -> _WhichOneofReturnType__true_peak_db | None: ...
+
+Global___TranscodeLoudness: _TypeAlias = TranscodeLoudness  # noqa: Y015
 
 @_typing.final
 class GetObjectRequest(_message.Message):
