@@ -1,7 +1,7 @@
 """How long a job of an operation will take, predicted from the history of that operation's
 attempts (``POST /v1/hypermedia/estimate``): a least-squares line of the run time on the input's
-size over the last :data:`HISTORY` completed attempts, so a 40 MB scan is predicted longer than a
-2 MB one where the history shows sizes matter, and the median where it does not."""
+size over the last :data:`HISTORY` completed attempts where size explains the run times (a 40 MB
+scan predicted longer than a 2 MB one), and their median where it does not."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ HISTORY: Final = 200
 MIN_SAMPLES: Final = 5
 """Fewer completed attempts than this: no prediction (``predicted_seconds`` null)."""
 MIB: Final = 1024 * 1024
+MIN_EXPLAINED: Final = 0.5
+"""The share of the run times' variance the size must explain (r²) for the line to be used."""
 
 
 @dataclass(frozen=True)
@@ -25,23 +27,28 @@ class Prediction:
     seconds: float | None
     samples: int
     basis: str
-    """``size`` (a line on the input's size), ``median`` (sizes did not vary) or ``none``."""
+    """``size`` (a line on the input's size), ``median`` (size explained too little) or ``none``."""
 
 
 def fit(history: list[tuple[float, float]], size_mb: float) -> Prediction:
     """The run time of an input of ``size_mb`` MiB predicted from ``(size_mb, seconds)`` pairs:
-    ordinary least squares, the slope clamped at 0 (a larger input is never predicted faster) and
-    the result at the fastest seen; the median when the sizes did not vary."""
+    ordinary least squares where size explains at least :data:`MIN_EXPLAINED` of the run times'
+    variance and a larger input ran longer (the result at least the fastest seen); else the
+    median."""
     if len(history) < MIN_SAMPLES:
         return Prediction(None, len(history), "none")
     sizes = [s for s, _ in history]
     seconds = [t for _, t in history]
     mean_size, mean_time = statistics.fmean(sizes), statistics.fmean(seconds)
     spread = sum((s - mean_size) ** 2 for s in sizes)
-    if spread < 1e-9:
+    time_spread = sum((t - mean_time) ** 2 for t in seconds)
+    covariance = sum((s - mean_size) * (t - mean_time) for s, t in history)
+    explained = covariance**2 / (spread * time_spread) if spread > 1e-9 and time_spread > 1e-12 else 0.0
+    if explained < MIN_EXPLAINED or covariance <= 0:
+        # Size says little about the run here (a thumbnail's cost is its pixels, not its bytes):
+        # the median is the better guess (bench/estimate_accuracy.py measured both).
         return Prediction(round(statistics.median(seconds), 3), len(history), "median")
-    slope = max(0.0, sum((s - mean_size) * (t - mean_time) for s, t in history) / spread)
-    predicted = max(min(seconds), mean_time + slope * (size_mb - mean_size))
+    predicted = max(min(seconds), mean_time + covariance / spread * (size_mb - mean_size))
     return Prediction(round(predicted, 3), len(history), "size")
 
 

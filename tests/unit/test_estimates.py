@@ -1,6 +1,6 @@
 """The run-time prediction of ``POST /v1/hypermedia/estimate`` (issue 22 item 3): a line on the
-input's size from the operation's history, the median where sizes did not vary, nothing from
-too little history, never faster for a larger input."""
+input's size from the operation's history where size explains the run times, else the median;
+nothing from too little history; never faster for a larger input."""
 
 from __future__ import annotations
 
@@ -25,7 +25,12 @@ def test_a_line_on_size_where_size_matters() -> None:
 
 
 def test_a_larger_input_is_never_predicted_faster() -> None:
-    history = [(1.0, 2.0), (2.0, 1.5), (4.0, 1.0), (8.0, 0.8), (16.0, 0.5)]  # noise that falls
+    history = [(1.0, 2.0), (2.0, 1.5), (4.0, 1.0), (8.0, 0.8), (16.0, 0.5)]  # runs that fall with size
     small, large = fit(history, 1.0), fit(history, 100.0)
-    assert small.seconds == large.seconds  # the slope is clamped at 0: the mean
-    assert (large.seconds or 0) >= min(t for _, t in history)
+    assert small == large and small.basis == "median" and small.seconds == 1.0
+
+
+def test_where_size_explains_little_the_median() -> None:
+    history = [(1.0, 0.3), (2.0, 0.1), (4.0, 0.5), (8.0, 0.2), (16.0, 0.35), (0.5, 0.45)]  # noise
+    prediction = fit(history, 16.0)
+    assert (prediction.basis, prediction.seconds) == ("median", 0.325)
