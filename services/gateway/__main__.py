@@ -26,7 +26,7 @@ from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.events import JobEventHub
 from hypermedia.jobs.outbox import OutboxRelay
 from hypermedia.jobs.settlement import Settlement
-from services.gateway import backfills_grpc, operators_api
+from services.gateway import backfills_grpc, dashboard, operators_api
 from services.gateway.accounts import Accounts
 from services.gateway.backfill_runner import BackfillRunner
 from services.gateway.backfills import Backfills
@@ -166,7 +166,14 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         settings.http_host, settings.http_port, limits=http_limits, reserve_paths=HEALTH_PATHS
     )
     await http_server.start(
-        build_app(api, authenticate, readiness, resolver, settings.max_concurrent_uploads_per_account)
+        build_app(
+            api,
+            authenticate,
+            readiness,
+            resolver,
+            settings.max_concurrent_uploads_per_account,
+            pages=dashboard.router(api, pool, authenticate, dashboard.Sessions.from_secret(secret_key)),
+        )
     )
     stack.push_async_callback(http_server.stop)
 

@@ -14,7 +14,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import Depends, FastAPI, File, Header, Query, Request, Response, UploadFile
+from fastapi import APIRouter, Depends, FastAPI, File, Header, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi_offline import FastAPIOffline
@@ -479,12 +479,14 @@ def build_app(
     readiness: Readiness,
     resolver: OutputResolver,
     max_bodies_per_account: int = 0,
+    pages: APIRouter | None = None,
 ) -> FastAPI:
     """The FastAPI application over the use cases ``api``, their results rendered by the
     functions above; ``authenticate`` maps an Authorization header to a
     caller; ``readiness`` reports each dependency for ``/readyz``; ``resolver`` serves resolved
     playlists and WebVTT outputs; ``max_bodies_per_account`` caps one account's requests with a
-    body in progress (``HM_MAX_CONCURRENT_UPLOADS_PER_ACCOUNT``; 0: no cap)."""
+    body in progress (``HM_MAX_CONCURRENT_UPLOADS_PER_ACCOUNT``; 0: no cap); ``pages``, the web
+    dashboard's routes (:mod:`services.gateway.dashboard`), when given."""
     # The docs pages with their assets bundled (fastapi-offline), not from a CDN: /docs, /redoc.
     app = FastAPIOffline(
         title="hypermedia",
@@ -561,6 +563,8 @@ def build_app(
     app.include_router(operators_api.router(api.operators, caller))
     app.include_router(presets_api.router(api.presets, caller))
     app.include_router(backfills_api.router(api.backfills, caller))
+    if pages is not None:
+        app.include_router(pages)
 
     @app.post("/v1/objects", status_code=201, response_model=ObjectOut)
     async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:

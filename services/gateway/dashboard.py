@@ -1,0 +1,277 @@
+"""The web dashboard at ``/dashboard`` (issue 22 item 6, ADR 0067): server-rendered pages, no
+script and nothing from another origin. Sign in with an API key; the session is a signed cookie
+(HttpOnly, SameSite=Strict, 8 hours) naming the account, never holding the key. Pages: the
+account's balance and its waiting jobs by queue and band (every account's for an admin), its jobs
+filtered by status and operation, a page per job (attempts with worker, duration, peak memory and
+error; outputs with image previews; cancel and retry). Forms that change something carry a token
+derived from the session (CSRF).
+
+Every value shown goes through Jinja's autoescape: file names, params and error messages come
+from users."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Final
+
+import asyncpg
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from hypermedia.core.errors import DomainError, Unauthenticated
+from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.pricing import as_credits
+from services.gateway.process_request import OperationRequest
+from services.gateway.status import JOB_STATUSES, JobFilter
+from services.gateway.usecases import UseCases
+
+COOKIE: Final = "hm_session"
+SESSION_SECONDS: Final = 8 * 3600
+"""How long a sign-in lasts (a revoked key's session ends at the latest then)."""
+
+_templates = Environment(
+    loader=FileSystemLoader(Path(__file__).with_name("dashboard_templates")),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+)
+
+
+class Sessions:
+    """Signed session tokens: ``base64(json{account_id, pool_id, is_admin, expires}).hmac``."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def from_secret(cls, secret: str) -> Sessions:
+        """Keyed from ``HM_GATEWAY_SECRET_KEY`` (sessions survive restarts and hold across
+        replicas); without one, a key of this process."""
+        key = (
+            hmac.new(secret.encode(), b"hypermedia dashboard session", hashlib.sha256).digest()
+            if secret
+            else b""
+        )
+        return cls(key or secrets.token_bytes(32))
+
+    def issue(self, caller: Caller, now: float | None = None) -> str:
+        body = {"a": caller.account_id, "p": caller.pool_id, "x": caller.is_admin}
+        body["e"] = int((now or time.time()) + SESSION_SECONDS)
+        data = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
+        return f"{data}.{self._sign(data)}"
+
+    def read(self, token: str | None, now: float | None = None) -> Caller | None:
+        """The session's caller, or None for no token, a bad signature or an expired one."""
+        if not token or "." not in token:
+            return None
+        data, _, signature = token.rpartition(".")
+        if not hmac.compare_digest(self._sign(data), signature):
+            return None
+        try:
+            body = json.loads(base64.urlsafe_b64decode(data.encode()))
+        except ValueError:
+            return None
+        if int(body["e"]) < (now or time.time()):
+            return None
+        return Caller(account_id=str(body["a"]), pool_id=str(body["p"]), is_admin=bool(body["x"]))
+
+    def csrf(self, token: str) -> str:
+        """The forms' token of a session (a page of another origin cannot read it)."""
+        return self._sign("csrf:" + token)
+
+    def _sign(self, data: str) -> str:
+        return hmac.new(self._key, data.encode(), hashlib.sha256).hexdigest()
+
+
+async def queue_summary(pool: asyncpg.Pool, caller: Caller) -> list[dict[str, Any]]:
+    """Queued jobs per queue and priority band with the oldest one's age (seconds): the caller's,
+    or every account's for an admin."""
+    rows = await pool.fetch(
+        """
+        SELECT queue, priority, count(*) AS jobs,
+               extract(epoch FROM now() - min(coalesce(queued_at, created_at)))::float8 AS oldest
+        FROM processing_jobs
+        WHERE status = 'queued' AND ($1::boolean OR account_id = $2::uuid)
+        GROUP BY queue, priority ORDER BY queue, priority
+        """,
+        caller.is_admin,
+        caller.account_id,
+    )
+    return [dict(r) for r in rows]
+
+
+def router(
+    api: UseCases,
+    pool: asyncpg.Pool,
+    authenticate: Callable[[str | None], Awaitable[Caller]],
+    sessions: Sessions,
+) -> APIRouter:
+    """The dashboard's routes, outside the OpenAPI document (pages, not the API)."""
+    pages = APIRouter(prefix="/dashboard", include_in_schema=False)
+
+    def render(name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+        return HTMLResponse(_templates.get_template(name).render(**values), status_code=status_code)
+
+    def signed_in(request: Request) -> tuple[Caller, str] | None:
+        token = request.cookies.get(COOKIE)
+        caller = sessions.read(token)
+        return (caller, sessions.csrf(token or "")) if caller else None
+
+    def to_login() -> RedirectResponse:
+        return RedirectResponse("/dashboard/login", status_code=303)
+
+    @pages.get("/login")
+    async def login_page() -> HTMLResponse:
+        return render("login.html", error=None)
+
+    @pages.post("/login")
+    async def login(api_key: str = Form(..., max_length=200)) -> Response:
+        try:
+            caller = await authenticate(f"Bearer {api_key.strip()}")
+        except Unauthenticated:
+            return render("login.html", status_code=401, error="That API key is not known (or was revoked).")
+        response = RedirectResponse("/dashboard", status_code=303)
+        response.set_cookie(
+            COOKIE,
+            sessions.issue(caller),
+            max_age=SESSION_SECONDS,
+            httponly=True,
+            samesite="strict",
+            path="/dashboard",
+        )
+        return response
+
+    @pages.post("/logout")
+    async def logout() -> Response:
+        response = RedirectResponse("/dashboard/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/dashboard")
+        return response
+
+    @pages.get("")
+    async def overview(request: Request) -> Response:
+        session = signed_in(request)
+        if session is None:
+            return to_login()
+        caller, csrf = session
+        balance = await api.accounts.balance(caller)
+        return render(
+            "overview.html",
+            caller=caller,
+            csrf=csrf,
+            balance={
+                "balance": as_credits(balance.balance_millicredits),
+                "held": as_credits(balance.held_millicredits),
+                "available": as_credits(balance.available_millicredits),
+            },
+            queues=await queue_summary(pool, caller),
+        )
+
+    @pages.get("/jobs")
+    async def jobs(
+        request: Request,
+        status: str = Query("", max_length=40),
+        operation: str = Query("", max_length=64),
+        cursor: str = Query("", max_length=400),
+    ) -> Response:
+        session = signed_in(request)
+        if session is None:
+            return to_login()
+        caller, csrf = session
+        filters = JobFilter((status,) if status else (), operation or None, None, None, None)
+        try:
+            page = await api.status.list_jobs(caller, filters, 50, cursor or None)
+            error = None
+        except DomainError as exc:
+            page, error = None, exc.public_message
+        return render(
+            "jobs.html",
+            caller=caller,
+            csrf=csrf,
+            page=page,
+            error=error,
+            statuses=JOB_STATUSES,
+            status=status,
+            operation=operation,
+        )
+
+    @pages.get("/jobs/{job_id}")
+    async def job(request: Request, job_id: str) -> Response:
+        session = signed_in(request)
+        if session is None:
+            return to_login()
+        caller, csrf = session
+        try:
+            found = await api.status.get_job(caller, job_id)
+        except DomainError as exc:
+            return render(
+                "missing.html",
+                status_code=exc.http_status,
+                caller=caller,
+                csrf=csrf,
+                error=exc.public_message,
+            )
+        return render("job.html", caller=caller, csrf=csrf, job=found, credits=as_credits)
+
+    @pages.get("/jobs/{job_id}/outputs/{output_type}")
+    async def output(request: Request, job_id: str, output_type: str) -> Response:
+        session = signed_in(request)
+        if session is None:
+            return Response(status_code=401)
+        try:
+            link = await api.status.output_link(session[0], job_id, output_type)
+        except DomainError as exc:
+            return Response(status_code=exc.http_status)
+        return Response(status_code=307, headers={"Location": link.url, "Cache-Control": "private, no-store"})
+
+    @pages.post("/jobs/{job_id}/cancel")
+    async def cancel(request: Request, job_id: str, csrf: str = Form(..., max_length=100)) -> Response:
+        session = signed_in(request)
+        if session is None or not hmac.compare_digest(csrf, session[1]):
+            return Response("the form is stale: sign in again", status_code=403)
+        try:
+            await api.cancellation.cancel_job(session[0], job_id)
+        except DomainError as exc:
+            return render(
+                "missing.html",
+                status_code=exc.http_status,
+                caller=session[0],
+                csrf=session[1],
+                error=exc.public_message,
+            )
+        return RedirectResponse(f"/dashboard/jobs/{job_id}", status_code=303)
+
+    @pages.post("/jobs/{job_id}/retry")
+    async def retry(request: Request, job_id: str, csrf: str = Form(..., max_length=100)) -> Response:
+        """A new job of the same operation, params, priority and queue on the same object (the old
+        one stays as it is)."""
+        session = signed_in(request)
+        if session is None or not hmac.compare_digest(csrf, session[1]):
+            return Response("the form is stale: sign in again", status_code=403)
+        caller = session[0]
+        try:
+            old = await api.status.get_job(caller, job_id)
+            created = await api.creation.process(
+                caller,
+                old.object_id,
+                [OperationRequest(old.operation, dict(old.params))],
+                old.priority,
+                None,
+                queue="bulk" if old.queue.startswith("bulk.") else None,  # its lane of the bulk queue again
+            )
+        except DomainError as exc:
+            return render(
+                "missing.html",
+                status_code=exc.http_status,
+                caller=caller,
+                csrf=session[1],
+                error=exc.public_message,
+            )
+        return RedirectResponse(f"/dashboard/jobs/{created.job_ids[0]}", status_code=303)
+
+    return pages

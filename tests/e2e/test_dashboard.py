@@ -1,0 +1,128 @@
+"""The web dashboard (issue 22 item 6) clicked through in a real headless browser (Debian's
+chromium through Selenium and chromedriver, which make test installs): sign in with an API key,
+the credits and the waiting jobs, the jobs list and a job's page with its attempt and its
+thumbnail shown, cancel a waiting job and run it again, sign out. A job of the ``bulk.documents``
+lane, which the session's platform does not run, stays queued for as long as the test needs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from tests.e2e.conftest import RunningPlatform, upload, wait_job
+
+PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_3.jpg"
+PDF = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "pdf" / "google-doc-document.pdf"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "make test installs Debian's chromium and chromium-driver"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(flag)
+    session = webdriver.Chrome(service=Service(driver), options=options)
+    session.set_page_load_timeout(30)
+    try:
+        yield session
+    finally:
+        session.quit()
+
+
+def _text(browser: WebDriver, css: str) -> str:
+    return str(browser.find_element(By.CSS_SELECTOR, css).text)
+
+
+def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
+    platform: RunningPlatform, browser: WebDriver
+) -> None:
+    account: dict[str, Any] = platform.admin("create-account", "--credits", "50")
+    base = platform.rest_url
+    with platform.client(account) as client:
+        photo = upload(client, PHOTO)
+        done = client.post(
+            "/v1/hypermedia/process", json={"object_id": photo["object_id"], "operations": ["thumbnail"]}
+        )
+        thumbnail = wait_job(client, done.json()["job_ids"][0])
+        pdf = upload(client, PDF)
+        waiting = client.post(
+            "/v1/hypermedia/process",
+            json={"object_id": pdf["object_id"], "operations": ["pdf_info"], "queue": "bulk"},
+        ).json()["job_ids"][0]
+
+    browser.get(f"{base}/dashboard")
+    assert browser.current_url.endswith("/dashboard/login")
+    browser.find_element(By.NAME, "api_key").send_keys("hm_000000000000_wrong")
+    browser.find_element(By.CSS_SELECTOR, "form button").click()
+    assert "not known" in _text(browser, "[role=alert]")
+
+    browser.find_element(By.NAME, "api_key").send_keys(account["api_key"])
+    browser.find_element(By.CSS_SELECTOR, "form button").click()
+    assert browser.current_url.endswith("/dashboard")
+    credits = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#credits td")]
+    assert float(credits[0]) == pytest.approx(50 - thumbnail["actual_credits"])
+    assert float(credits[1]) > 0  # the waiting job's hold
+    queues = [
+        [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        for row in browser.find_elements(By.CSS_SELECTOR, "#queues tr")[1:]
+    ]
+    assert [q[:3] for q in queues] == [["bulk.documents", "8", "1"]]
+
+    browser.find_element(By.LINK_TEXT, "Jobs").click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
+    assert {r.find_element(By.TAG_NAME, "code").text for r in rows} == {thumbnail["job_id"], waiting}
+    browser.find_element(By.LINK_TEXT, thumbnail["job_id"]).click()
+    assert _text(browser, "#status") == "completed"
+    [attempt] = browser.find_elements(By.CSS_SELECTOR, "#attempts tr")[1:]
+    cells = [c.text for c in attempt.find_elements(By.TAG_NAME, "td")]
+    assert cells[1] == thumbnail["attempts"][0]["worker_id"] and cells[2] == "completed"
+    assert re.fullmatch(r"\d+ ms", cells[3]) and re.fullmatch(r"\d+ MiB", cells[4])
+    preview = browser.find_element(By.CSS_SELECTOR, "figure[data-output=thumbnail] img")
+    assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", preview) == 256
+
+    browser.get(f"{base}/dashboard/jobs?status=queued")
+    [row] = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
+    row.find_element(By.TAG_NAME, "a").click()
+    assert _text(browser, "#status") == "queued"
+    browser.find_element(By.ID, "cancel").click()
+    assert _text(browser, "#status") == "cancelled"
+    browser.find_element(By.ID, "retry").click()
+    again = browser.current_url.rsplit("/", 1)[1]
+    assert again != waiting and _text(browser, "#status") == "queued"
+    browser.find_element(By.ID, "cancel").click()
+    assert _text(browser, "#status") == "cancelled"
+
+    browser.find_element(By.CSS_SELECTOR, "header form button").click()
+    browser.get(f"{base}/dashboard/jobs")
+    assert browser.current_url.endswith("/dashboard/login")
+
+
+def test_a_form_without_the_sessions_token_changes_nothing(platform: RunningPlatform) -> None:
+    """A page of another origin could post the form (the cookie is SameSite=Strict too), but it
+    cannot read the token: the cancel is refused and the job keeps waiting."""
+    account: dict[str, Any] = platform.admin("create-account", "--credits", "10")
+    with platform.client(account) as client:
+        pdf = upload(client, PDF)
+        job_id = client.post(
+            "/v1/hypermedia/process",
+            json={"object_id": pdf["object_id"], "operations": ["pdf_info"], "queue": "bulk"},
+        ).json()["job_ids"][0]
+        with httpx.Client(base_url=platform.rest_url, follow_redirects=False, timeout=10) as page:
+            assert page.post("/dashboard/login", data={"api_key": account["api_key"]}).status_code == 303
+            forged = page.post(f"/dashboard/jobs/{job_id}/cancel", data={"csrf": "0" * 64})
+            assert forged.status_code == 403
+            assert page.get(f"/dashboard/jobs/{job_id}").status_code == 200
+        assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+        assert client.post(f"/v1/jobs/{job_id}:cancel").json()["status"] == "cancelled"
