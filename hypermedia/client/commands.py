@@ -13,11 +13,13 @@ request (its ``error_code`` and detail on stderr); 4 the gateway could not be re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mimetypes
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, Final, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -33,8 +35,28 @@ EXIT_USAGE = 2
 EXIT_API = 3
 EXIT_UNREACHABLE = 4
 
-out = Console()
-err = Console(stderr=True)
+# No markup (ids, params and the API's messages are shown as they are), and no wrapping at 80
+# columns when the output is a pipe: ids and cursors must stay whole to be copied.
+out = Console(markup=False, highlight=False, width=None if sys.stdout.isatty() else 1000)
+err = Console(stderr=True, markup=False, highlight=False, width=None if sys.stderr.isatty() else 1000)
+
+EXTENSIONS: Final = {
+    "image/webp": ".webp",
+    "image/avif": ".avif",
+    "image/jpeg": ".jpg",
+    "image/png": ".png",
+    "application/pdf": ".pdf",
+    "application/json": ".json",
+    "text/plain": ".txt",
+    "text/vtt": ".vtt",
+    "application/vnd.apple.mpegurl": ".m3u8",
+    "video/mp4": ".mp4",
+    "audio/mp4": ".m4a",
+    "audio/mpeg": ".mp3",
+    "audio/ogg": ".ogg",
+    "text/csv": ".csv",
+}
+"""File extensions of the outputs' types (``mimetypes`` knows only what the host's tables say)."""
 
 jobs_app = typer.Typer(no_args_is_help=True, help="your jobs: ls, get, watch, cancel")
 objects_app = typer.Typer(no_args_is_help=True, help="your objects: get, rm")
@@ -43,7 +65,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)
 
 
 def _fail(code: int, message: str) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    err.print(f"error: {message}")
     raise typer.Exit(code)
 
 
@@ -75,7 +97,10 @@ def parse_op(spec: str) -> dict[str, Any] | str:
     string), ``preset:NAME``, or a JSON object. Raises ValueError naming what is wrong."""
     spec = spec.strip()
     if spec.startswith("{"):
-        value = json.loads(spec)
+        try:
+            value = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--op {spec!r}: not JSON: {exc}") from None
         if not isinstance(value, dict):
             raise ValueError(f"--op {spec!r}: a JSON operation must be an object")
         return value
@@ -162,13 +187,26 @@ def _outputs_table(jobs: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _folder(download: Path | None) -> None:
+    """Make the download folder before anything is uploaded or charged: exit 2 if it cannot be."""
+    if download is not None:
+        try:
+            download.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(EXIT_USAGE, f"--download {download}: {exc.strerror or exc}")
+
+
 def _download(session: Session, jobs: list[dict[str, Any]], folder: Path, stem: str) -> list[str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
+    """Each completed job's outputs into ``folder`` as ``{stem}.{output_type}{ext}``; a second
+    output of one type (two thumbnails) gets its job's id too, never overwrites the first."""
+    written: list[str] = []
     for job in jobs:
         for output in job.get("outputs", []):
-            ext = mimetypes.guess_extension(output["mime_type"].split(";")[0]) or ".bin"
+            mime = output["mime_type"].split(";")[0].strip()
+            ext = EXTENSIONS.get(mime) or mimetypes.guess_extension(mime) or ".bin"
             path = folder / f"{stem}.{output['output_type']}{ext}"
+            if str(path) in written:
+                path = folder / f"{stem}.{output['output_type']}.{job['job_id'][:8]}{ext}"
             session.download(job["job_id"], output["output_type"], path)
             written.append(str(path))
     return written
@@ -199,12 +237,20 @@ def submit(
         operations = [parse_op(o) for o in op]
     except (ValueError, json.JSONDecodeError) as exc:
         _fail(EXIT_USAGE, str(exc))
+    _folder(download)
     with _session() as session:
         try:
             with _progress(as_json) as bars:
                 task = bars.add_task(f"upload {file.name}", total=file.stat().st_size)
                 obj = session.upload(file, lambda n: bars.advance(task, n))
-            created = session.process(obj["object_id"], operations, priority)
+            try:
+                created = session.process(obj["object_id"], operations, priority)
+            except ApiError:
+                # Refused (unknown operation, bad params, credits): the upload must not stay behind
+                # counted against the storage quota with an id the user never saw.
+                with contextlib.suppress(ApiError):
+                    session.delete_object(obj["object_id"])
+                raise
             result: dict[str, Any] = {"object": obj, **created}
             if watch or download is not None:
                 jobs = _watch(session, created["job_ids"], as_json)

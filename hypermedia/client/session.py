@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
+from urllib.parse import quote
 
 import httpx
 
@@ -22,14 +23,14 @@ class ConfigMissing(Exception):
     """No API key in the environment or the config file; ``str()`` says where to put one."""
 
 
-@dataclass(frozen=True)
 class ApiError(Exception):
     """An error the API answered (``application/problem+json``), or the gateway unreachable
-    (``status`` 0, ``error_code`` ``UNREACHABLE``)."""
+    (``status`` 0, ``error_code`` ``UNREACHABLE``). (Not a frozen dataclass: raised inside a
+    ``with``, Python sets its ``__traceback__``.)"""
 
-    status: int
-    error_code: str
-    detail: str
+    def __init__(self, status: int, error_code: str, detail: str) -> None:
+        super().__init__(status, error_code, detail)
+        self.status, self.error_code, self.detail = status, error_code, detail
 
     def __str__(self) -> str:
         where = f"{self.status} " if self.status else ""
@@ -67,8 +68,24 @@ class ClientSettings:
         key = env.get("HM_API_KEY") or str(file.get("api_key") or "")
         if not key:
             raise ConfigMissing(f"no API key: set HM_API_KEY, or api_key in {path}")
+        if not key.isascii() or not key.isprintable() or " " in key:
+            raise ValueError("HM_API_KEY: an API key is printable ASCII without spaces (hm_…)")
         url = env.get("HM_API_URL") or str(file.get("url") or DEFAULT_URL)
+        try:
+            parts: httpx.URL | None = httpx.URL(url)
+        except httpx.InvalidURL:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.host:
+            raise ValueError("HM_API_URL: the gateway's address is an http:// or https:// URL with a host")
         return cls(url.rstrip("/"), key)
+
+
+def _segment(value: str) -> str:
+    """An id as one path segment: percent-encoded, so ``../operations`` stays an (unknown) id; an
+    empty one is refused here (it would name the collection)."""
+    if not value.strip():
+        raise ApiError(404, "NOT_FOUND", "an empty id")
+    return quote(value, safe="")
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -115,14 +132,18 @@ class Session:
         except httpx.TransportError as exc:
             raise ApiError(0, "UNREACHABLE", f"{self._http.base_url}: {type(exc).__name__}: {exc}") from None
         _raise_for(response)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise ApiError(
+                response.status_code, "BAD_RESPONSE", "the answer is not JSON: is HM_API_URL the gateway?"
+            ) from None
 
     def upload(self, path: Path, on_read: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
         """``POST /v1/objects`` of the file at ``path``; ``on_read`` gets each piece's size."""
+        name = path.name.encode("utf-8", "replace").decode()  # a name that is not UTF-8: its bytes as ?
         with path.open("rb") as file:
-            return dict(
-                self._call("POST", "/v1/objects", files={"file": (path.name, _Counted(file, on_read))})
-            )
+            return dict(self._call("POST", "/v1/objects", files={"file": (name, _Counted(file, on_read))}))
 
     def process(self, object_id: str, operations: list[Any], priority: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"object_id": object_id, "operations": operations}
@@ -131,20 +152,20 @@ class Session:
         return dict(self._call("POST", "/v1/hypermedia/process", json=body))
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/jobs/{job_id}"))
+        return dict(self._call("GET", f"/v1/jobs/{_segment(job_id)}"))
 
     def jobs(self, **filters: Any) -> dict[str, Any]:
         """``GET /v1/jobs`` with the filters that are not None (``status`` may be a list)."""
         return dict(self._call("GET", "/v1/jobs", params={k: v for k, v in filters.items() if v is not None}))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/jobs/{job_id}:cancel"))
+        return dict(self._call("POST", f"/v1/jobs/{_segment(job_id)}:cancel"))
 
     def object(self, object_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/objects/{object_id}"))
+        return dict(self._call("GET", f"/v1/objects/{_segment(object_id)}"))
 
     def delete_object(self, object_id: str) -> dict[str, Any]:
-        return dict(self._call("DELETE", f"/v1/objects/{object_id}"))
+        return dict(self._call("DELETE", f"/v1/objects/{_segment(object_id)}"))
 
     def operations(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/operations"))
@@ -153,7 +174,7 @@ class Session:
         """The job's events (``GET /v1/jobs/{id}/events``, Server-Sent Events) until it ends."""
         try:
             with self._http.stream(
-                "GET", f"/v1/jobs/{job_id}/events", timeout=httpx.Timeout(None, connect=5.0)
+                "GET", f"/v1/jobs/{_segment(job_id)}/events", timeout=httpx.Timeout(None, connect=5.0)
             ) as r:
                 if r.status_code >= 400:
                     r.read()
@@ -168,7 +189,7 @@ class Session:
         """The output through its stable link into ``to``; returns the bytes written."""
         try:
             with self._http.stream(
-                "GET", f"/v1/jobs/{job_id}/outputs/{output_type}", follow_redirects=True
+                "GET", f"/v1/jobs/{_segment(job_id)}/outputs/{_segment(output_type)}", follow_redirects=True
             ) as r:
                 if r.status_code >= 400:
                     r.read()

@@ -283,7 +283,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             caller, request.object_id, operations, request.priority or None
         )
         return jobs_pb2.EstimateResponse(
-            estimated_credits=credits_text(result.total_millicredits),
+            estimated_credits=credits_text(sum(e.millicredits for e in result.operations)),
+            held_credits=credits_text(result.total_millicredits),
             operations=[
                 jobs_pb2.OperationEstimate(
                     operation=e.operation,

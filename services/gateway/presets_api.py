@@ -34,7 +34,11 @@ def router(presets: Presets, caller: Callable[..., Awaitable[Caller]]) -> APIRou
     """The routes; ``caller`` is the app's authenticating dependency (401 without a valid key)."""
     routes = APIRouter(prefix="/v1/presets", tags=["presets"])
 
-    @routes.put("/{name}", response_model=PresetOut)
+    @routes.put(
+        "/{name}",
+        response_model=PresetOut,
+        responses={201: {"model": PresetOut, "description": "a new version"}},
+    )
     async def put_preset(
         name: str, body: PresetIn, response: Response, who: Caller = Depends(caller)
     ) -> dict[str, Any]:

@@ -164,7 +164,12 @@ class OperationEstimateOut(BaseModel):
 
 
 class EstimateOut(BaseModel):
-    estimated_credits: float = Field(description="What a process request of these operations would hold")
+    estimated_credits: float = Field(
+        description="The operations' prices: what a process request answers as its estimated_credits"
+    )
+    held_credits: float = Field(
+        description="What a process request would hold: the prices and the allowances"
+    )
     operations: list[OperationEstimateOut]
 
 
@@ -489,6 +494,7 @@ def build_app(
     dashboard's routes (:mod:`services.gateway.dashboard`), when given."""
     # The docs pages with their assets bundled (fastapi-offline), not from a CDN: /docs, /redoc.
     app = FastAPIOffline(
+        redoc_url=None,  # ReDoc's page loads its logo from cdn.redoc.ly: only Swagger UI, bundled
         title="hypermedia",
         version="1.0",
         description="Queued, sandboxed, billed file processing. Errors are application/problem+json "
@@ -608,7 +614,8 @@ def build_app(
         ops = parse_operations([o if isinstance(o, str) else o.model_dump() for o in body.operations])
         result = await api.creation.estimate(who, body.object_id, ops, body.priority)
         return {
-            "estimated_credits": credits_number(result.total_millicredits),
+            "estimated_credits": credits_number(sum(e.millicredits for e in result.operations)),
+            "held_credits": credits_number(result.total_millicredits),
             "operations": [
                 {
                     "operation": e.operation,

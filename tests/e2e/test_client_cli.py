@@ -117,3 +117,51 @@ def test_each_failure_has_its_exit_code_and_one_line(
     done = _run({**env, "XDG_CONFIG_HOME": str(tmp_path)}, *args)
     assert done.returncode == code, (done.stdout, done.stderr)
     assert said in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [("jobs", "watch", "JOB_ID"), ("jobs", "get", "00000000-0000-4000-8000-000000000000")]
+)
+def test_an_unknown_job_is_exit_3_not_a_traceback(user: dict[str, str], args: tuple[str, ...]) -> None:
+    """Found running the README: an API error raised inside the event stream's ``with`` crashed
+    with a traceback (the error was a frozen dataclass, whose ``__traceback__`` cannot be set)."""
+    done = _run(user, *args)
+    assert done.returncode == 3, done.stderr
+    assert "404 NOT_FOUND" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_what_a_hostile_review_found(user: dict[str, str], tmp_path: Path) -> None:
+    """Each of these printed a traceback, lost a file or left an upload behind before."""
+    photo = str(EXIF / "Landscape_1.jpg")
+    markup = _run(user, "submit", photo, "--op", "[/red]")  # rich markup in a value: shown as it is
+    assert markup.returncode == 3 and "unknown operation '[/red]'" in markup.stderr, markup.stderr
+    assert "Traceback" not in markup.stderr and markup.stderr.count("\n") == 1  # one line
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    blocked = _run(user, "submit", photo, "--op", "thumbnail", "--download", str(a_file))
+    assert blocked.returncode == 2 and "--download" in blocked.stderr and "Traceback" not in blocked.stderr
+
+    for url in ("http://[::1", "ftp://example.org", "notaurl"):
+        bad = _run({**user, "HM_API_URL": url}, "jobs", "ls")
+        assert bad.returncode == 2 and "HM_API_URL" in bad.stderr, (url, bad.stderr)
+    assert _run({**user, "HM_API_KEY": "hm_a\nb"}, "jobs", "ls").returncode == 2
+    assert _run(user, "jobs", "get", "../operations").returncode == 3
+
+    two = _run(
+        user,
+        "submit",
+        photo,
+        "--op",
+        "thumbnail:size=64",
+        "--op",
+        "thumbnail:size=300",
+        "--download",
+        str(tmp_path / "two"),
+        "--json",
+    )
+    assert two.returncode == 0, two.stderr
+    saved = json.loads(two.stdout)["downloaded"]
+    assert len(set(saved)) == 2 and all(p.endswith(".webp") for p in saved)
+    sizes = sorted(Image.open(p).size[0] for p in saved)
+    assert sizes == [64, 300]

@@ -44,9 +44,11 @@ def test_an_estimate_is_what_the_request_then_holds_and_predicts_the_run(
         },
     ).json()
     assert ocr["operations"][0]["allowance_credits"] > 0  # an escalation allowance for its page
-    assert ocr["estimated_credits"] == round(
+    assert ocr["estimated_credits"] == ocr["operations"][0]["credits"]  # the price, as process answers it
+    assert ocr["held_credits"] == round(
         ocr["operations"][0]["credits"] + ocr["operations"][0]["allowance_credits"], 3
     )
+
     assert client.get("/v1/credits").json() == before  # nothing held
     assert (
         client.get("/v1/jobs", params={"object_id": photos[5]["object_id"]}).json()["jobs"] == []

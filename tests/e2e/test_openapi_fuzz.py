@@ -59,7 +59,8 @@ def test_no_answer_breaks_the_document(
 
 
 def test_the_docs_pages_load_nothing_from_elsewhere(platform: RunningPlatform) -> None:
-    for page in ("/docs", "/redoc"):
+    assert httpx.get(f"{platform.rest_url}/redoc", timeout=10).status_code == 404  # its logo comes from a CDN
+    for page in ("/docs",):
         html = httpx.get(f"{platform.rest_url}{page}", timeout=10)
         assert html.status_code == 200, page
         sources = re.findall(r'(?:src|href)="([^"]+)"', html.text)

@@ -1109,8 +1109,11 @@ class EstimateResponse(_message.Message):
 
     ESTIMATED_CREDITS_FIELD_NUMBER: _builtins.int
     OPERATIONS_FIELD_NUMBER: _builtins.int
+    HELD_CREDITS_FIELD_NUMBER: _builtins.int
     estimated_credits: _builtins.str
-    """What Process of these operations would hold, credits as a decimal string."""
+    """The operations' prices, as ProcessResponse.estimated_credits, credits as a decimal string."""
+    held_credits: _builtins.str
+    """What Process of these operations would hold: the prices and the allowances."""
     @_builtins.property
     def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___OperationEstimate]: ...
     def __init__(
@@ -1118,10 +1121,11 @@ class EstimateResponse(_message.Message):
         *,
         estimated_credits: _builtins.str = ...,
         operations: _abc.Iterable[Global___OperationEstimate] | None = ...,
+        held_credits: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_credits", b"estimated_credits", "operations", b"operations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_credits", b"estimated_credits", "held_credits", b"held_credits", "operations", b"operations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
