@@ -74,7 +74,8 @@ GRPC_SECONDS: Final = Histogram(
 # --- workers ----------------------------------------------------------------------------------
 ATTEMPTS: Final = Counter(
     "hypermedia_attempts",
-    "Job attempts a worker finished, by operation and outcome (completed, failed, retried, cancelled).",
+    "Job attempts that ended, by operation and outcome: completed, failed, retried, cancelled (by "
+    "the worker that ran them), lost (found by the reaper, or handed back at a drain) and preempted.",
     ["operation", "outcome"],
 )
 ATTEMPT_SECONDS: Final = Histogram(

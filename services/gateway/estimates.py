@@ -13,6 +13,9 @@ import asyncpg
 
 HISTORY: Final = 200
 """Completed attempts of the operation read (the most recent)."""
+HISTORY_DAYS: Final = 30
+"""Only attempts of the last 30 days: a rare operation's read stops there, not at the platform's
+first attempt (the index of completed attempts is by time; the operation is filtered after)."""
 MIN_SAMPLES: Final = 5
 """Fewer completed attempts than this: no prediction (``predicted_seconds`` null)."""
 MIB: Final = 1024 * 1024
@@ -53,7 +56,8 @@ def fit(history: list[tuple[float, float]], size_mb: float) -> Prediction:
 
 
 async def predict(pool: asyncpg.Pool, operation: str, size_bytes: int) -> Prediction:
-    """:func:`fit` over the operation's last :data:`HISTORY` completed attempts (their run in the
+    """:func:`fit` over the operation's last :data:`HISTORY` completed attempts of the last
+    :data:`HISTORY_DAYS` days (their run in the
     sandbox, ``job_attempts.duration_ms``, and their input's size), through the index of completed
     attempts by time."""
     rows = await pool.fetch(
@@ -61,10 +65,12 @@ async def predict(pool: asyncpg.Pool, operation: str, size_bytes: int) -> Predic
         SELECT o.size_bytes, a.duration_ms FROM job_attempts a
         JOIN processing_jobs j USING (job_id) JOIN objects o ON o.object_id = j.object_id
         WHERE a.status = 'completed' AND j.operation = $1 AND a.duration_ms IS NOT NULL
+          AND a.finished_at > now() - make_interval(days => $3)
         ORDER BY a.finished_at DESC LIMIT $2
         """,
         operation,
         HISTORY,
+        HISTORY_DAYS,
     )
     history = [(r["size_bytes"] / MIB, r["duration_ms"] / 1000) for r in rows]
     return fit(history, size_bytes / MIB)

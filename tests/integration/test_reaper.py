@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+from prometheus_client import REGISTRY
 
 from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.devtools.embedded import free_port
@@ -62,10 +63,14 @@ async def test_expired_lease_is_requeued_with_an_outbox_row(
     )
     alive = await seed.job(tenant, status="processing", attempt_count=1, claimed_by="w-a", lease_in=300)
     await _hold(credits, tenant, expired, alive)
+    lost = {"operation": "thumbnail", "outcome": "lost"}
+    before = REGISTRY.get_sample_value("hypermedia_attempts_total", lost) or 0.0
 
     result = await Reaper(fresh_pool, credits.stub, PREFIX).run_once()
 
     assert result == ReapResult(requeued_expired=1)
+    # Counted once, as the reaper's (issue 22 review: lost attempts were invisible in the metrics).
+    assert REGISTRY.get_sample_value("hypermedia_attempts_total", lost) == before + 1
     row = await seed.job_row(expired)
     assert (row["status"], row["claimed_by"], row["visibility_timeout"], row["attempt_count"]) == (
         "queued",

@@ -403,6 +403,7 @@ async def hand_back(
             await _finish_attempt(conn, job, "lost", "WORKER_LOST", "handed back at shutdown", 0, 0)
         if row["status"] == "queued":
             await enqueue_outbox(conn, prefix, job.job_id, row["queue"], row["priority"])
+    metrics.ATTEMPTS.labels(job.operation, "preempted" if preempted else "lost").inc()
     return True
 
 

@@ -8,6 +8,7 @@ from typing import Final
 
 import asyncpg
 
+from hypermedia.core import metrics
 from hypermedia.infra import db
 from hypermedia.jobs.lifecycle import caps
 from hypermedia.jobs.lifecycle.rules import MAX_LOST_ATTEMPTS, enqueue_outbox_many, lost_attempt_sql
@@ -26,7 +27,7 @@ async def expire_leases(pool: asyncpg.Pool, prefix: str, batch: int) -> list[tup
     Returns ``[(job_id, new status)]``; the caller settles the credits of those that ended.
     """
     async with pool.acquire() as conn, conn.transaction():
-        return await _lose(
+        rows = await _lose(
             conn,
             prefix,
             """(visibility_timeout < now()
@@ -35,6 +36,7 @@ async def expire_leases(pool: asyncpg.Pool, prefix: str, batch: int) -> list[tup
             "worker lost: lease expired or worker dead",
             batch,
         )
+    return _observed(rows)
 
 
 async def release_contained(pool: asyncpg.Pool, prefix: str, worker_id: str) -> list[tuple[str, str]]:
@@ -48,14 +50,24 @@ async def release_contained(pool: asyncpg.Pool, prefix: str, worker_id: str) -> 
     """
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("UPDATE workers SET status = 'dead' WHERE worker_id = $1", worker_id)
-        return await _lose(
+        rows = await _lose(
             conn, prefix, "claimed_by = $1", "worker contained by its unit's control", worker_id
         )
+    return _observed(rows)
+
+
+def _observed(rows: list[asyncpg.Record]) -> list[tuple[str, str]]:
+    """The lost attempts, once committed, in the metrics (``outcome="lost"``, error
+    ``WORKER_LOST``), as ``[(job_id, new status)]``."""
+    for r in rows:
+        metrics.ATTEMPTS.labels(r["operation"], "lost").inc()
+        metrics.JOB_ERRORS.labels(r["operation"], "WORKER_LOST").inc()
+    return [(str(r["job_id"]), str(r["status"])) for r in rows]
 
 
 async def _lose(
     conn: db.Connection, prefix: str, which: str, message: str, arg: object
-) -> list[tuple[str, str]]:
+) -> list[asyncpg.Record]:
     """:data:`LOST_ATTEMPT` for the unfinished jobs ``which`` selects (an SQL condition and order on
     ``processing_jobs`` with ``$1`` = ``arg``), their attempts ``lost`` with ``message``, the
     requeued ones published again; in the caller's transaction."""
@@ -68,7 +80,7 @@ async def _lose(
         )
         UPDATE processing_jobs j SET {lost_attempt_sql(2)}
         FROM expired WHERE j.job_id = expired.job_id
-        RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count
+        RETURNING j.job_id, j.status, j.queue, j.priority, j.attempt_count, j.operation
         """,
         arg,
         MAX_LOST_ATTEMPTS,
@@ -84,7 +96,7 @@ async def _lose(
     await enqueue_outbox_many(
         conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows if r["status"] == "queued"]
     )
-    return [(str(r["job_id"]), str(r["status"])) for r in rows]
+    return list(rows)
 
 
 async def promote_retries(pool: asyncpg.Pool, prefix: str, batch: int) -> int:
