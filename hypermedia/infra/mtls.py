@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import Field, model_validator
 
+from hypermedia.core import metrics
 from hypermedia.core.config import ComponentSettings, ConfigError, load
 from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
 
@@ -275,12 +276,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     async def _check(self, context: grpc.aio.ServicerContext, method: str) -> None:
         identity = peer_identity(context)
+        service, _, name = method.lstrip("/").partition("/")
         if identity is None:
             log.warning("internal call refused, no service identity: %s from %s", method, context.peer())
+            metrics.GRPC_HANDLED.labels(service, name, grpc.StatusCode.UNAUTHENTICATED.name).inc()
             context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "UNAUTHENTICATED"),))
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "no valid service certificate")
         elif not self._allowed(identity, method):
             log.warning("internal call refused, outside its rights: %s called %s", identity, method)
+            metrics.GRPC_HANDLED.labels(service, name, grpc.StatusCode.PERMISSION_DENIED.name).inc()
             context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "PERMISSION_DENIED"),))
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {method}")
 

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
+from prometheus_client import REGISTRY
 
 from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
@@ -199,10 +200,18 @@ async def test_gateway_may_not_grant(
 ) -> None:
     tenant = await seed.tenant(balance=1000)
     caplog.set_level(logging.WARNING, logger="hypermedia.infra.mtls")
+    denied = {
+        "grpc_service": "hypermedia.credits.v1.CreditsService",
+        "grpc_method": "Grant",
+        "grpc_code": "PERMISSION_DENIED",
+    }
+    before = REGISTRY.get_sample_value("grpc_server_handled_total", denied) or 0.0
     async with channel(servers.credits, pki.tls("gateway"), "credits") as chan:
         stub = credits_pb2_grpc.CreditsServiceStub(chan)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Grant(_grant(tenant), timeout=5)
+        # The refusal is counted (it never reaches the interceptor that counts the handled calls).
+        assert REGISTRY.get_sample_value("grpc_server_handled_total", denied) == before + 1
         # Within its rights the same channel works: the gateway reads balances.
         balance = await stub.GetBalance(
             credits_pb2.GetBalanceRequest(account_id=str(tenant.account_id)), timeout=5
