@@ -8,8 +8,9 @@ Conventions (https://prometheus.io/docs/practices/naming/): base units in the na
 ``_bytes``, ``_millicredits``), ``_total`` on counters, and label values from closed sets only:
 operations, queues, bands, statuses and error codes of the platform, route templates (never a
 path with an id in it), gRPC method names. What is read from Postgres at the scrape (queue depth,
-jobs by status, outbox lag) is :mod:`hypermedia.jobs.gauges`, served by the reaper; what is read
-from a worker's own state at the scrape is :class:`hypermedia.worker.serve.WorkerCollector`.
+jobs by status, outbox lag) is :mod:`hypermedia.jobs.gauges`, served by the reaper (the open
+holds: ``services/credits/gauges.py``), both on :class:`ScrapeCollector`; what is read from a
+worker's own state at the scrape is :class:`hypermedia.worker.gauges.WorkerCollector`.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ JOB_ERRORS: Final = Counter(
 )
 SANDBOX_KILLS: Final = Counter(
     "hypermedia_sandbox_kills",
-    "Sandbox children stopped by a limit or a fence, by reason: memory (cgroup OOM kill), "
+    "Sandbox children stopped by a limit or a fence, by reason: memory (cgroup OOM kill, or "
+    "RLIMIT_AS), "
     "wall_time, cpu_time, file_size, seccomp (a refused system call), cancelled.",
     ["reason"],
 )

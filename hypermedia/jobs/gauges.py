@@ -7,7 +7,7 @@ status, the outbox's backlog and lag, pending webhook deliveries, live workers a
 
 Each query reads an index, not the job history: the active statuses through
 ``processing_jobs_status_idx``, the outbox's unpublished rows through its partial indexes, the
-pending deliveries and open holds likewise. Jobs in a terminal status are not counted here (a
+pending deliveries likewise. Jobs in a terminal status are not counted here (a
 count of the whole history at every scrape would grow with it); their rate is
 ``hypermedia_attempts_total`` of the workers.
 """
