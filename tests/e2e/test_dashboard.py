@@ -18,6 +18,9 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
 
@@ -39,6 +42,15 @@ def browser() -> Iterator[WebDriver]:
         yield session
     finally:
         session.quit()
+
+
+def _follow(browser: WebDriver, element: WebElement) -> None:
+    """Click ``element`` and wait until the page it leads to has replaced this one (a find right
+    after a click may otherwise get the old page's element, stale a moment later)."""
+    old = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(old))
+    WebDriverWait(browser, 30).until(lambda b: b.execute_script("return document.readyState") == "complete")
 
 
 def _text(browser: WebDriver, css: str) -> str:
@@ -65,11 +77,11 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
     browser.get(f"{base}/dashboard")
     assert browser.current_url.endswith("/dashboard/login")
     browser.find_element(By.NAME, "api_key").send_keys("hm_000000000000_wrong")
-    browser.find_element(By.CSS_SELECTOR, "form button").click()
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
     assert "not known" in _text(browser, "[role=alert]")
 
     browser.find_element(By.NAME, "api_key").send_keys(account["api_key"])
-    browser.find_element(By.CSS_SELECTOR, "form button").click()
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
     assert browser.current_url.endswith("/dashboard")
     credits = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#credits td")]
     assert float(credits[0]) == pytest.approx(50 - thumbnail["actual_credits"])
@@ -80,10 +92,10 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
     ]
     assert [q[:3] for q in queues] == [["bulk.documents", "8", "1"]]
 
-    browser.find_element(By.LINK_TEXT, "Jobs").click()
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Jobs"))
     rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
     assert {r.find_element(By.TAG_NAME, "code").text for r in rows} == {thumbnail["job_id"], waiting}
-    browser.find_element(By.LINK_TEXT, thumbnail["job_id"]).click()
+    _follow(browser, browser.find_element(By.LINK_TEXT, thumbnail["job_id"]))
     assert _text(browser, "#status") == "completed"
     [attempt] = browser.find_elements(By.CSS_SELECTOR, "#attempts tr")[1:]
     cells = [c.text for c in attempt.find_elements(By.TAG_NAME, "td")]
@@ -94,17 +106,17 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
 
     browser.get(f"{base}/dashboard/jobs?status=queued")
     [row] = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
-    row.find_element(By.TAG_NAME, "a").click()
+    _follow(browser, row.find_element(By.TAG_NAME, "a"))
     assert _text(browser, "#status") == "queued"
-    browser.find_element(By.ID, "cancel").click()
+    _follow(browser, browser.find_element(By.ID, "cancel"))
     assert _text(browser, "#status") == "cancelled"
-    browser.find_element(By.ID, "retry").click()
+    _follow(browser, browser.find_element(By.ID, "retry"))
     again = browser.current_url.rsplit("/", 1)[1]
     assert again != waiting and _text(browser, "#status") == "queued"
-    browser.find_element(By.ID, "cancel").click()
+    _follow(browser, browser.find_element(By.ID, "cancel"))
     assert _text(browser, "#status") == "cancelled"
 
-    browser.find_element(By.CSS_SELECTOR, "header form button").click()
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
     browser.get(f"{base}/dashboard/jobs")
     assert browser.current_url.endswith("/dashboard/login")
 
