@@ -43,20 +43,34 @@ def free_port(host: str = "127.0.0.1") -> int:
     listener's bind (seconds, when ``hypermedia up`` migrates first) any outgoing connection on
     the machine could take it as its local port, and the listener then exits 69. Falls back to
     ``bind(0)`` when fewer than 1,000 ports lie below the range or 50 random picks are taken.
+    Never the same port twice in one process: a platform picks some 25 ports before any is bound,
+    and two random picks of one port (about 1 % of starts, with the metrics ports) made two of its
+    services bind the same one, the second exiting (a docworker lost so in a CI run).
     """
     low, _high = ephemeral_port_range()
     if low - LISTEN_PORTS_FROM >= 1_000:
         for _ in range(50):
             port = random.randrange(LISTEN_PORTS_FROM, low)
+            if port in _HANDED_OUT:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 try:
                     sock.bind((host, port))
                 except OSError:
                     continue
+                _HANDED_OUT.add(port)
                 return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+_HANDED_OUT: set[int] = set()
+"""The ports :func:`free_port` returned in this process."""
 
 
 def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
