@@ -371,7 +371,10 @@ def operations(as_json: JsonFlag = False) -> None:
         return
     table = Table("operation", "queue", "inputs", "credits", "params")
     for o in listed["operations"]:
-        price = f"{o['price']['base_credits']} + {o['price']['per_mb_credits']}/MiB"
+        terms = o["price"]
+        price = f"{terms['base_credits']} + {terms['per_mb_credits']}/MiB"
+        if terms.get("work_unit"):
+            price += f" (charged {terms['base_credits']} + {terms['per_unit_credits']}/{terms['work_unit']}, at most)"
         params = ", ".join(o["params_schema"].get("properties", {}))
         table.add_row(o["name"], o["queue"], ", ".join(o["input_kinds"]), price, params)
     out.print(table)

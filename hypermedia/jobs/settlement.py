@@ -2,8 +2,9 @@
 
 A job's credits are held when it is created (the gateway's EstimateAndHold, all of a request's
 jobs at once) and settled once it ends: a ``completed`` job is charged its ``actual_credits`` (its charge lines as
-ledger rows of their own), a ``failed`` or ``cancelled`` one — or one whose creation did not happen
-after its hold was taken (:data:`UNCREATED`) — is released. The paths that end a job call
+ledger rows of their own), and so is a ``failed`` one that recorded a charge (it failed because
+of its input: :mod:`hypermedia.jobs.charges`); any other ``failed`` or ``cancelled`` one — or one
+whose creation did not happen after its hold was taken (:data:`UNCREATED`) — is released. The paths that end a job call
 :meth:`Settlement.settle` with the status they wrote (the worker after completing, failing or
 cancelling; the gateway after cancelling a job that had not started, or when creation failed after
 the hold); the reaper calls :meth:`Settlement.sweep` for the settlements that never happened (a
@@ -31,7 +32,7 @@ from hypermedia.jobs.lifecycle.recovery import UNCREATED
 log = logging.getLogger(__name__)
 
 RELEASED: Final = frozenset({"failed", "cancelled", UNCREATED})
-"""Outcomes whose hold is released without a charge."""
+"""Outcomes whose hold is released without a charge (``failed``: unless it recorded one)."""
 SWEEP_PAGES: Final = 20
 """Pages of held holds (``ListHolds``) one :meth:`Settlement.sweep` reads at most, so a run stays
 bounded when many queued or running jobs hold credits (the next sweep goes on from there)."""
@@ -71,8 +72,9 @@ class Settlement:
         retry: bool = False,
     ) -> bool:
         """Settles the hold of ``job_id`` for its ``outcome``: ``completed`` commits
-        ``actual_millicredits`` (``lines`` of it as their own ledger rows), anything in
-        :data:`RELEASED` releases. ``retry``: up to three tries on a transient failure
+        ``actual_millicredits`` (``lines`` of it as their own ledger rows), and so does
+        ``failed`` with a charge (``actual_millicredits`` > 0, :func:`~hypermedia.jobs.charges.for_failure`);
+        anything else in :data:`RELEASED` releases. ``retry``: up to three tries on a transient failure
         (:func:`~hypermedia.infra.rpc.infra_retry`), for a worker inside its attempt.
 
         Returns True when this call settled the hold, False when it was settled already.
@@ -83,7 +85,7 @@ class Settlement:
                 the reaper's :meth:`sweep` settles it later).
         """
         request: credits_pb2.CommitRequest | credits_pb2.ReleaseRequest
-        if outcome == "completed":
+        if outcome == "completed" or (outcome == "failed" and actual_millicredits > 0):
             method: Any = self._credits.Commit
             request = commit_request(job_id, actual_millicredits, lines or {})
         elif outcome in RELEASED:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from hypermedia.jobs import lifecycle
+from hypermedia.jobs import charges, lifecycle
 from hypermedia.sandbox import OutputFile, SandboxLimits
 from hypermedia.worker.unit import peer
 
@@ -112,3 +112,20 @@ class SandboxHandler:
 
     def sandbox_limits(self, job: lifecycle.ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
         return limits
+
+
+def completion_charge(
+    handler: JobHandler, job: lifecycle.ClaimedJob, outputs: list[OutputFile]
+) -> charges.Charge:
+    """What the completed ``job`` is charged: the work its ``outputs`` report, priced by its profile
+    (:func:`charges.for_completion`), with ``handler``'s own lines (:meth:`JobHandler.charge_lines`:
+    an OCR job's escalation, within its allowance) beside."""
+    measured = charges.for_completion(
+        price=job.estimated_credits,
+        base_cost=job.base_cost,
+        work_unit=job.work_unit,
+        per_unit=job.per_unit,
+        metadata=[o.metadata for o in outputs],
+    )
+    extra = handler.charge_lines(job, outputs)
+    return charges.Charge(measured.actual + sum(extra.values()), measured.lines | extra)

@@ -16,7 +16,7 @@ One :class:`WorkerRuntime` per worker process:
   coordinator's bound per operation; a ``waiting`` progress event while the job waits) → its
   stage → pipeline in the sandboxed child, whose own progress reports become progress events (none
   in a job's first second: :mod:`hypermedia.worker.progress`) →
-  presigned PUT → register outputs → complete (atomically) → commit credits → clean up;
+  presigned PUT → register outputs → complete (atomically) → charge the work done → clean up;
 - **outcomes**: success, retry later (transient), failed at once (permanent) — each settled in one
   place, :meth:`_settle_failure` / :meth:`_execute`;
 - **heartbeat** every 30 s (extends leases, notices cancellations), cancellation polled every
@@ -49,12 +49,12 @@ from hypermedia.core import telemetry
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.infra import db
 from hypermedia.infra.service import every, wait_any
-from hypermedia.jobs import lifecycle, noop, queues
+from hypermedia.jobs import charges, lifecycle, noop, queues
 from hypermedia.jobs.settlement import Settlement
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from hypermedia.worker import registry
 from hypermedia.worker.admission import Admission
-from hypermedia.worker.handler import JobHandler, JobInput
+from hypermedia.worker.handler import JobHandler, JobInput, completion_charge
 from hypermedia.worker.progress import PROCESSING_PROGRESS, JobProgress, relay_sandbox_progress
 from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.transfer import Transfers
@@ -66,7 +66,6 @@ _tracer = trace.get_tracer(__name__)
 T = TypeVar("T")
 
 CANCEL_POLL_SECONDS = 1.0
-
 ADMISSION_NOTICE_SECONDS = 0.05
 """A job its handler has not admitted (:meth:`JobHandler.admit`) within this long records one
 ``waiting`` progress event; a free admission is entered within a loop turn or two."""
@@ -403,16 +402,16 @@ class WorkerRuntime:
                     job, granted, job_dir, result.outputs, reproducible=self._handler.reproducible(job)
                 )
             await self._progress(job, 0.95, "uploaded")
-            lines = self._handler.charge_lines(job, result.outputs)
+            charge = completion_charge(self._handler, job, result.outputs)
             completed = await self._db(
                 lifecycle.complete,
                 job,
                 self.worker_id,
                 outputs,
-                job.estimated_credits + sum(lines.values()),
+                charge.actual,
                 result.duration_ms,
                 result.peak_memory_mb,
-                lines,
+                charge.lines,
             )
             if not completed:
                 if await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
@@ -424,7 +423,7 @@ class WorkerRuntime:
                 return
             self.jobs_completed += 1
             try:
-                await self._commit(job, lines)
+                await self._commit(job, charge)
             except DomainError:
                 # The job is completed; its hold stays held and the reaper charges it later.
                 log.warning("credits commit failed; left to the reaper", extra={"job_id": job.job_id})
@@ -461,7 +460,7 @@ class WorkerRuntime:
             if completed:
                 self.jobs_completed += 1
                 with contextlib.suppress(DomainError):  # as in _run_job: the reaper charges it later
-                    await self._commit(job, {})
+                    await self._commit(job, charges.Charge(job.estimated_credits))
             elif await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
                 await self._cancelled(job, started)
         except DomainError as exc:
@@ -567,6 +566,7 @@ class WorkerRuntime:
                     prefix=self._prefix,
                     duration_ms=result.duration_ms if result else _ms(started),
                     peak_memory_mb=result.peak_memory_mb if result else 0,
+                    input_fault=result is not None and result.error_code in charges.INPUT_FAULTS,
                 )
             )
         except Exception as db_exc:
@@ -579,20 +579,20 @@ class WorkerRuntime:
             return
         log.info("job attempt failed: %s → %s", exc.error_code, status, extra={"job_id": job.job_id})
         if status == "failed":
-            await self._release(job, "failed")
+            # Charged when it failed because of its input (charges.for_failure), else released.
+            charge = await self._db(lifecycle.failure_charge, job.job_id) or charges.Charge(0)
+            await self._settlement.settle(
+                job.job_id, "failed", actual_millicredits=charge.actual, lines=charge.lines, retry=True
+            )
 
     async def _release(self, job: lifecycle.ClaimedJob, outcome: str) -> None:
         """Settles a job that ended without completing (``failed`` or ``cancelled``)."""
         await self._settlement.settle(job.job_id, outcome, retry=True)
 
-    async def _commit(self, job: lifecycle.ClaimedJob, lines: dict[str, int]) -> None:
-        """Settles a completed job: its estimate plus its charge lines."""
+    async def _commit(self, job: lifecycle.ClaimedJob, charge: charges.Charge) -> None:
+        """Settles a completed job: ``charge``."""
         await self._settlement.settle(
-            job.job_id,
-            "completed",
-            actual_millicredits=job.estimated_credits + sum(lines.values()),
-            lines=lines,
-            retry=True,
+            job.job_id, "completed", actual_millicredits=charge.actual, lines=charge.lines, retry=True
         )
 
 

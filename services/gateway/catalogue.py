@@ -12,9 +12,12 @@ import asyncpg
 from hypermedia.engines.schemas import PARAMS_SCHEMAS
 from hypermedia.jobs import noop
 
-PRICE_FORMULA = "base_credits + per_mb_credits × ceil-to-a-millicredit(size_bytes / 1048576)"
-"""How a job's estimate follows from its profile (:func:`hypermedia.jobs.pricing.price`, seed
-000's ``base_cost + per_mb × size_mb``)."""
+PRICE_FORMULA = (
+    "base_credits + per_mb_credits × ceil-to-a-millicredit(size_bytes / 1048576), held; charged: "
+    "the same, or with a work_unit base_credits + per_unit_credits × units done, never more"
+)
+"""How a job's estimate (the hold) follows from its profile (:func:`hypermedia.jobs.pricing.price`,
+seed 000's ``base_cost + per_mb × size_mb``) and what it is charged (:mod:`hypermedia.jobs.charges`)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,10 @@ class OperationInfo:
     per_mb_millicredits: int
     escalation_per_page_millicredits: int
     """``ocr``: the most its escalation line adds per page (held beside the price; 0 elsewhere)."""
+    work_unit: str | None
+    """What a completed job is charged by beside its base (``page``), within its price; None:
+    charged its price (:mod:`hypermedia.jobs.charges`)."""
+    per_unit_millicredits: int
     timeout_seconds: int
     max_attempts: int
     max_input_bytes: int
@@ -67,6 +74,8 @@ class OperationCatalogue:
                 base_millicredits=r["base_cost"],
                 per_mb_millicredits=r["per_mb"],
                 escalation_per_page_millicredits=r["escalation_per_page"],
+                work_unit=r["work_unit"],
+                per_unit_millicredits=r["per_unit"],
                 timeout_seconds=r["timeout_seconds"],
                 max_attempts=r["max_attempts"],
                 max_input_bytes=r["max_input_bytes"],

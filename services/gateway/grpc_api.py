@@ -171,6 +171,8 @@ def operation_message(op: OperationInfo) -> jobs_pb2.OperationInfo:
         base_credits=credits_text(op.base_millicredits),
         per_mb_credits=credits_text(op.per_mb_millicredits),
         escalation_per_page_credits=credits_text(op.escalation_per_page_millicredits),
+        work_unit=op.work_unit or "",
+        per_unit_credits=credits_text(op.per_unit_millicredits),
         timeout_seconds=op.timeout_seconds,
         max_attempts=op.max_attempts,
         max_input_bytes=op.max_input_bytes,

@@ -122,6 +122,11 @@ class PriceOut(BaseModel):
     base_credits: float | None
     per_mb_credits: float | None
     escalation_per_page_credits: float | None
+    work_unit: str | None = Field(
+        description="What a completed job is charged by beside base_credits (page), never more "
+        "than its price by size; null: charged that price"
+    )
+    per_unit_credits: float | None
 
 
 class LimitsOut(BaseModel):

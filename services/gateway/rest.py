@@ -288,6 +288,8 @@ def operation_json(op: OperationInfo) -> dict[str, Any]:
             "base_credits": credits_number(op.base_millicredits),
             "per_mb_credits": credits_number(op.per_mb_millicredits),
             "escalation_per_page_credits": credits_number(op.escalation_per_page_millicredits),
+            "work_unit": op.work_unit,
+            "per_unit_credits": credits_number(op.per_unit_millicredits),
         },
         "limits": {
             "timeout_seconds": op.timeout_seconds,

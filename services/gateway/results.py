@@ -212,7 +212,8 @@ class Job:
     estimated_millicredits: int
     """The price held at creation, without the escalation allowance (millicredits)."""
     actual_millicredits: int | None
-    """What the job was charged (millicredits); None until it completed."""
+    """What the job was charged (millicredits): the work it did once completed, a minimum once
+    failed because of its input (:mod:`hypermedia.jobs.charges`); None otherwise."""
     charge_lines: Mapping[str, int]
     """Parts of :attr:`actual_millicredits` charged as lines of their own, by name (millicredits)."""
     created_at: datetime

@@ -509,7 +509,7 @@ class Chaos:
         r.expected_charges = int(
             self.query(
                 "SELECT coalesce(sum(actual_credits), 0) FROM processing_jobs"
-                " WHERE account_id = %s AND status = 'completed'",
+                " WHERE account_id = %s AND status IN ('completed', 'failed')",  # failed: the input's (ADR 0068)
                 self.account_id,
             )[0][0]
         )

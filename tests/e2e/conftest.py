@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -60,6 +61,22 @@ class RunningPlatform:
             }
         )
         return env
+
+    def worker_status_addr(self, unit: str = "imageworker", timeout: float = 60) -> str:
+        """The status address of worker ``unit`` once it accepts connections: `up` is ready when
+        the gateway is, and a unit's execution serves its status only after control's peer check,
+        which can come later on a busy machine."""
+        address = str(self.info[f"{unit}_status_addr"])
+        host, _, port = address.rpartition(":")
+
+        def serving() -> bool:
+            with contextlib.suppress(OSError):
+                socket.create_connection((host, int(port)), timeout=0.5).close()
+                return True
+            return False
+
+        wait_for(f"{unit} status on {address}", serving, timeout)
+        return address
 
     def tls_env(self, identity: str = "admin") -> dict[str, str]:
         """``HM_INTERNAL_AUTH`` and the ``HM_TLS_*`` files of ``identity`` that `up` issued."""

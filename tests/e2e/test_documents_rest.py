@@ -4,6 +4,8 @@ PDFium renders and text made in the test."""
 
 from __future__ import annotations
 
+import io
+import random
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import psycopg
 import pypdfium2 as pdfium
 import pytest
 import pyvips
+from PIL import Image
 
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
@@ -110,6 +113,58 @@ def test_a_preview_of_page_n_is_page_n(client: httpx.Client) -> None:
         distances = [mean_abs_diff(image, reference) for reference in references]
         assert distances[n - 1] < 0.5, distances
         assert min(d for i, d in enumerate(distances) if i != n - 1) > 3, distances
+
+
+def _noise_pdf(pages: int, side: int = 1200) -> bytes:
+    """A PDF of ``pages`` pages of random noise (Pillow's PDF writer: one JPEG a page, about
+    1 MiB each at this side): large for few pages."""
+    rng = random.Random(23)
+    images = [Image.frombytes("RGB", (side, side), rng.randbytes(side * side * 3)) for _ in range(pages)]
+    out = io.BytesIO()
+    images[0].save(out, "PDF", save_all=True, append_images=images[1:], resolution=150)
+    return out.getvalue()
+
+
+def test_a_preview_is_charged_the_pages_it_rendered_within_the_price_held(
+    platform: RunningPlatform, client: httpx.Client
+) -> None:
+    """ADR 0068: the hold is the price by size (1 + 0.2 a MiB, migration 0007), the charge the
+    pages rendered (1 + 0.05 a page, migration 0028), never more than the hold. One page of a
+    large PDF costs 1.05 credits; four pages of a 24 KiB PDF are cut to its price."""
+    before = client.get("/v1/credits").json()
+    large = _upload_bytes(client, "noise.pdf", _noise_pdf(3))
+    assert large["size_bytes"] > 2 * 1024 * 1024
+    one_page = _process(
+        client, large["object_id"], {"name": "pdf_preview", "params": {"pages": "2", "dpi": 18}}
+    )
+    assert one_page["status"] == "completed", one_page
+    assert one_page["estimated_credits"] == pytest.approx(1 + 0.2 * large["size_bytes"] / 2**20, abs=0.001)
+    assert (one_page["actual_credits"], one_page["charge_lines"]) == (1.05, {"pages": 0.05})
+
+    small = upload(client, PDF_DIR / "pdflatex-4-pages.pdf")
+    four_pages = _process(
+        client, small["object_id"], {"name": "pdf_preview", "params": {"pages": "1-4", "dpi": 18}}
+    )
+    assert four_pages["estimated_credits"] == 1.005  # 1 + 0.2 × 24,607 / 2^20, rounded up
+    assert (four_pages["actual_credits"], four_pages["charge_lines"]) == (1.005, {"pages": 0.005})
+
+    with psycopg.connect(platform.env["HM_DATABASE_URL"]) as conn:
+        ledger = conn.execute(
+            "SELECT job_id::text, line, amount FROM credit_ledger WHERE job_id = ANY(%s) AND kind = 'commit' "
+            "ORDER BY job_id, line",
+            ([one_page["job_id"], four_pages["job_id"]],),
+        ).fetchall()
+    assert sorted(ledger) == sorted(
+        [
+            (one_page["job_id"], "base", -1000),
+            (one_page["job_id"], "pages", -50),
+            (four_pages["job_id"], "base", -1000),
+            (four_pages["job_id"], "pages", -5),
+        ]
+    )
+    after = client.get("/v1/credits").json()
+    assert round((before["balance"] - after["balance"]) * 1000) == 1050 + 1005
+    assert after["held"] == before["held"]
 
 
 def test_default_preview_is_a_webp_of_page_1(client: httpx.Client) -> None:

@@ -111,7 +111,7 @@ def test_reflection_only_client_lists_and_calls_every_service(
         platform.grpc_addr: "hypermedia.jobs.v1.JobService",
         platform.info["credits_addr"]: "hypermedia.credits.v1.CreditsService",
         platform.info["storage_addr"]: "hypermedia.storage.v1.StorageService",
-        platform.info["imageworker_status_addr"]: "hypermedia.worker.v1.WorkerService",
+        platform.worker_status_addr(): "hypermedia.worker.v1.WorkerService",
     }
     for address, service in addresses.items():
         open_ = grpc.insecure_channel if address == platform.grpc_addr else platform.internal_channel
@@ -138,7 +138,7 @@ def test_reflection_only_client_lists_and_calls_every_service(
 
 
 def test_worker_status_shows_slots_and_admission(platform: RunningPlatform) -> None:
-    with platform.internal_channel(platform.info["imageworker_status_addr"]) as chan:
+    with platform.internal_channel(platform.worker_status_addr()) as chan:
         status = worker_pb2_grpc.WorkerServiceStub(chan).GetStatus(worker_pb2.GetStatusRequest())
     assert status.queue == "images"
     assert status.slots_total == 4 and 0 <= status.slots_busy <= 4

@@ -226,9 +226,13 @@ def _png_header_only(width: int, height: int) -> bytes:
         ("bomb.png", _png_header_only(100_000, 100_000), "INPUT_TOO_LARGE_PIXELS"),
     ],
 )
-def test_bad_images_fail_once_with_a_specific_code_and_cost_nothing(
+def test_bad_images_fail_once_with_a_specific_code_and_the_input_fault_is_charged_its_minimum(
     platform: RunningPlatform, client: httpx.Client, name: str, content: bytes, error_code: str
 ) -> None:
+    """A JPEG found corrupt while libvips decoded it is the input's fault, found by work done:
+    charged the minimum (``charges.for_failure``: thumbnail's base 1 credit and 0.01 a second
+    the child ran, within the 1.004 held for 20,000 bytes). A pixel bomb is refused from its
+    header before anything is decoded: nothing charged."""
     before = client.get("/v1/credits").json()
     response = client.post("/v1/objects", files={"file": (name, content)})
     assert response.status_code == 201, response.text
@@ -242,9 +246,15 @@ def test_bad_images_fail_once_with_a_specific_code_and_cost_nothing(
     assert job["error_code"] == error_code
     assert job["attempt_count"] == 1, "a permanent error is not retried"
     assert job["outputs"] == []
-    assert job["actual_credits"] is None
-    after = client.get("/v1/credits").json()
-    assert after == before, "nothing charged, nothing left held"
+    charged = {"CORRUPT_INPUT": 1.004, "INPUT_TOO_LARGE_PIXELS": None}[error_code]
+    assert job["actual_credits"] == charged
+    if charged:
+        assert job["estimated_credits"] == 1.004
+        assert job["charge_lines"] == {"run_seconds": 0.004}, "1 s of run, cut to the 0.004 left of the price"
+    after = wait_for("settled", lambda: (b := client.get("/v1/credits").json())["held"] == 0 and b, 10)
+    assert after["balance"] == pytest.approx(before["balance"] - (charged or 0)), (
+        "charged once, nothing left held"
+    )
     # Removed right after the outcome the client just saw was recorded.
     job_dir = Path(platform.state_dir) / "work" / "jobs" / job["job_id"]
     wait_for("job dir removed", lambda: not job_dir.exists(), 5)

@@ -94,8 +94,11 @@ def test_phototest_text_words_hocr_and_searchable_pdf(client: httpx.Client) -> N
     meta = outputs["text"]["metadata"]
     assert meta["page_count"] == 1 and meta["pages"] == [1] and meta["languages"] == ["eng"]
     assert meta["word_count"] > 50 and meta["mean_confidence"] > 85
-    assert meta["escalated_pages"] == 0 and job["charge_lines"] == {}
-    assert job["actual_credits"] == job["estimated_credits"]
+    # Charged by the page (ADR 0068): base 1.5 and 0.2 a page (migrations 0010, 0028), cut to the
+    # price held for this small TIFF, so the page line is what the price has above base.
+    assert meta["escalated_pages"] == 0
+    assert job["charge_lines"] == {"pages": round(job["estimated_credits"] - 1.5, 3)}
+    assert job["actual_credits"] == job["estimated_credits"] < 1.7
 
     words = json.loads(_download(outputs["words"]))
     [page] = words["pages"]
@@ -230,9 +233,9 @@ def test_a_blurred_page_is_escalated_and_charged_as_its_own_line(
     assert outputs["text"]["metadata"]["escalated_pages"] == 1
 
     with psycopg.connect(platform.env["HM_DATABASE_URL"]) as conn:
-        per_page = conn.execute(
-            "SELECT escalation_per_page FROM processing_profiles WHERE operation = 'ocr' AND active"
-        ).fetchone()[0]
+        per_page, base_cost, per_unit = conn.execute(
+            "SELECT escalation_per_page, base_cost, per_unit FROM processing_profiles WHERE operation = 'ocr' AND active"
+        ).fetchone()
         ledger = dict(
             conn.execute(
                 "SELECT line, amount FROM credit_ledger WHERE job_id = %s AND kind = 'commit'",
@@ -240,12 +243,14 @@ def test_a_blurred_page_is_escalated_and_charged_as_its_own_line(
             ).fetchall()
         )
     assert per_page > 0
-    assert job["charge_lines"] == {"ocr_escalation": per_page / 1000}
-    base = round(job["estimated_credits"] * 1000)
-    assert ledger == {"base": -base, "ocr_escalation": -per_page}
-    assert job["actual_credits"] == (base + per_page) / 1000
+    # The page read (within the price held) and its escalation (within its allowance): ADR 0068.
+    price = round(job["estimated_credits"] * 1000)
+    page = min(per_unit, price - base_cost)
+    assert job["charge_lines"] == {"pages": page / 1000, "ocr_escalation": per_page / 1000}
+    assert ledger == {"base": -base_cost, "pages": -page, "ocr_escalation": -per_page}
+    assert job["actual_credits"] == (base_cost + page + per_page) / 1000
     after = client.get("/v1/credits").json()
-    assert round((before["balance"] - after["balance"]) * 1000) == base + per_page
+    assert round((before["balance"] - after["balance"]) * 1000) == base_cost + page + per_page
     assert after["held"] == before["held"]
 
 

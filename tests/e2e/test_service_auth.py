@@ -69,7 +69,7 @@ def test_admin_cli_grants_over_mtls(platform: RunningPlatform, account: dict[str
 
 
 def test_grpcurl_with_the_admin_certificate_lists_and_calls_worker_status(platform: RunningPlatform) -> None:
-    address = platform.info["imageworker_status_addr"]
+    address = platform.worker_status_addr()
     listed = _grpcurl(platform, address, "list")
     assert listed.returncode == 0, listed.stderr
     assert {"hypermedia.worker.v1.WorkerService", "grpc.health.v1.Health"} <= set(listed.stdout.split())
@@ -89,7 +89,7 @@ def test_grpcurl_with_the_admin_certificate_lists_and_calls_worker_status(platfo
 
 
 def test_grpcurl_without_a_client_certificate_or_in_plaintext_is_refused(platform: RunningPlatform) -> None:
-    for address in (platform.info["credits_addr"], platform.info["imageworker_status_addr"]):
+    for address in (platform.info["credits_addr"], platform.worker_status_addr()):
         no_cert = _grpcurl(platform, address, "list", cert=False)
         assert no_cert.returncode != 0
         plaintext = subprocess.run(

@@ -342,6 +342,36 @@ async def test_a_completed_jobs_charge_lines_are_committed_by_the_reaper(
     assert await _balance(fresh_pool, tenant) == (BALANCE - HOLD // 2, 0)
 
 
+async def test_a_job_failed_by_its_input_is_charged_by_the_reaper_and_others_released(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """A worker that died after failing a job because of its input (ADR 0068) and before its
+    commit: the reaper charges the charge the job row records; a failed job without one (the
+    platform's fault) is released."""
+    tenant = await seed.tenant(balance=BALANCE)
+    charged = await seed.job(tenant, status="failed", attempt_count=1)
+    free = await seed.job(tenant, status="failed", attempt_count=1)
+    await _hold(credits, tenant, charged, free)
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET error_code = 'TIMEOUT', actual_credits = 1150, charge_lines = $2 "
+        "WHERE job_id = $1",
+        charged,
+        {"run_seconds": 150},
+    )
+    for job_id in (charged, free):
+        await _age(fresh_pool, job_id, SETTLE_GRACE_SECONDS + 1)
+
+    assert await Reaper(fresh_pool, credits.stub, PREFIX).run_once() == ReapResult(settled_holds=2)
+
+    assert [await _hold_status(fresh_pool, j) for j in (charged, free)] == ["committed", "released"]
+    rows = await fresh_pool.fetch(
+        "SELECT line, amount FROM credit_ledger WHERE job_id = $1 AND kind = 'commit' ORDER BY line",
+        charged,
+    )
+    assert [(r["line"], r["amount"]) for r in rows] == [("base", -1000), ("run_seconds", -150)]
+    assert await _balance(fresh_pool, tenant) == (BALANCE - 1150, 0)
+
+
 async def _age(pool: asyncpg.Pool, job_id: uuid.UUID, seconds: float) -> None:
     await pool.execute(
         "UPDATE processing_jobs SET updated_at = now() - make_interval(secs => $2) WHERE job_id = $1",

@@ -428,10 +428,12 @@ async def test_drain_deadline_hands_back_the_running_job(make_rig: Callable[...,
     ("code", "retryable", "status", "hold", "ledger"),
     [
         ("TIMEOUT", True, "retry_wait", "held", [("hold", HOLD)]),
-        ("CORRUPT_INPUT", False, "failed", "released", [("hold", HOLD), ("release", HOLD)]),
+        # The input's fault, found by the child: thumbnail's base 1000 and 10 for the run's second.
+        ("CORRUPT_INPUT", False, "failed", "committed", [("hold", HOLD), ("commit", -1000), ("commit", -10)]),
+        ("PASSWORD_REQUIRED", False, "failed", "released", [("hold", HOLD), ("release", HOLD)]),
     ],
 )
-async def test_failure_is_retried_or_failed_and_released(
+async def test_failure_is_retried_or_failed_and_charged_or_released(
     make_rig: Callable[..., Awaitable[Rig]],
     code: str,
     retryable: bool,
@@ -440,7 +442,8 @@ async def test_failure_is_retried_or_failed_and_released(
     ledger: list[tuple[str, int]],
 ) -> None:
     """A retryable failure with attempts left waits for its retry (hold kept for it); a permanent
-    one fails the job and releases the hold. Either way nothing is uploaded."""
+    one fails the job, charged its minimum when it is the input's fault (ADR 0068), else released.
+    Either way nothing is uploaded."""
     rig = await make_rig()
     rig.sandbox.outcome = failure(code, retryable=retryable)
     job_id = await rig.job()
@@ -451,9 +454,37 @@ async def test_failure_is_retried_or_failed_and_released(
     row = await rig.row(job_id)
     assert (row["status"], row["error_code"]) == (status, code)
     assert (row["next_attempt_at"] is not None) == retryable
+    assert row["actual_credits"] == (1010 if hold == "committed" else None)
     assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "failed", code)]
     assert rig.storage.uploads == []
     assert await rig.credit(job_id) == (hold, ledger)
+
+
+async def test_a_job_out_of_attempts_by_timeouts_is_charged_every_attempts_run_within_its_price(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A hostile file that times out at every attempt: the last one fails the job, charged base
+    and the seconds all its timed-out attempts ran (30 s before, 0.03 s now: 31 s, 310), cut to
+    the 1200 it held. The reaper's sweep would charge the same from the job row."""
+    rig = await make_rig()
+    rig.sandbox.outcome = failure("TIMEOUT", retryable=True)
+    job_id = await rig.job(attempt_count=1, max_attempts=2)
+    await rig.pool.execute(
+        "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status, error_code, duration_ms) "
+        "VALUES ($1, 1, $2, 'failed', 'TIMEOUT', 30000)",
+        uuid.UUID(job_id),
+        OTHER_WORKER,
+    )
+    await rig.publish(job_id)
+
+    await rig.run_until(lambda: _status_is(rig, job_id, "failed"))
+
+    row = await rig.row(job_id)
+    assert (row["actual_credits"], dict(row["charge_lines"])) == (HOLD, {"run_seconds": HOLD - 1000})
+    assert await rig.credit(job_id) == (
+        "committed",
+        [("hold", HOLD), ("commit", -1000), ("commit", -(HOLD - 1000))],
+    )
 
 
 async def test_cancel_while_running_kills_the_sandbox_and_releases(

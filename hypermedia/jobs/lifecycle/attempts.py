@@ -12,6 +12,7 @@ import asyncpg
 
 from hypermedia.core import metrics
 from hypermedia.infra import db
+from hypermedia.jobs import charges
 from hypermedia.jobs.lifecycle import caps
 from hypermedia.jobs.lifecycle.rules import (
     LEASE_MARGIN_SECONDS,
@@ -46,6 +47,12 @@ class ClaimedJob:
     """Millicredits per page an OCR job escalated (the profile's; 0 elsewhere)."""
     max_duration_seconds: int = 14_400
     """Longest audio or video a media job takes, in seconds (the profile's)."""
+    base_cost: int = 0
+    """The profile's price of any job of it, millicredits (:mod:`hypermedia.jobs.charges`)."""
+    work_unit: str | None = None
+    """What the profile charges by when the job completes (``page``), or None: by size."""
+    per_unit: int = 0
+    """Millicredits per :attr:`work_unit`."""
 
 
 def job_key(job_id: str) -> str | None:
@@ -180,7 +187,7 @@ async def claim_retrying(
 _CLAIMED_COLUMNS = """j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
     j.params, j.priority, j.attempt_count, j.max_attempts, j.estimated_credits, p.timeout_seconds,
     p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds, p.escalation_per_page,
-    p.max_duration_seconds"""
+    p.max_duration_seconds, p.base_cost, p.work_unit, p.per_unit"""
 """What :func:`claim` and :func:`reclaim` read (``j``: the job, ``p``: its profile) for :func:`_claimed_job`."""
 
 
@@ -204,6 +211,9 @@ def _claimed_job(row: asyncpg.Record) -> ClaimedJob:
         backoff_base_seconds=row["backoff_base_seconds"],
         escalation_per_page=row["escalation_per_page"],
         max_duration_seconds=row["max_duration_seconds"],
+        base_cost=row["base_cost"],
+        work_unit=row["work_unit"],
+        per_unit=row["per_unit"],
     )
 
 
@@ -292,14 +302,25 @@ async def fail(
     prefix: str,
     duration_ms: int = 0,
     peak_memory_mb: int = 0,
+    input_fault: bool = False,
 ) -> str | None:
     """Record a failed attempt. A retryable failure with attempts left goes to ``retry_wait`` with
     backoff ``backoff_base_seconds × 2^(n−1)`` (the seed's 1, 2, 4, 8 … minutes), ``n`` being the
     number of attempts that failed on the job's account (``attempt_count − lost_attempts``, this one
     included), and so does the ``max_attempts`` check; otherwise the job is ``failed``. A job whose
-    cancellation was requested is never retried: it is ``failed`` (and the caller releases its hold). Returns the new status (also when an earlier call of this attempt
+    cancellation was requested is never retried: it is ``failed`` (and the caller releases its hold).
+    ``input_fault``: the sandbox child ran and failed with one of
+    :data:`~hypermedia.jobs.charges.INPUT_FAULTS`; a job that then ends ``failed`` (its
+    cancellation not requested) records :func:`~hypermedia.jobs.charges.for_failure` as its
+    ``actual_credits`` and ``charge_lines``, which :func:`failure_charge` reads back for the
+    settlement. Returns the new status (also when an earlier call of this attempt
     committed and its reply was lost), or None when the lease was lost."""
     async with pool.acquire() as conn, conn.transaction():
+        before = None
+        if input_fault:
+            before = await conn.fetchval(
+                "SELECT status FROM processing_jobs WHERE job_id = $1 FOR UPDATE", job.job_id
+            )
         # SET expressions see the old row — the latest committed version, re-read after waiting for
         # a concurrent cancel's lock (so no CTE snapshot here) — so every CASE tests the status
         # before this update.
@@ -336,9 +357,41 @@ async def fail(
             status = await _fenced_status(conn, job, worker_id)
             return str(status) if status in ("retry_wait", "failed") else None
         await _finish_attempt(conn, job, "failed", error_code, error_message, duration_ms, peak_memory_mb)
+        if status == "failed" and before == "processing":
+            await _record_failure_charge(conn, job)
     _observe(job, "retried" if status == "retry_wait" else "failed", duration_ms, peak_memory_mb)
     metrics.JOB_ERRORS.labels(job.operation, metrics.job_error_label(error_code)).inc()
     return str(status)
+
+
+async def _record_failure_charge(conn: db.Connection, job: ClaimedJob) -> None:
+    """The charge of ``job``, failed because of its input: its attempts that failed so, this one
+    included (just recorded), ran for the sum of their ``duration_ms``."""
+    run_ms = await conn.fetchval(
+        "SELECT coalesce(sum(duration_ms), 0) FROM job_attempts "
+        "WHERE job_id = $1 AND status = 'failed' AND error_code = ANY($2::text[])",
+        job.job_id,
+        sorted(charges.INPUT_FAULTS),
+    )
+    charge = charges.for_failure(price=job.estimated_credits, base_cost=job.base_cost, run_ms=int(run_ms))
+    await conn.execute(
+        "UPDATE processing_jobs SET actual_credits = $2, charge_lines = $3 WHERE job_id = $1",
+        job.job_id,
+        charge.actual,
+        charge.lines,
+    )
+
+
+async def failure_charge(pool: asyncpg.Pool, job_id: str) -> charges.Charge | None:
+    """What the failed job ``job_id`` is charged (:func:`fail` recorded it), or None when it is
+    not charged (its hold is released)."""
+    row = await pool.fetchrow(
+        "SELECT actual_credits, charge_lines FROM processing_jobs WHERE job_id = $1 AND status = 'failed'",
+        job_id,
+    )
+    if row is None or row["actual_credits"] is None:
+        return None
+    return charges.Charge(int(row["actual_credits"]), dict(row["charge_lines"] or {}))
 
 
 async def mark_cancelled(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, duration_ms: int) -> bool:

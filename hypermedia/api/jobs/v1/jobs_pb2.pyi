@@ -1661,6 +1661,8 @@ class OperationInfo(_message.Message):
     MAX_PIXELS_FIELD_NUMBER: _builtins.int
     MEMORY_LIMIT_MB_FIELD_NUMBER: _builtins.int
     MAX_DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    WORK_UNIT_FIELD_NUMBER: _builtins.int
+    PER_UNIT_CREDITS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     queue: _builtins.str
     """images, documents, ocr or media."""
@@ -1676,6 +1678,12 @@ class OperationInfo(_message.Message):
     max_pixels: _builtins.int
     memory_limit_mb: _builtins.int
     max_duration_seconds: _builtins.int
+    work_unit: _builtins.str
+    """What a completed job is charged by beside base_credits ("page"), within its price by size;
+    empty: charged its price (ADR 0068).
+    """
+    per_unit_credits: _builtins.str
+    """Credits per work_unit ("0.050"; "0.000" without one)."""
     @_builtins.property
     def input_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The kinds of original it takes: image, pdf, office, video, audio, ..."""
@@ -1701,10 +1709,12 @@ class OperationInfo(_message.Message):
         max_pixels: _builtins.int = ...,
         memory_limit_mb: _builtins.int = ...,
         max_duration_seconds: _builtins.int = ...,
+        work_unit: _builtins.str = ...,
+        per_unit_credits: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["params_schema", b"params_schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_credits", b"base_credits", "escalation_per_page_credits", b"escalation_per_page_credits", "input_kinds", b"input_kinds", "max_attempts", b"max_attempts", "max_duration_seconds", b"max_duration_seconds", "max_input_bytes", b"max_input_bytes", "max_pixels", b"max_pixels", "memory_limit_mb", b"memory_limit_mb", "name", b"name", "params_schema", b"params_schema", "per_mb_credits", b"per_mb_credits", "profile_version", b"profile_version", "queue", b"queue", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_credits", b"base_credits", "escalation_per_page_credits", b"escalation_per_page_credits", "input_kinds", b"input_kinds", "max_attempts", b"max_attempts", "max_duration_seconds", b"max_duration_seconds", "max_input_bytes", b"max_input_bytes", "max_pixels", b"max_pixels", "memory_limit_mb", b"memory_limit_mb", "name", b"name", "params_schema", b"params_schema", "per_mb_credits", b"per_mb_credits", "per_unit_credits", b"per_unit_credits", "profile_version", b"profile_version", "queue", b"queue", "timeout_seconds", b"timeout_seconds", "work_unit", b"work_unit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

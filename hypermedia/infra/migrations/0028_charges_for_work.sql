@@ -1,0 +1,15 @@
+-- Charges for the work done (issue 23 item 3, ADR 0068). The hold stays the seed's price
+-- (base_cost + per_mb × size_mb), an upper bound; a completed job of an operation with a
+-- `work_unit` is charged base_cost + per_unit × the units it did (pages rendered or read), never
+-- more than that price (hypermedia/jobs/charges.py). Operations without one are charged their
+-- price, the bytes they read being their measure. Values in millicredits.
+-- depends: 0027_running_cap
+
+ALTER TABLE processing_profiles
+    ADD COLUMN work_unit text CHECK (work_unit IN ('page')),
+    ADD COLUMN per_unit  integer NOT NULL DEFAULT 0 CHECK (per_unit >= 0);
+
+-- A page rendered at preview size costs about as much CPU as 0.25 MiB of an image thumbnailed;
+-- a page read by tesseract about a second and a half of CPU (docs/performance.md).
+UPDATE processing_profiles SET work_unit = 'page', per_unit = 50 WHERE operation = 'pdf_preview';
+UPDATE processing_profiles SET work_unit = 'page', per_unit = 200 WHERE operation = 'ocr';

@@ -1,0 +1,86 @@
+"""What a job is charged: the work it did, never more than what it held (issue 23 item 3, ADR 0068).
+
+The hold, taken when the job is created, is the seed's price (``base_cost + per_mb × size_mb``,
+:func:`hypermedia.jobs.pricing.price`) plus any allowance (an OCR job's escalation): an upper
+bound. What the job is charged when it ends:
+
+* **completed**, operation with a ``work_unit`` (``pdf_preview`` and ``ocr``: ``page``): its
+  profile's ``base_cost`` plus ``per_unit`` × the units its outputs report (the distinct pages
+  rendered or read), the work line cut so that the two never exceed the price held. A one-page
+  preview of a 10 MiB PDF is charged 1.05 credits where 3 were held (``base`` 1, ``pages`` 0.05).
+* **completed**, operation without one: its price; the bytes it read are its measure.
+* **failed because of its input** (:data:`INPUT_FAULTS`: it ran out of time or memory, or the
+  input turned out corrupt while the engine decoded it), once its sandbox child ran: the
+  documented minimum for the resources it used, ``base_cost`` plus :data:`RUN_SECOND_MILLICREDITS`
+  per second its child ran (over every attempt that failed so), never more than the price held.
+  A thumbnail of a hostile file that times out three times at 30 s is charged 1 + 0.9 credits,
+  cut to its price.
+* **failed for any other reason** (the platform's: storage down, an internal error, a lost lease,
+  a drain), **or cancelled**: nothing; the hold is released.
+
+Each part beside ``base`` is a line of its own (``charge_lines``, a ledger row each): ``pages``,
+``run_seconds``, and the OCR worker's ``ocr_escalation``, which its allowance bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+INPUT_FAULTS: Final = frozenset({"TIMEOUT", "RESOURCE_LIMIT", "CORRUPT_INPUT"})
+"""Error codes that are the input's fault when the sandbox child reports them: the job that
+fails with one (after its last attempt) is charged :func:`for_failure`."""
+RUN_SECOND_MILLICREDITS: Final = 10
+"""Millicredits per second (rounded up) a failed job's sandbox child ran: the ``run_seconds``
+line of :func:`for_failure` (one credit per 100 s of a slot)."""
+WORK_LINES: Final = {"page": "pages"}
+"""The charge line of each ``processing_profiles.work_unit``."""
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a job is charged: ``actual`` millicredits in all, ``lines`` of it by name (the rest
+    is the ``base`` line)."""
+
+    actual: int
+    lines: dict[str, int] = field(default_factory=dict)
+
+
+def pages(metadata: Iterable[Mapping[str, Any]]) -> int:
+    """The distinct page numbers the outputs' metadata report: each output's ``page`` (a
+    preview's) and the numbers in its ``pages`` (an OCR result's list of page numbers)."""
+    seen: set[int] = set()
+    for meta in metadata:
+        page = meta.get("page")
+        if isinstance(page, int) and not isinstance(page, bool):
+            seen.add(page)
+        listed = meta.get("pages")
+        if isinstance(listed, list):
+            seen.update(p for p in listed if isinstance(p, int) and not isinstance(p, bool))
+    return len(seen)
+
+
+def for_completion(
+    *, price: int, base_cost: int, work_unit: str | None, per_unit: int, metadata: Iterable[Mapping[str, Any]]
+) -> Charge:
+    """The charge of a completed job whose profile prices ``work_unit`` (None: priced by size) at
+    ``per_unit`` millicredits, from its outputs' ``metadata``, ``price`` being what it held
+    without allowances (``processing_jobs.estimated_credits``). Raises ValueError for a unit
+    this module does not measure."""
+    if work_unit is None:
+        return Charge(price)
+    if work_unit != "page":
+        raise ValueError(f"no measure of work unit {work_unit!r}")
+    base = min(base_cost, price)
+    work = min(per_unit * pages(metadata), price - base)
+    return Charge(base + work, {WORK_LINES[work_unit]: work} if work else {})
+
+
+def for_failure(*, price: int, base_cost: int, run_ms: int) -> Charge:
+    """The charge of a job that failed with one of :data:`INPUT_FAULTS` after its child ran for
+    ``run_ms`` milliseconds in all: ``base_cost`` and ``run_seconds``, within ``price``."""
+    base = min(base_cost, price)
+    run = min(RUN_SECOND_MILLICREDITS * math.ceil(max(run_ms, 0) / 1000), price - base)
+    return Charge(base + run, {"run_seconds": run} if run else {})
