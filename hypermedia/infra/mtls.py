@@ -77,6 +77,7 @@ RIGHTS: Mapping[str, frozenset[str]] = {
     _CREDITS + "Commit": WORKERS | {"reaper"},
     _CREDITS + "Release": WORKERS | {"reaper", "gateway"},
     _CREDITS + "ListHolds": frozenset({"reaper", "admin"}),
+    _CREDITS + "ListLedger": _GATEWAY | {"admin"},
     _CREDITS + "Grant": frozenset({"admin"}),
     "/hypermedia.worker.v1.WorkerService/GetStatus": IDENTITIES,
 }

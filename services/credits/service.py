@@ -33,7 +33,9 @@ MAX_GRANT_ID_LENGTH = 200
 DEFAULT_HOLDS_PAGE = 500
 """Holds in a ListHolds page when the request names no size (the reaper's batch)."""
 MAX_HOLDS_PAGE = 1000
-"""Largest ListHolds page."""
+"""Largest ListHolds (and ListLedger) page."""
+DEFAULT_LEDGER_PAGE = 50
+"""Entries in a ListLedger page when the request names no size."""
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
@@ -354,6 +356,44 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         if len(rows) == page_size:
             token = f"{rows[-1]['created_at'].isoformat()}|{rows[-1]['job_id']}"
         return credits_pb2.ListHoldsResponse(holds=holds, next_page_token=token)
+
+    async def ListLedger(
+        self, request: credits_pb2.ListLedgerRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.ListLedgerResponse:
+        account_id = _uuid(request.account_id, "account_id")
+        page_size = request.page_size or DEFAULT_LEDGER_PAGE
+        if not 1 <= page_size <= MAX_HOLDS_PAGE:
+            raise InvalidArgument(f"page_size must be 1–{MAX_HOLDS_PAGE}")
+        rows = await self._pool.fetch(
+            "SELECT entry_id, kind, line, amount, job_id, created_at FROM credit_ledger "
+            "WHERE account_id = $1 AND entry_id < $2 ORDER BY entry_id DESC LIMIT $3",
+            account_id,
+            _ledger_cursor(request.page_token),
+            page_size,
+        )
+        entries = []
+        for row in rows:
+            entry = credits_pb2.LedgerEntry(
+                entry_id=row["entry_id"],
+                kind=row["kind"],
+                line=row["line"],
+                millicredits=row["amount"],
+                job_id=str(row["job_id"] or ""),
+            )
+            entry.created_at.FromDatetime(row["created_at"])
+            entries.append(entry)
+        token = str(rows[-1]["entry_id"]) if len(rows) == page_size else ""
+        return credits_pb2.ListLedgerResponse(entries=entries, next_page_token=token)
+
+
+def _ledger_cursor(token: str) -> int:
+    """The ``entry_id`` a ListLedger page starts below; above any for an empty token. Raises
+    InvalidArgument for a token ListLedger did not make."""
+    if not token:
+        return 2**63 - 1
+    if not token.isascii() or not token.isdigit() or len(token) > 19:
+        raise InvalidArgument("malformed page_token", "INVALID_ARGUMENT")
+    return int(token)
 
 
 def _holds_cursor(token: str) -> tuple[datetime.datetime, uuid.UUID]:

@@ -372,6 +372,29 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         await self._caller(context)
         return jobs_pb2.ListOcrLanguagesResponse(languages=await self._api.creation.ocr_languages())
 
+    async def ListLedger(
+        self, request: jobs_pb2.ListLedgerRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.ListLedgerResponse:
+        caller = await self._caller(context)
+        page = await self._api.accounts.ledger(caller, request.page_size or 50, request.page_token or None)
+        return jobs_pb2.ListLedgerResponse(
+            entries=[
+                jobs_pb2.LedgerEntry(
+                    entry_id=e.entry_id,
+                    kind=e.kind,
+                    line=e.line,
+                    credits=credits_text(e.millicredits),
+                    job_id=e.job_id or "",
+                    operation=e.operation or "",
+                    job_status=e.job_status or "",
+                    error_code=e.error_code or "",
+                    created_at=timestamp_of(e.created_at),
+                )
+                for e in page.entries
+            ],
+            next_page_token=page.next_cursor or "",
+        )
+
     async def GetBalance(
         self, request: jobs_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.GetBalanceResponse:

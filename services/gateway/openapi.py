@@ -96,6 +96,28 @@ class JobPageOut(BaseModel):
     next_cursor: str | None = Field(description="the next page's cursor; null on the last page")
 
 
+class LedgerEntryOut(BaseModel):
+    entry_id: int
+    at: str = Field(description="when (ISO 8601, UTC)")
+    kind: str = Field(description="grant, hold, commit or release")
+    line: str = Field(
+        description="a commit's charge line: base, pages, run_seconds, ocr_escalation; base otherwise"
+    )
+    credits: float = Field(
+        description="a grant (+) and a commit (-): the change of the balance; a hold and a release: "
+        "the amount held or given back (+), the balance unchanged"
+    )
+    job_id: str | None = Field(description="null for a grant")
+    operation: str | None
+    job_status: str | None = Field(description="the job's status now")
+    error_code: str | None = Field(description="why the job failed, when it did")
+
+
+class LedgerOut(BaseModel):
+    entries: list[LedgerEntryOut]
+    next_cursor: str | None = Field(description="the next page's cursor; null on the last page")
+
+
 class ObjectInfoOut(BaseModel):
     object_id: str
     pool_id: str

@@ -33,7 +33,7 @@ from services.gateway import backfills_api, openapi, operators_api, presets_api
 from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
-from services.gateway.results import Attempt, Balance, Job, ObjectInfo, Output, ProcessResult
+from services.gateway.results import Attempt, Balance, Job, LedgerPage, ObjectInfo, Output, ProcessResult
 from services.gateway.status import MAX_PAGE_SIZE, JobFilter, JobPage
 from services.gateway.usecases import UseCases
 
@@ -327,6 +327,27 @@ def process_json(result: ProcessResult) -> dict[str, Any]:
     return {
         "job_ids": list(result.job_ids),
         "estimated_credits": credits_number(result.estimated_millicredits),
+    }
+
+
+def ledger_json(page: LedgerPage) -> dict[str, Any]:
+    """The answer of ``GET /v1/account/ledger`` (:class:`openapi.LedgerOut`): credits signed."""
+    return {
+        "entries": [
+            {
+                "entry_id": e.entry_id,
+                "at": e.created_at.isoformat(),
+                "kind": e.kind,
+                "line": e.line,
+                "credits": credits_number(e.millicredits),
+                "job_id": e.job_id,
+                "operation": e.operation,
+                "job_status": e.job_status,
+                "error_code": e.error_code,
+            }
+            for e in page.entries
+        ],
+        "next_cursor": page.next_cursor,
     }
 
 
@@ -772,6 +793,18 @@ def build_app(
     async def account(who: Caller = Depends(caller)) -> dict[str, Any]:
         """The caller's account and pool, and the secret that signs its webhooks (Standard Webhooks)."""
         return dataclasses.asdict(await api.accounts.account(who))
+
+    @app.get("/v1/account/ledger", responses={200: {"model": openapi.LedgerOut}})
+    async def ledger(
+        who: Caller = Depends(caller),
+        limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="entries a page"),
+        cursor: str | None = Query(None, description="next_cursor of the previous page"),
+    ) -> dict[str, Any]:
+        """The caller's ledger, newest first, a page at a time: ``{"entries": [...],
+        "next_cursor"}``. Every grant, hold, release and commit, a commit one entry per charge
+        line (``base``, ``pages``, ``run_seconds``, ``ocr_escalation``), each with its job's
+        operation, status and error code: what explains every charge. 422 ``INVALID_CURSOR``."""
+        return ledger_json(await api.accounts.ledger(who, limit, cursor))
 
     @app.get("/v1/credits", response_model=BalanceOut)
     async def credits(who: Caller = Depends(caller)) -> dict[str, Any]:

@@ -245,6 +245,33 @@ class Account:
 
 
 @dataclass(frozen=True)
+class LedgerEntry:
+    """One movement of an account's credits (the credits service's ledger), with its job's state."""
+
+    entry_id: int
+    kind: str
+    """``grant``, ``hold``, ``commit`` or ``release``."""
+    line: str
+    """A commit's charge line (``base``, ``pages``, ``run_seconds``, ``ocr_escalation``); ``base`` otherwise."""
+    millicredits: int
+    """A grant (+) and a commit (−): the change of the balance; a hold and a release: the
+    amount held or given back (+), the balance unchanged."""
+    job_id: str | None
+    operation: str | None
+    job_status: str | None
+    error_code: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class LedgerPage:
+    """A page of :class:`LedgerEntry`, newest first; ``next_cursor`` None on the last."""
+
+    entries: tuple[LedgerEntry, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
 class Balance:
     """An account's credits (the credits service's ``GetBalance``)."""
 

@@ -166,6 +166,35 @@ def test_a_preview_is_charged_the_pages_it_rendered_within_the_price_held(
     assert round((before["balance"] - after["balance"]) * 1000) == 1050 + 1005
     assert after["held"] == before["held"]
 
+    # GET /v1/account/ledger explains both charges line by line, newest first (a job's commit can
+    # follow the next job's hold: the settlement comes just after the status the test waited for).
+    page = client.get("/v1/account/ledger", params={"limit": 6}).json()
+    by_job: dict[str, list[tuple[str, str, float, str, str]]] = {}
+    for e in page["entries"]:
+        by_job.setdefault(e["job_id"], []).append(
+            (e["kind"], e["line"], e["credits"], e["operation"], e["job_status"])
+        )
+    assert by_job == {
+        four_pages["job_id"]: [
+            ("commit", "pages", -0.005, "pdf_preview", "completed"),
+            ("commit", "base", -1.0, "pdf_preview", "completed"),
+            ("hold", "base", 1.005, "pdf_preview", "completed"),
+        ],
+        one_page["job_id"]: [
+            ("commit", "pages", -0.05, "pdf_preview", "completed"),
+            ("commit", "base", -1.0, "pdf_preview", "completed"),
+            ("hold", "base", one_page["estimated_credits"], "pdf_preview", "completed"),
+        ],
+    }
+    assert [e["entry_id"] for e in page["entries"]] == sorted(
+        (e["entry_id"] for e in page["entries"]), reverse=True
+    )
+    assert page["next_cursor"] and page["entries"][0]["at"] >= page["entries"][-1]["at"]
+    older = client.get("/v1/account/ledger", params={"limit": 1, "cursor": page["next_cursor"]}).json()
+    assert older["entries"][0]["entry_id"] < page["entries"][-1]["entry_id"]
+    refused = client.get("/v1/account/ledger", params={"cursor": "yesterday"})
+    assert (refused.status_code, refused.json()["error_code"]) == (422, "INVALID_CURSOR")
+
 
 def test_default_preview_is_a_webp_of_page_1(client: httpx.Client) -> None:
     obj = upload(client, PDF_DIR / "google-doc-document.pdf")

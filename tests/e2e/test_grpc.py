@@ -60,6 +60,26 @@ def test_upload_process_and_get_job_over_grpc(platform: RunningPlatform, account
     assert json_format.MessageToDict(output.metadata)["width"] == 128
     assert output.url.startswith("http://127.0.0.1:")
 
+    async def ledger() -> jobs_pb2.ListLedgerResponse:
+        async with grpc.aio.insecure_channel(platform.grpc_addr) as chan:
+            stub = jobs_pb2_grpc.JobServiceStub(chan)
+            for _ in range(100):  # the commit follows the completion the loop above saw
+                page = await stub.ListLedger(jobs_pb2.ListLedgerRequest(page_size=1000), metadata=metadata)
+                if any(e.job_id == job.job_id and e.kind == "commit" for e in page.entries):
+                    return page
+                await asyncio.sleep(0.05)
+        raise AssertionError("no commit in the ledger")
+
+    entries = [
+        (e.kind, e.line, e.credits, e.operation, e.job_status)
+        for e in asyncio.run(ledger()).entries
+        if e.job_id == job.job_id
+    ]
+    assert entries == [
+        ("commit", "base", f"-{job.actual_credits}", "thumbnail", "completed"),
+        ("hold", "base", job.estimated_credits, "thumbnail", "completed"),
+    ]
+
 
 @pytest.mark.parametrize(
     ("request_", "code", "error_code"),

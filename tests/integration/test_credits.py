@@ -525,3 +525,59 @@ async def test_list_holds_refuses_bad_pages_and_tokens(credits: Credits) -> None
     ):
         with pytest.raises(InvalidArgument):
             await credits.service.ListHolds(request, None)
+
+
+async def test_list_ledger_pages_through_an_accounts_entries_newest_first_line_by_line(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """The grant that opened the account, then a job held and committed with two lines, and a
+    job held and released: seven entries, newest first, two a page; another account's entries
+    are never listed."""
+    tenant = await seed.tenant(balance=10_000)
+    other = await seed.tenant(balance=10_000)
+    await credits.service.Grant(
+        credits_pb2.GrantRequest(
+            account_id=str(tenant.account_id), millicredits=500, grant_id=str(uuid.uuid4())
+        ),
+        None,
+    )
+    charged = await _held_job(credits, tenant, 2000)
+    await credits.service.Commit(_commit(charged, 1050, pages=50), None)
+    released = await _held_job(credits, tenant, 1200)
+    await credits.service.Release(credits_pb2.ReleaseRequest(job_id=str(released)), None)
+    await _held_job(credits, other, 900)
+
+    entries, token = [], ""
+    while True:
+        page = await credits.service.ListLedger(
+            credits_pb2.ListLedgerRequest(account_id=str(tenant.account_id), page_size=2, page_token=token),
+            None,
+        )
+        entries += [(e.kind, e.line, e.millicredits, e.job_id) for e in page.entries]
+        assert len(page.entries) <= 2
+        token = page.next_page_token
+        if not token:
+            break
+    grants = [e for e in entries if e[0] == "grant"]
+    assert entries[: len(entries) - len(grants)] == [
+        ("release", "base", 1200, str(released)),
+        ("hold", "base", 1200, str(released)),
+        ("commit", "pages", -50, str(charged)),
+        ("commit", "base", -1000, str(charged)),
+        ("hold", "base", 2000, str(charged)),
+    ]
+    assert grants[0][:3] == ("grant", "base", 500)
+    assert all(job_id == "" for *_, job_id in grants)
+
+
+async def test_list_ledger_refuses_bad_pages_tokens_and_ids(credits: Credits) -> None:
+    account = str(uuid.uuid4())
+    for request in (
+        credits_pb2.ListLedgerRequest(account_id=account, page_size=1001),
+        credits_pb2.ListLedgerRequest(account_id=account, page_size=-1),
+        credits_pb2.ListLedgerRequest(account_id=account, page_token="12a"),
+        credits_pb2.ListLedgerRequest(account_id=account, page_token="9" * 20),
+        credits_pb2.ListLedgerRequest(account_id="not-an-id"),
+    ):
+        with pytest.raises(InvalidArgument):
+            await credits.service.ListLedger(request, None)

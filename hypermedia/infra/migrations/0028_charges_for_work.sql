@@ -13,3 +13,7 @@ ALTER TABLE processing_profiles
 -- a page read by tesseract about a second and a half of CPU (docs/performance.md).
 UPDATE processing_profiles SET work_unit = 'page', per_unit = 50 WHERE operation = 'pdf_preview';
 UPDATE processing_profiles SET work_unit = 'page', per_unit = 200 WHERE operation = 'ocr';
+
+-- An account's ledger, newest first (credits ListLedger, GET /v1/account/ledger): what explains
+-- each charge line by line.
+CREATE INDEX credit_ledger_account_idx ON credit_ledger(account_id, entry_id);

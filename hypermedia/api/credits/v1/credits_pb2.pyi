@@ -511,6 +511,97 @@ class ListHoldsResponse(_message.Message):
 Global___ListHoldsResponse: _TypeAlias = ListHoldsResponse  # noqa: Y015
 
 @_typing.final
+class ListLedgerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCOUNT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    account_id: _builtins.str
+    page_size: _builtins.int
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        account_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerRequest: _TypeAlias = ListLedgerRequest  # noqa: Y015
+
+@_typing.final
+class ListLedgerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___LedgerEntry] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerResponse: _TypeAlias = ListLedgerResponse  # noqa: Y015
+
+@_typing.final
+class LedgerEntry(_message.Message):
+    """LedgerEntry is one movement of an account's credits."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    LINE_FIELD_NUMBER: _builtins.int
+    MILLICREDITS_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    entry_id: _builtins.int
+    kind: _builtins.str
+    """grant, hold, commit or release."""
+    line: _builtins.str
+    """The charge line of a commit (base, pages, run_seconds, ocr_escalation); base otherwise."""
+    millicredits: _builtins.int
+    """A grant (+) and a commit (-): the change of the balance; a hold and a release: the amount
+    held or given back to what is available (+), the balance unchanged.
+    """
+    job_id: _builtins.str
+    """The job it is about; empty for a grant."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        entry_id: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        line: _builtins.str = ...,
+        millicredits: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "entry_id", b"entry_id", "job_id", b"job_id", "kind", b"kind", "line", b"line", "millicredits", b"millicredits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LedgerEntry: _TypeAlias = LedgerEntry  # noqa: Y015
+
+@_typing.final
 class HeldHold(_message.Message):
     """HeldHold is a hold not yet committed or released."""
 

@@ -75,6 +75,11 @@ class CreditsServiceStub:
                 request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsResponse.FromString,
                 _registered_method=True)
+        self.ListLedger = channel.unary_unary(
+                '/hypermedia.credits.v1.CreditsService/ListLedger',
+                request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListLedgerRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListLedgerResponse.FromString,
+                _registered_method=True)
 
 
 class CreditsServiceServicer:
@@ -159,6 +164,17 @@ class CreditsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLedger(self, request, context):
+        """ListLedger pages through an account's ledger, newest first: every grant, hold, release and
+        commit, a commit one entry per charge line (base, pages, run_seconds, ocr_escalation), so the
+        entries explain every charge. `page_size` 1–1000 (0: 50); `page_token` from the previous
+        page's `next_page_token`, empty on the last page. INVALID_ARGUMENT for a malformed id or
+        token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CreditsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +217,11 @@ def add_CreditsServiceServicer_to_server(servicer, server):
                     servicer.ListHolds,
                     request_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsRequest.FromString,
                     response_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsResponse.SerializeToString,
+            ),
+            'ListLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLedger,
+                    request_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListLedgerRequest.FromString,
+                    response_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListLedgerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -420,6 +441,33 @@ class CreditsService:
             '/hypermedia.credits.v1.CreditsService/ListHolds',
             hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsRequest.SerializeToString,
             hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListHoldsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.credits.v1.CreditsService/ListLedger',
+            hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListLedgerRequest.SerializeToString,
+            hypermedia_dot_credits_dot_v1_dot_credits__pb2.ListLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,

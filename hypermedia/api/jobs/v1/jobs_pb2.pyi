@@ -1504,6 +1504,106 @@ class GetBalanceResponse(_message.Message):
 Global___GetBalanceResponse: _TypeAlias = GetBalanceResponse  # noqa: Y015
 
 @_typing.final
+class ListLedgerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """1-1000; 0: 50."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty: the newest."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerRequest: _TypeAlias = ListLedgerRequest  # noqa: Y015
+
+@_typing.final
+class ListLedgerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """The page_token of the next page; empty on the last page."""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___LedgerEntry] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerResponse: _TypeAlias = ListLedgerResponse  # noqa: Y015
+
+@_typing.final
+class LedgerEntry(_message.Message):
+    """LedgerEntry is one movement of the caller's credits."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    LINE_FIELD_NUMBER: _builtins.int
+    CREDITS_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    JOB_STATUS_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    entry_id: _builtins.int
+    kind: _builtins.str
+    """grant, hold, commit or release."""
+    line: _builtins.str
+    """A commit's charge line (base, pages, run_seconds, ocr_escalation); base otherwise."""
+    credits: _builtins.str
+    """Decimal credits. A grant ("5.000") and a commit ("-1.050"): the change of the balance; a hold
+    and a release ("1.600"): the amount held or given back, the balance unchanged.
+    """
+    job_id: _builtins.str
+    """The job it is about, its operation, its status and error code now; empty for a grant."""
+    operation: _builtins.str
+    job_status: _builtins.str
+    error_code: _builtins.str
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        entry_id: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        line: _builtins.str = ...,
+        credits: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        job_status: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "credits", b"credits", "entry_id", b"entry_id", "error_code", b"error_code", "job_id", b"job_id", "job_status", b"job_status", "kind", b"kind", "line", b"line", "operation", b"operation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LedgerEntry: _TypeAlias = LedgerEntry  # noqa: Y015
+
+@_typing.final
 class WatchJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

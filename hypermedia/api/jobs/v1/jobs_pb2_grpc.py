@@ -85,6 +85,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceResponse.FromString,
                 _registered_method=True)
+        self.ListLedger = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/ListLedger',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListLedgerRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListLedgerResponse.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/hypermedia.jobs.v1.JobService/WatchJob',
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
@@ -190,6 +195,16 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLedger(self, request, context):
+        """ListLedger pages through the caller's ledger, newest first: every grant, hold, release and
+        commit, a commit one entry per charge line, each with its job's operation, status and error
+        code, so the entries explain every charge (ADR 0068). INVALID_ARGUMENT (INVALID_CURSOR,
+        INVALID_PAGE_SIZE) for a bad page token or size.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchJob(self, request, context):
         """WatchJob streams the job's events — every status change and progress update — from the
         first (or after `after_event_id`) and ends after the terminal status. NOT_FOUND for others' jobs.
@@ -267,6 +282,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetBalance,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceResponse.SerializeToString,
+            ),
+            'ListLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLedger,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListLedgerRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListLedgerResponse.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -555,6 +575,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/GetBalance',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetBalanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/ListLedger',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListLedgerRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,
