@@ -4,10 +4,13 @@ The hold, taken when the job is created, is the seed's price (``base_cost + per_
 :func:`hypermedia.jobs.pricing.price`) plus any allowance (an OCR job's escalation): an upper
 bound. What the job is charged when it ends:
 
-* **completed**, operation with a ``work_unit`` (``pdf_preview`` and ``ocr``: ``page``): its
-  profile's ``base_cost`` plus ``per_unit`` × the units its outputs report (the distinct pages
-  rendered or read), the work line cut so that the two never exceed the price held. A one-page
-  preview of a 10 MiB PDF is charged 1.05 credits where 3 were held (``base`` 1, ``pages`` 0.05).
+* **completed**, operation with a ``work_unit``: its profile's ``base_cost`` plus ``per_unit`` ×
+  the units its outputs report, the work line cut so that the two never exceed the price held.
+  ``page`` (``pdf_preview``, ``ocr``): the distinct pages rendered or read, line ``pages``; a
+  one-page preview of a 10 MiB PDF is charged 1.05 credits where 3 were held (``base`` 1,
+  ``pages`` 0.05). ``media_second`` (``transcode_video``, ``transcode_audio``): the seconds of
+  media written, summed over the renditions, line ``media_seconds``; three renditions of a 60 s
+  clip are 180 media seconds, 1.8 credits beside ``base`` 5 at 10 millicredits each.
 * **completed**, operation without one: its price; the bytes it read are its measure.
 * **failed because of its input** (:data:`INPUT_FAULTS`: it ran out of time or memory, or the
   input turned out corrupt while the engine decoded it), once its sandbox child ran: the
@@ -19,7 +22,7 @@ bound. What the job is charged when it ends:
   a drain), **or cancelled**: nothing; the hold is released.
 
 Each part beside ``base`` is a line of its own (``charge_lines``, a ledger row each): ``pages``,
-``run_seconds``, and the OCR worker's ``ocr_escalation``, which its allowance bounds.
+``media_seconds``, ``run_seconds``, and the OCR worker's ``ocr_escalation``, which its allowance bounds.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ fails with one (after its last attempt) is charged :func:`for_failure`."""
 RUN_SECOND_MILLICREDITS: Final = 10
 """Millicredits per second (rounded up) a failed job's sandbox child ran: the ``run_seconds``
 line of :func:`for_failure` (one credit per 100 s of a slot)."""
-WORK_LINES: Final = {"page": "pages"}
+WORK_LINES: Final = {"page": "pages", "media_second": "media_seconds"}
 """The charge line of each ``processing_profiles.work_unit``."""
 
 
@@ -62,19 +65,35 @@ def pages(metadata: Iterable[Mapping[str, Any]]) -> int:
     return len(seen)
 
 
+def media_seconds(metadata: Iterable[Mapping[str, Any]]) -> float:
+    """The seconds of media the outputs report written: the sum of each output's
+    ``duration_seconds`` (a rendition's or an audio file's; HLS playlists and fragments of a
+    rendition report none, so a rendition counts once)."""
+    total = 0.0
+    for meta in metadata:
+        seconds = meta.get("duration_seconds")
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool) and math.isfinite(seconds):
+            total += max(float(seconds), 0.0)
+    return total
+
+
 def for_completion(
     *, price: int, base_cost: int, work_unit: str | None, per_unit: int, metadata: Iterable[Mapping[str, Any]]
 ) -> Charge:
     """The charge of a completed job whose profile prices ``work_unit`` (None: priced by size) at
     ``per_unit`` millicredits, from its outputs' ``metadata``, ``price`` being what it held
-    without allowances (``processing_jobs.estimated_credits``). Raises ValueError for a unit
-    this module does not measure."""
+    without allowances (``processing_jobs.estimated_credits``); a fraction of a millicredit is
+    rounded up. Raises ValueError for a unit this module does not measure."""
     if work_unit is None:
         return Charge(price)
-    if work_unit != "page":
+    if work_unit == "page":
+        units: float = pages(metadata)
+    elif work_unit == "media_second":
+        units = media_seconds(metadata)
+    else:
         raise ValueError(f"no measure of work unit {work_unit!r}")
     base = min(base_cost, price)
-    work = min(per_unit * pages(metadata), price - base)
+    work = min(math.ceil(per_unit * units), price - base)
     return Charge(base + work, {WORK_LINES[work_unit]: work} if work else {})
 
 

@@ -145,7 +145,7 @@ class PriceOut(BaseModel):
     per_mb_credits: float | None
     escalation_per_page_credits: float | None
     work_unit: str | None = Field(
-        description="What a completed job is charged by beside base_credits (page), never more "
+        description="What a completed job is charged by beside base_credits (page, media_second), never more "
         "than its price by size; null: charged that price"
     )
     per_unit_credits: float | None

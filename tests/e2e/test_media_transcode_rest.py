@@ -5,6 +5,7 @@ Every output is downloaded and decoded again with PyAV (issue 7)."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,20 @@ def test_transcode_video_ladder_of_a_rotated_clip(client: httpx.Client, tmp_path
         # The pattern's top half is blue; the quarter turn puts it on the right: upright.
         assert first[:, width * 3 // 4 :, 2].mean() > 200 and first[:, : width // 4, 2].mean() < 100
     assert outputs["video_360p"]["metadata"]["rotation_applied"] == -90
+    _assert_charged_media_seconds(job, base_cost=5000, per_second=10)
+
+
+def _assert_charged_media_seconds(job: dict[str, Any], base_cost: int, per_second: int) -> None:
+    """ADR 0068: a transcode is charged ``base_cost`` and ``per_second`` millicredits a second of
+    media written, summed over its renditions, within its price by size (migration 0028)."""
+    written = sum(
+        o["metadata"]["duration_seconds"] for o in job["outputs"] if "duration_seconds" in o["metadata"]
+    )
+    price = round(job["estimated_credits"] * 1000)
+    work = min(math.ceil(per_second * written), price - base_cost)
+    assert work > 0
+    assert job["charge_lines"] == {"media_seconds": work / 1000}
+    assert job["actual_credits"] == (base_cost + work) / 1000 <= job["estimated_credits"]
 
 
 def test_hls_plays_through_the_resolved_playlists_without_a_key(client: httpx.Client, tmp_path: Path) -> None:
@@ -128,6 +143,7 @@ def test_transcode_audio_normalises_an_mp3_to_ebu_r128(client: httpx.Client, tmp
         )
         samples = np.concatenate([frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)])
     assert abs(len(samples) / 2 / 48000 - 3.0) < 0.1
+    _assert_charged_media_seconds(job, base_cost=1000, per_second=1)
 
 
 def test_poster_with_a_sprite_and_its_resolved_webvtt(client: httpx.Client, tmp_path: Path) -> None:

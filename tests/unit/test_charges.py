@@ -43,8 +43,26 @@ def test_an_operation_priced_by_size_is_charged_its_price() -> None:
 
 
 def test_an_unknown_unit_is_refused() -> None:
-    with pytest.raises(ValueError, match="media_second"):
-        charges.for_completion(price=5000, base_cost=5000, work_unit="media_second", per_unit=1, metadata=[])
+    with pytest.raises(ValueError, match="megapixel"):
+        charges.for_completion(price=5000, base_cost=5000, work_unit="megapixel", per_unit=1, metadata=[])
+
+
+def test_a_ladder_is_charged_the_seconds_of_every_rendition_once() -> None:
+    """Three renditions of a 60 s clip with their HLS playlists and fragments (which report no
+    duration): 180.03 media seconds at 10 millicredits, rounded up, held 15,000 for 50 MiB."""
+    metadata = [
+        {"duration_seconds": 60.01, "frame_count": 1500},
+        {"duration_seconds": 60.01, "frame_count": 1500},
+        {"duration_seconds": 60.01, "frame_count": 1500},
+        {"segments": 10, "bandwidth": 800_000},
+        {"renditions": ["720p", "360p", "240p"]},
+        {"duration_seconds": None},
+        {"duration_seconds": float("nan")},
+    ]
+    charge = charges.for_completion(
+        price=15_000, base_cost=5000, work_unit="media_second", per_unit=10, metadata=metadata
+    )
+    assert charge == charges.Charge(6801, {"media_seconds": 1801})
 
 
 @pytest.mark.parametrize(

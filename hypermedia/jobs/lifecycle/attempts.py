@@ -50,7 +50,7 @@ class ClaimedJob:
     base_cost: int = 0
     """The profile's price of any job of it, millicredits (:mod:`hypermedia.jobs.charges`)."""
     work_unit: str | None = None
-    """What the profile charges by when the job completes (``page``), or None: by size."""
+    """What the profile charges by when the job completes (``page``, ``media_second``), or None: by size."""
     per_unit: int = 0
     """Millicredits per :attr:`work_unit`."""
 

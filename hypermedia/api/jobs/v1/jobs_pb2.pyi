@@ -1779,7 +1779,7 @@ class OperationInfo(_message.Message):
     memory_limit_mb: _builtins.int
     max_duration_seconds: _builtins.int
     work_unit: _builtins.str
-    """What a completed job is charged by beside base_credits ("page"), within its price by size;
+    """What a completed job is charged by beside base_credits ("page", "media_second"), within its price by size;
     empty: charged its price (ADR 0068).
     """
     per_unit_credits: _builtins.str
