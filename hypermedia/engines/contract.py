@@ -1,5 +1,6 @@
-"""The engine contract: what a sandbox entry returns (:class:`OutputFile`) and how it reports progress
-(:func:`report_progress`), the shape every entry has (:class:`Entry`). Engines import this, never
+"""The engine contract: what a sandbox entry returns (:class:`OutputFile`), how it reports progress
+(:func:`report_progress`) and keeps finished parts beyond its attempt (:func:`keep_part`,
+:func:`resumed_part`), the shape every entry has (:class:`Entry`). Engines import this, never
 the sandbox; the sandbox and the worker import it to read what entries give back."""
 
 from __future__ import annotations
@@ -7,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -60,6 +63,52 @@ def report_progress(out_dir: Path, fraction: float) -> None:
     with contextlib.suppress(OSError):
         tmp.write_text(f"{fraction:.4f}")
         os.replace(tmp, job_dir / PROGRESS_FILE)
+
+
+CHECKPOINT_DIR: Final = "checkpoints"
+"""Directory in the job dir where an entry that works in parts (``ocr``: pages) keeps each
+finished part (:func:`keep_part`) for the worker to store beyond the attempt (ADR 0069)."""
+RESUME_DIR: Final = "resume"
+"""Directory in the job dir where the worker puts the parts an earlier attempt of the job kept
+(``{part}.zip``), for :func:`resumed_part`."""
+MAX_PART_BYTES: Final = 512 * 1024 * 1024
+"""Largest file of a resumed part an entry reads back (bytes): more is not a part this
+contract wrote."""
+_PART_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+def keep_part(out_dir: Path, part: str, files: dict[str, bytes]) -> None:
+    """Called by an entry: keeps the finished ``part`` (``page-00012``: lowercase letters,
+    digits, ``._-``) as ``{job_dir}/checkpoints/{part}.zip`` of ``files`` (name → bytes), written
+    under another name and renamed, so the worker only ever sees whole parts. Best effort: an
+    ``OSError`` (a full disk) is ignored, the part is then done again by a later attempt.
+    Raises ValueError for a bad part name."""
+    if not _PART_NAME.fullmatch(part):
+        raise ValueError(f"bad part name {part!r}")
+    folder = Path(out_dir).parent / CHECKPOINT_DIR
+    with contextlib.suppress(OSError):
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".{part}.tmp"
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+            for name, data in sorted(files.items()):
+                archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+        os.replace(tmp, folder / f"{part}.zip")
+
+
+def resumed_part(out_dir: Path, part: str) -> dict[str, bytes] | None:
+    """Called by an entry: the files of ``part`` an earlier attempt kept (:func:`keep_part`),
+    or None when it has none, or none it can read whole (a file over :data:`MAX_PART_BYTES`,
+    a damaged archive: the part is then done again)."""
+    path = Path(out_dir).parent / RESUME_DIR / f"{part}.zip"
+    if not _PART_NAME.fullmatch(part) or not path.is_file():
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if any(info.file_size > MAX_PART_BYTES for info in archive.infolist()):
+                return None
+            return {info.filename: archive.read(info) for info in archive.infolist()}
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        return None
 
 
 class Entry(Protocol):

@@ -37,7 +37,7 @@ def read_progress(job_dir: Path) -> float | None:
     return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
 
 
-def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40) -> bytes:
+def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40, subdir: str = "output") -> bytes:
     """The bytes of ``{job_dir}/output/{filename}``, opened without following a symlink at any
     step (the job dir, ``output/`` and the file are each opened with ``O_NOFOLLOW`` relative to
     the previous one), and only if it is a regular file with a single link. A job that replaced
@@ -46,11 +46,12 @@ def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40) -> by
 
     Args:
         max_bytes: read at most this many bytes.
+        subdir: the job dir's directory to read from instead of ``output/`` (``checkpoints/``).
 
     Raises:
         OSError: see :func:`_open_output`.
     """
-    fd, size = _open_output(job_dir, filename)
+    fd, size = _open_output(job_dir, filename, subdir)
     try:
         chunks = []
         remaining = min(max_bytes, size)
@@ -65,7 +66,7 @@ def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40) -> by
         os.close(fd)
 
 
-def _open_output(job_dir: Path, filename: str) -> tuple[int, int]:
+def _open_output(job_dir: Path, filename: str, subdir: str = "output") -> tuple[int, int]:
     """``(fd, size in bytes)`` of ``{job_dir}/output/{filename}``: a read-only fd, opened as
     :func:`read_output` describes and checked to be a regular, singly linked file; the caller
     closes it.
@@ -77,7 +78,7 @@ def _open_output(job_dir: Path, filename: str) -> tuple[int, int]:
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     dir_fd = os.open(job_dir, flags | os.O_DIRECTORY)
     try:
-        out_fd = os.open("output", flags | os.O_DIRECTORY, dir_fd=dir_fd)
+        out_fd = os.open(subdir, flags | os.O_DIRECTORY, dir_fd=dir_fd)
         try:
             fd = os.open(filename, flags | os.O_NONBLOCK, dir_fd=out_fd)
         finally:

@@ -1,28 +1,25 @@
-"""The worker runtime shared by every worker service (images now; documents, ocr, media later).
+"""The worker runtime shared by every worker service. One :class:`WorkerRuntime` per worker process:
 
-One :class:`WorkerRuntime` per worker process:
-
-- **identity**: ``{deployment}/{role}/{host}/{boot}/g{generation}/{pid}`` (deployment, boot id, role,
-  generation, as in the app:worker reference), registered in ``workers``;
-- **admission**: a fixed number of slots; admission also closes while available memory is below
-  ``HM_MIN_AVAILABLE_MEMORY_MB`` or the PID headroom below ``HM_MIN_PID_HEADROOM``, and reopens on
-  a fresh sample;
+- **identity**: ``{deployment}/{role}/{host}/{boot}/g{generation}/{pid}`` (as in the app:worker
+  reference), registered in ``workers``;
+- **admission**: a fixed number of slots, closed while available memory is below
+  ``HM_MIN_AVAILABLE_MEMORY_MB`` or the PID headroom below ``HM_MIN_PID_HEADROOM`` (reopened on a
+  fresh sample);
 - **fetch → claim → ack**: messages come in priority order (:class:`queues.PriorityFetcher`); the
   job is claimed in Postgres and the message acknowledged once the claim is decided (``term`` when
   the job is no longer claimable, ``nak`` with a delay when its account's cap of running jobs
-  holds it: ADR 0060). From then on the Postgres lease (``visibility_timeout``) guards
-  the job, not the message; see docs/adr/0003;
-- **execute**: presigned GET → fresh sandbox directory → the handler's admission (a media
-  coordinator's bound per operation; a ``waiting`` progress event while the job waits) → its
-  stage → pipeline in the sandboxed child, whose own progress reports become progress events (none
-  in a job's first second: :mod:`hypermedia.worker.progress`) →
-  presigned PUT → register outputs → complete (atomically) → charge the work done → clean up;
-- **outcomes**: success, retry later (transient), failed at once (permanent) — each settled in one
-  place, :meth:`_settle_failure` / :meth:`_execute`;
-- **heartbeat** every 30 s (extends leases, notices cancellations), cancellation polled every
-  second, **metrics** every 60 s into ``worker_metrics``;
-- **drain** on SIGTERM: stop fetching, hand back the jobs still waiting for admission, wait up
-  to 35 s for running jobs, then hand them back.
+  holds it: ADR 0060). From then on the Postgres lease (``visibility_timeout``) guards the job,
+  not the message (docs/adr/0003);
+- **execute**: presigned GET (and an earlier attempt's checkpoints) → fresh sandbox directory →
+  the handler's admission (a ``waiting`` progress event while the job waits) → its stage →
+  pipeline in the sandboxed child, whose progress reports become progress events and whose
+  finished parts are kept (:mod:`hypermedia.worker.checkpointing`) → presigned PUT → register
+  outputs → complete (atomically) → charge the work done → clean up;
+- **outcomes**: success, retry later (transient), failed at once (permanent), each settled in one
+  place (:meth:`_settle_failure` / :meth:`_execute`);
+- **heartbeat** every 30 s (leases, cancellations), cancellation polled every second,
+  **metrics** every 60 s into ``worker_metrics``; **drain** on SIGTERM: stop fetching, hand back
+  the jobs waiting for admission, wait up to 35 s for running jobs, then hand them back.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
@@ -44,7 +40,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from hypermedia.api.credits.v1 import credits_pb2_grpc
-from hypermedia.api.storage.v1 import storage_pb2_grpc
+from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core import telemetry
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.infra import db
@@ -54,6 +50,7 @@ from hypermedia.jobs.settlement import Settlement
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from hypermedia.worker import registry
 from hypermedia.worker.admission import Admission
+from hypermedia.worker.checkpointing import Checkpointing
 from hypermedia.worker.handler import JobHandler, JobInput, completion_charge
 from hypermedia.worker.progress import PROCESSING_PROGRESS, JobProgress, relay_sandbox_progress
 from hypermedia.worker.settings import WorkerSettings
@@ -114,14 +111,14 @@ class WorkerRuntime:
         self._settlement = Settlement(credits)
         self._sandbox = sandbox
         self._interruptible: dict[str, asyncio.Task[Any]] = {}
-        """Work of a job before its sandbox runs, by job id: its wait for admission or its
-        handler's stage (cancelled by :meth:`_stop_job`)."""
+        """A job's work before its sandbox (admission, stage), by job id: :meth:`_stop_job` cancels it."""
         self._waiting: set[str] = set()
         """Jobs waiting for admission (:meth:`_admit`); a drain hands them back at once."""
         self._progress_of: dict[str, JobProgress] = {}
         """The progress events of each running job (held back in its first second)."""
         self._handler = handler
         self._transfers = Transfers(storage, http, settings.storage_handoff_socket)
+        self._checkpointing = Checkpointing(self._transfers, http, pool, self.worker_id)
         self.admission = Admission(
             settings.slots, settings.min_available_memory_mb, settings.min_pid_headroom
         )
@@ -365,6 +362,7 @@ class WorkerRuntime:
             input_path = job_dir / "input" / "source"
             with _tracer.start_as_current_span("storage.download"):
                 await self._transfers.download(granted.get_url, input_path, job.max_input_bytes)
+            await self._checkpointing.restore(job, granted, job_dir)
             await self._progress(job, PROCESSING_PROGRESS[0], "downloaded")
             async with contextlib.AsyncExitStack() as admitted:
                 await self._interruptibly(job, started, "waiting", self._admit(job, admitted))
@@ -387,7 +385,7 @@ class WorkerRuntime:
                         fsize_bytes=FSIZE_LIMIT_BYTES,
                     ),
                 )
-                result = await self._run_sandbox(job, job_dir, job_input, limits)
+                result = await self._run_sandbox(job, granted, job_input, limits)
             if result.error_code == "CANCELLED" or job.job_id in await self._db(
                 lifecycle.cancel_requested, [job.job_id]
             ):
@@ -423,7 +421,7 @@ class WorkerRuntime:
                 return
             self.jobs_completed += 1
             try:
-                await self._commit(job, charge)
+                await self._settle(job, "completed", charge)
             except DomainError:
                 # The job is completed; its hold stays held and the reaper charges it later.
                 log.warning("credits commit failed; left to the reaper", extra={"job_id": job.job_id})
@@ -460,7 +458,7 @@ class WorkerRuntime:
             if completed:
                 self.jobs_completed += 1
                 with contextlib.suppress(DomainError):  # as in _run_job: the reaper charges it later
-                    await self._commit(job, charges.Charge(job.estimated_credits))
+                    await self._settle(job, "completed", charges.Charge(job.estimated_credits))
             elif await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
                 await self._cancelled(job, started)
         except DomainError as exc:
@@ -521,14 +519,19 @@ class WorkerRuntime:
             self._waiting.discard(job.job_id)
 
     async def _run_sandbox(
-        self, job: lifecycle.ClaimedJob, job_dir: Path, job_input: JobInput, limits: SandboxLimits
+        self,
+        job: lifecycle.ClaimedJob,
+        granted: storage_pb2.GrantJobResponse,
+        job_input: JobInput,
+        limits: SandboxLimits,
     ) -> SandboxResult:
         """The job's sandbox run, with the progress its entry reports relayed meanwhile
-        (:func:`relay_sandbox_progress`)."""
-        finished = asyncio.Event()
+        (:func:`relay_sandbox_progress`) and the parts it finishes kept (:class:`Checkpointing`)."""
+        finished, job_dir = asyncio.Event(), job_input.job_dir
         relay = asyncio.create_task(
             relay_sandbox_progress(job_dir, finished, lambda f, stage: self._progress(job, f, stage))
         )
+        kept = asyncio.create_task(self._checkpointing.keep(job, granted, job_dir, finished))
         try:
             return await self._sandbox.run(
                 job.job_id,
@@ -542,12 +545,13 @@ class WorkerRuntime:
         finally:
             finished.set()
             await relay  # ends at once: no event of the run is recorded after it
+            await kept  # after one last look: a part finished at the end is kept too
 
     async def _cancelled(self, job: lifecycle.ClaimedJob, started: float) -> None:
         """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only
         this path (not a drain's hand-back, which queues the job again) releases the hold."""
         if await self._db(lifecycle.mark_cancelled, job, self.worker_id, _ms(started)):
-            await self._release(job, "cancelled")
+            await self._settle(job, "cancelled", None)
 
     async def _settle_failure(
         self, job: lifecycle.ClaimedJob, exc: DomainError, started: float, result: SandboxResult | None
@@ -580,19 +584,13 @@ class WorkerRuntime:
         log.info("job attempt failed: %s → %s", exc.error_code, status, extra={"job_id": job.job_id})
         if status == "failed":
             # Charged when it failed because of its input (charges.for_failure), else released.
-            charge = await self._db(lifecycle.failure_charge, job.job_id) or charges.Charge(0)
-            await self._settlement.settle(
-                job.job_id, "failed", actual_millicredits=charge.actual, lines=charge.lines, retry=True
-            )
+            await self._settle(job, "failed", await self._db(lifecycle.failure_charge, job.job_id))
 
-    async def _release(self, job: lifecycle.ClaimedJob, outcome: str) -> None:
-        """Settles a job that ended without completing (``failed`` or ``cancelled``)."""
-        await self._settlement.settle(job.job_id, outcome, retry=True)
-
-    async def _commit(self, job: lifecycle.ClaimedJob, charge: charges.Charge) -> None:
-        """Settles a completed job: ``charge``."""
+    async def _settle(self, job: lifecycle.ClaimedJob, outcome: str, charge: charges.Charge | None) -> None:
+        """Settles the hold of ``job``, ended ``outcome``: ``charge`` committed, or released without one."""
+        charge = charge or charges.Charge(0)
         await self._settlement.settle(
-            job.job_id, "completed", actual_millicredits=charge.actual, lines=charge.lines, retry=True
+            job.job_id, outcome, actual_millicredits=charge.actual, lines=charge.lines, retry=True
         )
 
 

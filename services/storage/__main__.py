@@ -6,6 +6,7 @@ Environment: ``HM_DATABASE_URL`` and the ``HM_STORAGE_*`` / ``HM_S3_*`` variable
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -16,12 +17,12 @@ from hypermedia.infra import mtls
 from hypermedia.infra.httplimits import HttpSettings
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer
-from hypermedia.infra.service import Lifetime, open_postgres, run_service
+from hypermedia.infra.service import Lifetime, every, open_postgres, run_service
 from services.storage.backends import ObjectBackend
 from services.storage.handoff import HandoffServer
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
-from services.storage.service import SERVICE_NAME, StorageQuota, StorageServicer
+from services.storage.service import CHECKPOINT_SWEEP_SECONDS, SERVICE_NAME, StorageQuota, StorageServicer
 from services.storage.settings import StorageSettings
 
 GRPC_GRACE_SECONDS = 10.0
@@ -71,6 +72,14 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     )
     await grpc_server.start()
     stack.push_async_callback(grpc_server.stop, GRPC_GRACE_SECONDS)
+    sweep_stop = asyncio.Event()
+    sweep = asyncio.create_task(every(CHECKPOINT_SWEEP_SECONDS, servicer.sweep_checkpoints, sweep_stop))
+
+    async def stop_sweep() -> None:
+        sweep_stop.set()
+        await sweep
+
+    stack.push_async_callback(stop_sweep)
     log.info("storage serving: grpc %s, backend %s", settings.grpc_bind, settings.backend)
 
 

@@ -21,6 +21,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge, StorageQuotaExceeded
 from hypermedia.infra import db
+from hypermedia.jobs import checkpoints
 from services.storage.backends import (
     OUTPUT_TYPE,
     ObjectBackend,
@@ -44,6 +45,10 @@ _OBJECT_COLUMNS = (
     "object_id, pool_id, key, size_bytes, mime_type, sha256, state, source_object_id, created_at,"
     " filename, claimed_mime_type, name_mime_type, type_mismatch"
 )
+CHECKPOINT_SWEEP_BATCH = 100
+"""Ended jobs whose checkpoints one :meth:`StorageServicer.sweep_checkpoints` deletes at most."""
+CHECKPOINT_SWEEP_SECONDS = 5.0
+"""How often storage deletes the checkpoints of jobs that ended (seconds)."""
 MAX_OUTPUTS_PER_CALL = 256
 """Outputs one RegisterOutputs call takes (a pdf_preview has at most 20, an HLS ladder a few dozen)."""
 _LIVE_ATTEMPT = f"""
@@ -529,11 +534,20 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         ttl = self._ttl_of(request.expires_in_seconds)
         source = await self._live_attempt(request.job_id, request.attempt, _RUNNING)
         prefix = _job_prefix(source)
+        kept = [
+            c
+            for c in await checkpoints.of_job(self._pool, request.job_id)
+            if c.key == checkpoints.key_of(prefix, request.job_id, c.part)  # never another key
+        ]
         (url, expires_at), (method, post_url, fields, _) = await asyncio.gather(
             self._backend.presign_get(source["key"], ttl, source["mime_type"]),
             self._backend.grant_outputs(prefix, ttl, self._max_put_bytes),
         )
+        kept_urls = await asyncio.gather(
+            *(self._backend.presign_get(c.key, ttl, "application/zip") for c in kept)
+        )
         return storage_pb2.GrantJobResponse(
+            checkpoints={c.part: part_url for c, (part_url, _) in zip(kept, kept_urls, strict=True)},
             source=_object(source),
             get_url=url,
             expires_at=_timestamp(expires_at),
@@ -546,6 +560,36 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 max_bytes=self._max_put_bytes,
             ),
         )
+
+    async def sweep_checkpoints(self, batch: int = CHECKPOINT_SWEEP_BATCH) -> int:
+        """Deletes the checkpoints (bytes, then rows) of up to ``batch`` jobs that ended
+        (completed, failed, cancelled: ADR 0069), each key checked to be a checkpoint of its job
+        under the job's prefix first (a row whose key is not is dropped without touching that
+        key's bytes). Returns how many rows it removed. A part whose bytes could not be deleted
+        keeps its row for the next sweep."""
+        rows = await self._pool.fetch(
+            """
+            SELECT c.job_id::text AS job_id, c.part, c.key, o.pool_id, j.object_id, j.profile_version
+            FROM job_checkpoints c JOIN processing_jobs j USING (job_id) JOIN objects o ON o.object_id = j.object_id
+            WHERE c.job_id IN (
+                SELECT DISTINCT k.job_id FROM job_checkpoints k JOIN processing_jobs e USING (job_id)
+                WHERE e.status IN ('completed', 'failed', 'cancelled') LIMIT $1)
+            """,
+            batch,
+        )
+        deleted: dict[str, list[str]] = {}
+        for row in rows:
+            prefix = f"{output_prefix(row['pool_id'], row['object_id'])}{row['profile_version']}/"
+            if row["key"] == checkpoints.key_of(prefix, row["job_id"], row["part"]):
+                try:
+                    await self._backend.delete(row["key"])
+                except Exception:
+                    log.warning("checkpoint not deleted; the next sweep tries again", exc_info=True)
+                    continue
+            deleted.setdefault(row["job_id"], []).append(row["part"])
+        for job_id, parts in deleted.items():
+            await checkpoints.forget(self._pool, job_id, parts)
+        return sum(len(parts) for parts in deleted.values())
 
     async def RegisterOutputs(
         self, request: storage_pb2.RegisterOutputsRequest, context: grpc.aio.ServicerContext

@@ -35,6 +35,7 @@ from hypermedia.devtools.embedded import free_port
 from hypermedia.infra import mtls
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer, channel
+from hypermedia.jobs import checkpoints
 from hypermedia.worker.transfer import send_output
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
@@ -51,6 +52,7 @@ class Running:
     stub: storage_pb2_grpc.StorageServiceStub
     grpc_target: str
     backend: ObjectBackend
+    servicer: StorageServicer
 
 
 @dataclass
@@ -68,7 +70,7 @@ async def _serve(pool: asyncpg.Pool, backend: ObjectBackend) -> AsyncIterator[Ru
     target = f"127.0.0.1:{server.port}"
     chan = channel(target)
     try:
-        yield Running(storage_pb2_grpc.StorageServiceStub(chan), target, backend)
+        yield Running(storage_pb2_grpc.StorageServiceStub(chan), target, backend, servicer)
     finally:
         await chan.close()
         await server.stop(0)
@@ -713,6 +715,55 @@ async def test_local_grant_flow(local: Running, tenant: Tenant, pool: asyncpg.Po
 
 async def test_s3_grant_flow(s3: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
     await _check_grant_flow(s3, tenant, pool)
+
+
+async def _check_checkpoint_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    """ADR 0069: a part uploaded through the job's grant and recorded is given back as a GET URL
+    with the next grant; a recorded key that is not the job's own checkpoint key is never
+    presigned, and the sweep deletes the bytes of an ended job's parts (never a foreign key's)."""
+    source = await _upload(svc, tenant, b"checkpointed source")
+    job_id = await _job(pool, tenant, source)
+    granted = await svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
+    assert dict(granted.checkpoints) == {}
+    part, foreign = b"page one, kept", b"an output of another job"
+    key = checkpoints.key_of(granted.outputs.key_prefix, job_id, "page-00001")
+    foreign_key = f"{granted.outputs.key_prefix}thumbnail-0123456789abcdef"
+    async with httpx.AsyncClient() as http:
+        for k, data in ((key, part), (foreign_key, foreign)):
+            sent = await send_output(http, granted.outputs, k, data, "application/zip", _sha(data))
+            assert sent.is_success, sent.text
+    for name, k, data in (("page-00001", key, part), ("page-00002", foreign_key, foreign)):
+        await pool.execute(
+            "INSERT INTO job_checkpoints (job_id, part, key, size_bytes, sha256, attempt) VALUES ($1, $2, $3, $4, $5, 1)",
+            uuid.UUID(job_id),
+            name,
+            k,
+            len(data),
+            _sha(data),
+        )
+
+    regranted = await svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
+    assert set(regranted.checkpoints) == {"page-00001"}
+    async with httpx.AsyncClient() as http:
+        got = await http.get(regranted.checkpoints["page-00001"])
+        assert (got.status_code, got.content) == (200, part)
+
+    assert await svc.servicer.sweep_checkpoints() == 0, "the job still runs"
+    await pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", uuid.UUID(job_id))
+    assert await svc.servicer.sweep_checkpoints() == 2
+    assert (
+        await pool.fetchval("SELECT count(*) FROM job_checkpoints WHERE job_id = $1", uuid.UUID(job_id)) == 0
+    )
+    assert await svc.backend.stat(key) is None
+    assert await svc.backend.stat(foreign_key) is not None
+
+
+async def test_local_checkpoint_flow(local: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    await _check_checkpoint_flow(local, tenant, pool)
+
+
+async def test_s3_checkpoint_flow(s3: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
+    await _check_checkpoint_flow(s3, tenant, pool)
 
 
 async def test_s3_grant_is_a_post_policy_on_the_jobs_prefix(

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,8 +95,36 @@ def merge_hocr(pages: Sequence[tuple[int, Path]]) -> str:
     return "".join(parts)
 
 
+_CREATION_DATE = re.compile(rb"/CreationDate ?\(D:(\d{14})")
+_FILE_ID = re.compile(rb"/ID ?\[ ?<([0-9A-Fa-f]{32})> ?<([0-9A-Fa-f]{32})> ?\]")
+
+
+def reproducible_pdf(data: bytes) -> bytes:
+    """``data``, a PDF PDFium saved, with the two things that made each save differ made
+    deterministic, byte for byte in place (same lengths, so every offset stays right): the
+    creation time PDFium stamps (1970-01-01 00:00:00 instead) and the file identifier it draws
+    (the first 128 bits of SHA-256 over the file with that identifier blanked). The same pages
+    then give the same bytes, in any attempt or job (ADR 0069)."""
+    data = _CREATION_DATE.sub(lambda m: m.group(0)[:-14] + b"19700101000000", data)
+    found = _FILE_ID.search(data)
+    if found is None:
+        return data
+    blank = (
+        data[: found.start(1)]
+        + b"0" * 32
+        + data[found.end(1) : found.start(2)]
+        + b"0" * 32
+        + data[found.end(2) :]
+    )
+    digest = hashlib.sha256(blank).hexdigest()[:32].upper().encode()
+    return (
+        data[: found.start(1)] + digest + data[found.end(1) : found.start(2)] + digest + data[found.end(2) :]
+    )
+
+
 def merge_pdfs(paths: Sequence[Path], target: Path) -> int:
-    """Writes the pages of ``paths``, in order, into one PDF at ``target``.
+    """Writes the pages of ``paths``, in order, into one PDF at ``target``, the same bytes for the
+    same pages (:func:`reproducible_pdf`).
 
     Returns:
         The number of pages written.
@@ -113,7 +143,9 @@ def merge_pdfs(paths: Sequence[Path], target: Path) -> int:
                 merged.import_pages(page_pdf)
             finally:
                 page_pdf.close()
-        merged.save(str(target))
+        buffer = io.BytesIO()
+        merged.save(buffer)
+        target.write_bytes(reproducible_pdf(buffer.getvalue()))
         return len(merged)
     finally:
         merged.close()

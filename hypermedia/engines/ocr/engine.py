@@ -48,6 +48,11 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.engines.ocr.para
    page to page: 2.3 GB of address space after two dense, blurred A4 pages).
 5. **Outputs** (:mod:`hypermedia.engines.ocr.assemble`), see :func:`run`. A page without text is an empty
    page in every output, not an error.
+6. **Checkpoints** (ADR 0069): every page read but the last is kept as a part
+   (:func:`hypermedia.engines.contract.keep_part`: its record, text, hOCR and PDF page), which the
+   worker stores beyond the attempt; a page an earlier attempt of the job kept is taken from its
+   part (:func:`~hypermedia.engines.contract.resumed_part`) instead of being read again, so the
+   outputs are those of one uninterrupted run.
 
 Runs libvips and PDFium: call :func:`run` in the sandbox child only; it forks (the PDF engine
 process) before libvips has done any work. Importing this module is fork-safe.
@@ -55,6 +60,7 @@ process) before libvips has done any work. Importing this module is fork-safe.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import resource
@@ -67,7 +73,7 @@ from typing import Any, Final
 import pyvips
 
 from hypermedia.core.errors import DomainError, PermanentJobError
-from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.contract import OutputFile, keep_part, resumed_part
 from hypermedia.engines.imaging.sources import heif_decoder, reraise_vips_error
 from hypermedia.engines.ocr import escalation, gate, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
@@ -161,7 +167,8 @@ def run(
         RapidOCR read again: the extra work to charge), ``escalation_cpu_seconds`` (the CPU time
         it took, its imports and model loads included; 0.0 without escalation),
         ``skipped_pages`` (the numbers of PDF pages taken from their text layer, with
-        ``skip_text_pages``), ``size_bytes``.
+        ``skip_text_pages``), ``resumed_pages`` (the numbers of pages an earlier attempt of the
+        job read, taken from its checkpoints: ADR 0069), ``size_bytes``.
 
     Raises:
         InvalidArgument: ``UNKNOWN_OPERATION``, ``INVALID_PARAMS`` (also a page past the end).
@@ -209,6 +216,7 @@ def run(
         hocr_pages: list[tuple[int, Path]] = []
         pdf_pages: list[Path] = []
         failed_before = False
+        resumed: list[int] = []
         for page in pages:
             if page.text_layer is not None:
                 records.append(_text_layer_record(page.number, page.text_layer))
@@ -216,19 +224,29 @@ def run(
                 if page.original_pdf is not None:
                     pdf_pages.append(page.original_pdf)
                 continue
-            result, record = _ocr_page(page, engine, second, work_dir, params, limits, preprocessing)
+            part = f"page-{page.number:05d}"
+            kept = _kept_page(resumed_part(out_dir, part), page.number, work_dir)
+            if kept is None:
+                result, record = _ocr_page(page, engine, second, work_dir, params, limits, preprocessing)
+                text, hocr_path, pdf_path = result.text, result.hocr_path, result.pdf_path
+            else:  # read by an earlier attempt of this job (ADR 0069)
+                record, text, hocr_path, pdf_path = kept
+                resumed.append(page.number)
             if failed_before and record["escalation"]["reason"] == "disabled":
                 record["escalation"]["reason"] = "failed_earlier"
             if record["escalation"]["reason"].startswith("failed_"):
                 # Not tried again in this job: what ran out (memory, time) has not come back.
                 second, failed_before = None, True
+            if kept is None and page is not pages[-1]:
+                # A later attempt takes it from here (ADR 0069); after the last page there is nothing to resume.
+                keep_part(out_dir, part, _page_files(record, text, hocr_path, pdf_path))
             records.append(record)
-            texts.append(result.text)
-            if result.hocr_path is not None:
-                hocr_pages.append((page.number, result.hocr_path))
-            if result.pdf_path is not None:
-                pdf_pages.append(result.pdf_path)
-        summary = job_summary(records, page_count, params["languages"], source_format)
+            texts.append(text)
+            if hocr_path is not None:
+                hocr_pages.append((page.number, hocr_path))
+            if pdf_path is not None:
+                pdf_pages.append(pdf_path)
+        summary = job_summary(records, page_count, params["languages"], source_format, resumed_pages=resumed)
         return list(write_outputs(params["outputs"], out_dir, summary, records, texts, hocr_pages, pdf_pages))
 
 
@@ -302,6 +320,47 @@ def _ocr_page(
         words=[word.as_json() for word in result.words],
     )
     return result, record
+
+
+def _page_files(
+    record: dict[str, Any], text: str, hocr_path: Path | None, pdf_path: Path | None
+) -> dict[str, bytes]:
+    """What a page's checkpoint keeps: its record, its text, and its hOCR and PDF page when made."""
+    files = {"record.json": json.dumps(record).encode(), "text.txt": text.encode()}
+    if hocr_path is not None:
+        files["page.hocr"] = hocr_path.read_bytes()
+    if pdf_path is not None:
+        files["page.pdf"] = pdf_path.read_bytes()
+    return files
+
+
+def _kept_page(
+    kept: dict[str, bytes] | None, number: int, work_dir: Path
+) -> tuple[dict[str, Any], str, Path | None, Path | None] | None:
+    """A page an earlier attempt read, from its checkpoint (:func:`_page_files`): its record,
+    text, and hOCR and PDF page written back into ``work_dir``; None without one, or for one
+    that is not whole (the page is read again)."""
+    if kept is None:
+        return None
+    try:
+        record, text = json.loads(kept["record.json"]), kept["text.txt"].decode()
+    except (KeyError, ValueError):
+        return None
+    escalated = record.get("escalation") if isinstance(record, dict) else None
+    if (
+        not isinstance(escalated, dict)
+        or not isinstance(escalated.get("reason"), str)
+        or record.get("page") != number
+    ):
+        return None
+    paths: list[Path | None] = []
+    for name, suffix in (("page.hocr", "hocr"), ("page.pdf", "pdf")):
+        path = None
+        if name in kept:
+            path = work_dir / f"kept-{number}.{suffix}"
+            path.write_bytes(kept[name])
+        paths.append(path)
+    return record, text, paths[0], paths[1]
 
 
 def _text_layer_record(number: int, text: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,7 +30,12 @@ CSV_MIME: Final = "text/csv; charset=utf-8"
 
 
 def job_summary(
-    records: list[dict[str, Any]], page_count: int, languages: list[str], source_format: str
+    records: list[dict[str, Any]],
+    page_count: int,
+    languages: list[str],
+    source_format: str,
+    *,
+    resumed_pages: Sequence[int] = (),
 ) -> dict:
     """The job's summary over its page records: page and word counts, mean confidence, escalated
     pages, the languages, the source format and what preprocessing ran on each page (the
@@ -38,7 +43,8 @@ def job_summary(
     "deskew"], "osd": false, "recognitions": 1}`` per page read (``applied``: the steps that
     changed the page, in order; ``osd``: whether tesseract's orientation detection ran;
     ``recognitions``: tesseract runs, 2 when the page was turned after a first reading, 0 for a
-    page taken from its text layer)."""
+    page taken from its text layer); ``resumed_pages``: the pages taken from an earlier attempt's
+    checkpoints."""
     words = sum(record["word_count"] for record in records)
     confidence = sum(
         record["mean_confidence"] * record["word_count"] for record in records if record["word_count"]
@@ -53,6 +59,7 @@ def job_summary(
         "source_format": source_format,
         "escalated_pages": sum(1 for record in records if record["escalated"]),
         "skipped_pages": [record["page"] for record in records if record.get("skipped")],
+        "resumed_pages": list(resumed_pages),
         "escalation_cpu_seconds": round(sum(record["escalation"]["cpu_seconds"] for record in records), 3),
         "page_steps": [
             {

@@ -497,10 +497,31 @@ Global___OutputGrant: _TypeAlias = OutputGrant  # noqa: Y015
 class GrantJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class CheckpointsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SOURCE_FIELD_NUMBER: _builtins.int
     GET_URL_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    CHECKPOINTS_FIELD_NUMBER: _builtins.int
     get_url: _builtins.str
     @_builtins.property
     def source(self) -> Global___Object:
@@ -510,6 +531,12 @@ class GrantJobResponse(_message.Message):
     def expires_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def outputs(self) -> Global___OutputGrant: ...
+    @_builtins.property
+    def checkpoints(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """GET URLs of the parts earlier attempts of the job kept (job_checkpoints, ADR 0069), by part
+        name ("page-00012"); empty for a job without.
+        """
+
     def __init__(
         self,
         *,
@@ -517,10 +544,11 @@ class GrantJobResponse(_message.Message):
         get_url: _builtins.str = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         outputs: Global___OutputGrant | None = ...,
+        checkpoints: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "outputs", b"outputs", "source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "get_url", b"get_url", "outputs", b"outputs", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints", b"checkpoints", "expires_at", b"expires_at", "get_url", b"get_url", "outputs", b"outputs", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

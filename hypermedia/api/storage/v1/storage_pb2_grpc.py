@@ -140,7 +140,8 @@ class StorageServiceServicer:
         """GrantJob answers, in one call, what a worker needs to move a claimed job's bytes: the
         input object's metadata, a presigned GET of it, and one output grant that lets the worker
         upload every output under the job's deterministic prefix
-        `derived/{pool_id}/{object_id}/{profile_version}/` without a call per output. Only for the
+        `derived/{pool_id}/{object_id}/{profile_version}/` without a call per output, and GET URLs of
+        the checkpoints earlier attempts of the job recorded (job_checkpoints). Only for the
         live attempt: FAILED_PRECONDITION `ATTEMPT_FENCED` when the job is not running (claimed,
         processing, cancel requested) with that attempt; NOT_FOUND unknown job or an input that is
         not available.

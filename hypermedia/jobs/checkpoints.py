@@ -1,0 +1,86 @@
+"""Checkpoints: a job's finished parts, kept beyond the attempt that made them (issue 23 item 1,
+ADR 0069).
+
+An engine that works in parts (``ocr``: a page at a time) keeps each finished part as one file,
+``checkpoints/{part}.zip`` in its job directory (:func:`hypermedia.engines.contract.keep_part`);
+the worker uploads it under the job's prefix (:func:`key_of`) and records it here with its
+attempt (:func:`record`, fenced: only the live attempt records). The next attempt of the job — a
+retry, a hand-back after a drain or a spot notice — gets a GET URL of every recorded part with
+its grant (storage ``GrantJob``), puts them in ``resume/`` of its job directory, and the engine
+takes those parts from there (:func:`hypermedia.engines.contract.resumed_part`) and does only the
+rest. Storage's sweep deletes the checkpoints of jobs that ended, whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+import asyncpg
+
+from hypermedia.jobs.lifecycle import ClaimedJob
+
+PART: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+"""A part's name (``page-0012``): what ``job_checkpoints.part`` accepts."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One recorded part of a job."""
+
+    part: str
+    key: str
+    size_bytes: int
+    sha256: str
+    attempt: int
+
+
+def key_of(prefix: str, job_id: str, part: str) -> str:
+    """The store key of ``part`` of ``job_id`` under the job's output prefix
+    (``derived/{pool}/{object}/{version}/``): ``checkpoint-{job_id}-{part}.zip``. Storage presigns
+    and deletes only keys of this form. Raises ValueError for a bad part name."""
+    if not PART.fullmatch(part):
+        raise ValueError(f"bad checkpoint part name {part!r}")
+    return f"{prefix}checkpoint-{job_id}-{part}.zip"
+
+
+async def record(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, checkpoint: Checkpoint) -> bool:
+    """Records ``checkpoint`` of ``job`` made by this attempt, if the attempt is still the live
+    one (``claimed_by`` and ``attempt_count`` match, the job running). Returns False when fenced
+    (the part's bytes are then the storage sweep's to delete with the job's) or when the part was
+    recorded already (by an earlier attempt: the first one stands)."""
+    recorded = await pool.fetchval(
+        """
+        INSERT INTO job_checkpoints (job_id, part, key, size_bytes, sha256, attempt)
+        SELECT job_id, $4, $5, $6, $7, attempt_count FROM processing_jobs
+        WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3
+          AND status IN ('claimed', 'processing', 'cancel_requested')
+        ON CONFLICT (job_id, part) DO NOTHING
+        RETURNING part
+        """,
+        job.job_id,
+        worker_id,
+        job.attempt,
+        checkpoint.part,
+        checkpoint.key,
+        checkpoint.size_bytes,
+        checkpoint.sha256,
+    )
+    return recorded is not None
+
+
+async def of_job(pool: asyncpg.Pool | asyncpg.Connection, job_id: str) -> list[Checkpoint]:
+    """The recorded checkpoints of ``job_id``, by part name."""
+    rows = await pool.fetch(
+        "SELECT part, key, size_bytes, sha256, attempt FROM job_checkpoints WHERE job_id = $1 ORDER BY part",
+        job_id,
+    )
+    return [Checkpoint(r["part"], r["key"], r["size_bytes"], r["sha256"], r["attempt"]) for r in rows]
+
+
+async def forget(pool: asyncpg.Pool, job_id: str, parts: list[str]) -> None:
+    """Drops the rows of ``parts`` of ``job_id`` (their bytes deleted)."""
+    await pool.execute(
+        "DELETE FROM job_checkpoints WHERE job_id = $1 AND part = ANY($2::text[])", job_id, parts
+    )

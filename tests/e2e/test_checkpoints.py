@@ -1,0 +1,182 @@
+"""Checkpoints end to end (issue 23 item 1, ADR 0069) on a real platform with ocrworkers the test
+starts and drains: an OCR of 20 pages whose worker is drained after page 8 resumes on another
+worker at the page after the last one kept, the pages kept are not read again (the attempts'
+checkpoint rows and the engine's own ``resumed_pages``), the outputs are those of one
+uninterrupted run, and the checkpoints are deleted once the job ended."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from hypermedia.devtools.embedded import free_port
+from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, wait_for, wait_job
+from tests.helpers.pdf import text_pages_pdf
+
+PAGES = 20
+"""The OCR page cap of one job (``MAX_OCR_PAGES``)."""
+DRAIN_AFTER = 8
+WORDS = [
+    "harbour",
+    "lantern",
+    "meadow",
+    "orchard",
+    "pebble",
+    "quartz",
+    "saddle",
+    "thimble",
+    "violet",
+    "walnut",
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoints_database_url(database_url: str) -> Iterator[str]:
+    with own_database(database_url, "checkpoints") as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def platform_without_workers(
+    tmp_root: Path, checkpoints_database_url: str, nats_url: str
+) -> Iterator[RunningPlatform]:
+    """Credits, storage, gateway and reaper; the ocrworkers are the test's."""
+    running = start_platform(
+        tmp_root, checkpoints_database_url, nats_url, services="credits,storage,gateway,reaper"
+    )
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0
+
+
+def _ocrworker(platform: RunningPlatform, name: str) -> subprocess.Popen[bytes]:
+    """An ocrworker of one slot whose drain hands a running job back after 0.2 s; returned once
+    it has registered."""
+    env = platform.service_env("ocrworker") | {
+        "HM_WORKER_SLOTS": "1",
+        "HM_WORK_DIR": str(platform.state_dir / f"work-{name}"),
+        "HM_WORKER_STATUS_BIND": f"127.0.0.1:{free_port()}",
+        "HM_DRAIN_SECONDS": "0.2",
+    }
+    with (platform.state_dir / "logs" / f"ocrworker-{name}.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.ocrworker"], env=env, cwd=REPO, stdout=log, stderr=log
+        )
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
+        wait_for(
+            f"ocrworker {name} registered",
+            lambda: (
+                proc.poll() is None
+                and conn.execute(
+                    "SELECT 1 FROM workers WHERE pid = %s AND status = 'running'", (proc.pid,)
+                ).fetchone()
+            ),
+            60,
+        )
+    assert proc.poll() is None, f"ocrworker {name} exited {proc.returncode}"
+    return proc
+
+
+def _kept(conn: psycopg.Connection[Any], job_id: str) -> dict[str, int]:
+    rows = conn.execute("SELECT part, attempt FROM job_checkpoints WHERE job_id = %s", (job_id,)).fetchall()
+    return {part: attempt for part, attempt in rows}
+
+
+def _texts(client: httpx.Client, job: dict[str, Any]) -> dict[str, bytes]:
+    """The bytes of each output of ``job``, by output type."""
+    return {o["output_type"]: httpx.get(o["url"], timeout=30).content for o in job["outputs"]}
+
+
+def test_an_ocr_drained_after_page_8_resumes_after_its_last_kept_page_on_another_worker(
+    platform_without_workers: RunningPlatform,
+) -> None:
+    platform = platform_without_workers
+    account = platform.admin("create-account", "--credits", "100")
+    first = _ocrworker(platform, "first")
+    second: subprocess.Popen[bytes] | None = None
+    texts = [f"Page {n} {WORDS[n % len(WORDS)]} {WORDS[(3 * n) % len(WORDS)]}" for n in range(1, PAGES + 1)]
+    with (
+        platform.client(account) as client,
+        psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
+    ):
+        try:
+            obj = client.post("/v1/objects", files={"file": ("pages.pdf", text_pages_pdf(texts))}).json()
+            operation = {"name": "ocr", "params": {"outputs": ["text", "words", "hocr", "searchable_pdf"]}}
+            created = client.post(
+                "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+            )
+            assert created.status_code == 202, created.text
+            job_id = created.json()["job_ids"][0]
+
+            wait_for(f"{DRAIN_AFTER} pages kept", lambda: len(_kept(conn, job_id)) >= DRAIN_AFTER, 120)
+            first.terminate()  # the drain: the running job is handed back 0.2 s later
+            assert first.wait(60) == 0
+            kept_first = _kept(conn, job_id)
+            assert set(kept_first.values()) == {1}
+            last_kept = len(kept_first)
+            assert DRAIN_AFTER <= last_kept < PAGES - 1, kept_first
+            assert sorted(kept_first) == [f"page-{n:05d}" for n in range(1, last_kept + 1)]
+            assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+
+            second = _ocrworker(platform, "second")
+            seen = dict(kept_first)
+            deadline = time.monotonic() + 120
+            while (job := client.get(f"/v1/jobs/{job_id}").json())["status"] != "completed":
+                seen |= _kept(conn, job_id)
+                assert job["status"] in ("queued", "claimed", "processing"), job
+                assert time.monotonic() < deadline, "not completed within 120 s"
+                time.sleep(0.05)
+        finally:
+            first.kill()
+            if second is not None:
+                second.terminate()
+                second.wait(60)
+
+        # The second attempt kept only the pages it read: those after the last kept one (every
+        # one but the last page of the job); the kept ones were taken, not read again.
+        assert {part: attempt for part, attempt in seen.items() if attempt == 2} == {
+            f"page-{n:05d}": 2 for n in range(last_kept + 1, PAGES)
+        }
+        [first_attempt, second_attempt] = job["attempts"]
+        assert (first_attempt["status"], second_attempt["status"]) == ("lost", "completed")
+        outputs = {o["output_type"]: o for o in job["outputs"]}
+        assert outputs["text"]["metadata"]["resumed_pages"] == list(range(1, last_kept + 1))
+        assert outputs["text"]["metadata"]["pages"] == list(range(1, PAGES + 1))
+        resumed = _texts(client, job)
+        pages = resumed["text"].decode().split("\f")
+        assert len(pages) == PAGES and all(f"Page {n}" in page for n, page in enumerate(pages, 1)), pages
+
+        # One uninterrupted run of the same job gives the same bytes: text, hOCR, words and the
+        # searchable PDF.
+        again_worker = _ocrworker(platform, "again")
+        try:
+            again = client.post(
+                "/v1/hypermedia/process",
+                json={"object_id": obj["object_id"], "operations": [operation]},
+            )
+            assert again.status_code == 202, again.text
+            uninterrupted = wait_job(client, again.json()["job_ids"][0], timeout=120)
+        finally:
+            again_worker.terminate()
+            again_worker.wait(60)
+        assert uninterrupted["status"] == "completed", uninterrupted
+        assert uninterrupted["outputs"][0]["metadata"]["resumed_pages"] == []
+        whole = _texts(client, uninterrupted)
+        assert {k: hashlib.sha256(v).hexdigest() for k, v in resumed.items()} == {
+            k: hashlib.sha256(v).hexdigest() for k, v in whole.items()
+        }
+
+        # Once the job ended, storage's sweep deleted its checkpoints: rows and bytes.
+        wait_for("checkpoints deleted", lambda: not _kept(conn, job_id), 30)
+        objects = Path(platform.info["objects_dir"])
+        assert not [p for p in objects.rglob("checkpoint-*") if job_id in p.name]
