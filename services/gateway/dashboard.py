@@ -35,6 +35,8 @@ from services.gateway.usecases import UseCases
 
 COOKIE: Final = "hm_session"
 SESSION_SECONDS: Final = 8 * 3600
+EVENTS_SHOWN: Final = 200
+"""A job page lists at most this many of its events (the SSE stream has them all)."""
 """How long a sign-in lasts (a revoked key's session ends at the latest then)."""
 
 _templates = Environment(
@@ -102,6 +104,36 @@ async def queue_summary(pool: asyncpg.Pool, caller: Caller) -> list[dict[str, An
         """,
         caller.is_admin,
         caller.account_id,
+    )
+    return [dict(r) for r in rows]
+
+
+async def job_events(pool: asyncpg.Pool, job_id: str, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
+    """The first ``limit`` events of ``job_id`` (status changes and progress, oldest first); the
+    caller has read the job already (its account's)."""
+    rows = await pool.fetch(
+        "SELECT created_at, kind, status, progress, detail FROM job_events WHERE job_id = $1 "
+        "ORDER BY event_id LIMIT $2",
+        job_id,
+        limit,
+    )
+    return [dict(r) for r in rows]
+
+
+async def workers(pool: asyncpg.Pool) -> list[dict[str, Any]]:
+    """Every worker not stopped, by queue: its status, slots, heartbeat age (seconds) and latest
+    metrics sample (``worker_metrics``: busy slots, CPU, available memory, jobs done)."""
+    rows = await pool.fetch(
+        """
+        SELECT w.worker_id, w.queue, w.status, w.slots, w.hostname, w.started_at,
+               extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
+               m.slots_busy, m.cpu_percent, m.memory_available_mb, m.jobs_completed, m.jobs_failed
+        FROM workers w
+        LEFT JOIN LATERAL (SELECT * FROM worker_metrics x WHERE x.worker_id = w.worker_id
+                           ORDER BY recorded_at DESC LIMIT 1) m ON true
+        WHERE w.status IN ('running', 'draining')
+        ORDER BY w.queue, w.started_at
+        """
     )
     return [dict(r) for r in rows]
 
@@ -216,7 +248,52 @@ def router(
                 csrf=csrf,
                 error=exc.public_message,
             )
-        return render("job.html", caller=caller, csrf=csrf, job=found, credits=as_credits)
+        return render(
+            "job.html",
+            caller=caller,
+            csrf=csrf,
+            job=found,
+            credits=as_credits,
+            events=await job_events(pool, found.job_id),
+            events_shown=EVENTS_SHOWN,
+        )
+
+    @pages.get("/credits")
+    async def credits(request: Request, cursor: str = Query("", max_length=40)) -> Response:
+        session = signed_in(request)
+        if session is None:
+            return to_login()
+        caller, csrf = session
+        balance = await api.accounts.balance(caller)
+        try:
+            ledger, error = await api.accounts.ledger(caller, 50, cursor or None), None
+        except DomainError as exc:
+            ledger, error = None, exc.public_message
+        return render(
+            "credits.html",
+            caller=caller,
+            csrf=csrf,
+            balance=balance,
+            ledger=ledger,
+            error=error,
+            credits=as_credits,
+        )
+
+    @pages.get("/workers")
+    async def workers_page(request: Request) -> Response:
+        session = signed_in(request)
+        if session is None:
+            return to_login()
+        caller, csrf = session
+        if not caller.is_admin:
+            return render(
+                "missing.html",
+                status_code=403,
+                caller=caller,
+                csrf=csrf,
+                error="Workers are shown to admin accounts.",
+            )
+        return render("workers.html", caller=caller, csrf=csrf, workers=await workers(pool))
 
     @pages.get("/jobs/{job_id}/outputs/{output_type}")
     async def output(request: Request, job_id: str, output_type: str) -> Response:

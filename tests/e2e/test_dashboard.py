@@ -103,6 +103,31 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
     assert re.fullmatch(r"\d+ ms", cells[3]) and re.fullmatch(r"\d+ MiB", cells[4])
     preview = browser.find_element(By.CSS_SELECTOR, "figure[data-output=thumbnail] img")
     assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", preview) == 256
+    events = [
+        [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        for row in browser.find_elements(By.CSS_SELECTOR, "#events tr")[1:]
+    ]
+    statuses = [e[2] for e in events if e[1] == "status"]
+    assert statuses[0] == "queued" and statuses[-1] == "completed" and "processing" in statuses, events
+
+    # The credits page explains the charge line by line, and shows the waiting job's hold.
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Credits"))
+    ledger = [
+        [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        for row in browser.find_elements(By.CSS_SELECTOR, "#ledger tr")[1:]
+    ]
+    assert [
+        "commit",
+        "base",
+        f"-{thumbnail['actual_credits']:.3f}",
+        thumbnail["job_id"][:8],
+        "thumbnail",
+        "completed",
+    ] in [row[1:7] for row in ledger], ledger
+    assert any(row[1:3] == ["hold", "base"] and row[5:7] == ["pdf_info", "queued"] for row in ledger), ledger
+    assert any(row[1] == "grant" and row[3] == "+50.000" for row in ledger), ledger
+    browser.get(f"{base}/dashboard/workers")
+    assert "admin accounts" in browser.page_source  # not an admin: no workers page
 
     browser.get(f"{base}/dashboard/jobs?status=queued")
     [row] = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
@@ -119,6 +144,26 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
     _follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
     browser.get(f"{base}/dashboard/jobs")
     assert browser.current_url.endswith("/dashboard/login")
+
+
+def test_an_admin_sees_the_workers_with_their_heartbeats_and_slots(
+    platform: RunningPlatform, browser: WebDriver
+) -> None:
+    admin: dict[str, Any] = platform.admin("create-account", "--admin")
+    base = platform.rest_url
+    browser.get(f"{base}/dashboard/login")
+    browser.find_element(By.NAME, "api_key").send_keys(admin["api_key"])
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Workers"))
+    rows = {
+        row.get_attribute("data-queue"): [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        for row in browser.find_elements(By.CSS_SELECTOR, "#workers tr[data-queue]")
+    }
+    assert {"images", "documents", "ocr", "media"} <= set(rows), rows
+    images = rows["images"]
+    assert images[1].startswith("local/imageworker/") and images[2] == "running"
+    assert int(images[3].removesuffix(" s ago")) < 60 and images[4].endswith(" of 4")
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
 
 
 def test_a_form_without_the_sessions_token_changes_nothing(platform: RunningPlatform) -> None:
