@@ -71,9 +71,9 @@ finished part (:func:`keep_part`) for the worker to store beyond the attempt (AD
 RESUME_DIR: Final = "resume"
 """Directory in the job dir where the worker puts the parts an earlier attempt of the job kept
 (``{part}.zip``), for :func:`resumed_part`."""
-MAX_PART_BYTES: Final = 512 * 1024 * 1024
-"""Largest file of a resumed part an entry reads back (bytes): more is not a part this
-contract wrote."""
+MAX_PART_BYTES: Final = 64 * 1024 * 1024
+"""Largest part the worker keeps, and largest file of a resumed part an entry reads back
+(bytes): an OCR page's record, text, hOCR and PDF page are a few MiB at most."""
 _PART_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 

@@ -12,12 +12,12 @@ bound. What the job is charged when it ends:
   media written, summed over the renditions, line ``media_seconds``; three renditions of a 60 s
   clip are 180 media seconds, 1.8 credits beside ``base`` 5 at 10 millicredits each.
 * **completed**, operation without one: its price; the bytes it read are its measure.
-* **failed because of its input** (:data:`INPUT_FAULTS`: it ran out of time or memory, or the
-  input turned out corrupt while the engine decoded it), once its sandbox child ran: the
+* **failed because of its input** (:data:`INPUT_FAULTS`: it used up its CPU time or ran out of
+  memory, or the input turned out corrupt while the engine decoded it), once its sandbox child ran: the
   documented minimum for the resources it used, ``base_cost`` plus :data:`RUN_SECOND_MILLICREDITS`
   per second its child ran (over every attempt that failed so), never more than the price held.
-  A thumbnail of a hostile file that times out three times at 30 s is charged 1 + 0.9 credits,
-  cut to its price.
+  A thumbnail of a hostile file that uses up its 30 s of CPU three times is charged 1 + 0.9
+  credits, cut to its price.
 * **failed for any other reason** (the platform's: storage down, an internal error, a lost lease,
   a drain), **or cancelled**: nothing; the hold is released.
 
@@ -34,12 +34,23 @@ from typing import Any, Final
 
 INPUT_FAULTS: Final = frozenset({"TIMEOUT", "RESOURCE_LIMIT", "CORRUPT_INPUT"})
 """Error codes that are the input's fault when the sandbox child reports them: the job that
-fails with one (after its last attempt) is charged :func:`for_failure`."""
+fails with one (after its last attempt) is charged :func:`for_failure`. A ``TIMEOUT`` counts
+only when the child used up its CPU time (:func:`input_fault`): a wall-clock kill may be a
+starved host's, not the input's."""
 RUN_SECOND_MILLICREDITS: Final = 10
 """Millicredits per second (rounded up) a failed job's sandbox child ran: the ``run_seconds``
 line of :func:`for_failure` (one credit per 100 s of a slot)."""
 WORK_LINES: Final = {"page": "pages", "media_second": "media_seconds"}
 """The charge line of each ``processing_profiles.work_unit``."""
+
+
+def input_fault(error_code: str | None, killed: str) -> bool:
+    """Whether a sandbox run that ended with ``error_code``, stopped by ``killed`` (the sandbox's
+    kill reason, empty when the child failed on its own), is the input's fault (:data:`INPUT_FAULTS`;
+    a ``TIMEOUT`` only by ``cpu_time``)."""
+    if error_code == "TIMEOUT":
+        return killed == "cpu_time"
+    return error_code in INPUT_FAULTS
 
 
 @dataclass(frozen=True)
@@ -93,7 +104,9 @@ def for_completion(
     else:
         raise ValueError(f"no measure of work unit {work_unit!r}")
     base = min(base_cost, price)
-    work = min(math.ceil(per_unit * units), price - base)
+    work = min(
+        math.ceil(round(per_unit * units, 6)), price - base
+    )  # 0.1 s × 3 is 0.3, not 0.30000000000000004
     return Charge(base + work, {WORK_LINES[work_unit]: work} if work else {})
 
 

@@ -3,8 +3,8 @@ ADR 0069).
 
 An engine that works in parts (``ocr``: a page at a time) keeps each finished part as one file,
 ``checkpoints/{part}.zip`` in its job directory (:func:`hypermedia.engines.contract.keep_part`);
-the worker uploads it under the job's prefix (:func:`key_of`) and records it here with its
-attempt (:func:`record`, fenced: only the live attempt records). The next attempt of the job — a
+the worker records it here with its attempt (:func:`record`, fenced: only the live attempt
+records) and then uploads it under the job's prefix (:func:`key_of`). The next attempt of the job — a
 retry, a hand-back after a drain or a spot notice — gets a GET URL of every recorded part with
 its grant (storage ``GrantJob``), puts them in ``resume/`` of its job directory, and the engine
 takes those parts from there (:func:`hypermedia.engines.contract.resumed_part`) and does only the
@@ -46,17 +46,18 @@ def key_of(prefix: str, job_id: str, part: str) -> str:
 
 
 async def record(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, checkpoint: Checkpoint) -> bool:
-    """Records ``checkpoint`` of ``job`` made by this attempt, if the attempt is still the live
-    one (``claimed_by`` and ``attempt_count`` match, the job running). Returns False when fenced
-    (the part's bytes are then the storage sweep's to delete with the job's) or when the part was
-    recorded already (by an earlier attempt: the first one stands)."""
+    """Records ``checkpoint`` of ``job`` as made by this attempt, before its bytes are uploaded,
+    if the attempt is still the live one (``claimed_by`` and ``attempt_count`` match, the job
+    running); a part an earlier attempt recorded is taken over (its bytes are replaced by the
+    upload that follows). Returns False when fenced: the caller then uploads nothing."""
     recorded = await pool.fetchval(
         """
         INSERT INTO job_checkpoints (job_id, part, key, size_bytes, sha256, attempt)
         SELECT job_id, $4, $5, $6, $7, attempt_count FROM processing_jobs
         WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3
           AND status IN ('claimed', 'processing', 'cancel_requested')
-        ON CONFLICT (job_id, part) DO NOTHING
+        ON CONFLICT (job_id, part) DO UPDATE SET key = EXCLUDED.key, size_bytes = EXCLUDED.size_bytes,
+            sha256 = EXCLUDED.sha256, attempt = EXCLUDED.attempt, created_at = now()
         RETURNING part
         """,
         job.job_id,

@@ -27,7 +27,7 @@ CHANGEABLE = {
     "max_pixels": (1, 10**12),
     "memory_limit_mb": (64, 1 << 20),
     "backoff_base_seconds": (1, 86_400),
-    "per_unit": (0, 10**12),
+    "per_unit": (0, 2**31 - 1),
 }
 """The fields a new version may change, each with its inclusive bounds (the table's CHECKs and
 what a worker can honour: a timeout of at most a day, memory of at least 64 MiB)."""

@@ -478,9 +478,8 @@ class Sandbox:
         def failed(code: str, message: str, retryable: bool, killed: str = "") -> SandboxResult:
             if killed:  # a limit or fence stopped the child: metrics.SANDBOX_KILLS' reasons
                 metrics.SANDBOX_KILLS.labels(killed).inc()
-            return SandboxResult(
-                [], code, message, retryable, exit_.duration_ms or 0, peak, layers, exit_.cgroup_peak_bytes
-            )
+            ms, cgroup = exit_.duration_ms or 0, exit_.cgroup_peak_bytes
+            return SandboxResult([], code, message, retryable, ms, peak, layers, cgroup, killed)
 
         peak = -(-(exit_.maxrss_kib or 0) // 1024)
         layers: dict[str, Any] = {}

@@ -37,7 +37,14 @@ def read_progress(job_dir: Path) -> float | None:
     return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
 
 
-def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40, subdir: str = "output") -> bytes:
+def read_output(
+    job_dir: Path,
+    filename: str,
+    *,
+    max_bytes: int = 1 << 40,
+    subdir: str = "output",
+    refuse_over: int | None = None,
+) -> bytes:
     """The bytes of ``{job_dir}/output/{filename}``, opened without following a symlink at any
     step (the job dir, ``output/`` and the file are each opened with ``O_NOFOLLOW`` relative to
     the previous one), and only if it is a regular file with a single link. A job that replaced
@@ -47,12 +54,15 @@ def read_output(job_dir: Path, filename: str, *, max_bytes: int = 1 << 40, subdi
     Args:
         max_bytes: read at most this many bytes.
         subdir: the job dir's directory to read from instead of ``output/`` (``checkpoints/``).
+        refuse_over: a file larger than this many bytes is refused (``EFBIG``) before any is read.
 
     Raises:
         OSError: see :func:`_open_output`.
     """
     fd, size = _open_output(job_dir, filename, subdir)
     try:
+        if refuse_over is not None and size > refuse_over:
+            raise OSError(errno.EFBIG, f"larger than {refuse_over} bytes")
         chunks = []
         remaining = min(max_bytes, size)
         while remaining > 0:

@@ -60,3 +60,6 @@ class SandboxResult:
     cgroup_peak_bytes: int | None = None
     """Peak memory charged to the job's cgroup (the child and its descendants, with page
     cache), bytes; None without cgroups."""
+    killed: str = ""
+    """Which limit or fence stopped the child (``memory``, ``wall_time``, ``cpu_time``,
+    ``file_size``, …: the reasons of ``hypermedia_sandbox_kills_total``); empty otherwise."""

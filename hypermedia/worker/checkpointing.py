@@ -1,8 +1,11 @@
 """The worker's side of checkpoints (ADR 0069): an earlier attempt's parts put where the entry
-finds them, and the parts this attempt finishes stored and recorded while it runs.
+finds them, and the parts this attempt finishes recorded and stored while it runs.
 
-Both are best effort: a part that cannot be restored is done again, a part that cannot be kept
-is lost with the attempt, and neither ever fails the job.
+Only for handlers that keep parts (:attr:`JobHandler.checkpoints`: the ocrworker's); bounded,
+because the job's child writes the directory the parts come from (at most :data:`MAX_PARTS`
+parts of :data:`~hypermedia.engines.contract.MAX_PART_BYTES` each and :data:`MAX_JOB_BYTES` in
+all per attempt, read without following a symlink); best effort: a part that cannot be restored
+is done again, a part that cannot be kept is lost with the attempt, and neither fails the job.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS: Final = 0.25
 """How often the checkpoint directory of a running job is looked at for finished parts."""
+MAX_PARTS: Final = 64
+"""Parts one attempt keeps, and restores, at most (an OCR job has at most 20 pages)."""
+MAX_JOB_BYTES: Final = 256 * 1024 * 1024
+"""Bytes of parts one attempt keeps, and restores, at most."""
+TRIES: Final = 3
+"""Tries to keep one part before it is given up (its page is then done again by a later attempt)."""
 
 
 class Checkpointing:
@@ -37,38 +46,42 @@ class Checkpointing:
         http: client for the presigned URLs.
         pool: the system of record (``job_checkpoints``).
         worker_id: the worker's id, the fence of :func:`checkpoints.record` with the attempt.
+        enabled: whether the worker's handler keeps parts; without, both methods do nothing.
     """
 
     def __init__(
-        self, transfers: Transfers, http: httpx.AsyncClient, pool: asyncpg.Pool, worker_id: str
+        self, transfers: Transfers, http: httpx.AsyncClient, pool: asyncpg.Pool, worker_id: str, enabled: bool
     ) -> None:
         self._transfers = transfers
         self._http = http
         self._pool = pool
         self._worker_id = worker_id
+        self._enabled = enabled
 
     async def restore(
         self, job: lifecycle.ClaimedJob, granted: storage_pb2.GrantJobResponse, job_dir: Path
     ) -> int:
-        """Downloads the parts earlier attempts of ``job`` kept (``granted.checkpoints``) into
-        ``{job_dir}/resume/``, readable by the job's child; returns how many. A part that cannot
-        be downloaded is left out (the entry does it again)."""
-        if not granted.checkpoints:
+        """Downloads the parts earlier attempts of ``job`` kept (``granted.checkpoints``, at most
+        :data:`MAX_PARTS` and :data:`MAX_JOB_BYTES`) into ``{job_dir}/resume/``, readable by the
+        job's child; returns how many. A part that cannot be downloaded is left out (the entry
+        does it again)."""
+        if not self._enabled or not granted.checkpoints:
             return 0
         folder = job_dir / RESUME_DIR
         folder.mkdir(mode=0o755, exist_ok=True)
-        restored = 0
-        for part, url in sorted(granted.checkpoints.items()):
-            if not checkpoints.PART.fullmatch(part):
+        restored, budget = 0, MAX_JOB_BYTES
+        for part, url in sorted(granted.checkpoints.items())[:MAX_PARTS]:
+            if not checkpoints.PART.fullmatch(part) or budget <= 0:
                 continue
             dest = folder / f"{part}.zip"
             try:
-                await self._transfers.download(url, dest, MAX_PART_BYTES)
+                await self._transfers.download(url, dest, min(MAX_PART_BYTES, budget))
             except Exception:
                 log.warning("checkpoint %s not restored", part, exc_info=True, extra={"job_id": job.job_id})
                 dest.unlink(missing_ok=True)
                 continue
             dest.chmod(0o644)
+            budget -= dest.stat().st_size
             restored += 1
         log.info("resuming after %d kept parts", restored, extra={"job_id": job.job_id})
         return restored
@@ -81,24 +94,33 @@ class Checkpointing:
         finished: asyncio.Event,
     ) -> None:
         """Until ``finished`` and once more after it: every :data:`POLL_SECONDS`, each part the
-        entry finished (``{job_dir}/checkpoints/{part}.zip``) is uploaded under the job's prefix
-        and recorded with this attempt. Never raises."""
+        entry finished (``{job_dir}/checkpoints/{part}.zip``) is recorded with this attempt and
+        uploaded under the job's prefix; a part that fails :data:`TRIES` times is given up.
+        Never raises."""
+        if not self._enabled:
+            return
         folder = job_dir / CHECKPOINT_DIR
         grant = granted.outputs
-        kept: set[str] = set()
+        settled: set[str] = set()
+        failures: dict[str, int] = {}
+        budget = MAX_JOB_BYTES
         while True:
             done = finished.is_set()
-            try:
-                for path in sorted(folder.glob("*.zip")) if folder.is_dir() else []:
-                    part = path.name.removesuffix(".zip")
-                    if part in kept or not checkpoints.PART.fullmatch(part):
-                        continue
+            names = sorted(p.name for p in folder.glob("*.zip")) if folder.is_dir() else []
+            for name in names:
+                part = name.removesuffix(".zip")
+                if part in settled or len(settled) >= MAX_PARTS or not checkpoints.PART.fullmatch(part):
+                    continue
+                try:
                     if grant.expires_at.ToSeconds() - time.time() < GRANT_MARGIN_SECONDS:
                         grant = (await self._transfers.grant(job)).outputs
-                    await self._keep_one(job, grant, path, part)
-                    kept.add(part)
-            except Exception:
-                log.warning("checkpoint not kept", exc_info=True, extra={"job_id": job.job_id})
+                    budget -= await self._keep_one(job, grant, job_dir, part, budget)
+                    settled.add(part)
+                except Exception:
+                    failures[part] = failures.get(part, 0) + 1
+                    if failures[part] >= TRIES:
+                        settled.add(part)
+                    log.warning("checkpoint %s not kept", part, exc_info=True, extra={"job_id": job.job_id})
             if done:
                 return
             try:
@@ -107,26 +129,25 @@ class Checkpointing:
                 pass
 
     async def _keep_one(
-        self, job: lifecycle.ClaimedJob, grant: storage_pb2.OutputGrant, path: Path, part: str
-    ) -> None:
-        """Uploads one finished part and records it (fenced by the attempt)."""
-        data = await asyncio.to_thread(_read_part, path.parent.parent, path.name)
+        self, job: lifecycle.ClaimedJob, grant: storage_pb2.OutputGrant, job_dir: Path, part: str, budget: int
+    ) -> int:
+        """Records one finished part (fenced by the attempt), then uploads it; returns its size.
+        A part recorded by a fenced attempt is not uploaded at all, so nothing is stored that
+        no row names."""
+        data = await asyncio.to_thread(
+            read_output,
+            job_dir,
+            f"{part}.zip",
+            subdir=CHECKPOINT_DIR,
+            refuse_over=min(MAX_PART_BYTES, budget),
+        )
         digest = hashlib.sha256(data).hexdigest()
         key = checkpoints.key_of(grant.key_prefix, job.job_id, part)
+        checkpoint = checkpoints.Checkpoint(part, key, len(data), digest, job.attempt)
+        if not await checkpoints.record(self._pool, job, self._worker_id, checkpoint):
+            log.info("checkpoint %s not kept: the attempt is fenced", part, extra={"job_id": job.job_id})
+            return 0
         response = await send_output(self._http, grant, key, data, "application/zip", digest)
         if response.status_code >= 300:
             raise OSError(f"storage answered {response.status_code} to checkpoint {part}")
-        checkpoint = checkpoints.Checkpoint(part, key, len(data), digest, job.attempt)
-        if not await checkpoints.record(self._pool, job, self._worker_id, checkpoint):
-            log.info(
-                "checkpoint %s not recorded (fenced, or kept before)", part, extra={"job_id": job.job_id}
-            )
-
-
-def _read_part(job_dir: Path, filename: str) -> bytes:
-    """A part's bytes, read as outputs are (no symlink followed, a regular singly linked file:
-    the job's child wrote the directory), refusing more than :data:`MAX_PART_BYTES`."""
-    data = read_output(job_dir, filename, max_bytes=MAX_PART_BYTES + 1, subdir=CHECKPOINT_DIR)
-    if len(data) > MAX_PART_BYTES:
-        raise OSError(f"{filename} is larger than {MAX_PART_BYTES} bytes")
-    return data
+        return len(data)

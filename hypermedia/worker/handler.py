@@ -36,6 +36,9 @@ class JobHandler(Protocol):
 
     entry: str
     """``module:function`` run in the sandbox child as ``fn(operation, params, input_path, out_dir, **kwargs)``."""
+    checkpoints: bool
+    """Whether the entry keeps finished parts (:func:`hypermedia.engines.contract.keep_part`) for
+    the worker to store and restore beyond the attempt (:mod:`hypermedia.worker.checkpointing`)."""
 
     def entry_kwargs(self, job: lifecycle.ClaimedJob) -> dict[str, Any]:
         """Extra keyword arguments of the entry for this job (picklable; limits from the profile)."""
@@ -94,6 +97,8 @@ class SandboxHandler:
     sandbox), no charge beside the profile's price, admitted at once, the profile's limits. A
     worker service subclasses it, sets ``entry`` and ``entry_kwargs``, and overrides a hook only
     where it does more."""
+
+    checkpoints = False
 
     async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
         return job_input

@@ -118,7 +118,7 @@ class WorkerRuntime:
         """The progress events of each running job (held back in its first second)."""
         self._handler = handler
         self._transfers = Transfers(storage, http, settings.storage_handoff_socket)
-        self._checkpointing = Checkpointing(self._transfers, http, pool, self.worker_id)
+        self._checkpointing = Checkpointing(self._transfers, http, pool, self.worker_id, handler.checkpoints)
         self.admission = Admission(
             settings.slots, settings.min_available_memory_mb, settings.min_pid_headroom
         )
@@ -570,7 +570,7 @@ class WorkerRuntime:
                     prefix=self._prefix,
                     duration_ms=result.duration_ms if result else _ms(started),
                     peak_memory_mb=result.peak_memory_mb if result else 0,
-                    input_fault=result is not None and result.error_code in charges.INPUT_FAULTS,
+                    input_fault=result is not None and charges.input_fault(result.error_code, result.killed),
                 )
             )
         except Exception as db_exc:

@@ -391,7 +391,7 @@ def _ledger_cursor(token: str) -> int:
     InvalidArgument for a token ListLedger did not make."""
     if not token:
         return 2**63 - 1
-    if not token.isascii() or not token.isdigit() or len(token) > 19:
+    if not token.isascii() or not token.isdigit() or len(token) > 18:
         raise InvalidArgument("malformed page_token", "INVALID_ARGUMENT")
     return int(token)
 

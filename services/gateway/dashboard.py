@@ -35,9 +35,9 @@ from services.gateway.usecases import UseCases
 
 COOKIE: Final = "hm_session"
 SESSION_SECONDS: Final = 8 * 3600
+"""How long a sign-in lasts (a revoked key's session ends at the latest then)."""
 EVENTS_SHOWN: Final = 200
 """A job page lists at most this many of its events (the SSE stream has them all)."""
-"""How long a sign-in lasts (a revoked key's session ends at the latest then)."""
 
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("dashboard_templates")),

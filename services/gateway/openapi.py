@@ -101,7 +101,7 @@ class LedgerEntryOut(BaseModel):
     at: str = Field(description="when (ISO 8601, UTC)")
     kind: str = Field(description="grant, hold, commit or release")
     line: str = Field(
-        description="a commit's charge line: base, pages, run_seconds, ocr_escalation; base otherwise"
+        description="a commit's charge line: base, pages, media_seconds, run_seconds, ocr_escalation; base otherwise"
     )
     credits: float = Field(
         description="a grant (+) and a commit (-): the change of the balance; a hold and a release: "

@@ -53,6 +53,7 @@ class OcrHandler(SandboxHandler):
     and charges escalated pages as a line of their own."""
 
     entry = "hypermedia.engines.ocr.engine:run"
+    checkpoints = True  # a page at a time (ADR 0069)
 
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
         return {"limits": OcrLimits(max_input_bytes=job.max_input_bytes, max_page_pixels=job.max_pixels)}

@@ -13,8 +13,9 @@ requeue the same job twice:
    a message the broker lost never strands a job (claims are idempotent, duplicates are dropped);
 5. **unsettled holds**: jobs whose credit hold is still ``held`` more than ``settle_grace_seconds``
    after they ended — a Release or Commit that failed or was never made (the credits service was
-   unreachable, or a process died between the job's transition and the call): ``failed`` and
-   ``cancelled`` jobs are released, ``completed`` ones charged their ``actual_credits`` (with their ``charge_lines``); a hold
+   unreachable, or a process died between the job's transition and the call): ``completed`` jobs,
+   and ``failed`` ones that recorded a charge (their input's fault, ADR 0068), are charged their
+   ``actual_credits`` (with their ``charge_lines``), other ``failed`` and ``cancelled`` ones released; a hold
    whose job was never created (the gateway died, or could not reach Postgres, between Hold and
    the job's transaction, and its own Release failed too) is released;
 6. **orphaned job directories** (when given ``work_dirs``, the workers' ``HM_WORK_DIR`` on this

@@ -572,8 +572,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             SELECT c.job_id::text AS job_id, c.part, c.key, o.pool_id, j.object_id, j.profile_version
             FROM job_checkpoints c JOIN processing_jobs j USING (job_id) JOIN objects o ON o.object_id = j.object_id
             WHERE c.job_id IN (
-                SELECT DISTINCT k.job_id FROM job_checkpoints k JOIN processing_jobs e USING (job_id)
-                WHERE e.status IN ('completed', 'failed', 'cancelled') LIMIT $1)
+                SELECT k.job_id FROM job_checkpoints k JOIN processing_jobs e USING (job_id)
+                WHERE e.status IN ('completed', 'failed', 'cancelled')
+                GROUP BY k.job_id ORDER BY min(k.created_at) LIMIT $1)
             """,
             batch,
         )

@@ -223,12 +223,14 @@ def success(*outputs: tuple[OutputFile, bytes]) -> Callable[[str], tuple[Sandbox
     return outcome
 
 
-def failure(code: str, *, retryable: bool) -> Callable[[str], tuple[SandboxResult, dict[str, bytes]]]:
+def failure(
+    code: str, *, retryable: bool, killed: str = ""
+) -> Callable[[str], tuple[SandboxResult, dict[str, bytes]]]:
     """A :attr:`FakeSandbox.outcome` whose every run fails with ``code`` (as an entry's
-    ``DomainError`` or the sandbox's own ``TIMEOUT`` would), writing nothing."""
+    ``DomainError`` or the sandbox's own ``TIMEOUT`` would, ``killed`` its kill reason), writing nothing."""
 
     def outcome(_job_id: str) -> tuple[SandboxResult, dict[str, bytes]]:
-        return SandboxResult([], code, f"failed: {code}", retryable, 30, 10), {}
+        return SandboxResult([], code, f"failed: {code}", retryable, 30, 10, killed=killed), {}
 
     return outcome
 

@@ -32,15 +32,18 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
 from hypermedia.devtools.embedded import free_port
+from hypermedia.engines.contract import CHECKPOINT_DIR, MAX_PART_BYTES, RESUME_DIR
 from hypermedia.infra import mtls
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer, channel
 from hypermedia.jobs import checkpoints
-from hypermedia.worker.transfer import send_output
+from hypermedia.worker.checkpointing import Checkpointing
+from hypermedia.worker.transfer import Transfers, send_output
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
 from services.storage.service import SERVICE_NAME, StorageServicer
+from tests.helpers.jobs import claimed_job
 
 REPO = Path(__file__).resolve().parents[2]
 SIGNING_KEY = b"test-signing-key-0123456789"
@@ -1002,3 +1005,77 @@ async def test_deleting_an_original_takes_every_object_derived_from_it_at_any_de
     )
     assert [r["state"] for r in states] == ["deleted"] * 3
     assert [await local.backend.stat(o.key) for o in objects] == [None, None, None]
+
+
+# --- the worker's side of checkpoints (ADR 0069) against this store ------------------------------
+# A whole part is recorded and stored once; what the job's child may have planted in its
+# checkpoint directory (a symlink, an oversized file, a bad name) is never read or stored; a
+# fenced attempt stores nothing; the next attempt gets the parts back from its grant.
+
+CHECKPOINT_WORKER = "local/ocrworker/host/boot/g0/1"
+
+
+async def _keep_once(
+    keeper: Checkpointing, job: object, granted: storage_pb2.GrantJobResponse, job_dir: Path
+) -> None:
+    finished = asyncio.Event()
+    finished.set()  # one pass, as after the child ended
+    await keeper.keep(job, granted, job_dir, finished)  # type: ignore[arg-type]
+
+
+async def test_whole_parts_are_kept_once_and_nothing_the_child_planted_is_read(
+    local: Running, tenant: Tenant, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    source = await _upload(local, tenant, b"a scanned document")
+    job_id = await _job(pool, tenant, source)
+    await pool.execute(
+        "UPDATE processing_jobs SET claimed_by = $2 WHERE job_id = $1", uuid.UUID(job_id), CHECKPOINT_WORKER
+    )
+    job = claimed_job("ocr", "ocr", job_id=job_id, attempt=1)
+    granted = await local.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
+    job_dir = tmp_path / "job"
+    parts = job_dir / CHECKPOINT_DIR
+    parts.mkdir(parents=True)
+    (parts / "page-00001.zip").write_bytes(b"page one")
+    (parts / "page-00002.zip").symlink_to("/etc/passwd")
+    with (parts / "page-00003.zip").open("wb") as big:
+        big.truncate(MAX_PART_BYTES + 1)
+    (parts / "Bad Name.zip").write_bytes(b"x")
+    (parts / ".page-00004.tmp").write_bytes(b"half written")
+
+    async with httpx.AsyncClient() as http:
+        keeper = Checkpointing(Transfers(local.stub, http), http, pool, CHECKPOINT_WORKER, enabled=True)
+        await _keep_once(keeper, job, granted, job_dir)
+        kept = await checkpoints.of_job(pool, job_id)
+        assert [(c.part, c.attempt, c.size_bytes) for c in kept] == [("page-00001", 1, 8)]
+        prefix = granted.outputs.key_prefix
+        assert await local.backend.stat(kept[0].key) == 8
+        for part in ("page-00002", "page-00003"):
+            assert await local.backend.stat(checkpoints.key_of(prefix, job_id, part)) is None
+
+        # The attempt is fenced (its lease went to another worker): nothing recorded, nothing stored.
+        await pool.execute(
+            "UPDATE processing_jobs SET claimed_by = 'someone else' WHERE job_id = $1", uuid.UUID(job_id)
+        )
+        (parts / "page-00005.zip").write_bytes(b"page five")
+        await _keep_once(keeper, job, granted, job_dir)
+        assert [c.part for c in await checkpoints.of_job(pool, job_id)] == ["page-00001"]
+        assert await local.backend.stat(checkpoints.key_of(prefix, job_id, "page-00005")) is None
+
+        # The next attempt gets its part back, readable by its child.
+        await pool.execute(
+            "UPDATE processing_jobs SET claimed_by = $2, attempt_count = 2 WHERE job_id = $1",
+            uuid.UUID(job_id),
+            CHECKPOINT_WORKER,
+        )
+        regranted = await local.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=2))
+        next_dir = tmp_path / "next"
+        next_dir.mkdir()
+        second = claimed_job("ocr", "ocr", job_id=job_id, attempt=2)
+        assert await keeper.restore(second, regranted, next_dir) == 1
+        restored = next_dir / RESUME_DIR / "page-00001.zip"
+        assert restored.read_bytes() == b"page one" and os.stat(restored).st_mode & 0o777 == 0o644
+
+        # A handler that keeps no parts does neither.
+        off = Checkpointing(Transfers(local.stub, http), http, pool, CHECKPOINT_WORKER, enabled=False)
+        assert await off.restore(second, regranted, tmp_path / "off") == 0

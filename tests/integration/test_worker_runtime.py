@@ -463,11 +463,11 @@ async def test_failure_is_retried_or_failed_and_charged_or_released(
 async def test_a_job_out_of_attempts_by_timeouts_is_charged_every_attempts_run_within_its_price(
     make_rig: Callable[..., Awaitable[Rig]],
 ) -> None:
-    """A hostile file that times out at every attempt: the last one fails the job, charged base
-    and the seconds all its timed-out attempts ran (30 s before, 0.03 s now: 31 s, 310), cut to
-    the 1200 it held. The reaper's sweep would charge the same from the job row."""
+    """A hostile file that uses up its CPU time at every attempt: the last one fails the job,
+    charged base and the seconds all its timed-out attempts ran (30 s before, 0.03 s now: 31 s,
+    310), cut to the 1200 it held. The reaper's sweep would charge the same from the job row."""
     rig = await make_rig()
-    rig.sandbox.outcome = failure("TIMEOUT", retryable=True)
+    rig.sandbox.outcome = failure("TIMEOUT", retryable=True, killed="cpu_time")
     job_id = await rig.job(attempt_count=1, max_attempts=2)
     await rig.pool.execute(
         "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status, error_code, duration_ms) "
@@ -485,6 +485,19 @@ async def test_a_job_out_of_attempts_by_timeouts_is_charged_every_attempts_run_w
         "committed",
         [("hold", HOLD), ("commit", -1000), ("commit", -(HOLD - 1000))],
     )
+
+
+async def test_a_job_out_of_attempts_by_wall_clock_timeouts_is_released(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A wall-clock kill may be a starved host's as much as the input's: not charged."""
+    rig = await make_rig()
+    rig.sandbox.outcome = failure("TIMEOUT", retryable=True, killed="wall_time")
+    job_id = await rig.job(max_attempts=1)
+    await rig.publish(job_id)
+    await rig.run_until(lambda: _status_is(rig, job_id, "failed"))
+    assert (await rig.row(job_id))["actual_credits"] is None
+    assert await rig.credit(job_id) == ("released", [("hold", HOLD), ("release", HOLD)])
 
 
 async def test_cancel_while_running_kills_the_sandbox_and_releases(

@@ -1,6 +1,7 @@
 """Hostile PDFs through the docworker, end to end on a platform of their own: each ends within its
-timeout with a specific code (or completes harmlessly), costs nothing when it fails, reaches out to
-nothing, and leaves the platform working.
+timeout with a specific code (or completes harmlessly), costs nothing when it is refused before
+its engine runs out of anything (its minimum when it made the engine run out of memory: ADR
+0068), reaches out to nothing, and leaves the platform working.
 
 The attack corpus' generators (50,000 pages, a 1 GiB flate bomb, 100,000 nested arrays) come from
 ``tests/security/test_documents_and_media.py``; the rest are made here: a MediaBox of 200 × 200
@@ -81,9 +82,17 @@ def _run(client: httpx.Client, content: bytes, name: str, operation: str | dict[
 
 
 def _failed_once(job: dict[str, Any], code: str, operation: str) -> None:
+    """Failed at once with ``code``; free when refused before the engine ran out of anything, and
+    charged its minimum (ADR 0068: base and 0.01 a second, within the price) when the input made
+    the engine run out of memory."""
     assert (job["status"], job["error_code"]) == ("failed", code), job
     assert job["attempt_count"] == 1, "a permanent error is not retried"
-    assert job["outputs"] == [] and job["actual_credits"] is None
+    assert job["outputs"] == []
+    if code == "RESOURCE_LIMIT":
+        assert 0 < job["actual_credits"] <= job["estimated_credits"], job
+        assert set(job["charge_lines"]) <= {"run_seconds"}
+    else:
+        assert job["actual_credits"] is None
     assert job["attempts"][0]["duration_ms"] < TIMEOUT_SECONDS[operation] * 1000
 
 

@@ -55,7 +55,7 @@ def test_every_page_but_the_last_is_kept_and_kept_pages_are_not_read_again(
     )
     with zipfile.ZipFile(first / CHECKPOINT_DIR / "page-00002.zip") as archive:
         files = {name: archive.read(name) for name in archive.namelist()}
-    assert set(files) == {"record.json", "text.txt", "page.hocr", "page.pdf"}
+    assert set(files) == {"record.json", "text.txt", "page.hocr", "page.pdf", "made_by.json"}
     keep_part(second / "output", "page-00002", files | {"text.txt": b"FROM THE CHECKPOINT\n"})
     (second / CHECKPOINT_DIR / "page-00002.zip").rename(second / RESUME_DIR / "page-00002.zip")
 

@@ -212,7 +212,7 @@ async def test_wall_clock_timeout_kills_the_process_group(sandbox: Sandbox) -> N
     processes = await pids_written(sandbox, job)
     _, result = await task
 
-    assert (result.error_code, result.retryable) == ("TIMEOUT", True)
+    assert (result.error_code, result.retryable, result.killed) == ("TIMEOUT", True, "wall_time")
     assert _kills("wall_time") == kills + 1
     assert time.monotonic() - started < 3
     await wait_gone(processes)
@@ -223,7 +223,7 @@ async def test_cpu_limit_is_a_timeout(sandbox: Sandbox) -> None:
     limits = SandboxLimits(cpu_seconds=1, wall_seconds=10, memory_bytes=2 << 30, fsize_bytes=1 << 20)
     kills = _kills("cpu_time")
     job, result = await run_entry(sandbox, "spin", limits=limits)
-    assert (result.error_code, result.retryable) == ("TIMEOUT", True)
+    assert (result.error_code, result.retryable, result.killed) == ("TIMEOUT", True, "cpu_time")
     assert result.duration_ms < 5000
     assert _kills("cpu_time") == kills + 1
     sandbox.cleanup(job)
@@ -233,7 +233,7 @@ async def test_memory_limit_is_a_resource_limit(sandbox: Sandbox) -> None:
     limits = SandboxLimits(cpu_seconds=10, wall_seconds=10, memory_bytes=512 << 20, fsize_bytes=1 << 20)
     kills = _kills("memory")
     job, result = await run_entry(sandbox, "allocate", {"bytes": 1 << 30}, limits=limits)
-    assert (result.error_code, result.retryable) == ("RESOURCE_LIMIT", False)
+    assert (result.error_code, result.retryable, result.killed) == ("RESOURCE_LIMIT", False, "memory")
     assert result.peak_memory_mb < 512
     assert _kills("memory") == kills + 1
     sandbox.cleanup(job)

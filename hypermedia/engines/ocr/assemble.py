@@ -97,29 +97,34 @@ def merge_hocr(pages: Sequence[tuple[int, Path]]) -> str:
 
 _CREATION_DATE = re.compile(rb"/CreationDate ?\(D:(\d{14})")
 _FILE_ID = re.compile(rb"/ID ?\[ ?<([0-9A-Fa-f]{32})> ?<([0-9A-Fa-f]{32})> ?\]")
+_INFO = re.compile(rb"/Info (\d+) 0 R")
 
 
 def reproducible_pdf(data: bytes) -> bytes:
     """``data``, a PDF PDFium saved, with the two things that made each save differ made
     deterministic, byte for byte in place (same lengths, so every offset stays right): the
-    creation time PDFium stamps (1970-01-01 00:00:00 instead) and the file identifier it draws
-    (the first 128 bits of SHA-256 over the file with that identifier blanked). The same pages
-    then give the same bytes, in any attempt or job (ADR 0069)."""
-    data = _CREATION_DATE.sub(lambda m: m.group(0)[:-14] + b"19700101000000", data)
-    found = _FILE_ID.search(data)
+    creation time PDFium stamps in the document's Info dictionary (1970-01-01 00:00:00 instead)
+    and the file identifier it draws in the trailer (the first 128 bits of SHA-256 over the file
+    with that identifier blanked). Only those two places are touched: a page imported from the
+    user's PDF keeps its bytes. The same pages then give the same bytes, in any attempt or job
+    (ADR 0069). A file without a ``trailer`` (an xref stream) is returned as it is."""
+    trailer = data.rfind(b"trailer")
+    if trailer < 0:
+        return data
+    info = _INFO.search(data, trailer)
+    start = data.find(b"\n%d 0 obj" % int(info.group(1))) if info else -1
+    if start >= 0:
+        end = data.find(b"endobj", start)
+        found = _CREATION_DATE.search(data, start, end)
+        if found is not None:
+            data = data[: found.start(1)] + b"19700101000000" + data[found.end(1) :]
+    found = _FILE_ID.search(data, trailer)
     if found is None:
         return data
-    blank = (
-        data[: found.start(1)]
-        + b"0" * 32
-        + data[found.end(1) : found.start(2)]
-        + b"0" * 32
-        + data[found.end(2) :]
-    )
+    cut = [(found.start(1), found.end(1)), (found.start(2), found.end(2))]
+    blank = data[: cut[0][0]] + b"0" * 32 + data[cut[0][1] : cut[1][0]] + b"0" * 32 + data[cut[1][1] :]
     digest = hashlib.sha256(blank).hexdigest()[:32].upper().encode()
-    return (
-        data[: found.start(1)] + digest + data[found.end(1) : found.start(2)] + digest + data[found.end(2) :]
-    )
+    return data[: cut[0][0]] + digest + data[cut[0][1] : cut[1][0]] + digest + data[cut[1][1] :]
 
 
 def merge_pdfs(paths: Sequence[Path], target: Path) -> int:

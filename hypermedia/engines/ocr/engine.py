@@ -124,6 +124,9 @@ escalated: RapidOCR took up to 38 s of CPU on one dense, blurred A4 page at 300 
 the hostile review). Below it the page keeps tesseract's reading (``cpu_budget``) rather than the
 whole job failing with ``TIMEOUT``."""
 
+CHECKPOINT_FORMAT: Final = 1
+"""The version of a kept page's part (ADR 0069); raise it with any change to a page's record or
+to how a page is read, so that pages kept by the old code are read again, not mixed in."""
 _PDF_MAGIC: Final = b"%PDF-"
 
 # libvips loads and encodes here; every untrusted loader stays blocked. The operation cache is
@@ -217,6 +220,7 @@ def run(
         pdf_pages: list[Path] = []
         failed_before = False
         resumed: list[int] = []
+        fingerprint = _fingerprint(params)
         for page in pages:
             if page.text_layer is not None:
                 records.append(_text_layer_record(page.number, page.text_layer))
@@ -225,7 +229,7 @@ def run(
                     pdf_pages.append(page.original_pdf)
                 continue
             part = f"page-{page.number:05d}"
-            kept = _kept_page(resumed_part(out_dir, part), page.number, work_dir)
+            kept = _kept_page(resumed_part(out_dir, part), page.number, work_dir, fingerprint)
             if kept is None:
                 result, record = _ocr_page(page, engine, second, work_dir, params, limits, preprocessing)
                 text, hocr_path, pdf_path = result.text, result.hocr_path, result.pdf_path
@@ -239,7 +243,11 @@ def run(
                 second, failed_before = None, True
             if kept is None and page is not pages[-1]:
                 # A later attempt takes it from here (ADR 0069); after the last page there is nothing to resume.
-                keep_part(out_dir, part, _page_files(record, text, hocr_path, pdf_path))
+                keep_part(
+                    out_dir,
+                    part,
+                    _page_files(record, text, hocr_path, pdf_path) | {"made_by.json": fingerprint},
+                )
             records.append(record)
             texts.append(text)
             if hocr_path is not None:
@@ -322,6 +330,14 @@ def _ocr_page(
     return result, record
 
 
+def _fingerprint(params: dict) -> bytes:
+    """What a kept page must have been made by to be taken (``made_by.json`` of its part): this
+    part format (:data:`CHECKPOINT_FORMAT`), the same tesseract and the same params. A page kept
+    by another version (a drain in a deploy) is read again rather than mixed in."""
+    made_by = {"format": CHECKPOINT_FORMAT, "tesseract": tesseract.version(), "params": params}
+    return json.dumps(made_by, sort_keys=True, separators=(",", ":")).encode()
+
+
 def _page_files(
     record: dict[str, Any], text: str, hocr_path: Path | None, pdf_path: Path | None
 ) -> dict[str, bytes]:
@@ -335,12 +351,13 @@ def _page_files(
 
 
 def _kept_page(
-    kept: dict[str, bytes] | None, number: int, work_dir: Path
+    kept: dict[str, bytes] | None, number: int, work_dir: Path, fingerprint: bytes
 ) -> tuple[dict[str, Any], str, Path | None, Path | None] | None:
     """A page an earlier attempt read, from its checkpoint (:func:`_page_files`): its record,
-    text, and hOCR and PDF page written back into ``work_dir``; None without one, or for one
-    that is not whole (the page is read again)."""
-    if kept is None:
+    text, and hOCR and PDF page written back into ``work_dir``; None without one, for one made
+    by another version or params (:func:`_fingerprint`), or for one that is not whole (the page
+    is read again)."""
+    if kept is None or kept.get("made_by.json") != fingerprint:
         return None
     try:
         record, text = json.loads(kept["record.json"]), kept["text.txt"].decode()

@@ -1570,7 +1570,7 @@ class LedgerEntry(_message.Message):
     kind: _builtins.str
     """grant, hold, commit or release."""
     line: _builtins.str
-    """A commit's charge line (base, pages, run_seconds, ocr_escalation); base otherwise."""
+    """A commit's charge line (base, pages, media_seconds, run_seconds, ocr_escalation); base otherwise."""
     credits: _builtins.str
     """Decimal credits. A grant ("5.000") and a commit ("-1.050"): the change of the balance; a hold
     and a release ("1.600"): the amount held or given back, the balance unchanged.
