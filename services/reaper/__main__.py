@@ -1,5 +1,6 @@
 """``python -m services.reaper``: runs :meth:`Reaper.run_once` every ``HM_REAPER_INTERVAL_SECONDS``,
-an outbox relay for the messages it writes, and the webhook dispatcher, and serves the platform's
+an outbox relay for the messages it writes, the webhook dispatcher and the tables' retention
+(:mod:`hypermedia.jobs.retention`, every ``HM_RETENTION_INTERVAL_SECONDS``), and serves the platform's
 gauges from Postgres (:mod:`hypermedia.jobs.gauges`) with its metrics. Only wires."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres,
 from hypermedia.jobs import queues
 from hypermedia.jobs.gauges import PlatformCollector
 from hypermedia.jobs.outbox import OutboxRelay
+from hypermedia.jobs.retention import Retention
 from services.reaper.reaper import Reaper
 from services.reaper.settings import ReaperSettings
 from services.reaper.webhooks import WebhookDispatcher, webhook_client
@@ -51,6 +53,18 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         base_delay_seconds=settings.webhook_base_delay_seconds,
     )
 
+    retention = Retention(
+        pool,
+        job_events_days=settings.retain_job_events_days,
+        worker_metrics_days=settings.retain_worker_metrics_days,
+        webhook_deliveries_days=settings.retain_webhook_deliveries_days,
+    )
+
+    async def prune() -> None:
+        pruned = await retention.run_once()
+        if pruned.anything:
+            log.info("retention: %s", pruned)
+
     collector = PlatformCollector(pool, asyncio.get_running_loop(), settings.dead_worker_seconds)
     REGISTRY.register(collector)
     stack.callback(REGISTRY.unregister, collector)
@@ -64,6 +78,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         asyncio.create_task(every(settings.interval_seconds, reap, inner_stop)),
         asyncio.create_task(relay.run(inner_stop)),
         asyncio.create_task(every(settings.webhook_poll_seconds, webhooks.run_once, inner_stop)),
+        asyncio.create_task(every(settings.retention_interval_seconds, prune, inner_stop)),
     ]
 
     async def finish() -> None:

@@ -24,6 +24,16 @@ class ReaperSettings(ComponentSettings):
     webhook_max_attempts: int = Field(8, ge=1, le=50, validation_alias="HM_WEBHOOK_MAX_ATTEMPTS")
     webhook_base_delay_seconds: float = Field(5.0, gt=0, validation_alias="HM_WEBHOOK_BASE_DELAY_SECONDS")
     """First retry delay of a webhook; doubles per attempt, capped at an hour."""
+    retention_interval_seconds: float = Field(3600.0, gt=0, validation_alias="HM_RETENTION_INTERVAL_SECONDS")
+    """How often the tables that grow with every job are pruned (:mod:`hypermedia.jobs.retention`)."""
+    retain_job_events_days: float = Field(30.0, ge=0, validation_alias="HM_RETAIN_JOB_EVENTS_DAYS")
+    """Days a job event is kept (0: for ever)."""
+    retain_worker_metrics_days: float = Field(7.0, ge=0, validation_alias="HM_RETAIN_WORKER_METRICS_DAYS")
+    """Days a worker metrics sample, and a stopped or dead worker's row, are kept (0: for ever)."""
+    retain_webhook_deliveries_days: float = Field(
+        30.0, ge=0, validation_alias="HM_RETAIN_WEBHOOK_DELIVERIES_DAYS"
+    )
+    """Days a delivered or failed webhook delivery is kept (0: for ever)."""
     webhook_allow_private: bool = Field(False, validation_alias="HM_WEBHOOK_ALLOW_PRIVATE")
     """Send webhooks to hosts that resolve to non-public addresses (loopback, private, link-local,
     cloud metadata). Off by default: such a delivery fails at once (``BlockedAddress``)."""
