@@ -96,6 +96,14 @@ class InfraSettings(ComponentSettings):
     """NATS server with JetStream."""
     stream_prefix: str = Field("HM", validation_alias="HM_STREAM_PREFIX", pattern=r"^[A-Z][A-Z0-9_]{0,15}$")
     """Prefix of JetStream stream and subject names, so two platforms can share one NATS server."""
+    stream_replicas: int = Field(1, ge=1, le=5, validation_alias="HM_STREAM_REPLICAS")
+    """Replicas of each queue stream: 1 for one server (the embedded one), 3 for a cluster. More
+    than 1 needs NATS 2.12.3 or later (:data:`hypermedia.jobs.queues.MIN_CLUSTER_VERSION`)."""
+    stream_storage: Literal["file", "memory"] = Field("file", validation_alias="HM_STREAM_STORAGE")
+    """Where the streams keep their messages: ``file`` (survives a restart) or ``memory``."""
+    stream_placement: str = Field("", validation_alias="HM_STREAM_PLACEMENT")
+    """Where a cluster places the streams: ``cluster`` and/or ``tag:…`` entries, comma-separated
+    (``cluster=east,tag=ssd``); empty: anywhere."""
     credits_addr: str = Field("127.0.0.1:50061", validation_alias="HM_CREDITS_ADDR")
     """host:port of the credits service."""
     storage_addr: str = Field("127.0.0.1:50062", validation_alias="HM_STORAGE_ADDR")

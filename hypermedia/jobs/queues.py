@@ -31,18 +31,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import Final
 
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, BadRequestError, ServiceUnavailableError
 
-from hypermedia.core.config import QUEUES, ROUTES, InfraSettings
+from hypermedia.core.config import QUEUES, ROUTES, ConfigError, InfraSettings
 
 log = logging.getLogger(__name__)
 
@@ -143,24 +145,89 @@ async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
     return nc, nc.jetstream()
 
 
-async def ensure_streams(js: JetStreamContext, prefix: str) -> None:
-    """Create (or update) the five queue streams and the durable consumer of every band of every
-    route (:data:`ROUTES`: 10 per engine queue, 4 per bulk lane)."""
+@dataclass(frozen=True)
+class StreamLayout:
+    """How the queue streams are kept (``HM_STREAM_*``): replicas, storage, placement."""
+
+    replicas: int = 1
+    storage: str = "file"
+    placement: str = ""
+    """``cluster=…`` and ``tag=…`` entries, comma-separated; empty: anywhere."""
+
+    @classmethod
+    def of(cls, infra: InfraSettings) -> StreamLayout:
+        return cls(infra.stream_replicas, infra.stream_storage, infra.stream_placement)
+
+    def placement_config(self) -> api.Placement | None:
+        """The placement the setting names. Raises ConfigError for an entry that is neither
+        ``cluster=…`` nor ``tag=…``."""
+        if not self.placement.strip():
+            return None
+        cluster, tags = None, []
+        for entry in (e.strip() for e in self.placement.split(",") if e.strip()):
+            key, _, value = entry.partition("=")
+            if key == "cluster" and value:
+                cluster = value
+            elif key == "tag" and value:
+                tags.append(value)
+            else:
+                raise ConfigError(f"HM_STREAM_PLACEMENT: {entry!r} is neither cluster=NAME nor tag=TAG")
+        return api.Placement(cluster=cluster, tags=tags or None)
+
+
+MIN_CLUSTER_VERSION: Final = (2, 12, 3)
+"""The oldest NATS server the streams may be replicated on: the JetStream fixes of 2.12.3 after
+Jepsen's 2025 analysis of NATS 2.12.1 (lost acknowledged writes under process crashes and
+partitions with replicated streams)."""
+
+
+def check_server(version: str, layout: StreamLayout) -> None:
+    """Refuses (ConfigError) replicated streams on a NATS server older than
+    :data:`MIN_CLUSTER_VERSION`; ``version`` is the server's (``"2.12.3"``)."""
+    if layout.replicas <= 1:
+        return
+    numbers = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    found = tuple(int(n) for n in numbers.groups()) if numbers else (0, 0, 0)
+    if found < MIN_CLUSTER_VERSION:
+        wanted = ".".join(map(str, MIN_CLUSTER_VERSION))
+        raise ConfigError(
+            f"HM_STREAM_REPLICAS={layout.replicas} needs NATS {wanted} or later (the JetStream fixes "
+            f"after Jepsen's 2025 analysis); the server is {version or 'of an unknown version'}"
+        )
+
+
+async def ensure_streams(js: JetStreamContext, prefix: str, layout: StreamLayout = StreamLayout()) -> None:
+    """Create (or update) the five queue streams, kept as ``layout`` says, and the durable
+    consumer of every band of every route (:data:`ROUTES`: 10 per engine queue, 4 per bulk
+    lane). Raises ConfigError for a bad placement."""
     for queue in QUEUES:
         name = stream_name(prefix, queue)
         config = api.StreamConfig(
             name=name,
             subjects=[f"{prefix.lower()}.jobs.{queue}.>"],
             retention=api.RetentionPolicy.WORK_QUEUE,
-            storage=api.StorageType.FILE,
+            storage=api.StorageType.MEMORY if layout.storage == "memory" else api.StorageType.FILE,
+            num_replicas=layout.replicas,
+            placement=layout.placement_config(),
             duplicate_window=DUPLICATE_WINDOW_SECONDS,
             max_msg_size=64 * 1024,
             discard=api.DiscardPolicy.NEW,
         )
         try:
-            await js.add_stream(config)
-        except BadRequestError:
-            await js.update_stream(config)
+            try:
+                await js.add_stream(config)
+            except BadRequestError:  # it exists: with this layout, or one to change
+                await js.update_stream(config)
+        except ServiceUnavailableError:
+            raise  # JetStream not ready yet: the caller's retry, not a configuration
+        except APIError as exc:
+            # The server cannot keep the stream as asked (replicas on a single server, a
+            # placement no server matches, a change of storage): a configuration to fix.
+            raise ConfigError(
+                f"NATS refused stream {name} with HM_STREAM_REPLICAS={layout.replicas}, "
+                f"HM_STREAM_STORAGE={layout.storage}, HM_STREAM_PLACEMENT={layout.placement!r}: "
+                f"{exc.description}"
+            ) from None
         bands_of_stream = [(r, p) for r in ROUTES if r.split(".")[0] == queue for p in bands(r)]
         for route, priority in bands_of_stream:
             await js.add_consumer(
@@ -298,8 +365,13 @@ class PriorityFetcher:
 async def open_jetstream(
     stack: AsyncExitStack, infra: InfraSettings, client_name: str
 ) -> tuple[NatsClient, JetStreamContext]:
-    """A NATS connection (drained when ``stack`` unwinds) with the queue streams in place."""
+    """A NATS connection (drained when ``stack`` unwinds) with the queue streams in place, kept as
+    ``HM_STREAM_*`` say. Raises ConfigError (exit 78) for replicated streams on a server older
+    than :data:`MIN_CLUSTER_VERSION`, or a bad placement."""
     nc, js = await connect(infra.nats_url, client_name)
     stack.push_async_callback(nc.drain)
-    await ensure_streams(js, infra.stream_prefix)
+    layout = StreamLayout.of(infra)
+    server = nc.connected_server_version
+    check_server(f"{server.major}.{server.minor}.{server.patch}", layout)
+    await ensure_streams(js, infra.stream_prefix, layout)
     return nc, js

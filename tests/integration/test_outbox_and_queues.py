@@ -6,6 +6,7 @@ Each test has its own database (so the relay sees only its rows) and its own str
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable
@@ -14,7 +15,9 @@ import asyncpg
 import pytest
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import api
 
+from hypermedia.core.config import QUEUES, ConfigError
 from hypermedia.jobs import lifecycle, outbox, queues
 from hypermedia.jobs.outbox import OutboxRelay
 from tests.integration.conftest import Broker
@@ -422,3 +425,23 @@ async def test_rows_without_a_stream_do_not_starve_later_batches(
         assert await _unpublished(fresh_pool) == 0
     finally:
         await broker.js.delete_stream(orphan_stream)
+
+
+async def test_streams_are_kept_as_the_layout_says_and_a_layout_the_server_cannot_keep_is_refused(
+    nats_url: str,
+) -> None:
+    """HM_STREAM_STORAGE=memory gives memory streams; three replicas on the session's single
+    (unclustered) server is a configuration error naming the server's reason, not a crash."""
+    prefix = "L" + uuid.uuid4().hex[:8].upper()
+    nc, js = await queues.connect(nats_url, name=f"test-{prefix}")
+    try:
+        await queues.ensure_streams(js, prefix, queues.StreamLayout(storage="memory"))
+        info = await js.stream_info(queues.stream_name(prefix, "images"))
+        assert (info.config.storage, info.config.num_replicas) == (api.StorageType.MEMORY, 1)
+        with pytest.raises(ConfigError, match=r"NATS refused stream .* HM_STREAM_REPLICAS=3"):
+            await queues.ensure_streams(js, prefix, queues.StreamLayout(replicas=3, storage="memory"))
+    finally:
+        for queue in QUEUES:
+            with contextlib.suppress(Exception):
+                await js.delete_stream(queues.stream_name(prefix, queue))
+        await nc.close()
