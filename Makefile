@@ -6,7 +6,7 @@ VENV := .venv
 UV_VERSION := 0.13.8
 STAMP := $(VENV)/.synced
 
-.PHONY: demo test test-unprivileged test-fast lint proto proto-check bench chaos fuzz up clean help
+.PHONY: demo test test-unprivileged test-fast lint proto proto-check bench chaos cluster fuzz up clean help
 
 help:
 	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF, an ODT, scans (OCR) and a generated phone video clip"
@@ -16,6 +16,7 @@ help:
 	@echo "make fuzz   - the REST API fuzzed against its OpenAPI document (schemathesis), 300 examples an operation"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
 	@echo "make chaos  - 1,000 jobs while workers, the relay, NATS and Postgres are killed (JOBS=N)"
+	@echo "make cluster - 1,000 jobs on a 3-node NATS cluster losing its stream leader, then its quorum (JOBS=N)"
 	@echo "make up     - run the platform until Ctrl-C"
 	@echo "make proto  - regenerate the gRPC stubs"
 
@@ -94,6 +95,11 @@ bench: $(STAMP)
 JOBS ?= 1000
 chaos: $(STAMP)
 	$(VENV)/bin/python -m tests.chaos.harness --jobs $(JOBS)
+
+# A 3-node NATS cluster losing its stream leader, then its quorum, under 1,000 no-op jobs (make
+# test runs 300): every job completed and settled once (tests/e2e/test_nats_cluster.py).
+cluster: $(STAMP)
+	HM_CLUSTER_JOBS=$(JOBS) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/e2e/test_nats_cluster.py
 
 # The REST API fuzzed against its OpenAPI document at length (make test runs 8 examples an
 # operation; this 300): no 5xx, every answer as documented (tests/e2e/test_openapi_fuzz.py).

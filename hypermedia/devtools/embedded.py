@@ -102,11 +102,16 @@ def nats_server_binary() -> str:
 @dataclass
 class EmbeddedNats:
     """A nats-server with JetStream in ``store_dir``. ``sync_interval: always`` makes every
-    acknowledged write durable (Jepsen 2025 found the default two-minute sync loses acked writes)."""
+    acknowledged write durable (Jepsen 2025 found the default two-minute sync loses acked writes).
+    With ``cluster_port`` and ``routes`` (the other servers' cluster ports) it is one node of a
+    JetStream cluster named ``hm`` (:func:`nats_cluster`), ``server_name`` naming it."""
 
     store_dir: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    server_name: str = ""
+    cluster_port: int = 0
+    routes: tuple[int, ...] = ()
 
     @property
     def url(self) -> str:
@@ -128,6 +133,7 @@ class EmbeddedNats:
                     "  max_memory_store: 256MB",
                     "  max_file_store: 4GB",
                     "}",
+                    *self._cluster_lines(),
                 ]
             )
             + "\n"
@@ -142,6 +148,15 @@ class EmbeddedNats:
         log.close()
         wait_for_port("127.0.0.1", self.port)
         return self
+
+    def _cluster_lines(self) -> list[str]:
+        if not self.cluster_port:
+            return []
+        routes = ", ".join(f"nats-route://127.0.0.1:{port}" for port in self.routes)
+        return [
+            f"server_name: {self.server_name}",
+            f"cluster {{ name: hm, listen: 127.0.0.1:{self.cluster_port}, routes: [{routes}] }}",
+        ]
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: no clean shutdown); :meth:`start` brings it back on the
@@ -160,6 +175,25 @@ class EmbeddedNats:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+
+
+def nats_cluster(root: Path, size: int = 3) -> list[EmbeddedNats]:
+    """``size`` JetStream servers on loopback routed to one another as the cluster ``hm``
+    (``n1`` …), each with its store under ``root``; started. Their client URLs, comma-joined,
+    are one ``HM_NATS_URL``."""
+    cluster_ports = [free_port() for _ in range(size)]
+    nodes = [
+        EmbeddedNats(
+            root / f"n{i + 1}",
+            server_name=f"n{i + 1}",
+            cluster_port=port,
+            routes=tuple(p for p in cluster_ports if p != port),
+        )
+        for i, port in enumerate(cluster_ports)
+    ]
+    for node in nodes:
+        node.start()
+    return nodes
 
 
 @dataclass

@@ -140,8 +140,11 @@ class JobMessage:
 
 
 async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
-    """Connect to NATS (reconnecting forever) and return the client and its JetStream context."""
-    nc = await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    """Connect to NATS (reconnecting forever) and return the client and its JetStream context.
+    ``url`` is one server URL or a comma list of a cluster's (``HM_NATS_URL``): each is tried, and
+    on a lost connection the client moves to another."""
+    servers = [server.strip() for server in url.split(",") if server.strip()]
+    nc = await nats.connect(servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
     return nc, nc.jetstream()
 
 
