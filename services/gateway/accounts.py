@@ -13,6 +13,7 @@ from hypermedia.infra.rpc import call
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.webhooks import account_secret
 from services.gateway.results import Account, Balance, LedgerEntry, LedgerPage
+from services.gateway.status import INVALID_CURSOR_MESSAGE
 
 MAX_LEDGER_PAGE = 1000
 """Largest ledger page (the credits service's bound)."""
@@ -53,11 +54,7 @@ class Accounts:
         if not 1 <= limit <= MAX_LEDGER_PAGE:
             raise InvalidArgument(f"page size must be 1–{MAX_LEDGER_PAGE}", "INVALID_PAGE_SIZE")
         if cursor is not None and not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 18):
-            raise InvalidArgument(
-                "cursor is not one this API gave: pass next_cursor (gRPC: next_page_token) of the "
-                "previous page unchanged",
-                "INVALID_CURSOR",
-            )
+            raise InvalidArgument(INVALID_CURSOR_MESSAGE, "INVALID_CURSOR")
         response = await call(
             self._credits.ListLedger,
             credits_pb2.ListLedgerRequest(

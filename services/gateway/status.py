@@ -79,6 +79,10 @@ JOB_STATUSES = (
 )
 """Every status of a job (the seed's lifecycle; ``processing_jobs.status``)."""
 MAX_PAGE_SIZE = 1000
+INVALID_CURSOR_MESSAGE = (
+    "cursor is not one this API gave: pass next_cursor (gRPC: next_page_token) of the previous page unchanged"
+)
+"""The refusal of a cursor a listing did not give (jobs, the ledger)."""
 
 
 @dataclass(frozen=True)
@@ -119,11 +123,7 @@ def _position(cursor: str) -> tuple[dt.datetime, str]:
             raise ValueError
         return when, job_id
     except (ValueError, TypeError, KeyError, binascii.Error, UnicodeDecodeError, RecursionError):
-        raise InvalidArgument(
-            "cursor is not one this API gave: pass next_cursor (gRPC: next_page_token) of the "
-            "previous page unchanged",
-            "INVALID_CURSOR",
-        ) from None
+        raise InvalidArgument(INVALID_CURSOR_MESSAGE, "INVALID_CURSOR") from None
 
 
 def _utc(when: dt.datetime | None, name: str) -> dt.datetime | None:

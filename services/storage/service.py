@@ -569,7 +569,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         keeps its row for the next sweep."""
         rows = await self._pool.fetch(
             """
-            SELECT c.job_id::text AS job_id, c.part, c.key, o.pool_id, j.object_id, j.profile_version
+            SELECT c.job_id::text AS job_id, c.part, c.key, o.pool_id, o.object_id, j.profile_version AS job_profile_version
             FROM job_checkpoints c JOIN processing_jobs j USING (job_id) JOIN objects o ON o.object_id = j.object_id
             WHERE c.job_id IN (
                 SELECT k.job_id FROM job_checkpoints k JOIN processing_jobs e USING (job_id)
@@ -580,8 +580,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         )
         deleted: dict[str, list[str]] = {}
         for row in rows:
-            prefix = f"{output_prefix(row['pool_id'], row['object_id'])}{row['profile_version']}/"
-            if row["key"] == checkpoints.key_of(prefix, row["job_id"], row["part"]):
+            if row["key"] == checkpoints.key_of(_job_prefix(row), row["job_id"], row["part"]):
                 try:
                     await self._backend.delete(row["key"])
                 except Exception:
