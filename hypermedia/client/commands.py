@@ -229,10 +229,20 @@ def submit(
         Path | None, typer.Option("--download", help="save the outputs in this folder (implies --watch)")
     ] = None,
     priority: Annotated[int | None, typer.Option(min=1, max=10, help="1 (first) .. 10")] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at", help="run the jobs at this RFC 3339 time (2026-12-24T18:00:00Z), at most 30 days ahead"
+        ),
+    ] = None,
+    delay: Annotated[
+        float | None, typer.Option("--delay", help="run the jobs this many seconds from now")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Upload FILE and run the operations on it; with --watch, wait for the jobs (exit 1 if one
-    failed), with --download, save their outputs."""
+    failed), with --download, save their outputs. --at or --delay make them delayed jobs
+    (``scheduled`` until then, credits held now)."""
     try:
         operations = [parse_op(o) for o in op]
     except (ValueError, json.JSONDecodeError) as exc:
@@ -244,7 +254,9 @@ def submit(
                 task = bars.add_task(f"upload {file.name}", total=file.stat().st_size)
                 obj = session.upload(file, lambda n: bars.advance(task, n))
             try:
-                created = session.process(obj["object_id"], operations, priority)
+                created = session.process(
+                    obj["object_id"], operations, priority, not_before=at, delay_seconds=delay
+                )
             except ApiError:
                 # Refused (unknown operation, bad params, credits): the upload must not stay behind
                 # counted against the storage quota with an id the user never saw.

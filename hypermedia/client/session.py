@@ -145,10 +145,24 @@ class Session:
         with path.open("rb") as file:
             return dict(self._call("POST", "/v1/objects", files={"file": (name, _Counted(file, on_read))}))
 
-    def process(self, object_id: str, operations: list[Any], priority: int | None = None) -> dict[str, Any]:
+    def process(
+        self,
+        object_id: str,
+        operations: list[Any],
+        priority: int | None = None,
+        *,
+        not_before: str | None = None,
+        delay_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        """``POST /v1/hypermedia/process``; ``not_before`` (RFC 3339) or ``delay_seconds`` delay
+        the jobs (docs/api.md, "Delayed jobs")."""
         body: dict[str, Any] = {"object_id": object_id, "operations": operations}
         if priority is not None:
             body["priority"] = priority
+        if not_before is not None:
+            body["not_before"] = not_before
+        if delay_seconds is not None:
+            body["delay_seconds"] = delay_seconds
         return dict(self._call("POST", "/v1/hypermedia/process", json=body))
 
     def job(self, job_id: str) -> dict[str, Any]:

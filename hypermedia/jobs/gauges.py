@@ -22,7 +22,15 @@ from prometheus_client.core import GaugeMetricFamily
 
 from hypermedia.core.metrics import ScrapeCollector
 
-ACTIVE_STATUSES: Final = ("created", "queued", "retry_wait", "claimed", "processing", "cancel_requested")
+ACTIVE_STATUSES: Final = (
+    "created",
+    "scheduled",
+    "queued",
+    "retry_wait",
+    "claimed",
+    "processing",
+    "cancel_requested",
+)
 
 _QUERIES: Final = {
     "jobs": """
@@ -91,7 +99,7 @@ class PlatformCollector(ScrapeCollector):
         )
         jobs = GaugeMetricFamily(
             "hypermedia_jobs",
-            "Jobs in each active status (created, queued, retry_wait, claimed, processing, "
+            "Jobs in each active status (created, scheduled, queued, retry_wait, claimed, processing, "
             "cancel_requested), by queue.",
             labels=["status", "queue"],
         )

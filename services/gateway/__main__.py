@@ -38,6 +38,8 @@ from services.gateway.operators import SchedulerAdmin
 from services.gateway.presets import Presets
 from services.gateway.resolved import LinkSigner, OutputResolver
 from services.gateway.rest import HEALTH_PATHS, build_app
+from services.gateway.schedule_runner import ScheduleRunner
+from services.gateway.schedules import Schedules
 from services.gateway.settings import GatewaySettings
 from services.gateway.status import JobStatus
 from services.gateway.uploads import Uploads
@@ -108,12 +110,18 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         owner=f"gateway/{socket.gethostname()}/{os.getpid()}",
         brake_targets=settings.brake_targets,
     )
+    schedule_runner = ScheduleRunner(
+        pool, creation, backfills, runner=f"gateway/{socket.gethostname()}/{os.getpid()}"
+    )
     runner_stop = asyncio.Event()
-    runner_task = asyncio.create_task(every(settings.backfill_poll_seconds, runner.run_once, runner_stop))
+    runner_tasks = [
+        asyncio.create_task(every(settings.backfill_poll_seconds, runner.run_once, runner_stop)),
+        asyncio.create_task(every(settings.schedule_poll_seconds, schedule_runner.run_once, runner_stop)),
+    ]
 
     async def stop_runner() -> None:
         runner_stop.set()
-        await runner_task
+        await asyncio.gather(*runner_tasks)
 
     stack.push_async_callback(stop_runner)
     api = UseCases(
@@ -125,6 +133,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         operators=SchedulerAdmin(pool),
         presets=Presets(pool, creation),
         backfills=backfills,
+        schedules=Schedules(pool, creation, backfills),
         catalogue=OperationCatalogue(pool, settings.noop_operation),
     )
     resolver = OutputResolver(

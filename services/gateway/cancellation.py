@@ -29,7 +29,7 @@ class JobCancellation:
         self._status = status
 
     async def cancel_job(self, caller: Caller, job_id: str) -> Job:
-        """Cancel: ``queued``/``retry_wait`` → ``cancelled`` at once (hold released, never executed);
+        """Cancel: ``scheduled``/``queued``/``retry_wait`` → ``cancelled`` at once (hold released, never executed);
         ``claimed``/``processing`` → ``cancel_requested`` (the worker stops it). Returns the job
         after it. Raises NotFound, or Conflict (JOB_NOT_CANCELLABLE) for a job that already ended."""
         job_id = parse_uuid(job_id, "job")

@@ -57,6 +57,7 @@ from services.gateway.process_request import (
     OperationRequest,
     check_priority,
     check_queue,
+    check_schedule,
     check_text,
     check_webhook_url,
 )
@@ -94,7 +95,8 @@ class _Request:
     request_hash: str
     bulk: bool = False
     """Whether the jobs go to the bulk queue's lanes (``bulk.{engine}``, ADR 0057)."""
-    """SHA-256 (hex) of what makes two requests with one Idempotency-Key the same."""
+    not_before: datetime.datetime | None = None
+    """When a delayed request's jobs become due (ADR 0071); None: queued at once."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ class JobCreation:
         queue: str | None = None,
         *,
         paced: bool = False,
+        not_before: str | datetime.datetime | None = None,
+        delay_seconds: float | None = None,
     ) -> ProcessResult:
         """Create one job per operation; returns their ids and price. With ``queue="bulk"`` each job
         goes to the bulk queue's lane of its operation's engine (``bulk.images`` for a thumbnail;
@@ -227,8 +231,14 @@ class JobCreation:
 
         ``paced`` is a backfill run's (:mod:`services.gateway.backfill_runner`): the run paces its
         jobs at its own rate, so they take no token of the account's request rate.
+
+        ``not_before`` or ``delay_seconds`` delay the jobs (ADR 0071, :func:`check_schedule`;
+        ``INVALID_SCHEDULE``): they are created ``scheduled``, their credits held now, and queued
+        when due; a time not in the future queues them at once.
         """
-        request = self._check(object_id, operations, priority, webhook_url, idempotency_key, queue)
+        request = self._check(
+            object_id, operations, priority, webhook_url, idempotency_key, queue, (not_before, delay_seconds)
+        )
         if request.idempotency_key:
             earlier = await self._replay(caller, request.idempotency_key, request.request_hash)
             if earlier is not None:
@@ -312,11 +322,13 @@ class JobCreation:
         webhook_url: str | None,
         idempotency_key: str | None,
         queue: str | None = None,
+        schedule: tuple[str | datetime.datetime | None, float | None] = (None, None),
     ) -> _Request:
         """Everything that needs nothing but the request, in the order the errors are reported:
         the object id's form, the number of operations, the strings' bounds, the queue, the
-        priority, the webhook URL, the passwords; then the request hash (a bulk request's
-        includes the queue; any other's is as before bulk existed)."""
+        priority, the webhook URL, the schedule (``(not_before, delay_seconds)``), the passwords;
+        then the request hash (a bulk request's includes the queue, a delayed one's its schedule
+        as given; any other's is as before bulk existed)."""
         object_id = parse_uuid(object_id, "object")
         if len(operations) > self._max_operations:
             raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
@@ -325,13 +337,26 @@ class JobCreation:
         priority = check_priority(priority, bulk=bulk)
         if webhook_url:
             check_webhook_url(webhook_url, allow_private=self._webhook_allow_private)
+        not_before = check_schedule(*schedule, datetime.datetime.now(datetime.UTC))
         operations, passwords = self._take_passwords(operations)
-        hashed = [object_id, self._hashed_operations(operations, passwords), priority, webhook_url]
-        request_hash = hashlib.sha256(
-            json.dumps([*hashed, queues.BULK] if bulk else hashed, sort_keys=True).encode()
-        ).hexdigest()
+        hashed: list[Any] = [object_id, self._hashed_operations(operations, passwords), priority, webhook_url]
+        if bulk:
+            hashed.append(queues.BULK)
+        if schedule[1] is not None:  # the delay as given: a retry later is the same request
+            hashed.append({"delay_seconds": schedule[1]})
+        elif schedule[0] is not None:
+            hashed.append({"not_before": not_before.isoformat() if not_before else "past"})
+        request_hash = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
         return _Request(
-            object_id, operations, passwords, priority, webhook_url, idempotency_key, request_hash, bulk
+            object_id,
+            operations,
+            passwords,
+            priority,
+            webhook_url,
+            idempotency_key,
+            request_hash,
+            bulk,
+            not_before,
         )
 
     def _take_passwords(
@@ -383,13 +408,15 @@ class JobCreation:
         if row["request_hash"] != request_hash:
             raise Conflict("this Idempotency-Key was used with a different request", "IDEMPOTENCY_KEY_REUSED")
         jobs = await reader.fetch(
-            "SELECT job_id, estimated_credits FROM processing_jobs WHERE request_id = $1 ORDER BY created_at, job_id",
+            "SELECT job_id, estimated_credits, not_before FROM processing_jobs WHERE request_id = $1"
+            " ORDER BY created_at, job_id",
             row["request_id"],
         )
         order = [str(j) for j in row["job_ids"]] if row["job_ids"] else [str(j["job_id"]) for j in jobs]
         return ProcessResult(
             job_ids=tuple(order),
             estimated_millicredits=int(sum(j["estimated_credits"] for j in jobs)),
+            not_before=jobs[0]["not_before"] if jobs else None,
         )
 
     # -- step 2: resolve profiles ----------------------------------------------------------
@@ -567,7 +594,11 @@ class JobCreation:
         for j in jobs:
             queue = "bulk" if request.bulk else j.operation.profile["queue"]
             metrics.JOBS_CREATED.labels(j.operation.name, queue).inc()
-        return ProcessResult(job_ids=tuple(j.job_id for j in jobs), estimated_millicredits=total_millicredits)
+        return ProcessResult(
+            job_ids=tuple(j.job_id for j in jobs),
+            estimated_millicredits=total_millicredits,
+            not_before=request.not_before,
+        )
 
     async def _hold(
         self, caller: Caller, planned: Sequence[_PlannedJob], size_bytes: int, priority: int, paced: bool
@@ -607,7 +638,7 @@ class JobCreation:
         self, conn: db.Connection, caller: Caller, request: _Request, jobs: Sequence[_PricedJob]
     ) -> None:
         """In the caller's transaction: the idempotency row, the jobs as ``queued`` with their
-        outbox rows, their passwords; then the object's state read again. Raises NotFound when
+        outbox rows (``scheduled`` without, when delayed), their passwords; then the object's state read again. Raises NotFound when
         the object was deleted since it was looked up."""
         request_id = str(uuid.uuid4())
         job_ids = [j.job_id for j in jobs]
@@ -644,6 +675,7 @@ class JobCreation:
                     webhook_url=request.webhook_url or None,
                     idempotency_key=request.idempotency_key,
                     preset=j.operation.preset,
+                    not_before=request.not_before,
                 )
                 for j in jobs
             ],

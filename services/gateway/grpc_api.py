@@ -60,6 +60,16 @@ def time_of(message: Any, name: str) -> datetime | None:
     return value.ToDatetime(tzinfo=UTC)
 
 
+def _not_before(request: jobs_pb2.ProcessRequest) -> datetime | None:
+    """``not_before`` of a Process request as an aware UTC time, None when unset. Raises
+    InvalidArgument (``INVALID_SCHEDULE``) for a Timestamp outside what a time can hold (years
+    1 to 9999)."""
+    try:
+        return time_of(request, "not_before")
+    except (ValueError, OverflowError):
+        raise InvalidArgument("not_before is not a valid time", "INVALID_SCHEDULE") from None
+
+
 def credits_text(millicredits: int | None) -> str:
     """Millicredits as ``jobs.v1``'s credits: a decimal string of credits with three decimals
     (1234 → ``"1.234"``, -5 → ``"-0.005"``), ``""`` for None. Integer arithmetic, so no amount
@@ -94,6 +104,7 @@ def job_message(job: Job) -> jobs_pb2.Job:
         created_at=timestamp_of(job.created_at),
         started_at=timestamp_of(job.started_at),
         completed_at=timestamp_of(job.completed_at),
+        not_before=timestamp_of(job.not_before),
     )
     for out in job.outputs:
         message.outputs.add(
@@ -271,9 +282,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             request.webhook_url or None,
             request.idempotency_key or None,
             request.queue or None,
+            not_before=_not_before(request),
+            delay_seconds=request.delay_seconds if request.HasField("delay_seconds") else None,
         )
         return jobs_pb2.ProcessResponse(
-            job_ids=result.job_ids, estimated_credits=credits_text(result.estimated_millicredits)
+            job_ids=result.job_ids,
+            estimated_credits=credits_text(result.estimated_millicredits),
+            not_before=timestamp_of(result.not_before),
         )
 
     async def Estimate(

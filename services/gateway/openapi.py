@@ -68,7 +68,8 @@ class JobSummaryOut(BaseModel):
     params: dict[str, Any]
     preset: PresetRef | None
     status: str = Field(
-        description="created, queued, claimed, processing, completed, retry_wait, failed, cancelled, cancel_requested"
+        description="created, scheduled (delayed: waits for not_before), queued, claimed, processing, "
+        "completed, retry_wait, failed, cancelled, cancel_requested"
     )
     priority: int
     attempt_count: int
@@ -84,6 +85,9 @@ class JobSummaryOut(BaseModel):
     started_at: str | None
     completed_at: str | None
     next_attempt_at: str | None
+    not_before: str | None = Field(
+        description="A delayed job's due time (RFC 3339); null for a job queued at once"
+    )
 
 
 class JobOut(JobSummaryOut):

@@ -5,6 +5,8 @@ the profiles or the credits is :mod:`services.gateway.creation`'s."""
 
 from __future__ import annotations
 
+import datetime
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,6 +89,52 @@ def check_queue(queue: str | None) -> bool:
             'queue must be "bulk" or left out (each operation then goes to its own queue)', "INVALID_QUEUE"
         )
     return True
+
+
+MAX_DELAY = datetime.timedelta(days=30)
+"""The horizon of a delayed request (ADR 0071): ``not_before`` at most 30 days ahead. Its credits
+stay held while it waits, so the horizon bounds how long an account can park them; a longer wait
+belongs to a schedule, which holds nothing until its run."""
+
+
+def check_schedule(
+    not_before: str | datetime.datetime | None, delay_seconds: float | None, now: datetime.datetime
+) -> datetime.datetime | None:
+    """When the request's jobs become due: ``not_before`` (an RFC 3339 string with a time zone
+    offset, such as ``2026-12-24T18:00:00Z``, or an aware datetime) or ``now + delay_seconds``
+    (finite, ≥ 0). None when neither is given or the time is not after ``now`` (the jobs are
+    queued at once). Raises InvalidArgument (``INVALID_SCHEDULE``) for both given, a string that
+    is not such a time, a time without an offset, a bad delay, or a time more than
+    :data:`MAX_DELAY` after ``now``."""
+    if not_before is not None and delay_seconds is not None:
+        raise InvalidArgument("give not_before or delay_seconds, not both", "INVALID_SCHEDULE")
+    if delay_seconds is not None:
+        if isinstance(delay_seconds, bool) or not isinstance(delay_seconds, int | float):
+            raise InvalidArgument("delay_seconds must be a number of seconds", "INVALID_SCHEDULE")
+        if not math.isfinite(delay_seconds) or delay_seconds < 0:
+            raise InvalidArgument("delay_seconds must be a finite number ≥ 0", "INVALID_SCHEDULE")
+        if delay_seconds > MAX_DELAY.total_seconds():
+            raise InvalidArgument(_BEYOND_HORIZON, "INVALID_SCHEDULE")
+        due = now + datetime.timedelta(seconds=delay_seconds)
+    elif isinstance(not_before, str):
+        try:
+            due = datetime.datetime.fromisoformat(not_before)
+        except ValueError:
+            raise InvalidArgument(
+                "not_before must be an RFC 3339 time such as 2026-12-24T18:00:00Z", "INVALID_SCHEDULE"
+            ) from None
+    elif not_before is None:
+        return None
+    else:
+        due = not_before
+    if due.tzinfo is None or due.utcoffset() is None:
+        raise InvalidArgument("not_before must carry a time zone offset (Z or +hh:mm)", "INVALID_SCHEDULE")
+    if due - now > MAX_DELAY:
+        raise InvalidArgument(_BEYOND_HORIZON, "INVALID_SCHEDULE")
+    return due if due > now else None
+
+
+_BEYOND_HORIZON = f"a request may be delayed by at most {MAX_DELAY.days} days"
 
 
 MAX_WEBHOOK_URL_LENGTH = 2048

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi_offline import FastAPIOffline
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -29,7 +29,7 @@ from hypermedia.core.errors import DomainError, PayloadTooLarge
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.pricing import as_credits
-from services.gateway import backfills_api, openapi, operators_api, presets_api
+from services.gateway import backfills_api, openapi, operators_api, presets_api, schedules_api
 from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
@@ -138,6 +138,15 @@ class ProcessBody(_StorableText):
         description='"bulk": the jobs go to the bulk queue (regeneration, backfill; run by bulk units '
         "only, priority 7-10); left out, each operation goes to its own queue",
     )
+    not_before: str | None = Field(
+        None,
+        description="Delay the jobs until this RFC 3339 time with an offset (2026-12-24T18:00:00Z): "
+        "they are `scheduled`, credits held, until then; a past time runs now; at most 30 days ahead "
+        "(422 INVALID_SCHEDULE). At most one of not_before and delay_seconds",
+    )
+    delay_seconds: StrictInt | StrictFloat | None = Field(
+        None, description="Delay the jobs by this many seconds (0 to 2,592,000)"
+    )
 
 
 class EstimateBody(_StorableText):
@@ -195,6 +204,7 @@ class StorageUsageOut(BaseModel):
 class ProcessOut(BaseModel):
     job_ids: list[str]
     estimated_credits: float
+    not_before: str | None = Field(None, description="When the delayed jobs become due; null: queued at once")
 
 
 class AccountOut(BaseModel):
@@ -268,6 +278,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "started_at": _iso(job.started_at),
         "completed_at": _iso(job.completed_at),
         "next_attempt_at": _iso(job.next_attempt_at),
+        "not_before": _iso(job.not_before),
         "attempts": [attempt_json(a) for a in job.attempts],
         "outputs": [
             output_json(o) | {"link": f"/v1/jobs/{job.job_id}/outputs/{quote(o.output_type, safe='')}"}
@@ -327,6 +338,7 @@ def process_json(result: ProcessResult) -> dict[str, Any]:
     return {
         "job_ids": list(result.job_ids),
         "estimated_credits": credits_number(result.estimated_millicredits),
+        "not_before": _iso(result.not_before),
     }
 
 
@@ -592,6 +604,7 @@ def build_app(
     app.include_router(operators_api.router(api.operators, caller))
     app.include_router(presets_api.router(api.presets, caller))
     app.include_router(backfills_api.router(api.backfills, caller))
+    app.include_router(schedules_api.router(api.schedules, caller))
     if pages is not None:
         app.include_router(pages)
 
@@ -625,7 +638,15 @@ def build_app(
         """Create one job per operation; 402 when credits are short (nothing is queued then)."""
         ops = parse_operations([o if isinstance(o, str) else o.model_dump() for o in body.operations])
         result = await api.creation.process(
-            who, body.object_id, ops, body.priority, body.webhook_url, idempotency_key, body.queue
+            who,
+            body.object_id,
+            ops,
+            body.priority,
+            body.webhook_url,
+            idempotency_key,
+            body.queue,
+            not_before=body.not_before,
+            delay_seconds=body.delay_seconds,
         )
         return process_json(result)
 

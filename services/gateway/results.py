@@ -131,6 +131,8 @@ class ProcessResult:
     estimated_millicredits: int
     """The price of all the jobs together (millicredits): the credits service's estimate, or on a
     replay the sum of the jobs' ``estimated_credits``."""
+    not_before: datetime | None = None
+    """When the delayed jobs become due (ADR 0071); None: queued at once."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,8 @@ class Job:
     """When it ended."""
     next_attempt_at: datetime | None
     """When a job in ``retry_wait`` is queued again."""
+    not_before: datetime | None
+    """A delayed job's due time (ADR 0071): ``scheduled`` until then; None for a job queued at once."""
     attempts: tuple[Attempt, ...]
     """Its attempts by number."""
     outputs: tuple[Output, ...]

@@ -76,6 +76,9 @@ class GatewaySettings(ComponentSettings):
     gateway replica needs the same value; changing it makes a stored key sent again with its
     password answer 409."""
 
+    schedule_poll_seconds: float = Field(1.0, gt=0, le=60, validation_alias="HM_SCHEDULE_POLL_SECONDS")
+    """How often this gateway's schedule runner records due ticks and runs the pending process and
+    backfill runs (seconds; ADR 0072)."""
     backfill_poll_seconds: float = Field(0.5, gt=0, le=60, validation_alias="HM_BACKFILL_POLL_SECONDS")
     """How often this gateway's backfill runner ticks (seconds): each tick enqueues what the
     running runs' buckets hold."""

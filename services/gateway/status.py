@@ -48,6 +48,7 @@ def job_result(job: asyncpg.Record, attempts: list[asyncpg.Record], outputs: lis
         started_at=job["started_at"],
         completed_at=job["completed_at"],
         next_attempt_at=job["next_attempt_at"],
+        not_before=job["not_before"],
         attempts=tuple(
             Attempt(
                 attempt_number=a["attempt_number"],
@@ -68,6 +69,7 @@ def job_result(job: asyncpg.Record, attempts: list[asyncpg.Record], outputs: lis
 
 JOB_STATUSES = (
     "created",
+    "scheduled",
     "queued",
     "claimed",
     "processing",

@@ -11,6 +11,7 @@ from services.gateway.catalogue import OperationCatalogue
 from services.gateway.creation import JobCreation
 from services.gateway.operators import SchedulerAdmin
 from services.gateway.presets import Presets
+from services.gateway.schedules import Schedules
 from services.gateway.status import JobStatus
 from services.gateway.uploads import Uploads
 
@@ -37,5 +38,7 @@ class UseCases:
     """The caller's named presets."""
     backfills: Backfills
     """The caller's backfill runs."""
+    schedules: Schedules
+    """The caller's schedules and their runs."""
     catalogue: OperationCatalogue
     """The operations a request may name, with their params schemas, prices and limits."""

@@ -1,5 +1,7 @@
 """``python -m services.reaper``: runs :meth:`Reaper.run_once` every ``HM_REAPER_INTERVAL_SECONDS``,
-an outbox relay for the messages it writes, the webhook dispatcher and the tables' retention
+the poller of delayed jobs (every ``HM_SCHEDULED_POLL_SECONDS``: :func:`lifecycle.promote_scheduled`),
+the runner of maintenance schedules (:mod:`services.reaper.maintenance`, every
+``HM_SCHEDULE_POLL_SECONDS``), an outbox relay for the messages it writes, the webhook dispatcher and the tables' retention
 (:mod:`hypermedia.jobs.retention`, every ``HM_RETENTION_INTERVAL_SECONDS``), and serves the platform's
 gauges from Postgres (:mod:`hypermedia.jobs.gauges`) with its metrics. Only wires."""
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -16,15 +19,20 @@ from prometheus_client import REGISTRY
 from hypermedia.core import config
 from hypermedia.infra import mtls
 from hypermedia.infra.service import Lifetime, every, open_peers, open_postgres, run_service
-from hypermedia.jobs import queues
+from hypermedia.jobs import lifecycle, queues
 from hypermedia.jobs.gauges import PlatformCollector
 from hypermedia.jobs.outbox import OutboxRelay
 from hypermedia.jobs.retention import Retention
+from hypermedia.jobs.settlement import Settlement
+from services.reaper.maintenance import MaintenanceRunner
 from services.reaper.reaper import Reaper
 from services.reaper.settings import ReaperSettings
 from services.reaper.webhooks import WebhookDispatcher, webhook_client
 
 log = logging.getLogger(__name__)
+
+SCHEDULED_BATCH = 500
+"""Delayed jobs queued per poll at most (the rest at the next poll, a quarter second later)."""
 
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
@@ -44,6 +52,9 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         orphan_dir_seconds=settings.orphan_dir_seconds,
     )
     relay = OutboxRelay(pool, nc, js)
+    maintenance = MaintenanceRunner(
+        pool, Settlement(peers.credits), runner=f"reaper/{socket.gethostname()}/{os.getpid()}"
+    )
     http = webhook_client(allow_private=settings.webhook_allow_private)
     stack.push_async_callback(http.aclose)
     webhooks = WebhookDispatcher(
@@ -73,9 +84,15 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         if (await reaper.run_once()).anything:
             relay.wake.set()  # publish the requeued jobs now, not at the relay's next poll
 
+    async def promote_due() -> None:
+        if await lifecycle.promote_scheduled(pool, infra.stream_prefix, SCHEDULED_BATCH):
+            relay.wake.set()
+
     inner_stop = asyncio.Event()
     tasks = [
         asyncio.create_task(every(settings.interval_seconds, reap, inner_stop)),
+        asyncio.create_task(every(settings.scheduled_poll_seconds, promote_due, inner_stop)),
+        asyncio.create_task(every(settings.schedule_poll_seconds, maintenance.run_once, inner_stop)),
         asyncio.create_task(relay.run(inner_stop)),
         asyncio.create_task(every(settings.webhook_poll_seconds, webhooks.run_once, inner_stop)),
         asyncio.create_task(every(settings.retention_interval_seconds, prune, inner_stop)),

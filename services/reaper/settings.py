@@ -9,6 +9,12 @@ from hypermedia.core.config import ComponentSettings
 
 class ReaperSettings(ComponentSettings):
     interval_seconds: float = Field(5.0, gt=0, validation_alias="HM_REAPER_INTERVAL_SECONDS")
+    scheduled_poll_seconds: float = Field(0.25, gt=0, le=1.0, validation_alias="HM_SCHEDULED_POLL_SECONDS")
+    """How often the poller queues delayed jobs whose ``not_before`` passed (ADR 0071): a delayed
+    job is queued at most this long after its time (one indexed read a poll)."""
+    schedule_poll_seconds: float = Field(1.0, gt=0, le=60, validation_alias="HM_SCHEDULE_POLL_SECONDS")
+    """How often the reaper records due schedule ticks and runs the pending maintenance runs
+    (ADR 0072)."""
     requeue_stale_seconds: float = Field(60.0, gt=0, validation_alias="HM_REAPER_REQUEUE_STALE_SECONDS")
     """A job `queued` this long without being claimed is published again."""
     dead_worker_seconds: float = Field(120.0, gt=0, validation_alias="HM_REAPER_DEAD_WORKER_SECONDS")

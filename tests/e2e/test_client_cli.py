@@ -75,6 +75,25 @@ def test_submit_watches_and_downloads_then_jobs_and_objects_read_and_delete(
     assert "404 NOT_FOUND" in gone.stderr and "Traceback" not in gone.stderr
 
 
+def test_submit_with_a_delay_makes_scheduled_jobs_and_cancel_stops_them(user: dict[str, str]) -> None:
+    submitted = _run(
+        user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", "--delay", "3600", "--json"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    created = json.loads(submitted.stdout)
+    assert created["not_before"] is not None
+    [job_id] = created["job_ids"]
+    shown = json.loads(_run(user, "jobs", "get", job_id, "--json").stdout)
+    assert (shown["status"], shown["not_before"]) == ("scheduled", created["not_before"])
+    cancelled = _run(user, "jobs", "cancel", job_id, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+
+    refused = _run(user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", "--at", "tomorrow")
+    assert refused.returncode != 0 and "INVALID_SCHEDULE" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def test_a_failed_job_is_exit_1_and_says_why(user: dict[str, str], tmp_path: Path) -> None:
     cut = tmp_path / "cut.jpg"
     cut.write_bytes((EXIF / "Landscape_1.jpg").read_bytes()[:20000])

@@ -32,6 +32,7 @@ QUEUED = datetime(2026, 3, 4, 5, 6, 8, tzinfo=UTC)
 STARTED = datetime(2026, 3, 4, 7, 6, 9, 500000, tzinfo=timezone(timedelta(hours=2)))  # 05:06:09.5Z
 COMPLETED = datetime(2026, 3, 4, 5, 6, 12, 250000, tzinfo=UTC)
 NEXT = datetime(2026, 3, 4, 5, 16, 0, tzinfo=UTC)
+NOT_BEFORE = datetime(2026, 3, 4, 5, 6, 7, 500000, tzinfo=UTC)
 
 ATTEMPTS = (
     Attempt(
@@ -91,6 +92,7 @@ JOB = Job(
     started_at=STARTED,
     completed_at=COMPLETED,
     next_attempt_at=NEXT,
+    not_before=NOT_BEFORE,
     attempts=ATTEMPTS,
     outputs=OUTPUTS,
 )
@@ -125,6 +127,7 @@ def test_a_job_with_every_field_as_the_rest_json() -> None:
         "started_at",
         "completed_at",
         "next_attempt_at",
+        "not_before",
         "attempts",
         "outputs",
     ]
@@ -148,6 +151,7 @@ def test_a_job_with_every_field_as_the_rest_json() -> None:
     assert body["started_at"] == "2026-03-04T07:06:09.500000+02:00"  # the offset it came with
     assert body["completed_at"] == "2026-03-04T05:06:12.250000+00:00"
     assert body["next_attempt_at"] == "2026-03-04T05:16:00+00:00"
+    assert body["not_before"] == "2026-03-04T05:06:07.500000+00:00"
     assert body["attempts"] == [
         {
             "attempt_number": 1,
@@ -213,6 +217,7 @@ def test_a_job_with_every_field_as_the_grpc_message() -> None:
     assert message.started_at.ToDatetime(tzinfo=UTC) == STARTED  # the same instant, in UTC
     assert message.started_at.ToJsonString() == "2026-03-04T05:06:09.500Z"
     assert message.completed_at.ToJsonString() == "2026-03-04T05:06:12.250Z"
+    assert message.not_before.ToJsonString() == "2026-03-04T05:06:07.500Z"
     [out] = message.outputs
     assert (out.output_type, out.key, out.mime_type, out.size_bytes) == (
         "text",
@@ -241,12 +246,14 @@ def test_unset_fields_are_null_in_json_and_absent_in_the_message() -> None:
         completed_at=None,
         queued_at=None,
         next_attempt_at=None,
+        not_before=None,
         attempts=(),
         outputs=(),
     )
     body = job_json(job)
     assert body["actual_credits"] is None and body["charge_lines"] == {} and body["preset"] is None
     assert body["started_at"] is body["completed_at"] is body["queued_at"] is body["next_attempt_at"] is None
+    assert body["not_before"] is None
     assert body["attempts"] == [] and body["outputs"] == []
     message = jobs_pb2.Job.FromString(job_message(job).SerializeToString())
     assert message.status == jobs_pb2.JOB_STATUS_QUEUED
@@ -254,6 +261,7 @@ def test_unset_fields_are_null_in_json_and_absent_in_the_message() -> None:
     assert (message.preset_name, message.preset_version) == ("", 0)
     assert message.HasField("created_at")
     assert not message.HasField("started_at") and not message.HasField("completed_at")
+    assert not message.HasField("not_before")
 
 
 def test_naive_and_aware_datetimes() -> None:
@@ -309,7 +317,13 @@ def test_credit_strings_are_those_grpc_made_from_the_rest_floats() -> None:
 
 def test_process_balance_upload_and_usage() -> None:
     result = ProcessResult(job_ids=("a", "b"), estimated_millicredits=2468)
-    assert json.loads(json.dumps(process_json(result))) == {"job_ids": ["a", "b"], "estimated_credits": 2.468}
+    assert json.loads(json.dumps(process_json(result))) == {
+        "job_ids": ["a", "b"],
+        "estimated_credits": 2.468,
+        "not_before": None,
+    }
+    delayed = dataclasses.replace(result, not_before=NOT_BEFORE)
+    assert process_json(delayed)["not_before"] == "2026-03-04T05:06:07.500000+00:00"
 
     balance = Balance(balance_millicredits=10_000, held_millicredits=1_234)
     assert balance.available_millicredits == 8_766

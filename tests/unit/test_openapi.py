@@ -18,7 +18,8 @@ from services.gateway.rest import build_app
 
 @pytest.fixture(scope="module")
 def doc() -> dict[str, Any]:
-    app = build_app(SimpleNamespace(operators=None, presets=None, backfills=None), None, None, None)  # type: ignore[arg-type]
+    use_cases = SimpleNamespace(operators=None, presets=None, backfills=None, schedules=None)
+    app = build_app(use_cases, None, None, None)  # type: ignore[arg-type]
     return dict(app.openapi())
 
 

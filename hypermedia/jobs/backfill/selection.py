@@ -25,7 +25,7 @@ MIN_RATE, MAX_RATE = 0.01, 1000.0
 """The bounds of a run's ``rate_per_second`` (jobs a second)."""
 DEFAULT_RATE = 10.0
 """A run's rate when the request gives none (jobs a second)."""
-WAITING = ("created", "queued", "retry_wait")
+WAITING = ("created", "scheduled", "queued", "retry_wait")
 """Job statuses a run's cancellation cancels at once (never executed)."""
 ENDED = ("completed", "failed", "cancelled")
 """Job statuses that end a job."""

@@ -1,7 +1,8 @@
 """The job lifecycle in Postgres: every state transition of ``processing_jobs`` lives here.
 
 States (the seed's): ``created → queued → claimed → processing → completed``, with ``retry_wait``,
-``failed``, ``cancelled`` and ``cancel_requested``. Each function is one transition, written as a
+``failed``, ``cancelled`` and ``cancel_requested``; a delayed job starts ``scheduled`` and is
+queued when due (ADR 0071). Each function is one transition, written as a
 conditional ``UPDATE … WHERE status = …`` so that racing processes cannot both win; every write a
 worker makes about a job is fenced by ``(claimed_by, attempt_count)``, so a worker whose lease
 expired cannot complete, fail or charge a job someone else now holds.
@@ -40,7 +41,9 @@ from hypermedia.jobs.lifecycle.attempts import (
 from hypermedia.jobs.lifecycle.caps import HELD_REDELIVERY_SECONDS
 from hypermedia.jobs.lifecycle.recovery import (
     expire_leases,
+    next_scheduled,
     promote_retries,
+    promote_scheduled,
     release_contained,
     republish_stale,
     settleable,
@@ -91,8 +94,10 @@ __all__ = [
     "job_key",
     "job_status",
     "mark_cancelled",
+    "next_scheduled",
     "progress",
     "promote_retries",
+    "promote_scheduled",
     "reclaim",
     "release_contained",
     "release_deferred",

@@ -1,5 +1,6 @@
 """The reaper's transitions: lost leases (with the rule of :mod:`~hypermedia.jobs.lifecycle.rules`), due
-retries, stale ``queued`` jobs published again, and which ended jobs' holds are due for settlement."""
+retries, due delayed jobs, stale ``queued`` jobs published again, and which ended jobs' holds are
+due for settlement."""
 
 from __future__ import annotations
 
@@ -102,13 +103,26 @@ async def _lose(
 async def promote_retries(pool: asyncpg.Pool, prefix: str, batch: int) -> int:
     """``retry_wait → queued`` for up to ``batch`` jobs whose ``next_attempt_at`` passed, published
     again in the same transaction. Returns how many."""
+    return await _promote_due(pool, prefix, batch, "retry_wait", "next_attempt_at")
+
+
+async def promote_scheduled(pool: asyncpg.Pool, prefix: str, batch: int) -> int:
+    """``scheduled → queued`` for up to ``batch`` delayed jobs whose ``not_before`` passed, oldest
+    due first, with their outbox rows in the same transaction (ADR 0071). ``FOR UPDATE SKIP
+    LOCKED``: pollers in several reapers never queue one job twice. Returns how many."""
+    return await _promote_due(pool, prefix, batch, "scheduled", "not_before")
+
+
+async def _promote_due(pool: asyncpg.Pool, prefix: str, batch: int, status: str, due: str) -> int:
+    """``status → queued`` for up to ``batch`` jobs whose ``due`` column passed, oldest first,
+    published in the same transaction (``FOR UPDATE SKIP LOCKED``). Returns how many."""
     async with pool.acquire() as conn, conn.transaction():
         rows = await conn.fetch(
-            """
+            f"""
             WITH due AS (
                 SELECT job_id FROM processing_jobs
-                WHERE status = 'retry_wait' AND next_attempt_at <= now()
-                ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED
+                WHERE status = '{status}' AND {due} <= now()
+                ORDER BY {due} LIMIT $1 FOR UPDATE SKIP LOCKED
             )
             UPDATE processing_jobs j SET status = 'queued', claimed_by = NULL, queued_at = now(),
                    updated_at = now()
@@ -119,6 +133,15 @@ async def promote_retries(pool: asyncpg.Pool, prefix: str, batch: int) -> int:
         )
         await enqueue_outbox_many(conn, prefix, [(r["job_id"], r["queue"], r["priority"]) for r in rows])
     return len(rows)
+
+
+async def next_scheduled(pool: asyncpg.Pool) -> datetime.timedelta | None:
+    """How long until the earliest ``scheduled`` job is due (zero or negative: due now); None when
+    there is none. One read of ``processing_jobs_scheduled_due_idx``."""
+    wait: datetime.timedelta | None = await pool.fetchval(
+        "SELECT min(not_before) - now() FROM processing_jobs WHERE status = 'scheduled'"
+    )
+    return wait
 
 
 async def republish_stale(pool: asyncpg.Pool, prefix: str, batch: int, stale_seconds: float) -> int:

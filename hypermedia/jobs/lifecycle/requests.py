@@ -1,9 +1,11 @@
-"""The caller's transitions, made by the gateway: jobs created ``queued`` and cancellation asked for."""
+"""The caller's transitions, made by the gateway: jobs created ``queued`` (or ``scheduled``, when
+delayed) and cancellation asked for."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -32,18 +34,28 @@ class NewJob:
     idempotency_key: str | None
     preset: tuple[str, int] | None = None
     """The name and version of the account's preset it was made from, if any."""
+    not_before: datetime | None = None
+    """When a delayed job becomes due (ADR 0071): it is created ``scheduled``, without an outbox
+    row, and :func:`~hypermedia.jobs.lifecycle.recovery.promote_scheduled` queues it then. None:
+    queued at once."""
 
 
 async def create_queued(conn: db.Connection, prefix: str, jobs: Iterable[NewJob]) -> None:
     """Creates ``jobs`` as ``queued`` and writes their outbox rows, in the caller's transaction
-    (the one that also records the request and the jobs' secrets, after their credits were held)."""
+    (the one that also records the request and the jobs' secrets, after their credits were held).
+    A job with a ``not_before`` is created ``scheduled`` instead, without an outbox row (the
+    caller decided it is in the future)."""
     for job in jobs:
+        delayed = job.not_before is not None
         await conn.execute(
             """
             INSERT INTO processing_jobs (job_id, account_id, object_id, request_id, operation,
                 profile_version, queue, params, priority, status, max_attempts, estimated_credits,
-                webhook_url, idempotency_key, preset_name, preset_version, queued_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'queued', $10, $11, $12, $13, $14, $15, now())
+                webhook_url, idempotency_key, preset_name, preset_version, not_before, queued_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                    CASE WHEN $16::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END,
+                    $10, $11, $12, $13, $14, $15, $16,
+                    CASE WHEN $16::timestamptz IS NULL THEN now() END)
             """,
             job.job_id,
             job.account_id,
@@ -60,24 +72,26 @@ async def create_queued(conn: db.Connection, prefix: str, jobs: Iterable[NewJob]
             job.idempotency_key,
             job.preset[0] if job.preset else None,
             job.preset[1] if job.preset else None,
+            job.not_before,
         )
-        await enqueue_outbox(conn, prefix, job.job_id, job.queue, job.priority)
+        if not delayed:
+            await enqueue_outbox(conn, prefix, job.job_id, job.queue, job.priority)
 
 
 async def request_cancel(pool: asyncpg.Pool, job_id: str, account_id: str) -> str | None:
-    """A caller's cancellation: ``created``/``queued``/``retry_wait`` → ``cancelled`` at once (never
+    """A caller's cancellation: ``created``/``scheduled``/``queued``/``retry_wait`` → ``cancelled`` at once (never
     executed; the caller settles its credits), ``claimed``/``processing`` → ``cancel_requested`` (its
     worker stops it and settles). Returns the new status, or None when the account has no such job
     in a cancellable status (:func:`job_status` tells which)."""
     status = await pool.fetchval(
         """
         UPDATE processing_jobs SET
-            status = CASE WHEN status IN ('created', 'queued', 'retry_wait') THEN 'cancelled'
+            status = CASE WHEN status IN ('created', 'scheduled', 'queued', 'retry_wait') THEN 'cancelled'
                           ELSE 'cancel_requested' END,
-            completed_at = CASE WHEN status IN ('created', 'queued', 'retry_wait') THEN now() END,
+            completed_at = CASE WHEN status IN ('created', 'scheduled', 'queued', 'retry_wait') THEN now() END,
             updated_at = now()
         WHERE job_id = $1 AND account_id = $2
-          AND status IN ('created', 'queued', 'retry_wait', 'claimed', 'processing')
+          AND status IN ('created', 'scheduled', 'queued', 'retry_wait', 'claimed', 'processing')
         RETURNING status
         """,
         job_id,
@@ -87,13 +101,13 @@ async def request_cancel(pool: asyncpg.Pool, job_id: str, account_id: str) -> st
 
 
 async def cancel_if_waiting(pool: asyncpg.Pool, job_id: str, account_id: str) -> bool:
-    """Cancels the account's job only if it has not started (``created``/``queued``/
+    """Cancels the account's job only if it has not started (``created``/``scheduled``/``queued``/
     ``retry_wait`` → ``cancelled``; the caller settles its credits); a job a worker holds is left
     to finish. Returns whether it was cancelled (a backfill run's cancellation)."""
     status = await pool.fetchval(
         """
         UPDATE processing_jobs SET status = 'cancelled', completed_at = now(), updated_at = now()
-        WHERE job_id = $1 AND account_id = $2 AND status IN ('created', 'queued', 'retry_wait')
+        WHERE job_id = $1 AND account_id = $2 AND status IN ('created', 'scheduled', 'queued', 'retry_wait')
         RETURNING status
         """,
         job_id,

@@ -39,6 +39,8 @@ class _JobStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobStatus.V
     JOB_STATUS_FAILED: _JobStatus.ValueType  # 7
     JOB_STATUS_CANCELLED: _JobStatus.ValueType  # 8
     JOB_STATUS_CANCEL_REQUESTED: _JobStatus.ValueType  # 9
+    JOB_STATUS_SCHEDULED: _JobStatus.ValueType  # 10
+    """A delayed job waiting for its not_before (ADR 0071)."""
 
 class JobStatus(_JobStatus, metaclass=_JobStatusEnumTypeWrapper): ...
 
@@ -52,6 +54,8 @@ JOB_STATUS_RETRY_WAIT: JobStatus.ValueType  # 6
 JOB_STATUS_FAILED: JobStatus.ValueType  # 7
 JOB_STATUS_CANCELLED: JobStatus.ValueType  # 8
 JOB_STATUS_CANCEL_REQUESTED: JobStatus.ValueType  # 9
+JOB_STATUS_SCHEDULED: JobStatus.ValueType  # 10
+"""A delayed job waiting for its not_before (ADR 0071)."""
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
 
 @_typing.final
@@ -1006,6 +1010,8 @@ class ProcessRequest(_message.Message):
     WEBHOOK_URL_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
+    DELAY_SECONDS_FIELD_NUMBER: _builtins.int
     object_id: _builtins.str
     priority: _builtins.int
     """1 (highest) to 10; 0 means the default, 5."""
@@ -1017,8 +1023,17 @@ class ProcessRequest(_message.Message):
     backfill, run only by units configured for bulk; priority 7-10, 0 means 8). Empty: each
     operation goes to its own queue. Anything else is INVALID_ARGUMENT (INVALID_QUEUE).
     """
+    delay_seconds: _builtins.float
+    """The same, as seconds from now (0 to 2,592,000, finite)."""
     @_builtins.property
     def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Operation]: ...
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """A delayed request (ADR 0071): its jobs are JOB_STATUS_SCHEDULED, credits held, until this
+        time, then queued. A time in the past (or now) runs now; more than 30 days ahead is
+        INVALID_ARGUMENT (INVALID_SCHEDULE). At most one of not_before and delay_seconds.
+        """
+
     def __init__(
         self,
         *,
@@ -1028,12 +1043,16 @@ class ProcessRequest(_message.Message):
         webhook_url: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         queue: _builtins.str = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
+        delay_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_delay_seconds", b"_delay_seconds", "delay_seconds", b"delay_seconds", "not_before", b"not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "object_id", b"object_id", "operations", b"operations", "priority", b"priority", "queue", b"queue", "webhook_url", b"webhook_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_delay_seconds", b"_delay_seconds", "delay_seconds", b"delay_seconds", "idempotency_key", b"idempotency_key", "not_before", b"not_before", "object_id", b"object_id", "operations", b"operations", "priority", b"priority", "queue", b"queue", "webhook_url", b"webhook_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__delay_seconds: _TypeAlias = _typing.Literal["delay_seconds"]  # noqa: Y015
+    _WhichOneofArgType__delay_seconds: _TypeAlias = _typing.Literal["_delay_seconds", b"_delay_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__delay_seconds) -> _WhichOneofReturnType__delay_seconds | None: ...
 
 Global___ProcessRequest: _TypeAlias = ProcessRequest  # noqa: Y015
 
@@ -1137,19 +1156,25 @@ class ProcessResponse(_message.Message):
 
     JOB_IDS_FIELD_NUMBER: _builtins.int
     ESTIMATED_CREDITS_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
     estimated_credits: _builtins.str
     """Credits (not millicredits), as a decimal string such as "1.250"."""
     @_builtins.property
     def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """When the delayed jobs become due; unset: queued at once."""
+
     def __init__(
         self,
         *,
         job_ids: _abc.Iterable[_builtins.str] | None = ...,
         estimated_credits: _builtins.str = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["not_before", b"not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_credits", b"estimated_credits", "job_ids", b"job_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_credits", b"estimated_credits", "job_ids", b"job_ids", "not_before", b"not_before"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1237,6 +1262,7 @@ class Job(_message.Message):
     PRESET_NAME_FIELD_NUMBER: _builtins.int
     PRESET_VERSION_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     object_id: _builtins.str
     operation: _builtins.str
@@ -1279,6 +1305,10 @@ class Job(_message.Message):
         pages an ocr job read again with its second engine), in credits as decimal strings.
         """
 
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """A delayed job's due time; unset for a job queued at once."""
+
     def __init__(
         self,
         *,
@@ -1303,10 +1333,11 @@ class Job(_message.Message):
         preset_name: _builtins.str = ...,
         preset_version: _builtins.int = ...,
         queue: _builtins.str = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "params", b"params", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "not_before", b"not_before", "params", b"params", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "charge_lines", b"charge_lines", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "preset_name", b"preset_name", "preset_version", b"preset_version", "priority", b"priority", "queue", b"queue", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_credits", b"actual_credits", "attempt_count", b"attempt_count", "charge_lines", b"charge_lines", "completed_at", b"completed_at", "created_at", b"created_at", "error_code", b"error_code", "error_message", b"error_message", "estimated_credits", b"estimated_credits", "job_id", b"job_id", "lost_attempts", b"lost_attempts", "max_attempts", b"max_attempts", "not_before", b"not_before", "object_id", b"object_id", "operation", b"operation", "outputs", b"outputs", "params", b"params", "preset_name", b"preset_name", "preset_version", b"preset_version", "priority", b"priority", "queue", b"queue", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,180 @@
+"""REST routes of the caller's schedules (docs/api.md "Schedules", ADR 0072): ``POST`` and ``GET
+/v1/schedules``, ``GET`` and ``DELETE /v1/schedules/{name}``, ``POST
+/v1/schedules/{name}:pause``, ``:resume`` and ``:trigger``, and ``GET
+/v1/schedules/{name}/runs``, over :class:`~services.gateway.schedules.Schedules`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+from hypermedia.core import pgtext
+from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.schedules import Run, Schedule
+from services.gateway.schedules import ScheduleRequest, Schedules
+
+
+class ScheduleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        """Every string and key under :mod:`hypermedia.core.pgtext`'s rule before any field is read
+        (422 ``INVALID_REQUEST`` naming the field for a NUL or a lone surrogate)."""
+        pgtext.check_json(data)
+        return data
+
+    name: str = Field(description="1-64 letters, digits, '.', '_', '-'; unique among the caller's")
+    cron: str = Field(description="Five fields (minute hour day month weekday) or @hourly/@daily/…")
+    time_zone: str = Field("UTC", description="IANA zone the cron is read in (Europe/Berlin)")
+    missed: Literal["skip", "catch_up"] = Field(
+        "skip", description="Ticks missed by more than a minute: skipped, or the latest caught up"
+    )
+    catch_up_limit: StrictInt = Field(1, description="catch_up: how many missed ticks run at most (1-100)")
+    paused: StrictBool = Field(False, description="Create it paused")
+    process: dict[str, Any] | None = Field(
+        None, description="{object_ids: [...], operations: [...], priority}: a process request per object"
+    )
+    backfill: dict[str, Any] | None = Field(
+        None,
+        description="{selector: {...}, priority, max_rate_per_second}: a backfill run (POST /v1/backfills)",
+    )
+    maintenance: dict[str, Any] | None = Field(
+        None,
+        description="Admin accounts: {task: prune_job_events | prune_worker_metrics | "
+        "prune_webhook_deliveries | reconcile_holds, older_than_days}",
+    )
+
+
+class RunOut(BaseModel):
+    run_id: str
+    due_at: str = Field(description="The tick (or, for a manual run, when it was triggered)")
+    trigger: Literal["tick", "manual"]
+    state: Literal["pending", "running", "succeeded", "failed", "skipped"]
+    started_at: str | None
+    finished_at: str | None
+    outcome: dict[str, Any] | None = Field(
+        description="{job_ids, errors}, {backfill_run_id, items}, {deleted: {table: n}} or {settled: n}"
+    )
+    error_code: str | None
+    error: str | None
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    cron: str
+    time_zone: str
+    kind: Literal["process", "backfill", "maintenance"]
+    process: dict[str, Any] | None = Field(None, description="The spec, under its kind's name")
+    backfill: dict[str, Any] | None = None
+    maintenance: dict[str, Any] | None = None
+    missed: Literal["skip", "catch_up"]
+    catch_up_limit: int
+    paused: bool
+    next_run_at: str = Field(description="The next tick, UTC")
+    last_run: RunOut | None
+    created_at: str
+    updated_at: str
+
+
+class ScheduleListOut(BaseModel):
+    schedules: list[ScheduleOut]
+
+
+class RunListOut(BaseModel):
+    runs: list[RunOut]
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    """One run of a schedule as REST shows it."""
+    return {
+        "run_id": run.run_id,
+        "due_at": _iso(run.due_at),
+        "trigger": run.trigger,
+        "state": run.state,
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "outcome": run.outcome,
+        "error_code": run.error_code,
+        "error": run.error,
+    }
+
+
+def schedule_json(schedule: Schedule, last: Run | None) -> dict[str, Any]:
+    """A schedule as REST shows it: its spec under its kind's name, its next tick and last run."""
+    return {
+        "name": schedule.name,
+        "cron": schedule.cron,
+        "time_zone": schedule.time_zone,
+        "kind": schedule.kind,
+        schedule.kind: schedule.spec,
+        "missed": schedule.missed,
+        "catch_up_limit": schedule.catch_up_limit,
+        "paused": schedule.paused,
+        "next_run_at": _iso(schedule.next_run_at),
+        "last_run": run_json(last) if last is not None else None,
+        "created_at": _iso(schedule.created_at),
+        "updated_at": _iso(schedule.updated_at),
+    }
+
+
+def router(schedules: Schedules, caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
+    """The routes; ``caller`` is the app's authenticating dependency (401 without a valid key)."""
+    routes = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+
+    @routes.post("", status_code=201, response_model=ScheduleOut)
+    async def create_schedule(body: ScheduleIn, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """Create a schedule (201); its first tick is the first after now. 422 ``INVALID_SCHEDULE``,
+        ``INVALID_CRON``, ``INVALID_TIME_ZONE`` or what its spec's check raises; 409
+        ``SCHEDULE_EXISTS``; 403 for a maintenance schedule of an account that is not an admin."""
+        made = await schedules.create(who, ScheduleRequest(**body.model_dump()))
+        return schedule_json(made, None)
+
+    @routes.get("", response_model=ScheduleListOut)
+    async def list_schedules(who: Caller = Depends(caller)) -> dict[str, Any]:
+        """The caller's schedules by name, each with its next tick and last run."""
+        return {"schedules": [schedule_json(s, last) for s, last in await schedules.list_schedules(who)]}
+
+    @routes.get("/{name}", response_model=ScheduleOut)
+    async def get_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """A schedule; 404 ``SCHEDULE_NOT_FOUND``."""
+        return schedule_json(*await schedules.get(who, name))
+
+    @routes.delete("/{name}", status_code=204)
+    async def delete_schedule(name: str, who: Caller = Depends(caller)) -> Response:
+        """Delete it and its run history (what its runs made stays); 404 ``SCHEDULE_NOT_FOUND``."""
+        await schedules.delete(who, name)
+        return Response(status_code=204)
+
+    @routes.post("/{name}:pause", response_model=ScheduleOut)
+    async def pause_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """No ticks until resumed (idempotent)."""
+        return schedule_json(*await schedules.set_paused(who, name, True))
+
+    @routes.post("/{name}:resume", response_model=ScheduleOut)
+    async def resume_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """Ticks again; those missed while paused follow its ``missed`` policy."""
+        return schedule_json(*await schedules.set_paused(who, name, False))
+
+    @routes.post("/{name}:trigger", status_code=202, response_model=RunOut)
+    async def trigger_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+        """A run now (``manual``), paused or not; it is ``pending`` until a runner takes it."""
+        return run_json(await schedules.trigger(who, name))
+
+    @routes.get("/{name}/runs", response_model=RunListOut)
+    async def schedule_runs(
+        name: str, limit: int = Query(50, ge=1, le=1000), who: Caller = Depends(caller)
+    ) -> dict[str, Any]:
+        """Its runs, latest due first: due time, trigger, state, what each made or why it failed."""
+        return {"runs": [run_json(r) for r in await schedules.runs(who, name, limit)]}
+
+    return routes
