@@ -25,7 +25,7 @@ import typer
 
 from hypermedia.client import commands
 from hypermedia.core import config, telemetry
-from hypermedia.devtools import platform
+from hypermedia.devtools import platform, schedule_admin
 from hypermedia.infra import db
 from hypermedia.jobs import scaling
 from hypermedia.jobs.scaling import report as scheduler_report
@@ -540,6 +540,9 @@ def backfill_cmd(
         print(f"hypermedia admin backfill: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     print(json.dumps(shown))
+
+
+schedule_admin.register(admin, _with_conn)
 
 
 def _account_id(account: str) -> None:

@@ -29,6 +29,7 @@ be safe, but one rule for all kinds is simpler to reason about).
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ MAX_CATCH_UP: Final = 100
 RUN_LEASE: Final = datetime.timedelta(minutes=10)
 """How long a runner may take over one run before it counts as lost."""
 MAX_NAME_LENGTH: Final = 64
+NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A schedule's name: a letter or digit, then letters, digits, ``.``, ``_``, ``-``; 64 at most."""
 TICKS_A_POLL: Final = MAX_CATCH_UP + MAX_RECORDED_SKIPS + 10
 """The latest due ticks one poll looks at per schedule: all :func:`plan` can run or record."""
 
@@ -98,6 +101,15 @@ class Run:
     """What it made: ``{"job_ids": [...]}``, ``{"backfill_run_id": ...}``, ``{"deleted": n}``."""
     error_code: str | None
     error: str | None
+
+
+def check_name(name: str) -> None:
+    """Raises InvalidArgument (``INVALID_SCHEDULE``) unless ``name`` matches :data:`NAME`."""
+    if not NAME.fullmatch(name):
+        raise InvalidArgument(
+            "name must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            "INVALID_SCHEDULE",
+        )
 
 
 # -- cron -------------------------------------------------------------------------------------
@@ -226,7 +238,8 @@ async def create(
 ) -> Schedule:
     """Stores a schedule (its ``spec`` already checked by the caller for ``kind``); its first tick
     is the first after now. Raises Conflict (``SCHEDULE_EXISTS``) when the account has one of
-    that name, InvalidArgument for a bad cron, zone, policy or limit."""
+    that name, InvalidArgument for a bad name, cron, zone, policy or limit."""
+    check_name(name)
     check_cron(cron, time_zone)
     if missed not in MISSED_POLICIES:
         raise InvalidArgument("missed must be skip or catch_up", "INVALID_SCHEDULE")
@@ -269,10 +282,11 @@ async def get(pool: db.Connection | asyncpg.Pool, account_id: str, name: str) ->
     return _schedule(row)
 
 
-async def list_schedules(pool: asyncpg.Pool, account_id: str) -> list[Schedule]:
-    """The account's schedules by name."""
+async def list_schedules(pool: db.Connection | asyncpg.Pool, account_id: str | None) -> list[Schedule]:
+    """The account's schedules by name (every account's, by account then name, for None)."""
     rows = await pool.fetch(
-        "SELECT * FROM schedules WHERE account_id = $1 ORDER BY name", uuid.UUID(account_id)
+        "SELECT * FROM schedules WHERE $1::uuid IS NULL OR account_id = $1 ORDER BY account_id, name",
+        uuid.UUID(account_id) if account_id else None,
     )
     return [_schedule(r) for r in rows]
 
@@ -336,6 +350,43 @@ async def last_runs(pool: asyncpg.Pool, schedule_ids: Sequence[str]) -> dict[str
         list(schedule_ids),
     )
     return {str(r["schedule_id"]): _run(r) for r in rows}
+
+
+def _iso(value: datetime.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def run_as_json(run: Run) -> dict[str, Any]:
+    """A run as REST and ``hypermedia admin`` show it (docs/api.md "Schedules")."""
+    return {
+        "run_id": run.run_id,
+        "due_at": _iso(run.due_at),
+        "trigger": run.trigger,
+        "state": run.state,
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "outcome": run.outcome,
+        "error_code": run.error_code,
+        "error": run.error,
+    }
+
+
+def as_json(schedule: Schedule, last: Run | None) -> dict[str, Any]:
+    """A schedule as REST shows it: its spec under its kind's name, its next tick and last run."""
+    return {
+        "name": schedule.name,
+        "cron": schedule.cron,
+        "time_zone": schedule.time_zone,
+        "kind": schedule.kind,
+        schedule.kind: schedule.spec,
+        "missed": schedule.missed,
+        "catch_up_limit": schedule.catch_up_limit,
+        "paused": schedule.paused,
+        "next_run_at": _iso(schedule.next_run_at),
+        "last_run": run_as_json(last) if last is not None else None,
+        "created_at": _iso(schedule.created_at),
+        "updated_at": _iso(schedule.updated_at),
+    }
 
 
 # -- the poller and the runners ---------------------------------------------------------------

@@ -12,7 +12,7 @@ from functools import partial
 
 import httpx
 
-from hypermedia.api.jobs.v1 import backfill_pb2_grpc, jobs_pb2_grpc
+from hypermedia.api.jobs.v1 import backfill_pb2_grpc, jobs_pb2_grpc, schedules_pb2_grpc
 from hypermedia.api.scheduler.v1 import scheduler_pb2_grpc
 from hypermedia.core import config
 from hypermedia.infra import mtls, rpc
@@ -26,7 +26,7 @@ from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.events import JobEventHub
 from hypermedia.jobs.outbox import OutboxRelay
 from hypermedia.jobs.settlement import Settlement
-from services.gateway import backfills_grpc, dashboard, operators_api
+from services.gateway import backfills_grpc, dashboard, operators_api, schedules_grpc
 from services.gateway.accounts import Accounts
 from services.gateway.backfill_runner import BackfillRunner
 from services.gateway.backfills import Backfills
@@ -162,11 +162,20 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
                 backfills_grpc.BackfillService(api.backfills, authenticate),
             ),
             (
+                schedules_pb2_grpc.add_ScheduleServiceServicer_to_server,
+                schedules_grpc.ScheduleService(api.schedules, authenticate),
+            ),
+            (
                 scheduler_pb2_grpc.add_SchedulerAdminServiceServicer_to_server,
                 operators_api.SchedulerAdminService(api.operators, authenticate),
             ),
         ],
-        ["hypermedia.jobs.v1.JobService", backfills_grpc.SERVICE_NAME, operators_api.SERVICE_NAME],
+        [
+            "hypermedia.jobs.v1.JobService",
+            backfills_grpc.SERVICE_NAME,
+            schedules_grpc.SERVICE_NAME,
+            operators_api.SERVICE_NAME,
+        ],
     )
     await grpc_server.start()
     stack.push_async_callback(grpc_server.stop)

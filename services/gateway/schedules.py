@@ -7,7 +7,6 @@ polls and runs them."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +22,6 @@ from services.gateway.creation import JobCreation
 from services.gateway.ids import canonical_uuid
 from services.gateway.process_request import check_priority, check_text, parse_operations
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-"""A schedule's name: a letter or digit, then letters, digits, ``.``, ``_``, ``-``; 64 at most."""
 MAX_OBJECTS = 100
 """Most objects a process schedule names (each tick makes a request per object)."""
 MAX_RETENTION_DAYS = 3650
@@ -137,15 +134,12 @@ class Schedules:
     @staticmethod
     def _check_name(name: str) -> None:
         pgtext.check(name, "name", schedules.MAX_NAME_LENGTH)
-        if not NAME.fullmatch(name):
-            raise _invalid(
-                "name must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
-            )
+        schedules.check_name(name)
 
     @staticmethod
     def _name(name: str) -> str:
         """A name from a path; one that cannot be a schedule's is one that does not exist."""
-        if not NAME.fullmatch(name):
+        if not schedules.NAME.fullmatch(name):
             raise NotFound("no such schedule", "SCHEDULE_NOT_FOUND")
         return name
 

@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from hypermedia.core import pgtext
+from hypermedia.jobs import schedules
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.schedules import Run, Schedule
 from services.gateway.schedules import ScheduleRequest, Schedules
@@ -90,44 +90,17 @@ class RunListOut(BaseModel):
     runs: list[RunOut]
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
 def run_json(run: Run) -> dict[str, Any]:
-    """One run of a schedule as REST shows it."""
-    return {
-        "run_id": run.run_id,
-        "due_at": _iso(run.due_at),
-        "trigger": run.trigger,
-        "state": run.state,
-        "started_at": _iso(run.started_at),
-        "finished_at": _iso(run.finished_at),
-        "outcome": run.outcome,
-        "error_code": run.error_code,
-        "error": run.error,
-    }
+    """One run of a schedule as REST shows it (:func:`schedules.run_as_json`)."""
+    return schedules.run_as_json(run)
 
 
 def schedule_json(schedule: Schedule, last: Run | None) -> dict[str, Any]:
-    """A schedule as REST shows it: its spec under its kind's name, its next tick and last run."""
-    return {
-        "name": schedule.name,
-        "cron": schedule.cron,
-        "time_zone": schedule.time_zone,
-        "kind": schedule.kind,
-        schedule.kind: schedule.spec,
-        "missed": schedule.missed,
-        "catch_up_limit": schedule.catch_up_limit,
-        "paused": schedule.paused,
-        "next_run_at": _iso(schedule.next_run_at),
-        "last_run": run_json(last) if last is not None else None,
-        "created_at": _iso(schedule.created_at),
-        "updated_at": _iso(schedule.updated_at),
-    }
+    """A schedule as REST shows it (:func:`schedules.as_json`)."""
+    return schedules.as_json(schedule, last)
 
 
-def router(schedules: Schedules, caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
+def router(use_case: Schedules, caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
     """The routes; ``caller`` is the app's authenticating dependency (401 without a valid key)."""
     routes = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 
@@ -136,45 +109,45 @@ def router(schedules: Schedules, caller: Callable[..., Awaitable[Caller]]) -> AP
         """Create a schedule (201); its first tick is the first after now. 422 ``INVALID_SCHEDULE``,
         ``INVALID_CRON``, ``INVALID_TIME_ZONE`` or what its spec's check raises; 409
         ``SCHEDULE_EXISTS``; 403 for a maintenance schedule of an account that is not an admin."""
-        made = await schedules.create(who, ScheduleRequest(**body.model_dump()))
+        made = await use_case.create(who, ScheduleRequest(**body.model_dump()))
         return schedule_json(made, None)
 
     @routes.get("", response_model=ScheduleListOut)
     async def list_schedules(who: Caller = Depends(caller)) -> dict[str, Any]:
         """The caller's schedules by name, each with its next tick and last run."""
-        return {"schedules": [schedule_json(s, last) for s, last in await schedules.list_schedules(who)]}
+        return {"schedules": [schedule_json(s, last) for s, last in await use_case.list_schedules(who)]}
 
     @routes.get("/{name}", response_model=ScheduleOut)
     async def get_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A schedule; 404 ``SCHEDULE_NOT_FOUND``."""
-        return schedule_json(*await schedules.get(who, name))
+        return schedule_json(*await use_case.get(who, name))
 
     @routes.delete("/{name}", status_code=204)
     async def delete_schedule(name: str, who: Caller = Depends(caller)) -> Response:
         """Delete it and its run history (what its runs made stays); 404 ``SCHEDULE_NOT_FOUND``."""
-        await schedules.delete(who, name)
+        await use_case.delete(who, name)
         return Response(status_code=204)
 
     @routes.post("/{name}:pause", response_model=ScheduleOut)
     async def pause_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """No ticks until resumed (idempotent)."""
-        return schedule_json(*await schedules.set_paused(who, name, True))
+        return schedule_json(*await use_case.set_paused(who, name, True))
 
     @routes.post("/{name}:resume", response_model=ScheduleOut)
     async def resume_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """Ticks again; those missed while paused follow its ``missed`` policy."""
-        return schedule_json(*await schedules.set_paused(who, name, False))
+        return schedule_json(*await use_case.set_paused(who, name, False))
 
     @routes.post("/{name}:trigger", status_code=202, response_model=RunOut)
     async def trigger_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A run now (``manual``), paused or not; it is ``pending`` until a runner takes it."""
-        return run_json(await schedules.trigger(who, name))
+        return run_json(await use_case.trigger(who, name))
 
     @routes.get("/{name}/runs", response_model=RunListOut)
     async def schedule_runs(
         name: str, limit: int = Query(50, ge=1, le=1000), who: Caller = Depends(caller)
     ) -> dict[str, Any]:
         """Its runs, latest due first: due time, trigger, state, what each made or why it failed."""
-        return {"runs": [run_json(r) for r in await schedules.runs(who, name, limit)]}
+        return {"runs": [run_json(r) for r in await use_case.runs(who, name, limit)]}
 
     return routes

@@ -6,6 +6,9 @@ missed ticks over time are tests/integration/test_schedules.py's, on a clock the
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import RunningPlatform, upload, wait_for, wait_job
+from tests.e2e.conftest import REPO, RunningPlatform, upload, wait_for, wait_job
+from tests.e2e.test_grpcurl import GRPCURL
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_5.jpg"
 NEVER = "0 0 1 1 *"
@@ -158,13 +162,14 @@ def test_pause_resume_delete_and_refusals(client: httpx.Client) -> None:
 
 
 @pytest.fixture
-def admin_client(platform: RunningPlatform) -> httpx.Client:
-    account = platform.admin("create-account", "--credits", "10", "--admin")
-    return platform.client(account)
+def admin_account(platform: RunningPlatform) -> dict[str, Any]:
+    return platform.admin("create-account", "--credits", "10", "--admin")
 
 
-def test_an_admins_maintenance_schedule_runs_in_the_reaper(admin_client: httpx.Client) -> None:
-    with admin_client as client:
+def test_an_admins_maintenance_schedule_runs_in_the_reaper(
+    platform: RunningPlatform, admin_account: dict[str, Any]
+) -> None:
+    with platform.client(admin_account) as client:
         made = client.post(
             "/v1/schedules",
             json={
@@ -186,3 +191,129 @@ def test_an_admins_maintenance_schedule_runs_in_the_reaper(admin_client: httpx.C
             json={"name": "bad", "cron": "@daily", "maintenance": {"task": "drop_tables"}},
         )
         assert refused.status_code == 422 and refused.json()["error_code"] == "INVALID_SCHEDULE"
+
+
+def _grpcurl(
+    platform: RunningPlatform, key: str, method: str, body: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            GRPCURL,
+            "-plaintext",
+            "-H",
+            f"authorization: Bearer {key}",
+            "-d",
+            "@",
+            platform.grpc_addr,
+            f"hypermedia.jobs.v1.ScheduleService/{method}",
+        ],
+        input=json.dumps(body),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_schedules_over_grpc_with_grpcurl(platform: RunningPlatform, account: dict[str, Any]) -> None:
+    key = account["api_key"]
+    with platform.client(account) as client:
+        obj = upload(client, PHOTO)
+
+    made = _grpcurl(
+        platform,
+        key,
+        "CreateSchedule",
+        {
+            "name": "grpc-thumbs",
+            "cron": "0 6 * * 1",
+            "time_zone": "America/New_York",
+            "process": {"object_ids": [obj["object_id"]], "operations": ["thumbnail"], "priority": 4},
+        },
+    )
+    assert made.returncode == 0, made.stderr
+    schedule = json.loads(made.stdout)["schedule"]
+    assert schedule["kind"] == "process" and schedule["spec"]["priority"] == 4
+    assert schedule["next_run_at"].endswith(("T11:00:00Z", "T10:00:00Z"))  # 06:00 in New York
+
+    run_id = json.loads(_grpcurl(platform, key, "TriggerSchedule", {"name": "grpc-thumbs"}).stdout)["run"][
+        "run_id"
+    ]
+
+    def finished() -> dict[str, Any] | None:
+        runs = json.loads(_grpcurl(platform, key, "ListScheduleRuns", {"name": "grpc-thumbs"}).stdout)["runs"]
+        return next(
+            (r for r in runs if r["run_id"] == run_id and r["state"] in ("succeeded", "failed")), None
+        )
+
+    run = wait_for("the triggered run", finished, timeout=30, interval=0.3)
+    assert run["state"] == "succeeded" and len(run["outcome"]["job_ids"]) == 1
+    assert json.loads(_grpcurl(platform, key, "PauseSchedule", {"name": "grpc-thumbs"}).stdout)["schedule"][
+        "paused"
+    ]
+    listed = json.loads(_grpcurl(platform, key, "ListSchedules", {}).stdout)["schedules"]
+    assert [s["last_run"]["run_id"] for s in listed] == [run_id]
+
+    bad = _grpcurl(platform, key, "CreateSchedule", {"name": "x", "cron": "61 * * * *", "process": {}})
+    assert (
+        bad.returncode != 0 and "InvalidArgument" in bad.stderr and "cron must be five fields" in bad.stderr
+    )
+    assert _grpcurl(platform, key, "DeleteSchedule", {"name": "grpc-thumbs"}).returncode == 0
+    gone = _grpcurl(platform, key, "GetSchedule", {"name": "grpc-thumbs"})
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def test_operators_create_and_act_on_schedules_with_hypermedia_admin(
+    platform: RunningPlatform, admin_account: dict[str, Any], account: dict[str, Any]
+) -> None:
+    owner = admin_account["account_id"]
+    made = platform.admin(
+        "create-schedule",
+        owner,
+        "nightly-prune",
+        "--cron",
+        "0 3 * * *",
+        "--time-zone",
+        "Europe/Paris",
+        "--task",
+        "prune_webhook_deliveries",
+        "--older-than-days",
+        "90",
+    )
+    assert made["maintenance"] == {"task": "prune_webhook_deliveries", "older_than_days": 90.0}
+    assert made["next_run_at"].endswith(("T02:00:00+00:00", "T01:00:00+00:00"))  # 03:00 in Paris
+
+    listed = platform.admin("schedules", "--account", owner)["schedules"]
+    assert [s["name"] for s in listed] == ["nightly-prune"]
+    run = platform.admin("schedule", "trigger", owner, "nightly-prune")
+    assert (run["trigger"], run["state"]) == ("manual", "pending")
+
+    def finished() -> dict[str, Any] | None:
+        runs = platform.admin("schedule", "runs", owner, "nightly-prune")["runs"]
+        return next((r for r in runs if r["state"] in ("succeeded", "failed")), None)
+
+    done = wait_for("the reaper to run it", finished, timeout=30, interval=0.5)
+    assert done["state"] == "succeeded" and "deleted" in done["outcome"]
+    assert platform.admin("schedule", "pause", owner, "nightly-prune")["paused"] is True
+    assert platform.admin("schedule", "delete", owner, "nightly-prune") == {"deleted": "nightly-prune"}
+
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hypermedia.devtools.cli",
+            "admin",
+            "create-schedule",
+            account["account_id"],
+            "x",
+            "--cron",
+            "@daily",
+            "--task",
+            "reconcile_holds",
+        ],
+        env={k: v for k, v in platform.env.items() if k not in ("HM_DATABASE_URL", "HM_CREDITS_ADDR")},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "NOT_AN_ADMIN" in refused.stderr and "Traceback" not in refused.stderr
