@@ -279,6 +279,15 @@ def router(
             credits=as_credits,
         )
 
+    @pages.get("/schedules")
+    async def schedules_page(request: Request) -> Response:
+        session = signed_in(request)
+        if session is None:
+            return to_login()
+        caller, csrf = session
+        found = await api.schedules.list_schedules(caller)
+        return render("schedules.html", caller=caller, csrf=csrf, schedules=found)
+
     @pages.get("/workers")
     async def workers_page(request: Request) -> Response:
         session = signed_in(request)

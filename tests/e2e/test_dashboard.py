@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,43 @@ def test_an_admin_sees_the_workers_with_their_heartbeats_and_slots(
     images = rows["images"]
     assert images[1].startswith("local/imageworker/") and images[2] == "running"
     assert int(images[3].removesuffix(" s ago")) < 60 and images[4].endswith(" of 4")
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
+
+
+def test_the_schedules_page_shows_next_and_last_runs(platform: RunningPlatform, browser: WebDriver) -> None:
+    account: dict[str, Any] = platform.admin("create-account", "--credits", "10")
+    with platform.client(account) as client:
+        obj = upload(client, PHOTO)
+        for name, cron in (("hourly-thumbs", "0 * * * *"), ("paused-one", "@daily")):
+            body = {
+                "name": name,
+                "cron": cron,
+                "process": {"object_ids": [obj["object_id"]], "operations": ["thumbnail"]},
+            }
+            assert client.post("/v1/schedules", json=body).status_code == 201
+        client.post("/v1/schedules/paused-one:pause").raise_for_status()
+        run_id = client.post("/v1/schedules/hourly-thumbs:trigger").json()["run_id"]
+        for _ in range(100):
+            runs = client.get("/v1/schedules/hourly-thumbs/runs").json()["runs"]
+            if runs[0]["run_id"] == run_id and runs[0]["state"] == "succeeded":
+                break
+            time.sleep(0.2)
+        next_run = client.get("/v1/schedules/hourly-thumbs").json()["next_run_at"]
+    base = platform.rest_url
+    browser.get(f"{base}/dashboard/login")
+    browser.find_element(By.NAME, "api_key").send_keys(account["api_key"])
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Schedules"))
+
+    rows = {
+        row.get_attribute("data-name"): [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        for row in browser.find_elements(By.CSS_SELECTOR, "#schedules tr[data-name]")
+    }
+
+    assert rows["hourly-thumbs"][:4] == ["hourly-thumbs", "process", "0 * * * *", "UTC"]
+    assert rows["hourly-thumbs"][4] == next_run[:16].replace("T", " ")
+    assert rows["hourly-thumbs"][5].endswith("(manual)") and rows["hourly-thumbs"][6] == "succeeded"
+    assert rows["paused-one"][4:] == ["paused", "", ""]
     _follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
 
 
