@@ -93,6 +93,7 @@ class _Request:
     webhook_url: str | None
     idempotency_key: str | None
     request_hash: str
+    """SHA-256 (hex) of what makes two requests with one Idempotency-Key the same."""
     bulk: bool = False
     """Whether the jobs go to the bulk queue's lanes (``bulk.{engine}``, ADR 0057)."""
     not_before: datetime.datetime | None = None

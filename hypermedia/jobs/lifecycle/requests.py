@@ -79,9 +79,9 @@ async def create_queued(conn: db.Connection, prefix: str, jobs: Iterable[NewJob]
 
 
 async def request_cancel(pool: asyncpg.Pool, job_id: str, account_id: str) -> str | None:
-    """A caller's cancellation: ``created``/``scheduled``/``queued``/``retry_wait`` → ``cancelled`` at once (never
-    executed; the caller settles its credits), ``claimed``/``processing`` → ``cancel_requested`` (its
-    worker stops it and settles). Returns the new status, or None when the account has no such job
+    """A caller's cancellation: ``created``/``scheduled``/``queued``/``retry_wait`` → ``cancelled``
+    at once (never executed; the caller settles its credits), ``claimed``/``processing`` →
+    ``cancel_requested`` (its worker stops it and settles). Returns the new status, or None when the account has no such job
     in a cancellable status (:func:`job_status` tells which)."""
     status = await pool.fetchval(
         """
