@@ -33,8 +33,9 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Final
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 import asyncpg
 from croniter import CroniterBadCronError, CroniterBadDateError, croniter
@@ -56,6 +57,8 @@ MAX_CATCH_UP: Final = 100
 """The largest ``catch_up_limit``."""
 RUN_LEASE: Final = datetime.timedelta(minutes=10)
 """How long a runner may take over one run before it counts as lost."""
+MAX_SCHEDULES: Final = 100
+"""Schedules an account may have."""
 MAX_NAME_LENGTH: Final = 64
 NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A schedule's name: a letter or digit, then letters, digits, ``.``, ``_``, ``-``; 64 at most."""
@@ -78,7 +81,8 @@ class Schedule:
     catch_up_limit: int
     paused: bool
     next_run_at: datetime.datetime
-    """The next tick (UTC); while paused, the tick it would run next were it resumed now."""
+    """The next tick not yet recorded (UTC). While paused it stays where the pause found it; on
+    resume the ticks since then follow :attr:`missed`."""
     created_at: datetime.datetime
     updated_at: datetime.datetime
 
@@ -122,22 +126,36 @@ def check_cron(expression: str, time_zone: str) -> None:
     IANA name (``Europe/Berlin``, ``UTC``) of the system's tz database."""
     fields = expression.split()
     macro = len(fields) == 1 and expression.strip().startswith("@")
-    if not (macro or len(fields) == 5) or not croniter.is_valid(expression):
+    if not (macro or len(fields) == 5) or not croniter.is_valid(expression.strip()):
         raise InvalidArgument(
             "cron must be five fields (minute hour day month weekday, e.g. '*/15 * * * *') or a macro"
             " such as @daily",
             "INVALID_CRON",
         )
     _zone(time_zone)
+    now = datetime.datetime.now(datetime.UTC)
     try:
-        next_tick(expression, time_zone, datetime.datetime.now(datetime.UTC))
+        ticks = {next_tick(expression.strip(), time_zone, now) for _ in range(3)}
     except (CroniterBadDateError, CroniterBadCronError, ValueError):
         raise InvalidArgument("cron matches no time (such as 30 February)", "INVALID_CRON") from None
+    if len(ticks) > 1:  # croniter's R picks a random value at each reading: no tick could be kept
+        raise InvalidArgument("cron may not use R (a random value): give the minute", "INVALID_CRON")
+
+
+@cache
+def _zone_names() -> frozenset[str]:
+    """The IANA zone names of the tz database, without the host-dependent ``localtime`` and
+    ``posixrules``, ``Factory``, and the ``posix/`` and ``right/`` copies."""
+    return frozenset(
+        name
+        for name in available_timezones()
+        if name not in ("localtime", "posixrules", "Factory") and not name.startswith(("posix/", "right/"))
+    )
 
 
 def _zone(time_zone: str) -> ZoneInfo:
     try:
-        if not time_zone or "\x00" in time_zone or len(time_zone) > 64:
+        if time_zone not in _zone_names():
             raise ValueError(time_zone)
         return ZoneInfo(time_zone)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -240,12 +258,18 @@ async def create(
     is the first after now. Raises Conflict (``SCHEDULE_EXISTS``) when the account has one of
     that name, InvalidArgument for a bad name, cron, zone, policy or limit."""
     check_name(name)
+    cron = cron.strip()
     check_cron(cron, time_zone)
     if missed not in MISSED_POLICIES:
         raise InvalidArgument("missed must be skip or catch_up", "INVALID_SCHEDULE")
     if not 1 <= catch_up_limit <= MAX_CATCH_UP:
         raise InvalidArgument(f"catch_up_limit must be 1 to {MAX_CATCH_UP}", "INVALID_SCHEDULE")
     now = await pool.fetchval("SELECT now()")
+    count = await pool.fetchval("SELECT count(*) FROM schedules WHERE account_id = $1", uuid.UUID(account_id))
+    if count >= MAX_SCHEDULES:
+        raise Conflict(
+            f"an account may have {MAX_SCHEDULES} schedules; delete one first", "TOO_MANY_SCHEDULES"
+        )
     try:
         row = await pool.fetchrow(
             """
@@ -315,17 +339,27 @@ async def delete(pool: asyncpg.Pool, account_id: str, name: str) -> None:
         raise NotFound("no such schedule", "SCHEDULE_NOT_FOUND")
 
 
-async def trigger(pool: asyncpg.Pool, account_id: str, name: str) -> Run:
-    """A run of the schedule now (``manual``), beside its ticks, paused or not. Raises NotFound."""
+async def trigger(pool: db.Connection | asyncpg.Pool, account_id: str, name: str) -> Run:
+    """A run of the schedule now (``manual``), beside its ticks, paused or not. Raises NotFound
+    (also when it is deleted meanwhile), Conflict (``SCHEDULE_BUSY``) while a manual run of it is
+    pending or running: one at a time (a partial unique index), so triggers cannot pile up work."""
     schedule = await get(pool, account_id, name)
-    row = await pool.fetchrow(
-        """
-        INSERT INTO schedule_runs (run_id, schedule_id, due_at, trigger, state)
-        VALUES ($1, $2, clock_timestamp(), 'manual', 'pending') RETURNING *
-        """,
-        uuid.uuid4(),
-        uuid.UUID(schedule.schedule_id),
-    )
+    try:
+        row = await pool.fetchrow(
+            """
+            INSERT INTO schedule_runs (run_id, schedule_id, due_at, trigger, state)
+            VALUES ($1, $2, clock_timestamp(), 'manual', 'pending') RETURNING *
+            """,
+            uuid.uuid4(),
+            uuid.UUID(schedule.schedule_id),
+        )
+    except asyncpg.ForeignKeyViolationError:
+        raise NotFound("no such schedule", "SCHEDULE_NOT_FOUND") from None
+    except asyncpg.UniqueViolationError:
+        raise Conflict(
+            "a manual run of this schedule is pending or running; trigger it again when it ends",
+            "SCHEDULE_BUSY",
+        ) from None
     assert row is not None  # INSERT … RETURNING
     return _run(row)
 

@@ -304,6 +304,16 @@ class JobCreation:
             return ocr_params.validate_params(operation, params, installed_languages=languages or None)
         return self._params(op, profile, storage_pb2.Object(), [])
 
+    @property
+    def max_operations(self) -> int:
+        """Most operations per request (``HM_MAX_OPERATIONS``)."""
+        return self._max_operations
+
+    async def owned_object(self, caller: Caller, object_id: str) -> None:
+        """Raises NotFound unless ``object_id`` is an available object of the caller (as a process
+        request's object step would)."""
+        await self._object(caller, parse_uuid(object_id, "object"))
+
     async def ocr_languages(self) -> list[str]:
         """The recognition languages ``ocr`` jobs may ask for: every language an ocrworker
         reported within :data:`OCR_LANGUAGES_MAX_AGE`, sorted; empty when none has."""
@@ -328,8 +338,8 @@ class JobCreation:
         """Everything that needs nothing but the request, in the order the errors are reported:
         the object id's form, the number of operations, the strings' bounds, the queue, the
         priority, the webhook URL, the schedule (``(not_before, delay_seconds)``), the passwords;
-        then the request hash (a bulk request's includes the queue, a delayed one's its schedule
-        as given; any other's is as before bulk existed)."""
+        then the request hash (a bulk request's includes the queue, a delayed one's its delay or
+        its instant; any other's is as before bulk existed)."""
         object_id = parse_uuid(object_id, "object")
         if len(operations) > self._max_operations:
             raise InvalidArgument(f"at most {self._max_operations} operations per request", "INVALID_REQUEST")
@@ -343,10 +353,12 @@ class JobCreation:
         hashed: list[Any] = [object_id, self._hashed_operations(operations, passwords), priority, webhook_url]
         if bulk:
             hashed.append(queues.BULK)
-        if schedule[1] is not None:  # the delay as given: a retry later is the same request
-            hashed.append({"delay_seconds": schedule[1]})
-        elif schedule[0] is not None:
-            hashed.append({"not_before": not_before.isoformat() if not_before else "past"})
+        if not_before is not None and schedule[1] is not None:
+            # The delay as given (a retry a minute later is the same request), as a number.
+            hashed.append({"delay_seconds": float(schedule[1])})
+        elif not_before is not None:
+            hashed.append({"not_before": not_before.isoformat()})  # the instant, in UTC
+        # A time not in the future runs now: the same request as one without it.
         request_hash = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
         return _Request(
             object_id,

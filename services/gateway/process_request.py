@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -97,32 +98,70 @@ stay held while it waits, so the horizon bounds how long an account can park the
 belongs to a schedule, which holds nothing until its run."""
 
 
+RFC3339 = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})[Tt](?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<fraction>\d{1,9}))?"
+    r"(?P<offset>[Zz]|[+-]\d{2}:\d{2})"
+)
+"""An RFC 3339 ``date-time`` (section 5.6): a ``T`` (or ``t``), seconds, at most nine fraction
+digits, ``Z`` (or ``z``) or a ``±hh:mm`` offset."""
+
+
+def parse_rfc3339(text: str) -> datetime.datetime:
+    """``text`` as an aware UTC datetime. A fraction past microseconds rounds up (a job must not
+    start before the time it was given). Raises InvalidArgument (``INVALID_SCHEDULE``) for
+    anything else, a leap second (``:60``, which Python's datetime cannot hold) included."""
+    match = RFC3339.fullmatch(text)
+    if match is None:
+        raise InvalidArgument(
+            "not_before must be an RFC 3339 time with an offset, such as 2026-12-24T18:00:00Z",
+            "INVALID_SCHEDULE",
+        )
+    if match["time"].endswith(":60"):
+        raise InvalidArgument("not_before may not be a leap second (:60)", "INVALID_SCHEDULE")
+    fraction = match["fraction"] or ""
+    offset = "+00:00" if match["offset"] in ("Z", "z") else match["offset"]
+    try:
+        parsed = datetime.datetime.fromisoformat(
+            f"{match['date']}T{match['time']}{'.' + fraction[:6].ljust(6, '0') if fraction else ''}{offset}"
+        )
+    except ValueError:
+        raise InvalidArgument(
+            "not_before is not a valid time (its date, time or offset is out of range)", "INVALID_SCHEDULE"
+        ) from None
+    try:
+        if fraction[6:].strip("0"):
+            parsed += datetime.timedelta(microseconds=1)
+        return parsed.astimezone(datetime.UTC)
+    except OverflowError:  # within an offset of year 1 or of 9999: long past, or past the horizon
+        edge = datetime.datetime.min if parsed.year == 1 else datetime.datetime.max
+        return edge.replace(tzinfo=datetime.UTC)
+
+
 def check_schedule(
     not_before: str | datetime.datetime | None, delay_seconds: float | None, now: datetime.datetime
 ) -> datetime.datetime | None:
-    """When the request's jobs become due: ``not_before`` (an RFC 3339 string with a time zone
-    offset, such as ``2026-12-24T18:00:00Z``, or an aware datetime) or ``now + delay_seconds``
-    (finite, ≥ 0). None when neither is given or the time is not after ``now`` (the jobs are
-    queued at once). Raises InvalidArgument (``INVALID_SCHEDULE``) for both given, a string that
-    is not such a time, a time without an offset, a bad delay, or a time more than
-    :data:`MAX_DELAY` after ``now``."""
+    """When the request's jobs become due, in UTC: ``not_before`` (an RFC 3339 string with an
+    offset, such as ``2026-12-24T18:00:00Z``: :func:`parse_rfc3339`, or an aware datetime) or
+    ``now + delay_seconds`` (finite, ≥ 0). None when neither is given or the time is not after
+    ``now`` (the jobs are queued at once). Raises InvalidArgument (``INVALID_SCHEDULE``) for both
+    given, a string that is not such a time, a time without an offset, a bad delay, or a time more
+    than :data:`MAX_DELAY` after ``now``."""
     if not_before is not None and delay_seconds is not None:
         raise InvalidArgument("give not_before or delay_seconds, not both", "INVALID_SCHEDULE")
     if delay_seconds is not None:
         if isinstance(delay_seconds, bool) or not isinstance(delay_seconds, int | float):
             raise InvalidArgument("delay_seconds must be a number of seconds", "INVALID_SCHEDULE")
-        if not math.isfinite(delay_seconds) or delay_seconds < 0:
-            raise InvalidArgument("delay_seconds must be a finite number ≥ 0", "INVALID_SCHEDULE")
-        if delay_seconds > MAX_DELAY.total_seconds():
-            raise InvalidArgument(_BEYOND_HORIZON, "INVALID_SCHEDULE")
-        due = now + datetime.timedelta(seconds=delay_seconds)
-    elif isinstance(not_before, str):
         try:
-            due = datetime.datetime.fromisoformat(not_before)
-        except ValueError:
-            raise InvalidArgument(
-                "not_before must be an RFC 3339 time such as 2026-12-24T18:00:00Z", "INVALID_SCHEDULE"
-            ) from None
+            seconds = float(delay_seconds)
+        except OverflowError:  # an integer beyond any float
+            seconds = math.inf if delay_seconds > 0 else -math.inf
+        if not math.isfinite(seconds) or seconds < 0:
+            raise InvalidArgument("delay_seconds must be a finite number ≥ 0", "INVALID_SCHEDULE")
+        if seconds > MAX_DELAY.total_seconds():
+            raise InvalidArgument(_BEYOND_HORIZON, "INVALID_SCHEDULE")
+        due = now + datetime.timedelta(seconds=seconds)
+    elif isinstance(not_before, str):
+        due = parse_rfc3339(not_before)
     elif not_before is None:
         return None
     else:
@@ -131,7 +170,7 @@ def check_schedule(
         raise InvalidArgument("not_before must carry a time zone offset (Z or +hh:mm)", "INVALID_SCHEDULE")
     if due - now > MAX_DELAY:
         raise InvalidArgument(_BEYOND_HORIZON, "INVALID_SCHEDULE")
-    return due if due > now else None
+    return due.astimezone(datetime.UTC) if due > now else None
 
 
 _BEYOND_HORIZON = f"a request may be delayed by at most {MAX_DELAY.days} days"

@@ -5,8 +5,9 @@ once however many gateways poll), fails the runs whose runner was lost, and runs
 worker's slot. (``maintenance`` runs are the reaper's: :mod:`services.reaper.maintenance`.)
 
 * A **process** run makes one process request per object of its spec, each under the
-  idempotency key ``schedule:{run_id}:{n}`` and without taking a token of the account's request
-  rate (as a backfill run's jobs); an object that is gone, or an operation it does not accept,
+  idempotency key ``schedule:{run_id}:{n}`` and each taking a token of the account's request
+  rate (a run is the account's requests, made for it; an object past the rate is listed
+  ``RATE_LIMITED``); an object that is gone, or an operation it does not accept,
   is listed in the run's ``outcome.errors`` and the others go on. It fails when no job was made.
 * A **backfill** run creates a backfill run of its spec (the gateway's
   :class:`~services.gateway.backfill_runner.BackfillRunner` enqueues its items at its rate); its
@@ -97,7 +98,6 @@ class ScheduleRunner:
                     spec.get("priority"),
                     None,
                     f"schedule:{run.run_id}:{n}",
-                    paced=True,
                 )
             except DomainError as exc:
                 errors.append(

@@ -15,6 +15,7 @@ import asyncpg
 from hypermedia.core import pgtext
 from hypermedia.core.errors import InvalidArgument, NotFound, PermissionDenied
 from hypermedia.jobs import schedules
+from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.schedules import Run, Schedule
 from services.gateway.backfills import Backfills, RunRequest
@@ -79,7 +80,7 @@ class Schedules:
         kind = given[0]
         schedules.check_cron(request.cron, request.time_zone)
         if kind == "process":
-            spec = await self._process_spec(request.process or {})
+            spec = await self._process_spec(caller, request.process or {})
         elif kind == "backfill":
             spec = await self._backfill_spec(caller, request.backfill or {})
         else:
@@ -143,9 +144,11 @@ class Schedules:
             raise NotFound("no such schedule", "SCHEDULE_NOT_FOUND")
         return name
 
-    async def _process_spec(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """``{object_ids, operations, priority}`` normalised: 1 to :data:`MAX_OBJECTS` object ids,
-        the operations as a process request's (presets by name), each checked as a preset is."""
+    async def _process_spec(self, caller: Caller, raw: dict[str, Any]) -> dict[str, Any]:
+        """``{object_ids, operations, priority}`` normalised: 1 to :data:`MAX_OBJECTS` of the
+        caller's object ids, the operations as a process request's (presets by name; at most
+        ``HM_MAX_OPERATIONS``, no password), each checked as a preset is. A preset, and the
+        priority band of the account's quota, are checked when a run makes its requests."""
         if set(raw) - {"object_ids", "operations", "priority"}:
             raise _invalid("process takes object_ids, operations and priority")
         ids = raw.get("object_ids")
@@ -159,10 +162,18 @@ class Schedules:
             object_ids.append(canonical)
         operations = parse_operations(raw.get("operations"))
         check_text(operations, None)
+        if len(operations) > self._creation.max_operations:
+            raise _invalid(f"process.operations: at most {self._creation.max_operations} operations")
         for op in operations:
+            if jobsecrets.PASSWORD_PARAM in op.params:
+                raise _invalid(
+                    "a schedule cannot hold a password: process the document with a request of its own"
+                )
             if op.name:
                 await self._creation.check_preset(op.name, op.params)
         priority = check_priority(raw.get("priority"))
+        for object_id in dict.fromkeys(object_ids):  # each the caller's, now (NOT_FOUND otherwise)
+            await self._creation.owned_object(caller, object_id)
         return {
             "object_ids": list(dict.fromkeys(object_ids)),
             "operations": raw["operations"],
@@ -193,16 +204,15 @@ class Schedules:
         if set(raw) - {"task", "older_than_days"}:
             raise _invalid(f"{task} takes older_than_days")
         days = raw.get("older_than_days")
-        if (
-            isinstance(days, bool)
-            or not isinstance(days, int | float)
-            or not math.isfinite(days)
-            or not 0 < days <= MAX_RETENTION_DAYS
-        ):
+        try:
+            number = float(days) if isinstance(days, int | float) and not isinstance(days, bool) else math.nan
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+        if not (math.isfinite(number) and 0 < number <= MAX_RETENTION_DAYS):
             raise _invalid(
                 f"maintenance.older_than_days must be a number above 0, at most {MAX_RETENTION_DAYS}"
             )
-        return {"task": task, "older_than_days": days}
+        return {"task": task, "older_than_days": number}
 
 
 def backfill_request(spec: dict[str, Any], *, dry_run: bool = False) -> RunRequest:
@@ -210,6 +220,17 @@ def backfill_request(spec: dict[str, Any], *, dry_run: bool = False) -> RunReque
     (``INVALID_SELECTOR``) for a selector whose fields have the wrong types."""
     selector = spec.get("selector") or {}
     object_ids = selector.get("object_ids")
+    priority = spec.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise _invalid("backfill.priority must be an integer from 7 to 10", "INVALID_PRIORITY")
+    rate = spec.get("max_rate_per_second")
+    if rate is not None:
+        if isinstance(rate, bool) or not isinstance(rate, int | float):
+            raise _invalid("backfill.max_rate_per_second must be a number", "INVALID_RATE")
+        try:
+            rate = float(rate)
+        except OverflowError:
+            raise _invalid("backfill.max_rate_per_second is out of range", "INVALID_RATE") from None
     try:
         return RunRequest(
             operation=_optional(selector.get("operation"), str),
@@ -217,8 +238,8 @@ def backfill_request(spec: dict[str, Any], *, dry_run: bool = False) -> RunReque
             preset=_optional(selector.get("preset"), str),
             scope=_optional(selector.get("scope"), str) or "outdated",
             object_ids=list(object_ids) if isinstance(object_ids, list) else _optional(object_ids, list),
-            priority=_optional(spec.get("priority"), int),
-            rate_per_second=_optional(spec.get("max_rate_per_second"), int | float),
+            priority=priority,
+            rate_per_second=rate,
             dry_run=dry_run,
         )
     except TypeError as exc:

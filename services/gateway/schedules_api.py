@@ -31,7 +31,9 @@ class ScheduleIn(BaseModel):
 
     name: str = Field(description="1-64 letters, digits, '.', '_', '-'; unique among the caller's")
     cron: str = Field(description="Five fields (minute hour day month weekday) or @hourly/@daily/…")
-    time_zone: str = Field("UTC", description="IANA zone the cron is read in (Europe/Berlin)")
+    time_zone: str | None = Field(
+        "UTC", description="IANA zone the cron is read in (Europe/Berlin); null: UTC"
+    )
     missed: Literal["skip", "catch_up"] = Field(
         "skip", description="Ticks missed by more than a minute: skipped, or the latest caught up"
     )
@@ -109,7 +111,9 @@ def router(use_case: Schedules, caller: Callable[..., Awaitable[Caller]]) -> API
         """Create a schedule (201); its first tick is the first after now. 422 ``INVALID_SCHEDULE``,
         ``INVALID_CRON``, ``INVALID_TIME_ZONE`` or what its spec's check raises; 409
         ``SCHEDULE_EXISTS``; 403 for a maintenance schedule of an account that is not an admin."""
-        made = await use_case.create(who, ScheduleRequest(**body.model_dump()))
+        fields = body.model_dump()
+        fields["time_zone"] = fields["time_zone"] or "UTC"
+        made = await use_case.create(who, ScheduleRequest(**fields))
         return schedule_json(made, None)
 
     @routes.get("", response_model=ScheduleListOut)

@@ -10,6 +10,7 @@ import grpc
 from google.protobuf import json_format
 
 from hypermedia.api.jobs.v1 import schedules_pb2, schedules_pb2_grpc
+from hypermedia.core.errors import InvalidArgument
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.schedules import Run, Schedule
 from services.gateway.grpc_api import _plain, _struct, authenticated, timestamp_of
@@ -128,6 +129,8 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         self, request: schedules_pb2.ListScheduleRunsRequest, context: grpc.aio.ServicerContext
     ) -> schedules_pb2.ListScheduleRunsResponse:
         caller = await self._caller(context)
+        if not 0 <= request.page_size <= 1000:
+            raise InvalidArgument("page_size must be 0 (50) to 1000", "INVALID_PAGE_SIZE")
         found = await self._schedules.runs(caller, request.name, request.page_size or 50)
         return schedules_pb2.ListScheduleRunsResponse(runs=[run_message(r) for r in found])
 

@@ -101,7 +101,7 @@ def test_a_past_time_runs_now_and_a_repeated_key_replays_the_schedule(client: ht
 @pytest.mark.parametrize(
     ("schedule", "detail"),
     [
-        ({"not_before": "2026-12-24T18:00:00"}, "time zone offset"),
+        ({"not_before": "2026-12-24T18:00:00"}, "RFC 3339 time with an offset"),
         ({"not_before": "next tuesday"}, "RFC 3339"),
         ({"delay_seconds": 31 * 86400}, "30 days"),
         ({"delay_seconds": -1}, "≥ 0"),

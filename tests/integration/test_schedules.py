@@ -10,7 +10,9 @@ import datetime
 import uuid
 
 import asyncpg
+import pytest
 
+from hypermedia.core.errors import Conflict, NotFound
 from hypermedia.jobs import schedules
 from hypermedia.jobs.retention import DAY
 from hypermedia.jobs.settlement import Settlement
@@ -175,3 +177,26 @@ async def test_a_maintenance_schedule_prunes_what_it_names_and_nothing_else(
     ages = await fresh_pool.fetch("SELECT extract(day FROM now() - created_at)::int AS d FROM job_events")
     assert [r["d"] for r in ages] == [2]
     assert await fresh_pool.fetchval("SELECT count(*) FROM worker_metrics") == 1  # not its table
+
+
+async def test_a_trigger_racing_a_delete_is_not_found_and_triggers_do_not_pile_up(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    tenant = await seed.tenant()
+    account = str(tenant.account_id)
+    await _every_minute(fresh_pool, account, "busy")
+    await schedules.trigger(fresh_pool, account, "busy")
+    with pytest.raises(Conflict) as busy:
+        await schedules.trigger(fresh_pool, account, "busy")
+    assert busy.value.error_code == "SCHEDULE_BUSY"
+
+    for round_no in range(10):
+        name = f"race-{round_no}"
+        await _every_minute(fresh_pool, account, name)
+        outcomes = await asyncio.gather(
+            *(schedules.trigger(fresh_pool, account, name) for _ in range(3)),
+            schedules.delete(fresh_pool, account, name),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            assert outcome is None or isinstance(outcome, schedules.Run | NotFound | Conflict), repr(outcome)

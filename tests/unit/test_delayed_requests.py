@@ -26,6 +26,18 @@ def test_not_before_in_any_offset_is_the_same_instant() -> None:
     assert check_schedule(aware, None, NOW) == aware
 
 
+def test_lowercase_letters_any_offset_and_nanoseconds_are_one_instant_in_utc() -> None:
+    due = check_schedule("2026-12-06t12:30:00.5+01:00", None, NOW)
+    assert due == datetime.datetime(2026, 12, 6, 11, 30, 0, 500000, tzinfo=datetime.UTC)
+    assert due is not None and due.utcoffset() == datetime.timedelta(0)
+    assert check_schedule("2026-12-06T11:30:00.5z", None, NOW) == due
+    # Nanoseconds past a microsecond round up: never before the time given.
+    assert check_schedule("2026-12-06T11:30:00.500000001Z", None, NOW) == due + datetime.timedelta(
+        microseconds=1
+    )
+    assert check_schedule("2026-12-06T11:30:00.500000000Z", None, NOW) == due
+
+
 def test_delay_seconds_counts_from_now() -> None:
     assert check_schedule(None, 90, NOW) == NOW + datetime.timedelta(seconds=90)
     assert check_schedule(None, 0.25, NOW) == NOW + datetime.timedelta(seconds=0.25)
@@ -49,15 +61,24 @@ def test_the_horizon_is_thirty_days_and_inclusive() -> None:
     [
         ("2026-12-24T18:00:00Z", 5, "not both"),
         ("tomorrow", None, "RFC 3339"),
-        ("2026-13-01T00:00:00Z", None, "RFC 3339"),
-        ("2026-12-24T18:00:00", None, "time zone offset"),
-        ("2026-12-24", None, "time zone offset"),
+        ("2026-13-01T00:00:00Z", None, "out of range"),
+        ("2026-12-24T18:00:00", None, "RFC 3339 time with an offset"),
+        ("2026-12-24", None, "RFC 3339"),
+        ("2026-W50-1T18:00:00Z", None, "RFC 3339"),  # ISO 8601 week dates are not RFC 3339
+        ("20261207T180000Z", None, "RFC 3339"),
+        ("2026-12-07T18:00Z", None, "RFC 3339"),
+        ("2026-12-07T18:00:00+0100", None, "RFC 3339"),
+        ("2026-12-07T18:00:00.1234567890Z", None, "RFC 3339"),
+        ("2026-12-06T23:59:60Z", None, "leap second"),
+        ("2026-12-07T18:00:00+24:00", None, "out of range"),
         ("2027-01-05T10:00:01Z", None, "30 days"),
         ("9999-12-31T23:59:59-23:59", None, "30 days"),
         (None, -1, "≥ 0"),
         (None, math.inf, "finite"),
         (None, math.nan, "finite"),
         (None, MAX_DELAY.total_seconds() + 1, "30 days"),
+        (None, 10**400, "finite"),
+        (None, -(10**400), "finite"),
         (None, True, "number of seconds"),
         (None, "60", "number of seconds"),
     ],

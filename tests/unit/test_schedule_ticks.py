@@ -87,6 +87,11 @@ def test_skipped_ticks_recorded_are_bounded() -> None:
         ("0 9 * * *", "Mars/Olympus", "INVALID_TIME_ZONE"),
         ("0 9 * * *", "../../etc/passwd", "INVALID_TIME_ZONE"),
         ("0 9 * * *", "", "INVALID_TIME_ZONE"),
+        ("0 9 * * *", "localtime", "INVALID_TIME_ZONE"),  # the host's, whatever it is
+        ("0 9 * * *", "posixrules", "INVALID_TIME_ZONE"),
+        ("0 9 * * *", "right/UTC", "INVALID_TIME_ZONE"),
+        ("0 9 * * *", "Factory", "INVALID_TIME_ZONE"),
+        ("R * * * *", "UTC", "INVALID_CRON"),  # croniter's random minute: a new one at each reading
     ],
 )
 def test_bad_cron_and_zones_are_refused(cron: str, zone: str, code: str) -> None:
@@ -96,5 +101,5 @@ def test_bad_cron_and_zones_are_refused(cron: str, zone: str, code: str) -> None
 
 
 def test_good_cron_passes() -> None:
-    for cron in ("*/5 * * * *", "0 9 * * 1-5", "@daily", "0 3 1 * *"):
+    for cron in ("*/5 * * * *", "0 9 * * 1-5", "@daily", "0 3 1 * *", " @daily ", "0 0 * * MON-FRI"):
         schedules.check_cron(cron, "Europe/Berlin")

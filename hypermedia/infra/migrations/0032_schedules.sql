@@ -39,6 +39,9 @@ CREATE TABLE schedule_runs (
     error        text,
     UNIQUE (schedule_id, due_at)
 );
+-- One manual run of a schedule pending or running at a time (a trigger while one is: 409).
+CREATE UNIQUE INDEX schedule_runs_one_manual_idx ON schedule_runs(schedule_id)
+    WHERE trigger = 'manual' AND state IN ('pending', 'running');
 CREATE INDEX schedule_runs_history_idx ON schedule_runs(schedule_id, due_at DESC);
 -- The runners' read: runs to start, and runs whose runner may be gone.
 CREATE INDEX schedule_runs_open_idx ON schedule_runs(created_at) WHERE state IN ('pending', 'running');
