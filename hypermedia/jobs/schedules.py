@@ -474,19 +474,22 @@ async def next_due(pool: asyncpg.Pool) -> datetime.timedelta | None:
 async def take_pending(
     pool: asyncpg.Pool, runner: str, kinds: Sequence[str], limit: int
 ) -> list[tuple[Run, Schedule]]:
-    """A runner's step: up to ``limit`` pending runs of schedules of ``kinds``, oldest due first,
-    made ``running`` by ``runner`` (``FOR UPDATE SKIP LOCKED``: runners never take one run
-    twice), with their schedules. (The gateway runs ``process`` and ``backfill`` runs, the reaper
+    """A runner's step: the oldest pending run of each account with pending runs of schedules of
+    ``kinds``, up to ``limit`` accounts, oldest due first, made ``running`` by ``runner``, with
+    their schedules. One run an account a poll, so an account's pile of runs never holds back
+    another account's tick. The update re-checks ``pending`` under the row lock: two runners
+    never take one run. (The gateway runs ``process`` and ``backfill`` runs, the reaper
     ``maintenance`` ones: each kind where what it calls is allowed.)"""
     rows = await pool.fetch(
         """
-        WITH taken AS (
-            SELECT r.run_id FROM schedule_runs r JOIN schedules s USING (schedule_id)
+        WITH oldest AS (
+            SELECT DISTINCT ON (s.account_id) r.run_id, r.due_at
+            FROM schedule_runs r JOIN schedules s USING (schedule_id)
             WHERE r.state = 'pending' AND s.kind = ANY($3::text[])
-            ORDER BY r.due_at LIMIT $2 FOR UPDATE OF r SKIP LOCKED
-        )
+            ORDER BY s.account_id, r.due_at
+        ), chosen AS (SELECT run_id FROM oldest ORDER BY due_at LIMIT $2)
         UPDATE schedule_runs r SET state = 'running', runner = $1, started_at = clock_timestamp()
-        FROM taken WHERE r.run_id = taken.run_id
+        FROM chosen WHERE r.run_id = chosen.run_id AND r.state = 'pending'
         RETURNING r.*
         """,
         runner,

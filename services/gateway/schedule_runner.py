@@ -1,8 +1,8 @@
 """The gateway's schedule runner (issue 25 item 3, ADR 0072): every ``HM_SCHEDULE_POLL_SECONDS``
 it records the due ticks of every schedule (:func:`hypermedia.jobs.schedules.claim_due`: exactly
 once however many gateways poll), fails the runs whose runner was lost, and runs the pending
-``process`` and ``backfill`` runs, a few at a time, in this process's event loop — never in a
-worker's slot. (``maintenance`` runs are the reaper's: :mod:`services.reaper.maintenance`.)
+``process`` and ``backfill`` runs — the oldest of each account, five accounts' at once — in this
+process's event loop, never in a worker's slot. (``maintenance`` runs are the reaper's: :mod:`services.reaper.maintenance`.)
 
 * A **process** run makes one process request per object of its spec, each under the
   idempotency key ``schedule:{run_id}:{n}`` and each taking a token of the account's request
@@ -16,6 +16,7 @@ worker's slot. (``maintenance`` runs are the reaper's: :mod:`services.reaper.mai
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 
 KINDS = ("process", "backfill")
 RUNS_A_POLL = 5
-"""Pending runs one poll takes at most (a process run makes up to 100 requests)."""
+"""Pending runs one poll takes and runs at once at most, each of another account (a process run
+makes up to 100 requests)."""
 
 
 class ScheduleRunner:
@@ -58,8 +60,7 @@ class ScheduleRunner:
         if lost:
             log.warning("%d schedule runs lost their runner", lost)
         taken = await schedules.take_pending(self._pool, self._runner, KINDS, RUNS_A_POLL)
-        for run, schedule in taken:
-            await self._run(run, schedule)
+        await asyncio.gather(*(self._run(run, schedule) for run, schedule in taken))
         return len(taken)
 
     async def _run(self, run: Run, schedule: Schedule) -> None:

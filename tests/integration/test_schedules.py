@@ -200,3 +200,19 @@ async def test_a_trigger_racing_a_delete_is_not_found_and_triggers_do_not_pile_u
         )
         for outcome in outcomes:
             assert outcome is None or isinstance(outcome, schedules.Run | NotFound | Conflict), repr(outcome)
+
+
+async def test_a_runner_takes_one_run_an_account_so_a_pile_never_holds_another_account_back(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    flooder, other = await seed.tenant(), await seed.tenant()
+    for n in range(10):
+        await _every_minute(fresh_pool, str(flooder.account_id), f"flood-{n}")
+        await schedules.trigger(fresh_pool, str(flooder.account_id), f"flood-{n}")
+    await _every_minute(fresh_pool, str(other.account_id), "mine")
+    await schedules.trigger(fresh_pool, str(other.account_id), "mine")
+
+    taken = await schedules.take_pending(fresh_pool, "runner", ["maintenance"], 5)
+
+    assert sorted(s.account_id for _, s in taken) == sorted([str(flooder.account_id), str(other.account_id)])
+    assert [s.name for _, s in taken if s.account_id == str(flooder.account_id)] == ["flood-0"]  # its oldest
