@@ -69,7 +69,9 @@ class Schedules:
                 ``INVALID_TIME_ZONE``, and what the spec's check raises (``UNKNOWN_OPERATION``,
                 ``INVALID_PARAMS``, ``INVALID_SELECTOR``, ``INVALID_PRIORITY``, …).
             PermissionDenied: a maintenance schedule of an account that is not an admin.
-            Conflict: ``SCHEDULE_EXISTS``.
+            Conflict: ``SCHEDULE_EXISTS``, ``TOO_MANY_SCHEDULES`` (the account has
+                :data:`~hypermedia.jobs.schedules.MAX_SCHEDULES`).
+            NotFound: a process schedule's object that is not the caller's.
         """
         self._check_name(request.name)
         pgtext.check(request.cron, "cron", 100)
@@ -122,7 +124,8 @@ class Schedules:
         await schedules.delete(self._pool, caller.account_id, self._name(name))
 
     async def trigger(self, caller: Caller, name: str) -> Run:
-        """A run now (``manual``), whatever its cron and even paused. Raises NotFound."""
+        """A run now (``manual``), whatever its cron and even paused. Raises NotFound, Conflict
+        (``SCHEDULE_BUSY``) while its last manual run is pending or running."""
         return await schedules.trigger(self._pool, caller.account_id, self._name(name))
 
     async def runs(self, caller: Caller, name: str, limit: int = 50) -> list[Run]:
