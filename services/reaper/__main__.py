@@ -1,9 +1,10 @@
 """``python -m services.reaper``: runs :meth:`Reaper.run_once` every ``HM_REAPER_INTERVAL_SECONDS``,
 the poller of delayed jobs (every ``HM_SCHEDULED_POLL_SECONDS``: :func:`lifecycle.promote_scheduled`),
 the runner of maintenance schedules (:mod:`services.reaper.maintenance`, every
-``HM_SCHEDULE_POLL_SECONDS``), an outbox relay for the messages it writes, the webhook dispatcher and the tables' retention
-(:mod:`hypermedia.jobs.retention`, every ``HM_RETENTION_INTERVAL_SECONDS``), and serves the platform's
-gauges from Postgres (:mod:`hypermedia.jobs.gauges`) with its metrics. Only wires."""
+``HM_SCHEDULE_POLL_SECONDS``), an outbox relay for the messages it writes, the webhook dispatcher
+and the tables' retention (:mod:`hypermedia.jobs.retention`, every
+``HM_RETENTION_INTERVAL_SECONDS``), and serves the platform's gauges from Postgres
+(:mod:`hypermedia.jobs.gauges`) with its metrics. Only wires."""
 
 from __future__ import annotations
 
