@@ -63,21 +63,32 @@ class Checkpointing:
     ) -> int:
         """Downloads the parts earlier attempts of ``job`` kept (``granted.checkpoints``, at most
         :data:`MAX_PARTS` and :data:`MAX_JOB_BYTES`) into ``{job_dir}/resume/``, readable by the
-        job's child; returns how many. A part that cannot be downloaded is left out (the entry
-        does it again)."""
+        job's child; returns how many. A part that cannot be downloaded, or whose bytes are not
+        the ones its row records (SHA-256: changed in the store, or an upload that never
+        finished), is left out (the entry does it again)."""
         if not self._enabled or not granted.checkpoints:
             return 0
+        recorded = {c.part: c.sha256 for c in await checkpoints.of_job(self._pool, job.job_id)}
         folder = job_dir / RESUME_DIR
         folder.mkdir(mode=0o755, exist_ok=True)
         restored, budget = 0, MAX_JOB_BYTES
         for part, url in sorted(granted.checkpoints.items())[:MAX_PARTS]:
-            if not checkpoints.PART.fullmatch(part) or budget <= 0:
+            if not checkpoints.PART.fullmatch(part) or part not in recorded or budget <= 0:
                 continue
             dest = folder / f"{part}.zip"
             try:
                 await self._transfers.download(url, dest, min(MAX_PART_BYTES, budget))
+                digest = await asyncio.to_thread(_sha256, dest)
             except Exception:
                 log.warning("checkpoint %s not restored", part, exc_info=True, extra={"job_id": job.job_id})
+                dest.unlink(missing_ok=True)
+                continue
+            if digest != recorded[part]:
+                log.warning(
+                    "checkpoint %s not restored: its bytes are not the recorded ones",
+                    part,
+                    extra={"job_id": job.job_id},
+                )
                 dest.unlink(missing_ok=True)
                 continue
             dest.chmod(0o644)
@@ -151,3 +162,12 @@ class Checkpointing:
         if response.status_code >= 300:
             raise OSError(f"storage answered {response.status_code} to checkpoint {part}")
         return len(data)
+
+
+def _sha256(path: Path) -> str:
+    """The SHA-256 (hex) of the file at ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1076,6 +1076,13 @@ async def test_whole_parts_are_kept_once_and_nothing_the_child_planted_is_read(
         restored = next_dir / RESUME_DIR / "page-00001.zip"
         assert restored.read_bytes() == b"page one" and os.stat(restored).st_mode & 0o777 == 0o644
 
+        # Bytes changed in the store since they were recorded: not restored, the page done again.
+        local.backend.path(kept[0].key).write_bytes(b"page 0ne")  # type: ignore[attr-defined]
+        third_dir = tmp_path / "third"
+        third_dir.mkdir()
+        assert await keeper.restore(second, regranted, third_dir) == 0
+        assert not (third_dir / RESUME_DIR / "page-00001.zip").exists()
+
         # A handler that keeps no parts does neither.
         off = Checkpointing(Transfers(local.stub, http), http, pool, CHECKPOINT_WORKER, enabled=False)
         assert await off.restore(second, regranted, tmp_path / "off") == 0
