@@ -85,3 +85,12 @@ async def forget(pool: asyncpg.Pool, job_id: str, parts: list[str]) -> None:
     await pool.execute(
         "DELETE FROM job_checkpoints WHERE job_id = $1 AND part = ANY($2::text[])", job_id, parts
     )
+
+
+async def postpone(pool: asyncpg.Pool, parts: list[tuple[str, str]]) -> None:
+    """Moves the rows of ``[(job_id, part)]`` behind every other (``created_at`` now): parts
+    whose bytes the store would not delete, tried again after the rest."""
+    if parts:
+        await pool.executemany(
+            "UPDATE job_checkpoints SET created_at = now() WHERE job_id = $1::uuid AND part = $2", parts
+        )

@@ -566,7 +566,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         (completed, failed, cancelled: ADR 0069), each key checked to be a checkpoint of its job
         under the job's prefix first (a row whose key is not is dropped without touching that
         key's bytes). Returns how many rows it removed. A part whose bytes could not be deleted
-        keeps its row for the next sweep."""
+        keeps its row, moved behind the others (its ``created_at`` set to now), so parts the
+        store will not delete never take every place of a later sweep's batch."""
         rows = await self._pool.fetch(
             """
             SELECT c.job_id::text AS job_id, c.part, c.key, o.pool_id, o.object_id, j.profile_version AS job_profile_version
@@ -579,16 +580,19 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             batch,
         )
         deleted: dict[str, list[str]] = {}
+        failed: list[tuple[str, str]] = []
         for row in rows:
             if row["key"] == checkpoints.key_of(_job_prefix(row), row["job_id"], row["part"]):
                 try:
                     await self._backend.delete(row["key"])
                 except Exception:
-                    log.warning("checkpoint not deleted; the next sweep tries again", exc_info=True)
+                    log.warning("checkpoint not deleted; a later sweep tries again", exc_info=True)
+                    failed.append((row["job_id"], row["part"]))
                     continue
             deleted.setdefault(row["job_id"], []).append(row["part"])
         for job_id, parts in deleted.items():
             await checkpoints.forget(self._pool, job_id, parts)
+        await checkpoints.postpone(self._pool, failed)
         return sum(len(parts) for parts in deleted.values())
 
     async def RegisterOutputs(

@@ -765,6 +765,40 @@ async def test_local_checkpoint_flow(local: Running, tenant: Tenant, pool: async
     await _check_checkpoint_flow(local, tenant, pool)
 
 
+async def test_a_part_the_store_will_not_delete_goes_behind_the_others(
+    local: Running, tenant: Tenant, pool: asyncpg.Pool
+) -> None:
+    source = await _upload(local, tenant, b"two checkpointed jobs")
+    stuck_job, other_job = await _job(pool, tenant, source), await _job(pool, tenant, source)
+    granted = await local.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=stuck_job, attempt=1))
+    prefix = granted.outputs.key_prefix
+    stuck_key = checkpoints.key_of(prefix, stuck_job, "page-00001")
+    local.backend.path(stuck_key).mkdir(parents=True)  # type: ignore[attr-defined]
+    (local.backend.path(stuck_key) / "x").write_bytes(b"a directory unlink cannot remove")  # type: ignore[attr-defined]
+    for job_id, age in ((stuck_job, "2 minutes"), (other_job, "1 minute")):
+        await pool.execute(
+            "INSERT INTO job_checkpoints (job_id, part, key, size_bytes, sha256, attempt, created_at)"
+            f" VALUES ($1, 'page-00001', $2, 1, $3, 1, now() - interval '{age}')",
+            uuid.UUID(job_id),
+            checkpoints.key_of(prefix, job_id, "page-00001"),
+            "0" * 64,
+        )
+        await pool.execute(
+            "UPDATE processing_jobs SET status = 'failed' WHERE job_id = $1", uuid.UUID(job_id)
+        )
+
+    # A batch of one takes the oldest, which cannot be deleted; the next sweep takes the other.
+    assert await local.servicer.sweep_checkpoints(batch=1) == 0
+    assert await local.servicer.sweep_checkpoints(batch=1) == 1
+    left = await pool.fetch(
+        "SELECT job_id::text FROM job_checkpoints WHERE job_id = ANY($1::uuid[])", [stuck_job, other_job]
+    )
+    assert [r["job_id"] for r in left] == [stuck_job]
+    await pool.execute(
+        "DELETE FROM job_checkpoints WHERE job_id = $1", uuid.UUID(stuck_job)
+    )  # the module's pool
+
+
 async def test_s3_checkpoint_flow(s3: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
     await _check_checkpoint_flow(s3, tenant, pool)
 
