@@ -7,6 +7,7 @@ polls and runs them."""
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ import asyncpg
 
 from hypermedia.core import pgtext
 from hypermedia.core.errors import InvalidArgument, NotFound, PermissionDenied
-from hypermedia.jobs import schedules
+from hypermedia.jobs import presets, schedules
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.schedules import Run, Schedule
@@ -149,9 +150,10 @@ class Schedules:
 
     async def _process_spec(self, caller: Caller, raw: dict[str, Any]) -> dict[str, Any]:
         """``{object_ids, operations, priority}`` normalised: 1 to :data:`MAX_OBJECTS` of the
-        caller's object ids, the operations as a process request's (presets by name; at most
-        ``HM_MAX_OPERATIONS``, no password), each checked as a preset is. A preset, and the
-        priority band of the account's quota, are checked when a run makes its requests."""
+        caller's object ids, the operations as a process request's (at most
+        ``HM_MAX_OPERATIONS``, no password), each checked as a preset is, and each named preset
+        one the caller has (``UNKNOWN_PRESET``; the run takes its version active then). The
+        priority band of the account's quota is checked when a run makes its requests."""
         if set(raw) - {"object_ids", "operations", "priority"}:
             raise _invalid("process takes object_ids, operations and priority")
         ids = raw.get("object_ids")
@@ -167,6 +169,11 @@ class Schedules:
         check_text(operations, None)
         if len(operations) > self._creation.max_operations:
             raise _invalid(f"process.operations: at most {self._creation.max_operations} operations")
+        named = sorted({op.preset for op in operations if op.preset})
+        found = await presets.active(self._pool, uuid.UUID(caller.account_id), named) if named else {}
+        for name in named:
+            if name not in found:
+                raise InvalidArgument(f"unknown preset {name!r}", "UNKNOWN_PRESET")
         for op in operations:
             if jobsecrets.PASSWORD_PARAM in op.params:
                 raise _invalid(

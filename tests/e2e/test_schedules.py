@@ -190,6 +190,10 @@ def test_pause_resume_delete_and_refusals(platform: RunningPlatform, client: htt
             {"process": None, "backfill": {"selector": {"operation": "thumbnail"}, "priority": 7.0}},
             "INVALID_PRIORITY",
         ),
+        (
+            {"process": {"object_ids": [obj["object_id"]], "operations": [{"preset": "none-such"}]}},
+            "UNKNOWN_PRESET",
+        ),
         ({"time_zone": "localtime"}, "INVALID_TIME_ZONE"),
         ({"cron": "R * * * *"}, "INVALID_CRON"),
     ]
