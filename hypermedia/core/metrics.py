@@ -129,6 +129,14 @@ SCHEDULER_DECISIONS: Final = Counter(
     ["pool", "action"],
 )
 
+# --- schedules (gateway and reaper) -------------------------------------------------------------
+SCHEDULE_RUNS: Final = Counter(
+    "hypermedia_schedule_runs",
+    "Schedule runs this process finished (ADR 0072), by kind (process, backfill, maintenance) and "
+    "state (succeeded, failed).",
+    ["kind", "state"],
+)
+
 # --- outbox relay (gateway) -------------------------------------------------------------------
 OUTBOX_PUBLISHED: Final = Counter(
     "hypermedia_outbox_published",

@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncpg
 
+from hypermedia.core import metrics
 from hypermedia.core.errors import DomainError
 from hypermedia.jobs import schedules
 from hypermedia.jobs.accounts import Caller
@@ -80,6 +81,7 @@ class ScheduleRunner:
             log.exception("schedule run %s of %s failed", run.run_id, schedule.name)
             error = ("INTERNAL", "the run failed inside the gateway; see its log")
         await schedules.finish(self._pool, run.run_id, outcome, error)
+        metrics.SCHEDULE_RUNS.labels(schedule.kind, "failed" if error else "succeeded").inc()
 
     async def _process(
         self, run: Run, schedule: Schedule, caller: Caller

@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 
+from hypermedia.core import metrics
 from hypermedia.core.errors import DomainError
 from hypermedia.jobs import schedules
 from hypermedia.jobs.retention import Retention
@@ -47,19 +48,18 @@ class MaintenanceRunner:
         return len(taken)
 
     async def _run(self, run: Run, schedule: Schedule) -> None:
+        outcome: dict[str, Any] | None = None
+        error: tuple[str, str] | None = None
         try:
             outcome = await self.task(schedule.spec)
+            log.info("maintenance run of %s: %s", schedule.name, outcome)
         except DomainError as exc:
-            await schedules.finish(self._pool, run.run_id, None, (exc.error_code, exc.public_message))
-            return
+            error = (exc.error_code, exc.public_message)
         except Exception:
             log.exception("maintenance run %s of %s failed", run.run_id, schedule.name)
-            await schedules.finish(
-                self._pool, run.run_id, None, ("INTERNAL", "the task failed; see the reaper's log")
-            )
-            return
-        log.info("maintenance run of %s: %s", schedule.name, outcome)
-        await schedules.finish(self._pool, run.run_id, outcome)
+            error = ("INTERNAL", "the task failed; see the reaper's log")
+        await schedules.finish(self._pool, run.run_id, outcome, error)
+        metrics.SCHEDULE_RUNS.labels(schedule.kind, "failed" if error else "succeeded").inc()
 
     async def task(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Runs one task of :data:`hypermedia.jobs.schedules.TASKS`; returns what it did."""

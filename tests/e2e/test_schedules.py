@@ -229,6 +229,8 @@ def test_an_admins_maintenance_schedule_runs_in_the_reaper(
         assert run["state"] == "succeeded", run
         assert run["outcome"] == {"deleted": {}}  # nothing is ten years old
         assert time.monotonic() - started < 10
+        metrics = httpx.get(platform.info["metrics"]["reaper"], timeout=10).text
+        assert 'hypermedia_schedule_runs_total{kind="maintenance",state="succeeded"}' in metrics
         refused = client.post(
             "/v1/schedules",
             json={"name": "bad", "cron": "@daily", "maintenance": {"task": "drop_tables"}},
