@@ -4,9 +4,11 @@ tick recorded as a ``schedule_runs`` row.
 A schedule is a name, a cron expression of five fields (minute resolution; or a macro such as
 ``@daily``) read in an IANA time zone by croniter, and what each tick runs (its ``kind`` and
 ``spec``): a process request on given objects, a backfill run, or a maintenance task of the
-platform (:data:`TASKS`). This module owns the rows and the rules; the gateway's
-:class:`~services.gateway.schedule_runner.ScheduleRunner` polls them and runs the process and
-backfill runs, the reaper the maintenance runs (it alone may list the credits' holds).
+platform (:data:`TASKS`). This module owns the rows and the rules. Every gateway and every
+reaper polls them (:func:`claim_due`); the gateway's
+:class:`~services.gateway.schedule_runner.ScheduleRunner` runs the process and backfill runs, the
+reaper's :class:`~services.reaper.maintenance.MaintenanceRunner` the maintenance runs (it alone
+may list the credits' holds).
 
 **Exactly once across pollers.** :func:`claim_due` locks the due schedules ``FOR UPDATE SKIP
 LOCKED``, inserts one run per tick with ``(schedule_id, due_at)`` unique, and moves
