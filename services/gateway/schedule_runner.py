@@ -2,7 +2,8 @@
 it records the due ticks of every schedule (:func:`hypermedia.jobs.schedules.claim_due`: exactly
 once however many gateways poll), fails the runs whose runner was lost, and runs the pending
 ``process`` and ``backfill`` runs — the oldest of each account, five accounts' at once — in this
-process's event loop, never in a worker's slot. (``maintenance`` runs are the reaper's: :mod:`services.reaper.maintenance`.)
+process's event loop, never in a worker's slot. (``maintenance`` runs are the reaper's:
+:mod:`services.reaper.maintenance`.)
 
 * A **process** run makes one process request per object of its spec, each under the
   idempotency key ``schedule:{run_id}:{n}`` and each taking a token of the account's request
