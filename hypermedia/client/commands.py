@@ -3,6 +3,7 @@ the config file: :class:`~hypermedia.client.session.ClientSettings`):
 
 - ``hypermedia submit FILE --op thumbnail --op convert:format=avif [--watch] [--download DIR]``
 - ``hypermedia jobs ls|get|watch|cancel``, ``hypermedia objects get|rm``, ``hypermedia operations``
+- ``hypermedia schedules ls|add|runs|trigger|pause|resume|rm``
 
 Tables on stdout (rich), progress on stderr when it is a terminal, ``--json`` for scripts.
 
@@ -60,6 +61,9 @@ EXTENSIONS: Final = {
 
 jobs_app = typer.Typer(no_args_is_help=True, help="your jobs: ls, get, watch, cancel")
 objects_app = typer.Typer(no_args_is_help=True, help="your objects: get, rm")
+schedules_app = typer.Typer(
+    no_args_is_help=True, help="your schedules: ls, add, runs, trigger, pause, resume, rm"
+)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of tables")]
 
@@ -375,6 +379,107 @@ def objects_rm(object_id: str, as_json: JsonFlag = False) -> None:
         )
 
 
+def _schedules_table(schedules: list[dict[str, Any]]) -> Table:
+    table = Table("name", "kind", "cron", "time zone", "next run (UTC)", "last run", "state")
+    for s in schedules:
+        last = s.get("last_run") or {}
+        table.add_row(
+            s["name"],
+            s["kind"],
+            s["cron"],
+            s["time_zone"],
+            "paused" if s["paused"] else s["next_run_at"],
+            last.get("due_at", ""),
+            last.get("state", ""),
+        )
+    return table
+
+
+@schedules_app.command("ls")
+def schedules_ls(as_json: JsonFlag = False) -> None:
+    """Your schedules with their next tick and last run."""
+    listed = _ask(lambda session: session.schedules())
+    if as_json:
+        out.print_json(data=listed)
+    else:
+        out.print(_schedules_table(listed["schedules"]))
+
+
+@schedules_app.command("add")
+def schedules_add(
+    name: str,
+    cron: Annotated[str, typer.Option(help="five fields (minute hour day month weekday) or @daily etc.")],
+    object_id: Annotated[
+        list[str], typer.Option("--object", help="an object to process at each tick; repeat")
+    ],
+    op: Annotated[list[str], typer.Option("--op", help="an operation, as submit's --op; repeat")],
+    time_zone: Annotated[str, typer.Option(help="IANA time zone the cron is read in")] = "UTC",
+    missed: Annotated[str, typer.Option(help="skip or catch_up")] = "skip",
+    as_json: JsonFlag = False,
+) -> None:
+    """A schedule that runs the operations on the objects at each tick of CRON."""
+    try:
+        operations = [parse_op(o) for o in op]
+    except (ValueError, json.JSONDecodeError) as exc:
+        _fail(EXIT_USAGE, str(exc))
+    body = {
+        "name": name,
+        "cron": cron,
+        "time_zone": time_zone,
+        "missed": missed,
+        "process": {"object_ids": object_id, "operations": operations},
+    }
+    made = _ask(lambda session: session.add_schedule(body))
+    if as_json:
+        out.print_json(data=made)
+    else:
+        out.print(_schedules_table([made]))
+
+
+@schedules_app.command("runs")
+def schedules_runs(name: str, as_json: JsonFlag = False) -> None:
+    """A schedule's runs, latest first: due time, trigger, state, what each made or why it failed."""
+    listed = _ask(lambda session: session.schedule_runs(name))
+    if as_json:
+        out.print_json(data=listed)
+        return
+    table = Table("due", "trigger", "state", "outcome", "error")
+    for r in listed["runs"]:
+        outcome = json.dumps(r["outcome"]) if r["outcome"] is not None else ""
+        error = f"{r['error_code']}: {r['error']}" if r["error_code"] else ""
+        table.add_row(r["due_at"], r["trigger"], r["state"], outcome, error)
+    out.print(table)
+
+
+def _schedule_action(action: str) -> Callable[[str, bool], None]:
+    def command(name: str, as_json: JsonFlag = False) -> None:
+        answer = _ask(lambda session: session.schedule_action(name, action))
+        if as_json:
+            out.print_json(data=answer)
+        elif action == "trigger":
+            out.print(f"run {answer['run_id']} of {name}: {answer['state']}", highlight=False)
+        else:
+            out.print(_schedules_table([answer]))
+
+    command.__doc__ = {
+        "trigger": "Run a schedule now, beside its ticks (one manual run at a time).",
+        "pause": "Stop a schedule's ticks until resumed.",
+        "resume": "Start a schedule's ticks again (missed ones follow its policy).",
+    }[action]
+    return command
+
+
+for _action in ("trigger", "pause", "resume"):
+    schedules_app.command(_action)(_schedule_action(_action))
+
+
+@schedules_app.command("rm")
+def schedules_rm(name: str) -> None:
+    """Delete a schedule and its run history (what its runs made stays)."""
+    _ask(lambda session: session.delete_schedule(name))
+    out.print(f"deleted schedule {name}", highlight=False)
+
+
 def operations(as_json: JsonFlag = False) -> None:
     """The operations you may run, with their queue, price and params."""
     listed = _ask(lambda session: session.operations())
@@ -398,3 +503,4 @@ def register(app: typer.Typer) -> None:
     app.command("operations")(operations)
     app.add_typer(jobs_app, name="jobs")
     app.add_typer(objects_app, name="objects")
+    app.add_typer(schedules_app, name="schedules")

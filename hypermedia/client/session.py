@@ -181,6 +181,29 @@ class Session:
     def delete_object(self, object_id: str) -> dict[str, Any]:
         return dict(self._call("DELETE", f"/v1/objects/{_segment(object_id)}"))
 
+    def schedules(self) -> dict[str, Any]:
+        """``GET /v1/schedules``."""
+        return dict(self._call("GET", "/v1/schedules"))
+
+    def add_schedule(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/schedules`` (docs/api.md "Schedules")."""
+        return dict(self._call("POST", "/v1/schedules", json=body))
+
+    def schedule_runs(self, name: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/v1/schedules/{_segment(name)}/runs"))
+
+    def schedule_action(self, name: str, action: str) -> dict[str, Any]:
+        """``POST /v1/schedules/{name}:{action}`` (``pause``, ``resume``, ``trigger``)."""
+        return dict(self._call("POST", f"/v1/schedules/{_segment(name)}:{action}"))
+
+    def delete_schedule(self, name: str) -> None:
+        """``DELETE /v1/schedules/{name}`` (204, no body)."""
+        try:
+            response = self._http.request("DELETE", f"/v1/schedules/{_segment(name)}")
+        except httpx.TransportError as exc:
+            raise ApiError(0, "UNREACHABLE", f"{self._http.base_url}: {type(exc).__name__}: {exc}") from None
+        _raise_for(response)
+
     def operations(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/operations"))
 

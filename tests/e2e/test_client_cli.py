@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,51 @@ def test_submit_with_a_delay_makes_scheduled_jobs_and_cancel_stops_them(user: di
     refused = _run(user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", "--at", "tomorrow")
     assert refused.returncode != 0 and "INVALID_SCHEDULE" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_schedules_are_added_run_listed_paused_and_removed(user: dict[str, str]) -> None:
+    uploaded = _run(
+        user, "submit", str(EXIF / "Landscape_6.jpg"), "--op", "thumbnail:size=64", "--watch", "--json"
+    )
+    assert uploaded.returncode == 0, uploaded.stderr
+    object_id = json.loads(uploaded.stdout)["object"]["object_id"]
+    added = _run(
+        user,
+        "schedules",
+        "add",
+        "nightly",
+        "--cron",
+        "30 2 * * *",
+        "--time-zone",
+        "Europe/Berlin",
+        "--object",
+        object_id,
+        "--op",
+        "thumbnail:size=64",
+        "--json",
+    )
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["process"]["object_ids"] == [object_id]
+
+    triggered = _run(user, "schedules", "trigger", "nightly")
+    assert triggered.returncode == 0 and "pending" in triggered.stdout, triggered.stderr
+    for _ in range(60):
+        runs = json.loads(_run(user, "schedules", "runs", "nightly", "--json").stdout)["runs"]
+        if runs and runs[0]["state"] == "succeeded":
+            break
+        time.sleep(0.5)
+    assert runs[0]["state"] == "succeeded" and len(runs[0]["outcome"]["job_ids"]) == 1
+    table = _run(user, "schedules", "ls")
+    assert "nightly" in table.stdout and "Europe/Berlin" in table.stdout and "succeeded" in table.stdout
+    assert "paused" in _run(user, "schedules", "pause", "nightly").stdout
+
+    bad = _run(
+        user, "schedules", "add", "x", "--cron", "every day", "--object", object_id, "--op", "thumbnail"
+    )
+    assert bad.returncode == 3 and "INVALID_CRON" in bad.stderr and "Traceback" not in bad.stderr
+    assert _run(user, "schedules", "rm", "nightly").returncode == 0
+    gone = _run(user, "schedules", "runs", "nightly")
+    assert gone.returncode == 3 and "SCHEDULE_NOT_FOUND" in gone.stderr
 
 
 def test_a_failed_job_is_exit_1_and_says_why(user: dict[str, str], tmp_path: Path) -> None:
