@@ -285,7 +285,8 @@ def submit(
         for path in result.get("downloaded", []):
             out.print(f"saved {path}", highlight=False)
     else:
-        out.print(f"object {obj['object_id']}; jobs {' '.join(created['job_ids'])}", highlight=False)
+        due = f"; scheduled for {created['not_before']}" if created.get("not_before") else ""
+        out.print(f"object {obj['object_id']}; jobs {' '.join(created['job_ids'])}{due}", highlight=False)
     if any(j["status"] != "completed" for j in result.get("jobs", [])):
         raise typer.Exit(EXIT_JOB_FAILED)
 

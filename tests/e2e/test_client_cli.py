@@ -90,6 +90,11 @@ def test_submit_with_a_delay_makes_scheduled_jobs_and_cancel_stops_them(user: di
     assert cancelled.returncode == 0, cancelled.stderr
     assert json.loads(cancelled.stdout)["status"] == "cancelled"
 
+    plain = _run(user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", "--delay", "3600")
+    assert plain.returncode == 0 and "; scheduled for 20" in plain.stdout, plain.stdout
+    job = plain.stdout.split("jobs ", 1)[1].split(";")[0].strip()
+    assert _run(user, "jobs", "cancel", job).returncode == 0
+
     refused = _run(user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", "--at", "tomorrow")
     assert refused.returncode != 0 and "INVALID_SCHEDULE" in refused.stderr
     assert "Traceback" not in refused.stderr
