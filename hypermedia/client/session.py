@@ -132,6 +132,8 @@ class Session:
         except httpx.TransportError as exc:
             raise ApiError(0, "UNREACHABLE", f"{self._http.base_url}: {type(exc).__name__}: {exc}") from None
         _raise_for(response)
+        if response.status_code == 204:  # No Content: a delete
+            return None
         try:
             return response.json()
         except ValueError:
@@ -198,11 +200,7 @@ class Session:
 
     def delete_schedule(self, name: str) -> None:
         """``DELETE /v1/schedules/{name}`` (204, no body)."""
-        try:
-            response = self._http.request("DELETE", f"/v1/schedules/{_segment(name)}")
-        except httpx.TransportError as exc:
-            raise ApiError(0, "UNREACHABLE", f"{self._http.base_url}: {type(exc).__name__}: {exc}") from None
-        _raise_for(response)
+        self._call("DELETE", f"/v1/schedules/{_segment(name)}")
 
     def operations(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/operations"))

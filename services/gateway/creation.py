@@ -442,7 +442,7 @@ class JobCreation:
         )
         return response.object
 
-    async def _presets(
+    async def expand_presets(
         self, caller: Caller, operations: list[OperationRequest]
     ) -> list[tuple[OperationRequest, tuple[str, int] | None]]:
         """Each operation, a ``{preset}`` one as the operation and params of the caller's active
@@ -480,7 +480,7 @@ class JobCreation:
         (422) → unknown operation (422) → ``noop`` where it is not enabled (422) → a password where
         none is taken (422) → the object's kind (415) → its size (413) → the params (422; an
         ``ocr`` job's languages against those the ocrworkers reported; ``noop`` takes none)."""
-        expanded = await self._presets(caller, request.operations)
+        expanded = await self.expand_presets(caller, request.operations)
         names = [o.name for o, _ in expanded]
         profiles = {
             r["operation"]: r

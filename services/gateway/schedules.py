@@ -7,7 +7,6 @@ polls and runs them."""
 from __future__ import annotations
 
 import math
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +14,7 @@ import asyncpg
 
 from hypermedia.core import pgtext
 from hypermedia.core.errors import InvalidArgument, NotFound, PermissionDenied
-from hypermedia.jobs import presets, schedules
+from hypermedia.jobs import schedules
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.schedules import Run, Schedule
@@ -159,21 +158,17 @@ class Schedules:
         ids = raw.get("object_ids")
         if not isinstance(ids, list) or not 1 <= len(ids) <= MAX_OBJECTS:
             raise _invalid(f"process.object_ids must list 1 to {MAX_OBJECTS} objects")
-        object_ids = []
+        object_ids: dict[str, None] = {}  # in order, once each
         for value in ids:
             canonical = canonical_uuid(value) if isinstance(value, str) else None
             if canonical is None:
                 raise _invalid(f"process.object_ids: {str(value)[:64]!r} is not an object id")
-            object_ids.append(canonical)
+            object_ids[canonical] = None
         operations = parse_operations(raw.get("operations"))
         check_text(operations, None)
         if len(operations) > self._creation.max_operations:
             raise _invalid(f"process.operations: at most {self._creation.max_operations} operations")
-        named = sorted({op.preset for op in operations if op.preset})
-        found = await presets.active(self._pool, uuid.UUID(caller.account_id), named) if named else {}
-        for name in named:
-            if name not in found:
-                raise InvalidArgument(f"unknown preset {name!r}", "UNKNOWN_PRESET")
+        await self._creation.expand_presets(caller, operations)  # UNKNOWN_PRESET
         for op in operations:
             if jobsecrets.PASSWORD_PARAM in op.params:
                 raise _invalid(
@@ -182,10 +177,10 @@ class Schedules:
             if op.name:
                 await self._creation.check_preset(op.name, op.params)
         priority = check_priority(raw.get("priority"))
-        for object_id in dict.fromkeys(object_ids):  # each the caller's, now (NOT_FOUND otherwise)
+        for object_id in object_ids:  # each the caller's, now (NOT_FOUND otherwise)
             await self._creation.owned_object(caller, object_id)
         return {
-            "object_ids": list(dict.fromkeys(object_ids)),
+            "object_ids": list(object_ids),
             "operations": raw["operations"],
             "priority": priority,
         }

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 from hypermedia.core import pgtext
 from hypermedia.jobs import schedules
 from hypermedia.jobs.accounts import Caller
-from hypermedia.jobs.schedules import Run, Schedule
 from services.gateway.schedules import ScheduleRequest, Schedules
 
 
@@ -92,16 +91,6 @@ class RunListOut(BaseModel):
     runs: list[RunOut]
 
 
-def run_json(run: Run) -> dict[str, Any]:
-    """One run of a schedule as REST shows it (:func:`schedules.run_as_json`)."""
-    return schedules.run_as_json(run)
-
-
-def schedule_json(schedule: Schedule, last: Run | None) -> dict[str, Any]:
-    """A schedule as REST shows it (:func:`schedules.as_json`)."""
-    return schedules.as_json(schedule, last)
-
-
 def router(use_case: Schedules, caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
     """The routes; ``caller`` is the app's authenticating dependency (401 without a valid key)."""
     routes = APIRouter(prefix="/v1/schedules", tags=["schedules"])
@@ -114,17 +103,17 @@ def router(use_case: Schedules, caller: Callable[..., Awaitable[Caller]]) -> API
         fields = body.model_dump()
         fields["time_zone"] = fields["time_zone"] or "UTC"
         made = await use_case.create(who, ScheduleRequest(**fields))
-        return schedule_json(made, None)
+        return schedules.as_json(made, None)
 
     @routes.get("", response_model=ScheduleListOut)
     async def list_schedules(who: Caller = Depends(caller)) -> dict[str, Any]:
         """The caller's schedules by name, each with its next tick and last run."""
-        return {"schedules": [schedule_json(s, last) for s, last in await use_case.list_schedules(who)]}
+        return {"schedules": [schedules.as_json(s, last) for s, last in await use_case.list_schedules(who)]}
 
     @routes.get("/{name}", response_model=ScheduleOut)
     async def get_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A schedule; 404 ``SCHEDULE_NOT_FOUND``."""
-        return schedule_json(*await use_case.get(who, name))
+        return schedules.as_json(*await use_case.get(who, name))
 
     @routes.delete("/{name}", status_code=204)
     async def delete_schedule(name: str, who: Caller = Depends(caller)) -> Response:
@@ -135,23 +124,23 @@ def router(use_case: Schedules, caller: Callable[..., Awaitable[Caller]]) -> API
     @routes.post("/{name}:pause", response_model=ScheduleOut)
     async def pause_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """No ticks until resumed (idempotent)."""
-        return schedule_json(*await use_case.set_paused(who, name, True))
+        return schedules.as_json(*await use_case.set_paused(who, name, True))
 
     @routes.post("/{name}:resume", response_model=ScheduleOut)
     async def resume_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """Ticks again; those missed while paused follow its ``missed`` policy."""
-        return schedule_json(*await use_case.set_paused(who, name, False))
+        return schedules.as_json(*await use_case.set_paused(who, name, False))
 
     @routes.post("/{name}:trigger", status_code=202, response_model=RunOut)
     async def trigger_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A run now (``manual``), paused or not; it is ``pending`` until a runner takes it."""
-        return run_json(await use_case.trigger(who, name))
+        return schedules.run_as_json(await use_case.trigger(who, name))
 
     @routes.get("/{name}/runs", response_model=RunListOut)
     async def schedule_runs(
         name: str, limit: int = Query(50, ge=1, le=1000), who: Caller = Depends(caller)
     ) -> dict[str, Any]:
         """Its runs, latest due first: due time, trigger, state, what each made or why it failed."""
-        return {"runs": [run_json(r) for r in await use_case.runs(who, name, limit)]}
+        return {"runs": [schedules.run_as_json(r) for r in await use_case.runs(who, name, limit)]}
 
     return routes
