@@ -24,13 +24,26 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 log = logging.getLogger(__name__)
 
-QueueName = Literal["images", "documents", "ocr", "media", "bulk"]
-QUEUES: tuple[QueueName, ...] = ("images", "documents", "ocr", "media", "bulk")
+QueueName = Literal["images", "documents", "ocr", "media", "bulk", "sched"]
+QUEUES: tuple[QueueName, ...] = ("images", "documents", "ocr", "media", "bulk", "sched")
 RouteName = Literal[
-    "images", "documents", "ocr", "media", "bulk.images", "bulk.documents", "bulk.ocr", "bulk.media"
+    "images",
+    "documents",
+    "ocr",
+    "media",
+    "bulk.images",
+    "bulk.documents",
+    "bulk.ocr",
+    "bulk.media",
+    "sched.images",
+    "sched.documents",
+    "sched.ocr",
+    "sched.media",
 ]
-"""What a worker lane consumes and a job row's ``queue`` holds: an engine's queue, or the ``bulk``
-queue's lane of that engine (``bulk.images``: bulk jobs run by the image pipeline; ADR 0057)."""
+"""What a worker lane consumes and a job row's ``queue`` holds: an engine's queue, the ``bulk``
+queue's lane of that engine (``bulk.images``: bulk jobs run by the image pipeline; ADR 0057), or
+the ``sched`` queue's (``sched.images``: the jobs of schedules' runs, taken only by the scheduler
+consumer beside the engine's ordinary slots; ADR 0073)."""
 ROUTES: tuple[RouteName, ...] = (
     "images",
     "documents",
@@ -40,6 +53,10 @@ ROUTES: tuple[RouteName, ...] = (
     "bulk.documents",
     "bulk.ocr",
     "bulk.media",
+    "sched.images",
+    "sched.documents",
+    "sched.ocr",
+    "sched.media",
 )
 
 DEPRECATED_NAMES: Final = {

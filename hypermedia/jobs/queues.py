@@ -18,8 +18,11 @@ not ring the doorbell; it is found within that bound, as an idle worker finds it
 The ``bulk`` queue (seed 000's batch regeneration and backfill, priorities 7-10 only) is one
 stream with a lane per engine: a bulk job of an image operation is on
 ``{prefix}.jobs.bulk.images.p{7..10}`` (consumers ``bulk-images-p{N}``), and only a worker lane
-configured for ``bulk.images`` takes it, with the image pipeline (ADR 0057). A job row's ``queue``
-is its route: ``images`` or ``bulk.images``.
+configured for ``bulk.images`` takes it, with the image pipeline (ADR 0057). The ``sched`` queue
+has the same shape with every band: the jobs of schedules' process runs are on
+``{prefix}.jobs.sched.images.p{1..10}``, taken only by the one scheduler consumer a worker runs
+beside its ordinary slots of that engine (ADR 0073). A job row's ``queue`` is its route: ``images``,
+``bulk.images`` or ``sched.images``.
 
 Streams use work-queue retention (a message is removed once acknowledged), file storage and a
 two-minute duplicate window for ``Nats-Msg-Id`` de-duplication. Postgres is the system of record;
@@ -52,7 +55,9 @@ PRIORITIES = tuple(range(1, 11))
 BULK = "bulk"
 BULK_PRIORITIES = tuple(range(7, 11))
 """The bands of the bulk queue: seed 000's background priorities 7-10."""
-ENGINE_QUEUES = tuple(queue for queue in QUEUES if queue != BULK)
+SCHED = "sched"
+"""The queue of scheduled work (seed 001's scheduler consumer): a lane per engine, every band."""
+ENGINE_QUEUES = tuple(queue for queue in QUEUES if queue not in (BULK, SCHED))
 ACK_WAIT_SECONDS = 30.0
 """A fetched message not acknowledged within this is delivered again."""
 DUPLICATE_WINDOW_SECONDS = 120.0
@@ -66,18 +71,32 @@ def bulk_route(engine_queue: str) -> str:
     return f"{BULK}.{engine_queue}"
 
 
+def sched_route(engine_queue: str) -> str:
+    """The sched queue's lane of an engine: ``sched_route("images")`` → ``sched.images`` (ADR 0073).
+    Raises ValueError for a name that is not an engine's queue."""
+    if engine_queue not in ENGINE_QUEUES:
+        raise ValueError(f"no sched lane for {engine_queue!r}: one of {', '.join(ENGINE_QUEUES)}")
+    return f"{SCHED}.{engine_queue}"
+
+
 def is_bulk(route: str) -> bool:
     """Whether ``route`` is a lane of the bulk queue (``bulk.images``)."""
     return route.startswith(BULK + ".")
 
 
+def is_sched(route: str) -> bool:
+    """Whether ``route`` is a lane of the sched queue (``sched.images``)."""
+    return route.startswith(SCHED + ".")
+
+
 def engine_of(route: str) -> str:
-    """The engine's queue of a route: ``bulk.images`` → ``images``, ``images`` → ``images``."""
-    return route.removeprefix(BULK + ".")
+    """The engine's queue of a route: ``bulk.images`` and ``sched.images`` → ``images``,
+    ``images`` → ``images``."""
+    return route.removeprefix(BULK + ".").removeprefix(SCHED + ".")
 
 
 def bands(route: str) -> tuple[int, ...]:
-    """The priority bands a route has consumers for: 1-10, or 7-10 for a bulk lane."""
+    """The priority bands a route has consumers for: 1-10 (a sched lane's too), or 7-10 for a bulk lane."""
     return BULK_PRIORITIES if is_bulk(route) else PRIORITIES
 
 
@@ -87,7 +106,8 @@ def _check_route(route: str) -> None:
 
 
 def stream_name(prefix: str, route: str) -> str:
-    """Stream of one queue, e.g. ``HM_IMAGES``; every bulk lane is in ``HM_BULK``."""
+    """Stream of one queue, e.g. ``HM_IMAGES``; every bulk lane is in ``HM_BULK``, every sched lane
+    in ``HM_SCHED``."""
     return f"{prefix}_{route.split('.')[0].upper()}"
 
 
@@ -200,9 +220,9 @@ def check_server(version: str, layout: StreamLayout) -> None:
 
 
 async def ensure_streams(js: JetStreamContext, prefix: str, layout: StreamLayout = StreamLayout()) -> None:
-    """Create (or update) the five queue streams, kept as ``layout`` says, and the durable
-    consumer of every band of every route (:data:`ROUTES`: 10 per engine queue, 4 per bulk
-    lane). Raises ConfigError for a bad placement."""
+    """Create (or update) the six queue streams, kept as ``layout`` says, and the durable
+    consumer of every band of every route (:data:`ROUTES`: 10 per engine queue and per sched
+    lane, 4 per bulk lane). Raises ConfigError for a bad placement."""
     for queue in QUEUES:
         name = stream_name(prefix, queue)
         config = api.StreamConfig(

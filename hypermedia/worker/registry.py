@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import psutil
 
-from hypermedia.jobs import scaling
+from hypermedia.jobs import queues, scaling
 from hypermedia.worker.settings import WorkerSettings
 
 
@@ -24,14 +24,20 @@ def boot_id() -> str:
 
 
 def worker_identity(settings: WorkerSettings, role: str) -> str:
-    """``{deployment}/{role}/{host}/{boot[:8]}/g{generation}/{pid}``: unique per process launch."""
-    return worker_identity_of(settings.deployment, role, settings.generation, os.getpid())
+    """``{deployment}/{role}/{host}/{boot[:8]}/g{generation}/{pid}``: unique per process launch;
+    a scheduler consumer's (a sched lane, ADR 0073) ends in ``/sched``."""
+    return worker_identity_of(
+        settings.deployment, role, settings.generation, os.getpid(), scheduler=queues.is_sched(settings.queue)
+    )
 
 
-def worker_identity_of(deployment: str, role: str, generation: int, pid: int) -> str:
+def worker_identity_of(
+    deployment: str, role: str, generation: int, pid: int, *, scheduler: bool = False
+) -> str:
     """The :func:`worker_identity` of process ``pid`` on this host (a unit's control names its
-    execution's so)."""
-    return f"{deployment}/{role}/{socket.gethostname()}/{boot_id()[:8]}/g{generation}/{pid}"
+    execution's so); ``scheduler``: of its scheduler consumer."""
+    own = f"{deployment}/{role}/{socket.gethostname()}/{boot_id()[:8]}/g{generation}/{pid}"
+    return own + "/sched" if scheduler else own
 
 
 async def register(pool: asyncpg.Pool, worker_id: str, settings: WorkerSettings, role: str) -> None:

@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 
 
 class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
-    """``GetStatus`` of a worker process and each of its lanes (``runtimes``, one per queue)."""
+    """``GetStatus`` of a worker process and each of its lanes (``runtimes``, one per queue): the
+    totals (``queue``, ``slots_total``, ``slots_busy``) are of the ordinary lanes; ``queues`` lists
+    the scheduler consumers too (``sched.images``, ADR 0073)."""
 
     def __init__(
         self,
@@ -60,12 +62,13 @@ class WorkerStatusService(worker_pb2_grpc.WorkerServiceServicer):
         started = timestamp_pb2.Timestamp()
         started.FromSeconds(int(rt.started_at))
         lanes = [self._queue_status(each) for each in self._runtimes]
+        ordinary = [lane for lane in lanes if not queues.is_sched(lane.queue)]
         return worker_pb2.GetStatusResponse(
             unit=self._unit_status(),
             worker_id=rt.worker_id,
-            queue=",".join(lane.queue for lane in lanes),
-            slots_total=sum(lane.slots_total for lane in lanes),
-            slots_busy=sum(lane.slots_busy for lane in lanes),
+            queue=",".join(lane.queue for lane in ordinary),
+            slots_total=sum(lane.slots_total for lane in ordinary),
+            slots_busy=sum(lane.slots_busy for lane in ordinary),
             admission_open=rt.admission.open,
             reason=rt.admission.reason,
             sample_age_seconds=time.monotonic() - rt.admission.sampled_at,
@@ -146,7 +149,7 @@ def queue_worker_settings(role: str, queue: str, default_slots: int) -> WorkerSe
             invalid.
     """
     settings = config.load(WorkerSettings, HM_WORKER_QUEUE=queue, HM_WORKER_SLOTS=default_slots)
-    if queues.engine_of(settings.queue) != queue:
+    if settings.queue not in (queue, queues.bulk_route(queue)):
         raise config.ConfigError(
             f"invalid configuration:\n  HM_WORKER_QUEUE: the {role} consumes {queue} or {queues.bulk_route(queue)} only"
         )
@@ -187,16 +190,19 @@ async def _control_link(
     on every lane until control answered ``hello`` with matching evidence and the deployment lease
     in Postgres is at this identity's epoch. Control's ``admission`` messages name their queue and
     go to that lane's runtime; the ``status`` every second reports each lane (``queues``) and
-    their totals.
+    the ordinary lanes' totals. A scheduler consumer (a sched lane, ADR 0073) waits for the
+    evidence too, but has no target: control's autoscaler never parks it, and a message naming
+    it is refused.
 
     Raises:
         ExitWith: (75) the lease is at another epoch, or none is live: this execution is fenced.
         ConnectionError, OSError: control's socket closed or cannot be reached (exit 69).
     """
-    by_queue = {rt.settings.queue: rt for rt in runtimes}
+    by_queue = {rt.settings.queue: rt for rt in runtimes if not queues.is_sched(rt.settings.queue)}
     for rt in runtimes:
         rt.admission.peer = "awaiting"
-        rt.admission.target = 0
+        if not queues.is_sched(rt.settings.queue):
+            rt.admission.target = 0
 
     def report() -> dict[str, Any]:
         lanes = {}
@@ -208,9 +214,10 @@ async def _control_link(
                 "reason": rt.admission.reason,
                 "worker_id": rt.worker_id,
             }
+        ordinary = [lane for queue, lane in lanes.items() if queue in by_queue]
         return {
-            "busy": sum(lane["busy"] for lane in lanes.values()),
-            "slots": sum(lane["slots"] for lane in lanes.values()),
+            "busy": sum(lane["busy"] for lane in ordinary),
+            "slots": sum(lane["slots"] for lane in ordinary),
             "reason": runtimes[0].admission.reason,
             "worker_id": runtimes[0].worker_id,
             "queues": lanes,

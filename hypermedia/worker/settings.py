@@ -16,9 +16,14 @@ class WorkerSettings(ComponentSettings):
 
     queue: RouteName = Field("images", validation_alias="HM_WORKER_QUEUE")
     """The route it consumes: its role's queue (``images``), or that engine's lane of the bulk
-    queue (``bulk.images``: regeneration and backfill jobs, priorities 7-10; ADR 0057)."""
+    queue (``bulk.images``: regeneration and backfill jobs, priorities 7-10; ADR 0057). A sched
+    lane (``sched.images``) is only ever a scheduler consumer's (:mod:`hypermedia.worker.scheduled`)."""
     slots: int = Field(4, ge=1, le=64, validation_alias="HM_WORKER_SLOTS")
     """Jobs run at once. The seed's profiles: images 4–8, documents 2–4, ocr 1–2, media 1."""
+    scheduler: Literal["on", "off"] = Field("on", validation_alias="HM_WORKER_SCHEDULER")
+    """``on``: beside the slots of an engine's queue, one scheduler consumer of that engine's sched
+    lane (``sched.images``: the jobs of schedules' runs), its own slot that admission never parks
+    (seed 001; ADR 0073). ``off``: none; schedules' jobs wait for a worker that has one."""
     deployment: str = Field("local", validation_alias="HM_DEPLOYMENT")
     generation: int = Field(0, ge=0, validation_alias="HM_WORKER_GENERATION")
     burst_worker_id: str = Field("", validation_alias="HM_BURST_WORKER_ID")

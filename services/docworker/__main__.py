@@ -35,6 +35,7 @@ from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.intake import contenttype
 from hypermedia.jobs import secrets as jobsecrets
 from hypermedia.jobs.lifecycle import ClaimedJob
+from hypermedia.worker import scheduled
 from hypermedia.worker.handler import JobInput, SandboxHandler
 from hypermedia.worker.serve import Lane, queue_worker_settings, serve_lanes
 from hypermedia.worker.settings import WorkerSettings
@@ -132,7 +133,7 @@ async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     settings = queue_worker_settings("docworker", QUEUE, DEFAULT_SLOTS)
-    await serve_lanes(stack, stop, [await lane(stack, settings)])
+    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, lane)]))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import logging
 import uuid
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncpg
@@ -98,6 +98,9 @@ class _Request:
     """Whether the jobs go to the bulk queue's lanes (``bulk.{engine}``, ADR 0057)."""
     not_before: datetime.datetime | None = None
     """When a delayed request's jobs become due (ADR 0071); None: queued at once."""
+    scheduled: bool = False
+    """Whether the jobs are a schedule's run's, for the sched queue's lanes (``sched.{engine}``,
+    the scheduler consumers; ADR 0073)."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,7 @@ class JobCreation:
         queue: str | None = None,
         *,
         paced: bool = False,
+        scheduled: bool = False,
         not_before: str | datetime.datetime | None = None,
         delay_seconds: float | None = None,
     ) -> ProcessResult:
@@ -233,6 +237,10 @@ class JobCreation:
         ``paced`` is a backfill run's (:mod:`services.gateway.backfill_runner`): the run paces its
         jobs at its own rate, so they take no token of the account's request rate.
 
+        ``scheduled`` is a schedule's process run's (:mod:`services.gateway.schedule_runner`): its
+        jobs go to the sched queue's lane of their engine (``sched.images``), which only the
+        scheduler consumers take, never an ordinary slot (ADR 0073).
+
         ``not_before`` or ``delay_seconds`` delay the jobs (ADR 0071, :func:`check_schedule`;
         ``INVALID_SCHEDULE``): they are created ``scheduled``, their credits held now, and queued
         when due; a time not in the future queues them at once.
@@ -240,6 +248,8 @@ class JobCreation:
         request = self._check(
             object_id, operations, priority, webhook_url, idempotency_key, queue, (not_before, delay_seconds)
         )
+        if scheduled:
+            request = replace(request, scheduled=True)
         if request.idempotency_key:
             earlier = await self._replay(caller, request.idempotency_key, request.request_hash)
             if earlier is not None:
@@ -605,7 +615,7 @@ class JobCreation:
             raise
         self._relay.wake.set()
         for j in jobs:
-            queue = "bulk" if request.bulk else j.operation.profile["queue"]
+            queue = _route(request, j.operation.profile["queue"]).split(".")[0]
             metrics.JOBS_CREATED.labels(j.operation.name, queue).inc()
         return ProcessResult(
             job_ids=tuple(j.job_id for j in jobs),
@@ -676,11 +686,7 @@ class JobCreation:
                     request_id=request_id,
                     operation=j.operation.name,
                     profile_version=j.operation.profile["version"],
-                    queue=(
-                        queues.bulk_route(j.operation.profile["queue"])
-                        if request.bulk
-                        else j.operation.profile["queue"]
-                    ),
+                    queue=_route(request, j.operation.profile["queue"]),
                     params=j.operation.params,
                     priority=request.priority,
                     max_attempts=j.operation.profile["max_attempts"],
@@ -711,3 +717,13 @@ class JobCreation:
                 await self._settlement.settle(job.job_id, UNCREATED)
             except DomainError:
                 log.exception("could not release the hold of an uncreated job")
+
+
+def _route(request: _Request, engine_queue: str) -> str:
+    """The route of a job of ``request`` whose profile's queue is ``engine_queue``: that queue,
+    or its lane of the bulk queue (ADR 0057) or of the sched queue (ADR 0073)."""
+    if request.bulk:
+        return queues.bulk_route(engine_queue)
+    if request.scheduled:
+        return queues.sched_route(engine_queue)
+    return engine_queue

@@ -6,7 +6,8 @@ process's event loop, never in a worker's slot. (``maintenance`` runs are the re
 :mod:`services.reaper.maintenance`.)
 
 * A **process** run makes one process request per object of its spec, each under the
-  idempotency key ``schedule:{run_id}:{n}`` and each taking a token of the account's request
+  idempotency key ``schedule:{run_id}:{n}``, its jobs on the sched queue's lanes, which only the
+  workers' scheduler consumers take (ADR 0073), and each taking a token of the account's request
   rate (a run is the account's requests, made for it; an object past the rate is listed
   ``RATE_LIMITED``); an object that is gone, or an operation it does not accept,
   is listed in the run's ``outcome.errors`` and the others go on. It fails when no job was made.
@@ -102,6 +103,7 @@ class ScheduleRunner:
                     spec.get("priority"),
                     None,
                     f"schedule:{run.run_id}:{n}",
+                    scheduled=True,
                 )
             except DomainError as exc:
                 errors.append(

@@ -1,19 +1,23 @@
 """``python -m services.imageworker``: the worker of queue ``images`` (thumbnail, resize, compress,
-convert with libvips). Only configures :func:`hypermedia.worker.serve.serve_worker`: the pipeline
-:mod:`hypermedia.engines.imaging.ops`, run in :class:`hypermedia.sandbox.Sandbox` children."""
+convert with libvips). Only configures :func:`hypermedia.worker.serve.serve_lanes`: the pipeline
+:mod:`hypermedia.engines.imaging.ops`, run in :class:`hypermedia.sandbox.Sandbox` children, on
+the ordinary slots and the scheduler consumer (:mod:`hypermedia.worker.scheduled`)."""
 
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from functools import partial
 from typing import Any
 
 from hypermedia.engines.imaging.ops import ImageLimits
-from hypermedia.infra.service import run_service
+from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.jobs.lifecycle import ClaimedJob
+from hypermedia.worker import scheduled
 from hypermedia.worker.handler import SandboxHandler
-from hypermedia.worker.serve import Lane, serve_worker
+from hypermedia.worker.serve import Lane, queue_worker_settings, serve_lanes
 from hypermedia.worker.settings import WorkerSettings
+
+QUEUE = "images"
+DEFAULT_SLOTS = 4
 
 
 class ImageHandler(SandboxHandler):
@@ -27,12 +31,16 @@ class ImageHandler(SandboxHandler):
 
 PRELOAD = ("pyvips", "hypermedia.engines.imaging.ops")
 
-serve = partial(serve_worker, role="imageworker", handler=ImageHandler(), preload=PRELOAD)
-
 
 async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
-    """The ``images`` lane of a worker of several queues (:mod:`services.multiworker`)."""
+    """The ``images`` lane (also of a worker of several queues, :mod:`services.multiworker`, and
+    of the scheduler consumer, :mod:`hypermedia.worker.scheduled`)."""
     return Lane("imageworker", settings, ImageHandler(), PRELOAD)
+
+
+async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
+    settings = queue_worker_settings("imageworker", QUEUE, DEFAULT_SLOTS)
+    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, lane)]))
 
 
 if __name__ == "__main__":

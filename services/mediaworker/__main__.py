@@ -34,6 +34,7 @@ from hypermedia.engines.media.sources import MediaLimits
 from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import SandboxLimits
+from hypermedia.worker import scheduled
 from hypermedia.worker.handler import SandboxHandler
 from hypermedia.worker.serve import Lane, queue_worker_settings, serve_lanes
 from hypermedia.worker.settings import WorkerSettings
@@ -146,7 +147,7 @@ async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     settings = queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)
-    await serve_lanes(stack, stop, [await lane(stack, settings)])
+    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, lane)]))
 
 
 if __name__ == "__main__":

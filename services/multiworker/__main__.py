@@ -6,10 +6,11 @@
 (``bulk.images=2``: its jobs run by the image pipeline, ADR 0057). Each queue is a lane of
 :func:`hypermedia.worker.serve.serve_lanes`, built by its role's service (``services.{role}.lane``:
 the docworker's starts its office listeners): its own sandbox zygote, slots, admission and worker
-id, so a document job never waits for an image slot. Postgres, NATS, the storage and credits
-channels and the status server are shared. With root, a lane's sandbox uids start at
-``HM_SANDBOX_UID_BASE`` plus the uids of the lanes before it, 64 in all at most
-(:func:`hypermedia.worker.unit.settings.plan_lanes`).
+id, so a document job never waits for an image slot; each lane of an engine's queue has its
+scheduler consumer beside it (:mod:`hypermedia.worker.scheduled`). Postgres, NATS, the storage and
+credits channels and the status server are shared. With root, a lane's sandbox uids start at
+``HM_SANDBOX_UID_BASE`` plus the uids of the lanes before it (and of their scheduler consumers),
+64 in all at most (:func:`hypermedia.worker.unit.settings.plan_lanes`).
 
 A worker unit of ``--queues`` (``python -m hypermedia.worker.unit --queues=images,documents``)
 launches this as its execution and sets ``HM_WORKER_QUEUES``; it also runs on its own.
@@ -23,7 +24,8 @@ from contextlib import AsyncExitStack
 
 from hypermedia.core import config
 from hypermedia.infra.service import Lifetime, run_service
-from hypermedia.worker.serve import Lane, serve_lanes
+from hypermedia.worker import scheduled
+from hypermedia.worker.serve import serve_lanes
 from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.unit.settings import QUEUES_VARIABLE, is_set, plan_lanes
 
@@ -50,15 +52,14 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         problems.append(str(exc))
     if problems:
         raise config.ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
-    lanes: list[Lane] = []
+    built: list[tuple[WorkerSettings, scheduled.LaneFactory]] = []
     for plan in plans:
         settings = config.load(WorkerSettings, HM_WORKER_QUEUE=plan.queue, HM_WORKER_SLOTS=plan.slots)
         settings = settings.model_copy(
             update={"sandbox_uid_base": settings.sandbox_uid_base + plan.uid_offset}
         )
-        service = importlib.import_module(f"services.{plan.role.name}.__main__")
-        lanes.append(await service.lane(stack, settings))
-    await serve_lanes(stack, stop, lanes)
+        built.append((settings, importlib.import_module(f"services.{plan.role.name}.__main__").lane))
+    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, built))
 
 
 if __name__ == "__main__":

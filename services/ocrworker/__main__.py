@@ -32,6 +32,7 @@ from hypermedia.engines.ocr.engine import OcrLimits
 from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, OutputFile
+from hypermedia.worker import scheduled
 from hypermedia.worker.handler import SandboxHandler
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.serve import Lane, queue_worker_settings, serve_lanes
@@ -109,7 +110,7 @@ async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     settings = queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)
-    await serve_lanes(stack, stop, [await lane(stack, settings)])
+    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, lane)]))
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ async def fresh_pool(database_url: str, template_database: str) -> AsyncIterator
 
 @dataclass
 class Broker:
-    """A NATS connection and a stream prefix whose five queue streams exist and are empty."""
+    """A NATS connection and a stream prefix whose six queue streams exist and are empty."""
 
     nc: NatsClient
     js: JetStreamContext

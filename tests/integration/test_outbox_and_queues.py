@@ -322,6 +322,11 @@ async def test_ensure_streams_is_idempotent(broker: Broker) -> None:
     assert bulk.state.consumer_count == 4 * 4  # a lane per engine, bands 7-10
     consumer = await broker.js.consumer_info(broker.stream("bulk"), "bulk-images-p8")
     assert consumer.config.filter_subject == f"{broker.prefix.lower()}.jobs.bulk.images.p8"
+    sched = await broker.js.stream_info(broker.stream("sched"))
+    assert sched.config.subjects == [f"{broker.prefix.lower()}.jobs.sched.>"]
+    assert sched.state.consumer_count == 4 * 10  # a lane per engine, every band (ADR 0073)
+    consumer = await broker.js.consumer_info(broker.stream("sched"), "sched-ocr-p1")
+    assert consumer.config.filter_subject == f"{broker.prefix.lower()}.jobs.sched.ocr.p1"
 
 
 async def test_a_bulk_lane_takes_its_engines_bulk_jobs_only_in_bands_7_to_10(broker: Broker) -> None:

@@ -11,23 +11,26 @@ from hypermedia.worker.unit.settings import UID_RANGE, lanes_spec, plan_lanes
 
 def test_each_queue_gets_its_role_its_slots_and_uids_after_the_lanes_before_it() -> None:
     plans = plan_lanes("images=4, documents", variable="--queues", as_root=True)
+    # Each engine's queue keeps one slot's uids after its own for its scheduler consumer (ADR 0073).
     assert [(p.role.name, p.slots, p.uid_offset) for p in plans] == [
         ("imageworker", 4, 0),
-        ("docworker", 2, 4),
+        ("docworker", 2, 5),
     ]
-    # The docworker's slot takes 2 uids (a job's, a listener's): a third lane would start at 8.
+    # The docworker's slot takes 2 uids (a job's, a listener's): 2 slots and its scheduler
+    # consumer's take 6, so a third lane would start at 11.
     third = plan_lanes("images=4,documents,ocr=1", variable="--queues", as_root=True)[2]
-    assert (third.role.name, third.uid_offset) == ("ocrworker", 8)
+    assert (third.role.name, third.uid_offset) == ("ocrworker", 11)
     assert lanes_spec(plans) == "images=4,documents=2"
 
 
 def test_a_bulk_lane_is_served_by_its_engines_role_beside_that_engines_own_queue() -> None:
-    """ADR 0057: ``bulk.images`` is a lane of the imageworker's role, apart from ``images``."""
+    """ADR 0057: ``bulk.images`` is a lane of the imageworker's role, apart from ``images``; a
+    bulk lane has no scheduler consumer, so it keeps no uid for one."""
     plans = plan_lanes("images=2,bulk.images=1,bulk.ocr", variable="--queues", as_root=True)
     assert [(p.queue, p.role.name, p.slots, p.uid_offset) for p in plans] == [
         ("images", "imageworker", 2, 0),
-        ("bulk.images", "imageworker", 1, 2),
-        ("bulk.ocr", "ocrworker", 2, 3),
+        ("bulk.images", "imageworker", 1, 3),
+        ("bulk.ocr", "ocrworker", 2, 4),
     ]
     assert lanes_spec(plans) == "images=2,bulk.images=1,bulk.ocr=2"
 
@@ -58,8 +61,12 @@ def test_a_wrong_spec_is_refused_naming_the_option(spec: str, said: str) -> None
 
 def test_with_root_the_lanes_uids_must_fit_in_one_workers_range() -> None:
     assert (
-        sum(p.slots for p in plan_lanes("images=64", variable="HM_WORKER_QUEUES", as_root=True)) == UID_RANGE
+        sum(p.slots for p in plan_lanes("images=63", variable="HM_WORKER_QUEUES", as_root=True)) + 1
+        == UID_RANGE
     )
-    with pytest.raises(ValueError, match="HM_WORKER_QUEUES: the lanes take 68 sandbox uids with root"):
-        plan_lanes("images=64,documents", variable="HM_WORKER_QUEUES", as_root=True)
+    assert sum(p.slots for p in plan_lanes("bulk.images=64", variable="HM_WORKER_QUEUES", as_root=True)) == 64
+    with pytest.raises(ValueError, match="HM_WORKER_QUEUES: the lanes take 65 sandbox uids with root"):
+        plan_lanes("images=64", variable="HM_WORKER_QUEUES", as_root=True)
+    with pytest.raises(ValueError, match="HM_WORKER_QUEUES: the lanes take 70 sandbox uids with root"):
+        plan_lanes("images=63,documents", variable="HM_WORKER_QUEUES", as_root=True)
     assert len(plan_lanes("images=64,documents", variable="HM_WORKER_QUEUES", as_root=False)) == 2

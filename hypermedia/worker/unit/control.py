@@ -249,6 +249,12 @@ class Control:
         worker_ids = tuple(
             registry.worker_identity_of(self.deployment, lane.role.name, identity.generation, process.pid)
             for lane in self.cfg.lanes
+        ) + tuple(  # their scheduler consumers' (ADR 0073): contained and handed back alike
+            registry.worker_identity_of(
+                self.deployment, lane.role.name, identity.generation, process.pid, scheduler=True
+            )
+            for lane in self.cfg.lanes
+            if lane.worker.scheduler == "on" and lane.worker.queue in queues.ENGINE_QUEUES
         )
         self.execution = Execution(identity, process, group, time.monotonic(), worker_ids)
         log.info(

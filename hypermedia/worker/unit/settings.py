@@ -65,6 +65,10 @@ ROLE_OF_ROUTE: Final = ROLE_OF_QUEUE | {queues.bulk_route(role.queue): role for 
 """The role that serves each route: an engine's queue, and that engine's lane of the bulk queue
 (``bulk.images`` → the imageworker; ADR 0057)."""
 
+SCHEDULER_SLOTS: Final = 1
+"""The slot of the scheduler consumer beside each engine's queue (ADR 0073; a bulk lane has none):
+:data:`hypermedia.worker.scheduled.SLOTS`, whose uids a plan reserves."""
+
 QUEUES_VARIABLE: Final = "HM_WORKER_QUEUES"
 """The queues of a worker of several (:mod:`services.multiworker`): ``images=4,documents=2``."""
 
@@ -120,11 +124,12 @@ def plan_lanes(spec: str, *, variable: str, as_root: bool) -> tuple[LanePlan, ..
             raise ValueError(f"{variable}: the slots of {queue} must be a whole number 1-64")
         slots = int(count) if sep else role.default_slots
         plans.append(LanePlan(role, slots, offset, queue))
-        offset += slots * role.uids_per_slot
+        # An engine's queue has its scheduler consumer's slot after its own (ADR 0073).
+        offset += (slots + (0 if queues.is_bulk(queue) else SCHEDULER_SLOTS)) * role.uids_per_slot
     if as_root and offset > UID_RANGE:
         raise ValueError(
-            f"{variable}: the lanes take {offset} sandbox uids with root (a docworker slot takes 2), "
-            f"more than the {UID_RANGE} of one worker"
+            f"{variable}: the lanes take {offset} sandbox uids with root (a docworker slot takes 2, "
+            f"each queue's scheduler consumer one slot), more than the {UID_RANGE} of one worker"
         )
     return tuple(plans)
 
