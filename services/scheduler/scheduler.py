@@ -83,13 +83,15 @@ class Scheduler:
                    extract(epoch FROM now() - b.draining_at)::float8 AS draining_for,
                    w.worker_id, w.status AS worker_status, coalesce(h.n, 0) AS running_jobs
             FROM burst_workers b
-            LEFT JOIN LATERAL (
-                SELECT worker_id, status FROM workers WHERE burst_worker_id = b.burst_worker_id
+            LEFT JOIN LATERAL (  -- its ordinary lanes' row, not its scheduler consumer's (ADR 0073)
+                SELECT worker_id, status FROM workers
+                WHERE burst_worker_id = b.burst_worker_id AND queue NOT LIKE 'sched.%'
                 ORDER BY started_at DESC LIMIT 1
             ) w ON true
-            LEFT JOIN LATERAL (
+            LEFT JOIN LATERAL (  -- the jobs of both: a worker running scheduled work is not idle
                 SELECT count(*) AS n FROM processing_jobs
-                WHERE claimed_by = w.worker_id AND status IN ('claimed', 'processing', 'cancel_requested')
+                WHERE claimed_by IN (w.worker_id, w.worker_id || '/sched')
+                  AND status IN ('claimed', 'processing', 'cancel_requested')
             ) h ON true
             WHERE b.pool = $1 AND b.state NOT IN ('terminated', 'failed')
             """,

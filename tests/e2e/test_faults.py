@@ -129,7 +129,8 @@ def _start_worker(platform: RunningPlatform, name: str, **env: str) -> Worker:
     with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         while True:
             row = conn.execute(
-                "SELECT worker_id FROM workers WHERE pid = %s AND status = 'running'", (proc.pid,)
+                "SELECT worker_id FROM workers WHERE pid = %s AND status = 'running' AND queue NOT LIKE 'sched.%%'",
+                (proc.pid,),
             ).fetchone()
             if row:
                 return Worker(proc, work_dir, status_addr, row[0], platform.tls().channel_credentials())

@@ -166,3 +166,9 @@ def test_worker_status_shows_slots_and_admission(platform: RunningPlatform) -> N
     assert status.worker_id.startswith("local/imageworker/")
     assert 0 <= status.sample_age_seconds < 5
     assert status.available_memory_mb > 512 and status.pid_headroom > 64
+    # Its scheduler consumer (ADR 0073) is a lane of its own, outside the totals, and control's
+    # admission (the imageworker is a unit) decides nothing for it.
+    images, consumer = status.queues
+    assert (images.queue, images.slots_total) == ("images", 4) and images.admission_target >= 0
+    assert (consumer.queue, consumer.slots_total, consumer.admission_target) == ("sched.images", 1, -1)
+    assert consumer.worker_id == status.worker_id + "/sched" and consumer.reason in ("ok", "slots_full")

@@ -88,7 +88,8 @@ def start_media_worker(platform: RunningPlatform) -> MediaWorker:
             if proc.poll() is not None:
                 raise AssertionError(f"the media harness exited at start: {proc.returncode}")
             row = conn.execute(
-                "SELECT worker_id FROM workers WHERE role = 'mediaworker' AND pid = %s AND status = 'running'",
+                "SELECT worker_id FROM workers WHERE role = 'mediaworker' AND pid = %s AND status = 'running' "
+                "AND queue NOT LIKE 'sched.%%'",
                 (proc.pid,),
             ).fetchone()
             return None if row is None else str(row[0])

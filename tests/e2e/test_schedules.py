@@ -64,6 +64,8 @@ def test_a_process_schedule_runs_its_request_when_triggered(client: httpx.Client
     [job_id] = run["outcome"]["job_ids"]
     job = wait_job(client, job_id)
     assert job["status"] == "completed" and job["outputs"][0]["metadata"]["width"] == 96
+    # Run by the imageworker's scheduler consumer, never an ordinary slot (ADR 0073).
+    assert job["queue"] == "sched.images" and job["attempts"][0]["worker_id"].endswith("/sched")
     listed = client.get("/v1/schedules").json()["schedules"]
     assert [(s["name"], s["last_run"]["run_id"]) for s in listed] == [("nightly-thumbs", run["run_id"])]
 

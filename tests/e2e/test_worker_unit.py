@@ -510,6 +510,9 @@ def test_memory_pressure_closes_admission_and_fresh_samples_reopen_it(units: Any
         )
         assert closed.unit.decision_reason.startswith("memory_pressure"), closed.unit.decision_reason
         assert closed.reason == "parked" and not closed.admission_open
+        # Control parks the ordinary slots only: the scheduler consumer (ADR 0073) stays open.
+        [consumer] = [q for q in closed.queues if q.queue == "sched.images"]
+        assert consumer.admission_target == -1 and consumer.admission_open, consumer
     finally:
         hog.kill()
         hog.wait()
@@ -591,13 +594,23 @@ def test_a_unit_of_several_queues_runs_each_queues_jobs_in_its_own_lane(
 
     def both_decided() -> worker_pb2.GetStatusResponse | None:
         status = _ready(unit, timeout=90)
-        return status if all(q.admission_target >= 0 for q in status.queues) else None
+        ordinary = [q for q in status.queues if not q.queue.startswith("sched.")]
+        return status if all(q.admission_target >= 0 for q in ordinary) else None
 
     status = wait_for("both lanes decided", both_decided, 60, interval=0.2)
     assert status.queue == "images,documents"
-    assert [(q.queue, q.slots_total) for q in status.queues] == [("images", 2), ("documents", 1)]
+    # Each queue's scheduler consumer (ADR 0073) is listed after the lanes, outside the totals.
+    assert [(q.queue, q.slots_total) for q in status.queues] == [
+        ("images", 2),
+        ("documents", 1),
+        ("sched.images", 1),
+        ("sched.documents", 1),
+    ]
     assert status.slots_total == 3
-    image_lane, document_lane = status.queues
+    image_lane, document_lane, image_consumer, document_consumer = status.queues
+    assert image_consumer.worker_id == image_lane.worker_id + "/sched"
+    assert document_consumer.worker_id == document_lane.worker_id + "/sched"
+    assert image_consumer.admission_target == document_consumer.admission_target == -1
     pid = unit.execution().pid  # type: ignore[union-attr]
     assert image_lane.worker_id.startswith("local/imageworker/") and image_lane.worker_id.endswith(
         f"/g0/{pid}"
