@@ -108,6 +108,18 @@ async def queue_summary(pool: asyncpg.Pool, caller: Caller) -> list[dict[str, An
     return [dict(r) for r in rows]
 
 
+async def delayed_summary(pool: asyncpg.Pool, caller: Caller) -> dict[str, Any]:
+    """The delayed jobs still ``scheduled`` (ADR 0071), the caller's or every account's for an
+    admin: ``{"jobs": n, "next_due": datetime | None}`` (their credits are held already)."""
+    row = await pool.fetchrow(
+        "SELECT count(*) AS jobs, min(not_before) AS next_due FROM processing_jobs "
+        "WHERE status = 'scheduled' AND ($1::boolean OR account_id = $2::uuid)",
+        caller.is_admin,
+        caller.account_id,
+    )
+    return dict(row) if row is not None else {"jobs": 0, "next_due": None}
+
+
 async def job_events(pool: asyncpg.Pool, job_id: str, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
     """The first ``limit`` events of ``job_id`` (status changes and progress, oldest first); the
     caller has read the job already (its account's)."""
@@ -202,6 +214,7 @@ def router(
                 "available": as_credits(balance.available_millicredits),
             },
             queues=await queue_summary(pool, caller),
+            delayed=await delayed_summary(pool, caller),
         )
 
     @pages.get("/jobs")

@@ -186,10 +186,31 @@ def test_the_schedules_page_shows_next_and_last_runs(platform: RunningPlatform, 
                 break
             time.sleep(0.2)
         next_run = client.get("/v1/schedules/hourly-thumbs").json()["next_run_at"]
+        delayed = client.post(
+            "/v1/hypermedia/process",
+            json={
+                "object_id": obj["object_id"],
+                "operations": ["thumbnail"],
+                "not_before": "2099-01-01T00:00:00Z",
+            },
+        )
+        assert delayed.status_code == 422  # beyond the 30-day horizon
+        due = client.post(
+            "/v1/hypermedia/process",
+            json={"object_id": obj["object_id"], "operations": ["thumbnail"], "delay_seconds": 86400},
+        ).json()["not_before"]
     base = platform.rest_url
     browser.get(f"{base}/dashboard/login")
     browser.find_element(By.NAME, "api_key").send_keys(account["api_key"])
     _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
+    # The Overview counts the delayed job that holds credits, with when it is due.
+    assert browser.find_elements(By.ID, "queues-empty") == []
+    assert _text(browser, "#delayed").startswith(
+        f"1 delayed job scheduled, the next due {due[:10]} {due[11:19]} UTC"
+    )
+    _follow(browser, browser.find_element(By.LINK_TEXT, "list"))
+    [listed] = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
+    assert "scheduled" in listed.text
     _follow(browser, browser.find_element(By.LINK_TEXT, "Schedules"))
 
     rows = {
