@@ -8,14 +8,16 @@ the config file: :class:`~hypermedia.client.session.ClientSettings`):
 Tables on stdout (rich), progress on stderr when it is a terminal, ``--json`` for scripts.
 
 Exit codes: 0 done (every watched job completed); 1 a watched job failed or was cancelled;
-2 a usage or configuration error (no API key, a malformed ``--op``); 3 the API refused the
-request (its ``error_code`` and detail on stderr); 4 the gateway could not be reached.
+2 a usage or configuration error (no API key, a malformed ``--op``, ``--at`` or ``--delay``);
+3 the API refused the request (its ``error_code`` and detail on stderr); 4 the gateway could not
+be reached.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import mimetypes
 import sys
 from collections.abc import Callable
@@ -28,6 +30,8 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from hypermedia.client.session import TERMINAL, ApiError, ClientSettings, ConfigMissing, Session
+from hypermedia.core.errors import InvalidArgument
+from hypermedia.core.rfc3339 import parse_rfc3339
 
 T = TypeVar("T")
 
@@ -251,6 +255,7 @@ def submit(
         operations = [parse_op(o) for o in op]
     except (ValueError, json.JSONDecodeError) as exc:
         _fail(EXIT_USAGE, str(exc))
+    _check_delay(at, delay)
     _folder(download)
     with _session() as session:
         try:
@@ -289,6 +294,21 @@ def submit(
         out.print(f"object {obj['object_id']}; jobs {' '.join(created['job_ids'])}{due}", highlight=False)
     if any(j["status"] != "completed" for j in result.get("jobs", [])):
         raise typer.Exit(EXIT_JOB_FAILED)
+
+
+def _check_delay(at: str | None, delay: float | None) -> None:
+    """Exit 2 (before anything is uploaded) for ``--at`` and ``--delay`` together, an ``--at``
+    that is not an RFC 3339 time with an offset, or a ``--delay`` that is negative or not finite.
+    The 30-day horizon is the gateway's to check (exit 3)."""
+    if at is not None and delay is not None:
+        _fail(EXIT_USAGE, "give --at or --delay, not both")
+    if at is not None:
+        try:
+            parse_rfc3339(at)
+        except InvalidArgument as exc:
+            _fail(EXIT_USAGE, f"--at {at[:64]!r}: {exc.public_message.removeprefix('not_before ')}")
+    if delay is not None and not (math.isfinite(delay) and delay >= 0):
+        _fail(EXIT_USAGE, f"--delay {delay}: must be a finite number of seconds ≥ 0")
 
 
 @jobs_app.command("ls")

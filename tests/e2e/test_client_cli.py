@@ -95,9 +95,20 @@ def test_submit_with_a_delay_makes_scheduled_jobs_and_cancel_stops_them(user: di
     job = plain.stdout.split("jobs ", 1)[1].split(";")[0].strip()
     assert _run(user, "jobs", "cancel", job).returncode == 0
 
-    refused = _run(user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", "--at", "tomorrow")
-    assert refused.returncode != 0 and "INVALID_SCHEDULE" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    # Flag mistakes are usage errors (2), found before anything is uploaded; the horizon is the
+    # gateway's to refuse (3).
+    for flags, said in (
+        (("--at", "tomorrow"), "--at 'tomorrow': must be an RFC 3339 time with an offset"),
+        (("--at", "2026-12-24T18:00:00"), "must be an RFC 3339 time with an offset"),
+        (("--at", "2026-12-24T18:00:00Z", "--delay", "5"), "give --at or --delay, not both"),
+        (("--delay", "-1"), "--delay -1.0: must be a finite number of seconds"),
+        (("--delay", "inf"), "--delay inf: must be a finite number of seconds"),
+    ):
+        refused = _run(user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", *flags)
+        assert refused.returncode == 2 and said in refused.stderr, (flags, refused.stderr)
+        assert "Traceback" not in refused.stderr
+    far = _run(user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", "--delay", "99999999")
+    assert far.returncode == 3 and "INVALID_SCHEDULE" in far.stderr, far.stderr
 
 
 def test_schedules_are_added_run_listed_paused_and_removed(user: dict[str, str]) -> None:
