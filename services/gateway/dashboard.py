@@ -12,6 +12,7 @@ from users."""
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import hmac
 import json
@@ -26,7 +27,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from hypermedia.core.errors import DomainError, Unauthenticated
+from hypermedia.core.errors import DomainError, PermissionDenied, Unauthenticated
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.pricing import as_credits
 from services.gateway.process_request import OperationRequest
@@ -120,6 +121,55 @@ async def delayed_summary(pool: asyncpg.Pool, caller: Caller) -> dict[str, Any]:
     return dict(row) if row is not None else {"jobs": 0, "next_due": None}
 
 
+CHART_MINUTES = 60
+"""The Overview's charts: the jobs that ended in each of the last 60 minutes."""
+
+
+async def minute_series(pool: asyncpg.Pool, caller: Caller) -> list[dict[str, Any]]:
+    """The jobs that ended (``completed`` or ``failed``) in each of the last
+    :data:`CHART_MINUTES` minutes, oldest first, the caller's or every account's for an admin:
+    ``{"minute": datetime, "completed": n, "failed": n, "ended": n, "p50_ms": float | None,
+    "p95_ms": …}``,
+    the latencies those completed took from queued (or created) to completed. Only jobs created within the last day
+    are read (the ``created_at`` index); a job that waited longer is left out of its minute."""
+    rows = await pool.fetch(
+        """
+        SELECT date_trunc('minute', completed_at) AS minute,
+               count(*) FILTER (WHERE status = 'completed') AS completed,
+               count(*) FILTER (WHERE status = 'failed') AS failed,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY completed_at - coalesce(queued_at, created_at))
+                   FILTER (WHERE status = 'completed') AS p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY completed_at - coalesce(queued_at, created_at))
+                   FILTER (WHERE status = 'completed') AS p95
+        FROM processing_jobs
+        WHERE created_at > now() - interval '1 day' AND status IN ('completed', 'failed')
+          AND completed_at >= date_trunc('minute', now()) - make_interval(mins => $3 - 1)
+          AND ($1::boolean OR account_id = $2::uuid)
+        GROUP BY 1
+        """,
+        caller.is_admin,
+        caller.account_id,
+        CHART_MINUTES,
+    )
+    found = {r["minute"]: r for r in rows}
+    now = await pool.fetchval("SELECT date_trunc('minute', now())")
+    series = []
+    for back in range(CHART_MINUTES - 1, -1, -1):
+        minute = now - datetime.timedelta(minutes=back)
+        row = found.get(minute)
+        series.append(
+            {
+                "minute": minute,
+                "completed": row["completed"] if row else 0,
+                "failed": row["failed"] if row else 0,
+                "ended": row["completed"] + row["failed"] if row else 0,
+                "p50_ms": row["p50"].total_seconds() * 1000 if row and row["p50"] is not None else None,
+                "p95_ms": row["p95"].total_seconds() * 1000 if row and row["p95"] is not None else None,
+            }
+        )
+    return series
+
+
 async def job_events(pool: asyncpg.Pool, job_id: str, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
     """The first ``limit`` events of ``job_id`` (status changes and progress, oldest first); the
     caller has read the job already (its account's)."""
@@ -134,12 +184,14 @@ async def job_events(pool: asyncpg.Pool, job_id: str, limit: int = EVENTS_SHOWN)
 
 async def workers(pool: asyncpg.Pool) -> list[dict[str, Any]]:
     """Every worker not stopped, by queue: its status, slots, heartbeat age (seconds) and latest
-    metrics sample (``worker_metrics``: busy slots, CPU, available memory, jobs done)."""
+    metrics sample (``worker_metrics``: busy slots, CPU, available memory, jobs done, and its
+    admission then: the reason, and a unit's control's target)."""
     rows = await pool.fetch(
         """
         SELECT w.worker_id, w.queue, w.status, w.slots, w.hostname, w.started_at,
                extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
-               m.slots_busy, m.cpu_percent, m.memory_available_mb, m.jobs_completed, m.jobs_failed
+               m.slots_busy, m.cpu_percent, m.memory_available_mb, m.jobs_completed, m.jobs_failed,
+               m.admission_reason, m.admission_target
         FROM workers w
         LEFT JOIN LATERAL (SELECT * FROM worker_metrics x WHERE x.worker_id = w.worker_id
                            ORDER BY recorded_at DESC LIMIT 1) m ON true
@@ -161,6 +213,15 @@ def router(
 
     def render(name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
         return HTMLResponse(_templates.get_template(name).render(**values), status_code=status_code)
+
+    def admins_only(caller: Caller, csrf: str, what: str) -> HTMLResponse:
+        return render(
+            "missing.html",
+            status_code=403,
+            caller=caller,
+            csrf=csrf,
+            error=f"{what}: shown to admin accounts only.",
+        )
 
     def signed_in(request: Request) -> tuple[Caller, str] | None:
         token = request.cookies.get(COOKIE)
@@ -215,6 +276,7 @@ def router(
             },
             queues=await queue_summary(pool, caller),
             delayed=await delayed_summary(pool, caller),
+            series=await minute_series(pool, caller),
         )
 
     @pages.get("/jobs")
@@ -301,6 +363,32 @@ def router(
         found = await api.schedules.list_schedules(caller)
         return render("schedules.html", caller=caller, csrf=csrf, schedules=found)
 
+    @pages.get("/backfills")
+    async def backfills_page(request: Request) -> Response:
+        session = signed_in(request)
+        if session is None:
+            return to_login()
+        caller, csrf = session
+        runs = await api.backfills.list(caller, limit=50)
+        return render("backfills.html", caller=caller, csrf=csrf, runs=runs, credits=as_credits)
+
+    @pages.get("/scheduler")
+    async def scheduler_page(request: Request) -> Response:
+        """The scheduler's pools with their burst workers alive, and its latest decisions (admin)."""
+        session = signed_in(request)
+        if session is None:
+            return to_login()
+        caller, csrf = session
+        try:
+            pools = await api.operators.pools(caller)
+            live = await api.operators.burst_workers(caller, live_only=True, limit=100)
+            decisions = await api.operators.decisions(caller, limit=50)
+        except PermissionDenied:
+            return admins_only(caller, csrf, "The scheduler")
+        return render(
+            "scheduler.html", caller=caller, csrf=csrf, pools=pools, burst_workers=live, decisions=decisions
+        )
+
     @pages.get("/workers")
     async def workers_page(request: Request) -> Response:
         session = signed_in(request)
@@ -308,13 +396,7 @@ def router(
             return to_login()
         caller, csrf = session
         if not caller.is_admin:
-            return render(
-                "missing.html",
-                status_code=403,
-                caller=caller,
-                csrf=csrf,
-                error="Workers are shown to admin accounts.",
-            )
+            return admins_only(caller, csrf, "Workers")
         return render("workers.html", caller=caller, csrf=csrf, workers=await workers(pool))
 
     @pages.get("/jobs/{job_id}/outputs/{output_type}")

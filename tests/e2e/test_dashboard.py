@@ -6,8 +6,8 @@ lane, which the session's platform does not run, stays queued for as long as the
 
 from __future__ import annotations
 
+import datetime
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
-from selenium.webdriver.support.wait import WebDriverWait
 
-from tests.e2e.conftest import RunningPlatform, upload, wait_job
+from tests.e2e.browser import follow, open_browser, sign_in, table
+from tests.e2e.conftest import RunningPlatform, upload, wait_for, wait_job
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_3.jpg"
 PDF = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "pdf" / "google-doc-document.pdf"
@@ -31,27 +27,14 @@ PDF = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "pdf" / "googl
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver, "make test installs Debian's chromium and chromium-driver"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
-        options.add_argument(flag)
-    session = webdriver.Chrome(service=Service(driver), options=options)
-    session.set_page_load_timeout(30)
-    try:
+    with open_browser() as session:
         yield session
-    finally:
-        session.quit()
 
 
-def _follow(browser: WebDriver, element: WebElement) -> None:
-    """Click ``element`` and wait until the page it leads to has replaced this one (a find right
-    after a click may otherwise get the old page's element, stale a moment later)."""
-    old = browser.find_element(By.TAG_NAME, "html")
-    element.click()
-    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(old))
-    WebDriverWait(browser, 30).until(lambda b: b.execute_script("return document.readyState") == "complete")
+def _ms_between(start: str, end: str) -> int:
+    return round(
+        (datetime.datetime.fromisoformat(end) - datetime.datetime.fromisoformat(start)).total_seconds() * 1000
+    )
 
 
 def _text(browser: WebDriver, css: str) -> str:
@@ -78,11 +61,11 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
     browser.get(f"{base}/dashboard")
     assert browser.current_url.endswith("/dashboard/login")
     browser.find_element(By.NAME, "api_key").send_keys("hm_000000000000_wrong")
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
     assert "not known" in _text(browser, "[role=alert]")
 
     browser.find_element(By.NAME, "api_key").send_keys(account["api_key"])
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
     assert browser.current_url.endswith("/dashboard")
     credits = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#credits td")]
     assert float(credits[0]) == pytest.approx(50 - thumbnail["actual_credits"])
@@ -92,11 +75,23 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
         for row in browser.find_elements(By.CSS_SELECTOR, "#queues tr")[1:]
     ]
     assert [q[:3] for q in queues] == [["bulk.documents", "8", "1"]]
+    # The last hour's charts: this account's one completed job, in the minute it ended, with its latency.
+    ended = [
+        (g.get_attribute("data-minute"), g.get_attribute("data-completed"), g.get_attribute("data-failed"))
+        for g in browser.find_elements(By.CSS_SELECTOR, "#throughput g[data-minute]")
+    ]
+    assert len(ended) == 60 and [e for e in ended if e[1:] != ("0", "0")] == [
+        (thumbnail["completed_at"][11:16], "1", "0")
+    ]
+    [latency] = browser.find_elements(By.CSS_SELECTOR, "#latency g[data-minute]")
+    took = _ms_between(thumbnail["queued_at"], thumbnail["completed_at"])
+    assert latency.get_attribute("data-minute") == thumbnail["completed_at"][11:16]
+    assert abs(int(latency.get_attribute("data-p50-ms") or -1) - took) <= 1
 
-    _follow(browser, browser.find_element(By.LINK_TEXT, "Jobs"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "Jobs"))
     rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
     assert {r.find_element(By.TAG_NAME, "code").text for r in rows} == {thumbnail["job_id"], waiting}
-    _follow(browser, browser.find_element(By.LINK_TEXT, thumbnail["job_id"]))
+    follow(browser, browser.find_element(By.LINK_TEXT, thumbnail["job_id"]))
     assert _text(browser, "#status") == "completed"
     [attempt] = browser.find_elements(By.CSS_SELECTOR, "#attempts tr")[1:]
     cells = [c.text for c in attempt.find_elements(By.TAG_NAME, "td")]
@@ -112,7 +107,7 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
     assert statuses[0] == "queued" and statuses[-1] == "completed" and "processing" in statuses, events
 
     # The credits page explains the charge line by line, and shows the waiting job's hold.
-    _follow(browser, browser.find_element(By.LINK_TEXT, "Credits"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "Credits"))
     ledger = [
         [c.text for c in row.find_elements(By.TAG_NAME, "td")]
         for row in browser.find_elements(By.CSS_SELECTOR, "#ledger tr")[1:]
@@ -132,17 +127,17 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
 
     browser.get(f"{base}/dashboard/jobs?status=queued")
     [row] = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
-    _follow(browser, row.find_element(By.TAG_NAME, "a"))
+    follow(browser, row.find_element(By.TAG_NAME, "a"))
     assert _text(browser, "#status") == "queued"
-    _follow(browser, browser.find_element(By.ID, "cancel"))
+    follow(browser, browser.find_element(By.ID, "cancel"))
     assert _text(browser, "#status") == "cancelled"
-    _follow(browser, browser.find_element(By.ID, "retry"))
+    follow(browser, browser.find_element(By.ID, "retry"))
     again = browser.current_url.rsplit("/", 1)[1]
     assert again != waiting and _text(browser, "#status") == "queued"
-    _follow(browser, browser.find_element(By.ID, "cancel"))
+    follow(browser, browser.find_element(By.ID, "cancel"))
     assert _text(browser, "#status") == "cancelled"
 
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
     browser.get(f"{base}/dashboard/jobs")
     assert browser.current_url.endswith("/dashboard/login")
 
@@ -154,17 +149,28 @@ def test_an_admin_sees_the_workers_with_their_heartbeats_and_slots(
     base = platform.rest_url
     browser.get(f"{base}/dashboard/login")
     browser.find_element(By.NAME, "api_key").send_keys(admin["api_key"])
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
-    _follow(browser, browser.find_element(By.LINK_TEXT, "Workers"))
-    rows = {
-        row.get_attribute("data-queue"): [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-        for row in browser.find_elements(By.CSS_SELECTOR, "#workers tr[data-queue]")
-    }
-    assert {"images", "documents", "ocr", "media"} <= set(rows), rows
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "Workers"))
+
+    def sampled() -> dict[str, list[str]] | None:
+        """The rows once the imageworker's first metrics sample (every 60 s) is in."""
+        browser.refresh()
+        rows = {
+            row.get_attribute("data-queue"): [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+            for row in browser.find_elements(By.CSS_SELECTOR, "#workers tr[data-queue]")
+        }
+        return rows if rows.get("images", ["", "", "", "", "", ""])[5] else None
+
+    rows = wait_for("the imageworker's metrics sample", sampled, timeout=90, interval=2)
+    assert {"images", "documents", "ocr", "media", "sched.images"} <= set(rows), rows
     images = rows["images"]
     assert images[1].startswith("local/imageworker/") and images[2] == "running"
     assert int(images[3].removesuffix(" s ago")) < 60 and images[4].endswith(" of 4")
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
+    # Admission as the unit's control set it: the imageworker is a unit with a target.
+    assert images[5].split(" ")[0] in ("ok", "slots_full", "parked") and "(target " in images[5], images
+    consumer = rows["sched.images"]  # its scheduler consumer (ADR 0073): one slot, no target
+    assert consumer[1] == images[1] + "/sched" and consumer[4].endswith(" of 1"), consumer
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
 
 
 def test_the_schedules_page_shows_next_and_last_runs(platform: RunningPlatform, browser: WebDriver) -> None:
@@ -202,16 +208,16 @@ def test_the_schedules_page_shows_next_and_last_runs(platform: RunningPlatform, 
     base = platform.rest_url
     browser.get(f"{base}/dashboard/login")
     browser.find_element(By.NAME, "api_key").send_keys(account["api_key"])
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "form button"))
     # The Overview counts the delayed job that holds credits, with when it is due.
     assert browser.find_elements(By.ID, "queues-empty") == []
     assert _text(browser, "#delayed").startswith(
         f"1 delayed job scheduled, the next due {due[:10]} {due[11:19]} UTC"
     )
-    _follow(browser, browser.find_element(By.LINK_TEXT, "list"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "list"))
     [listed] = browser.find_elements(By.CSS_SELECTOR, "#jobs tr")[1:]
     assert "scheduled" in listed.text
-    _follow(browser, browser.find_element(By.LINK_TEXT, "Schedules"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "Schedules"))
 
     rows = {
         row.get_attribute("data-name"): [c.text for c in row.find_elements(By.TAG_NAME, "td")]
@@ -222,7 +228,7 @@ def test_the_schedules_page_shows_next_and_last_runs(platform: RunningPlatform, 
     assert rows["hourly-thumbs"][4] == next_run[:16].replace("T", " ")
     assert rows["hourly-thumbs"][5].endswith("(manual)") and rows["hourly-thumbs"][6] == "succeeded"
     assert rows["paused-one"][4:] == ["paused", "", ""]
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
 
 
 def test_a_form_without_the_sessions_token_changes_nothing(platform: RunningPlatform) -> None:
@@ -242,3 +248,30 @@ def test_a_form_without_the_sessions_token_changes_nothing(platform: RunningPlat
             assert page.get(f"/dashboard/jobs/{job_id}").status_code == 200
         assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
         assert client.post(f"/v1/jobs/{job_id}:cancel").json()["status"] == "cancelled"
+
+
+def test_the_backfills_page_shows_a_runs_progress_and_only_admins_see_the_scheduler(
+    platform: RunningPlatform, browser: WebDriver
+) -> None:
+    account: dict[str, Any] = platform.admin("create-account", "--credits", "10")
+    with platform.client(account) as client:
+        upload(client, PHOTO)
+        created = client.post("/v1/backfills", json={"selector": {"operation": "thumbnail", "scope": "all"}})
+        assert created.status_code == 201, created.text
+        run_id = created.json()["run_id"]
+        wait_for(
+            "the run's job done",
+            lambda: client.get(f"/v1/backfills/{run_id}").json()["progress"]["completed"] == 1,
+            timeout=60,
+            interval=0.3,
+        )
+    sign_in(browser, platform.rest_url, account["api_key"])
+    follow(browser, browser.find_element(By.LINK_TEXT, "Backfills"))
+    row = table(browser, "#backfills", "data-run")[run_id]
+    # matched, enqueued, completed / failed, in flight: the run may still be `running` (its last
+    # tick has not seen the job end) or `completed`.
+    assert row[1] in ("running", "completed") and row[2:7] == ["thumbnail", "1", "1", "1 / 0", "0"], row
+    assert browser.find_elements(By.LINK_TEXT, "Scheduler") == []  # not an admin
+    browser.get(f"{platform.rest_url}/dashboard/scheduler")
+    assert "admin accounts" in browser.page_source
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))

@@ -28,11 +28,13 @@ import grpc
 import psycopg
 import pytest
 from google.protobuf import json_format
+from selenium.webdriver.common.by import By
 
 from hypermedia.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.formula import BurstWorker, Inputs, QueueDemand, plan
 from services.scheduler.pools import Pool
 from services.scheduler.providers.local import start_ticks
+from tests.e2e.browser import follow, open_browser, sign_in, table
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for
 
 INTERVAL = 2.0
@@ -297,6 +299,15 @@ def test_operators_read_pools_burst_workers_and_decisions_over_rest_and_grpc(
         assert page and page[0]["decision_id"] < first[-1]["decision_id"]
         bad = client.get("/v1/admin/scheduler/decisions", params={"limit": 5000})
         assert (bad.status_code, bad.json()["error_code"]) == (422, "INVALID_REQUEST")
+
+    # The dashboard's Scheduler page shows the same tables to the admin.
+    with open_browser() as browser:
+        sign_in(browser, scheduled.rest_url, admin["api_key"])
+        follow(browser, browser.find_element(By.LINK_TEXT, "Scheduler"))
+        assert table(browser, "#pools", "data-pool")["flood"][0] == "flood"
+        decisions = table(browser, "#decisions", "data-decision")
+        assert 3 <= len(decisions) <= 50 and max(map(int, decisions)) >= first[0]["decision_id"]
+        assert all(row[2] == "flood" and row[3] in ("start", "drain", "hold") for row in decisions.values())
 
     with scheduled.client(tenant) as client:
         refused = client.get("/v1/admin/scheduler/pools")
