@@ -2,7 +2,7 @@
 the config file: :class:`~hypermedia.client.session.ClientSettings`):
 
 - ``hypermedia submit FILE --op thumbnail --op convert:format=avif [--watch] [--download DIR]``
-- ``hypermedia jobs ls|get|watch|cancel``, ``hypermedia objects get|rm``, ``hypermedia operations``
+- ``hypermedia jobs ls|get|watch|cancel``, ``hypermedia objects ls|get|rm``, ``hypermedia operations``
 - ``hypermedia schedules ls|add|runs|trigger|pause|resume|rm``
 
 Tables on stdout (rich), progress on stderr when it is a terminal, ``--json`` for scripts.
@@ -64,7 +64,7 @@ EXTENSIONS: Final = {
 """File extensions of the outputs' types (``mimetypes`` knows only what the host's tables say)."""
 
 jobs_app = typer.Typer(no_args_is_help=True, help="your jobs: ls, get, watch, cancel")
-objects_app = typer.Typer(no_args_is_help=True, help="your objects: get, rm")
+objects_app = typer.Typer(no_args_is_help=True, help="your objects: ls, get, rm")
 schedules_app = typer.Typer(
     no_args_is_help=True, help="your schedules: ls, add, runs, trigger, pause, resume, rm"
 )
@@ -372,6 +372,35 @@ def jobs_cancel(job_id: str, as_json: JsonFlag = False) -> None:
         out.print_json(data=job)
     else:
         out.print(_jobs_table([job]))
+
+
+@objects_app.command("ls")
+def objects_ls(
+    kind: Annotated[
+        str | None, typer.Option(help="original or output (of your jobs); both when left out")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="objects a page")] = 20,
+    cursor: Annotated[str | None, typer.Option(help="next_cursor of the previous page")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Your objects, newest first, a page at a time (``objects get ID`` for a download URL)."""
+    page = _ask(lambda session: session.objects(kind=kind, limit=limit, cursor=cursor))
+    if as_json:
+        out.print_json(data=page)
+        return
+    table = Table("object", "type", "bytes", "name", "from", "created (UTC)")
+    for o in page["objects"]:
+        table.add_row(
+            o["object_id"],
+            o["mime_type"],
+            str(o["size_bytes"]),
+            o["filename"],
+            o["source_object_id"] or "",
+            o["created_at"],
+        )
+    out.print(table)
+    if page.get("next_cursor"):
+        out.print(f"more: --cursor {page['next_cursor']}", highlight=False)
 
 
 @objects_app.command("get")

@@ -177,6 +177,12 @@ class Session:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/v1/jobs/{_segment(job_id)}:cancel"))
 
+    def objects(self, **filters: Any) -> dict[str, Any]:
+        """``GET /v1/objects`` with the filters that are not None (``kind``, ``limit``, ``cursor``)."""
+        return dict(
+            self._call("GET", "/v1/objects", params={k: v for k, v in filters.items() if v is not None})
+        )
+
     def object(self, object_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/objects/{_segment(object_id)}"))
 

@@ -61,6 +61,7 @@ RIGHTS: Mapping[str, frozenset[str]] = {
     _STORAGE + "CreateUpload": _GATEWAY,
     _STORAGE + "CompleteUpload": _GATEWAY,
     _STORAGE + "GetObject": _GATEWAY,
+    _STORAGE + "ListObjects": _GATEWAY,
     _STORAGE + "DeleteObject": _GATEWAY,
     _STORAGE + "PresignGet": _GATEWAY,
     _STORAGE + "GrantJob": WORKERS,

@@ -263,6 +263,29 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             url_expires_at=timestamp_of(link.url_expires_at),
         )
 
+    async def ListObjects(
+        self, request: jobs_pb2.ListObjectsRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.ListObjectsResponse:
+        caller = await self._caller(context)
+        page = await self._api.uploads.list_objects(
+            caller, request.kind, request.page_size or 50, request.page_token or None
+        )
+        return jobs_pb2.ListObjectsResponse(
+            objects=[
+                jobs_pb2.ObjectSummary(
+                    object_id=o.object_id,
+                    size_bytes=o.size_bytes,
+                    mime_type=o.mime_type,
+                    sha256=o.sha256,
+                    filename=o.filename,
+                    source_object_id=o.source_object_id or "",
+                    created_at=timestamp_of(o.created_at),
+                )
+                for o in page.objects
+            ],
+            next_page_token=page.next_cursor or "",
+        )
+
     async def DeleteObject(
         self, request: jobs_pb2.DeleteObjectRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.DeleteObjectResponse:

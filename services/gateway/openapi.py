@@ -135,6 +135,21 @@ class ObjectInfoOut(BaseModel):
     url_expires_at: str | None
 
 
+class ObjectSummaryOut(BaseModel):
+    object_id: str
+    size_bytes: int
+    mime_type: str
+    sha256: str
+    filename: str = Field(description='an original\'s display name; "" when none was given, and for outputs')
+    source_object_id: str | None = Field(description="for an output, the object it was derived from")
+    created_at: str | None
+
+
+class ObjectPageOut(BaseModel):
+    objects: list[ObjectSummaryOut]
+    next_cursor: str | None = Field(description="the next page's cursor; null on the last page")
+
+
 class OutputLinkOut(BaseModel):
     output_type: str
     object_id: str

@@ -33,7 +33,16 @@ from services.gateway import backfills_api, openapi, operators_api, presets_api,
 from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
 from services.gateway.process_request import parse_operations
 from services.gateway.resolved import OutputResolver
-from services.gateway.results import Attempt, Balance, Job, LedgerPage, ObjectInfo, Output, ProcessResult
+from services.gateway.results import (
+    Attempt,
+    Balance,
+    Job,
+    LedgerPage,
+    ObjectInfo,
+    ObjectPage,
+    Output,
+    ProcessResult,
+)
 from services.gateway.status import MAX_PAGE_SIZE, JobFilter, JobPage
 from services.gateway.usecases import UseCases
 
@@ -319,6 +328,14 @@ def object_json(obj: ObjectInfo) -> dict[str, Any]:
         **dataclasses.asdict(obj),
         "created_at": _iso(obj.created_at),
         "url_expires_at": _iso(obj.url_expires_at),
+    }
+
+
+def object_page_json(page: ObjectPage) -> dict[str, Any]:
+    """The answer of ``GET /v1/objects``: each object's fields, times as ISO 8601 strings."""
+    return {
+        "objects": [{**dataclasses.asdict(o), "created_at": _iso(o.created_at)} for o in page.objects],
+        "next_cursor": page.next_cursor,
     }
 
 
@@ -615,6 +632,18 @@ def build_app(
         content = await file.read(api.uploads.max_upload_bytes + 1)
         stored = await api.uploads.upload_object(who, content, file.filename or "", file.content_type)
         return dataclasses.asdict(stored)
+
+    @app.get("/v1/objects", responses={200: {"model": openapi.ObjectPageOut}})
+    async def list_objects(
+        who: Caller = Depends(caller),
+        kind: str = Query("", max_length=32, description='"original", "output" (of your jobs), or both'),
+        limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="objects a page"),
+        cursor: str | None = Query(None, max_length=512, description="next_cursor of the previous page"),
+    ) -> dict[str, Any]:
+        """The caller's objects, newest first, a page at a time: ``{"objects": [...],
+        "next_cursor"}`` (null on the last page), without download URLs (``GET
+        /v1/objects/{id}`` gives one). 422 ``INVALID_KIND``, ``INVALID_CURSOR``."""
+        return object_page_json(await api.uploads.list_objects(who, kind, limit, cursor))
 
     @app.get("/v1/objects/{object_id}", responses={200: {"model": openapi.ObjectInfoOut}})
     async def get_object(object_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:

@@ -68,6 +68,28 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True)
+class ObjectSummary:
+    """An object of a ``GET /v1/objects`` page: :class:`ObjectInfo` without its URL."""
+
+    object_id: str
+    size_bytes: int
+    mime_type: str
+    sha256: str
+    filename: str
+    source_object_id: str | None
+    """For an output, the object it was derived from; None for an original."""
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ObjectPage:
+    """A page of the caller's objects, newest first, and the next page's cursor (None on the last)."""
+
+    objects: tuple[ObjectSummary, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
 class OutputLink:
     """A fresh presigned URL of one output of a job (``GET /v1/jobs/{id}/outputs/{type}``, gRPC
     ``GetOutputUrl``)."""

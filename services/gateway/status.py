@@ -108,14 +108,15 @@ class JobPage:
     next_cursor: str | None
 
 
-def _cursor(job: Job) -> str:
-    """The opaque cursor after ``job``: its creation time and id, base64url JSON."""
-    position = {"t": job.created_at.isoformat(), "j": job.job_id}
+def page_cursor(created_at: dt.datetime, item_id: str) -> str:
+    """The opaque cursor after an item of a newest-first page (a job, an object): its creation
+    time and id, base64url JSON."""
+    position = {"t": created_at.isoformat(), "j": item_id}
     return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
 
 
-def _position(cursor: str) -> tuple[dt.datetime, str]:
-    """The (created_at, job_id) a :func:`_cursor` names. Raises InvalidArgument
+def page_position(cursor: str) -> tuple[dt.datetime, str]:
+    """The (created_at, id) a :func:`page_cursor` names. Raises InvalidArgument
     (``INVALID_CURSOR``) for anything else."""
     try:
         raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
@@ -213,7 +214,7 @@ class JobStatus:
                     f"unknown operation {filters.operation!r}: one of {', '.join(operations)}",
                     "UNKNOWN_OPERATION",
                 )
-        at, last = _position(cursor) if cursor else (None, None)
+        at, last = page_position(cursor) if cursor else (None, None)
         rows = await self._pool.fetch(
             """
             SELECT * FROM processing_jobs
@@ -238,7 +239,7 @@ class JobStatus:
             limit + 1,
         )
         jobs = tuple(job_result(row, [], []) for row in rows[:limit])
-        return JobPage(jobs, _cursor(jobs[-1]) if len(rows) > limit else None)
+        return JobPage(jobs, page_cursor(jobs[-1].created_at, jobs[-1].job_id) if len(rows) > limit else None)
 
     async def output_link(self, caller: Caller, job_id: str, output_type: str) -> OutputLink:
         """A fresh presigned URL of the output ``output_type`` of the caller's job: what the stable

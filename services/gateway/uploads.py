@@ -19,7 +19,8 @@ from hypermedia.intake import contenttype
 from hypermedia.intake.clamav import ClamdScanner
 from hypermedia.jobs.accounts import Caller
 from services.gateway.ids import parse_uuid
-from services.gateway.results import ObjectInfo, StorageUsage, StoredObject
+from services.gateway.results import ObjectInfo, ObjectPage, ObjectSummary, StorageUsage, StoredObject
+from services.gateway.status import INVALID_CURSOR_MESSAGE, MAX_PAGE_SIZE, page_cursor, page_position
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,48 @@ class Uploads:
             url=signed.url,
             url_expires_at=signed.expires_at.ToDatetime(UTC),
         )
+
+    async def list_objects(
+        self, caller: Caller, kind: str = "", limit: int = 50, cursor: str | None = None
+    ) -> ObjectPage:
+        """The caller's available objects, newest first (by ``created_at``, then id): ``kind``
+        ``original``, ``output`` (the outputs of its jobs) or ``""`` (both), ``limit`` (1 to
+        :data:`~services.gateway.status.MAX_PAGE_SIZE`) a page, after ``cursor`` (the previous
+        page's ``next_cursor``). Without URLs (:meth:`get_object` gives one).
+
+        Raises:
+            InvalidArgument: ``INVALID_KIND``, ``INVALID_PAGE_SIZE``, ``INVALID_CURSOR``.
+            TransientError: storage unreachable.
+        """
+        if kind not in ("", "original", "output"):
+            raise InvalidArgument(
+                f'kind {kind[:32]!r}: "original", "output" or left out (both)', "INVALID_KIND"
+            )
+        if not 1 <= limit <= MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page size must be 1 to {MAX_PAGE_SIZE}", "INVALID_PAGE_SIZE")
+        request = storage_pb2.ListObjectsRequest(account_id=caller.account_id, kind=kind, limit=limit)
+        if cursor:
+            at, after = page_position(cursor)
+            try:
+                request.after_created_at.FromDatetime(at)
+            except (OverflowError, ValueError):  # a time a Timestamp cannot hold: not one we gave
+                raise InvalidArgument(INVALID_CURSOR_MESSAGE, "INVALID_CURSOR") from None
+            request.after_object_id = after
+        found = await call(self._storage.ListObjects, request)
+        objects = tuple(
+            ObjectSummary(
+                object_id=o.object_id,
+                size_bytes=o.size_bytes,
+                mime_type=o.mime_type,
+                sha256=o.sha256,
+                filename=o.filename,
+                source_object_id=o.source_object_id or None,
+                created_at=o.created_at.ToDatetime(UTC),
+            )
+            for o in found.objects
+        )
+        last = objects[-1] if objects and found.more else None
+        return ObjectPage(objects, page_cursor(last.created_at, last.object_id) if last else None)
 
     async def delete_object(self, caller: Caller, object_id: str) -> StorageUsage:
         """Delete an original of the caller: its bytes go and its size and one object go back to

@@ -12,7 +12,7 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 import grpc
@@ -49,6 +49,8 @@ CHECKPOINT_SWEEP_BATCH = 100
 """Ended jobs whose checkpoints one :meth:`StorageServicer.sweep_checkpoints` deletes at most."""
 CHECKPOINT_SWEEP_SECONDS = 5.0
 """How often storage deletes the checkpoints of jobs that ended (seconds)."""
+MAX_LIST_LIMIT = 1000
+"""Objects one ListObjects page holds at most."""
 MAX_OUTPUTS_PER_CALL = 256
 """Outputs one RegisterOutputs call takes (a pdf_preview has at most 20, an HLS ladder a few dozen)."""
 _LIVE_ATTEMPT = f"""
@@ -435,6 +437,42 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         if row is None:
             raise NotFound("object not found")
         return storage_pb2.GetObjectResponse(object=_object(row))
+
+    async def ListObjects(
+        self, request: storage_pb2.ListObjectsRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.ListObjectsResponse:
+        """The ``available`` objects ``account_id`` owns, newest first (``created_at``, then
+        ``object_id``), after the position ``(after_created_at, after_object_id)`` when it is
+        given: ``kind`` ``original`` (no source), ``output`` (derived) or ``""`` (both).
+
+        Errors: NOT_FOUND a malformed account or object id; INVALID_ARGUMENT a kind or ``limit``
+        (1 to :data:`MAX_LIST_LIMIT`) out of range, a position with one half only.
+        """
+        account_id = _uuid(request.account_id, "account")
+        if request.kind not in ("", "original", "output"):
+            raise InvalidArgument('kind must be "original", "output" or empty')
+        if not 1 <= request.limit <= MAX_LIST_LIMIT:
+            raise InvalidArgument(f"limit must be 1 to {MAX_LIST_LIMIT}")
+        if request.HasField("after_created_at") != bool(request.after_object_id):
+            raise InvalidArgument("after_created_at and after_object_id go together")
+        after = request.after_created_at.ToDatetime(UTC) if request.HasField("after_created_at") else None
+        after_id = _uuid(request.after_object_id) if request.after_object_id else None
+        rows = await self._pool.fetch(
+            f"""SELECT {", ".join("o." + c.strip() for c in _OBJECT_COLUMNS.split(","))}
+                FROM object_ownership w JOIN objects o ON o.object_id = w.object_id
+                WHERE w.account_id = $1 AND o.state = 'available'
+                  AND ($2 = '' OR ($2 = 'original') = (o.source_object_id IS NULL))
+                  AND ($3::timestamptz IS NULL OR (o.created_at, o.object_id) < ($3, $4::uuid))
+                ORDER BY o.created_at DESC, o.object_id DESC LIMIT $5""",
+            account_id,
+            request.kind,
+            after,
+            after_id,
+            request.limit + 1,
+        )
+        return storage_pb2.ListObjectsResponse(
+            objects=[_object(row) for row in rows[: request.limit]], more=len(rows) > request.limit
+        )
 
     async def PresignGet(
         self, request: storage_pb2.PresignGetRequest, context: grpc.aio.ServicerContext

@@ -70,6 +70,18 @@ def test_submit_watches_and_downloads_then_jobs_and_objects_read_and_delete(
     table = _run(user, "jobs", "get", result["job_ids"][0])
     assert table.returncode == 0 and "completed" in table.stdout and "thumbnail" in table.stdout
 
+    originals = json.loads(_run(user, "objects", "ls", "--kind", "original", "--json").stdout)["objects"]
+    assert object_id in [o["object_id"] for o in originals]
+    outputs = json.loads(_run(user, "objects", "ls", "--kind", "output", "--limit", "1000", "--json").stdout)
+    assert sorted(o["mime_type"] for o in outputs["objects"] if o["source_object_id"] == object_id) == [
+        "image/png",
+        "image/webp",
+    ]
+    shown = _run(user, "objects", "ls", "--limit", "1")
+    assert shown.returncode == 0 and "more: --cursor " in shown.stdout, shown.stdout
+    wrong = _run(user, "objects", "ls", "--kind", "video")
+    assert wrong.returncode == 3 and "INVALID_KIND" in wrong.stderr
+
     assert _run(user, "objects", "rm", object_id).returncode == 0
     gone = _run(user, "objects", "get", object_id)
     assert gone.returncode == 3

@@ -4,7 +4,9 @@ its bytes; another account's, a deleted and a malformed id are 404 / NOT_FOUND a
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -75,3 +77,66 @@ def test_others_deleted_and_malformed_objects_are_not_found_alike(
     assert client.delete(f"/v1/objects/{mine['object_id']}").status_code == 200
     gone = client.get(f"/v1/objects/{mine['object_id']}")
     assert (gone.status_code, gone.json()["error_code"]) == (404, "NOT_FOUND")
+
+
+def test_an_account_lists_its_objects_newest_first_by_kind_a_page_at_a_time(
+    platform: RunningPlatform, client: httpx.Client, account: dict[str, Any]
+) -> None:
+    """``GET /v1/objects`` (and gRPC ``ListObjects``): originals and the outputs of the caller's
+    jobs, newest first, paged by cursor; nobody else's, nothing deleted; bad kinds and cursors
+    refused with their codes."""
+    first = upload(client, PHOTO, name="first.jpg")
+    second = upload(client, PHOTO, name="second.jpg")
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": first["object_id"], "operations": ["thumbnail"]}
+    )
+    [thumbnail] = wait_job(client, created.json()["job_ids"][0])["outputs"]
+
+    def ids(**params: Any) -> list[str]:
+        answer = client.get("/v1/objects", params=params)
+        assert answer.status_code == 200, answer.text
+        return [o["object_id"] for o in answer.json()["objects"]]
+
+    assert ids(kind="original") == [second["object_id"], first["object_id"]]
+    assert ids(kind="output") == [thumbnail["object_id"]]
+    assert ids() == [thumbnail["object_id"], second["object_id"], first["object_id"]]
+    listed = client.get("/v1/objects", params={"kind": "original", "limit": 1}).json()
+    [newest] = listed["objects"]
+    assert (newest["filename"], newest["sha256"], newest["size_bytes"]) == (
+        "second.jpg",
+        second["sha256"],
+        second["size_bytes"],
+    )
+    assert newest["source_object_id"] is None and "url" not in newest
+    rest = client.get(
+        "/v1/objects", params={"kind": "original", "limit": 1, "cursor": listed["next_cursor"]}
+    ).json()
+    assert [o["object_id"] for o in rest["objects"]] == [first["object_id"]] and rest["next_cursor"] is None
+
+    edge = {"t": "0001-01-01T00:00:00+14:00", "j": first["object_id"]}  # before year 1 in UTC
+    edge_cursor = base64.urlsafe_b64encode(json.dumps(edge).encode()).decode()
+    for params, code in (
+        ({"kind": "video"}, "INVALID_KIND"),
+        ({"cursor": "abc"}, "INVALID_CURSOR"),
+        ({"cursor": edge_cursor}, "INVALID_CURSOR"),
+    ):
+        refused = client.get("/v1/objects", params=params)
+        assert (refused.status_code, refused.json()["error_code"]) == (422, code), refused.text
+    other = platform.admin("create-account", "--credits", "1")
+    with platform.client(other) as stranger:
+        assert stranger.get("/v1/objects").json() == {"objects": [], "next_cursor": None}
+
+    metadata = (("authorization", f"Bearer {account['api_key']}"),)
+    with grpc.insecure_channel(platform.grpc_addr) as channel:
+        stub = jobs_pb2_grpc.JobServiceStub(channel)
+        page = stub.ListObjects(jobs_pb2.ListObjectsRequest(kind="output"), metadata=metadata)
+        [summary] = page.objects
+        assert (summary.object_id, summary.source_object_id) == (thumbnail["object_id"], first["object_id"])
+        assert page.next_page_token == ""
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.ListObjects(jobs_pb2.ListObjectsRequest(page_token="abc"), metadata=metadata)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    # Deleting an original takes its outputs off the list too.
+    assert client.delete(f"/v1/objects/{first['object_id']}").status_code == 200
+    assert ids() == [second["object_id"]]

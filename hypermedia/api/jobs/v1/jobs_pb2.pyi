@@ -895,6 +895,102 @@ class GetObjectResponse(_message.Message):
 Global___GetObjectResponse: _TypeAlias = GetObjectResponse  # noqa: Y015
 
 @_typing.final
+class ListObjectsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"original", "output", or "" (both)."""
+    page_size: _builtins.int
+    """Objects a page, 1 to 1000; 0: 50."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty: the first page."""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListObjectsRequest: _TypeAlias = ListObjectsRequest  # noqa: Y015
+
+@_typing.final
+class ObjectSummary(_message.Message):
+    """ObjectSummary is one object of a ListObjects page: GetObjectResponse without its URL."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    MIME_TYPE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    FILENAME_FIELD_NUMBER: _builtins.int
+    SOURCE_OBJECT_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    object_id: _builtins.str
+    size_bytes: _builtins.int
+    mime_type: _builtins.str
+    sha256: _builtins.str
+    filename: _builtins.str
+    """An original's display name; "" when none was given, and for outputs."""
+    source_object_id: _builtins.str
+    """For an output, the object it was derived from; "" for an original."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        object_id: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        mime_type: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        filename: _builtins.str = ...,
+        source_object_id: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "filename", b"filename", "mime_type", b"mime_type", "object_id", b"object_id", "sha256", b"sha256", "size_bytes", b"size_bytes", "source_object_id", b"source_object_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObjectSummary: _TypeAlias = ObjectSummary  # noqa: Y015
+
+@_typing.final
+class ListObjectsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """The page_token of the next page; empty on the last page."""
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObjectSummary]:
+        """Newest first (by created_at, then object_id)."""
+
+    def __init__(
+        self,
+        *,
+        objects: _abc.Iterable[Global___ObjectSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "objects", b"objects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListObjectsResponse: _TypeAlias = ListObjectsResponse  # noqa: Y015
+
+@_typing.final
 class GetOutputUrlRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -45,6 +45,11 @@ class JobServiceStub:
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectResponse.FromString,
                 _registered_method=True)
+        self.ListObjects = channel.unary_unary(
+                '/hypermedia.jobs.v1.JobService/ListObjects',
+                request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListObjectsRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListObjectsResponse.FromString,
+                _registered_method=True)
         self.DeleteObject = channel.unary_unary(
                 '/hypermedia.jobs.v1.JobService/DeleteObject',
                 request_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectRequest.SerializeToString,
@@ -124,6 +129,15 @@ class JobServiceServicer:
     def GetObject(self, request, context):
         """GetObject returns an object of the caller (an original, or an output of its jobs) with a
         presigned URL to download it. NOT_FOUND for others' objects and deleted ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListObjects(self, request, context):
+        """ListObjects pages through the caller's objects, newest first: its originals, the outputs of
+        its jobs, or both, without download URLs (GetObject gives one). INVALID_ARGUMENT (error_code
+        INVALID_KIND, INVALID_CURSOR or INVALID_PAGE_SIZE).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -243,6 +257,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectRequest.FromString,
                     response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectResponse.SerializeToString,
             ),
+            'ListObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListObjects,
+                    request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListObjectsRequest.FromString,
+                    response_serializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListObjectsResponse.SerializeToString,
+            ),
             'DeleteObject': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteObject,
                     request_deserializer=hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.DeleteObjectRequest.FromString,
@@ -359,6 +378,33 @@ class JobService:
             '/hypermedia.jobs.v1.JobService/GetObject',
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectRequest.SerializeToString,
             hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.GetObjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.jobs.v1.JobService/ListObjects',
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListObjectsRequest.SerializeToString,
+            hypermedia_dot_jobs_dot_v1_dot_jobs__pb2.ListObjectsResponse.FromString,
             options,
             channel_credentials,
             insecure,

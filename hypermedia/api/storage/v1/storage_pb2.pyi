@@ -244,6 +244,70 @@ class GetObjectResponse(_message.Message):
 Global___GetObjectResponse: _TypeAlias = GetObjectResponse  # noqa: Y015
 
 @_typing.final
+class ListObjectsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCOUNT_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    AFTER_CREATED_AT_FIELD_NUMBER: _builtins.int
+    AFTER_OBJECT_ID_FIELD_NUMBER: _builtins.int
+    account_id: _builtins.str
+    kind: _builtins.str
+    """"original", "output" or "" (both)."""
+    limit: _builtins.int
+    """Objects a page, 1 to 1000."""
+    after_object_id: _builtins.str
+    @_builtins.property
+    def after_created_at(self) -> _timestamp_pb2.Timestamp:
+        """The position after which the page starts (the last object of the previous page); unset: the
+        first page.
+        """
+
+    def __init__(
+        self,
+        *,
+        account_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        after_created_at: _timestamp_pb2.Timestamp | None = ...,
+        after_object_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after_created_at", b"after_created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "after_created_at", b"after_created_at", "after_object_id", b"after_object_id", "kind", b"kind", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListObjectsRequest: _TypeAlias = ListObjectsRequest  # noqa: Y015
+
+@_typing.final
+class ListObjectsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
+    more: _builtins.bool
+    """Whether there are more after the last one."""
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___Object]:
+        """At most `limit`, newest first."""
+
+    def __init__(
+        self,
+        *,
+        objects: _abc.Iterable[Global___Object] | None = ...,
+        more: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["more", b"more", "objects", b"objects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListObjectsResponse: _TypeAlias = ListObjectsResponse  # noqa: Y015
+
+@_typing.final
 class PresignGetRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -50,6 +50,11 @@ class StorageServiceStub:
                 request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.GetObjectRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.GetObjectResponse.FromString,
                 _registered_method=True)
+        self.ListObjects = channel.unary_unary(
+                '/hypermedia.storage.v1.StorageService/ListObjects',
+                request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.ListObjectsRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.ListObjectsResponse.FromString,
+                _registered_method=True)
         self.PresignGet = channel.unary_unary(
                 '/hypermedia.storage.v1.StorageService/PresignGet',
                 request_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.PresignGetRequest.SerializeToString,
@@ -109,6 +114,15 @@ class StorageServiceServicer:
 
     def GetObject(self, request, context):
         """GetObject returns an object's metadata when `account_id` may see it; NOT_FOUND otherwise.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListObjects(self, request, context):
+        """ListObjects pages through the `available` objects an account owns, newest first (by
+        created_at, then object_id): originals, outputs of its jobs, or both.
+        INVALID_ARGUMENT for a bad account id, page size or position.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +211,11 @@ def add_StorageServiceServicer_to_server(servicer, server):
                     servicer.GetObject,
                     request_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.GetObjectRequest.FromString,
                     response_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.GetObjectResponse.SerializeToString,
+            ),
+            'ListObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListObjects,
+                    request_deserializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.ListObjectsRequest.FromString,
+                    response_serializer=hypermedia_dot_storage_dot_v1_dot_storage__pb2.ListObjectsResponse.SerializeToString,
             ),
             'PresignGet': grpc.unary_unary_rpc_method_handler(
                     servicer.PresignGet,
@@ -316,6 +335,33 @@ class StorageService:
             '/hypermedia.storage.v1.StorageService/GetObject',
             hypermedia_dot_storage_dot_v1_dot_storage__pb2.GetObjectRequest.SerializeToString,
             hypermedia_dot_storage_dot_v1_dot_storage__pb2.GetObjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.storage.v1.StorageService/ListObjects',
+            hypermedia_dot_storage_dot_v1_dot_storage__pb2.ListObjectsRequest.SerializeToString,
+            hypermedia_dot_storage_dot_v1_dot_storage__pb2.ListObjectsResponse.FromString,
             options,
             channel_credentials,
             insecure,
