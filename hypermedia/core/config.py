@@ -44,6 +44,11 @@ RouteName = Literal[
 queue's lane of that engine (``bulk.images``: bulk jobs run by the image pipeline; ADR 0057), or
 the ``sched`` queue's (``sched.images``: the jobs of schedules' runs, taken only by the scheduler
 consumer beside the engine's ordinary slots; ADR 0073)."""
+LaneName = Literal[
+    "images", "documents", "ocr", "media", "bulk.images", "bulk.documents", "bulk.ocr", "bulk.media"
+]
+"""What a worker lane may be configured to consume (``HM_WORKER_QUEUE``, a pool's queues): every
+route but the sched lanes, which only the scheduler consumers beside them take."""
 ROUTES: tuple[RouteName, ...] = (
     "images",
     "documents",

@@ -19,15 +19,19 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 from hypermedia.core import config
 from hypermedia.jobs import queues
 from hypermedia.worker.serve import Lane
 from hypermedia.worker.settings import WorkerSettings
-from hypermedia.worker.unit.settings import ROLES, SCHEDULER_SLOTS, UID_RANGE
+from hypermedia.worker.unit.settings import ROLES, SCHEDULER_SLOTS, consumer_uids_problem
 
 SLOTS = SCHEDULER_SLOTS
 """The scheduler consumer's slots: one, as in seed 001."""
+
+WORK_SUBDIR = "sched"
+"""The consumer's work directory under the lane's ``HM_WORK_DIR``."""
 
 LaneFactory = Callable[[AsyncExitStack, WorkerSettings], Awaitable[Lane]]
 """A role's lane builder, ``services.{role}.__main__.lane``."""
@@ -37,7 +41,8 @@ def consumer_settings(settings: WorkerSettings, role: str, *, as_root: bool) -> 
     """The settings of the scheduler consumer beside the lane of ``settings`` (of ``role``, a key
     of :data:`~hypermedia.worker.unit.settings.ROLES`): route ``sched.{queue}``, :data:`SLOTS`
     slot, sandbox uids from ``HM_SANDBOX_UID_BASE`` plus the lane's own (``slots`` times the
-    role's uids per slot). None for a bulk lane, or with ``HM_WORKER_SCHEDULER=off``.
+    role's uids per slot), work directory ``{HM_WORK_DIR}/sched``. None for a bulk lane, or with
+    ``HM_WORKER_SCHEDULER=off``.
 
     Raises:
         config.ConfigError: (``as_root``) the lane's uids and the consumer's do not fit in the
@@ -45,32 +50,34 @@ def consumer_settings(settings: WorkerSettings, role: str, *, as_root: bool) -> 
     """
     if settings.scheduler == "off" or settings.queue not in queues.ENGINE_QUEUES:
         return None
-    per_slot = ROLES[role].uids_per_slot
-    taken = settings.slots * per_slot
-    if as_root and taken + SLOTS * per_slot > UID_RANGE:
-        raise config.ConfigError(
-            f"invalid configuration:\n  HM_WORKER_SLOTS: with root the {role} runs at most "
-            f"{UID_RANGE // per_slot - SLOTS} slots beside its scheduler consumer (HM_WORKER_SCHEDULER=off: "
-            f"{UID_RANGE // per_slot})"
-        )
+    taken = settings.slots * ROLES[role].uids_per_slot
+    if as_root and (problem := consumer_uids_problem(ROLES[role], settings.slots)) is not None:
+        raise config.ConfigError(f"invalid configuration:\n  {problem}")
     return settings.model_copy(
         update={
             "queue": queues.sched_route(settings.queue),
             "slots": SLOTS,
             "sandbox_uid_base": settings.sandbox_uid_base + taken,
+            # A directory of its own: its job directories (which each lane's start clears of
+            # leftovers) and a docworker's office listeners (named by slot) must not meet the lane's.
+            "work_dir": str(Path(settings.work_dir) / WORK_SUBDIR),
         }
     )
 
 
 async def with_consumers(
-    stack: AsyncExitStack, plans: Sequence[tuple[WorkerSettings, LaneFactory]]
+    stack: AsyncExitStack, plans: Sequence[tuple[WorkerSettings, str, LaneFactory]]
 ) -> list[Lane]:
-    """The lanes of ``plans`` (each a lane's settings and its role's factory), in order, then
-    the scheduler consumer of each that has one (:func:`consumer_settings`), built by the same
-    factory. Raises what the factories and :func:`consumer_settings` raise."""
-    lanes = [await build(stack, settings) for settings, build in plans]
-    for (settings, build), lane in zip(plans, list(lanes), strict=True):
-        own = consumer_settings(settings, lane.role, as_root=os.geteuid() == 0)
-        if own is not None:
-            lanes.append(await build(stack, own))
+    """The lanes of ``plans`` (each a lane's settings, its role and the role's factory), in
+    order, then the scheduler consumer of each that has one (:func:`consumer_settings`), built
+    by the same factory. Raises what :func:`consumer_settings` raises before anything is built,
+    then what the factories raise."""
+    # Every consumer's settings first: a refusal must come before any lane has started anything
+    # (a docworker lane starts its office listeners).
+    consumers = [
+        (consumer_settings(settings, role, as_root=os.geteuid() == 0), build)
+        for settings, role, build in plans
+    ]
+    lanes = [await build(stack, settings) for settings, _role, build in plans]
+    lanes += [await build(stack, own) for own, build in consumers if own is not None]
     return lanes

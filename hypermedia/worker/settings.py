@@ -7,14 +7,14 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from hypermedia.core.config import ComponentSettings, RouteName
+from hypermedia.core.config import ComponentSettings, LaneName
 from hypermedia.sandbox import cgroups, layers
 
 
 class WorkerSettings(ComponentSettings):
     """A worker process of one queue."""
 
-    queue: RouteName = Field("images", validation_alias="HM_WORKER_QUEUE")
+    queue: LaneName = Field("images", validation_alias="HM_WORKER_QUEUE")
     """The route it consumes: its role's queue (``images``), or that engine's lane of the bulk
     queue (``bulk.images``: regeneration and backfill jobs, priorities 7-10; ADR 0057). A sched
     lane (``sched.images``) is only ever a scheduler consumer's (:mod:`hypermedia.worker.scheduled`)."""

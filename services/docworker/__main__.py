@@ -133,7 +133,7 @@ async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     settings = queue_worker_settings("docworker", QUEUE, DEFAULT_SLOTS)
-    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, lane)]))
+    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, "docworker", lane)]))
 
 
 if __name__ == "__main__":

@@ -249,7 +249,10 @@ class JobCreation:
             object_id, operations, priority, webhook_url, idempotency_key, queue, (not_before, delay_seconds)
         )
         if scheduled:
-            request = replace(request, scheduled=True)
+            # Another request than the same body on the ordinary lanes: a caller who sends the
+            # run's idempotency key first cannot make the run's jobs ordinary ones (409 instead).
+            sched_hash = hashlib.sha256(f"{request.request_hash}:{queues.SCHED}".encode()).hexdigest()
+            request = replace(request, scheduled=True, request_hash=sched_hash)
         if request.idempotency_key:
             earlier = await self._replay(caller, request.idempotency_key, request.request_hash)
             if earlier is not None:

@@ -265,6 +265,7 @@ def router(
             return to_login()
         caller, csrf = session
         balance = await api.accounts.balance(caller)
+        series = await minute_series(pool, caller)
         return render(
             "overview.html",
             caller=caller,
@@ -276,7 +277,9 @@ def router(
             },
             queues=await queue_summary(pool, caller),
             delayed=await delayed_summary(pool, caller),
-            series=await minute_series(pool, caller),
+            series=series,
+            peak=max([m["ended"] for m in series] + [1]),
+            slowest_ms=max([m["p95_ms"] for m in series if m["p95_ms"] is not None] + [1.0]),
         )
 
     @pages.get("/jobs")

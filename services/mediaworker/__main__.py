@@ -147,7 +147,7 @@ async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     settings = queue_worker_settings("mediaworker", QUEUE, DEFAULT_SLOTS)
-    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, lane)]))
+    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, "mediaworker", lane)]))
 
 
 if __name__ == "__main__":

@@ -52,13 +52,15 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         problems.append(str(exc))
     if problems:
         raise config.ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
-    built: list[tuple[WorkerSettings, scheduled.LaneFactory]] = []
+    built: list[tuple[WorkerSettings, str, scheduled.LaneFactory]] = []
     for plan in plans:
         settings = config.load(WorkerSettings, HM_WORKER_QUEUE=plan.queue, HM_WORKER_SLOTS=plan.slots)
         settings = settings.model_copy(
             update={"sandbox_uid_base": settings.sandbox_uid_base + plan.uid_offset}
         )
-        built.append((settings, importlib.import_module(f"services.{plan.role.name}.__main__").lane))
+        built.append(
+            (settings, plan.role.name, importlib.import_module(f"services.{plan.role.name}.__main__").lane)
+        )
     await serve_lanes(stack, stop, await scheduled.with_consumers(stack, built))
 
 

@@ -110,7 +110,7 @@ async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
 
 async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     settings = queue_worker_settings("ocrworker", QUEUE, DEFAULT_SLOTS)
-    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, lane)]))
+    await serve_lanes(stack, stop, await scheduled.with_consumers(stack, [(settings, "ocrworker", lane)]))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from hypermedia.core.config import RouteName
+from hypermedia.core.config import LaneName
 
 ProviderName = Literal["local", "ec2", "kubernetes"]
 """Providers of this release (services/scheduler/providers/, docs/operations.md)."""
@@ -67,7 +67,7 @@ class Pool(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")
-    queues: tuple[RouteName, ...] = Field(min_length=1)
+    queues: tuple[LaneName, ...] = Field(min_length=1)
     """The routes its workers take: queues (``images``) and bulk lanes (``bulk.images``, ADR 0057)."""
     provider: ProviderName = "local"
     capacity_type: CapacityType = "on-demand"

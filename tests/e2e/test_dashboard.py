@@ -254,6 +254,11 @@ def test_the_backfills_page_shows_a_runs_progress_and_only_admins_see_the_schedu
     platform: RunningPlatform, browser: WebDriver
 ) -> None:
     account: dict[str, Any] = platform.admin("create-account", "--credits", "10")
+    # A fresh account's Overview: nothing waiting, no job ended in the last hour.
+    sign_in(browser, platform.rest_url, account["api_key"])
+    assert browser.find_elements(By.ID, "queues-empty") and browser.find_elements(By.ID, "delayed") == []
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#throughput g[data-completed='0']")) == 60
+    assert browser.find_elements(By.CSS_SELECTOR, "#latency g") == []
     with platform.client(account) as client:
         upload(client, PHOTO)
         created = client.post("/v1/backfills", json={"selector": {"operation": "thumbnail", "scope": "all"}})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -114,3 +115,40 @@ def test_scheduled_jobs_take_one_slot_and_ordinary_jobs_keep_theirs(
     # The ordinary jobs did not wait behind scheduled work.
     assert max(_time(j["completed_at"]) for j in quick) < _time(two["completed_at"])
     assert all(not j["attempts"][0]["worker_id"].endswith("/sched") for j in quick)
+
+
+def test_a_runs_idempotency_key_taken_first_by_the_caller_never_makes_its_jobs_ordinary(
+    client: httpx.Client,
+) -> None:
+    """A run's requests carry the key ``schedule:{run_id}:{n}``, which the caller can read: the
+    same body sent first under that key is another request (the run's go to the sched lane), so
+    whichever comes second is refused 409 and no job of the run is on an ordinary lane."""
+    photo = upload(client, PHOTO)["object_id"]
+    client.post(
+        "/v1/schedules",
+        json={
+            "name": "raced",
+            "cron": NEVER,
+            "process": {"object_ids": [photo], "operations": ["thumbnail"]},
+        },
+    ).raise_for_status()
+    run_id = client.post("/v1/schedules/raced:trigger").json()["run_id"]
+    mine = client.post(
+        "/v1/hypermedia/process",
+        json={"object_id": photo, "operations": ["thumbnail"]},
+        headers={"Idempotency-Key": f"schedule:{run_id}:0"},
+    )
+
+    def finished() -> dict[str, Any] | None:
+        runs = client.get("/v1/schedules/raced/runs").json()["runs"]
+        return next(
+            (r for r in runs if r["run_id"] == run_id and r["state"] in ("succeeded", "failed")), None
+        )
+
+    run = wait_for("the run", finished, timeout=30, interval=0.1)
+    if mine.status_code == 202:  # the caller was first: the run's request is refused
+        assert run["state"] == "failed" and run["error_code"] == "IDEMPOTENCY_KEY_REUSED", run
+        assert wait_job(client, mine.json()["job_ids"][0])["queue"] == "images"
+    else:  # the run was first
+        assert (mine.status_code, mine.json()["error_code"]) == (409, "IDEMPOTENCY_KEY_REUSED"), mine.text
+    assert all(wait_job(client, j)["queue"] == "sched.images" for j in run["outcome"].get("job_ids", []))

@@ -4,13 +4,15 @@ its ordinary slots, with sandbox uids after theirs; none beside a bulk lane or w
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hypermedia.core import config
 from hypermedia.jobs import queues
 from hypermedia.worker import registry, scheduled
 from hypermedia.worker.settings import WorkerSettings
-from hypermedia.worker.unit.settings import UID_RANGE
+from hypermedia.worker.unit.settings import UID_RANGE, validate
 
 
 def test_a_sched_lane_per_engine_with_every_band_in_its_own_stream() -> None:
@@ -76,3 +78,31 @@ def test_the_consumers_worker_id_is_its_lanes_with_sched_appended() -> None:
     assert consumer is not None
     ordinary = registry.worker_identity(lane, "imageworker")
     assert registry.worker_identity(consumer, "imageworker") == ordinary + "/sched"
+
+
+def test_the_consumer_works_in_a_directory_of_its_own() -> None:
+    """Its job directories and a docworker's office listeners (named by slot: ``slot0``) must
+    not meet the lane's: each lane's start clears its job directories of leftovers."""
+    lane = _settings(HM_WORKER_QUEUE="documents", HM_WORKER_SLOTS=2, HM_WORK_DIR="/srv/hm/work")
+    consumer = scheduled.consumer_settings(lane, "docworker", as_root=False)
+    assert consumer is not None and consumer.work_dir == "/srv/hm/work/sched"
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"HM_WORKER_QUEUE": "sched.images"}, "HM_WORKER_QUEUE: Input should be 'images'"),
+        ({"HM_WORKER_SLOTS": "64"}, "HM_WORKER_SLOTS: with root the imageworker runs at most 63 slots"),
+    ],
+)
+def test_a_unit_refuses_what_its_consumer_cannot_be_before_it_launches(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], said: str
+) -> None:
+    """Control's own check (exit 78, nothing launched), not execution's later: a sched lane is
+    never a configured queue, and with root the slots must leave the consumer its uids."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(config.ConfigError) as refused:
+        validate("imageworker", None)
+    assert said in str(refused.value), str(refused.value)

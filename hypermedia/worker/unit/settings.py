@@ -134,6 +134,18 @@ def plan_lanes(spec: str, *, variable: str, as_root: bool) -> tuple[LanePlan, ..
     return tuple(plans)
 
 
+def consumer_uids_problem(role: Role, slots: int) -> str | None:
+    """With root: why ``slots`` slots of ``role`` and its scheduler consumer's (ADR 0073) do not
+    fit in the :data:`UID_RANGE` sandbox uids of one worker process, or None when they do."""
+    per_slot = role.uids_per_slot
+    if (slots + SCHEDULER_SLOTS) * per_slot <= UID_RANGE:
+        return None
+    return (
+        f"HM_WORKER_SLOTS: with root the {role.name} runs at most {UID_RANGE // per_slot - SCHEDULER_SLOTS} "
+        f"slots beside its scheduler consumer (HM_WORKER_SCHEDULER=off: {UID_RANGE // per_slot})"
+    )
+
+
 def is_set(environ: dict[str, str], name: str) -> bool:
     """Whether ``name`` (or its deprecated name) is in ``environ`` at all, empty included,
     compared case-insensitively as the settings read it."""
@@ -308,11 +320,13 @@ def validate(
     for role, _, route in roles:
         worker = loaded.get(f"worker:{route or role.queue}")
         if isinstance(worker, WorkerSettings):
-            if queues.engine_of(worker.queue) != role.queue:
+            if worker.queue not in (role.queue, queues.bulk_route(role.queue)):
                 problems.append(
                     f"HM_WORKER_QUEUE: the {role.name} consumes {role.queue} or "
                     f"{queues.bulk_route(role.queue)} only"
                 )
+            elif not plans and worker.scheduler == "on" and worker.queue == role.queue and os.geteuid() == 0:
+                problems.extend(filter(None, [consumer_uids_problem(role, worker.slots)]))
             lanes.append(LaneConfig(role, worker))
     unit = loaded.get("unit")
     unit_name = ""

@@ -1382,8 +1382,9 @@ class Job(_message.Message):
     """
     preset_version: _builtins.int
     queue: _builtins.str
-    """Where it waits or waited: its operation's queue ("images"), or that engine's lane of the bulk
-    queue ("bulk.images") for a request with queue "bulk".
+    """Where it waits or waited: its operation's queue ("images"), that engine's lane of the bulk
+    queue ("bulk.images") for a request with queue "bulk", or of the sched queue
+    ("sched.images") for a schedule's job, run by the workers' scheduler consumers.
     """
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
