@@ -190,7 +190,9 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             readiness,
             resolver,
             settings.max_concurrent_uploads_per_account,
-            pages=dashboard.router(api, pool, authenticate, dashboard.Sessions.from_secret(secret_key)),
+            pages=dashboard.router(
+                api, pool, authenticate, dashboard.Sessions.from_secret(secret_key), resolver
+            ),
         )
     )
     stack.push_async_callback(http_server.stop)

@@ -24,13 +24,14 @@ from typing import Any, Final
 
 import asyncpg
 from fastapi import APIRouter, Form, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from hypermedia.core.errors import DomainError, PermissionDenied, Unauthenticated
 from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.pricing import as_credits
 from services.gateway.process_request import OperationRequest
+from services.gateway.resolved import OutputResolver
 from services.gateway.status import JOB_STATUSES, JobFilter
 from services.gateway.usecases import UseCases
 
@@ -39,6 +40,11 @@ SESSION_SECONDS: Final = 8 * 3600
 """How long a sign-in lasts (a revoked key's session ends at the latest then)."""
 EVENTS_SHOWN: Final = 200
 """A job page lists at most this many of its events (the SSE stream has them all)."""
+
+STATIC_DIR: Final = Path(__file__).with_name("dashboard_static")
+STATIC: Final = frozenset({"hls.light.min.js", "player.js"})
+"""The bundled scripts the pages may load (``/dashboard/static/{name}``; their sources: the
+directory's README)."""
 
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("dashboard_templates")),
@@ -207,8 +213,10 @@ def router(
     pool: asyncpg.Pool,
     authenticate: Callable[[str | None], Awaitable[Caller]],
     sessions: Sessions,
+    resolver: OutputResolver,
 ) -> APIRouter:
-    """The dashboard's routes, outside the OpenAPI document (pages, not the API)."""
+    """The dashboard's routes, outside the OpenAPI document (pages, not the API); ``resolver``
+    serves a job's HLS playlists to its page's player."""
     pages = APIRouter(prefix="/dashboard", include_in_schema=False)
 
     def render(name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
@@ -401,6 +409,40 @@ def router(
         if not caller.is_admin:
             return admins_only(caller, csrf, "Workers")
         return render("workers.html", caller=caller, csrf=csrf, workers=await workers(pool))
+
+    @pages.get("/static/{name}")
+    async def static(name: str) -> Response:
+        """The bundled scripts (:data:`STATIC`), cached a day; 404 for any other name."""
+        if name not in STATIC:
+            return Response(status_code=404)
+        return FileResponse(
+            STATIC_DIR / name,
+            media_type="text/javascript",
+            headers={"Cache-Control": "public, max-age=86400"},
+        )
+
+    @pages.get("/jobs/{job_id}/outputs/{output_type}/resolved")
+    async def resolved(request: Request, job_id: str, output_type: str) -> Response:
+        """An HLS playlist of the caller's job with its siblings' names turned into URLs
+        (:class:`~services.gateway.resolved.OutputResolver`), for the page's player: same origin,
+        the session's account; its variant playlists are the API's signed URLs."""
+        session = signed_in(request)
+        if session is None:
+            return Response(status_code=401)
+
+        def endpoint_url(job: str, output: str, until: int, signature: str) -> str:
+            url = request.url_for("resolved_output", job_id=job, output_type=output)
+            return str(url.include_query_params(expires=until, sig=signature))
+
+        try:
+            found = await resolver.resolve(
+                job_id, output_type, endpoint_url, account_id=session[0].account_id
+            )
+        except DomainError as exc:
+            return Response(status_code=exc.http_status)
+        return Response(
+            found.content, media_type=found.mime_type, headers={"Cache-Control": "private, no-store"}
+        )
 
     @pages.get("/jobs/{job_id}/outputs/{output_type}")
     async def output(request: Request, job_id: str, output_type: str) -> Response:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import weakref
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
@@ -60,11 +62,9 @@ class MediaHandler(SandboxHandler):
 
     def __init__(self, settings: MediaSettings) -> None:
         self.settings = settings
-        self._coordinator: dict[str, asyncio.Semaphore] = {
-            VIDEO_OPERATION: asyncio.Semaphore(settings.max_video_jobs),
-            AUDIO_OPERATION: asyncio.Semaphore(settings.max_audio_jobs),
-        }
-        """The operations the coordinator bounds, each with the jobs it admits at once."""
+        self._coordinator = local_bounds(settings.max_video_jobs, settings.max_audio_jobs)
+        """The operations the coordinator bounds, each with the jobs it admits at once: the
+        process's, shared by its media lanes (the ordinary one and its scheduler consumer)."""
         self._remote: CoordinatorClient | None = None
 
     def threads(self, job: ClaimedJob) -> int:
@@ -85,9 +85,7 @@ class MediaHandler(SandboxHandler):
         """Run as a unit's execution: the coordinator is control's, for the whole unit (asked
         over ``link`` with the attempt's identity), when control's evidence says it keeps one."""
         if link.evidence.get("coordinator"):
-            self._remote = CoordinatorClient(link.send)
-            link.handlers["media_grant"] = self._remote.granted
-            link.on_lost.append(self._remote.lost)
+            self._remote = coordinator_client(link)
 
     def admit(self, job: ClaimedJob) -> contextlib.AbstractAsyncContextManager[None]:
         """The coordinator's admission of the job's operation (see the module doc): control's
@@ -138,6 +136,28 @@ class MediaHandler(SandboxHandler):
             return limits
         need = transcode.thread_need(job.params, self.threads(job))
         return dataclasses.replace(limits, nproc=limits.nproc + need)
+
+
+@functools.cache
+def local_bounds(video_jobs: int, audio_jobs: int) -> dict[str, asyncio.Semaphore]:
+    """This process's media coordinator without a unit's control: one semaphore per bounded
+    operation, the same for every lane that asks with the same bounds."""
+    return {VIDEO_OPERATION: asyncio.Semaphore(video_jobs), AUDIO_OPERATION: asyncio.Semaphore(audio_jobs)}
+
+
+_CLIENTS: weakref.WeakKeyDictionary[peer.ControlLink, CoordinatorClient] = weakref.WeakKeyDictionary()
+
+
+def coordinator_client(link: peer.ControlLink) -> CoordinatorClient:
+    """The one :class:`CoordinatorClient` of ``link``: its request ids are its own and control's
+    grants come back by id on the link, so every media lane of an execution (the ordinary one,
+    its scheduler consumer, a bulk lane) asks through the same client."""
+    client = _CLIENTS.get(link)
+    if client is None:
+        client = _CLIENTS[link] = CoordinatorClient(link.send)
+        link.handlers["media_grant"] = client.granted
+        link.on_lost.append(client.lost)
+    return client
 
 
 async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:

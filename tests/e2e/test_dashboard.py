@@ -20,6 +20,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.e2e.browser import follow, open_browser, sign_in, table
 from tests.e2e.conftest import RunningPlatform, upload, wait_for, wait_job
+from tests.helpers.media import write_video
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_3.jpg"
 PDF = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "pdf" / "google-doc-document.pdf"
@@ -280,3 +281,58 @@ def test_the_backfills_page_shows_a_runs_progress_and_only_admins_see_the_schedu
     browser.get(f"{platform.rest_url}/dashboard/scheduler")
     assert "admin accounts" in browser.page_source
     follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))
+
+
+def test_a_transcodes_hls_plays_in_the_job_page(
+    platform: RunningPlatform, browser: WebDriver, tmp_path: Path
+) -> None:
+    """The job page of an HLS transcode plays its master playlist with the bundled hls.js: the
+    playlist from the dashboard (same origin), its variants signed by the API, its fMP4 fetched
+    by byte range from storage (CORS); the video plays past its first second."""
+    account: dict[str, Any] = platform.admin("create-account", "--credits", "100")
+    with platform.client(account) as client:
+        obj = upload(client, write_video(tmp_path / "clip.mp4", seconds=4.0, width=640, height=360))
+        created = client.post(
+            "/v1/hypermedia/process",
+            json={
+                "object_id": obj["object_id"],
+                "operations": [
+                    {
+                        "name": "transcode_video",
+                        "params": {"heights": [360], "hls": True, "hls_segment_seconds": 2},
+                    }
+                ],
+            },
+        )
+        job = wait_job(client, created.json()["job_ids"][0], timeout=120)
+    assert job["status"] == "completed", job
+    sign_in(browser, platform.rest_url, account["api_key"])
+    browser.get(f"{platform.rest_url}/dashboard/jobs/{job['job_id']}")
+    video = browser.find_element(By.CSS_SELECTOR, "figure[data-output=hls_master] video[data-hls]")
+    assert browser.execute_script("return typeof window.Hls") == "function"
+    browser.execute_script("arguments[0].play()", video)
+
+    def played() -> float | None:
+        error = video.get_attribute("data-hls-error")
+        assert not error, error
+        at = float(browser.execute_script("return arguments[0].currentTime", video))
+        return at if at > 1.0 else None
+
+    wait_for("the HLS video to play past 1 s", played, timeout=30, interval=0.2)
+    assert round(float(browser.execute_script("return arguments[0].duration", video))) == 4
+    assert browser.execute_script("return [arguments[0].videoWidth, arguments[0].videoHeight]", video) == [
+        640,
+        360,
+    ]
+    # The bundled scripts are served by the gateway itself, and nothing else from that folder.
+    bundled = httpx.get(f"{platform.rest_url}/dashboard/static/hls.light.min.js", timeout=10)
+    assert bundled.status_code == 200 and bundled.headers["content-type"].startswith("text/javascript")
+    for other in ("README.md", "hls.js-LICENSE", "..%2Fdashboard.py"):
+        assert httpx.get(f"{platform.rest_url}/dashboard/static/{other}", timeout=10).status_code == 404
+    # Without the session, the page's playlist is not served.
+    assert (
+        httpx.get(
+            f"{platform.rest_url}/dashboard/jobs/{job['job_id']}/outputs/hls_master/resolved"
+        ).status_code
+        == 401
+    )
