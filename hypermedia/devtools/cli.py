@@ -25,7 +25,7 @@ import typer
 
 from hypermedia.client import commands
 from hypermedia.core import config, telemetry
-from hypermedia.devtools import platform, schedule_admin
+from hypermedia.devtools import key_admin, platform, schedule_admin
 from hypermedia.infra import db
 from hypermedia.jobs import scaling
 from hypermedia.jobs.scaling import report as scheduler_report
@@ -543,6 +543,7 @@ def backfill_cmd(
 
 
 schedule_admin.register(admin, _with_conn)
+key_admin.register(admin, _with_conn)
 
 
 def _account_id(account: str) -> None:

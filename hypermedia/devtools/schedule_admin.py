@@ -37,7 +37,9 @@ def _account(account: str) -> str:
         raise typer.BadParameter(f"{account!r} is not an account id") from None
 
 
-def _run(command: str, with_conn: WithConn, work: Callable[[Any], Awaitable[Any]]) -> None:
+def run_json(command: str, with_conn: WithConn, work: Callable[[Any], Awaitable[Any]]) -> None:
+    """Run ``work`` on a connection and print its result as JSON; a refusal or an unreachable
+    database is exit 1 with the reason on stderr."""
     logging.basicConfig(level=logging.WARNING)
     try:
         shown: Any = asyncio.run(with_conn(work))
@@ -67,7 +69,7 @@ def register(admin: typer.Typer, with_conn: WithConn) -> None:
             last = await schedules.last_runs(conn, [s.schedule_id for s in found])
             return {"schedules": [schedule_json(s, last.get(s.schedule_id)) for s in found]}
 
-        _run("schedules", with_conn, work)
+        run_json("schedules", with_conn, work)
 
     @admin.command("schedule")
     def schedule_cmd(
@@ -99,7 +101,7 @@ def register(admin: typer.Typer, with_conn: WithConn) -> None:
             last = await schedules.last_runs(conn, [schedule.schedule_id])
             return schedule_json(schedule, last.get(schedule.schedule_id))
 
-        _run("schedule", with_conn, work)
+        run_json("schedule", with_conn, work)
 
     @admin.command("create-schedule")
     def create_schedule_cmd(
@@ -146,4 +148,4 @@ def register(admin: typer.Typer, with_conn: WithConn) -> None:
             )
             return schedule_json(made, None)
 
-        _run("create-schedule", with_conn, work)
+        run_json("create-schedule", with_conn, work)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from hypermedia.core.errors import Unauthenticated
+from hypermedia.core.errors import NotFound, PermissionDenied, Unauthenticated
+from hypermedia.infra import db
 from hypermedia.jobs.webhooks import new_webhook_secret
 
 
@@ -24,6 +25,9 @@ class Caller:
     account_id: str
     pool_id: str
     is_admin: bool = False
+    read_only: bool = False
+    """The key reads and changes nothing (:func:`check_write`): an observer's, a dashboard's on
+    a wall screen (``hypermedia admin create-key --read-only``)."""
 
 
 def new_key() -> tuple[str, str, bytes]:
@@ -50,7 +54,7 @@ async def authenticate(pool: asyncpg.Pool, header: str | None) -> Caller:
     key_id, secret = parse_bearer(header)
     row = await pool.fetchrow(
         """
-        SELECT k.account_id, k.secret_hash,
+        SELECT k.account_id, k.secret_hash, k.read_only,
                (SELECT is_admin FROM accounts a WHERE a.account_id = k.account_id) AS is_admin,
                (SELECT pool_id FROM pools p WHERE p.account_id = k.account_id ORDER BY created_at LIMIT 1) AS pool_id
         FROM api_keys k WHERE k.key_id = $1 AND k.revoked_at IS NULL
@@ -61,8 +65,51 @@ async def authenticate(pool: asyncpg.Pool, header: str | None) -> Caller:
     if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), digest) or row["pool_id"] is None:
         raise Unauthenticated("unknown API key", "UNAUTHENTICATED")
     return Caller(
-        account_id=str(row["account_id"]), pool_id=str(row["pool_id"]), is_admin=bool(row["is_admin"])
+        account_id=str(row["account_id"]),
+        pool_id=str(row["pool_id"]),
+        is_admin=bool(row["is_admin"]),
+        read_only=bool(row["read_only"]),
     )
+
+
+def check_write(caller: Caller) -> None:
+    """Raises PermissionDenied (``READ_ONLY_KEY``) when ``caller``'s key is read-only: every
+    request that creates, changes or deletes anything calls this first."""
+    if caller.read_only:
+        raise PermissionDenied(
+            "this API key is read-only: it may read the account, not change it", "READ_ONLY_KEY"
+        )
+
+
+async def create_key(conn: db.Connection, account_id: str, *, read_only: bool = False) -> tuple[str, str]:
+    """Another API key of the account (``read_only``: see :attr:`Caller.read_only`). Returns
+    (api_key, key_id). Raises NotFound for an unknown account."""
+    try:
+        account_id = str(uuid.UUID(account_id))
+    except ValueError:
+        raise NotFound("account not found", "NOT_FOUND") from None
+    key, key_id, digest = new_key()
+    made = await conn.fetchval(
+        "INSERT INTO api_keys (key_id, account_id, secret_hash, read_only) "
+        "SELECT $1, account_id, $3, $4 FROM accounts WHERE account_id = $2::uuid RETURNING key_id",
+        key_id,
+        account_id,
+        digest,
+        read_only,
+    )
+    if made is None:
+        raise NotFound("account not found", "NOT_FOUND")
+    return key, key_id
+
+
+async def revoke_key(conn: db.Connection, key_id: str) -> bool:
+    """Revoke a key by its id (the ``hm_{key_id}_…`` part): requests with it are 401 from now on.
+    Returns False when no live key has that id."""
+    revoked = await conn.fetchval(
+        "UPDATE api_keys SET revoked_at = now() WHERE key_id = $1 AND revoked_at IS NULL RETURNING key_id",
+        key_id,
+    )
+    return revoked is not None
 
 
 async def create_account(

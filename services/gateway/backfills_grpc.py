@@ -109,8 +109,8 @@ class BackfillService(backfill_pb2_grpc.BackfillServiceServicer):
         self._backfills = backfills
         self._authenticate = authenticate
 
-    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
-        return await authenticated(context, self._authenticate)
+    async def _caller(self, context: grpc.aio.ServicerContext, *, write: bool = True) -> Caller:
+        return await authenticated(context, self._authenticate, write=write)
 
     async def CreateBackfillRun(
         self, request: backfill_pb2.CreateBackfillRunRequest, context: grpc.aio.ServicerContext
@@ -124,7 +124,7 @@ class BackfillService(backfill_pb2_grpc.BackfillServiceServicer):
     async def GetBackfillRun(
         self, request: backfill_pb2.GetBackfillRunRequest, context: grpc.aio.ServicerContext
     ) -> backfill_pb2.GetBackfillRunResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         return backfill_pb2.GetBackfillRunResponse(
             run=run_message(await self._backfills.get(caller, request.run_id))
         )
@@ -132,14 +132,14 @@ class BackfillService(backfill_pb2_grpc.BackfillServiceServicer):
     async def ListBackfillRuns(
         self, request: backfill_pb2.ListBackfillRunsRequest, context: grpc.aio.ServicerContext
     ) -> backfill_pb2.ListBackfillRunsResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         found = await self._backfills.list(caller, request.page_size or 50)
         return backfill_pb2.ListBackfillRunsResponse(runs=[run_message(r) for r in found])
 
     async def ListBackfillItems(
         self, request: backfill_pb2.ListBackfillItemsRequest, context: grpc.aio.ServicerContext
     ) -> backfill_pb2.ListBackfillItemsResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         limit = request.page_size or 100
         found = await self._backfills.items(
             caller, request.run_id, state=request.state or None, after=request.after, limit=limit

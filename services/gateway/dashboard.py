@@ -28,7 +28,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from hypermedia.core.errors import DomainError, PermissionDenied, Unauthenticated
-from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.accounts import Caller, check_write
 from hypermedia.jobs.pricing import as_credits
 from services.gateway.process_request import OperationRequest
 from services.gateway.resolved import OutputResolver
@@ -53,7 +53,8 @@ _templates = Environment(
 
 
 class Sessions:
-    """Signed session tokens: ``base64(json{account_id, pool_id, is_admin, expires}).hmac``."""
+    """Signed session tokens: ``base64(json{account_id, pool_id, is_admin, read_only, expires}).hmac``
+    (a token without ``read_only``, issued before read-only keys existed, is a full key's)."""
 
     def __init__(self, key: bytes) -> None:
         self._key = key
@@ -70,7 +71,7 @@ class Sessions:
         return cls(key or secrets.token_bytes(32))
 
     def issue(self, caller: Caller, now: float | None = None) -> str:
-        body = {"a": caller.account_id, "p": caller.pool_id, "x": caller.is_admin}
+        body = {"a": caller.account_id, "p": caller.pool_id, "x": caller.is_admin, "r": caller.read_only}
         body["e"] = int((now or time.time()) + SESSION_SECONDS)
         data = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
         return f"{data}.{self._sign(data)}"
@@ -88,7 +89,12 @@ class Sessions:
             return None
         if int(body["e"]) < (now or time.time()):
             return None
-        return Caller(account_id=str(body["a"]), pool_id=str(body["p"]), is_admin=bool(body["x"]))
+        return Caller(
+            account_id=str(body["a"]),
+            pool_id=str(body["p"]),
+            is_admin=bool(body["x"]),
+            read_only=bool(body.get("r", False)),
+        )
 
     def csrf(self, token: str) -> str:
         """The forms' token of a session (a page of another origin cannot read it)."""
@@ -461,6 +467,7 @@ def router(
         if session is None or not hmac.compare_digest(csrf, session[1]):
             return Response("the form is stale: sign in again", status_code=403)
         try:
+            check_write(session[0])
             await api.cancellation.cancel_job(session[0], job_id)
         except DomainError as exc:
             return render(
@@ -481,6 +488,7 @@ def router(
             return Response("the form is stale: sign in again", status_code=403)
         caller = session[0]
         try:
+            check_write(caller)
             old = await api.status.get_job(caller, job_id)
             created = await api.creation.process(
                 caller,

@@ -14,7 +14,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.core.errors import DomainError, InvalidArgument
 from hypermedia.infra import rpc
-from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.accounts import Caller, check_write
 from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
 from services.gateway.process_request import parse_operations
 from services.gateway.results import Job, ObjectInfo, StorageUsage, StoredObject
@@ -214,15 +214,23 @@ def _operation(op: jobs_pb2.Operation) -> dict[str, Any]:
 
 
 async def authenticated(
-    context: grpc.aio.ServicerContext, authenticate: Callable[[str | None], Awaitable[Caller]]
+    context: grpc.aio.ServicerContext,
+    authenticate: Callable[[str | None], Awaitable[Caller]],
+    *,
+    write: bool = True,
 ) -> Caller:
     """The caller of a public RPC, from its ``authorization`` metadata entry (the last one).
-    Raises Unauthenticated as ``authenticate`` does."""
+    ``write``: the RPC changes something (the default, so an RPC not marked a read is refused
+    to a read-only key). Raises Unauthenticated as ``authenticate`` does, PermissionDenied
+    (``READ_ONLY_KEY``) for a read-only key's write (:func:`hypermedia.jobs.accounts.check_write`)."""
     header = None
     for key, value in context.invocation_metadata() or ():
         if key == "authorization":
             header = str(value)
-    return await authenticate(header)
+    caller = await authenticate(header)
+    if write:
+        check_write(caller)
+    return caller
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -232,8 +240,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self._api = api
         self._authenticate = authenticate
 
-    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
-        return await authenticated(context, self._authenticate)
+    async def _caller(self, context: grpc.aio.ServicerContext, *, write: bool = True) -> Caller:
+        return await authenticated(context, self._authenticate, write=write)
 
     async def UploadObject(
         self, request: jobs_pb2.UploadObjectRequest, context: grpc.aio.ServicerContext
@@ -246,13 +254,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def GetObject(
         self, request: jobs_pb2.GetObjectRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.GetObjectResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         return object_message(await self._api.uploads.get_object(caller, request.object_id))
 
     async def GetOutputUrl(
         self, request: jobs_pb2.GetOutputUrlRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.GetOutputUrlResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         link = await self._api.status.output_link(caller, request.job_id, request.output_type)
         return jobs_pb2.GetOutputUrlResponse(
             output_type=link.output_type,
@@ -266,7 +274,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def ListObjects(
         self, request: jobs_pb2.ListObjectsRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ListObjectsResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         page = await self._api.uploads.list_objects(
             caller, request.kind, request.page_size or 50, request.page_token or None
         )
@@ -317,7 +325,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def Estimate(
         self, request: jobs_pb2.EstimateRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.EstimateResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         operations = parse_operations([_operation(op) for op in request.operations])
         result = await self._api.creation.estimate(
             caller, request.object_id, operations, request.priority or None
@@ -341,7 +349,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def GetJob(
         self, request: jobs_pb2.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.GetJobResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         return jobs_pb2.GetJobResponse(
             job=job_message(await self._api.status.get_job(caller, request.job_id))
         )
@@ -349,7 +357,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def ListJobs(
         self, request: jobs_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ListJobsResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         filters = JobFilter(
             statuses=tuple(status_name(s) for s in request.statuses),
             operation=request.operation or None,
@@ -377,7 +385,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
         # Streams bypass the unary error interceptor: map domain errors here.
         try:
-            caller = await self._caller(context)
+            caller = await self._caller(context, write=False)
             events = await self._api.status.watch_job(caller, request.job_id, request.after_event_id)
         except DomainError as exc:
             await rpc.abort(context, exc)
@@ -398,7 +406,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def ListOperations(
         self, request: jobs_pb2.ListOperationsRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ListOperationsResponse:
-        await self._caller(context)
+        await self._caller(context, write=False)
         return jobs_pb2.ListOperationsResponse(
             operations=[operation_message(o) for o in await self._api.catalogue.operations()],
             price_formula=PRICE_FORMULA,
@@ -407,13 +415,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def ListOcrLanguages(
         self, request: jobs_pb2.ListOcrLanguagesRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ListOcrLanguagesResponse:
-        await self._caller(context)
+        await self._caller(context, write=False)
         return jobs_pb2.ListOcrLanguagesResponse(languages=await self._api.creation.ocr_languages())
 
     async def ListLedger(
         self, request: jobs_pb2.ListLedgerRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.ListLedgerResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         page = await self._api.accounts.ledger(caller, request.page_size or 50, request.page_token or None)
         return jobs_pb2.ListLedgerResponse(
             entries=[
@@ -436,7 +444,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def GetBalance(
         self, request: jobs_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.GetBalanceResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         balance = await self._api.accounts.balance(caller)
         return jobs_pb2.GetBalanceResponse(
             balance=credits_text(balance.balance_millicredits), held=credits_text(balance.held_millicredits)

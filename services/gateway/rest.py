@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hypermedia.core import metrics, pgtext, telemetry
 from hypermedia.core.errors import DomainError, PayloadTooLarge
 from hypermedia.infra import db
-from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.accounts import Caller, check_write
 from hypermedia.jobs.pricing import as_credits
 from services.gateway import backfills_api, openapi, operators_api, presets_api, schedules_api
 from services.gateway.catalogue import PRICE_FORMULA, OperationInfo
@@ -45,6 +45,10 @@ from services.gateway.results import (
 )
 from services.gateway.status import MAX_PAGE_SIZE, JobFilter, JobPage
 from services.gateway.usecases import UseCases
+
+READ_METHODS = frozenset({"GET", "HEAD"})
+READ_POSTS = frozenset({"/v1/hypermedia/estimate"})
+"""POSTs that change nothing, which a read-only key may make."""
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
@@ -447,6 +451,8 @@ class _BodyGuard:
         if scope["path"].startswith("/v1/"):
             try:
                 caller = await self.authenticate(headers.get("authorization"))
+                if scope["path"] not in READ_POSTS:
+                    check_write(caller)  # a read-only key's upload is refused before its body is read
             except DomainError as exc:
                 await domain_problem(exc)(scope, receive, send)
                 return
@@ -615,8 +621,13 @@ def build_app(
     app.add_middleware(TraceRequests)
 
     async def caller(request: Request, authorization: str | None = Header(None)) -> Caller:
+        """The request's caller; a read-only key may only read (403 ``READ_ONLY_KEY`` for any
+        other method but ``POST /v1/hypermedia/estimate``, which creates nothing)."""
         known = getattr(request.state, "caller", None)  # authenticated by _BodyGuard already
-        return known if isinstance(known, Caller) else await authenticate(authorization)
+        found = known if isinstance(known, Caller) else await authenticate(authorization)
+        if request.method not in READ_METHODS and request.url.path not in READ_POSTS:
+            check_write(found)
+        return found
 
     app.include_router(operators_api.router(api.operators, caller))
     app.include_router(presets_api.router(api.presets, caller))

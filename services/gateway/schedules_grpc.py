@@ -76,8 +76,8 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         self._schedules = schedules
         self._authenticate = authenticate
 
-    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
-        return await authenticated(context, self._authenticate)
+    async def _caller(self, context: grpc.aio.ServicerContext, *, write: bool = True) -> Caller:
+        return await authenticated(context, self._authenticate, write=write)
 
     async def CreateSchedule(
         self, request: schedules_pb2.CreateScheduleRequest, context: grpc.aio.ServicerContext
@@ -89,7 +89,7 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
     async def GetSchedule(
         self, request: schedules_pb2.GetScheduleRequest, context: grpc.aio.ServicerContext
     ) -> schedules_pb2.GetScheduleResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         return schedules_pb2.GetScheduleResponse(
             schedule=schedule_message(*await self._schedules.get(caller, request.name))
         )
@@ -97,7 +97,7 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
     async def ListSchedules(
         self, request: schedules_pb2.ListSchedulesRequest, context: grpc.aio.ServicerContext
     ) -> schedules_pb2.ListSchedulesResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         found = await self._schedules.list_schedules(caller)
         return schedules_pb2.ListSchedulesResponse(schedules=[schedule_message(s, last) for s, last in found])
 
@@ -128,7 +128,7 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
     async def ListScheduleRuns(
         self, request: schedules_pb2.ListScheduleRunsRequest, context: grpc.aio.ServicerContext
     ) -> schedules_pb2.ListScheduleRunsResponse:
-        caller = await self._caller(context)
+        caller = await self._caller(context, write=False)
         if not 0 <= request.page_size <= 1000:
             raise InvalidArgument("page_size must be 0 (50) to 1000", "INVALID_PAGE_SIZE")
         found = await self._schedules.runs(caller, request.name, request.page_size or 50)
