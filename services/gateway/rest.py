@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from hypermedia.core import metrics, pgtext, telemetry
 from hypermedia.core.errors import DomainError, PayloadTooLarge
@@ -596,14 +597,26 @@ def build_app(
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
             # FastAPI's answer when json.loads gave up on a body nested ~1,000 levels deep.
             return domain_problem(pgtext.InvalidText("the body", pgtext.DEPTH_PROBLEM))
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "INPUT_TOO_LARGE"}.get(
             exc.status_code, "HTTP_ERROR"
         )
-        return problem(exc.status_code, "HTTP error", str(exc.detail), code)
+        answer = problem(exc.status_code, "HTTP error", str(exc.detail), code)
+        answer.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # RFC 9110 section 15.5.6: every method the path takes. Starlette names only those
+            # of the first route that matched the path; FastAPI makes a route per method.
+            methods = {
+                m
+                for r in request.app.routes
+                if r.matches(request.scope)[0] != Match.NONE
+                for m in getattr(r, "methods", ())
+            }
+            answer.headers["Allow"] = ", ".join(sorted(methods))
+        return answer
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

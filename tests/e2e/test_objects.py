@@ -137,6 +137,11 @@ def test_an_account_lists_its_objects_newest_first_by_kind_a_page_at_a_time(
             stub.ListObjects(jobs_pb2.ListObjectsRequest(page_token="abc"), metadata=metadata)
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
+    # A method the path does not take: 405 naming those it does (RFC 9110's Allow).
+    wrong = client.patch("/v1/objects")
+    assert (wrong.status_code, wrong.json()["error_code"]) == (405, "METHOD_NOT_ALLOWED")
+    assert sorted(m.strip() for m in wrong.headers["allow"].split(",")) == ["GET", "POST"]
+
     # Deleting an original takes its outputs off the list too.
     assert client.delete(f"/v1/objects/{first['object_id']}").status_code == 200
     assert ids() == [second["object_id"]]
