@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, get_args
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
@@ -49,20 +49,7 @@ LaneName = Literal[
 ]
 """What a worker lane may be configured to consume (``HM_WORKER_QUEUE``, a pool's queues): every
 route but the sched lanes, which only the scheduler consumers beside them take."""
-ROUTES: tuple[RouteName, ...] = (
-    "images",
-    "documents",
-    "ocr",
-    "media",
-    "bulk.images",
-    "bulk.documents",
-    "bulk.ocr",
-    "bulk.media",
-    "sched.images",
-    "sched.documents",
-    "sched.ocr",
-    "sched.media",
-)
+ROUTES: tuple[RouteName, ...] = get_args(RouteName)
 
 DEPRECATED_NAMES: Final = {
     "DATABASE_URL": "HM_DATABASE_URL",
