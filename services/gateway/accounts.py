@@ -33,7 +33,10 @@ class Accounts:
 
     async def account(self, caller: Caller) -> Account:
         """The caller's account and pool and the secret that signs its webhooks (created on
-        first use)."""
+        first use); None for a read-only key, whose holder must not be able to sign webhooks
+        as the platform."""
+        if caller.read_only:
+            return Account(account_id=caller.account_id, pool_id=caller.pool_id, webhook_secret=None)
         secret = await account_secret(self._pool, caller.account_id)
         return Account(account_id=caller.account_id, pool_id=caller.pool_id, webhook_secret=secret)
 

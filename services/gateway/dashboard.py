@@ -28,7 +28,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from hypermedia.core.errors import DomainError, PermissionDenied, Unauthenticated
-from hypermedia.jobs.accounts import Caller, check_write
+from hypermedia.jobs.accounts import Caller
 from hypermedia.jobs.pricing import as_credits
 from services.gateway.process_request import OperationRequest
 from services.gateway.resolved import OutputResolver
@@ -464,10 +464,13 @@ def router(
     @pages.post("/jobs/{job_id}/cancel")
     async def cancel(request: Request, job_id: str, csrf: str = Form(..., max_length=100)) -> Response:
         session = signed_in(request)
+        if session is not None and session[0].read_only:
+            return Response(
+                "this API key is read-only: it may read the account, not change it", status_code=403
+            )
         if session is None or not hmac.compare_digest(csrf, session[1]):
             return Response("the form is stale: sign in again", status_code=403)
         try:
-            check_write(session[0])
             await api.cancellation.cancel_job(session[0], job_id)
         except DomainError as exc:
             return render(
@@ -484,11 +487,14 @@ def router(
         """A new job of the same operation, params, priority and queue on the same object (the old
         one stays as it is)."""
         session = signed_in(request)
+        if session is not None and session[0].read_only:
+            return Response(
+                "this API key is read-only: it may read the account, not change it", status_code=403
+            )
         if session is None or not hmac.compare_digest(csrf, session[1]):
             return Response("the form is stale: sign in again", status_code=403)
         caller = session[0]
         try:
-            check_write(caller)
             old = await api.status.get_job(caller, job_id)
             created = await api.creation.process(
                 caller,

@@ -224,7 +224,7 @@ class ProcessOut(BaseModel):
 class AccountOut(BaseModel):
     account_id: str
     pool_id: str
-    webhook_secret: str
+    webhook_secret: str | None = Field(description="null for a read-only key")
 
 
 class BalanceOut(BaseModel):
@@ -662,7 +662,7 @@ def build_app(
         who: Caller = Depends(caller),
         kind: str = Query("", max_length=32, description='"original", "output" (of your jobs), or both'),
         limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="objects a page"),
-        cursor: str | None = Query(None, max_length=512, description="next_cursor of the previous page"),
+        cursor: str | None = Query(None, description="next_cursor of the previous page"),
     ) -> dict[str, Any]:
         """The caller's objects, newest first, a page at a time: ``{"objects": [...],
         "next_cursor"}`` (null on the last page), without download URLs (``GET

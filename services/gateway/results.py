@@ -266,8 +266,8 @@ class Account:
     """The caller's account."""
     pool_id: str
     """The caller's storage pool."""
-    webhook_secret: str
-    """The secret signing its webhooks (Standard Webhooks ``whsec_…``)."""
+    webhook_secret: str | None
+    """The secret signing its webhooks (Standard Webhooks ``whsec_…``); None for a read-only key."""
 
 
 @dataclass(frozen=True)

@@ -124,8 +124,16 @@ def page_position(cursor: str) -> tuple[dt.datetime, str]:
         job_id = canonical_uuid(raw["j"])
         if when.tzinfo is None or job_id is None:
             raise ValueError
-        return when, job_id
-    except (ValueError, TypeError, KeyError, binascii.Error, UnicodeDecodeError, RecursionError):
+        return when.astimezone(dt.UTC), job_id  # OverflowError: outside years 1-9999 in UTC
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        binascii.Error,
+        UnicodeDecodeError,
+        RecursionError,
+        OverflowError,
+    ):
         raise InvalidArgument(INVALID_CURSOR_MESSAGE, "INVALID_CURSOR") from None
 
 

@@ -118,6 +118,14 @@ def test_filters_by_status_operation_object_and_creation_time(
         ({"object_id": "not-a-uuid"}, "INVALID_ID", "not-a-uuid"),
         ({"cursor": "bm90IGEgY3Vyc29y"}, "INVALID_CURSOR", "next_cursor"),
         ({"cursor": "%%%"}, "INVALID_CURSOR", "next_cursor"),
+        # A well-formed position whose time is outside years 1-9999 in UTC (was a 500).
+        (
+            {
+                "cursor": "eyJ0IjogIjAwMDEtMDEtMDFUMDA6MDA6MDArMTQ6MDAiLCAiaiI6ICIwZmQ4YmFjMy02OTk1LTRiZmItYTQ2MC0xMzk4OGNjMmY2ZDQifQ"
+            },
+            "INVALID_CURSOR",
+            "next_cursor",
+        ),
         (
             {"created_after": "2026-01-02T00:00:00Z", "created_before": "2026-01-01T00:00:00Z"},
             "INVALID_RANGE",
@@ -172,6 +180,12 @@ def test_list_jobs_over_grpc(platform: RunningPlatform, listed: dict[str, Any]) 
             (jobs_pb2.ListJobsRequest(statuses=[jobs_pb2.JOB_STATUS_UNSPECIFIED]), "INVALID_STATUS"),
             (jobs_pb2.ListJobsRequest(page_size=5000), "INVALID_PAGE_SIZE"),
             (jobs_pb2.ListJobsRequest(page_token="junk"), "INVALID_CURSOR"),
+            (
+                jobs_pb2.ListJobsRequest(
+                    page_token="eyJ0IjogIjk5OTktMTItMzFUMjM6NTk6NTktMTQ6MDAiLCAiaiI6ICIwZmQ4YmFjMy02OTk1LTRiZmItYTQ2MC0xMzk4OGNjMmY2ZDQifQ"
+                ),
+                "INVALID_CURSOR",
+            ),
         ):
             with pytest.raises(grpc.RpcError) as refused:
                 stub.ListJobs(request, metadata=metadata)

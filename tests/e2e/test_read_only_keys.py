@@ -37,7 +37,8 @@ def test_a_read_only_key_reads_everything_and_changes_nothing(platform: RunningP
         assert [
             o["object_id"] for o in reader.get("/v1/objects", params={"kind": "original"}).json()["objects"]
         ] == [photo["object_id"]]
-        assert reader.get("/v1/account").status_code == 200
+        # Its holder must not be able to sign webhooks as the platform: no secret for it.
+        assert reader.get("/v1/account").json()["webhook_secret"] is None
         estimate = reader.post(
             "/v1/hypermedia/estimate", json={"object_id": photo["object_id"], "operations": ["thumbnail"]}
         )
@@ -61,6 +62,7 @@ def test_a_read_only_key_reads_everything_and_changes_nothing(platform: RunningP
         ]
         assert [(r.status_code, r.json()["error_code"]) for r in refused] == [(403, "READ_ONLY_KEY")] * 6
     with platform.client(owner) as client:
+        assert client.get("/v1/account").json()["webhook_secret"].startswith("whsec_")
         assert client.get(f"/v1/objects/{photo['object_id']}").status_code == 200  # nothing was deleted
         assert (
             client.get("/v1/presets").json()["presets"] == []
@@ -85,6 +87,17 @@ def test_a_read_only_key_reads_everything_and_changes_nothing(platform: RunningP
         assert browser.find_element(By.ID, "read-only").text == "read-only key"
         browser.get(f"{platform.rest_url}/dashboard/jobs/{job['job_id']}")
         assert browser.find_elements(By.ID, "retry") == [] and browser.find_elements(By.ID, "cancel") == []
+        # A form posted anyway (the page has none) says why, before its token is even looked at.
+        posted = browser.execute_script(
+            "return fetch(arguments[0], {method: 'POST', body: new URLSearchParams({csrf: 'x'})})"
+            ".then(r => r.status + ' ' + r.statusText).then(s => s)",
+            f"/dashboard/jobs/{job['job_id']}/retry",
+        )
+        assert posted.startswith("403"), posted
+        assert "read-only" in browser.execute_script(
+            "return fetch(arguments[0], {method: 'POST', body: new URLSearchParams({csrf: 'x'})}).then(r => r.text())",
+            f"/dashboard/jobs/{job['job_id']}/retry",
+        )
 
     revoked = platform.admin("revoke-key", viewer["key_id"])
     assert revoked == {"key_id": viewer["key_id"], "revoked": True}
