@@ -391,7 +391,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await rpc.abort(context, exc)
             return
         async for event in events:
-            if event is None:
+            if event is None:  # a keep-alive (15 s): the key again, the stream ends once revoked
+                try:
+                    await self._caller(context, write=False)
+                except DomainError as exc:
+                    await rpc.abort(context, exc)
+                    return
                 continue
             yield jobs_pb2.WatchJobResponse(
                 event_id=event.event_id,

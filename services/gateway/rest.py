@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from hypermedia.core import metrics, pgtext, telemetry
-from hypermedia.core.errors import DomainError, PayloadTooLarge
+from hypermedia.core.errors import DomainError, PayloadTooLarge, Unauthenticated
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller, check_write
 from hypermedia.jobs.pricing import as_credits
@@ -836,17 +836,25 @@ def build_app(
         responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
     )
     async def job_events(
-        job_id: str, who: Caller = Depends(caller), last_event_id: str | None = Header(None)
+        job_id: str,
+        who: Caller = Depends(caller),
+        last_event_id: str | None = Header(None),
+        authorization: str | None = Header(None),
     ) -> StreamingResponse:
         """Server-Sent Events: every status change and progress update of the job, from the start
         (or after ``Last-Event-ID``), ending after its terminal status. Comment lines keep the
-        connection alive every 15 s."""
+        connection alive every 15 s; at each the key is checked again, and the stream ends once
+        it was revoked."""
         after = _event_id(last_event_id)
         events = await api.status.watch_job(who, job_id, after)
 
         async def stream() -> AsyncIterator[bytes]:
             async for event in events:
                 if event is None:
+                    try:
+                        await authenticate(authorization)
+                    except Unauthenticated:
+                        return  # revoked: a client reconnecting gets its 401
                     yield b": keep-alive\n\n"
                     continue
                 data = json.dumps(event.as_json(), separators=(",", ":"))

@@ -6,6 +6,7 @@ estimate, which creates nothing, is allowed; ``revoke-key`` ends a key."""
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,29 @@ def test_a_read_only_key_reads_everything_and_changes_nothing(platform: RunningP
         timeout=60,
     )
     assert again.returncode == 1 and "NOT_FOUND" in again.stderr
+
+
+def test_a_revoked_keys_event_stream_ends_at_its_next_keep_alive(platform: RunningPlatform) -> None:
+    """A stream opened before the revocation (SSE here; gRPC ``WatchJob`` checks the same way)
+    ends at its next keep-alive (15 s), not at its job's end up to 30 days later."""
+    owner: dict[str, Any] = platform.admin("create-account", "--credits", "10")
+    with platform.client(owner) as client:
+        photo = upload(client, PHOTO)
+        delayed = client.post(
+            "/v1/hypermedia/process",
+            json={"object_id": photo["object_id"], "operations": ["thumbnail"], "delay_seconds": 3600},
+        ).json()["job_ids"][0]
+    watcher = platform.admin("create-key", owner["account_id"], "--read-only")
+    headers = {"Authorization": f"Bearer {watcher['api_key']}"}
+    with httpx.stream(
+        "GET", f"{platform.rest_url}/v1/jobs/{delayed}/events", headers=headers, timeout=30
+    ) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("id: ")  # the job's history comes first
+        platform.admin("revoke-key", watcher["key_id"])
+        revoked = time.monotonic()
+        for _line in lines:
+            assert time.monotonic() - revoked < 25, "the stream outlived the revocation"
+        assert time.monotonic() - revoked < 25
+    with platform.client(owner) as client:
+        assert client.post(f"/v1/jobs/{delayed}:cancel").json()["status"] == "cancelled"
