@@ -6,8 +6,8 @@ estimate, which creates nothing, is allowed; ``revoke-key`` ends a key."""
 from __future__ import annotations
 
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
