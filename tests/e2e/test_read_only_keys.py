@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from selenium.webdriver.common.by import By
 
