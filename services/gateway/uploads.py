@@ -20,7 +20,7 @@ from hypermedia.intake.clamav import ClamdScanner
 from hypermedia.jobs.accounts import Caller
 from services.gateway.ids import parse_uuid
 from services.gateway.results import ObjectInfo, ObjectPage, ObjectSummary, StorageUsage, StoredObject
-from services.gateway.status import INVALID_CURSOR_MESSAGE, MAX_PAGE_SIZE, page_cursor, page_position
+from services.gateway.status import MAX_PAGE_SIZE, page_cursor, page_position
 
 log = logging.getLogger(__name__)
 
@@ -238,11 +238,8 @@ class Uploads:
             raise InvalidArgument(f"page size must be 1 to {MAX_PAGE_SIZE}", "INVALID_PAGE_SIZE")
         request = storage_pb2.ListObjectsRequest(account_id=caller.account_id, kind=kind, limit=limit)
         if cursor:
-            at, after = page_position(cursor)
-            try:
-                request.after_created_at.FromDatetime(at)
-            except (OverflowError, ValueError):  # a time a Timestamp cannot hold: not one we gave
-                raise InvalidArgument(INVALID_CURSOR_MESSAGE, "INVALID_CURSOR") from None
+            at, after = page_position(cursor)  # in UTC, within years 1-9999: a Timestamp holds it
+            request.after_created_at.FromDatetime(at)
             request.after_object_id = after
         found = await call(self._storage.ListObjects, request)
         objects = tuple(
