@@ -12,7 +12,6 @@ from users."""
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
 import hmac
 import json
@@ -146,40 +145,40 @@ async def minute_series(pool: asyncpg.Pool, caller: Caller) -> list[dict[str, An
     are read (the ``created_at`` index); a job that waited longer is left out of its minute."""
     rows = await pool.fetch(
         """
-        SELECT date_trunc('minute', completed_at) AS minute,
-               count(*) FILTER (WHERE status = 'completed') AS completed,
-               count(*) FILTER (WHERE status = 'failed') AS failed,
-               percentile_cont(0.5) WITHIN GROUP (ORDER BY completed_at - coalesce(queued_at, created_at))
-                   FILTER (WHERE status = 'completed') AS p50,
-               percentile_cont(0.95) WITHIN GROUP (ORDER BY completed_at - coalesce(queued_at, created_at))
-                   FILTER (WHERE status = 'completed') AS p95
-        FROM processing_jobs
-        WHERE created_at > now() - interval '1 day' AND status IN ('completed', 'failed')
-          AND completed_at >= date_trunc('minute', now()) - make_interval(mins => $3 - 1)
-          AND ($1::boolean OR account_id = $2::uuid)
-        GROUP BY 1
+        WITH minutes AS (
+            SELECT generate_series(date_trunc('minute', now()) - make_interval(mins => $3 - 1),
+                                   date_trunc('minute', now()), interval '1 minute') AS minute
+        ), ended AS (
+            SELECT date_trunc('minute', completed_at) AS minute, status,
+                   completed_at - coalesce(queued_at, created_at) AS took
+            FROM processing_jobs
+            WHERE created_at > now() - interval '1 day' AND status IN ('completed', 'failed')
+              AND completed_at >= date_trunc('minute', now()) - make_interval(mins => $3 - 1)
+              AND ($1::boolean OR account_id = $2::uuid)
+        )
+        SELECT m.minute,
+               count(e.status) FILTER (WHERE e.status = 'completed') AS completed,
+               count(e.status) FILTER (WHERE e.status = 'failed') AS failed,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY e.took) FILTER (WHERE e.status = 'completed') AS p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY e.took) FILTER (WHERE e.status = 'completed') AS p95
+        FROM minutes m LEFT JOIN ended e ON e.minute = m.minute
+        GROUP BY m.minute ORDER BY m.minute
         """,
         caller.is_admin,
         caller.account_id,
         CHART_MINUTES,
     )
-    found = {r["minute"]: r for r in rows}
-    now = await pool.fetchval("SELECT date_trunc('minute', now())")
-    series = []
-    for back in range(CHART_MINUTES - 1, -1, -1):
-        minute = now - datetime.timedelta(minutes=back)
-        row = found.get(minute)
-        series.append(
-            {
-                "minute": minute,
-                "completed": row["completed"] if row else 0,
-                "failed": row["failed"] if row else 0,
-                "ended": row["completed"] + row["failed"] if row else 0,
-                "p50_ms": row["p50"].total_seconds() * 1000 if row and row["p50"] is not None else None,
-                "p95_ms": row["p95"].total_seconds() * 1000 if row and row["p95"] is not None else None,
-            }
-        )
-    return series
+    return [
+        {
+            "minute": row["minute"],
+            "completed": row["completed"],
+            "failed": row["failed"],
+            "ended": row["completed"] + row["failed"],
+            "p50_ms": row["p50"].total_seconds() * 1000 if row["p50"] is not None else None,
+            "p95_ms": row["p95"].total_seconds() * 1000 if row["p95"] is not None else None,
+        }
+        for row in rows
+    ]
 
 
 async def job_events(pool: asyncpg.Pool, job_id: str, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:

@@ -53,8 +53,10 @@ MAX_LIST_LIMIT = 1000
 """Objects one ListObjects page holds at most."""
 MAX_OUTPUTS_PER_CALL = 256
 """Outputs one RegisterOutputs call takes (a pdf_preview has at most 20, an HLS ladder a few dozen)."""
+_OBJECT_COLUMNS_OF_O = ", ".join("o." + column.strip() for column in _OBJECT_COLUMNS.split(","))
+""":data:`_OBJECT_COLUMNS` of ``objects o`` in a join."""
 _LIVE_ATTEMPT = f"""
-    SELECT {", ".join("o." + column.strip() for column in _OBJECT_COLUMNS.split(","))},
+    SELECT {_OBJECT_COLUMNS_OF_O},
            j.profile_version AS job_profile_version
     FROM processing_jobs j JOIN objects o ON o.object_id = j.object_id
     WHERE j.job_id = $1 AND j.attempt_count = $2 AND j.status = ANY($3::text[])
@@ -458,7 +460,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         after = request.after_created_at.ToDatetime(UTC) if request.HasField("after_created_at") else None
         after_id = _uuid(request.after_object_id) if request.after_object_id else None
         rows = await self._pool.fetch(
-            f"""SELECT {", ".join("o." + c.strip() for c in _OBJECT_COLUMNS.split(","))}
+            f"""SELECT {_OBJECT_COLUMNS_OF_O}
                 FROM object_ownership w JOIN objects o ON o.object_id = w.object_id
                 WHERE w.account_id = $1 AND o.state = 'available'
                   AND ($2 = '' OR ($2 = 'original') = (o.source_object_id IS NULL))
