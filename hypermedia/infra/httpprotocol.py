@@ -14,7 +14,7 @@ import termios
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from hypermedia.infra.httpguard import (
     RETRY_AFTER_SECONDS,
@@ -63,6 +63,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._send_acked = 0  # bytes the client took while writing was paused, since the start
         self._send_pending = 0  # bytes not yet acknowledged at the last look (buffer + socket)
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._closing_cycle: RequestResponseCycle | None = None  # answered with connection: close
 
     # Connection
 
@@ -271,6 +272,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return False
         return path is not None and path.decode("latin-1") in self.guard.reserve_paths
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Start the app on ``cycle`` (uvicorn's), with a ``send`` that adds ``connection: close``
+        to a response started before the request's body was all received. Such a connection ends
+        after the response (:meth:`on_response_complete` lingers), and a client told nothing sends
+        its next request on it and finds it closed (httpx: "Server disconnected without sending a
+        response", seen in CI after a read-only key's refused upload). uvicorn itself would close
+        the transport at once for that header (a reset, with input unread), so its ``keep_alive``
+        is set back: the close is the linger's."""
+        send = cycle.send
+
+        async def closing_when_unread(message: Any) -> None:
+            if message["type"] != "http.response.start" or not cycle.more_body:
+                await send(message)
+                return
+            headers = [
+                (name, value) for name, value in message.get("headers", []) if name.lower() != b"connection"
+            ]
+            message["headers"] = [*headers, (b"connection", b"close")]
+            await send(message)
+            cycle.keep_alive = True
+            self._closing_cycle = cycle
+
+        cycle.send = closing_when_unread  # type: ignore[method-assign]
+        super()._start_asgi_task(cycle, app)
+
     def on_body(self, body: bytes) -> None:
         self._body_seen = self.loop.time()
         self._body_received += len(body)
@@ -320,7 +346,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self.transport.is_closing() or pipelined:
             return
-        if self.cycle is not None and self.cycle.more_body:
+        if self.cycle is not None and (self.cycle.more_body or self.cycle is self._closing_cycle):
             # Answered before its body was read (401, 413…): the rest of the body would be parsed
             # as the next request, so the connection ends here, without a reset.
             self._linger()
