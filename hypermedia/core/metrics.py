@@ -48,6 +48,12 @@ HTTP_SECONDS: Final = Histogram(
     ["method", "route"],
     buckets=_REQUEST_BUCKETS,
 )
+HTTP_CONNECTIONS_CLOSED: Final = Counter(
+    "hypermedia_http_connections_closed",
+    "HTTP connections the server's own limits closed or refused, by reason "
+    "(hypermedia.infra.httpguard.ConnectionGuard.closed): the answers no route saw.",
+    ["reason"],
+)
 API_ERRORS: Final = Counter(
     "hypermedia_api_errors",
     "Error responses (application/problem+json) of the REST API, by error code.",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Literal
 
+from hypermedia.core import metrics
 from hypermedia.infra.httplimits import HttpSettings
 
 if TYPE_CHECKING:
@@ -145,8 +146,10 @@ class ConnectionGuard:
     def note(self, reason: str) -> None:
         """Count a connection closed or refused for ``reason`` (see :attr:`closed`); logs a warning
         with the counts since the last one at the first such event and then at most once every
-        :data:`SUMMARY_SECONDS`, so a flood is visible in the log without a line per connection."""
+        :data:`SUMMARY_SECONDS`, so a flood is visible in the log without a line per connection;
+        counted in :data:`~hypermedia.core.metrics.HTTP_CONNECTIONS_CLOSED` too."""
         self.closed[reason] += 1
+        metrics.HTTP_CONNECTIONS_CLOSED.labels(reason).inc()
         now = time.monotonic()
         if now - self._reported_at >= SUMMARY_SECONDS:
             since = self.closed - self._reported

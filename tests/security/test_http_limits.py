@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from hypermedia.core import config
 from hypermedia.infra.httpguard import client_key
@@ -135,6 +136,7 @@ def target(url: str) -> str:
 
 async def test_a_huge_head_thousands_of_headers_and_a_long_target_are_refused(served: Store) -> None:
     port = served.server.port
+    refused_before = {reason: closed_metric(reason) for reason in ("head_too_large", "malformed")}
     await served.store.write("a/b", _chunks([b"stored"]), MAX_PUT_BYTES)
     get = target(await served.get_url("a/b"))
 
@@ -159,6 +161,15 @@ async def test_a_huge_head_thousands_of_headers_and_a_long_target_are_refused(se
     fine += b"".join(b"X-F%d: %s\r\n" % (i, b"f" * 500) for i in range(90)) + b"\r\n"
     status, _, body = answer(await exchange(port, fine))
     assert (status, body) == (200, b"stored")
+    # An operator sees the refusals no route answered (the metric the status port serves).
+    assert closed_metric("head_too_large") - refused_before["head_too_large"] == 4
+    assert closed_metric("malformed") - refused_before["malformed"] == 1
+
+
+def closed_metric(reason: str) -> float:
+    """``hypermedia_http_connections_closed_total{reason}`` in this process's registry."""
+    value = REGISTRY.get_sample_value("hypermedia_http_connections_closed_total", {"reason": reason})
+    return value or 0.0
 
 
 async def test_a_head_sent_byte_by_byte_is_closed_at_its_deadline_and_a_silent_one_quietly(
