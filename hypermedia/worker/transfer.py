@@ -21,7 +21,7 @@ import httpx
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.infra.rpc import call, infra_retry
-from hypermedia.jobs import lifecycle
+from hypermedia.jobs import facts, lifecycle
 from hypermedia.sandbox import read_output
 from hypermedia.worker import handoff
 
@@ -132,7 +132,9 @@ class Transfers:
     ) -> list[lifecycle.Output]:
         """Uploads a job's outputs through its output grant, at most :data:`UPLOAD_CONCURRENCY` at
         once, each with the SHA-256 computed while it was read, then registers them all in one
-        ``RegisterOutputs`` call; returns them in the entry's order. Keys from
+        ``RegisterOutputs`` call, with what their metadata tell of the input
+        (:func:`hypermedia.jobs.facts.of`, kept on the input object for estimates); returns them
+        in the entry's order. Keys from
         :func:`rendition_name` (per job and attempt when the bytes are not ``reproducible``). The first failure cancels
         the uploads still running and is raised; nothing is registered then. A grant about to
         expire (a long job) is renewed first."""
@@ -155,7 +157,10 @@ class Transfers:
                 registered = await call(
                     self._storage.RegisterOutputs,
                     storage_pb2.RegisterOutputsRequest(
-                        job_id=job.job_id, attempt=job.attempt, outputs=uploads
+                        job_id=job.job_id,
+                        attempt=job.attempt,
+                        outputs=uploads,
+                        input_facts=_input_facts(files),
                     ),
                 )
         return [
@@ -188,6 +193,14 @@ class Transfers:
                 if response.status_code >= 300:
                     raise TransientError(f"storage answered {response.status_code}", "STORAGE_UNAVAILABLE")
         return storage_pb2.OutputUpload(key=key, mime_type=out.mime_type, size_bytes=len(data), sha256=digest)
+
+
+def _input_facts(files: list[Any]) -> storage_pb2.InputFacts:
+    """What the outputs' metadata tell of the job's input (:func:`hypermedia.jobs.facts.of`)."""
+    message = storage_pb2.InputFacts()
+    for name, value in facts.of(out.metadata for out in files).items():
+        setattr(message, name, value)
+    return message
 
 
 async def send_output(

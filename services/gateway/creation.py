@@ -278,8 +278,11 @@ class JobCreation:
             ),
         )
         lines = []
+        known = await estimates.object_facts(self._pool, obj.object_id)
         for plan, price in zip(planned, priced.estimates, strict=True):
-            prediction = await estimates.predict(self._pool, plan.operation.name, obj.size_bytes)
+            prediction = await estimates.predict(
+                self._pool, plan.operation.name, obj.size_bytes, known, obj.mime_type
+            )
             lines.append(
                 OperationEstimate(
                     plan.operation.name,

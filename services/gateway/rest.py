@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, File, Header, Query, Request, Response, UploadFile
@@ -175,7 +175,11 @@ class EstimateBody(_StorableText):
 
 class HistoryOut(BaseModel):
     samples: int = Field(description="Completed attempts of the operation the prediction is made from")
-    basis: str = Field(description="size (a line on the input's size), median, or none (too few samples)")
+    basis: Literal["pixels", "pages", "media_seconds", "size", "median", "none"] = Field(
+        description="A line on that measure of the input (pixels, pages or media seconds once a job"
+        " read the object; else its size in bytes), median (no measure explained the runs), or none"
+        " (too few samples)"
+    )
 
 
 class OperationEstimateOut(BaseModel):

@@ -118,7 +118,8 @@ class OperationEstimate:
     samples: int
     """Completed attempts the prediction is made from."""
     basis: str
-    """``size``, ``median`` or ``none`` (:class:`services.gateway.estimates.Prediction`)."""
+    """``pixels``, ``pages``, ``media_seconds``, ``size``, ``median`` or ``none``
+    (:class:`services.gateway.estimates.Prediction`)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge, StorageQuotaExceeded
 from hypermedia.infra import db
-from hypermedia.jobs import checkpoints
+from hypermedia.jobs import checkpoints, facts
 from services.storage.backends import (
     OUTPUT_TYPE,
     ObjectBackend,
@@ -117,6 +117,11 @@ def _timestamp(value: datetime) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(value)
     return ts
+
+
+def _facts_dict(message: storage_pb2.InputFacts) -> dict[str, int | float]:
+    """The set fields of ``message`` (unchecked: :func:`hypermedia.jobs.facts.checked` next)."""
+    return {name: getattr(message, name) for name in facts.FACTS if message.HasField(name)}
 
 
 def _object(row: asyncpg.Record) -> storage_pb2.Object:
@@ -645,6 +650,10 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         checksum). Nothing is registered unless every output passes. A cancel requested while
         the outputs were uploaded does not refuse them (the worker deletes them).
 
+        The request's ``input_facts`` (what the job learned about its input) are kept on the
+        input object, merged over what earlier jobs learned, values out of bounds dropped
+        (:func:`hypermedia.jobs.facts.checked`): estimates read them.
+
         Errors: NOT_FOUND unknown job or input; FAILED_PRECONDITION ``ATTEMPT_FENCED`` (a stale
         attempt, or the job ended) or ``UPLOAD_MISMATCH`` (bytes missing, or size or SHA-256
         differ); INVALID_ARGUMENT no outputs, more than :data:`MAX_OUTPUTS_PER_CALL`, a key twice,
@@ -669,11 +678,20 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         digests = await asyncio.gather(
             *(self._verify(out.key, out.size_bytes, out.sha256.lower()) for out in outputs)
         )
+        learned = facts.checked(_facts_dict(request.input_facts)) if request.HasField("input_facts") else {}
         async with self._pool.acquire() as conn, conn.transaction():
             rows = [
                 await self._insert_output(conn, source, out.key, out.mime_type, out.size_bytes, digest)
                 for out, digest in zip(outputs, digests, strict=True)
             ]
+            if learned:
+                # Written only when it adds or changes a fact: the object's later jobs write nothing.
+                await conn.execute(
+                    """UPDATE objects SET facts = coalesce(facts, '{}'::jsonb) || $2
+                       WHERE object_id = $1 AND (facts IS NULL OR NOT facts @> $2)""",
+                    source["object_id"],
+                    learned,
+                )
         return storage_pb2.RegisterOutputsResponse(objects=[_object(row) for row in rows])
 
     async def _insert_output(

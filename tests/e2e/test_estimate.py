@@ -9,6 +9,8 @@ from typing import Any
 
 import grpc
 import httpx
+import psycopg
+import pyvips
 
 from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.conftest import RunningPlatform, upload, wait_job
@@ -18,14 +20,27 @@ SCAN = Path(__file__).resolve().parents[1] / "data" / "ocr" / "eurotext.tif"
 
 
 def test_an_estimate_is_what_the_request_then_holds_and_predicts_the_run(
-    platform: RunningPlatform, client: httpx.Client, account: dict[str, Any]
+    platform: RunningPlatform, client: httpx.Client, account: dict[str, Any], database_url: str
 ) -> None:
-    photos = [upload(client, path) for path in sorted(EXIF.glob("Landscape_*.jpg"))[:6]]
+    paths = sorted(EXIF.glob("Landscape_*.jpg"))[:6]
+    photos = [upload(client, path) for path in paths]
     for photo in photos[:5]:  # a history of the operation on this platform
         created = client.post(
             "/v1/hypermedia/process", json={"object_id": photo["object_id"], "operations": ["thumbnail"]}
         )
         assert wait_job(client, created.json()["job_ids"][0])["status"] == "completed"
+    # What each job learned of its input is kept on the object for later estimates.
+    with psycopg.connect(database_url) as conn:
+        for path, photo in zip(paths[:5], photos[:5], strict=True):
+            header = pyvips.Image.new_from_file(str(path))
+            (learned,) = conn.execute(
+                "SELECT facts FROM objects WHERE object_id = %s", (photo["object_id"],)
+            ).fetchone() or (None,)
+            assert learned == {"width": header.width, "height": header.height}, path.name
+        (unread,) = conn.execute(
+            "SELECT facts FROM objects WHERE object_id = %s", (photos[5]["object_id"],)
+        ).fetchone() or ("missing",)
+        assert unread is None  # no job read it yet
     scan = upload(client, SCAN)
     before = client.get("/v1/credits").json()
 
@@ -34,6 +49,7 @@ def test_an_estimate_is_what_the_request_then_holds_and_predicts_the_run(
     )
     assert estimated.status_code == 200, estimated.text
     [thumbnail] = estimated.json()["operations"]
+    # The photo no job read has its size only (the shared platform's history decides size or median).
     assert thumbnail["history"]["samples"] >= 5 and thumbnail["history"]["basis"] in ("size", "median")
     assert 0 < thumbnail["predicted_seconds"] < 10
     ocr = client.post(

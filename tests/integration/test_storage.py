@@ -623,15 +623,26 @@ async def _check_grant_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) ->
         storage_pb2.OutputUpload(key=k, mime_type="image/webp", size_bytes=len(d), sha256=_sha(d))
         for k, d in outputs.items()
     ]
-    register = storage_pb2.RegisterOutputsRequest(job_id=job_id, attempt=1, outputs=uploads)
+    register = storage_pb2.RegisterOutputsRequest(
+        job_id=job_id, attempt=1, outputs=uploads, input_facts=storage_pb2.InputFacts(width=4000, height=3000)
+    )
     first = (await svc.stub.RegisterOutputs(register)).objects
+    facts_of_source = "SELECT facts FROM objects WHERE object_id = $1::uuid"
+    assert await pool.fetchval(facts_of_source, source.object_id) == {"width": 4000, "height": 3000}
     assert [o.key for o in first] == list(outputs)
     assert [o.sha256 for o in first] == [_sha(d) for d in outputs.values()]
     assert {o.state for o in first} == {"available"} and {o.source_object_id for o in first} == {
         source.object_id
     }
+    register.input_facts.CopyFrom(storage_pb2.InputFacts(pages=12, media_seconds=-1.0, width=2_000_000))
     again = (await svc.stub.RegisterOutputs(register)).objects
     assert [o.object_id for o in again] == [o.object_id for o in first]  # idempotent per key
+    # Facts merge over earlier ones; a bad value (a hostile child's word) and half a size are dropped.
+    assert await pool.fetchval(facts_of_source, source.object_id) == {
+        "width": 4000,
+        "height": 3000,
+        "pages": 12,
+    }
     owned = await svc.stub.GetObject(
         storage_pb2.GetObjectRequest(object_id=first[0].object_id, account_id=tenant.account_id)
     )

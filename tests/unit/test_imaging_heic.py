@@ -106,6 +106,8 @@ def test_oriented_p3_heic_thumbnail_is_upright_srgb(n: int, tmp_path: Path, upri
         "size_bytes": 0,
         "source_format": "heif",
         "source_pages": 1,
+        "source_width": 600,  # the displayed size (irot applied): the pixels the job decodes
+        "source_height": 400,
     }
     image = decoded(path)
     assert image.size == (256, 171)

@@ -370,8 +370,10 @@ def run(
     Returns:
         One :class:`OutputFile`; ``metadata`` holds ``width``, ``height`` (pixels), ``format``
         (``jpeg``|``png``|``webp``|``avif``), ``size_bytes``, ``source_format`` (``jpeg``, ``png``,
-        ``webp``, ``gif``, ``tiff``, ``avif``, ``heif`` or ``svg``) and ``source_pages`` (frames in
-        the input; only the first is used). Thumbnails are WebP and never enlarged; SVG input keeps
+        ``webp``, ``gif``, ``tiff``, ``avif``, ``heif`` or ``svg``), ``source_pages`` (frames in
+        the input; only the first is used), ``source_width`` and ``source_height`` (the input's
+        size in pixels, before its EXIF orientation, after an HEIF's ``irot``: the pixels the job
+        decodes; kept as the object's facts, :mod:`hypermedia.jobs.facts`). Thumbnails are WebP and never enlarged; SVG input keeps
         the format ``png`` where the operation keeps the input's format.
 
     Raises:
@@ -411,6 +413,8 @@ def run(
                 "size_bytes": os.stat(out_dir / filename).st_size,
                 "source_format": source.mime.removeprefix("image/").removesuffix("+xml"),
                 "source_pages": source.pages,
+                "source_width": source.width,
+                "source_height": source.height,
             },
         )
     ]

@@ -153,6 +153,10 @@ class Source:
     loader: str
     """The loader chosen from the magic bytes; every image opened from this source must report it."""
     pages: int
+    width: int = 0
+    height: int = 0
+    """The size in pixels the header gives (before any EXIF orientation; an HEVC HEIF's displayed
+    size); 0 when unknown."""
     document: bytes | None = None
     """SVG only: the vetted document, loaded from memory (librsvg then has no base file)."""
     hevc: hevc.HevcFile | None = None
@@ -222,6 +226,8 @@ def open_source(input_path: Path, limits: ImageLimits) -> Source:
         mime=mime,
         loader=loader,
         pages=pages,
+        width=header.width,
+        height=header.height,
         pillow_size=pillow_size,
         plain_srgb=plain_srgb,
     )
@@ -282,7 +288,15 @@ def _open_hevc(data: bytes, input_path: Path, mime: str, limits: ImageLimits) ->
         raise PermanentJobError(
             f"The image has more than {limits.max_pages} frames or pages.", "INPUT_TOO_MANY_PAGES"
         )
-    return Source(path=input_path, mime=mime, loader="heifload", pages=opened.pages, hevc=opened)
+    return Source(
+        path=input_path,
+        mime=mime,
+        loader="heifload",
+        pages=opened.pages,
+        width=opened.width,
+        height=opened.height,
+        hevc=opened,
+    )
 
 
 def _open_svg(input_path: Path, limits: ImageLimits) -> Source:
@@ -306,7 +320,15 @@ def _open_svg(input_path: Path, limits: ImageLimits) -> Source:
     check_loader(header, SVG_LOADER)
     if header.width * header.height > limits.max_pixels:
         raise _too_many_pixels("The SVG has", limits)
-    return Source(path=input_path, mime="image/svg+xml", loader=SVG_LOADER, pages=1, document=document.data)
+    return Source(
+        path=input_path,
+        mime="image/svg+xml",
+        loader=SVG_LOADER,
+        pages=1,
+        width=header.width,
+        height=header.height,
+        document=document.data,
+    )
 
 
 @contextlib.contextmanager

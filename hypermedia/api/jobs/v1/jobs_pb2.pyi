@@ -1196,7 +1196,9 @@ class OperationEstimate(_message.Message):
     predicted_seconds: _builtins.float
     """Its run in seconds, predicted; absent without enough history (see basis)."""
     samples: _builtins.int
-    """Completed attempts the prediction is made from, and how: "size", "median" or "none"."""
+    """Completed attempts the prediction is made from, and how: a line on "pixels", "pages",
+    "media_seconds" or "size", or "median", or "none".
+    """
     basis: _builtins.str
     def __init__(
         self,

@@ -657,11 +657,18 @@ class RegisterOutputsRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    INPUT_FACTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputUpload]:
         """At most 256 outputs; keys unique."""
+
+    @_builtins.property
+    def input_facts(self) -> Global___InputFacts:
+        """What the job learned about its input while reading it; kept on the input object for
+        estimates (objects.facts). Unset: nothing learned.
+        """
 
     def __init__(
         self,
@@ -669,14 +676,65 @@ class RegisterOutputsRequest(_message.Message):
         job_id: _builtins.str = ...,
         attempt: _builtins.int = ...,
         outputs: _abc.Iterable[Global___OutputUpload] | None = ...,
+        input_facts: Global___InputFacts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_facts", b"input_facts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "outputs", b"outputs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "input_facts", b"input_facts", "job_id", b"job_id", "outputs", b"outputs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterOutputsRequest: _TypeAlias = RegisterOutputsRequest  # noqa: Y015
+
+@_typing.final
+class InputFacts(_message.Message):
+    """An input's size in the units work is measured in (hypermedia.jobs.facts). A field is unset when
+    the job did not learn it; values out of bounds are dropped.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WIDTH_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
+    PAGES_FIELD_NUMBER: _builtins.int
+    MEDIA_SECONDS_FIELD_NUMBER: _builtins.int
+    width: _builtins.int
+    """Pixels, both or neither (an image's)."""
+    height: _builtins.int
+    pages: _builtins.int
+    """A document's or a scan's pages."""
+    media_seconds: _builtins.float
+    """A recording's length, seconds."""
+    def __init__(
+        self,
+        *,
+        width: _builtins.int | None = ...,
+        height: _builtins.int | None = ...,
+        pages: _builtins.int | None = ...,
+        media_seconds: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_height", b"_height", "_media_seconds", b"_media_seconds", "_pages", b"_pages", "_width", b"_width", "height", b"height", "media_seconds", b"media_seconds", "pages", b"pages", "width", b"width"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_height", b"_height", "_media_seconds", b"_media_seconds", "_pages", b"_pages", "_width", b"_width", "height", b"height", "media_seconds", b"media_seconds", "pages", b"pages", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__height: _TypeAlias = _typing.Literal["height"]  # noqa: Y015
+    _WhichOneofArgType__height: _TypeAlias = _typing.Literal["_height", b"_height"]  # noqa: Y015
+    _WhichOneofReturnType__media_seconds: _TypeAlias = _typing.Literal["media_seconds"]  # noqa: Y015
+    _WhichOneofArgType__media_seconds: _TypeAlias = _typing.Literal["_media_seconds", b"_media_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__pages: _TypeAlias = _typing.Literal["pages"]  # noqa: Y015
+    _WhichOneofArgType__pages: _TypeAlias = _typing.Literal["_pages", b"_pages"]  # noqa: Y015
+    _WhichOneofReturnType__width: _TypeAlias = _typing.Literal["width"]  # noqa: Y015
+    _WhichOneofArgType__width: _TypeAlias = _typing.Literal["_width", b"_width"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__height) -> _WhichOneofReturnType__height | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__media_seconds) -> _WhichOneofReturnType__media_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pages) -> _WhichOneofReturnType__pages | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__width) -> _WhichOneofReturnType__width | None: ...
+
+Global___InputFacts: _TypeAlias = InputFacts  # noqa: Y015
 
 @_typing.final
 class RegisterOutputsResponse(_message.Message):
