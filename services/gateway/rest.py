@@ -11,22 +11,24 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from http import HTTPStatus
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, File, Header, Query, Request, Response, UploadFile
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from hypermedia.core import metrics, pgtext, telemetry
-from hypermedia.core.errors import DomainError, PayloadTooLarge, Unauthenticated
+from hypermedia.core.errors import DomainError, InvalidArgument, PayloadTooLarge, Unauthenticated
 from hypermedia.infra import db
 from hypermedia.jobs.accounts import Caller, check_write
 from hypermedia.jobs.pricing import as_credits
@@ -248,6 +250,54 @@ def _iso(value: datetime | None) -> str | None:
     """ISO 8601 (``datetime.isoformat``: ``2026-01-02T03:04:05.123456+00:00`` for the aware
     times Postgres gives; a naive time is written without an offset); None stays None."""
     return None if value is None else value.isoformat()
+
+
+def _not_a_number(value: Any) -> Any:
+    """Refuses a number where a time is expected: pydantic's ``datetime`` takes ``"0.5"`` or
+    ``"1700000000"`` as Unix seconds, so ``created_before=0.5`` listed the jobs of 1970
+    (found by schemathesis). Raises ValueError (422 ``INVALID_REQUEST``)."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        raise ValueError("must be an ISO 8601 time such as 2026-12-01T00:00:00Z, not a number")
+    return value
+
+
+QueryTime = Annotated[datetime, BeforeValidator(_not_a_number)]
+"""A query parameter's time: ISO 8601, with or without an offset (then UTC), never a number."""
+
+
+def _query_names(route: APIRoute) -> frozenset[str]:
+    """The query parameters ``route`` takes, its dependencies' included; kept on the route
+    (routes are not hashable, so no cache can key on them)."""
+
+    def names(dependant: Dependant) -> set[str]:
+        own = {p.alias for p in dependant.query_params}
+        return own.union(*(names(d) for d in dependant.dependencies))
+
+    found: frozenset[str] | None = getattr(route, "hm_query_names", None)
+    if found is None:
+        found = frozenset(names(route.dependant))
+        route.hm_query_names = found  # type: ignore[attr-defined]
+    return found
+
+
+def check_query(request: Request) -> None:
+    """Refuses a query parameter the request's route does not take, as Stripe's API does: a typo
+    (``?statuss=failed``) would otherwise list every job as if no filter had been asked for.
+    Raises InvalidArgument (422 ``UNKNOWN_PARAMETER``, naming it and the ones the path takes)."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known = _query_names(route)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        takes = ", ".join(sorted(known)) or "none"
+        raise InvalidArgument(
+            f"unknown query parameter {unknown[0][:100]!r}; this path takes: {takes}", "UNKNOWN_PARAMETER"
+        )
 
 
 def attempt_json(attempt: Attempt) -> dict[str, Any]:
@@ -612,11 +662,15 @@ def build_app(
         answer.headers.update(exc.headers or {})
         if exc.status_code == 405:
             # RFC 9110 section 15.5.6: every method the path takes. Starlette names only those
-            # of the first route that matched the path; FastAPI makes a route per method.
+            # of the first route that matched the path; FastAPI makes a route per method. No id
+            # or name holds a ':', so /v1/jobs/{id}:cancel is not also /v1/jobs/{job_id} with
+            # the id "{id}:cancel" (schemathesis: the Allow of :cancel named GET).
             methods = {
                 m
                 for r in request.app.routes
-                if r.matches(request.scope)[0] != Match.NONE
+                for match, child in [r.matches(request.scope)]
+                if match != Match.NONE
+                and not any(":" in str(v) for v in child.get("path_params", {}).values())
                 for m in getattr(r, "methods", ())
             }
             answer.headers["Allow"] = ", ".join(sorted(methods))
@@ -642,6 +696,7 @@ def build_app(
         other method but ``POST /v1/hypermedia/estimate``, which creates nothing)."""
         known = getattr(request.state, "caller", None)  # authenticated by _BodyGuard already
         found = known if isinstance(known, Caller) else await authenticate(authorization)
+        check_query(request)
         if request.method not in READ_METHODS and request.url.path not in READ_POSTS:
             check_write(found)
         return found
@@ -735,10 +790,10 @@ def build_app(
         status: list[str] = Query([], description="any of these statuses (repeat the parameter)"),
         operation: str | None = Query(None, description="jobs of this operation"),
         object_id: str | None = Query(None, description="jobs on this object"),
-        created_after: datetime | None = Query(
+        created_after: QueryTime | None = Query(
             None, description="created at or after (ISO 8601; UTC if no offset)"
         ),
-        created_before: datetime | None = Query(
+        created_before: QueryTime | None = Query(
             None, description="created before (ISO 8601; UTC if no offset)"
         ),
         limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="jobs a page"),

@@ -136,6 +136,10 @@ def test_filters_by_status_operation_object_and_creation_time(
         ({"limit": 0}, "INVALID_REQUEST", "limit"),
         ({"limit": 1001}, "INVALID_REQUEST", "limit"),
         ({"created_after": "yesterday"}, "INVALID_REQUEST", "created_after"),
+        # Unix seconds are not a time here (pydantic took 0.5 as 1970-01-01T00:00:00.5Z).
+        ({"created_before": "0.5"}, "INVALID_REQUEST", "created_before"),
+        ({"statuss": "failed"}, "UNKNOWN_PARAMETER", "'statuss'; this path takes: created_after"),
+        ({"created_after": "1700000000"}, "INVALID_REQUEST", "created_after"),
     ],
 )
 def test_a_bad_filter_is_a_specific_422(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,9 @@ def test_an_account_lists_its_objects_newest_first_by_kind_a_page_at_a_time(
     wrong = client.patch("/v1/objects")
     assert (wrong.status_code, wrong.json()["error_code"]) == (405, "METHOD_NOT_ALLOWED")
     assert sorted(m.strip() for m in wrong.headers["allow"].split(",")) == ["GET", "POST"]
+    # An action's path is not also the job's own path with an id ending ":cancel".
+    action = client.options(f"/v1/jobs/{uuid.uuid4()}:cancel")
+    assert (action.status_code, action.headers["allow"]) == (405, "POST")
 
     # Deleting an original takes its outputs off the list too.
     assert client.delete(f"/v1/objects/{first['object_id']}").status_code == 200
