@@ -51,12 +51,13 @@ class Accounts:
 
     async def ledger(self, caller: Caller, limit: int, cursor: str | None) -> LedgerPage:
         """The caller's ledger from the credits service, newest first, ``limit`` (1–1000)
-        entries a page from ``cursor`` (the previous page's ``next_cursor``; None: the newest),
+        entries a page from ``cursor`` (the previous page's ``next_cursor``; None or empty: the
+        newest, as for jobs and objects),
         each with its job's operation, status and error code read from the jobs. Raises
         InvalidArgument: ``INVALID_PAGE_SIZE``, ``INVALID_CURSOR``."""
         if not 1 <= limit <= MAX_LEDGER_PAGE:
             raise InvalidArgument(f"page size must be 1–{MAX_LEDGER_PAGE}", "INVALID_PAGE_SIZE")
-        if cursor is not None and not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 18):
+        if cursor and not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 18):
             raise InvalidArgument(INVALID_CURSOR_MESSAGE, "INVALID_CURSOR")
         response = await call(
             self._credits.ListLedger,

@@ -6,20 +6,30 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from hypermedia.jobs.accounts import Caller
+from hypermedia.jobs.presets import NAME
 from services.gateway.presets import Presets
 
 
 class PresetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    operation: str = Field(description="An operation name, as in a process request")
+    operation: str = Field(
+        description="An operation name, as in a process request",
+        json_schema_extra={"minLength": 1, "maxLength": 64},
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="Its params (no password)")
+
+
+PresetName = Annotated[
+    str, Path(description="The preset's name", json_schema_extra={"pattern": f"^{NAME.pattern}$"})
+]
+"""A preset's name in a path: its pattern documented; checked by the presets (``INVALID_PRESET_NAME``)."""
 
 
 class PresetOut(BaseModel):
@@ -40,7 +50,7 @@ def router(presets: Presets, caller: Callable[..., Awaitable[Caller]]) -> APIRou
         responses={201: {"model": PresetOut, "description": "a new version"}},
     )
     async def put_preset(
-        name: str, body: PresetIn, response: Response, who: Caller = Depends(caller)
+        name: PresetName, body: PresetIn, response: Response, who: Caller = Depends(caller)
     ) -> dict[str, Any]:
         """Make the operation and params the preset's active version: 201 with a new version, 200
         when they are what is active already. The params are checked as a process request's."""
@@ -54,12 +64,12 @@ def router(presets: Presets, caller: Callable[..., Awaitable[Caller]]) -> APIRou
         return {"presets": await presets.list(who)}
 
     @routes.get("/{name}", response_model=PresetOut)
-    async def get_preset(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+    async def get_preset(name: PresetName, who: Caller = Depends(caller)) -> dict[str, Any]:
         """The preset's active version; 404 ``PRESET_NOT_FOUND``."""
         return await presets.get(who, name)
 
     @routes.delete("/{name}", status_code=204)
-    async def delete_preset(name: str, who: Caller = Depends(caller)) -> Response:
+    async def delete_preset(name: PresetName, who: Caller = Depends(caller)) -> Response:
         """Leave the preset without an active version (requests naming it get 422
         ``UNKNOWN_PRESET``; a later PUT makes the next version); 404 ``PRESET_NOT_FOUND``."""
         await presets.delete(who, name)

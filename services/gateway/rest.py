@@ -143,10 +143,13 @@ class ProcessBody(_StorableText):
 
     object_id: str
     operations: list[str | Operation | PresetOperation] = Field(
-        description='Names, {name, params} or {preset}: "thumbnail", {"name": "resize", "params": {"width": 800}}, {"preset": "avatar"}'
+        description='Names, {name, params} or {preset}: "thumbnail", {"name": "resize", "params": {"width": 800}}, {"preset": "avatar"}',
+        json_schema_extra={"minItems": 1},
     )
     priority: StrictInt | None = Field(
-        None, description="1 (highest) to 10; default 5 (bulk: 7-10, default 8)"
+        None,
+        description="1 (highest) to 10; default 5 (bulk: 7-10, default 8)",
+        json_schema_extra={"minimum": 1, "maximum": 10},
     )
     webhook_url: str | None = None
     queue: str | None = Field(
@@ -170,9 +173,11 @@ class EstimateBody(_StorableText):
 
     object_id: str
     operations: list[str | Operation | PresetOperation] = Field(
-        description="As in POST /v1/hypermedia/process"
+        description="As in POST /v1/hypermedia/process", json_schema_extra={"minItems": 1}
     )
-    priority: StrictInt | None = Field(None, description="As in POST /v1/hypermedia/process")
+    priority: StrictInt | None = Field(
+        None, description="As in POST /v1/hypermedia/process", json_schema_extra={"minimum": 1, "maximum": 10}
+    )
 
 
 class HistoryOut(BaseModel):
@@ -709,9 +714,18 @@ def build_app(
         app.include_router(pages)
 
     @app.post("/v1/objects", status_code=201, response_model=ObjectOut)
-    async def upload(file: UploadFile = File(...), who: Caller = Depends(caller)) -> dict[str, Any]:
+    async def upload(
+        request: Request, file: UploadFile = File(...), who: Caller = Depends(caller)
+    ) -> dict[str, Any]:
         """Upload an original (multipart field ``file``). The type is decided from the content; the
-        part's Content-Type and the file name's extension are recorded as claims."""
+        part's Content-Type and the file name's extension are recorded as claims. Another field
+        is 422 ``UNKNOWN_PARAMETER``, as a query parameter the path does not take."""
+        fields = set((await request.form()).keys())  # parsed already, for ``file``
+        if fields != {"file"}:
+            raise InvalidArgument(
+                f"unknown form field {sorted(fields - {'file'})[0][:100]!r}; an upload takes: file",
+                "UNKNOWN_PARAMETER",
+            )
         content = await file.read(api.uploads.max_upload_bytes + 1)
         stored = await api.uploads.upload_object(who, content, file.filename or "", file.content_type)
         return dataclasses.asdict(stored)
@@ -719,9 +733,16 @@ def build_app(
     @app.get("/v1/objects", responses={200: {"model": openapi.ObjectPageOut}})
     async def list_objects(
         who: Caller = Depends(caller),
-        kind: str = Query("", max_length=32, description='"original", "output" (of your jobs), or both'),
+        kind: str = Query(
+            "",
+            max_length=32,
+            description='"original", "output" (of your jobs), or both',
+            json_schema_extra={"enum": ["", "original", "output"]},
+        ),
         limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="objects a page"),
-        cursor: str | None = Query(None, description="next_cursor of the previous page"),
+        cursor: str | None = Query(
+            None, description="next_cursor of the previous page; empty: the first page"
+        ),
     ) -> dict[str, Any]:
         """The caller's objects, newest first, a page at a time: ``{"objects": [...],
         "next_cursor"}`` (null on the last page), without download URLs (``GET
@@ -797,7 +818,9 @@ def build_app(
             None, description="created before (ISO 8601; UTC if no offset)"
         ),
         limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="jobs a page"),
-        cursor: str | None = Query(None, description="next_cursor of the previous page"),
+        cursor: str | None = Query(
+            None, description="next_cursor of the previous page; empty: the first page"
+        ),
     ) -> dict[str, Any]:
         """The caller's jobs, newest first, a page at a time: ``{"jobs": [...], "next_cursor"}``
         (null on the last page). 422 ``INVALID_STATUS``, ``UNKNOWN_OPERATION`` (both list the
@@ -939,7 +962,9 @@ def build_app(
     async def ledger(
         who: Caller = Depends(caller),
         limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="entries a page"),
-        cursor: str | None = Query(None, description="next_cursor of the previous page"),
+        cursor: str | None = Query(
+            None, description="next_cursor of the previous page; empty: the first page"
+        ),
     ) -> dict[str, Any]:
         """The caller's ledger, newest first, a page at a time: ``{"entries": [...],
         "next_cursor"}``. Every grant, hold, release and commit, a commit one entry per charge

@@ -6,15 +6,20 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from hypermedia.core import pgtext
 from hypermedia.jobs import schedules
 from hypermedia.jobs.accounts import Caller
 from services.gateway.schedules import ScheduleRequest, Schedules
+
+ScheduleName = Annotated[
+    str, Path(description="The schedule's name", json_schema_extra={"pattern": f"^{schedules.NAME.pattern}$"})
+]
+"""A schedule's name in a path: its pattern documented; checked by the schedules (``INVALID_SCHEDULE``)."""
 
 
 class ScheduleIn(BaseModel):
@@ -28,7 +33,10 @@ class ScheduleIn(BaseModel):
         pgtext.check_json(data)
         return data
 
-    name: str = Field(description="1-64 letters, digits, '.', '_', '-'; unique among the caller's")
+    name: str = Field(
+        description="1-64 letters, digits, '.', '_', '-'; unique among the caller's",
+        json_schema_extra={"pattern": f"^{schedules.NAME.pattern}$"},
+    )
     cron: str = Field(description="Five fields (minute hour day month weekday) or @hourly/@daily/…")
     time_zone: str | None = Field(
         "UTC", description="IANA zone the cron is read in (Europe/Berlin); null: UTC"
@@ -111,34 +119,34 @@ def router(use_case: Schedules, caller: Callable[..., Awaitable[Caller]]) -> API
         return {"schedules": [schedules.as_json(s, last) for s, last in await use_case.list_schedules(who)]}
 
     @routes.get("/{name}", response_model=ScheduleOut)
-    async def get_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+    async def get_schedule(name: ScheduleName, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A schedule; 404 ``SCHEDULE_NOT_FOUND``."""
         return schedules.as_json(*await use_case.get(who, name))
 
     @routes.delete("/{name}", status_code=204)
-    async def delete_schedule(name: str, who: Caller = Depends(caller)) -> Response:
+    async def delete_schedule(name: ScheduleName, who: Caller = Depends(caller)) -> Response:
         """Delete it and its run history (what its runs made stays); 404 ``SCHEDULE_NOT_FOUND``."""
         await use_case.delete(who, name)
         return Response(status_code=204)
 
     @routes.post("/{name}:pause", response_model=ScheduleOut)
-    async def pause_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+    async def pause_schedule(name: ScheduleName, who: Caller = Depends(caller)) -> dict[str, Any]:
         """No ticks until resumed (idempotent)."""
         return schedules.as_json(*await use_case.set_paused(who, name, True))
 
     @routes.post("/{name}:resume", response_model=ScheduleOut)
-    async def resume_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+    async def resume_schedule(name: ScheduleName, who: Caller = Depends(caller)) -> dict[str, Any]:
         """Ticks again; those missed while paused follow its ``missed`` policy."""
         return schedules.as_json(*await use_case.set_paused(who, name, False))
 
     @routes.post("/{name}:trigger", status_code=202, response_model=RunOut)
-    async def trigger_schedule(name: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+    async def trigger_schedule(name: ScheduleName, who: Caller = Depends(caller)) -> dict[str, Any]:
         """A run now (``manual``), paused or not; it is ``pending`` until a runner takes it."""
         return schedules.run_as_json(await use_case.trigger(who, name))
 
     @routes.get("/{name}/runs", response_model=RunListOut)
     async def schedule_runs(
-        name: str, limit: int = Query(50, ge=1, le=1000), who: Caller = Depends(caller)
+        name: ScheduleName, limit: int = Query(50, ge=1, le=1000), who: Caller = Depends(caller)
     ) -> dict[str, Any]:
         """Its runs, latest due first: due time, trigger, state, what each made or why it failed."""
         return {"runs": [schedules.run_as_json(r) for r in await use_case.runs(who, name, limit)]}

@@ -194,6 +194,9 @@ def test_a_preview_is_charged_the_pages_it_rendered_within_the_price_held(
     assert older["entries"][0]["entry_id"] < page["entries"][-1]["entry_id"]
     refused = client.get("/v1/account/ledger", params={"cursor": "yesterday"})
     assert (refused.status_code, refused.json()["error_code"]) == (422, "INVALID_CURSOR")
+    # An empty cursor is the first page, as for jobs and objects.
+    first = client.get("/v1/account/ledger", params={"limit": 6, "cursor": ""}).json()
+    assert [e["entry_id"] for e in first["entries"]] == [e["entry_id"] for e in page["entries"]]
 
 
 def test_default_preview_is_a_webp_of_page_1(client: httpx.Client) -> None:

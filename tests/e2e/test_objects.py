@@ -88,6 +88,10 @@ def test_an_account_lists_its_objects_newest_first_by_kind_a_page_at_a_time(
     refused with their codes."""
     first = upload(client, PHOTO, name="first.jpg")
     second = upload(client, PHOTO, name="second.jpg")
+    # A field an upload does not take is refused, and nothing is stored.
+    extra = client.post("/v1/objects", files={"file": ("x.jpg", PHOTO.read_bytes())}, data={"pool": "other"})
+    assert (extra.status_code, extra.json()["error_code"]) == (422, "UNKNOWN_PARAMETER")
+    assert "'pool'" in extra.json()["detail"]
     created = client.post(
         "/v1/hypermedia/process", json={"object_id": first["object_id"], "operations": ["thumbnail"]}
     )

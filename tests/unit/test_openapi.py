@@ -69,3 +69,27 @@ def test_the_process_request_types_each_operations_params(doc: dict[str, Any]) -
     resize = Draft202012Validator(resolver_doc)
     assert resize.is_valid({"width": 800}) and not resize.is_valid({"fit": "cover", "width": 800})
     assert schemas["Params_thumbnail"]["properties"]["size"]["maximum"] == 4096
+
+
+def test_the_bounds_the_api_checks_are_in_the_document(doc: dict[str, Any]) -> None:
+    """What the API refuses with a specific code is stated where a generator reads it, so that
+    one does not build requests the API then refuses (schemathesis' positive data)."""
+
+    def parameter(path: str, method: str, name: str) -> dict[str, Any]:
+        [found] = [p for p in doc["paths"][path][method]["parameters"] if p["name"] == name]
+        return dict(found["schema"])
+
+    schemas = doc["components"]["schemas"]
+    for method in ("put", "get", "delete"):
+        assert parameter("/v1/presets/{name}", method, "name")["pattern"] == "^[a-z][a-z0-9_-]{0,63}$"
+    assert parameter("/v1/schedules/{name}", "get", "name")["pattern"] == "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+    assert schemas["ScheduleIn"]["properties"]["name"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+    for body in ("ProcessBody", "EstimateBody"):
+        assert schemas[body]["properties"]["operations"]["minItems"] == 1
+        priority = schemas[body]["properties"]["priority"]
+        assert (priority["minimum"], priority["maximum"]) == (1, 10)
+    assert parameter("/v1/objects", "get", "kind")["enum"] == ["", "original", "output"]
+    state = parameter("/v1/backfills/{run_id}/items", "get", "state")
+    assert state["enum"] == ["pending", "enqueued", "existing", "skipped"]
+    created = parameter("/v1/jobs", "get", "created_before")
+    assert [c.get("format") for c in created["anyOf"] if c.get("type") == "string"] == ["date-time"]
