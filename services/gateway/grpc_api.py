@@ -196,7 +196,9 @@ def operation_message(op: OperationInfo) -> jobs_pb2.OperationInfo:
 def _operation(op: jobs_pb2.Operation) -> dict[str, Any]:
     """``op`` as REST's JSON has it: ``{name, params}``, ``{preset}``, or with both (refused by
     :func:`parse_operations`). A typed one (the ``typed`` oneof) is ``{name: its field's name,
-    params: its set fields}``; with a name, params or preset beside it, ``INVALID_REQUEST``."""
+    params: its set fields}`` (a waveform's ``no_image`` as ``"image": false``); with a name,
+    params or preset beside it, ``INVALID_REQUEST``; a waveform's ``image`` with ``no_image``,
+    ``INVALID_PARAMS``."""
     typed = op.WhichOneof("typed")
     if typed is not None:
         if op.name or op.preset or op.params.fields:
@@ -204,6 +206,10 @@ def _operation(op: jobs_pb2.Operation) -> dict[str, Any]:
                 f"operation {typed!r} is typed: give no name, params or preset beside it", "INVALID_REQUEST"
             )
         params = json_format.MessageToDict(getattr(op, typed), preserving_proto_field_name=True)
+        if params.pop("no_image", False):  # WaveformParams: REST's "image": false
+            if "image" in params:
+                raise InvalidArgument("waveform: give image or no_image, not both", "INVALID_PARAMS")
+            params["image"] = False
         return {"name": typed, "params": params}
     if op.preset and not op.name and not op.params.fields:
         return {"preset": op.preset}

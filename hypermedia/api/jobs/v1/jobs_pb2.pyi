@@ -529,13 +529,16 @@ class WaveformParams(_message.Message):
     BUCKETS_FIELD_NUMBER: _builtins.int
     CHANNELS_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
+    NO_IMAGE_FIELD_NUMBER: _builtins.int
     buckets_per_second: _builtins.int
     buckets: _builtins.int
     channels: _builtins.str
     """mix or separate."""
+    no_image: _builtins.bool
+    """true: no PNG, the peaks JSON only (REST's "image": false). Not with image."""
     @_builtins.property
     def image(self) -> Global___WaveformImage:
-        """The PNG's settings; unset: the defaults (turning the image off takes the free-form params)."""
+        """The PNG's settings; unset: the defaults."""
 
     def __init__(
         self,
@@ -544,10 +547,11 @@ class WaveformParams(_message.Message):
         buckets: _builtins.int | None = ...,
         channels: _builtins.str | None = ...,
         image: Global___WaveformImage | None = ...,
+        no_image: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_buckets", b"_buckets", "_buckets_per_second", b"_buckets_per_second", "_channels", b"_channels", "buckets", b"buckets", "buckets_per_second", b"buckets_per_second", "channels", b"channels", "image", b"image"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_buckets", b"_buckets", "_buckets_per_second", b"_buckets_per_second", "_channels", b"_channels", "buckets", b"buckets", "buckets_per_second", b"buckets_per_second", "channels", b"channels", "image", b"image"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_buckets", b"_buckets", "_buckets_per_second", b"_buckets_per_second", "_channels", b"_channels", "buckets", b"buckets", "buckets_per_second", b"buckets_per_second", "channels", b"channels", "image", b"image", "no_image", b"no_image"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__buckets: _TypeAlias = _typing.Literal["buckets"]  # noqa: Y015
     _WhichOneofArgType__buckets: _TypeAlias = _typing.Literal["_buckets", b"_buckets"]  # noqa: Y015
