@@ -586,11 +586,116 @@ def check_workers(deploy: Path) -> list[str]:
     return problems
 
 
+GRPC_PORTS = {
+    "credits": (50061, "/hypermedia.credits.v1.CreditsService/"),
+    "storage": (50062, "/hypermedia.storage.v1.StorageService/"),
+}
+"""The internal gRPC services whose callers the ingress policies name: port, method prefix."""
+METRICS_PORT = 9464
+
+
+def _rights() -> dict[str, frozenset[str]]:
+    """hypermedia.infra.mtls.RIGHTS: who may call which internal method."""
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from hypermedia.infra.mtls import RIGHTS
+
+    return dict(RIGHTS)
+
+
+def _names(peer: Doc) -> set[str] | None:
+    """The ``app.kubernetes.io/name`` values a rule's ``from`` peer admits; None: any pod."""
+    selector = peer.get("podSelector")
+    if selector is None or peer.get("namespaceSelector") is not None:
+        return None
+    names = (
+        {selector["matchLabels"]["app.kubernetes.io/name"]}
+        if "app.kubernetes.io/name" in selector.get("matchLabels", {})
+        else set()
+    )
+    for expression in selector.get("matchExpressions", []):
+        if expression["key"] == "app.kubernetes.io/name" and expression["operator"] == "In":
+            names |= set(expression["values"])
+    return names or None
+
+
+def check_ingress(k8s_dir: Path) -> list[str]:
+    """Every hypermedia pod is isolated for ingress by some NetworkPolicy; its metrics port is
+    open to the monitoring namespace only; credits' and storage's gRPC ports admit exactly the
+    deployed services hypermedia.infra.mtls.RIGHTS lets call them (so a new caller in the code
+    without its rule, or a rule for a service with no right, is caught here)."""
+    docs = list(load_manifests(k8s_dir))
+    ingress = [
+        d
+        for _, d in docs
+        if d.get("kind") == "NetworkPolicy" and "Ingress" in d["spec"].get("policyTypes", [])
+    ]
+    deployed = {d["metadata"]["name"] for _, d in docs if d.get("kind") == "Deployment"}
+    problems = []
+
+    def selecting(labels: Doc) -> list[Doc]:
+        return [
+            p for p in ingress if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+        ]
+
+    for path, doc in docs:
+        if doc.get("kind") not in WORKLOAD_KINDS:
+            continue
+        pod = _template(doc)
+        labels = pod.get("metadata", {}).get("labels", {})
+        if labels.get("app.kubernetes.io/part-of") != "hypermedia":
+            continue
+        where = _name(path, doc)
+        policies = selecting(labels)
+        if not policies:
+            problems.append(f"{where}: no ingress NetworkPolicy selects its pods")
+        ports = {port["containerPort"] for c in pod["spec"]["containers"] for port in c.get("ports", [])}
+        if METRICS_PORT in ports:
+            monitoring = [
+                peer
+                for policy in policies
+                for rule in policy["spec"].get("ingress", [])
+                if {p.get("port") for p in rule.get("ports", [])} == {METRICS_PORT}
+                for peer in rule.get("from", [])
+                if peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+            ]
+            if not monitoring:
+                problems.append(
+                    f"{where}: no ingress rule lets a monitoring namespace scrape :{METRICS_PORT}"
+                )
+    rights = _rights()
+    for service, (port, prefix) in GRPC_PORTS.items():
+        expected = {who for method, callers in rights.items() if method.startswith(prefix) for who in callers}
+        expected &= deployed
+        admitted: set[str] = set()
+        for policy in selecting(
+            {"app.kubernetes.io/name": service, "app.kubernetes.io/part-of": "hypermedia"}
+        ):
+            for rule in policy["spec"].get("ingress", []):
+                if port not in {p.get("port") for p in rule.get("ports", [])}:
+                    continue
+                for peer in rule.get("from", [{}]):
+                    names = _names(peer)
+                    if names is None:
+                        problems.append(
+                            f"{service} ingress: :{port} is open to any pod, not only its callers"
+                        )
+                    else:
+                        admitted |= names
+        if admitted != expected:
+            problems.append(
+                f"{service} ingress: :{port} admits {sorted(admitted)}, the code's callers are {sorted(expected)}"
+            )
+    return problems
+
+
 def main(argv: list[str]) -> int:
     deploy = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent
     dockerfile = deploy / "docker" / "Dockerfile"
     problems = (
         check_k8s(deploy / "k8s")
+        + check_ingress(deploy / "k8s")
         + check_compose(deploy / "compose.yaml", dockerfile)
         + check_healthchecks(dockerfile, deploy / "docker" / "healthcheck.py")
         + check_workers(deploy)

@@ -111,3 +111,42 @@ def test_only_the_scheduler_may_mount_a_service_account_token(tmp_path: Path) ->
     assert policy().check_k8s(copy / "k8s") == [
         "reaper.yaml: Deployment/reaper: volume api mounts a service-account token (only ['scheduler'])"
     ]
+
+
+def test_the_ingress_policies_admit_exactly_the_callers_the_code_allows(tmp_path: Path) -> None:
+    copy = _copy(tmp_path)
+    policies = copy / "k8s/networkpolicy-ingress.yaml"
+    assert policy().check_ingress(copy / "k8s") == []
+
+    def without_reaper(docs: list[Any]) -> None:
+        [credits] = [d for d in docs if d["metadata"]["name"] == "credits-ingress"]
+        credits["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"].remove(
+            "reaper"
+        )
+
+    _edit(policies, without_reaper)
+    assert policy().check_ingress(copy / "k8s") == [
+        "credits ingress: :50061 admits ['docworker', 'gateway', 'imageworker', 'mediaworker', 'ocrworker'],"
+        " the code's callers are ['docworker', 'gateway', 'imageworker', 'mediaworker', 'ocrworker', 'reaper']"
+    ]
+
+
+def test_an_internal_port_open_to_any_pod_or_a_pod_left_open_is_refused(tmp_path: Path) -> None:
+    copy = _copy(tmp_path)
+    policies = copy / "k8s/networkpolicy-ingress.yaml"
+
+    def storage_open(docs: list[Any]) -> None:
+        [storage] = [d for d in docs if d["metadata"]["name"] == "storage-ingress"]
+        del storage["spec"]["ingress"][0]["from"]
+
+    _edit(policies, storage_open)
+    assert "storage ingress: :50062 is open to any pod, not only its callers" in policy().check_ingress(
+        copy / "k8s"
+    )
+    _edit(policies, lambda docs: docs.pop(0))  # metrics-ingress: the workers and the reaper unselected
+    problems = policy().check_ingress(copy / "k8s")
+    assert "reaper.yaml: Deployment/reaper: no ingress NetworkPolicy selects its pods" in problems
+    assert (
+        "gateway.yaml: Deployment/gateway: no ingress rule lets a monitoring namespace scrape :9464"
+        in problems
+    )
