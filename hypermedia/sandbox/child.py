@@ -15,13 +15,14 @@ import os
 import pickle
 import resource
 import signal
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from hypermedia.core.errors import DomainError
 from hypermedia.engines.contract import OutputFile
-from hypermedia.sandbox import cgroups, landlock, seccomp
+from hypermedia.sandbox import cgroups, landlock, seccomp, spans
 from hypermedia.sandbox.confine import (
     _PR_SET_NO_NEW_PRIVS,
     _PR_SET_PDEATHSIG,
@@ -94,9 +95,12 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
     (:func:`_spawn_init`), then a fork: this process waits for the job and ends as it did
     (:func:`_wait_and_mirror`). The job mounts its own ``/proc``, sets the rlimits, drops every
     capability, sets ``no_new_privs``, applies Landlock (read everywhere, write in the job dir)
-    and the seccomp filter (:mod:`hypermedia.sandbox.seccomp`), then runs the entry."""
+    and the seccomp filter (:mod:`hypermedia.sandbox.seccomp`), then runs the entry. The report
+    carries the set-up's and the entry's times as spans (:mod:`hypermedia.sandbox.spans`)."""
     report: dict[str, Any]
     layers: dict[str, bool | None] = dict.fromkeys(_LAYERS)
+    setup_started = time.time_ns()
+    timed: list[dict[str, Any]] = []  # the report's spans (hypermedia.sandbox.spans)
     try:
         cgroups.join_job_cgroup(request["cgroup"])
         signal.set_wakeup_fd(-1)
@@ -173,7 +177,12 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
         module_name, _, function_name = request["entry"].partition(":")
         function = getattr(importlib.import_module(module_name), function_name)
         operation, params, input_path, output_dir = request["args"]
-        outputs = function(operation, params, Path(input_path), Path(output_dir), **request["kwargs"])
+        entry_started = time.time_ns()
+        timed.append(spans.timed("sandbox.setup", setup_started, entry_started))
+        try:
+            outputs = function(operation, params, Path(input_path), Path(output_dir), **request["kwargs"])
+        finally:
+            timed.append(spans.timed(f"engine.{operation}", entry_started, time.time_ns()))
         report = {"ok": True, "outputs": [_output_dict(o) for o in outputs]}
     except DomainError as exc:
         report = {
@@ -201,7 +210,7 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
             report = _internal_report()
     except BaseException:
         report = _internal_report()
-    report.update(layers)
+    report.update(layers, spans=timed)
     try:
         data = json.dumps(report, allow_nan=False).encode()
     except (TypeError, ValueError):

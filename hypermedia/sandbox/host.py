@@ -31,6 +31,7 @@ from hypermedia.sandbox.cgroups import Cgroups, Unavailable, open_cgroups
 from hypermedia.sandbox.confine import _check_reachable, _primary_gid
 from hypermedia.sandbox.outputs import _open_output
 from hypermedia.sandbox.results import SandboxLimits, SandboxResult
+from hypermedia.sandbox.spans import emit as emit_spans
 
 log = logging.getLogger(__name__)
 
@@ -495,6 +496,7 @@ class Sandbox:
         report = _parse_report(exit_.report)
         if report is not None:
             layers = {k: report[k] for k in _LAYERS if k in report}
+            emit_spans(report.get("spans"), job.limits.wall_seconds)  # under sandbox.run
         if report is not None and report.get("netns") is False and not self._warned_network:
             self._warned_network = True
             log.warning("sandbox: network namespace isolation failed; jobs keep the host network")

@@ -2,8 +2,9 @@
 variables sends the spans of one job to a real OTLP/gRPC receiver this test runs (the collector's
 ``TraceService`` from ``opentelemetry-proto``), and they make one trace: the REST request, the
 gRPC calls it makes, the outbox row and the NATS message carrying it to the worker, the worker's
-claim and execution, and the engine's run in the sandbox (``sandbox.run``: the engine's process
-has no network, so its call is timed from the worker)."""
+claim and execution, and the engine's run in the sandbox (``sandbox.run``, and inside it the
+child's set-up and the engine's call: the job's process has no network, so it times them and the
+worker sends them)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,8 @@ def test_one_jobs_spans_arrive_at_the_receiver_in_one_trace(
         ("hypermedia.imageworker", "storage.download"),
         ("hypermedia.storage", "/hypermedia.storage.v1.StorageService/GrantJob"),  # the worker's gRPC
         ("hypermedia.imageworker", "sandbox.run"),  # the engine's call, in the sandbox
+        ("hypermedia.imageworker", "sandbox.setup"),  # timed by the job's child (no network), sent
+        ("hypermedia.imageworker", "engine.thumbnail"),  # by the worker under sandbox.run
         ("hypermedia.imageworker", "storage.upload"),
         ("hypermedia.credits", "/hypermedia.credits.v1.CreditsService/Commit"),  # settled
     }
