@@ -64,6 +64,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._send_pending = 0  # bytes not yet acknowledged at the last look (buffer + socket)
         self._linger_timer: asyncio.TimerHandle | None = None
         self._closing_cycle: RequestResponseCycle | None = None  # answered with connection: close
+        self._running_cycle: RequestResponseCycle | None = None  # the last one whose app started
 
     # Connection
 
@@ -137,15 +138,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         the client still sends is read and discarded until it closes its side or
         ``linger_seconds`` pass (a close with unread input sends a reset, which can destroy the
         answer before the client reads it). A response in progress cannot be followed by another
-        one: then the connection is only aborted."""
+        one: then the connection is only aborted. Requests pipelined before it that are not
+        answered yet are dropped with it (their apps' writes too): the answer and the close come
+        first, and the client sends them again on a new connection."""
         if self.transport.is_closing():
             return
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.disconnected = True  # the app's further writes are dropped
-            self.cycle.message_event.set()
-            if self.cycle.response_started:
-                self.transport.abort()
-                return
+        queued = [cycle for cycle, _app in self.pipeline]
+        self.pipeline.clear()
+        pending = [
+            c for c in (self._running_cycle, self.cycle, *queued) if c is not None and not c.response_complete
+        ]
+        for cycle in pending:
+            cycle.disconnected = True  # the app's further writes are dropped
+            cycle.message_event.set()
+        if any(cycle.response_started for cycle in pending):
+            self.transport.abort()
+            return
         self.transport.write(answer)
         self._linger()
 
@@ -208,6 +216,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_fields = self._head_size = self._target_size = 0
+        # A head has begun, also when it came in the chunk that ended the previous message (its
+        # bytes were counted before that message's end set the count back to 0).
+        self._head_bytes = max(self._head_bytes, 1)
 
     def on_url(self, url: bytes) -> None:
         self._target_size += len(url)
@@ -295,6 +306,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._closing_cycle = cycle
 
         cycle.send = closing_when_unread  # type: ignore[method-assign]
+        self._running_cycle = cycle
         super()._start_asgi_task(cycle, app)
 
     def on_body(self, body: bytes) -> None:
@@ -351,6 +363,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # as the next request, so the connection ends here, without a reset.
             self._linger()
             return
+        if self._head_bytes and self.timeout_keep_alive_task is not None:
+            # Part of the next head came during the response: it is no idle keep-alive
+            # connection but a head on its deadline (408 and counted), not uvicorn's silent 5 s.
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         self._wait_for_head()
 
     # Writing

@@ -192,8 +192,9 @@ class Backfills:
         self, caller: Caller, run_id: str, *, state: str | None = None, after: int = 0, limit: int = 100
     ) -> Sequence[runs.ItemRow]:
         """The run's items after item ``after`` (the last ``item_no`` of the previous page), at most
-        ``limit`` (1-1000), of ``state`` when given, each with its job id and status. Raises
+        ``limit`` (1-1000), of ``state`` when given (empty: every state), each with its job id and status. Raises
         NotFound (``RUN_NOT_FOUND``), InvalidArgument (``INVALID_REQUEST``) for an unknown state."""
+        state = state or None  # empty: every state, as an empty kind or pool elsewhere
         if state is not None and state not in runs.ITEM_STATES:
             raise InvalidArgument(f"state must be one of {', '.join(runs.ITEM_STATES)}", "INVALID_REQUEST")
         return await runs.items(

@@ -145,8 +145,8 @@ def router(backfills: Backfills, caller: Callable[..., Awaitable[Caller]]) -> AP
         run_id: str,
         state: str | None = Query(
             None,
-            description="pending, enqueued, existing or skipped",
-            json_schema_extra={"enum": ["pending", "enqueued", "existing", "skipped"]},
+            description="pending, enqueued, existing or skipped; empty: every state",
+            json_schema_extra={"enum": ["", "pending", "enqueued", "existing", "skipped"]},
         ),
         after: int = Query(0, ge=0, le=2**31 - 1, description="the last item_no of the previous page"),
         limit: int = Query(100, ge=1, le=1000),

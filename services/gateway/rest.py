@@ -893,7 +893,9 @@ def build_app(
         """An HLS playlist or WebVTT output with its references to sibling outputs of the job
         replaced by URLs: presigned storage URLs for media and images, signed URLs of this endpoint
         for playlists (usable without an API key). Authenticated by the API key, or, without an
-        Authorization header, by ``expires`` and ``sig`` (403 when they do not match or expired)."""
+        Authorization header, by ``expires`` and ``sig`` (403 when they do not match or expired).
+        A query parameter it does not take is 422 ``UNKNOWN_PARAMETER``, as on every ``/v1`` path."""
+        check_query(request)
         signed = authorization is None and (expires is not None or sig is not None)
         account_id = None
         if signed:
@@ -993,16 +995,22 @@ def build_app(
         the running ocrworkers reported them; empty before any has started."""
         return {"languages": await api.creation.ocr_languages()}
 
+    @app.head("/healthz", operation_id="healthz_head")
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
-        """Liveness: the process answers."""
+        """Liveness: the process answers (GET or HEAD, the health paths' two methods)."""
         return {"status": "ok"}
 
-    @app.get(
-        "/readyz", responses={200: {"model": openapi.ReadinessOut}, 503: {"model": openapi.ReadinessOut}}
-    )
+    readiness_responses: dict[int | str, dict[str, Any]] = {
+        200: {"model": openapi.ReadinessOut},
+        503: {"model": openapi.ReadinessOut},
+    }
+
+    @app.head("/readyz", responses=readiness_responses, operation_id="readyz_head")
+    @app.get("/readyz", responses=readiness_responses)
     async def readyz() -> JSONResponse:
-        """Readiness: Postgres, NATS, credits and storage answer."""
+        """Readiness: Postgres, NATS, credits and storage answer (GET or HEAD; HEAD's answer has
+        the status and no body)."""
         checks = await readiness()
         ok = all(checks.values())
         return JSONResponse(

@@ -195,8 +195,8 @@ def test_a_run_regenerates_exactly_the_outdated_thumbnails_at_its_rate_once_each
         # The run's items, paged, name exactly its jobs.
         listed, after = [], 0
         while after is not None:
-            page = client.get(
-                f"/v1/backfills/{run['run_id']}/items", params={"after": after, "limit": 100}
+            page = client.get(  # an empty state is every state (the docs' example sends one)
+                f"/v1/backfills/{run['run_id']}/items", params={"state": "", "after": after, "limit": 100}
             ).json()
             listed += page["items"]
             after = page["next_after"]

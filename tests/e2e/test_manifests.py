@@ -320,6 +320,8 @@ def test_others_jobs_unknown_outputs_unfinished_jobs_and_media_are_refused(
 
     media = tenant.get(_resolved_path(ladder.job_id, "hls_720p_media"))
     assert media.status_code == 415 and media.json()["error_code"] == "OUTPUT_NOT_RESOLVABLE"
+    stray = tenant.get(_resolved_path(ladder.job_id, "hls_master"), params={"x": "1"})
+    assert stray.status_code == 422 and stray.json()["error_code"] == "UNKNOWN_PARAMETER"
 
     queued = _create_job(tenant, source["object_id"])
     waiting = tenant.get(_resolved_path(queued, "hls_master"))

@@ -73,3 +73,11 @@ def test_the_docs_pages_load_nothing_from_elsewhere(platform: RunningPlatform) -
             asset = httpx.get(f"{platform.rest_url}{source}", timeout=10)
             assert asset.status_code == 200 and len(asset.content) > 1000, (page, source)
         assert "openapi.json" in html.text
+
+
+def test_the_health_paths_answer_get_and_head(platform: RunningPlatform) -> None:
+    # GET and HEAD are the health paths' methods (HM_HTTP_RESERVE_CONNECTIONS serves both).
+    for path in ("/healthz", "/readyz"):
+        head = httpx.head(f"{platform.rest_url}{path}", timeout=10)
+        assert (head.status_code, head.content) == (200, b""), path
+        assert httpx.get(f"{platform.rest_url}{path}", timeout=10).json()["status"] == "ok", path

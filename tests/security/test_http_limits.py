@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -309,6 +310,39 @@ async def test_a_client_told_the_connection_ends_sends_its_next_request_on_a_new
             assert refused.status_code == 403 and refused.headers["connection"] == "close"
             stored = await http.put(url, content=b"v", headers={"content-type": "application/octet-stream"})
             assert stored.status_code in (200, 201, 204), stored.text
+
+
+async def test_a_bad_head_behind_pipelined_requests_is_answered_and_closed_without_an_error(
+    served: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two requests pipelined, then garbage: the 400 and the close come first, the two unanswered
+    # requests are dropped (a client sends them again), and no app writes after the close (was a
+    # RuntimeError "Cannot call write() after write_eof()" logged per connection).
+    await served.store.write("p/q", _chunks([b"stored"]), MAX_PUT_BYTES)
+    get = target(await served.get_url("p/q"))
+    request = f"GET {get} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    with caplog.at_level(logging.ERROR):
+        raw = await exchange(served.server.port, request * 2 + b"BLAH\r\n\r\n")
+        await asyncio.sleep(0.3)  # the apps of the dropped requests end meanwhile
+    assert raw.count(b"HTTP/1.1 ") == 1 and problem_code(raw) == (400, "MALFORMED_REQUEST")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_a_head_begun_during_a_response_gets_its_408_at_its_deadline(served: Store) -> None:
+    # The next head's first bytes came with the first request: past the head deadline it is a
+    # 408 and counted, as a head begun later is (was: closed silently at uvicorn's keep-alive).
+    await served.store.write("p/r", _chunks([b"stored"]), MAX_PUT_BYTES)
+    get = target(await served.get_url("p/r"))
+    before = served.server.guard.closed["head_timeout"]
+    started = time.monotonic()
+    raw = await exchange(
+        served.server.port, f"GET {get} HTTP/1.1\r\nHost: x\r\n\r\nGET {get} HTTP/1.1\r\nHo".encode()
+    )
+    first, _, rest = raw.partition(b"stored")
+    assert answer(first + b"stored")[0] == 200
+    assert problem_code(rest) == (408, "REQUEST_TIMEOUT")
+    assert HEAD_TIMEOUT <= time.monotonic() - started < HEAD_TIMEOUT + 3
+    assert served.server.guard.closed["head_timeout"] == before + 1
 
 
 async def test_a_response_the_client_does_not_read_is_aborted(served: Store) -> None:

@@ -90,6 +90,6 @@ def test_the_bounds_the_api_checks_are_in_the_document(doc: dict[str, Any]) -> N
         assert (priority["minimum"], priority["maximum"]) == (1, 10)
     assert parameter("/v1/objects", "get", "kind")["enum"] == ["", "original", "output"]
     state = parameter("/v1/backfills/{run_id}/items", "get", "state")
-    assert state["enum"] == ["pending", "enqueued", "existing", "skipped"]
+    assert state["enum"] == ["", "pending", "enqueued", "existing", "skipped"]
     created = parameter("/v1/jobs", "get", "created_before")
     assert [c.get("format") for c in created["anyOf"] if c.get("type") == "string"] == ["date-time"]
