@@ -31,7 +31,8 @@ VALIDATORS = {
 def test_every_operation_with_params_has_a_typed_message_of_its_params() -> None:
     assert {f.name for f in TYPED.fields} == set(PARAMS_SCHEMAS) - {"noop"}
     for field in TYPED.fields:
-        names = {f.name for f in field.message_type.fields} - {"password"}  # taken out before checks
+        # password: taken out before the checks; no_image: the waveform's "image": false
+        names = {f.name for f in field.message_type.fields} - {"password", "no_image"}
         assert names == set(PARAMS_SCHEMAS[field.name].get("properties", {})), field.name
 
 
@@ -97,3 +98,15 @@ def test_the_sets_that_turn_a_feature_on_read_as_the_validators_do() -> None:
 def test_typed_with_a_name_or_params_beside_it_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="typed"):
         _operation(jobs_pb2.Operation(name="resize", thumbnail=jobs_pb2.ThumbnailParams(size=1)))
+
+
+def test_a_waveform_without_its_image_is_the_rest_requests_image_false() -> None:
+    typed = jobs_pb2.Operation(waveform=jobs_pb2.WaveformParams(buckets=100, no_image=True))
+    assert _operation(typed) == {"name": "waveform", "params": {"buckets": 100, "image": False}}
+    assert media_params.validate_params("waveform", _operation(typed)["params"])["image"] is False
+    both = jobs_pb2.Operation(
+        waveform=jobs_pb2.WaveformParams(image=jobs_pb2.WaveformImage(width=800), no_image=True)
+    )
+    with pytest.raises(InvalidArgument) as refused:
+        _operation(both)
+    assert refused.value.error_code == "INVALID_PARAMS"
