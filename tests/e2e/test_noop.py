@@ -4,16 +4,16 @@ setting) created, claimed, completed and settled at zero by the real services.""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
 from hypermedia.jobs.lifecycle import FAIR_WINDOW
-from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_job
+from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_for, wait_job
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_1.jpg"
 
@@ -51,18 +51,17 @@ def test_noop_jobs_run_through_the_job_system_and_cost_nothing(noop_platform: Ru
         jobs = [wait_job(client, job_id) for job_id in job_ids]
         assert {j["status"] for j in jobs} == {"completed"}
         assert all(j["outputs"] == [] for j in jobs)
-    with psycopg.connect(noop_platform.env["HM_DATABASE_URL"]) as conn:
-        # A job's settlement follows its completed status (CI once read two holds still held).
-        deadline = time.monotonic() + 15
-        while True:
-            holds = conn.execute(
+    with psycopg.connect(noop_platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
+
+        def settled() -> list[Any] | None:
+            rows = conn.execute(
                 "SELECT status, count(*) FROM credit_holds WHERE job_id = ANY(%s::uuid[]) GROUP BY status",
                 (job_ids,),
             ).fetchall()
-            conn.commit()
-            if holds == [("committed", 16)] or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+            return rows if rows == [("committed", 16)] else None
+
+        # A job's settlement follows its completed status (CI once read two holds still held).
+        holds = wait_for("every hold committed", settled, timeout=15, interval=0.1)
         statuses = conn.execute(
             "SELECT array_agg(status ORDER BY event_id) FROM job_events WHERE job_id = %s AND kind = 'status'",
             (job_ids[0],),
