@@ -252,6 +252,11 @@ class Background:
         return self.core_seconds / self.seconds if self.seconds else 0.0
 
 
+UNIT_MODULE = "hypermedia.worker.unit"
+"""A worker unit's control process (``-m hypermedia.worker.unit``): it runs the engine's service
+(``-m services.imageworker``, the execution process) as its child."""
+
+
 def _service_name(proc: Any) -> str:
     cmd = proc.cmdline()
     return cmd[cmd.index("-m") + 1].removeprefix("services.") if "-m" in cmd else proc.name()
@@ -273,15 +278,21 @@ def cpu_snapshot(bp: BenchPlatform) -> dict[str, float]:
         for service in psutil.Process(bp.platform.process.pid).children():
             with contextlib.suppress(psutil.Error):
                 name = _service_name(service)
+                if name == UNIT_MODULE:  # a worker unit: its execution process is the service
+                    name = "worker unit control"
                 t = service.cpu_times()
                 add(name, t.user + t.system)
                 for sub in service.children(recursive=True):
                     st = sub.cpu_times()
-                    if name == "imageworker" and "_zygote_main" in " ".join(sub.cmdline()):
+                    if "_zygote_main" in " ".join(sub.cmdline()):
                         add("sandbox zygote", st.user + st.system)
                         add("sandbox job children", st.children_user + st.children_system)
                     else:
-                        add(name, st.user + st.system + st.children_user + st.children_system)
+                        own = _service_name(sub)
+                        add(
+                            own if own != sub.name() else name,
+                            st.user + st.system + st.children_user + st.children_system,
+                        )
     with contextlib.suppress(psutil.Error, OSError, ValueError):
         pm = psutil.Process(int((bp.root / "pg" / "postmaster.pid").read_text().split()[0]))
         for proc in [pm, *pm.children(recursive=True)]:

@@ -155,19 +155,23 @@ def report(profile: Profile, top: int, cpu_s: float | None, jobs: int | None, ra
 
 
 def processes(bp: common.BenchPlatform) -> dict[str, int]:
-    """pid of each profiled service, and of the imageworker's zygote as ``zygote``."""
+    """pid of each profiled service, of the imageworker unit's control process as
+    ``unit-control`` and of the imageworker's zygote as ``zygote``."""
     import psutil
 
     found: dict[str, int] = {}
-    for proc in psutil.Process(bp.platform.process.pid).children():
+    # The imageworker runs as a worker unit: its control process (``-m hypermedia.worker.unit``)
+    # starts the execution process (``-m services.imageworker``) that owns the zygote.
+    for proc in psutil.Process(bp.platform.process.pid).children(recursive=True):
         cmd = proc.cmdline()
-        name = cmd[cmd.index("-m") + 1].removeprefix("services.") if "-m" in cmd else proc.name()
-        if name in PROFILED:
+        module = cmd[cmd.index("-m") + 1] if "-m" in cmd else ""
+        name = module.removeprefix("services.")
+        if name in PROFILED and name not in found:
             found[name] = proc.pid
-        if name == "imageworker":
-            for sub in proc.children(recursive=True):
-                if "_zygote_main" in " ".join(sub.cmdline()):
-                    found["zygote"] = sub.pid
+        elif module == "hypermedia.worker.unit" and "unit-control" not in found:
+            found["unit-control"] = proc.pid
+        elif "_zygote_main" in " ".join(cmd) and "zygote" not in found:
+            found["zygote"] = proc.pid
     return found
 
 
@@ -254,7 +258,7 @@ def run(
 
 def summarise(out: Path, top: int, rate: int, jobs: int | None, cpu: dict[str, float] | None = None) -> str:
     parts = []
-    for name in (*PROFILED, "zygote"):
+    for name in (*PROFILED, "unit-control", "zygote"):
         path = out / f"{name}.txt"
         if path.exists():
             with path.open() as lines:
