@@ -74,12 +74,15 @@ RESUME_DIR: Final = "resume"
 MAX_PART_BYTES: Final = 64 * 1024 * 1024
 """Largest part the worker keeps, and largest file of a resumed part an entry reads back
 (bytes): an OCR page's record, text, hOCR and PDF page are a few MiB at most."""
-_PART_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+_PART_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,11}")
+"""A part's name, at most 12 characters: its store key's last segment,
+``checkpoint-{job_id}-{part}.zip``, is one output-type segment of at most 64
+(:func:`hypermedia.jobs.checkpoints.key_of`)."""
 
 
 def keep_part(out_dir: Path, part: str, files: dict[str, bytes]) -> None:
     """Called by an entry: keeps the finished ``part`` (``page-00012``: lowercase letters,
-    digits, ``._-``) as ``{job_dir}/checkpoints/{part}.zip`` of ``files`` (name → bytes), written
+    digits, ``._-``, at most 12 characters) as ``{job_dir}/checkpoints/{part}.zip`` of ``files`` (name → bytes), written
     under another name and renamed, so the worker only ever sees whole parts. Best effort: an
     ``OSError`` (a full disk) is ignored, the part is then done again by a later attempt.
     Raises ValueError for a bad part name."""
@@ -109,6 +112,16 @@ def resumed_part(out_dir: Path, part: str) -> dict[str, bytes] | None:
             return {info.filename: archive.read(info) for info in archive.infolist()}
     except (OSError, zipfile.BadZipFile, EOFError, ValueError):
         return None
+
+
+def resumed_parts(out_dir: Path) -> list[str]:
+    """Called by an entry: the names of the parts earlier attempts kept that the worker put back
+    (:func:`keep_part`; each read with :func:`resumed_part`), in name order; ``[]`` when none."""
+    try:
+        names = sorted(p.name.removesuffix(".zip") for p in (Path(out_dir).parent / RESUME_DIR).glob("*.zip"))
+    except OSError:
+        return []
+    return [name for name in names if _PART_NAME.fullmatch(name)]
 
 
 class Entry(Protocol):

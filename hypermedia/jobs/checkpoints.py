@@ -21,8 +21,10 @@ import asyncpg
 
 from hypermedia.jobs.lifecycle import ClaimedJob
 
-PART: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
-"""A part's name (``page-0012``): what ``job_checkpoints.part`` accepts."""
+PART: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,11}")
+"""A part's name (``page-00012``), at most 12 characters so that its key's last segment,
+``checkpoint-{job_id}-{part}.zip`` (52 characters beside the part), is an output type storage
+accepts (``services.storage.backends.OUTPUT_TYPE``: at most 64)."""
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class DocumentHandler(SandboxHandler):
     after converting an office document to PDF with a warm LibreOffice listener."""
 
     entry = "hypermedia.engines.documents.pdf:run"
+    checkpoints = True  # pdf_preview's pages, a part a second of rendering (ADR 0069)
 
     def __init__(self, office: OfficePool) -> None:
         self.office = office

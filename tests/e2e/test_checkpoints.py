@@ -1,8 +1,9 @@
-"""Checkpoints end to end (issue 23 item 1, ADR 0069) on a real platform with ocrworkers the test
-starts and drains: an OCR of 20 pages whose worker is drained after page 8 resumes on another
-worker at the page after the last one kept, the pages kept are not read again (the attempts'
-checkpoint rows and the engine's own ``resumed_pages``), the outputs are those of one
-uninterrupted run, and the checkpoints are deleted once the job ended."""
+"""Checkpoints end to end (issue 23 item 1, ADR 0069) on a real platform with ocrworkers and
+docworkers the test starts and drains: an OCR of 20 pages whose worker is drained after page 8
+resumes on another worker at the page after the last one kept, the pages kept are not read again
+(the attempts' checkpoint rows and the engine's own ``resumed_pages``), the outputs are those of
+one uninterrupted run, and the checkpoints are deleted once the job ended; a 20-page preview at
+300 dpi drained after two kept parts resumes after them the same way."""
 
 from __future__ import annotations
 
@@ -59,22 +60,22 @@ def platform_without_workers(
         assert running.stop() == 0
 
 
-def _ocrworker(platform: RunningPlatform, name: str) -> subprocess.Popen[bytes]:
-    """An ocrworker of one slot whose drain hands a running job back after 0.2 s; returned once
-    it has registered."""
-    env = platform.service_env("ocrworker") | {
+def _worker(platform: RunningPlatform, name: str, service: str = "ocrworker") -> subprocess.Popen[bytes]:
+    """A worker of ``service`` (``ocrworker``) with one slot, whose drain hands a running job back
+    after 0.2 s; returned once it has registered."""
+    env = platform.service_env(service) | {
         "HM_WORKER_SLOTS": "1",
         "HM_WORK_DIR": str(platform.state_dir / f"work-{name}"),
         "HM_WORKER_STATUS_BIND": f"127.0.0.1:{free_port()}",
         "HM_DRAIN_SECONDS": "0.2",
     }
-    with (platform.state_dir / "logs" / f"ocrworker-{name}.log").open("ab") as log:
+    with (platform.state_dir / "logs" / f"{service}-{name}.log").open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.ocrworker"], env=env, cwd=REPO, stdout=log, stderr=log
+            [sys.executable, "-m", f"services.{service}"], env=env, cwd=REPO, stdout=log, stderr=log
         )
     with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
         wait_for(
-            f"ocrworker {name} registered",
+            f"{service} {name} registered",
             lambda: (
                 proc.poll() is None
                 and conn.execute(
@@ -83,13 +84,87 @@ def _ocrworker(platform: RunningPlatform, name: str) -> subprocess.Popen[bytes]:
             ),
             60,
         )
-    assert proc.poll() is None, f"ocrworker {name} exited {proc.returncode}"
+    assert proc.poll() is None, f"{service} {name} exited {proc.returncode}"
     return proc
 
 
 def _kept(conn: psycopg.Connection[Any], job_id: str) -> dict[str, int]:
     rows = conn.execute("SELECT part, attempt FROM job_checkpoints WHERE job_id = %s", (job_id,)).fetchall()
     return {part: attempt for part, attempt in rows}
+
+
+def _drained_and_resumed(
+    platform: RunningPlatform,
+    client: httpx.Client,
+    conn: psycopg.Connection[Any],
+    obj: dict[str, Any],
+    operation: dict[str, Any],
+    service: str,
+    parts: int,
+) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
+    """Runs ``operation`` on ``obj`` on a first one-slot ``service`` worker, drains that worker
+    once the job kept ``parts`` parts (the running job is handed back), checks that they are the
+    first attempt's and the job waits ``queued``, then follows the job on a second worker until
+    it completed. Returns the parts the first attempt kept and every part seen (part → attempt),
+    and the completed job."""
+    first = _worker(platform, "first", service)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        created = client.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+        )
+        assert created.status_code == 202, created.text
+        job_id = created.json()["job_ids"][0]
+        wait_for(f"{parts} parts kept", lambda: len(_kept(conn, job_id)) >= parts, 120)
+        first.terminate()  # the drain: the running job is handed back 0.2 s later
+        assert first.wait(60) == 0
+        kept_first = _kept(conn, job_id)
+        assert set(kept_first.values()) == {1}
+        assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+
+        second = _worker(platform, "second", service)
+        seen = dict(kept_first)
+        deadline = time.monotonic() + 120
+        while (job := client.get(f"/v1/jobs/{job_id}").json())["status"] != "completed":
+            seen |= _kept(conn, job_id)
+            assert job["status"] in ("queued", "claimed", "processing"), job
+            assert time.monotonic() < deadline, "not completed within 120 s"
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        if second is not None:
+            second.terminate()
+            second.wait(60)
+    return kept_first, seen, job
+
+
+def _uninterrupted(
+    platform: RunningPlatform,
+    client: httpx.Client,
+    obj: dict[str, Any],
+    operation: dict[str, Any],
+    service: str,
+) -> dict[str, Any]:
+    """The same job run again, on a worker of its own that is never drained: completed."""
+    worker = _worker(platform, "again", service)
+    try:
+        again = client.post(
+            "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+        )
+        assert again.status_code == 202, again.text
+        job = wait_job(client, again.json()["job_ids"][0], timeout=120)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    assert job["status"] == "completed", job
+    return job
+
+
+def _assert_swept(platform: RunningPlatform, conn: psycopg.Connection[Any], job_id: str) -> None:
+    """Storage's sweep deleted the ended job's checkpoints, rows and bytes, within 30 s."""
+    wait_for("checkpoints deleted", lambda: not _kept(conn, job_id), 30)
+    objects = Path(platform.info["objects_dir"])
+    assert not [p for p in objects.rglob("checkpoint-*") if job_id in p.name]
 
 
 def _texts(client: httpx.Client, job: dict[str, Any]) -> dict[str, bytes]:
@@ -102,45 +177,19 @@ def test_an_ocr_drained_after_page_8_resumes_after_its_last_kept_page_on_another
 ) -> None:
     platform = platform_without_workers
     account = platform.admin("create-account", "--credits", "100")
-    first = _ocrworker(platform, "first")
-    second: subprocess.Popen[bytes] | None = None
     texts = [f"Page {n} {WORDS[n % len(WORDS)]} {WORDS[(3 * n) % len(WORDS)]}" for n in range(1, PAGES + 1)]
     with (
         platform.client(account) as client,
         psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
     ):
-        try:
-            obj = client.post("/v1/objects", files={"file": ("pages.pdf", text_pages_pdf(texts))}).json()
-            operation = {"name": "ocr", "params": {"outputs": ["text", "words", "hocr", "searchable_pdf"]}}
-            created = client.post(
-                "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
-            )
-            assert created.status_code == 202, created.text
-            job_id = created.json()["job_ids"][0]
-
-            wait_for(f"{DRAIN_AFTER} pages kept", lambda: len(_kept(conn, job_id)) >= DRAIN_AFTER, 120)
-            first.terminate()  # the drain: the running job is handed back 0.2 s later
-            assert first.wait(60) == 0
-            kept_first = _kept(conn, job_id)
-            assert set(kept_first.values()) == {1}
-            last_kept = len(kept_first)
-            assert DRAIN_AFTER <= last_kept < PAGES - 1, kept_first
-            assert sorted(kept_first) == [f"page-{n:05d}" for n in range(1, last_kept + 1)]
-            assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
-
-            second = _ocrworker(platform, "second")
-            seen = dict(kept_first)
-            deadline = time.monotonic() + 120
-            while (job := client.get(f"/v1/jobs/{job_id}").json())["status"] != "completed":
-                seen |= _kept(conn, job_id)
-                assert job["status"] in ("queued", "claimed", "processing"), job
-                assert time.monotonic() < deadline, "not completed within 120 s"
-                time.sleep(0.05)
-        finally:
-            first.kill()
-            if second is not None:
-                second.terminate()
-                second.wait(60)
+        obj = client.post("/v1/objects", files={"file": ("pages.pdf", text_pages_pdf(texts))}).json()
+        operation = {"name": "ocr", "params": {"outputs": ["text", "words", "hocr", "searchable_pdf"]}}
+        kept_first, seen, job = _drained_and_resumed(
+            platform, client, conn, obj, operation, "ocrworker", DRAIN_AFTER
+        )
+        last_kept = len(kept_first)
+        assert DRAIN_AFTER <= last_kept < PAGES - 1, kept_first
+        assert sorted(kept_first) == [f"page-{n:05d}" for n in range(1, last_kept + 1)]
 
         # The second attempt kept only the pages it read: those after the last kept one (every
         # one but the last page of the job); the kept ones were taken, not read again.
@@ -158,18 +207,7 @@ def test_an_ocr_drained_after_page_8_resumes_after_its_last_kept_page_on_another
 
         # One uninterrupted run of the same job gives the same bytes: text, hOCR, words and the
         # searchable PDF.
-        again_worker = _ocrworker(platform, "again")
-        try:
-            again = client.post(
-                "/v1/hypermedia/process",
-                json={"object_id": obj["object_id"], "operations": [operation]},
-            )
-            assert again.status_code == 202, again.text
-            uninterrupted = wait_job(client, again.json()["job_ids"][0], timeout=120)
-        finally:
-            again_worker.terminate()
-            again_worker.wait(60)
-        assert uninterrupted["status"] == "completed", uninterrupted
+        uninterrupted = _uninterrupted(platform, client, obj, operation, "ocrworker")
         assert uninterrupted["outputs"][0]["metadata"]["resumed_pages"] == []
         whole = _texts(client, uninterrupted)
         assert {k: hashlib.sha256(v).hexdigest() for k, v in resumed.items()} == {
@@ -177,6 +215,50 @@ def test_an_ocr_drained_after_page_8_resumes_after_its_last_kept_page_on_another
         }
 
         # Once the job ended, storage's sweep deleted its checkpoints: rows and bytes.
-        wait_for("checkpoints deleted", lambda: not _kept(conn, job_id), 30)
-        objects = Path(platform.info["objects_dir"])
-        assert not [p for p in objects.rglob("checkpoint-*") if job_id in p.name]
+        _assert_swept(platform, conn, job["job_id"])
+
+
+def _positions(part: str) -> range:
+    """The job's page positions a preview part holds (``p004-006`` → 4, 5, 6)."""
+    first, last = part.removeprefix("p").split("-")
+    return range(int(first), int(last) + 1)
+
+
+def test_a_preview_drained_after_two_kept_parts_resumes_after_them_on_another_worker(
+    platform_without_workers: RunningPlatform,
+) -> None:
+    """20 A4 pages at 300 dpi as WebP take about 0.35 s a page here: a part every 3 pages or so."""
+    platform = platform_without_workers
+    account = platform.admin("create-account", "--credits", "100")
+    document = text_pages_pdf(
+        [f"Page {n} {WORDS[n % len(WORDS)]}" for n in range(1, PAGES + 1)], b"[0 0 595 842]"
+    )
+    operation = {"name": "pdf_preview", "params": {"pages": list(range(1, PAGES + 1)), "dpi": 300}}
+    with (
+        platform.client(account) as client,
+        psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
+    ):
+        obj = client.post("/v1/objects", files={"file": ("pages.pdf", document)}).json()
+        kept_first, seen, job = _drained_and_resumed(platform, client, conn, obj, operation, "docworker", 2)
+        covered = sorted(p for part in kept_first for p in _positions(part))
+        last_kept = covered[-1]
+        assert covered == list(range(1, last_kept + 1)) and last_kept < PAGES - 1, kept_first
+
+        # The second attempt rendered, and kept, only pages after the last kept one.
+        later = [p for part, attempt in seen.items() if attempt == 2 for p in _positions(part)]
+        assert later and min(later) == last_kept + 1 and max(later) < PAGES, seen
+        [first_attempt, second_attempt] = job["attempts"]
+        assert (first_attempt["status"], second_attempt["status"]) == ("lost", "completed")
+        outputs = sorted(job["outputs"], key=lambda o: o["metadata"]["page"])
+        assert [o["metadata"]["page"] for o in outputs] == list(range(1, PAGES + 1))
+        assert [o["metadata"]["resumed"] for o in outputs] == [n <= last_kept for n in range(1, PAGES + 1)]
+        resumed = {k: hashlib.sha256(v).hexdigest() for k, v in _texts(client, job).items()}
+
+        # One uninterrupted run of the same job gives the same bytes, page by page.
+        uninterrupted = _uninterrupted(platform, client, obj, operation, "docworker")
+        assert not any(o["metadata"]["resumed"] for o in uninterrupted["outputs"])
+        assert resumed == {k: hashlib.sha256(v).hexdigest() for k, v in _texts(client, uninterrupted).items()}
+        assert len(resumed) == PAGES
+
+        # Once the job ended, storage's sweep deleted its checkpoints: rows and bytes.
+        _assert_swept(platform, conn, job["job_id"])

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import uuid
 import zipfile
 from pathlib import Path
 
 import pypdfium2 as pdfium
 import pytest
 
-from hypermedia.engines.contract import CHECKPOINT_DIR, RESUME_DIR, keep_part, resumed_part
+from hypermedia.engines.contract import CHECKPOINT_DIR, RESUME_DIR, keep_part, resumed_part, resumed_parts
 from hypermedia.engines.ocr.engine import run
+from hypermedia.jobs.checkpoints import key_of
+from services.storage.backends import OUTPUT_TYPE
 from tests.helpers.ocr import LIMITS
 from tests.helpers.pdf import text_pages_pdf
 
@@ -104,7 +107,9 @@ def test_the_same_pages_give_the_same_searchable_pdf_bytes(source: Path, tmp_pat
 
 def test_part_names_and_files_are_checked(tmp_path: Path) -> None:
     out_dir = _job_dir(tmp_path / "job") / "output"
-    for bad in ("", "Page-1", "../x", "a/b", "x" * 65):
+    # 13 characters would make the key's last segment, checkpoint-{job_id}-{part}.zip, longer
+    # than the 64 storage takes (its upload would be refused after the part was recorded).
+    for bad in ("", "Page-1", "../x", "a/b", "x" * 13, "x" * 65):
         with pytest.raises(ValueError, match="bad part name"):
             keep_part(out_dir, bad, {"a": b"1"})
         assert resumed_part(out_dir, bad) is None
@@ -115,3 +120,6 @@ def test_part_names_and_files_are_checked(tmp_path: Path) -> None:
         tmp_path / "job" / RESUME_DIR / "page-00001.zip"
     )
     assert resumed_part(out_dir, "page-00001") == {"a": b"1", "b": b"2"}
+    assert resumed_parts(out_dir) == ["page-00001"]
+    key = key_of("derived/pool/obj/1/", str(uuid.uuid4()), "x" * 12)
+    assert OUTPUT_TYPE.match(key.rsplit("/", 1)[1])

@@ -273,6 +273,7 @@ async def test_a_preview_of_page_n_is_page_n(sandbox: Sandbox) -> None:
             "format": "png",
             "size_bytes": len(job.files[output.filename]),
             "page_count": 4,
+            "resumed": False,
         }
         distances = [mean_abs_diff(image, reference) for reference in references]
         assert distances[n - 1] < 0.5, distances  # PNG is lossless: the same pixels

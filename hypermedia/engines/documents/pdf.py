@@ -42,7 +42,9 @@ import codecs
 import json
 import math
 import os
+import re
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -52,7 +54,7 @@ import pypdfium2.raw as pdfium_c
 import pyvips
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
-from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.contract import OutputFile, keep_part, resumed_part, resumed_parts
 from hypermedia.engines.documents import engine_process
 from hypermedia.engines.documents.params import MAX_DOCUMENT_PAGES, OPERATIONS, validate_params
 
@@ -72,6 +74,12 @@ MAX_JOB_PIXELS: Final = 200_000_000
 """Most pixels one ``pdf_preview`` job renders over all its pages: 20 A4 pages at 300 dpi
 (8.7 M pixels each), or 5 at 600 dpi. Encoding 35 M pixels as WebP takes about 1.4 s here, so a
 job stays far inside its timeout."""
+KEEP_EVERY_SECONDS: Final = 1.0
+"""Seconds of rendering after which a ``pdf_preview`` keeps the pages rendered since its last
+part (:class:`_PreviewParts`)."""
+_PREVIEW_PART: Final = re.compile(r"p[0-9]{3}-[0-9]{3}")
+PREVIEW_CHECKPOINT_FORMAT: Final = 1
+"""Version of a preview part's layout (``made_by.json`` and the pages' files by output name)."""
 MAX_TEXT_CHARS: Final = 20_000_000
 """Most characters ``text_extract`` returns for one document (``PDF_TEXT_LIMIT`` above it)."""
 MAX_INFO_STRING: Final = 1024
@@ -383,20 +391,25 @@ def _preview(
     document.init_forms()  # before any page is loaded: form fields are drawn on the pages
     output_format = params["format"]
     outputs = []
-    for number, scale, width, height in plan:
+    parts = _PreviewParts(Path(out_dir), params)
+    for position, (number, scale, width, height) in enumerate(plan, 1):
         filename = f"preview_p{number}.{_EXTENSION_BY_FORMAT[output_format]}"
         path = os.path.join(out_dir, filename)
-        page = document[number - 1]
-        try:
-            bitmap = page.render(
-                scale=scale, may_draw_forms=True, draw_annots=True, rev_byteorder=True, prefer_bgrx=True
-            )
+        resumed = parts.restore(filename, path)
+        if not resumed:
+            page = document[number - 1]
             try:
-                _encode(bitmap, output_format, path)
+                bitmap = page.render(
+                    scale=scale, may_draw_forms=True, draw_annots=True, rev_byteorder=True, prefer_bgrx=True
+                )
+                try:
+                    _encode(bitmap, output_format, path)
+                finally:
+                    bitmap.close()
             finally:
-                bitmap.close()
-        finally:
-            page.close()
+                page.close()
+            if position < len(plan):  # after the last page nothing is left to resume
+                parts.rendered(position, filename, path)
         outputs.append(
             asdict(
                 OutputFile(
@@ -410,11 +423,60 @@ def _preview(
                         "format": output_format,
                         "size_bytes": os.stat(path).st_size,
                         "page_count": count,
+                        "resumed": resumed,
                     },
                 )
             )
         )
     return outputs
+
+
+class _PreviewParts:
+    """A preview's checkpoints (ADR 0069): the pages rendered since the last kept part become one
+    part (``p{first}-{last}``, ``p004-006``: positions in the job's page list) once
+    :data:`KEEP_EVERY_SECONDS` of rendering passed, so a drained job renders again at most that
+    much and a fast preview keeps a part a second, not one a page. A part is taken back only when
+    its ``made_by.json`` is this part format's, this PDFium's and libvips', and the job's params'
+    (a drain during a deploy renders again rather than mixing encoders)."""
+
+    def __init__(self, out_dir: Path, params: dict) -> None:
+        self._out_dir = out_dir
+        made_by = {
+            "format": PREVIEW_CHECKPOINT_FORMAT,
+            "pdfium": str(pdfium.PDFIUM_INFO),
+            "libvips": ".".join(str(pyvips.version(i)) for i in range(3)),
+            "params": params,
+        }
+        self._made_by = json.dumps(made_by, sort_keys=True, separators=(",", ":")).encode()
+        self._kept: dict[str, bytes] = {}
+        for part in resumed_parts(out_dir):
+            files = resumed_part(out_dir, part) if _PREVIEW_PART.fullmatch(part) else None
+            if files is not None and files.pop("made_by.json", None) == self._made_by:
+                self._kept |= files
+        self._pending: dict[str, bytes] = {}
+        self._first = 0
+        self._since = time.monotonic()
+
+    def restore(self, filename: str, path: str) -> bool:
+        """Writes ``filename`` as an earlier attempt rendered it to ``path``; False when none did."""
+        data = self._kept.get(filename)
+        if data is None:
+            return False
+        with open(path, "wb") as f:
+            f.write(data)
+        self._since = time.monotonic()
+        return True
+
+    def rendered(self, position: int, filename: str, path: str) -> None:
+        """Notes the page at ``position`` (1-based) rendered to ``path``, and keeps the pages
+        pending as a part once :data:`KEEP_EVERY_SECONDS` passed since the last one."""
+        with open(path, "rb") as f:
+            self._pending[filename] = f.read()
+        self._first = self._first or position
+        if time.monotonic() - self._since >= KEEP_EVERY_SECONDS:
+            part = f"p{self._first:03d}-{position:03d}"
+            keep_part(self._out_dir, part, self._pending | {"made_by.json": self._made_by})
+            self._pending, self._first, self._since = {}, 0, time.monotonic()
 
 
 def _encode(bitmap: pdfium.PdfBitmap, output_format: str, path: str) -> None:
