@@ -101,6 +101,14 @@ class InfraSettings(ComponentSettings):
 
     database_url: SecretStr = Field(validation_alias=env("HM_DATABASE_URL"))
     """asyncpg DSN of the system of record, e.g. ``postgresql://user:pw@host:5432/hypermedia``."""
+    database_session_url: SecretStr | None = Field(None, validation_alias="HM_DATABASE_SESSION_URL")
+    """DSN of the connections that keep session state: the ``LISTEN`` connections (job events,
+    the outbox relays' wake-ups) and the scheduler's leader lock. Give it the primary itself when
+    ``HM_DATABASE_URL`` is a PgBouncer in transaction pooling (ADR 0076); unset: ``HM_DATABASE_URL``."""
+    database_pooler: Literal["none", "transaction"] = Field("none", validation_alias="HM_DATABASE_POOLER")
+    """``transaction`` when ``HM_DATABASE_URL`` is a connection pooler in transaction mode
+    (PgBouncer ``pool_mode = transaction``): the pools then keep no prepared statements
+    (asyncpg's ``statement_cache_size=0``; ADR 0076)."""
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=env("HM_NATS_URL"))
     """NATS server with JetStream."""
     stream_prefix: str = Field("HM", validation_alias="HM_STREAM_PREFIX", pattern=r"^[A-Z][A-Z0-9_]{0,15}$")
@@ -119,13 +127,18 @@ class InfraSettings(ComponentSettings):
     """host:port of the storage service's gRPC API."""
     log_level: str = Field("INFO", validation_alias="HM_LOG_LEVEL")
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_session_url")
     @classmethod
-    def _postgres_url(cls, value: SecretStr) -> SecretStr:
-        problem = postgres_url_problem(value.get_secret_value())
+    def _postgres_url(cls, value: SecretStr | None) -> SecretStr | None:
+        problem = None if value is None else postgres_url_problem(value.get_secret_value())
         if problem:
             raise ValueError(problem)
         return value
+
+    @property
+    def session_url(self) -> str:
+        """The DSN for session-state connections: ``HM_DATABASE_SESSION_URL``, else ``HM_DATABASE_URL``."""
+        return (self.database_session_url or self.database_url).get_secret_value()
 
     @field_validator("nats_url")
     @classmethod

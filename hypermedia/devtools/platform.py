@@ -336,7 +336,8 @@ class Platform:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "logs").mkdir(exist_ok=True)
         database_url, nats_url = self._infrastructure()
-        applied = db.migrate(database_url)
+        session_url = config.lookup(self.base_env, "HM_DATABASE_SESSION_URL", "") or database_url
+        applied = db.migrate(session_url)
         log.info("migrations applied: %d", applied)
         env = dict(self.base_env)
         tls = self._internal_auth(env)
@@ -403,7 +404,7 @@ class Platform:
             else {}
         )
         self.info = {
-            "database_url": database_url,
+            "database_url": session_url,
             "nats_url": nats_url,
             "stream_prefix": env.get("HM_STREAM_PREFIX", "HM"),
             "rest_url": f"http://127.0.0.1:{http_port}",

@@ -71,9 +71,17 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     services (measured with ``log_statement = all``, docs/performance.md)."""
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, pooler: str = "none"
+) -> asyncpg.Pool:
     """An asyncpg pool with JSON/JSONB decoded to Python values and no reset query on release
     (:func:`_keep_session`: code using the pool must keep no session state).
+
+    Args:
+        pooler: ``transaction`` when ``dsn`` is a PgBouncer in transaction pooling
+            (``HM_DATABASE_POOLER``): no prepared statement is kept from one query to the next
+            (``statement_cache_size=0``; since asyncpg 0.29 that also re-parses each query in the
+            same sync as its bind, so no statement outlives a transaction: ADR 0076).
 
     Raises:
         OSError, asyncpg.PostgresError: when the server cannot be reached.
@@ -85,6 +93,7 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
         init=_init_connection,
         reset=_keep_session,
         command_timeout=30,
+        statement_cache_size=0 if pooler == "transaction" else 100,
     )
     assert pool is not None
     return pool

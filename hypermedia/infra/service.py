@@ -208,7 +208,9 @@ class Peers:
 
 async def open_postgres(stack: AsyncExitStack, infra: InfraSettings, *, max_size: int) -> asyncpg.Pool:
     """The service's asyncpg pool, closed when ``stack`` unwinds."""
-    pool = await db.create_pool(infra.database_url.get_secret_value(), max_size=max_size)
+    pool = await db.create_pool(
+        infra.database_url.get_secret_value(), max_size=max_size, pooler=infra.database_pooler
+    )
     stack.push_async_callback(pool.close)
     return pool
 

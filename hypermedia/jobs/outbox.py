@@ -29,6 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError
 
 from hypermedia.core import metrics
+from hypermedia.infra import db
 from hypermedia.jobs import lifecycle, queues
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ class OutboxRelay:
         retain_seconds: published rows older than this are deleted.
         purge_every_seconds: how often this relay deletes them (the delete reads every published
             row: once a minute, not once a batch).
+        listen_dsn: where the relay opens its own connection to listen on :data:`NOTIFY_CHANNEL`
+            (``HM_DATABASE_SESSION_URL``: a ``LISTEN`` needs a session, which a transaction-pooling
+            PgBouncer does not keep); None: a connection of ``pool`` listens.
     """
 
     def __init__(
@@ -70,8 +74,10 @@ class OutboxRelay:
         batch_size: int = 100,
         retain_seconds: int = 3600,
         purge_every_seconds: float = 60.0,
+        listen_dsn: str | None = None,
     ) -> None:
         self._pool = pool
+        self._listen_dsn = listen_dsn
         self._nc = nc
         self._js = js
         self._batch_size = batch_size
@@ -148,8 +154,8 @@ class OutboxRelay:
         )
 
     async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0) -> None:
-        """Loop until ``stop``: run, then wait for :attr:`wake` or ``poll_seconds``. A connection of
-        the pool listens on :data:`NOTIFY_CHANNEL` meanwhile (set up again after a loss; without it
+        """Loop until ``stop``: run, then wait for :attr:`wake` or ``poll_seconds``. A connection
+        (its own, or one of the pool's) listens on :data:`NOTIFY_CHANNEL` meanwhile (set up again after a loss; without it
         the poll alone publishes released rows)."""
         listener: Any = None
         try:
@@ -176,15 +182,20 @@ class OutboxRelay:
                 pass
             await self._unlisten(listener)
         try:
-            conn = await self._pool.acquire()
+            conn = await (db.connect(self._listen_dsn) if self._listen_dsn else self._pool.acquire())
         except Exception:
             return None
         try:
             await conn.add_listener(NOTIFY_CHANNEL, self._notified)
         except Exception:
-            await self._pool.release(conn)
+            await self._let_go(conn)
             return None
         return conn
+
+    async def _let_go(self, conn: Any) -> None:
+        """Close the relay's own listening connection, or give the pool's back."""
+        with contextlib.suppress(Exception):
+            await (conn.close() if self._listen_dsn else self._pool.release(conn))
 
     async def _unlisten(self, conn: Any) -> None:
         try:
@@ -192,8 +203,7 @@ class OutboxRelay:
         except Exception:
             pass
         finally:
-            with contextlib.suppress(Exception):
-                await self._pool.release(conn)
+            await self._let_go(conn)
 
     def _notified(self, *_: object) -> None:
         self.wake.set()

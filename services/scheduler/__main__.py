@@ -74,7 +74,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     infra = config.load(config.InfraSettings)
     settings = config.load(SchedulerSettings)
     holder = f"{socket.gethostname()}/{os.getpid()}"
-    leadership = Leadership(infra.database_url.get_secret_value(), holder)
+    leadership = Leadership(infra.session_url, holder)
     stack.push_async_callback(leadership.release)
     providers = await open_providers(settings)
     for provider in providers.values():

@@ -148,7 +148,10 @@ class Control:
         return f"{self.cfg.name}-control"
 
     async def _open(self) -> None:
-        self.pool = await db.create_pool(self.cfg.infra.database_url.get_secret_value(), max_size=3)
+        infra = self.cfg.infra
+        self.pool = await db.create_pool(
+            infra.database_url.get_secret_value(), max_size=3, pooler=infra.database_pooler
+        )
         try:
             self.lease = await lease.acquire(
                 self.pool,
