@@ -155,8 +155,8 @@ class OutboxRelay:
 
     async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0) -> None:
         """Loop until ``stop``: run, then wait for :attr:`wake` or ``poll_seconds``. A connection
-        (its own, or one of the pool's) listens on :data:`NOTIFY_CHANNEL` meanwhile (set up again after a loss; without it
-        the poll alone publishes released rows)."""
+        (its own, or one of the pool's) listens on :data:`NOTIFY_CHANNEL` meanwhile (set up again
+        after a loss; without it the poll alone publishes released rows)."""
         listener: Any = None
         try:
             while not stop.is_set():
