@@ -84,9 +84,8 @@ def keep_part(out_dir: Path, part: str, files: dict[str, bytes]) -> None:
     """Called by an entry: keeps the finished ``part`` (``page-00012``: lowercase letters,
     digits, ``._-``, at most 12 characters) as ``{job_dir}/checkpoints/{part}.zip`` of ``files``
     (name → bytes), written under another name and renamed, so the worker only ever sees whole
-    parts. Best effort: an
-    ``OSError`` (a full disk) is ignored, the part is then done again by a later attempt.
-    Raises ValueError for a bad part name."""
+    parts. Best effort: an ``OSError`` (a full disk) is ignored, the part is then done again by a
+    later attempt. Raises ValueError for a bad part name."""
     if not _PART_NAME.fullmatch(part):
         raise ValueError(f"bad part name {part!r}")
     folder = Path(out_dir).parent / CHECKPOINT_DIR
