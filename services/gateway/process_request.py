@@ -43,7 +43,8 @@ SHAPES = "an operation is a name, {name, params} or {preset}"
 
 def parse_operations(raw: Any) -> list[OperationRequest]:
     """``operations`` of a request: names, ``{name, params}`` objects or ``{preset}`` objects.
-    Raises InvalidArgument (``INVALID_REQUEST``) for an empty list or anything else."""
+    Raises InvalidArgument: ``UNKNOWN_PRESET`` for a preset named ``""``, ``INVALID_REQUEST`` for
+    an empty list or anything else."""
     if not isinstance(raw, list) or not raw:
         raise InvalidArgument("operations must be a non-empty list", "INVALID_REQUEST")
     parsed = []
@@ -56,6 +57,8 @@ def parse_operations(raw: Any) -> list[OperationRequest]:
                 raise InvalidArgument(SHAPES, "INVALID_REQUEST")
             parsed.append(OperationRequest(item["name"], params))
         elif isinstance(item, dict) and set(item) == {"preset"} and isinstance(item["preset"], str):
+            if not item["preset"]:  # else taken for an operation without a name
+                raise InvalidArgument("unknown preset '': a preset is named", "UNKNOWN_PRESET")
             parsed.append(OperationRequest("", {}, item["preset"]))
         else:
             raise InvalidArgument(SHAPES, "INVALID_REQUEST")

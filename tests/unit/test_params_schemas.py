@@ -768,3 +768,11 @@ def test_importing_the_schemas_loads_no_native_engine() -> None:
     code = f"import sys, hypermedia.engines.schemas; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_an_empty_preset_name_is_an_unknown_preset_not_a_nameless_operation() -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        parse_operations([{"preset": ""}])
+    assert caught.value.error_code == "UNKNOWN_PRESET"
+    [op] = parse_operations([{"preset": "avatar"}])
+    assert (op.name, op.preset) == ("", "avatar")
