@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, TypeVar, get_args
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,16 @@ class InfraSettings(ComponentSettings):
         if problem:
             raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _session_url_behind_a_pooler(self) -> InfraSettings:
+        if self.database_pooler == "transaction" and self.database_session_url is None:
+            raise ValueError(
+                "HM_DATABASE_POOLER=transaction needs HM_DATABASE_SESSION_URL: the primary itself, "
+                "for LISTEN, the scheduler's leader lock and migrations (docs/operations.md, "
+                "'Postgres behind PgBouncer')"
+            )
+        return self
 
     @property
     def session_url(self) -> str:

@@ -56,6 +56,29 @@ def retrying(max_seconds: float = 30.0, on_retry: Callable[[], None] | None = No
     )
 
 
+POOLER_HINT = (
+    "Postgres refused a prepared statement this connection made: HM_DATABASE_URL is probably a "
+    "connection pooler in transaction mode (PgBouncer pool_mode = transaction). Set "
+    "HM_DATABASE_POOLER=transaction and HM_DATABASE_SESSION_URL to the primary itself "
+    "(docs/operations.md, 'Postgres behind PgBouncer')."
+)
+"""What a service says when :func:`pooler_mismatch` holds: the cause, and the settings that fix it."""
+
+
+def pooler_mismatch(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is Postgres refusing a prepared
+    statement (``does not exist``, ``already exists``, a bind that does not fit it): what a
+    pool that keeps statements gets from a transaction-pooling PgBouncer, whose server
+    connections change between transactions (ADR 0076)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, asyncpg.PostgresError) and "prepared statement" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     for typ in ("json", "jsonb"):
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")

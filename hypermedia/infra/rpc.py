@@ -171,6 +171,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "DATABASE_UNAVAILABLE"),))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "database temporarily unavailable")
             log.exception("unhandled error in %s", method)
+            if db.pooler_mismatch(exc):
+                log.error("%s", db.POOLER_HINT)
             context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, "INTERNAL"),))
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 

@@ -171,11 +171,16 @@ async def _main(name: str, serve: Serve) -> int:
             log.info("%s stopping", name)
     except ConfigError:
         raise
-    except Exception:
+    except Exception as exc:
         log.exception("%s failed", name)
+        if db.pooler_mismatch(exc):  # a setting, not a bug: exit 78 and say which
+            print(f"{name}: {db.POOLER_HINT}", file=sys.stderr)
+            return EXIT_CONFIG
         return EXIT_SOFTWARE
     if stop.failure:
         log.error("%s stopped after a failure: %s", name, stop.failure)
+        if stop.code == EXIT_CONFIG:
+            print(f"{name}: {stop.failure}", file=sys.stderr)
         return stop.code
     log.info("%s stopped", name)
     return EXIT_OK

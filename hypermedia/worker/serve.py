@@ -22,8 +22,16 @@ from prometheus_client import REGISTRY
 
 from hypermedia.api.worker.v1 import worker_pb2, worker_pb2_grpc
 from hypermedia.core import config
-from hypermedia.infra import mtls, rpc
-from hypermedia.infra.service import EXIT_LEASE, ExitWith, Lifetime, every, open_peers, open_postgres
+from hypermedia.infra import db, mtls, rpc
+from hypermedia.infra.service import (
+    EXIT_CONFIG,
+    EXIT_LEASE,
+    ExitWith,
+    Lifetime,
+    every,
+    open_peers,
+    open_postgres,
+)
 from hypermedia.jobs import queues
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, Sandbox, layers, make_undumpable
 from hypermedia.worker import preemption
@@ -413,7 +421,10 @@ async def serve_lanes(stack: AsyncExitStack, stop: Lifetime, lanes: Sequence[Lan
     def crashed(done: asyncio.Task[None]) -> None:
         if not done.cancelled() and done.exception() is not None:
             log.error("worker loop crashed", exc_info=done.exception())
-            stop.fail("worker loop crashed")
+            if db.pooler_mismatch(done.exception()):  # a setting, not a bug: exit 78 and say which
+                stop.fail(db.POOLER_HINT, EXIT_CONFIG)
+            else:
+                stop.fail("worker loop crashed")
 
     for task in tasks:
         task.add_done_callback(crashed)

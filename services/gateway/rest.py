@@ -691,6 +691,8 @@ def build_app(
             response.headers["Retry-After"] = "1"
             return response
         log.exception("unhandled error")
+        if db.pooler_mismatch(exc):
+            log.error("%s", db.POOLER_HINT)
         return problem(500, "Internal error", "internal error", "INTERNAL")
 
     # Added after _BodyGuard, so it wraps it: its span covers the guard's answers too.

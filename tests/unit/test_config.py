@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 import pytest
 
 from hypermedia.core import config
 from hypermedia.core.config import ConfigError, InfraSettings
+from hypermedia.infra import db
 from hypermedia.worker.settings import WorkerSettings
 from services.gateway.settings import GatewaySettings
 
@@ -147,3 +149,55 @@ def test_ports_are_ascii_numbers_from_1_to_65535(
     with pytest.raises(config.ConfigError, match=said) as raised:
         config.load(InfraSettings)
     assert "S3cret" not in str(raised.value)
+
+
+def test_behind_a_transaction_pooler_the_session_url_is_required_and_used(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    """ADR 0076: HM_DATABASE_POOLER=transaction without HM_DATABASE_SESSION_URL would put LISTEN
+    and the scheduler's session lock through the pooler; it is refused at start, naming the fix,
+    never showing a URL's password."""
+    for name in ("HM_DATABASE_SESSION_URL", "HM_DATABASE_POOLER"):
+        clean_env.delenv(name, raising=False)
+    clean_env.setenv("HM_DATABASE_URL", "postgresql://u:pooledpw@pgbouncer:6432/hm")
+    direct = config.load(InfraSettings)
+    assert (direct.database_pooler, direct.session_url) == (
+        "none",
+        "postgresql://u:pooledpw@pgbouncer:6432/hm",
+    )
+    clean_env.setenv("HM_DATABASE_POOLER", "transaction")
+    with pytest.raises(ConfigError, match="needs HM_DATABASE_SESSION_URL") as raised:
+        config.load(InfraSettings)
+    assert "pooledpw" not in str(raised.value)
+    clean_env.setenv("HM_DATABASE_SESSION_URL", "mysql://u:sessionpw@primary/hm")
+    with pytest.raises(ConfigError, match="HM_DATABASE_SESSION_URL") as raised:
+        config.load(InfraSettings)
+    assert "sessionpw" not in str(raised.value)
+    clean_env.setenv("HM_DATABASE_SESSION_URL", "postgresql://u:sessionpw@primary:5432/hm")
+    pooled = config.load(InfraSettings)
+    assert pooled.session_url == "postgresql://u:sessionpw@primary:5432/hm"
+    clean_env.setenv("HM_DATABASE_POOLER", "statement")
+    with pytest.raises(ConfigError, match="HM_DATABASE_POOLER"):
+        config.load(InfraSettings)
+
+
+def test_a_prepared_statement_refused_is_named_as_a_pooler_setting() -> None:
+    """What a pool keeping statements gets through a transaction-pooling PgBouncer, however deep
+    the exception that carries it (a worker loop's crash wraps it)."""
+    missing = asyncpg.exceptions.InvalidSQLStatementNameError(
+        'prepared statement "__asyncpg_stmt_a__" does not exist'
+    )
+    twice = asyncpg.exceptions.DuplicatePreparedStatementError(
+        'prepared statement "__asyncpg_stmt_1__" already exists'
+    )
+    assert db.pooler_mismatch(missing) and db.pooler_mismatch(twice)
+    try:
+        try:
+            raise missing
+        except asyncpg.PostgresError as exc:
+            raise RuntimeError("the worker loop") from exc
+    except RuntimeError as wrapped:
+        assert db.pooler_mismatch(wrapped)
+    assert not db.pooler_mismatch(asyncpg.exceptions.UniqueViolationError("duplicate key value"))
+    assert not db.pooler_mismatch(ValueError("prepared statement"))  # not Postgres' word
+    assert "HM_DATABASE_POOLER=transaction" in db.POOLER_HINT
