@@ -139,7 +139,7 @@ PLATFORM_CPU_MS = {
 every class (assumed: the other classes' per-job platform work is of the same calls)."""
 
 ROWS_DEFAULT: dict[str, Any] = {
-    "rows_per_job": 21.7,
+    "rows_per_job": 21.73,
     "commits": 14.19,
     "wal_bytes": 10804,
     "stream_messages": {"IMAGES": 1.0},
@@ -226,8 +226,9 @@ def size_pool(job: JobClass, rate: float, seed: int) -> PoolSize:
     return PoolSize(job.queue, rate, busy, high, pods, p95, mean_wait)
 
 
-def model(volume: int, rows: dict[str, Any], seed: int) -> Result:
-    peak = volume / 86_400 * PEAK_FACTOR.value
+def model(volume: int, rows: dict[str, Any], seed: int, peak_factor: float = PEAK_FACTOR.value) -> Result:
+    """Pools and shared parts at the peak hour of ``volume`` jobs a day."""
+    peak = volume / 86_400 * peak_factor
     result = Result(volume, peak)
     for job in CLASSES:
         result.pools.append(size_pool(job, peak * job.share.value, seed))
@@ -259,10 +260,13 @@ def model(volume: int, rows: dict[str, Any], seed: int) -> Result:
 
 
 def report(results: list[Result], rows: dict[str, Any]) -> str:
-    out = [f"capacity model, {common.machine()} measurements; rows: {rows.get('source', 'given file')}"]
+    out = [
+        f"capacity model from figures measured on a {common.machine()} machine;"
+        f" Postgres and JetStream per job: {rows.get('source', 'a file without its source')}"
+    ]
     header = ["", *(f"{r.volume / 1e6:g} M/day" for r in results)]
     out.append(
-        f"\npeak rate (× {PEAK_FACTOR.value:g} the day's average): "
+        f"\npeak rate (× {results[0].peak_rate / (results[0].volume / 86_400):g} the day's average): "
         + ", ".join(f"{r.peak_rate:,.0f} jobs/s" for r in results)
     )
     out.append(
@@ -275,7 +279,8 @@ def report(results: list[Result], rows: dict[str, Any]) -> str:
             (
                 f"{job.queue}: {job.name}, p95 wait ≤ {job.wait_target_seconds.value:g} s",
                 *(
-                    f"{r.pools[i].slots} slots / {r.pools[i].pods} pods (busy {r.pools[i].busy_cores:.1f}, p95 {r.pools[i].p95_wait:.2f} s)"
+                    f"{r.pools[i].slots} slots / {r.pools[i].pods} pod{'s' if r.pools[i].pods != 1 else ''}"
+                    f" (busy {r.pools[i].busy_cores:.1f}, p95 {r.pools[i].p95_wait:.2f} s)"
                     for r in results
                 ),
             )
@@ -311,10 +316,23 @@ def main(argv: list[str] | None = None) -> int:
         "--rows", type=Path, help="bench/rows_per_job.py --json output (default: the figures of 2026-12-06)"
     )
     parser.add_argument("--seed", type=int, default=1, help="the simulation's random seed (default 1)")
+    parser.add_argument(
+        "--peak-factor",
+        type=float,
+        default=PEAK_FACTOR.value,
+        help=f"the busiest hour's rate over the day's average (default {PEAK_FACTOR.value:g}, assumed)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     args = parser.parse_args(argv)
-    rows = json.loads(args.rows.read_text()) if args.rows else ROWS_DEFAULT
-    results = [model(volume, rows, args.seed) for volume in VOLUMES]
+    try:
+        rows = json.loads(args.rows.read_text()) if args.rows else ROWS_DEFAULT
+        float(rows["rows_per_job"]), float(rows["commits"]), float(rows["wal_bytes"])
+        sum(float(n) for n in rows["stream_messages"].values())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        parser.error(f"--rows {args.rows}: not bench/rows_per_job.py --json output ({exc!r})")
+    if not 0 < args.peak_factor <= 24:
+        parser.error("--peak-factor must be above 0 and at most 24")
+    results = [model(volume, rows, args.seed, args.peak_factor) for volume in VOLUMES]
     print(report(results, rows))
     if args.json:
         args.json.write_text(
