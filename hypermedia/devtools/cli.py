@@ -160,6 +160,7 @@ async def _create_account(
     name: str, credits: float, admin: bool = False, interactive: bool = False
 ) -> dict[str, Any]:
     from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+    from hypermedia.core.errors import DomainError
     from hypermedia.infra import rpc
     from hypermedia.jobs.accounts import create_account
 
@@ -173,14 +174,21 @@ async def _create_account(
     millicredits = round(credits * 1000)
     balance = 0
     if millicredits > 0:
-        async with rpc.channel(_credits_addr(), _admin_tls(), "credits") as chan:
-            response = await rpc.call(
-                credits_pb2_grpc.CreditsServiceStub(chan).Grant,
-                credits_pb2.GrantRequest(
-                    account_id=account_id, millicredits=millicredits, grant_id=str(uuid.uuid4())
-                ),
+        try:
+            async with rpc.channel(_credits_addr(), _admin_tls(), "credits") as chan:
+                response = await rpc.call(
+                    credits_pb2_grpc.CreditsServiceStub(chan).Grant,
+                    credits_pb2.GrantRequest(
+                        account_id=account_id, millicredits=millicredits, grant_id=str(uuid.uuid4())
+                    ),
+                )
+                balance = response.balance_millicredits
+        except DomainError as exc:  # the account exists: say so, with its key, rather than lose it
+            print(
+                f"hypermedia admin: account {account_id} was created, but granting its credits failed"
+                f" ({exc.error_code}): hypermedia admin grant {account_id} --credits {credits:g}",
+                file=sys.stderr,
             )
-            balance = response.balance_millicredits
     return {
         "account_id": account_id,
         "api_key": api_key,
@@ -205,13 +213,17 @@ def create_account_cmd(
 ) -> None:
     """Create an account with a pool and an API key; prints JSON {account_id, api_key, pool_id, credits,
     webhook_secret, admin, interactive} (the secret verifies webhook signatures). Its job quota is
-    the credits service's defaults (``set-quota`` changes it)."""
+    the credits service's defaults (``set-quota`` changes it). When the credits cannot be granted
+    the account is still printed (with 0 credits), stderr says how to grant them, and it exits 1."""
     logging.basicConfig(level=logging.WARNING)
     try:
-        print(json.dumps(asyncio.run(_create_account(name, credits, admin_account, interactive))))
+        created = asyncio.run(_create_account(name, credits, admin_account, interactive))
     except (FileNotFoundError, config.ConfigError) as exc:
         print(f"hypermedia admin: {exc}", file=sys.stderr)
         raise typer.Exit(config.ConfigError.exit_code) from None
+    print(json.dumps(created))
+    if credits > 0 and created["credits"] == 0:  # created, but the grant failed (said on stderr)
+        raise typer.Exit(1)
 
 
 async def _grant(account_id: str, credits: float) -> dict[str, Any]:

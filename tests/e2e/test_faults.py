@@ -9,6 +9,7 @@ database would republish their jobs to its own workers.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -444,3 +445,30 @@ def test_storage_unreachable_is_retried_with_backoff_then_failed_and_released(
     assert (again["status"], again["attempt_count"], len(again["outputs"])) == ("completed", 1, 1)
     assert again["outputs"][0]["mime_type"] == "image/webp"
     assert client.get(f"/v1/jobs/{job_id}").json()["attempt_count"] == 3, "the failed job stays failed"
+
+
+def test_create_account_with_credits_unreachable_prints_the_account_and_how_to_grant(
+    platform: RunningPlatform,
+) -> None:
+    """The account row and its key are made before the credits are granted (another service):
+    when the grant fails, the account is printed all the same (0 credits, its key), stderr says
+    the command that grants them, and the exit is 1; the printed key works."""
+    env = {k: v for k, v in platform.env.items() if k != "HM_DATABASE_URL"}
+    env["HM_CREDITS_ADDR"] = f"127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "hypermedia.devtools.cli", "admin", "create-account", "--credits", "5"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    created = json.loads(done.stdout)
+    assert created["credits"] == 0 and created["api_key"]
+    assert f"hypermedia admin grant {created['account_id']} --credits 5" in done.stderr
+    assert "Traceback" not in done.stderr
+    granted = platform.admin("grant", created["account_id"], "--credits", "5")
+    assert granted["balance"] == 5
+    with platform.client(created) as client:
+        assert client.get("/v1/credits").json()["balance"] == 5
