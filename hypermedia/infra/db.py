@@ -122,10 +122,13 @@ async def create_pool(
     return pool
 
 
-async def connect(dsn: str, server_settings: dict[str, str] | None = None) -> asyncpg.Connection:
+async def connect(
+    dsn: str, server_settings: dict[str, str] | None = None, *, timeout: float = 60.0
+) -> asyncpg.Connection:
     """One connection with the same JSON/JSONB codecs as :func:`create_pool` (scripts, tests, the
-    scheduler's leader lock), with ``server_settings`` (run-time parameters) for its session."""
-    conn = await asyncpg.connect(dsn, server_settings=server_settings)
+    scheduler's leader lock, listeners), with ``server_settings`` (run-time parameters) for its
+    session; ``timeout``: seconds to connect (asyncpg's default, 60)."""
+    conn = await asyncpg.connect(dsn, server_settings=server_settings, timeout=timeout)
     await _init_connection(conn)
     return conn
 

@@ -44,6 +44,13 @@ NOTIFY_CHANNEL = "hm_outbox"
 every relay listens on it, so a released row is published at once, not at the next poll."""
 
 
+LISTEN_CONNECT_SECONDS = 5.0
+"""Longest a relay waits to open its own listening connection (seconds)."""
+LISTEN_RETRY_SECONDS = 5.0
+"""After a failed attempt to listen, how long a relay publishes on its poll alone before it tries
+again (seconds). The attempts run beside the publishing, never in its way."""
+
+
 @dataclass(frozen=True)
 class RelayResult:
     published: int
@@ -154,9 +161,23 @@ class OutboxRelay:
         )
 
     async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0) -> None:
-        """Loop until ``stop``: run, then wait for :attr:`wake` or ``poll_seconds``. A connection
-        (its own, or one of the pool's) listens on :data:`NOTIFY_CHANNEL` meanwhile (set up again
-        after a loss; without it the poll alone publishes released rows)."""
+        """Loop until ``stop``: run, then wait for :attr:`wake` or ``poll_seconds``. Beside it, a
+        task keeps a connection (its own, or one of the pool's) listening on
+        :data:`NOTIFY_CHANNEL`, set up again after a loss; the publishing never waits for it
+        (without it the poll alone publishes released rows)."""
+        listening = asyncio.create_task(self._keep_listening(stop, poll_seconds))
+        try:
+            while not stop.is_set():
+                await self._turn(stop, poll_seconds)
+        finally:
+            listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
+
+    async def _keep_listening(self, stop: asyncio.Event, check_seconds: float) -> None:
+        """Until ``stop`` (or cancelled): the listening connection, opened again every
+        ``check_seconds`` when there is none or it was lost (a failed open waits
+        :data:`LISTEN_RETRY_SECONDS`); closed or given back at the end."""
         listener: Any = None
         try:
             while not stop.is_set():
@@ -165,7 +186,9 @@ class OutboxRelay:
                 except Exception:  # never the relay's end: it polls without a listener
                     log.exception("outbox relay could not listen on %s; polling", NOTIFY_CHANNEL)
                     listener = None
-                await self._turn(stop, poll_seconds)
+                delay = check_seconds if listener is not None else LISTEN_RETRY_SECONDS
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
         finally:
             if listener is not None:
                 await self._unlisten(listener)
@@ -182,7 +205,11 @@ class OutboxRelay:
                 pass
             await self._unlisten(listener)
         try:
-            conn = await (db.connect(self._listen_dsn) if self._listen_dsn else self._pool.acquire())
+            conn = await (
+                db.connect(self._listen_dsn, timeout=LISTEN_CONNECT_SECONDS)
+                if self._listen_dsn
+                else self._pool.acquire()
+            )
         except Exception:
             return None
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import uuid
 from collections.abc import Awaitable
@@ -450,3 +451,33 @@ async def test_streams_are_kept_as_the_layout_says_and_a_layout_the_server_canno
             with contextlib.suppress(Exception):
                 await js.delete_stream(queues.stream_name(prefix, queue))
         await nc.close()
+
+
+async def test_a_session_host_that_never_answers_does_not_slow_the_relay(
+    fresh_pool: asyncpg.Pool, broker: Broker
+) -> None:
+    """The relay's own listening connection (HM_DATABASE_SESSION_URL, ADR 0076) is opened
+    beside the publishing, never in its way: with a host that accepts TCP and never speaks,
+    rows still go out on the relay's poll (0.2 s here), each within 2 s, not at a connect
+    timeout (asyncpg's default is 60 s)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(100)
+    relay = OutboxRelay(
+        fresh_pool, broker.nc, broker.js, listen_dsn=f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/x"
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop, poll_seconds=0.2))
+    try:
+        for _ in range(3):
+            await _enqueue(fresh_pool, broker.prefix, 1)
+            started = time.monotonic()
+            while await _unpublished(fresh_pool):
+                assert time.monotonic() - started < outbox.LISTEN_CONNECT_SECONDS + 3, (
+                    "the row waited on the listener"
+                )
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=outbox.LISTEN_CONNECT_SECONDS + 5)
+        silent.close()
