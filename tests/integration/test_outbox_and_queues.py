@@ -473,11 +473,9 @@ async def test_a_session_host_that_never_answers_does_not_slow_the_relay(
             await _enqueue(fresh_pool, broker.prefix, 1)
             started = time.monotonic()
             while await _unpublished(fresh_pool):
-                assert time.monotonic() - started < outbox.LISTEN_CONNECT_SECONDS + 3, (
-                    "the row waited on the listener"
-                )
+                assert time.monotonic() - started < 2.0, "the row waited on the listener"
                 await asyncio.sleep(0.05)
     finally:
         stop.set()
-        await asyncio.wait_for(running, timeout=outbox.LISTEN_CONNECT_SECONDS + 5)
+        await asyncio.wait_for(running, timeout=5)  # the listening task is cancelled, not awaited out
         silent.close()
