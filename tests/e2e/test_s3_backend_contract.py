@@ -195,7 +195,16 @@ def test_output_links_answer_ranges_and_a_players_preflight(
     )
     assert preflight.status_code == 200, preflight.text
     assert preflight.headers.get("access-control-allow-origin") in ("*", "https://player.example")
-    assert "GET" in preflight.headers.get("access-control-allow-methods", "")
+    # What the bucket's rule says, not an endpoint's default (moto answers any preflight of a
+    # bucket without a rule, with every method and no max-age).
+    methods = {m.strip() for m in preflight.headers.get("access-control-allow-methods", "").split(",")}
+    assert methods == {"GET", "HEAD", "PUT"} and preflight.headers.get("access-control-max-age") == "3600"
+    assert "range" in preflight.headers.get("access-control-allow-headers", "").lower()
+    # A player reads Content-Range of a cross-origin range answer only when it is exposed.
+    seen = httpx.get(
+        output["url"], headers={"Origin": "https://player.example", "Range": "bytes=0-9"}, timeout=30
+    )
+    assert "content-range" in seen.headers.get("access-control-expose-headers", "").lower()
 
 
 def test_deleting_an_object_deletes_its_keys_from_the_bucket(
@@ -209,8 +218,12 @@ def test_deleting_an_object_deletes_its_keys_from_the_bucket(
                 "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
             ).json()["job_ids"][0],
         )
+        assert job["status"] == "completed", job
         keys = {o["key"] for o in job["outputs"]} | {k for k in _keys(s3_endpoint) if obj["object_id"] in k}
         assert keys <= _keys(s3_endpoint)
+        assert any(k.startswith("derived/") for k in keys) and any(
+            k.startswith("originals/") for k in keys
+        ), keys
         assert client.delete(f"/v1/objects/{obj['object_id']}").status_code == 200
     deadline = time.monotonic() + 30
     while keys & _keys(s3_endpoint):
