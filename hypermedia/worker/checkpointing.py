@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Final
@@ -34,6 +35,9 @@ MAX_PARTS: Final = 64
 """Parts one attempt keeps, and restores, at most (an OCR job has at most 20 pages)."""
 MAX_JOB_BYTES: Final = 256 * 1024 * 1024
 """Bytes of parts one attempt keeps, and restores, at most."""
+MAX_LISTED: Final = 1_000
+"""Entries of a job's checkpoint directory looked at per listing (a job keeps at most
+:data:`MAX_PARTS` parts; the rest is the child's doing)."""
 TRIES: Final = 3
 """Tries to keep one part before it is given up (its page is then done again by a later attempt)."""
 
@@ -117,7 +121,7 @@ class Checkpointing:
         budget = MAX_JOB_BYTES
         while True:
             done = finished.is_set()
-            names = sorted(p.name for p in folder.glob("*.zip")) if folder.is_dir() else []
+            names = await asyncio.to_thread(_finished_parts, folder)
             for name in names:
                 part = name.removesuffix(".zip")
                 if part in settled or len(settled) >= MAX_PARTS or not checkpoints.PART.fullmatch(part):
@@ -162,6 +166,23 @@ class Checkpointing:
         if response.status_code >= 300:
             raise OSError(f"storage answered {response.status_code} to checkpoint {part}")
         return len(data)
+
+
+def _finished_parts(folder: Path) -> list[str]:
+    """The ``*.zip`` names in the job's checkpoint directory, sorted; off the event loop, and at
+    most :data:`MAX_LISTED` entries looked at: the job's child writes the directory, and a child
+    that filled it with names must not stall the worker's other jobs with the listing."""
+    names = []
+    try:
+        with os.scandir(folder) as entries:
+            for n, entry in enumerate(entries):
+                if n >= MAX_LISTED:
+                    break
+                if entry.name.endswith(".zip"):
+                    names.append(entry.name)
+    except OSError:  # not there yet, or not a directory
+        return []
+    return sorted(names)
 
 
 def _sha256(path: Path) -> str:
