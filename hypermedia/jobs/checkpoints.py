@@ -47,6 +47,13 @@ def key_of(prefix: str, job_id: str, part: str) -> str:
     return f"{prefix}checkpoint-{job_id}-{part}.zip"
 
 
+def is_key_of(key: str, prefix: str, job_id: str, part: str) -> bool:
+    """Whether ``key`` is the store key of ``part`` of ``job_id`` (:func:`key_of`); False, not
+    ValueError, for a part name :data:`PART` does not take (a row written before part names were
+    bounded to 12 characters: storage then neither presigns nor deletes through it)."""
+    return PART.fullmatch(part) is not None and key == key_of(prefix, job_id, part)
+
+
 async def record(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, checkpoint: Checkpoint) -> bool:
     """Records ``checkpoint`` of ``job`` as made by this attempt, before its bytes are uploaded,
     if the attempt is still the live one (``claimed_by`` and ``attempt_count`` match, the job

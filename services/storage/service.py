@@ -582,7 +582,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         kept = [
             c
             for c in await checkpoints.of_job(self._pool, request.job_id)
-            if c.key == checkpoints.key_of(prefix, request.job_id, c.part)  # never another key
+            if checkpoints.is_key_of(c.key, prefix, request.job_id, c.part)  # never another key
         ]
         (url, expires_at), (method, post_url, fields, _) = await asyncio.gather(
             self._backend.presign_get(source["key"], ttl, source["mime_type"]),
@@ -627,7 +627,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         deleted: dict[str, list[str]] = {}
         failed: list[tuple[str, str]] = []
         for row in rows:
-            if row["key"] == checkpoints.key_of(_job_prefix(row), row["job_id"], row["part"]):
+            if checkpoints.is_key_of(row["key"], _job_prefix(row), row["job_id"], row["part"]):
                 try:
                     await self._backend.delete(row["key"])
                 except Exception:

@@ -733,8 +733,9 @@ async def test_s3_grant_flow(s3: Running, tenant: Tenant, pool: asyncpg.Pool) ->
 
 async def _check_checkpoint_flow(svc: Running, tenant: Tenant, pool: asyncpg.Pool) -> None:
     """ADR 0069: a part uploaded through the job's grant and recorded is given back as a GET URL
-    with the next grant; a recorded key that is not the job's own checkpoint key is never
-    presigned, and the sweep deletes the bytes of an ended job's parts (never a foreign key's)."""
+    with the next grant; a recorded key that is not the job's own checkpoint key, or a part
+    whose name is longer than parts now are, is never presigned, and the sweep deletes the bytes
+    of an ended job's parts (never a foreign key's) and forgets every row."""
     source = await _upload(svc, tenant, b"checkpointed source")
     job_id = await _job(pool, tenant, source)
     granted = await svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
@@ -746,7 +747,15 @@ async def _check_checkpoint_flow(svc: Running, tenant: Tenant, pool: asyncpg.Poo
         for k, data in ((key, part), (foreign_key, foreign)):
             sent = await send_output(http, granted.outputs, k, data, "application/zip", _sha(data))
             assert sent.is_success, sent.text
-    for name, k, data in (("page-00001", key, part), ("page-00002", foreign_key, foreign)):
+    # A row from before part names were bounded to 12 characters (the table's check takes 64):
+    # neither presigned nor a stop to the sweep.
+    long_name = "page-00003-of-an-older-worker"
+    long_key = f"{granted.outputs.key_prefix}checkpoint-{job_id}-{long_name}.zip"
+    for name, k, data in (
+        ("page-00001", key, part),
+        ("page-00002", foreign_key, foreign),
+        (long_name, long_key, b"never stored"),
+    ):
         await pool.execute(
             "INSERT INTO job_checkpoints (job_id, part, key, size_bytes, sha256, attempt) VALUES ($1, $2, $3, $4, $5, 1)",
             uuid.UUID(job_id),
@@ -764,7 +773,7 @@ async def _check_checkpoint_flow(svc: Running, tenant: Tenant, pool: asyncpg.Poo
 
     assert await svc.servicer.sweep_checkpoints() == 0, "the job still runs"
     await pool.execute("UPDATE processing_jobs SET status = 'completed' WHERE job_id = $1", uuid.UUID(job_id))
-    assert await svc.servicer.sweep_checkpoints() == 2
+    assert await svc.servicer.sweep_checkpoints() == 3
     assert (
         await pool.fetchval("SELECT count(*) FROM job_checkpoints WHERE job_id = $1", uuid.UUID(job_id)) == 0
     )
