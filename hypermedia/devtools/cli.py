@@ -94,8 +94,11 @@ def up(
 
 
 def _database_url() -> str:
-    if os.environ.get("HM_DATABASE_URL"):
-        return os.environ["HM_DATABASE_URL"]
+    """Where ``migrate`` and the admin commands connect: ``HM_DATABASE_SESSION_URL`` (the primary
+    itself behind a transaction pooler, ADR 0076), else ``HM_DATABASE_URL``, else ``platform.json``."""
+    for name in ("HM_DATABASE_SESSION_URL", "HM_DATABASE_URL"):
+        if os.environ.get(name):
+            return os.environ[name]
     return str(platform.read_platform()["database_url"])
 
 
