@@ -74,6 +74,9 @@ RESUME_DIR: Final = "resume"
 MAX_PART_BYTES: Final = 64 * 1024 * 1024
 """Largest part the worker keeps, and largest file of a resumed part an entry reads back
 (bytes): an OCR page's record, text, hOCR and PDF page are a few MiB at most."""
+MAX_RESUMED_PART_BYTES: Final = 2 * MAX_PART_BYTES
+"""Most bytes all files of one resumed part may hold once unpacked: what the worker took is at
+most :data:`MAX_PART_BYTES` packed, and a part that unpacks to much more is a bomb, not pages."""
 _PART_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,11}")
 """A part's name, at most 12 characters: its store key's last segment,
 ``checkpoint-{job_id}-{part}.zip``, is one output-type segment of at most 64
@@ -101,16 +104,18 @@ def keep_part(out_dir: Path, part: str, files: dict[str, bytes]) -> None:
 def resumed_part(out_dir: Path, part: str) -> dict[str, bytes] | None:
     """Called by an entry: the files of ``part`` an earlier attempt kept (:func:`keep_part`),
     or None when it has none, or none it can read whole (a file over :data:`MAX_PART_BYTES`,
-    a damaged archive: the part is then done again)."""
+    more than :data:`MAX_RESUMED_PART_BYTES` in all, a damaged archive, no memory left: the part
+    is then done again)."""
     path = Path(out_dir).parent / RESUME_DIR / f"{part}.zip"
     if not _PART_NAME.fullmatch(part) or not path.is_file():
         return None
     try:
         with zipfile.ZipFile(path) as archive:
-            if any(info.file_size > MAX_PART_BYTES for info in archive.infolist()):
+            sizes = [info.file_size for info in archive.infolist()]
+            if any(size > MAX_PART_BYTES for size in sizes) or sum(sizes) > MAX_RESUMED_PART_BYTES:
                 return None
             return {info.filename: archive.read(info) for info in archive.infolist()}
-    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, MemoryError):
         return None
 
 

@@ -13,7 +13,15 @@ from pathlib import Path
 import pypdfium2 as pdfium
 import pytest
 
-from hypermedia.engines.contract import CHECKPOINT_DIR, RESUME_DIR, keep_part, resumed_part, resumed_parts
+from hypermedia.engines.contract import (
+    CHECKPOINT_DIR,
+    MAX_PART_BYTES,
+    MAX_RESUMED_PART_BYTES,
+    RESUME_DIR,
+    keep_part,
+    resumed_part,
+    resumed_parts,
+)
 from hypermedia.engines.ocr.engine import run
 from hypermedia.jobs.checkpoints import key_of
 from services.storage.backends import OUTPUT_TYPE
@@ -123,3 +131,18 @@ def test_part_names_and_files_are_checked(tmp_path: Path) -> None:
     assert resumed_parts(out_dir) == ["page-00001"]
     key = key_of("derived/pool/obj/1/", str(uuid.uuid4()), "x" * 12)
     assert OUTPUT_TYPE.match(key.rsplit("/", 1)[1])
+
+
+def test_a_part_that_unpacks_to_more_than_its_bound_is_not_read(tmp_path: Path) -> None:
+    """Each file under MAX_PART_BYTES, the whole far over MAX_RESUMED_PART_BYTES (zeros pack to
+    nothing): the part is done again rather than read into the child's memory."""
+    out_dir = _job_dir(tmp_path / "job") / "output"
+    (tmp_path / "job" / RESUME_DIR).mkdir()
+    big = b"\0" * (MAX_PART_BYTES // 2)
+    with zipfile.ZipFile(
+        tmp_path / "job" / RESUME_DIR / "page-00001.zip", "w", zipfile.ZIP_DEFLATED
+    ) as archive:
+        for n in range(2 * MAX_RESUMED_PART_BYTES // len(big)):
+            archive.writestr(f"f{n}", big)
+    assert (tmp_path / "job" / RESUME_DIR / "page-00001.zip").stat().st_size < MAX_PART_BYTES
+    assert resumed_part(out_dir, "page-00001") is None

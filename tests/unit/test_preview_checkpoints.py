@@ -116,3 +116,25 @@ def test_a_part_of_other_params_or_a_damaged_one_is_rendered_again(
         keep_part(damaged / "output", part.stem, files | {"made_by.json": b"{}"})
         (damaged / CHECKPOINT_DIR / part.name).rename(part)
     assert not any(meta["resumed"] for _, meta in _preview(damaged, source).values())
+
+
+def test_a_part_is_taken_for_the_plans_pages_but_the_last_only(
+    source: Path, whole: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """A part with the right maker (its child could write one) that also holds the last page and
+    a file of no page: only the plan's pages but the last are taken."""
+    first, outputs = whole
+    made_by = None
+    for part in (first / CHECKPOINT_DIR).iterdir():
+        with zipfile.ZipFile(part) as archive:
+            made_by = archive.read("made_by.json")
+    assert made_by is not None
+    spoofed = tmp_path / "spoofed"
+    (spoofed / RESUME_DIR).mkdir(parents=True)
+    files = {"made_by.json": made_by, f"preview_p{PAGES}.webp": b"not the last page", "../../x": b"?"}
+    keep_part(spoofed / "output", "p001-006", files | {"preview_p1.webp": b"kept bytes of page 1"})
+    (spoofed / CHECKPOINT_DIR / "p001-006.zip").rename(spoofed / RESUME_DIR / "p001-006.zip")
+    resumed = _preview(spoofed, source)
+    assert [meta["resumed"] for _, meta in resumed.values()] == [True] + [False] * (PAGES - 1)
+    assert resumed[f"preview_p{PAGES}.webp"][0] == outputs[f"preview_p{PAGES}.webp"][0]
+    assert not (spoofed / "x").exists() and not (tmp_path / "x").exists()

@@ -79,7 +79,9 @@ KEEP_EVERY_SECONDS: Final = 1.0
 part (:class:`_PreviewParts`)."""
 _PREVIEW_PART: Final = re.compile(r"p[0-9]{3}-[0-9]{3}")
 PREVIEW_CHECKPOINT_FORMAT: Final = 1
-"""Version of a preview part's layout (``made_by.json`` and the pages' files by output name)."""
+"""Version of a preview part's layout (``made_by.json`` and the pages' files by output name), and
+of how pages are rendered and encoded: raise it when ``_encode``'s options or the plan's scale
+change, so that a part kept before is rendered again rather than mixed in."""
 MAX_TEXT_CHARS: Final = 20_000_000
 """Most characters ``text_extract`` returns for one document (``PDF_TEXT_LIMIT`` above it)."""
 MAX_INFO_STRING: Final = 1024
@@ -391,9 +393,10 @@ def _preview(
     document.init_forms()  # before any page is loaded: form fields are drawn on the pages
     output_format = params["format"]
     outputs = []
-    parts = _PreviewParts(Path(out_dir), params)
+    names = [f"preview_p{number}.{_EXTENSION_BY_FORMAT[output_format]}" for number, *_ in plan]
+    parts = _PreviewParts(Path(out_dir), params, set(names[:-1]))
     for position, (number, scale, width, height) in enumerate(plan, 1):
-        filename = f"preview_p{number}.{_EXTENSION_BY_FORMAT[output_format]}"
+        filename = names[position - 1]
         path = os.path.join(out_dir, filename)
         resumed = parts.restore(filename, path)
         if not resumed:
@@ -437,9 +440,10 @@ class _PreviewParts:
     :data:`KEEP_EVERY_SECONDS` of rendering passed, so a drained job renders again at most that
     much and a fast preview keeps a part a second, not one a page. A part is taken back only when
     its ``made_by.json`` is this part format's, this PDFium's and libvips', and the job's params'
-    (a drain during a deploy renders again rather than mixing encoders)."""
+    (a drain during a deploy renders again rather than mixing encoders), and only its files that
+    are ``wanted``: the pages of the plan but the last, which is never kept."""
 
-    def __init__(self, out_dir: Path, params: dict) -> None:
+    def __init__(self, out_dir: Path, params: dict, wanted: set[str]) -> None:
         self._out_dir = out_dir
         made_by = {
             "format": PREVIEW_CHECKPOINT_FORMAT,
@@ -452,7 +456,7 @@ class _PreviewParts:
         for part in resumed_parts(out_dir):
             files = resumed_part(out_dir, part) if _PREVIEW_PART.fullmatch(part) else None
             if files is not None and files.pop("made_by.json", None) == self._made_by:
-                self._kept |= files
+                self._kept |= {name: data for name, data in files.items() if name in wanted}
         self._pending: dict[str, bytes] = {}
         self._first = 0
         self._since = time.monotonic()
