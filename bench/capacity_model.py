@@ -109,7 +109,11 @@ CLASSES = (
         "ocr (3 pages)",
         "ocr",
         Figure(0.05, "OCR as a smaller part of the document traffic", assumed=True),
-        Figure(5.55, "docs/performance.md, OCR: 1.85 CPU s a page in the job children, × 3 pages (assumed)"),
+        Figure(
+            5.55,
+            "docs/performance.md, OCR: 1.85 CPU s a page in the job children (measured), × 3 pages",
+            assumed=True,
+        ),
         Figure(0.6, "pages differ in size and escalation", assumed=True),
         Figure(30.0, "OCR is background work", assumed=True),
         Figure(1.0, "a 3-page scan", assumed=True),
@@ -119,11 +123,17 @@ CLASSES = (
         "transcode_video (60 s, 1080p → 720p)",
         "media",
         Figure(0.02, "the seed's media as the smallest part", assumed=True),
-        Figure(34.2, "docs/performance.md, media: 11.4 CPU s per 20 s of 1080p → 720p, × 60 s (assumed)"),
+        Figure(
+            34.2,
+            "docs/performance.md, media: 11.4 CPU s per 20 s of 1080p → 720p (measured), × 60 s clips",
+            assumed=True,
+        ),
         Figure(1.0, "clip lengths vary widely", assumed=True),
         Figure(60.0, "a transcode after an upload", assumed=True),
         Figure(60.0, "60 s of 1080p at 8 Mbit/s", assumed=True),
-        Figure(13.0, "60 s of 720p at 1.7 Mbit/s (docs/performance.md's output rate)"),
+        Figure(
+            13.0, "60 s of 720p at 1.7 Mbit/s (docs/performance.md's output rate), 60 s clips", assumed=True
+        ),
     ),
 )
 
@@ -139,11 +149,12 @@ PLATFORM_CPU_MS = {
 every class (assumed: the other classes' per-job platform work is of the same calls)."""
 
 ROWS_DEFAULT: dict[str, Any] = {
-    "rows_per_job": 21.73,
-    "commits": 14.19,
-    "wal_bytes": 10804,
+    "rows_per_job": 21.81,
+    "commits": 15.18,
+    "write_commits": 6.79,
+    "wal_bytes": 10875,
     "stream_messages": {"IMAGES": 1.0},
-    "source": "bench/rows_per_job.py 2026-12-06, 200 thumbnails, idle writes subtracted",
+    "source": "bench/rows_per_job.py 2026-12-06 20:11 UTC, 200 thumbnails, idle writes subtracted",
 }
 JETSTREAM_OPS_PER_MESSAGE = Figure(
     3.0, "a publish, a pull that delivers it and its ack; doorbells and empty pulls not counted", assumed=True
@@ -151,7 +162,10 @@ JETSTREAM_OPS_PER_MESSAGE = Figure(
 
 CAPACITY = {
     "postgres primary commits/s": Figure(
-        30_000.0, "group commit on NVMe with synchronous_commit on; not measured here", assumed=True
+        30_000.0,
+        "durable commits (a transaction that wrote) a second: group commit on NVMe with"
+        " synchronous_commit on; not measured here",
+        assumed=True,
     ),
     "postgres primary CPU cores": Figure(
         32.0, "a large managed primary (64 vCPU) kept at half its CPU for failover headroom", assumed=True
@@ -234,7 +248,8 @@ def model(volume: int, rows: dict[str, Any], seed: int, peak_factor: float = PEA
         result.pools.append(size_pool(job, peak * job.share.value, seed))
     messages = peak * sum(rows["stream_messages"].values())
     result.shared = {
-        "postgres commits/s": peak * rows["commits"],
+        "postgres writing transactions/s": peak * rows["write_commits"],
+        "postgres transactions/s, reads included": peak * rows["commits"],
         "postgres rows written/s": peak * rows["rows_per_job"],
         "postgres WAL MB/s": peak * rows["wal_bytes"] / 1e6,
         "jetstream messages/s": messages,
@@ -248,7 +263,7 @@ def model(volume: int, rows: dict[str, Any], seed: int, peak_factor: float = PEA
         result.shared[f"{service} cores"] = peak * cpu.value / 1000
     busiest_stream = peak * max(j.share.value for j in CLASSES)
     result.utilisation = {
-        "postgres primary commits/s": result.shared["postgres commits/s"]
+        "postgres primary commits/s": result.shared["postgres writing transactions/s"]
         / CAPACITY["postgres primary commits/s"].value,
         "postgres primary CPU cores": result.shared["postgres cores"]
         / CAPACITY["postgres primary CPU cores"].value,
@@ -308,6 +323,20 @@ def report(results: list[Result], rows: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def sources() -> str:
+    """Every input :class:`Figure` of the model with its value, whether it is assumed, and its source."""
+    named: list[tuple[str, Figure]] = [("peak factor", PEAK_FACTOR), ("cores a pod", POD_CORES)]
+    named.append(("utilisation cap", MAX_UTILISATION))
+    for job in CLASSES:
+        for attr in ("share", "engine_cpu_seconds", "cv", "wait_target_seconds", "input_mb", "output_mb"):
+            named.append((f"{job.queue}: {attr}", getattr(job, attr)))
+    named += [(f"platform CPU ms a job: {k}", v) for k, v in PLATFORM_CPU_MS.items()]
+    named += [("JetStream operations a message", JETSTREAM_OPS_PER_MESSAGE)]
+    named += [(f"capacity: {k}", v) for k, v in CAPACITY.items()]
+    rows = [(name, f"{f.value:g}", "assumed" if f.assumed else "measured", f.source) for name, f in named]
+    return common.table(rows, ["input", "value", "kind", "source"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -323,17 +352,27 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the busiest hour's rate over the day's average (default {PEAK_FACTOR.value:g}, assumed)",
     )
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
+    parser.add_argument("--sources", action="store_true", help="also print every input with its source")
     args = parser.parse_args(argv)
     try:
         rows = json.loads(args.rows.read_text()) if args.rows else ROWS_DEFAULT
-        float(rows["rows_per_job"]), float(rows["commits"]), float(rows["wal_bytes"])
+        (
+            float(rows["rows_per_job"]),
+            float(rows["commits"]),
+            float(rows["write_commits"]),
+            float(rows["wal_bytes"]),
+        )
         sum(float(n) for n in rows["stream_messages"].values())
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         parser.error(f"--rows {args.rows}: not bench/rows_per_job.py --json output ({exc!r})")
+    if args.json is not None and not args.json.parent.is_dir():
+        parser.error(f"--json {args.json}: no such directory")
     if not 0 < args.peak_factor <= 24:
         parser.error("--peak-factor must be above 0 and at most 24")
     results = [model(volume, rows, args.seed, args.peak_factor) for volume in VOLUMES]
     print(report(results, rows))
+    if args.sources:
+        print("\n" + sources())
     if args.json:
         args.json.write_text(
             json.dumps([r.__dict__ | {"pools": [p.__dict__ for p in r.pools]} for r in results], indent=2)

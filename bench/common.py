@@ -155,18 +155,20 @@ def job_timings(dsn: str, job_ids: Sequence[str]) -> list[dict[str, Any]]:
     return [by_id[j] for j in job_ids]
 
 
-def wait_all_terminal(dsn: str, job_ids: Sequence[str], timeout: float, poll: float = 0.02) -> None:
+def wait_all_terminal(dsn: str, job_ids: Sequence[str], timeout: float, poll: float = 0.02) -> int:
     """Block until every job has ended (one cheap count query per ``poll``, not REST polling,
-    so the measurement does not load the gateway)."""
+    so the measurement does not load the gateway); returns how many queries it made."""
     deadline = time.monotonic() + timeout
+    queries = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             row = conn.execute(
                 "SELECT count(*) FROM processing_jobs WHERE job_id = ANY(%s::uuid[]) AND status = ANY(%s)",
                 (list(job_ids), list(TERMINAL)),
             ).fetchone()
+            queries += 1
             if row is not None and row[0] == len(job_ids):
-                return
+                return queries
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(job_ids) - (row[0] if row else 0)} jobs still running")
             time.sleep(poll)

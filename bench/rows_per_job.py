@@ -9,8 +9,10 @@ stream messages, per completed thumbnail (issue 24 item 2; the capacity model's 
    (heartbeats, worker metrics, pollers, the reaper's sweeps) per second.
 3. **Job window**: ``--jobs`` thumbnails of the PNG (32 px WebP), 4 submitters, until all ended.
 4. Each window is read from Postgres' cumulative statistics (``pg_stat_user_tables``:
-   ``n_tup_ins``, ``n_tup_upd``, ``n_tup_del``; ``pg_stat_database.xact_commit``;
-   ``pg_current_wal_lsn()``) and JetStream's stream states (last sequence), after waiting
+   ``n_tup_ins``, ``n_tup_upd``, ``n_tup_del``; ``pg_stat_database.xact_commit``, every
+   transaction, reads included), the next transaction id (``pg_current_snapshot()``: the
+   transactions that wrote, each assigned an id, subtransactions included), ``pg_current_wal_lsn()``
+   and JetStream's stream states (last sequence), after waiting
    :data:`STATS_FLUSH_SECONDS` for every backend's statistics to be flushed (PostgreSQL 15 flushes a
    backend's counters at most once a second and at the latest 10 s after it went idle:
    ``PGSTAT_IDLE_INTERVAL`` in ``pgstat.c``).
@@ -66,11 +68,12 @@ def pg_snapshot(dsn: str) -> dict[str, Any]:
                 "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables"
             ).fetchall()
         }
-        commits, wal = conn.execute(
-            "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn"
+        commits, wal, next_xid = conn.execute(
+            "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn,"
+            " pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
             " FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()  # type: ignore[misc]
-    return {"tables": tables, "commits": int(commits), "wal": int(wal)}
+    return {"tables": tables, "commits": int(commits), "wal": int(wal), "xids": int(next_xid)}
 
 
 async def _stream_sequences(nats_url: str) -> dict[str, int]:
@@ -106,11 +109,13 @@ def window(bp: common.BenchPlatform, nats_url: str, run: Any) -> tuple[dict[str,
     delta = {
         "tables": tables,
         "commits": pg_after["commits"] - pg_before["commits"],
+        "xids": pg_after["xids"] - pg_before["xids"],
         "wal": pg_after["wal"] - pg_before["wal"],
         "streams": {name: seq - js_before.get(name, 0) for name, seq in js_after.items()},
     }
-    # The flush waits are inside the window for the counters: scale the idle rate over them too.
-    return delta, seconds + 2 * STATS_FLUSH_SECONDS
+    # The wait after the run is inside the window for the counters (the one before it precedes
+    # the first snapshot): the idle rate is scaled over it too.
+    return delta, seconds + STATS_FLUSH_SECONDS
 
 
 def per_job(
@@ -137,6 +142,7 @@ def per_job(
     return {
         "tables": dict(sorted(tables.items(), key=lambda item: -sum(item[1]))),
         "commits": round(net(jobs_delta["commits"] - polls, idle["commits"]), 2),
+        "write_commits": round(net(jobs_delta["xids"], idle["xids"]), 2),
         "wal_bytes": round(net(jobs_delta["wal"], idle["wal"])),
         "stream_messages": {
             name: round(net(n, idle["streams"].get(name, 0)), 2)
@@ -146,6 +152,7 @@ def per_job(
         "idle_per_second": {
             "rows": round(sum(sum(c) for c in idle["tables"].values()) / idle_seconds, 2),
             "commits": round(idle["commits"] / idle_seconds, 2),
+            "write_commits": round(idle["xids"] / idle_seconds, 2),
             "wal_bytes": round(idle["wal"] / idle_seconds),
         },
     }
@@ -173,9 +180,7 @@ def run(jobs: int, idle_seconds: float, json_path: Path | None) -> dict[str, Any
                     ids = list(
                         threads.map(lambda _: common.submit_thumbnail(client, object_id, SIZE), range(jobs))
                     )
-                started = time.monotonic()
-                common.wait_all_terminal(bp.dsn, ids, timeout=60 + 2 * jobs, poll=POLL_SECONDS)
-                polls = int((time.monotonic() - started) / POLL_SECONDS) + 1
+                polls = common.wait_all_terminal(bp.dsn, ids, timeout=60 + 2 * jobs, poll=POLL_SECONDS)
 
             busy, busy_window = window(bp, nats_url, batch)
             figures = per_job(busy, busy_window, idle, idle_window, jobs, polls)
@@ -191,11 +196,15 @@ def run(jobs: int, idle_seconds: float, json_path: Path | None) -> dict[str, Any
             ["table", "inserts/job", "updates/job", "deletes/job", "rows/job"],
         )
     )
-    print(f"  Postgres: {figures['commits']} commits per job, {figures['wal_bytes']} WAL bytes per job")
+    print(
+        f"  Postgres: {figures['write_commits']} writing transactions (transaction ids assigned) and"
+        f" {figures['commits']} transactions in all per job, {figures['wal_bytes']} WAL bytes per job"
+    )
     print(f"  JetStream messages stored per job: {figures['stream_messages']}")
     idle_rate = figures["idle_per_second"]
     print(
-        f"  by itself, idle: {idle_rate['rows']} rows/s, {idle_rate['commits']} commits/s,"
+        f"  by itself, idle: {idle_rate['rows']} rows/s, {idle_rate['write_commits']} writing and"
+        f" {idle_rate['commits']} transactions in all/s,"
         f" {idle_rate['wal_bytes']} WAL bytes/s (subtracted above)"
     )
     figures["rows_per_job"] = total[3]
