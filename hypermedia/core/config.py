@@ -127,6 +127,11 @@ class InfraSettings(ComponentSettings):
     """host:port of the storage service's gRPC API."""
     log_level: str = Field("INFO", validation_alias="HM_LOG_LEVEL")
 
+    @field_validator("database_session_url", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: object) -> object:
+        return None if value == "" else value  # as ``hypermedia up`` reads an empty one
+
     @field_validator("database_url", "database_session_url")
     @classmethod
     def _postgres_url(cls, value: SecretStr | None) -> SecretStr | None:
