@@ -165,6 +165,9 @@ def test_behind_a_transaction_pooler_the_session_url_is_required_and_used(
         "none",
         "postgresql://u:pooledpw@pgbouncer:6432/hm",
     )
+    clean_env.setenv("HM_DATABASE_SESSION_URL", "")  # empty is unset, as hypermedia up reads it
+    assert config.load(InfraSettings).database_session_url is None
+    clean_env.delenv("HM_DATABASE_SESSION_URL")
     clean_env.setenv("HM_DATABASE_POOLER", "transaction")
     with pytest.raises(ConfigError, match="needs HM_DATABASE_SESSION_URL") as raised:
         config.load(InfraSettings)
