@@ -215,8 +215,11 @@ class OutboxRelay:
         try:
             await conn.add_listener(NOTIFY_CHANNEL, self._notified)
         except Exception:
-            await self._let_go(conn)
+            await self._unlisten(conn)
             return None
+        except asyncio.CancelledError:  # the relay stopping: never leave a listener on the pool's
+            await self._unlisten(conn)
+            raise
         return conn
 
     async def _let_go(self, conn: Any) -> None:
