@@ -225,7 +225,7 @@ def create_account_cmd(
         print(f"hypermedia admin: {exc}", file=sys.stderr)
         raise typer.Exit(config.ConfigError.exit_code) from None
     print(json.dumps(created))
-    if credits > 0 and created["credits"] == 0:  # created, but the grant failed (said on stderr)
+    if round(credits * 1000) > 0 and created["credits"] == 0:  # created, the grant failed (stderr says)
         raise typer.Exit(1)
 
 
