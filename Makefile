@@ -50,8 +50,10 @@ OCR_PACKAGES := tesseract-ocr tesseract-ocr-osd tesseract-ocr-eng tesseract-ocr-
 DEBIAN_PACKAGES := $(DOCWORKER_PACKAGES) $(OCR_PACKAGES)
 # What the suite needs besides: clamd for the virus-scan tests, and libseccomp's binding for the
 # system python3 that loads the worker seccomp profile (tests/security/test_worker_seccomp_profile.py),
-# and PgBouncer for the platform behind a transaction pooler (tests/e2e/test_pgbouncer.py).
-DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon python3-seccomp chromium chromium-driver pgbouncer
+# PgBouncer for the platform behind a transaction pooler (tests/e2e/test_pgbouncer.py), and
+# iproute2 and util-linux for workers on hosts of their own (tests/e2e/test_other_hosts.py).
+DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) clamav-daemon python3-seccomp chromium chromium-driver pgbouncer \
+	iproute2 util-linux mount
 
 demo: $(STAMP)
 	@scripts/ensure_debian_packages.sh $(DEBIAN_PACKAGES)

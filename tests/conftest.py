@@ -52,11 +52,7 @@ def tmp_root() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def database_url(tmp_root: Path) -> Iterator[str]:
     """DSN of a fresh, migrated database that lives for the test session."""
-    server = (
-        os.environ.get("TEST_DATABASE_URL")
-        or os.environ.get("HM_DATABASE_URL")
-        or os.environ.get("HM_DATABASE_URL")
-    )
+    server = os.environ.get("TEST_DATABASE_URL") or os.environ.get("HM_DATABASE_URL")
     name = f"hm_test_{secrets.token_hex(4)}"
     if server:
         import psycopg

@@ -155,6 +155,12 @@ class InfraSettings(ComponentSettings):
         """The DSN for session-state connections: ``HM_DATABASE_SESSION_URL``, else ``HM_DATABASE_URL``."""
         return (self.database_session_url or self.database_url).get_secret_value()
 
+    @property
+    def separate_session_url(self) -> str | None:
+        """``HM_DATABASE_SESSION_URL`` when it is set, else None: where a listener needs a
+        connection of its own because the pool's may go through a transaction pooler (ADR 0076)."""
+        return self.database_session_url.get_secret_value() if self.database_session_url else None
+
     @field_validator("nats_url")
     @classmethod
     def _nats_url(cls, value: str) -> str:

@@ -58,7 +58,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
     http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
     stack.push_async_callback(http.aclose)
 
-    relay = OutboxRelay(pool, nc, js, listen_dsn=infra.session_url if infra.database_session_url else None)
+    relay = OutboxRelay(pool, nc, js, listen_dsn=infra.separate_session_url)
     relay_stop = asyncio.Event()
     relay_task = asyncio.create_task(relay.run(relay_stop, settings.relay_poll_seconds))
 

@@ -52,7 +52,7 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
         work_dirs=tuple(Path(d) for d in settings.work_dirs.split(os.pathsep) if d),
         orphan_dir_seconds=settings.orphan_dir_seconds,
     )
-    relay = OutboxRelay(pool, nc, js, listen_dsn=infra.session_url if infra.database_session_url else None)
+    relay = OutboxRelay(pool, nc, js, listen_dsn=infra.separate_session_url)
     maintenance = MaintenanceRunner(
         pool, Settlement(peers.credits), runner=f"reaper/{socket.gethostname()}/{os.getpid()}"
     )
