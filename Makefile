@@ -6,12 +6,13 @@ VENV := .venv
 UV_VERSION := 0.13.8
 STAMP := $(VENV)/.synced
 
-.PHONY: demo test test-unprivileged test-fast lint proto proto-check bench chaos cluster fuzz up clean help
+.PHONY: test-deployed demo test test-unprivileged test-fast lint proto proto-check bench chaos cluster fuzz up clean help
 
 help:
 	@echo "make demo   - start the platform on embedded defaults and process sample photos, a PDF, an ODT, scans (OCR) and a generated phone video clip"
 	@echo "make test   - the whole test suite (real Postgres, NATS, libvips)"
 	@echo "make test-unprivileged - tests/security again as the unprivileged user hmtest"
+	@echo "make test-deployed - the shared platform's e2e tests through PgBouncer and on S3 (moto)"
 	@echo "make lint   - ruff, mypy, buf lint, stub drift, deploy linters"
 	@echo "make fuzz   - the REST API fuzzed against its OpenAPI document (schemathesis), 300 examples an operation"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
@@ -68,6 +69,13 @@ test: $(STAMP)
 # test skipped there for lack of root fails (issue 18 item 6; scripts/test_unprivileged.sh).
 test-unprivileged: $(STAMP)
 	scripts/test_unprivileged.sh
+
+# The e2e tests of the shared platform once more, on a deployment's infrastructure: every pool
+# through PgBouncer in transaction pooling and the S3 backend against a moto endpoint
+# (tests/e2e/deployed.py; issue 24 items 2 and 3).
+test-deployed: $(STAMP)
+	@scripts/ensure_debian_packages.sh $(DEBIAN_TEST_PACKAGES)
+	HM_TEST_PLATFORM=deployed $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/e2e
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -177,14 +177,51 @@ def start_platform(
     raise RuntimeError("platform not ready within 120 s")
 
 
+PLATFORM_MODE = os.environ.get("HM_TEST_PLATFORM", "local")
+"""The shared platform's infrastructure: ``local`` (Postgres directly, the local object store) or
+``deployed`` (through PgBouncer in transaction pooling and on S3 against a moto endpoint:
+:mod:`tests.e2e.deployed`, ``make test-deployed``)."""
+
+
+local_store_only = pytest.mark.skipif(
+    PLATFORM_MODE == "deployed", reason="the local object store's behaviour; the deployed platform is on S3"
+)
+"""For a shared-platform test of what only the local object store does (``make test-deployed``
+skips it; ``make test`` runs it)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``HM_TEST_PLATFORM=deployed`` only the tests on the shared platform run: the others
+    start platforms of their own, which the setting does not change."""
+    if PLATFORM_MODE != "deployed":
+        return
+    others = [item for item in items if "platform" not in getattr(item, "fixturenames", ())]
+    if others:
+        config.hook.pytest_deselected(items=others)
+        items[:] = [item for item in items if item not in others]
+
+
 @pytest.fixture(scope="session")
 def platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
-    running = start_platform(tmp_root, database_url, nats_url)
-    try:
-        yield running
-    finally:
-        code = running.stop()
-        assert code == 0, f"hypermedia up exited with {code}"
+    """The platform most e2e modules share, every service of ``hypermedia up``; on the
+    infrastructure :data:`PLATFORM_MODE` names."""
+    from tests.e2e.deployed import deployed_settings
+
+    if PLATFORM_MODE not in ("local", "deployed"):
+        raise ValueError(f"HM_TEST_PLATFORM must be local or deployed, not {PLATFORM_MODE!r}")
+    with contextlib.ExitStack() as stack:
+        extra = {}
+        if PLATFORM_MODE == "deployed":
+            extra = stack.enter_context(deployed_settings(tmp_root / "deployed", database_url))
+        running = start_platform(tmp_root, database_url, nats_url, **extra)
+        # The tests' own queries go to the server itself, as an operator's psql would: psycopg
+        # prepares a statement it runs often, which a transaction pooler cannot keep.
+        running.env["HM_DATABASE_URL"] = database_url
+        try:
+            yield running
+        finally:
+            code = running.stop()
+            assert code == 0, f"hypermedia up exited with {code}"
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pyvips
 from PIL import Image
 from standardwebhooks import Webhook
 
-from tests.e2e.conftest import RunningPlatform, upload, wait_for, wait_job
+from tests.e2e.conftest import RunningPlatform, local_store_only, upload, wait_for, wait_job
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
 
@@ -548,6 +548,7 @@ def test_webhook_of_a_completed_job_is_signed_and_delivered(
     assert event["data"]["actual_credits"] == job["actual_credits"]
 
 
+@local_store_only
 def test_originals_reach_the_worker_through_the_storage_hand_off(
     platform: RunningPlatform, client: httpx.Client
 ) -> None:

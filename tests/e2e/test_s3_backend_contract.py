@@ -3,7 +3,8 @@ with ``HM_STORAGE_BACKEND=s3`` against a separate S3 endpoint process, moto's se
 (``moto_server``: a stand-in that speaks S3's REST API, presigned URLs and POST policies
 included). The real thing is opt-in: set ``HM_TEST_S3_BUCKET`` (and ``HM_TEST_S3_ENDPOINT_URL``
 for an S3-compatible store other than AWS) with credentials in boto3's default chain, and the
-same tests run against that bucket, which must already carry the CORS rule below.
+same tests run against that bucket, which must already carry the CORS rule
+:data:`tests.e2e.deployed.CORS_RULE`.
 
 Uploads go to the bucket through storage; workers download originals by presigned GET and upload
 outputs by presigned POST policy with their SHA-256, straight to the endpoint; the API's output
@@ -14,9 +15,6 @@ keys from the bucket."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,75 +24,32 @@ import boto3
 import httpx
 import pytest
 
-from hypermedia.devtools.embedded import free_port
-from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_for, wait_job
+from tests.e2e.conftest import RunningPlatform, isolated_platform, upload, wait_job
+from tests.e2e.deployed import BUCKET, CREDENTIALS, moto_endpoint, s3_client
 from tests.helpers.pdf import text_pages_pdf
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_5.jpg"
-BUCKET = "hm-e2e"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-CORS_RULE = {
-    "AllowedOrigins": ["*"],
-    "AllowedMethods": ["GET", "HEAD", "PUT"],
-    "AllowedHeaders": ["Range", "Content-Type"],
-    "ExposeHeaders": ["Content-Length", "Content-Range", "Accept-Ranges", "ETag"],
-    "MaxAgeSeconds": 3600,
-}
-"""The bucket CORS rule of docs/operations.md, as a deployment sets it."""
-
-
 REAL_BUCKET = os.environ.get("HM_TEST_S3_BUCKET", "")
 """Opt-in: a real bucket to run against instead of moto."""
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_root: Path) -> Iterator[str]:
-    """``moto_server`` in a process of its own on a free port, with the bucket and its CORS rule;
-    or, opted in, the real endpoint (``HM_TEST_S3_ENDPOINT_URL``, AWS's when empty)."""
+    """``moto_server`` in a process of its own (:func:`deployed.moto_endpoint`), with the bucket
+    and its CORS rule; or, opted in, the real endpoint (``HM_TEST_S3_ENDPOINT_URL``, AWS's when
+    empty)."""
     if REAL_BUCKET:
         yield os.environ.get("HM_TEST_S3_ENDPOINT_URL", "")
         return
-    port = free_port()
-    server = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-    assert server is not None, "moto_server is installed with moto (the dev group)"
-    with (tmp_root / "moto.log").open("ab") as log:
-        process = subprocess.Popen(
-            [server, "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=log,
-            env={**os.environ, **CREDENTIALS},
-        )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        wait_for("moto_server", lambda: _answers(endpoint), 30)
-        s3 = _client(endpoint)
-        s3.create_bucket(Bucket=BUCKET)
-        s3.put_bucket_cors(Bucket=BUCKET, CORSConfiguration={"CORSRules": [CORS_RULE]})
+    with moto_endpoint(tmp_root) as endpoint:
         yield endpoint
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-def _answers(endpoint: str) -> bool:
-    try:
-        httpx.get(endpoint, timeout=1)
-    except httpx.HTTPError:
-        return False
-    return True
 
 
 def _client(endpoint: str) -> Any:
     """boto3's S3 client of the bucket: moto's credentials, or the default chain when opted in."""
     if REAL_BUCKET:
         return boto3.client("s3", endpoint_url=endpoint or None)
-    return boto3.client(
-        "s3",
-        region_name="us-east-1",
-        endpoint_url=endpoint,
-        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-    )
+    return s3_client(endpoint)
 
 
 @pytest.fixture(scope="module")
