@@ -11,6 +11,10 @@ bound. What the job is charged when it ends:
   ``pages`` 0.05). ``media_second`` (``transcode_video``, ``transcode_audio``): the seconds of
   media written, summed over the renditions, line ``media_seconds``; three renditions of a 60 s
   clip are 180 media seconds, 1.8 credits beside ``base`` 5 at 10 millicredits each.
+  ``megapixel`` (``thumbnail``, ``resize``, ``compress``, ``convert``): the megapixels of the
+  source image the job read (its first frame's width × height, :func:`megapixels`), line ``megapixels``; a
+  thumbnail of a 12 MP photo of 4 MB, held 1.8 credits, is charged 1.6 (``base`` 1,
+  ``megapixels`` 0.6 at 50 millicredits each); one of a 0.5 MP PNG of 2 MB 1.025, held 1.4.
 * **completed**, operation without one: its price; the bytes it read are its measure.
 * **failed because of its input** (:data:`INPUT_FAULTS`: it used up its CPU time or ran out of
   memory, or the input turned out corrupt while the engine decoded it), once its sandbox child ran: the
@@ -22,7 +26,7 @@ bound. What the job is charged when it ends:
   a drain), **or cancelled**: nothing; the hold is released.
 
 Each part beside ``base`` is a line of its own (``charge_lines``, a ledger row each): ``pages``,
-``media_seconds``, ``run_seconds``, and the OCR worker's ``ocr_escalation``, which its allowance bounds.
+``media_seconds``, ``megapixels``, ``run_seconds``, and the OCR worker's ``ocr_escalation``, which its allowance bounds.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ starved host's, not the input's."""
 RUN_SECOND_MILLICREDITS: Final = 10
 """Millicredits per second (rounded up) a failed job's sandbox child ran: the ``run_seconds``
 line of :func:`for_failure` (one credit per 100 s of a slot)."""
-WORK_LINES: Final = {"page": "pages", "media_second": "media_seconds"}
+WORK_LINES: Final = {"page": "pages", "media_second": "media_seconds", "megapixel": "megapixels"}
 """The charge line of each ``processing_profiles.work_unit``."""
 
 
@@ -88,6 +92,18 @@ def media_seconds(metadata: Iterable[Mapping[str, Any]]) -> float:
     return total
 
 
+def megapixels(metadata: Iterable[Mapping[str, Any]]) -> float:
+    """The megapixels of the source image the outputs report read: the largest
+    ``source_width`` × ``source_height`` / 10⁶ among them (every output of an image job reports
+    the one source it read; :func:`hypermedia.engines.imaging.ops.run`). 0 when none reports both."""
+    largest = 0.0
+    for meta in metadata:
+        width, height = meta.get("source_width"), meta.get("source_height")
+        if all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (width, height)):
+            largest = max(largest, width * height / 1_000_000)  # type: ignore[operator]
+    return largest
+
+
 def for_completion(
     *, price: int, base_cost: int, work_unit: str | None, per_unit: int, metadata: Iterable[Mapping[str, Any]]
 ) -> Charge:
@@ -101,6 +117,8 @@ def for_completion(
         units: float = pages(metadata)
     elif work_unit == "media_second":
         units = media_seconds(metadata)
+    elif work_unit == "megapixel":
+        units = megapixels(metadata)
     else:
         raise ValueError(f"no measure of work unit {work_unit!r}")
     base = min(base_cost, price)

@@ -105,7 +105,7 @@ class LedgerEntryOut(BaseModel):
     at: str = Field(description="when (ISO 8601, UTC)")
     kind: str = Field(description="grant, hold, commit or release")
     line: str = Field(
-        description="a commit's charge line: base, pages, media_seconds, run_seconds, ocr_escalation; base otherwise"
+        description="a commit's charge line: base, pages, media_seconds, megapixels, run_seconds, ocr_escalation; base otherwise"
     )
     credits: float = Field(
         description="a grant (+) and a commit (-): the change of the balance; a hold and a release: "
@@ -164,7 +164,7 @@ class PriceOut(BaseModel):
     per_mb_credits: float | None
     escalation_per_page_credits: float | None
     work_unit: str | None = Field(
-        description="What a completed job is charged by beside base_credits (page, media_second), never more "
+        description="What a completed job is charged by beside base_credits (page, media_second, megapixel), never more "
         "than its price by size; null: charged that price"
     )
     per_unit_credits: float | None

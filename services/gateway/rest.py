@@ -972,7 +972,7 @@ def build_app(
     ) -> dict[str, Any]:
         """The caller's ledger, newest first, a page at a time: ``{"entries": [...],
         "next_cursor"}``. Every grant, hold, release and commit, a commit one entry per charge
-        line (``base``, ``pages``, ``media_seconds``, ``run_seconds``, ``ocr_escalation``), each with its job's
+        line (``base``, ``pages``, ``media_seconds``, ``megapixels``, ``run_seconds``, ``ocr_escalation``), each with its job's
         operation, status and error code: what explains every charge. 422 ``INVALID_CURSOR``."""
         return ledger_json(await api.accounts.ledger(who, limit, cursor))
 

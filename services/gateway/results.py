@@ -279,7 +279,7 @@ class LedgerEntry:
     kind: str
     """``grant``, ``hold``, ``commit`` or ``release``."""
     line: str
-    """A commit's charge line (``base``, ``pages``, ``media_seconds``, ``run_seconds``, ``ocr_escalation``); ``base`` otherwise."""
+    """A commit's charge line (``base``, ``pages``, ``media_seconds``, ``megapixels``, ``run_seconds``, ``ocr_escalation``); ``base`` otherwise."""
     millicredits: int
     """A grant (+) and a commit (−): the change of the balance; a hold and a release: the
     amount held or given back (+), the balance unchanged."""

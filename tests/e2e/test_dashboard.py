@@ -113,14 +113,10 @@ def test_sign_in_look_at_a_job_cancel_and_run_again_sign_out(
         [c.text for c in row.find_elements(By.TAG_NAME, "td")]
         for row in browser.find_elements(By.CSS_SELECTOR, "#ledger tr")[1:]
     ]
-    assert [
-        "commit",
-        "base",
-        f"-{thumbnail['actual_credits']:.3f}",
-        thumbnail["job_id"][:8],
-        "thumbnail",
-        "completed",
-    ] in [row[1:7] for row in ledger], ledger
+    short_id = thumbnail["job_id"][:8]
+    megapixels = f"-{thumbnail['charge_lines']['megapixels']:.3f}"
+    for line in (["commit", "base", "-1.000"], ["commit", "megapixels", megapixels]):
+        assert [*line, short_id, "thumbnail", "completed"] in [row[1:7] for row in ledger], ledger
     assert any(row[1:3] == ["hold", "base"] and row[5:7] == ["pdf_info", "queued"] for row in ledger), ledger
     assert any(row[1] == "grant" and row[3] == "+50.000" for row in ledger), ledger
     browser.get(f"{base}/dashboard/workers")

@@ -75,8 +75,14 @@ def test_upload_process_and_get_job_over_grpc(platform: RunningPlatform, account
         for e in asyncio.run(ledger()).entries
         if e.job_id == job.job_id
     ]
-    assert entries == [
-        ("commit", "base", f"-{job.actual_credits}", "thumbnail", "completed"),
+    # Charged its megapixels (1800 × 1200 at 0.05 a megapixel, 0.108) cut to what its bytes held.
+    megapixels = job.charge_lines["megapixels"]
+    assert float(megapixels) == pytest.approx(float(job.estimated_credits) - 1, abs=1e-9)
+    assert float(megapixels) < 0.108
+    assert job.actual_credits == job.estimated_credits
+    assert sorted(entries) == [
+        ("commit", "base", "-1.000", "thumbnail", "completed"),
+        ("commit", "megapixels", f"-{megapixels}", "thumbnail", "completed"),
         ("hold", "base", job.estimated_credits, "thumbnail", "completed"),
     ]
 

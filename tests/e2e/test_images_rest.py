@@ -63,7 +63,9 @@ def test_thumbnail_of_every_exif_orientation_is_upright_256x171(
     job = wait_job(client, created.json()["job_ids"][0])
     assert job["status"] == "completed", job
     assert job["attempt_count"] == 1
-    assert job["actual_credits"] == job["estimated_credits"] > 0
+    # 2.16 megapixels at 0.05 (0.108) are more than the 0.067 its 347 KB held beside base: cut.
+    assert job["actual_credits"] == job["estimated_credits"] > 1
+    assert job["charge_lines"] == {"megapixels": round(job["estimated_credits"] - 1, 3)}
     [output] = job["outputs"]
     assert output["output_type"] == "thumbnail"
     assert output["mime_type"] == "image/webp"
@@ -217,6 +219,38 @@ def _png_header_only(width: int, height: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     idat = zlib.compress(b"\x00" * 64)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def test_an_image_with_many_bytes_a_pixel_is_charged_its_megapixels_not_its_bytes(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """A 1000 × 500 PNG of noise (about 1.5 MB: PNG cannot compress noise) holds 1 + 0.2 a MB by
+    its bytes and is charged 1 + 0.05 × 0.5 megapixels = 1.025 (ADR 0068's megapixel addendum);
+    the ledger has the two commit lines."""
+    noise = pyvips.Image.new_from_memory(secrets.token_bytes(1000 * 500 * 3), 1000, 500, 3, "uchar")
+    path = tmp_path / "noise.png"
+    noise.pngsave(str(path))
+    assert path.stat().st_size > 1_000_000
+    obj = upload(client, path)
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["thumbnail"]}
+    )
+    assert created.status_code == 202, created.text
+    job = wait_job(client, created.json()["job_ids"][0])
+    assert job["status"] == "completed", job
+    assert job["estimated_credits"] > 1.2
+    assert (job["actual_credits"], job["charge_lines"]) == (1.025, {"megapixels": 0.025})
+    [output] = job["outputs"]
+    assert (output["metadata"]["source_width"], output["metadata"]["source_height"]) == (1000, 500)
+
+    def commit_lines() -> dict[str, float] | None:
+        entries = client.get("/v1/account/ledger").json()["entries"]
+        lines = {
+            e["line"]: e["credits"] for e in entries if e["job_id"] == job["job_id"] and e["kind"] == "commit"
+        }
+        return lines or None
+
+    assert wait_for("the commit in the ledger", commit_lines, 10) == {"base": -1.0, "megapixels": -0.025}
 
 
 @pytest.mark.parametrize(

@@ -47,15 +47,20 @@ def test_every_operation_with_its_schema_price_and_limits(
         "base_credits": 1.0,
         "per_mb_credits": 0.2,
         "escalation_per_page_credits": 0.0,
-        "work_unit": None,
-        "per_unit_credits": 0.0,
+        "work_unit": "megapixel",
+        "per_unit_credits": 0.05,
     }
     assert operations["ocr"]["price"]["escalation_per_page_credits"] == 0.3
-    # Charged by the page, within the price by size (ADR 0068).
+    # Charged by the page or the megapixel, within the price by size (ADR 0068).
     assert {
         name: (operations[name]["price"]["work_unit"], operations[name]["price"]["per_unit_credits"])
-        for name in ("pdf_preview", "ocr")
-    } == {"pdf_preview": ("page", 0.05), "ocr": ("page", 0.2)}
+        for name in ("pdf_preview", "ocr", "compress", "probe")
+    } == {
+        "pdf_preview": ("page", 0.05),
+        "ocr": ("page", 0.2),
+        "compress": ("megapixel", 0.075),
+        "probe": (None, 0.0),
+    }
     assert "size_bytes / 1048576" in body["price_formula"]
 
     # The schema judges params as the gateway does, on both sides of a bound.
@@ -97,7 +102,8 @@ def test_every_operation_with_its_schema_price_and_limits(
     )
     assert listed.price_formula == body["price_formula"]
     assert (by_name["ocr"].work_unit, by_name["ocr"].per_unit_credits) == ("page", "0.200")
-    assert (grpc_thumbnail.work_unit, grpc_thumbnail.per_unit_credits) == ("", "0.000")
+    assert (grpc_thumbnail.work_unit, grpc_thumbnail.per_unit_credits) == ("megapixel", "0.050")
+    assert (by_name["probe"].work_unit, by_name["probe"].per_unit_credits) == ("", "0.000")
 
 
 def test_operations_need_an_api_key(platform: RunningPlatform) -> None:

@@ -41,9 +41,17 @@ from tests.integration.conftest import Broker, Credits, Seeder, Tenant
 
 BALANCE = 10_000
 HOLD = 1_200
+COMMITTED = [("hold", HOLD), ("commit", -1000), ("commit", -(HOLD - 1000))]
+"""The ledger of a completed thumbnail: its hold, then base and its megapixels cut to the hold."""
 """The seeder's ``estimated_credits``: what every job holds, and a completed thumbnail is charged."""
 ORIGINAL = b"original bytes of the source object"
-THUMB = (OutputFile("thumbnail", "thumb.webp", "image/webp", {"width": 4}), b"RIFF\x10\x00\x00\x00WEBPthumb")
+THUMB = (
+    # The source's size, as the imaging engine reports it: 12 megapixels, charged past the hold.
+    OutputFile(
+        "thumbnail", "thumb.webp", "image/webp", {"width": 4, "source_width": 4000, "source_height": 3000}
+    ),
+    b"RIFF\x10\x00\x00\x00WEBPthumb",
+)
 PREVIEW = (OutputFile("preview", "preview.png", "image/png", {"width": 8}), b"\x89PNG\r\n\x1a\npreview")
 OTHER_WORKER = "local/imageworker/elsewhere/boot/g0/1"
 
@@ -202,7 +210,7 @@ async def test_completed_job_registers_its_outputs_and_commits(
     assert rig.storage.calls == ["GrantJob", "RegisterOutputs"]
     assert rig.storage.deleted == []
     assert await rig.attempts(job_id) == [(1, rig.runtime.worker_id, "completed", None)]
-    assert await rig.credit(job_id) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
+    assert await rig.credit(job_id) == ("committed", COMMITTED)
     assert rig.sandbox.cleaned == [job_id]
 
 
@@ -393,7 +401,7 @@ async def test_drain_hands_back_waiting_jobs_and_lets_the_running_one_finish(
 
     assert [run.job_id for run in rig.sandbox.runs] == [running]
     assert await rig.status(running) == "completed"
-    assert await rig.credit(running) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
+    assert await rig.credit(running) == ("committed", COMMITTED)
     for job_id in waiting:
         row = await rig.row(job_id)
         assert (row["status"], row["claimed_by"], row["lost_attempts"]) == ("queued", None, 1)
@@ -546,7 +554,7 @@ async def test_cancel_while_waiting_for_admission_never_runs(
     assert [run.job_id for run in rig.sandbox.runs] == [running]
     assert await rig.attempts(waiting) == [(1, rig.runtime.worker_id, "cancelled", "CANCELLED")]
     assert await rig.credit(waiting) == ("released", [("hold", HOLD), ("release", HOLD)])
-    assert await rig.credit(running) == ("committed", [("hold", HOLD), ("commit", -HOLD)])
+    assert await rig.credit(running) == ("committed", COMMITTED)
 
 
 async def _noop_job(rig: Rig) -> str:

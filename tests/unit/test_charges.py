@@ -43,8 +43,55 @@ def test_an_operation_priced_by_size_is_charged_its_price() -> None:
 
 
 def test_an_unknown_unit_is_refused() -> None:
-    with pytest.raises(ValueError, match="megapixel"):
-        charges.for_completion(price=5000, base_cost=5000, work_unit="megapixel", per_unit=1, metadata=[])
+    with pytest.raises(ValueError, match="gigaflop"):
+        charges.for_completion(price=5000, base_cost=5000, work_unit="gigaflop", per_unit=1, metadata=[])
+
+
+THUMBNAIL = {"base_cost": 1000, "per_mb": 200, "work_unit": "megapixel", "per_unit": 50}
+"""Migration 0001 and 0036's thumbnail profile."""
+
+
+def _thumbnail(size_bytes: int, width: int, height: int) -> charges.Charge:
+    return charges.for_completion(
+        price=price(THUMBNAIL["base_cost"], THUMBNAIL["per_mb"], size_bytes),
+        base_cost=THUMBNAIL["base_cost"],
+        work_unit="megapixel",
+        per_unit=THUMBNAIL["per_unit"],
+        metadata=[{"width": 256, "height": 171, "source_width": width, "source_height": height}],
+    )
+
+
+@pytest.mark.parametrize(
+    ("size_bytes", "width", "height", "expected"),
+    [
+        # A 12 MP photo of 4 MiB: 1000 + 12 × 50 measured, 1800 held.
+        (4 * MIB, 4000, 3000, charges.Charge(1600, {"megapixels": 600})),
+        # A 0.5 MP PNG of 2 MiB: 25 millicredits of pixels where 400 of bytes were held.
+        (2 * MIB, 1000, 500, charges.Charge(1025, {"megapixels": 25})),
+        # tests/data/exif-orientation/Landscape_1.jpg, 1800 × 1200 in 347,327 bytes: 108 measured, 67 held.
+        (347_327, 1800, 1200, charges.Charge(1067, {"megapixels": 67})),
+        # A 1 × 1 GIF: a fraction of a millicredit, rounded up.
+        (43, 1, 1, charges.Charge(1001, {"megapixels": 1})),
+    ],
+)
+def test_an_image_is_charged_the_megapixels_it_decoded_within_its_hold(
+    size_bytes: int, width: int, height: int, expected: charges.Charge
+) -> None:
+    assert _thumbnail(size_bytes, width, height) == expected
+
+
+def test_megapixels_are_the_largest_source_any_output_reports() -> None:
+    metadata = [
+        {"source_width": 2000, "source_height": 1000},
+        {"source_width": 2000, "source_height": 1000},
+        {"source_width": 10, "source_height": 10},
+        {"source_width": True, "source_height": 10**9},
+        {"source_width": -5, "source_height": 10**9},
+        {"source_width": "4000", "source_height": 3000},
+        {"width": 4000, "height": 3000},
+    ]
+    assert charges.megapixels(metadata) == 2.0
+    assert charges.megapixels([{}]) == 0.0
 
 
 def test_a_ladder_is_charged_the_seconds_of_every_rendition_once() -> None:
