@@ -31,10 +31,15 @@ Each part beside ``base`` is a line of its own (``charge_lines``, a ledger row e
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from hypermedia.jobs import facts
+
+log = logging.getLogger(__name__)
 
 INPUT_FAULTS: Final = frozenset({"TIMEOUT", "RESOURCE_LIMIT", "CORRUPT_INPUT"})
 """Error codes that are the input's fault when the sandbox child reports them: the job that
@@ -95,13 +100,14 @@ def media_seconds(metadata: Iterable[Mapping[str, Any]]) -> float:
 def megapixels(metadata: Iterable[Mapping[str, Any]]) -> float:
     """The megapixels of the source image the outputs report read: the largest
     ``source_width`` × ``source_height`` / 10⁶ among them (every output of an image job reports
-    the one source it read; :func:`hypermedia.engines.imaging.ops.run`). 0 when none reports both."""
-    largest = 0.0
-    for meta in metadata:
-        width, height = meta.get("source_width"), meta.get("source_height")
-        if all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (width, height)):
-            largest = max(largest, width * height / 1_000_000)  # type: ignore[operator]
-    return largest
+    the one source it read; :func:`hypermedia.engines.imaging.ops.run`), each side bounded as
+    :func:`hypermedia.jobs.facts.of` bounds it (a hostile child's word). 0 when none reports both."""
+    return _pixels(metadata) / 1_000_000
+
+
+def _pixels(metadata: Iterable[Mapping[str, Any]]) -> int:
+    found = facts.of(metadata)
+    return int(found.get("width", 0)) * int(found.get("height", 0))
 
 
 def for_completion(
@@ -110,21 +116,22 @@ def for_completion(
     """The charge of a completed job whose profile prices ``work_unit`` (None: priced by size) at
     ``per_unit`` millicredits, from its outputs' ``metadata``, ``price`` being what it held
     without allowances (``processing_jobs.estimated_credits``); a fraction of a millicredit is
-    rounded up. Raises ValueError for a unit this module does not measure."""
+    rounded up. A unit this module does not measure (a profile of a newer release, read by an
+    older worker during a rollout) is charged the price, with a warning."""
     if work_unit is None:
         return Charge(price)
     if work_unit == "page":
-        units: float = pages(metadata)
+        work_millicredits = per_unit * pages(metadata)
     elif work_unit == "media_second":
-        units = media_seconds(metadata)
+        # 0.1 s × 3 is 0.3, not 0.30000000000000004
+        work_millicredits = math.ceil(round(per_unit * media_seconds(metadata), 6))
     elif work_unit == "megapixel":
-        units = megapixels(metadata)
+        work_millicredits = -(-per_unit * _pixels(metadata) // 1_000_000)
     else:
-        raise ValueError(f"no measure of work unit {work_unit!r}")
+        log.warning("no measure of work unit %r (a newer release's profile): charged the price", work_unit)
+        return Charge(price)
     base = min(base_cost, price)
-    work = min(
-        math.ceil(round(per_unit * units, 6)), price - base
-    )  # 0.1 s × 3 is 0.3, not 0.30000000000000004
+    work = min(work_millicredits, price - base)
     return Charge(base + work, {WORK_LINES[work_unit]: work} if work else {})
 
 

@@ -5,8 +5,10 @@ image's ``width`` and ``height``, a document's ``pages``, a recording's ``media_
 
 They come from the outputs' metadata the sandboxed engine reported, so they are a hostile file's
 child's word: each is checked for type and bounded here (the worker, before it sends them) and
-again by storage (:func:`checked`, before it stores them). A lie moves only estimates: the credits
-a job holds are its price by size, never these.
+again by storage (:func:`checked`, before it stores them). The credits a job holds are its price
+by size, never these; an image job's charge is measured on its ``width`` × ``height``
+(:func:`hypermedia.jobs.charges.megapixels`), so a lie there can lower that charge to ``base``,
+never raise it past the hold.
 """
 
 from __future__ import annotations

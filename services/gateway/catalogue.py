@@ -38,7 +38,7 @@ class OperationInfo:
     escalation_per_page_millicredits: int
     """``ocr``: the most its escalation line adds per page (held beside the price; 0 elsewhere)."""
     work_unit: str | None
-    """What a completed job is charged by beside its base (``page``, ``media_second``), within its price; None:
+    """What a completed job is charged by beside its base (``page``, ``media_second``, ``megapixel``), within its price; None:
     charged its price (:mod:`hypermedia.jobs.charges`)."""
     per_unit_millicredits: int
     timeout_seconds: int

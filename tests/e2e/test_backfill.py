@@ -173,7 +173,8 @@ def test_a_run_regenerates_exactly_the_outdated_thumbnails_at_its_rate_once_each
     ).fetchall()
     assert len(outputs) == 290 and {n for _, n in outputs} == {1}
     charges = pg.execute(
-        "SELECT job_id, count(*) FROM credit_ledger WHERE kind = 'commit' AND job_id = ANY(%s::uuid[])"
+        "SELECT job_id, count(*) FROM credit_ledger WHERE kind = 'commit' AND line = 'base'"
+        " AND job_id = ANY(%s::uuid[])"
         " GROUP BY job_id",
         (job_ids,),
     ).fetchall()

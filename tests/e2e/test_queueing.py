@@ -161,7 +161,9 @@ def test_the_same_job_delivered_twice_has_one_output_row_and_one_charge(
         try:
             outputs = await conn.fetchval("SELECT count(*) FROM job_outputs WHERE job_id = $1", job_id)
             commits = await conn.fetchval(
-                "SELECT count(*) FROM credit_ledger WHERE job_id = $1 AND kind = 'commit'", job_id
+                # A charge is one commit a line (base, megapixels): count its base lines.
+                "SELECT count(*) FROM credit_ledger WHERE job_id = $1 AND kind = 'commit' AND line = 'base'",
+                job_id,
             )
             objects = await conn.fetchval(
                 "SELECT count(*) FROM objects WHERE source_object_id = $1", obj["object_id"]

@@ -41,9 +41,9 @@ from tests.integration.conftest import Broker, Credits, Seeder, Tenant
 
 BALANCE = 10_000
 HOLD = 1_200
+"""The seeder's ``estimated_credits``: what every job holds, and a completed thumbnail is charged."""
 COMMITTED = [("hold", HOLD), ("commit", -1000), ("commit", -(HOLD - 1000))]
 """The ledger of a completed thumbnail: its hold, then base and its megapixels cut to the hold."""
-"""The seeder's ``estimated_credits``: what every job holds, and a completed thumbnail is charged."""
 ORIGINAL = b"original bytes of the source object"
 THUMB = (
     # The source's size, as the imaging engine reports it: 12 megapixels, charged past the hold.

@@ -42,9 +42,14 @@ def test_an_operation_priced_by_size_is_charged_its_price() -> None:
     assert charge == charges.Charge(1204)
 
 
-def test_an_unknown_unit_is_refused() -> None:
-    with pytest.raises(ValueError, match="gigaflop"):
-        charges.for_completion(price=5000, base_cost=5000, work_unit="gigaflop", per_unit=1, metadata=[])
+def test_a_unit_of_a_newer_release_is_charged_the_price(caplog: pytest.LogCaptureFixture) -> None:
+    """A worker of this release reading a profile a later migration gave a new unit (a rollout
+    that migrated before the workers were replaced) charges the price it held, never more."""
+    charge = charges.for_completion(
+        price=5000, base_cost=1000, work_unit="gigaflop", per_unit=1, metadata=[{}]
+    )
+    assert charge == charges.Charge(5000)
+    assert "gigaflop" in caplog.text
 
 
 THUMBNAIL = {"base_cost": 1000, "per_mb": 200, "work_unit": "megapixel", "per_unit": 50}
@@ -92,6 +97,28 @@ def test_megapixels_are_the_largest_source_any_output_reports() -> None:
     ]
     assert charges.megapixels(metadata) == 2.0
     assert charges.megapixels([{}]) == 0.0
+
+
+@pytest.mark.parametrize("side", [10**6 + 1, 10**157, 10**200, 2**63])
+def test_sides_past_the_facts_bound_are_not_measured_and_never_crash(side: int) -> None:
+    """A hostile child's sizes past :data:`facts.MAX_SIDE` are ignored (0 megapixels, base only),
+    not an overflow that would fail the job uncharged."""
+    metadata = [{"source_width": side, "source_height": side}]
+    assert charges.megapixels(metadata) == 0.0
+    charge = charges.for_completion(
+        price=9000, base_cost=1000, work_unit="megapixel", per_unit=50, metadata=metadata
+    )
+    assert charge == charges.Charge(1000)
+
+
+def test_the_largest_bounded_image_is_charged_in_whole_millicredits() -> None:
+    """10⁶ × 10⁶ pixels at 50 millicredits a megapixel, integer arithmetic, cut to the hold."""
+    metadata = [{"source_width": 10**6, "source_height": 10**6}]
+    assert charges.megapixels(metadata) == 1_000_000.0
+    charge = charges.for_completion(
+        price=9000, base_cost=1000, work_unit="megapixel", per_unit=50, metadata=metadata
+    )
+    assert charge == charges.Charge(9000, {"megapixels": 8000})
 
 
 def test_a_ladder_is_charged_the_seconds_of_every_rendition_once() -> None:

@@ -574,7 +574,9 @@ class LedgerEntry(_message.Message):
     kind: _builtins.str
     """grant, hold, commit or release."""
     line: _builtins.str
-    """The charge line of a commit (base, pages, media_seconds, run_seconds, ocr_escalation); base otherwise."""
+    """The charge line of a commit (base, pages, media_seconds, megapixels, run_seconds,
+    ocr_escalation); base otherwise.
+    """
     millicredits: _builtins.int
     """A grant (+) and a commit (-): the change of the balance; a hold and a release: the amount
     held or given back to what is available (+), the balance unchanged.

@@ -166,8 +166,8 @@ class CreditsServiceServicer:
 
     def ListLedger(self, request, context):
         """ListLedger pages through an account's ledger, newest first: every grant, hold, release and
-        commit, a commit one entry per charge line (base, pages, media_seconds, run_seconds, ocr_escalation), so the
-        entries explain every charge. `page_size` 1–1000 (0: 50); `page_token` from the previous
+        commit, a commit one entry per charge line (base, pages, media_seconds, megapixels,
+        run_seconds, ocr_escalation), so the entries explain every charge. `page_size` 1–1000 (0: 50); `page_token` from the previous
         page's `next_page_token`, empty on the last page. INVALID_ARGUMENT for a malformed id or
         token.
         """

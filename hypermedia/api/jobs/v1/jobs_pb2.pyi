@@ -1704,7 +1704,9 @@ class LedgerEntry(_message.Message):
     kind: _builtins.str
     """grant, hold, commit or release."""
     line: _builtins.str
-    """A commit's charge line (base, pages, media_seconds, run_seconds, ocr_escalation); base otherwise."""
+    """A commit's charge line (base, pages, media_seconds, megapixels, run_seconds, ocr_escalation);
+    base otherwise.
+    """
     credits: _builtins.str
     """Decimal credits. A grant ("5.000") and a commit ("-1.050"): the change of the balance; a hold
     and a release ("1.600"): the amount held or given back, the balance unchanged.
@@ -1913,8 +1915,8 @@ class OperationInfo(_message.Message):
     memory_limit_mb: _builtins.int
     max_duration_seconds: _builtins.int
     work_unit: _builtins.str
-    """What a completed job is charged by beside base_credits ("page", "media_second"), within its price by size;
-    empty: charged its price (ADR 0068).
+    """What a completed job is charged by beside base_credits ("page", "media_second", "megapixel"),
+    within its price by size; empty: charged its price (ADR 0068).
     """
     per_unit_credits: _builtins.str
     """Credits per work_unit ("0.050"; "0.000" without one)."""
