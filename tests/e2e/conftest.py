@@ -28,6 +28,7 @@ from hypermedia.devtools.embedded import free_port
 from hypermedia.infra import mtls
 
 REPO = Path(__file__).resolve().parents[2]
+E2E = Path(__file__).resolve().parent
 T = TypeVar("T")
 
 
@@ -191,11 +192,15 @@ skips it; ``make test`` runs it)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``HM_TEST_PLATFORM=deployed`` only the tests on the shared platform run: the others
-    start platforms of their own, which the setting does not change."""
+    """With ``HM_TEST_PLATFORM=deployed`` only the e2e tests on the shared platform run: the others
+    start platforms of their own, or none, which the setting does not change."""
     if PLATFORM_MODE != "deployed":
         return
-    others = [item for item in items if "platform" not in getattr(item, "fixturenames", ())]
+    others = [
+        item
+        for item in items
+        if "platform" not in getattr(item, "fixturenames", ()) or not item.path.is_relative_to(E2E)
+    ]
     if others:
         config.hook.pytest_deselected(items=others)
         items[:] = [item for item in items if item not in others]

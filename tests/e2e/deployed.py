@@ -82,15 +82,26 @@ def moto_endpoint(log_dir: Path) -> Iterator[str]:
         yield endpoint
     finally:
         process.terminate()
-        process.wait(30)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @contextlib.contextmanager
 def pgbouncer_for(data_dir: Path, database_url: str) -> Iterator[EmbeddedPgBouncer]:
-    """PgBouncer (transaction pooling) in front of ``database_url``'s server, stopped at the end."""
+    """PgBouncer (transaction pooling) in front of ``database_url``'s server, stopped at the end.
+    The server must let ``postgres`` in without a password from this machine (the embedded one,
+    or a local server with trust authentication): ValueError for a DSN with another user or a
+    password."""
     parts = urlsplit(database_url)
-    host = parts.hostname or parse_qs(parts.query)["host"][0]
-    pgbouncer = EmbeddedPgBouncer(data_dir, host, parts.port or 5432).start()
+    if (parts.username or "postgres") != "postgres" or parts.password:
+        raise ValueError("the deployed test platform needs a DSN of user postgres without a password")
+    query = parse_qs(parts.query)
+    host = parts.hostname or query["host"][0]
+    port = parts.port or int(query.get("port", ["5432"])[0])
+    pgbouncer = EmbeddedPgBouncer(data_dir, host, port).start()
     try:
         yield pgbouncer
     finally:

@@ -19,14 +19,17 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import logging
 import secrets
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 HOSTROOT = Path(__file__).with_name("hostroot.py")
 ROOTS = Path("/run/hm-hosts")
@@ -97,7 +100,12 @@ class Host:
         proc = self.popen(
             argv, env, read_only=read_only, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/"
         )
-        out, _ = proc.communicate(timeout=timeout)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
         text = out.decode(errors="replace")
         assert proc.returncode == 0, f"{argv} on {self.name} exited {proc.returncode}:\n{text[-3000:]}"
         return text
@@ -122,8 +130,12 @@ class Network:
             raise RuntimeError("no free 10.231.N.0/24 for a test network")
         self.bridge = f"hmbr{self.tag}"
         _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        try:
+            _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def gateway(self) -> str:
@@ -137,7 +149,7 @@ class Network:
         address = str(self.subnet.network_address + 10 + k)
         _ip("netns", "add", name)
         host = Host(self, name, address)
-        self.hosts.append(host)
+        self.hosts.append(host)  # removed by close() from here on, whatever fails below
         _ip("link", "add", f"hmv{self.tag}{k}", "type", "veth", "peer", "name", "eth0", "netns", name)
         _ip("link", "set", f"hmv{self.tag}{k}", "master", self.bridge, "up")
         _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
@@ -146,13 +158,17 @@ class Network:
         return host
 
     def close(self) -> None:
+        """Delete every host's namespace (and so its veth pair), its root's empty mount point, and
+        the bridge; each step is tried whatever the others did."""
         for host in self.hosts:
-            with contextlib.suppress(subprocess.CalledProcessError):
-                _ip("netns", "delete", host.name)  # takes its veth end, and so the pair
+            with contextlib.suppress(subprocess.SubprocessError):
+                _ip("netns", "delete", host.name)
             with contextlib.suppress(OSError):
                 (ROOTS / host.name).rmdir()
-        with contextlib.suppress(subprocess.CalledProcessError):
+        with contextlib.suppress(subprocess.SubprocessError):
             _ip("link", "delete", self.bridge)
+        with contextlib.suppress(OSError):
+            ROOTS.rmdir()  # only when no other network's host is left
 
     def __enter__(self) -> Network:
         return self
@@ -193,6 +209,9 @@ class Forwarder:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream = self._upstreams.get(int(writer.get_extra_info("sockname")[1]))
         if upstream is None:
+            log.warning(
+                "forwarder %s: a connection before its upstream was given", writer.get_extra_info("sockname")
+            )
             writer.close()
             return
         try:
@@ -201,35 +220,47 @@ class Forwarder:
             else:
                 host, _, port = upstream.rpartition(":")
                 up_reader, up_writer = await asyncio.open_connection(host, int(port))
-        except OSError:
+        except OSError as exc:
+            log.warning("forwarder: %s unreachable: %s", upstream, exc)
             writer.close()
             return
+        ends = (writer, up_writer)
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            await asyncio.gather(self._pipe(reader, up_writer, ends), self._pipe(up_reader, writer, ends))
         finally:
-            for end in (writer, up_writer):
-                with contextlib.suppress(OSError):
-                    end.close()
+            for end in ends:
+                end.transport.abort()
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One direction until its end of file, passed on as a half close."""
-        with contextlib.suppress(OSError):
+    async def _pipe(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ends: tuple[asyncio.StreamWriter, ...]
+    ) -> None:
+        """One direction until its end of file, passed on as a half close; an error on either
+        side (a reset, a broken pipe) aborts both connections, so the other direction ends too."""
+        try:
             while data := await reader.read(65536):
                 writer.write(data)
                 await writer.drain()
             if writer.can_write_eof():
                 writer.write_eof()
+        except OSError:
+            for end in ends:
+                end.transport.abort()
 
     def close(self) -> None:
-        for server in self._servers:
-            self._loop.call_soon_threadsafe(server.close)
+        """Stop listening, abort the connections still open and stop the thread."""
+
+        async def shutdown() -> None:
+            for server in self._servers:
+                server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
-
-
-@contextlib.contextmanager
-def network() -> Iterator[Network]:
-    """A :class:`Network`, removed at the end."""
-    with Network() as net:
-        yield net
+        if not self._thread.is_alive():
+            self._loop.close()

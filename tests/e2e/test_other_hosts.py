@@ -64,7 +64,9 @@ for name, address in targets["ports"].items():
         reached[name] = True
     except OSError:
         reached[name] = False
-print(json.dumps({"reached": reached, "present": {p: os.path.exists(p) for p in targets["paths"]}}))
+processes = [pid for pid in os.listdir("/proc") if pid.isdigit()]
+present = {p: os.path.exists(p) for p in targets["paths"]}
+print(json.dumps({"reached": reached, "present": present, "processes": len(processes), "pid": os.getpid()}))
 """
 
 
@@ -237,11 +239,13 @@ def _image(output: dict[str, Any]) -> pyvips.Image:
 
 
 def test_a_host_reaches_the_forwarded_services_and_nothing_of_this_machine(elsewhere: Elsewhere) -> None:
-    """The isolation the next test relies on: from a host, the platform's own loopback addresses
-    are refused and its state directory, object store and hand-off socket do not exist, while the
-    forwarded services answer."""
+    """The isolation the next test relies on: from a host the forwarded services answer, while
+    the platform's own ports are refused both at loopback and at this machine's bridge address
+    (they bind loopback), its state directory, object store and hand-off socket do not exist,
+    and its processes cannot be seen (the host's command is pid 1, alone in its ``/proc``)."""
     platform = elsewhere.platform
     loopback = {
+        "nats": urlsplit(platform.env["HM_NATS_URL"]).netloc.rpartition("@")[2],
         "storage": platform.info["storage_addr"],
         "credits": platform.info["credits_addr"],
         "storage_http": urlsplit(platform.info["storage_http"]).netloc,
@@ -257,20 +261,20 @@ def test_a_host_reaches_the_forwarded_services_and_nothing_of_this_machine(elsew
         paths.append(postgres)  # the embedded server's socket
     else:
         loopback["postgres"] = postgres
-    targets = {
-        "ports": {f"loopback {k}": v for k, v in loopback.items()} | elsewhere.forwarded,
-        "paths": paths,
+    gateway = elsewhere.network.gateway
+    direct = {f"loopback {k}": v for k, v in loopback.items()} | {
+        f"bridge {k}": f"{gateway}:{v.rpartition(':')[2]}" for k, v in loopback.items()
     }
+    targets = {"ports": direct | elsewhere.forwarded, "paths": paths}
     host = elsewhere.network.host()
     found = json.loads(
         host.run(
             [sys.executable, "-c", PROBE, json.dumps(targets)], {"PATH": "/usr/bin:/bin"}, read_only_paths()
         )
     )
-    assert found["reached"] == {f"loopback {k}": False for k in loopback} | {
-        k: True for k in elsewhere.forwarded
-    }
-    assert found["present"] == {path: False for path in paths}
+    assert found["reached"] == dict.fromkeys(direct, False) | dict.fromkeys(elsewhere.forwarded, True)
+    assert found["present"] == dict.fromkeys(paths, False)
+    assert (found["pid"], found["processes"]) == (1, 1)
     assert Path(platform.state_dir / "run" / "storage.sock").exists(), (
         "storage's hand-off socket is on this machine"
     )
