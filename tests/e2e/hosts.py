@@ -67,10 +67,12 @@ class Host:
         dirs: list[str] | None = None,
         **popen_args: Any,
     ) -> subprocess.Popen[bytes]:
-        """``argv`` in this host's network namespace, with its name as hostname (a UTS namespace)
-        and a root of its own (:mod:`hostroot`):
-        ``read_only`` paths bound read-only at the same place, ``files`` (path in the root →
-        file here) copied in, ``dirs`` made. ``env`` is the whole environment it gets."""
+        """``argv`` in this host's network namespace, with its name as hostname (a UTS namespace),
+        as pid 1 of a PID namespace and in a root of its own (:mod:`hostroot`): ``read_only``
+        paths bound read-only at the same place, ``files`` (path in the root → file here)
+        copied in, ``dirs`` made. ``env`` is the whole environment it gets. The Popen's process
+        passes SIGTERM, SIGINT and SIGHUP on to ``argv`` and exits as it does; killing it kills
+        ``argv``."""
         spec = {
             "root": str(ROOTS / self.name),
             "hostname": self.name,
