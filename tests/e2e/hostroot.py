@@ -55,6 +55,10 @@ def build(root: Path, spec: dict[str, object]) -> None:
     for link in ("bin", "lib", "lib64", "sbin"):
         if os.path.islink(f"/{link}"):
             os.symlink(os.readlink(f"/{link}"), root / link)
+    # The empty directories first: a read-only path may lie under one (a checkout in /tmp).
+    for name in ("tmp", "var/tmp", "run"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        _run("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", str(root / name))
     for path in spec["read_only"]:  # type: ignore[attr-defined]
         target = _inside(root, path)
         target.mkdir(parents=True, exist_ok=True)
@@ -68,9 +72,6 @@ def build(root: Path, spec: dict[str, object]) -> None:
         _run("mount", "--rbind", f"/{name}", str(root / name))
     _run("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", str(root / "dev" / "shm"))
     (root / "proc").mkdir()
-    for name in ("tmp", "var/tmp", "run"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-        _run("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", str(root / name))
     for dest, source in spec["files"].items():  # type: ignore[attr-defined]
         target = _inside(root, dest)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -177,8 +177,10 @@ def _wait_until_running(pg: psycopg.Connection[Any], client: httpx.Client, job_i
 
 
 def _ledger(pg: psycopg.Connection[Any], job_id: str) -> list[str]:
+    """The kinds of the job's ``base`` ledger entries, oldest first: one a hold, commit or
+    release (a commit's other lines, such as ``megapixels``, left out)."""
     rows = pg.execute(
-        "SELECT kind FROM credit_ledger WHERE job_id = %s ORDER BY entry_id", (job_id,)
+        "SELECT kind FROM credit_ledger WHERE job_id = %s AND line = 'base' ORDER BY entry_id", (job_id,)
     ).fetchall()
     return [r[0] for r in rows]
 
