@@ -88,12 +88,18 @@ def pages(metadata: Iterable[Mapping[str, Any]]) -> int:
 def media_seconds(metadata: Iterable[Mapping[str, Any]]) -> float:
     """The seconds of media the outputs report written: the sum of each output's
     ``duration_seconds`` (a rendition's or an audio file's; HLS playlists and fragments of a
-    rendition report none, so a rendition counts once)."""
+    rendition report none, so a rendition counts once). A duration past
+    :data:`hypermedia.jobs.facts.MAX_MEDIA_SECONDS` is a hostile child's word and not counted (a
+    sum of such would overflow to infinity)."""
     total = 0.0
     for meta in metadata:
         seconds = meta.get("duration_seconds")
-        if isinstance(seconds, int | float) and not isinstance(seconds, bool) and math.isfinite(seconds):
-            total += max(float(seconds), 0.0)
+        if (
+            isinstance(seconds, int | float)
+            and not isinstance(seconds, bool)
+            and 0 < seconds <= facts.MAX_MEDIA_SECONDS
+        ):
+            total += float(seconds)
     return total
 
 

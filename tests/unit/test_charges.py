@@ -99,6 +99,15 @@ def test_megapixels_are_the_largest_source_any_output_reports() -> None:
     assert charges.megapixels([{}]) == 0.0
 
 
+def test_durations_past_the_facts_bound_are_not_counted_and_never_overflow() -> None:
+    metadata = [{"duration_seconds": 1e308}, {"duration_seconds": 1e308}, {"duration_seconds": 60.0}]
+    assert charges.media_seconds(metadata) == 60.0
+    charge = charges.for_completion(
+        price=15_000, base_cost=5000, work_unit="media_second", per_unit=10, metadata=metadata
+    )
+    assert charge == charges.Charge(5600, {"media_seconds": 600})
+
+
 @pytest.mark.parametrize("side", [10**6 + 1, 10**157, 10**200, 2**63])
 def test_sides_past_the_facts_bound_are_not_measured_and_never_crash(side: int) -> None:
     """A hostile child's sizes past :data:`facts.MAX_SIDE` are ignored (0 megapixels, base only),
