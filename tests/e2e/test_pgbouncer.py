@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 import psycopg
@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 
 from hypermedia.devtools.embedded import EmbeddedPgBouncer
 from tests.e2e.conftest import RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
+from tests.e2e.deployed import pgbouncer_for
 from tests.e2e.slowjob import make_slow_png
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Landscape_5.jpg"
@@ -35,13 +36,8 @@ PHOTO = Path(__file__).resolve().parents[1] / "data" / "exif-orientation" / "Lan
 @pytest.fixture(scope="module")
 def bouncer(tmp_root: Path, database_url: str) -> Iterator[EmbeddedPgBouncer]:
     """PgBouncer in front of the session's Postgres server."""
-    parts = urlsplit(database_url)
-    host = parts.hostname or parse_qs(parts.query)["host"][0]
-    pgbouncer = EmbeddedPgBouncer(tmp_root / "pgbouncer", host, parts.port or 5432).start()
-    try:
+    with pgbouncer_for(tmp_root / "pgbouncer", database_url) as pgbouncer:
         yield pgbouncer
-    finally:
-        pgbouncer.stop()
 
 
 @pytest.fixture(scope="module")
