@@ -210,13 +210,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
     """The platform most e2e modules share, every service of ``hypermedia up``; on the
     infrastructure :data:`PLATFORM_MODE` names."""
-    from tests.e2e.deployed import deployed_settings
-
     if PLATFORM_MODE not in ("local", "deployed"):
         raise ValueError(f"HM_TEST_PLATFORM must be local or deployed, not {PLATFORM_MODE!r}")
     with contextlib.ExitStack() as stack:
         extra = {}
         if PLATFORM_MODE == "deployed":
+            from tests.e2e.deployed import deployed_settings  # boto3 and moto only when asked
+
             extra = stack.enter_context(deployed_settings(tmp_root / "deployed", database_url))
         running = start_platform(tmp_root, database_url, nats_url, **extra)
         # The tests' own queries go to the server itself, as an operator's psql would: psycopg
