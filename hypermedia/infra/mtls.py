@@ -77,6 +77,7 @@ RIGHTS: Mapping[str, frozenset[str]] = {
     _CREDITS + "GetBalance": _GATEWAY | {"admin"},
     _CREDITS + "Commit": WORKERS | {"reaper"},
     _CREDITS + "Release": WORKERS | {"reaper", "gateway"},
+    _CREDITS + "Settle": WORKERS | {"reaper"},
     _CREDITS + "ListHolds": frozenset({"reaper", "admin"}),
     _CREDITS + "ListLedger": _GATEWAY | {"admin"},
     _CREDITS + "Grant": frozenset({"admin"}),

@@ -12,11 +12,15 @@ call that failed, a process that died between the job's transition and the call)
 
 The credits service owns its tables (the holds, the ledger, the accounts' balances); this
 module only asks it over gRPC. Commit and Release are idempotent per job, so settling twice (a
-worker and the reaper at the same moment) charges or releases once.
+worker and the reaper at the same moment) charges or releases once. A worker does not wait for
+its settlements: :class:`SettlementBatch` sends them in the background, every settlement that
+arrived while the previous call was in flight in one ``Settle`` call (one transaction), and the
+reaper's sweep settles a page of holds in one call too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 from typing import Any, Final
@@ -24,7 +28,7 @@ from typing import Any, Final
 import asyncpg
 
 from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.core.errors import DomainError
+from hypermedia.core.errors import DomainError, InvalidArgument
 from hypermedia.infra.rpc import call, infra_retry
 from hypermedia.jobs import lifecycle
 from hypermedia.jobs.lifecycle.recovery import UNCREATED
@@ -33,6 +37,8 @@ log = logging.getLogger(__name__)
 
 RELEASED: Final = frozenset({"failed", "cancelled", UNCREATED})
 """Outcomes whose hold is released without a charge (``failed``: unless it recorded one)."""
+MAX_SETTLE: Final = 1000
+"""Most jobs in one ``Settle`` call (the credits service's limit, ``services/credits``)."""
 SWEEP_PAGES: Final = 20
 """Pages of held holds (``ListHolds``) one :meth:`Settlement.sweep` reads at most, so a run stays
 bounded when many queued or running jobs hold credits (the next sweep goes on from there)."""
@@ -48,6 +54,26 @@ def commit_request(job_id: str, actual_millicredits: int, lines: dict[str, int])
             credits_pb2.ChargeLine(line=name, millicredits=amount) for name, amount in sorted(lines.items())
         ],
     )
+
+
+SettleRequest = credits_pb2.CommitRequest | credits_pb2.ReleaseRequest
+"""One job's part of a ``Settle`` call."""
+
+
+def settle_request(
+    job_id: str, outcome: str, actual_millicredits: int = 0, lines: dict[str, int] | None = None
+) -> SettleRequest:
+    """What settles the hold of ``job_id``, ended ``outcome`` (see :meth:`Settlement.settle`): a
+    Commit of ``actual_millicredits`` (``lines`` of it), or a Release.
+
+    Raises:
+        ValueError: an outcome that does not end a job.
+    """
+    if outcome == "completed" or (outcome == "failed" and actual_millicredits > 0):
+        return commit_request(job_id, actual_millicredits, lines or {})
+    if outcome in RELEASED:
+        return credits_pb2.ReleaseRequest(job_id=job_id)
+    raise ValueError(f"{outcome!r} does not end a job")
 
 
 class Settlement:
@@ -84,18 +110,36 @@ class Settlement:
             DomainError: the credits service refused or could not be reached (the hold stays held;
                 the reaper's :meth:`sweep` settles it later).
         """
-        request: credits_pb2.CommitRequest | credits_pb2.ReleaseRequest
-        if outcome == "completed" or (outcome == "failed" and actual_millicredits > 0):
-            method: Any = self._credits.Commit
-            request = commit_request(job_id, actual_millicredits, lines or {})
-        elif outcome in RELEASED:
-            method, request = self._credits.Release, credits_pb2.ReleaseRequest(job_id=job_id)
-        else:
-            raise ValueError(f"{outcome!r} does not end a job")
+        request = settle_request(job_id, outcome, actual_millicredits, lines)
+        method: Any = self._credits.Commit
+        if isinstance(request, credits_pb2.ReleaseRequest):
+            method = self._credits.Release
         async for attempt in infra_retry(3 if retry else 1):
             with attempt:
                 response = await call(method, request)
         return not response.already_settled
+
+    async def settle_many(self, requests: list[SettleRequest], *, retry: bool = False) -> int:
+        """Settles many jobs in one ``Settle`` call (one transaction), each request from
+        :func:`settle_request`, at most :data:`MAX_SETTLE`. ``retry`` as :meth:`settle`.
+        Returns how many holds this call settled (the others were settled already, or a commit's
+        job held nothing: logged).
+
+        Raises:
+            DomainError: the credits service refused the call (a malformed request: nothing
+                settled) or could not be reached (the holds stay held for the reaper).
+        """
+        batch = credits_pb2.SettleRequest(
+            commits=[r for r in requests if isinstance(r, credits_pb2.CommitRequest)],
+            releases=[r for r in requests if isinstance(r, credits_pb2.ReleaseRequest)],
+        )
+        async for attempt in infra_retry(3 if retry else 1):
+            with attempt:
+                response = await call(self._credits.Settle, batch)
+        for result in response.results:
+            if result.outcome == credits_pb2.SettledJob.OUTCOME_NO_HOLD:
+                log.warning("no hold to commit for an ended job", extra={"job_id": result.job_id})
+        return sum(r.outcome == credits_pb2.SettledJob.OUTCOME_SETTLED for r in response.results)
 
     async def sweep(self, pool: asyncpg.Pool, grace_seconds: float, batch: int) -> int:
         """The reaper's settlement of what no path settled: every hold still held more than
@@ -118,16 +162,69 @@ class Settlement:
             )
             holds = [(hold.job_id, hold.created_at.ToDatetime(datetime.UTC)) for hold in page.holds]
             outcomes = await lifecycle.settleable(pool, holds, grace_seconds)
-            for job_id, _ in holds:
-                if job_id not in outcomes:
-                    continue  # still running, or ended within the grace
-                status, actual, lines = outcomes[job_id]
+            requests = [  # leaves out jobs still running, or ended within the grace
+                settle_request(job_id, *outcomes[job_id]) for job_id, _ in holds if job_id in outcomes
+            ]
+            if requests:
                 try:
-                    if await self.settle(job_id, status, actual_millicredits=actual, lines=lines):
-                        settled += 1
+                    settled += await self.settle_many(requests)
                 except DomainError:
-                    log.exception("could not settle the credits of an ended job")
+                    log.exception("could not settle the credits of %d ended jobs", len(requests))
             self._cursor = page.next_page_token
             if not self._cursor:
                 break
         return settled
+
+
+class SettlementBatch:
+    """A worker's settlements, sent without holding up its jobs: :meth:`submit` queues one and
+    returns; one background task sends what is queued in one ``Settle`` call, and what arrives
+    meanwhile in the next (group commit: a lone job is sent at once, a busy worker's jobs share
+    calls). A call that fails after :func:`~hypermedia.infra.rpc.infra_retry`'s tries is logged
+    and its holds are left to the reaper's sweep, as a worker that dies before its call leaves
+    them; a refused batch is sent again one job a call, so that one bad request holds up no other.
+    :meth:`flush` waits for what is queued (a stopping worker).
+
+    Args:
+        settlement: how the calls are made.
+    """
+
+    def __init__(self, settlement: Settlement) -> None:
+        self._settlement = settlement
+        self._queued: list[SettleRequest] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    def submit(
+        self, job_id: str, outcome: str, *, actual_millicredits: int = 0, lines: dict[str, int] | None = None
+    ) -> None:
+        """Queues the settlement of ``job_id``, ended ``outcome`` (:func:`settle_request`; raises
+        its ValueError here, at once). Needs a running event loop."""
+        self._queued.append(settle_request(job_id, outcome, actual_millicredits, lines))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send())
+
+    async def flush(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for every queued settlement to be sent. Returns whether
+        they all were (False: some still queued or in flight; the reaper settles what is lost)."""
+        if self._sender is not None:
+            await asyncio.wait({self._sender}, timeout=timeout)
+        return not self._queued and (self._sender is None or self._sender.done())
+
+    async def _send(self) -> None:
+        while self._queued:
+            batch, self._queued = self._queued[:MAX_SETTLE], self._queued[MAX_SETTLE:]
+            try:
+                await self._settlement.settle_many(batch, retry=True)
+            except DomainError as exc:
+                if not isinstance(exc, InvalidArgument) or len(batch) == 1:
+                    log.warning("credits settlement of %d jobs failed; left to the reaper", len(batch))
+                    continue
+                for request in batch:
+                    try:
+                        await self._settlement.settle_many([request], retry=True)
+                    except DomainError:
+                        log.warning(
+                            "credits settlement failed; left to the reaper", extra={"job_id": request.job_id}
+                        )
+            except Exception:
+                log.exception("credits settlement of %d jobs failed; left to the reaper", len(batch))

@@ -46,7 +46,7 @@ from hypermedia.core.errors import DomainError, PermanentJobError, TransientErro
 from hypermedia.infra import db
 from hypermedia.infra.service import every, wait_any
 from hypermedia.jobs import charges, lifecycle, noop, queues
-from hypermedia.jobs.settlement import Settlement
+from hypermedia.jobs.settlement import Settlement, SettlementBatch
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from hypermedia.worker import registry
 from hypermedia.worker.admission import Admission
@@ -69,6 +69,9 @@ ADMISSION_NOTICE_SECONDS = 0.05
 
 FSIZE_LIMIT_BYTES = 10 * 1024**3
 """RLIMIT_FSIZE of a sandboxed job: the seed's 10 GB of temp space."""
+SETTLE_FLUSH_SECONDS = 10.0
+"""How long a stopping worker waits for its queued settlements (three tries of a call fit in it);
+what is still unsent is settled by the reaper's sweep."""
 
 
 class _Stopped(Exception):
@@ -108,7 +111,7 @@ class WorkerRuntime:
         self._nc = nc
         self._prefix = prefix
         self._storage = storage
-        self._settlement = Settlement(credits)
+        self._settlements = SettlementBatch(Settlement(credits))
         self._sandbox = sandbox
         self._interruptible: dict[str, asyncio.Task[Any]] = {}
         """A job's work before its sandbox (admission, stage), by job id: :meth:`_stop_job` cancels it."""
@@ -231,6 +234,8 @@ class WorkerRuntime:
         finally:
             await fetcher.stop()
             await self.drain()
+            if not await self._settlements.flush(SETTLE_FLUSH_SECONDS):
+                log.warning("settlements still unsent at exit; left to the reaper")
             loops_stop.set()
             await asyncio.gather(*loops, return_exceptions=True)
             await self._pool.execute(
@@ -420,11 +425,7 @@ class WorkerRuntime:
                     log.warning("lease lost before completion", extra={"job_id": job.job_id})
                 return
             self.jobs_completed += 1
-            try:
-                await self._settle(job, "completed", charge)
-            except DomainError:
-                # The job is completed; its hold stays held and the reaper charges it later.
-                log.warning("credits commit failed; left to the reaper", extra={"job_id": job.job_id})
+            self._settle(job, "completed", charge)
         except _Stopped:
             pass  # settled where it was stopped (_interruptibly)
         except DomainError as exc:
@@ -457,8 +458,7 @@ class WorkerRuntime:
             )
             if completed:
                 self.jobs_completed += 1
-                with contextlib.suppress(DomainError):  # as in _run_job: the reaper charges it later
-                    await self._settle(job, "completed", charges.Charge(job.estimated_credits))
+                self._settle(job, "completed", charges.Charge(job.estimated_credits))
             elif await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
                 await self._cancelled(job, started)
         except DomainError as exc:
@@ -551,7 +551,7 @@ class WorkerRuntime:
         """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only
         this path (not a drain's hand-back, which queues the job again) releases the hold."""
         if await self._db(lifecycle.mark_cancelled, job, self.worker_id, _ms(started)):
-            await self._settle(job, "cancelled", None)
+            self._settle(job, "cancelled", None)
 
     async def _settle_failure(
         self, job: lifecycle.ClaimedJob, exc: DomainError, started: float, result: SandboxResult | None
@@ -584,14 +584,13 @@ class WorkerRuntime:
         log.info("job attempt failed: %s → %s", exc.error_code, status, extra={"job_id": job.job_id})
         if status == "failed":
             # Charged when it failed because of its input (charges.for_failure), else released.
-            await self._settle(job, "failed", await self._db(lifecycle.failure_charge, job.job_id))
+            self._settle(job, "failed", await self._db(lifecycle.failure_charge, job.job_id))
 
-    async def _settle(self, job: lifecycle.ClaimedJob, outcome: str, charge: charges.Charge | None) -> None:
-        """Settles the hold of ``job``, ended ``outcome``: ``charge`` committed, or released without one."""
+    def _settle(self, job: lifecycle.ClaimedJob, outcome: str, charge: charges.Charge | None) -> None:
+        """Queues the settlement of ``job``, ended ``outcome`` (:class:`SettlementBatch`: the slot
+        does not wait for it): ``charge`` committed, or released without one."""
         charge = charge or charges.Charge(0)
-        await self._settlement.settle(
-            job.job_id, outcome, actual_millicredits=charge.actual, lines=charge.lines, retry=True
-        )
+        self._settlements.submit(job.job_id, outcome, actual_millicredits=charge.actual, lines=charge.lines)
 
 
 def _ms(started: float) -> int:

@@ -15,6 +15,7 @@ import datetime
 import math
 import re
 import uuid
+from collections.abc import Sequence
 
 import asyncpg
 import grpc
@@ -26,12 +27,16 @@ from hypermedia.infra import db
 from hypermedia.jobs import quotas
 from hypermedia.jobs.pricing import price
 
+SettledJob = credits_pb2.SettledJob
+
 LINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 """A charge line's name (``ocr_escalation``)."""
 MAX_GRANT_ID_LENGTH = 200
 """Longest ``grant_id`` of a Grant (characters); ``hypermedia admin`` sends a UUID."""
 DEFAULT_HOLDS_PAGE = 500
 """Holds in a ListHolds page when the request names no size (the reaper's batch)."""
+MAX_SETTLE = 1000
+"""Most jobs (commits and releases) one Settle may name."""
 MAX_HOLDS_PAGE = 1000
 """Largest ListHolds (and ListLedger) page."""
 DEFAULT_LEDGER_PAGE = 50
@@ -220,65 +225,118 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
     async def Commit(
         self, request: credits_pb2.CommitRequest, context: grpc.aio.ServicerContext
     ) -> credits_pb2.CommitResponse:
-        job_id = _uuid(request.job_id, "job_id")
-        lines = _charge_lines(request)
-        async with self._pool.acquire() as conn, conn.transaction():
-            hold = await conn.fetchrow("SELECT * FROM credit_holds WHERE job_id = $1 FOR UPDATE", job_id)
-            if hold is None:
-                raise NotFound("no hold for this job", "HOLD_NOT_FOUND")
-            if hold["status"] != "held":
-                return credits_pb2.CommitResponse(
-                    charged_millicredits=hold["charged"] or 0, already_settled=True
-                )
-            rows = _cut_to_hold(lines, hold["amount"])
-            charged = sum(amount for _, amount in rows)
-            await conn.execute(
-                "UPDATE credit_holds SET status = 'committed', charged = $2, settled_at = now() WHERE job_id = $1",
-                job_id,
-                charged,
-            )
-            await conn.executemany(
-                "INSERT INTO credit_ledger (account_id, job_id, kind, line, amount) VALUES ($1, $2, 'commit', $3, $4)",
-                [(hold["account_id"], job_id, line, -amount) for line, amount in rows],
-            )
-            await conn.execute(
-                "UPDATE credit_accounts SET balance = balance - $2, held = held - $3, updated_at = now() "
-                "WHERE account_id = $1",
-                hold["account_id"],
-                charged,
-                hold["amount"],
-            )
-        metrics.CREDITS.labels("committed").inc(charged)
-        metrics.CREDITS.labels("released").inc(hold["amount"] - charged)
-        return credits_pb2.CommitResponse(charged_millicredits=charged, already_settled=False)
+        (result,) = await self._settle([request], [])
+        if result.outcome == SettledJob.OUTCOME_NO_HOLD:
+            raise NotFound("no hold for this job", "HOLD_NOT_FOUND")
+        return credits_pb2.CommitResponse(
+            charged_millicredits=result.millicredits,
+            already_settled=result.outcome == SettledJob.OUTCOME_ALREADY_SETTLED,
+        )
 
     async def Release(
         self, request: credits_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> credits_pb2.ReleaseResponse:
-        job_id = _uuid(request.job_id, "job_id")
+        (result,) = await self._settle([], [request])
+        settled = result.outcome == SettledJob.OUTCOME_SETTLED
+        return credits_pb2.ReleaseResponse(
+            released_millicredits=result.millicredits if settled else 0, already_settled=not settled
+        )
+
+    async def Settle(
+        self, request: credits_pb2.SettleRequest, context: grpc.aio.ServicerContext
+    ) -> credits_pb2.SettleResponse:
+        if len(request.commits) + len(request.releases) > MAX_SETTLE:
+            raise InvalidArgument(f"at most {MAX_SETTLE} jobs in one Settle")
+        return credits_pb2.SettleResponse(results=await self._settle(request.commits, request.releases))
+
+    async def _settle(
+        self,
+        commits: Sequence[credits_pb2.CommitRequest],
+        releases: Sequence[credits_pb2.ReleaseRequest],
+    ) -> list[credits_pb2.SettledJob]:
+        """Commits and releases in one transaction (see the Settle RPC): the holds locked in job id
+        order and the accounts updated in account id order, so that concurrent calls (workers,
+        the reaper) wait for each other rather than deadlock. One ledger row per charge line of a
+        commit, one per release. Returns a result per job, commits first, in the request's order.
+        Raises InvalidArgument (nothing settled) for a malformed id or commit."""
+        wanted = [(_uuid(c.job_id, "job_id"), _charge_lines(c)) for c in commits] + [
+            (_uuid(r.job_id, "job_id"), None) for r in releases
+        ]
+        results = []
         async with self._pool.acquire() as conn, conn.transaction():
-            hold = await conn.fetchrow("SELECT * FROM credit_holds WHERE job_id = $1 FOR UPDATE", job_id)
-            if hold is None:
-                return credits_pb2.ReleaseResponse(released_millicredits=0, already_settled=True)
-            if hold["status"] != "held":
-                return credits_pb2.ReleaseResponse(released_millicredits=0, already_settled=True)
-            await conn.execute(
-                "UPDATE credit_holds SET status = 'released', charged = 0, settled_at = now() WHERE job_id = $1",
-                job_id,
-            )
-            await conn.execute(
-                "INSERT INTO credit_ledger (account_id, job_id, kind, amount) VALUES ($1, $2, 'release', $3)",
-                hold["account_id"],
-                job_id,
-                hold["amount"],
-            )
-            await conn.execute(
-                "UPDATE credit_accounts SET held = held - $2, updated_at = now() WHERE account_id = $1",
-                hold["account_id"],
-                hold["amount"],
-            )
-        metrics.CREDITS.labels("released").inc(hold["amount"])
-        return credits_pb2.ReleaseResponse(released_millicredits=hold["amount"], already_settled=False)
+            holds = {
+                row["job_id"]: row
+                for row in await conn.fetch(
+                    "SELECT * FROM credit_holds WHERE job_id = ANY($1::uuid[]) ORDER BY job_id FOR UPDATE",
+                    sorted({job_id for job_id, _ in wanted}),
+                )
+            }
+            settled: dict[uuid.UUID, tuple[str, int]] = {}  # job -> (new status, charged)
+            ledger: list[tuple[uuid.UUID, uuid.UUID, str, str, int]] = []
+            accounts: dict[uuid.UUID, list[int]] = {}  # account -> [charged, freed from held]
+            for job_id, lines in wanted:
+                hold = holds.get(job_id)
+                if hold is None:
+                    outcome = (
+                        SettledJob.OUTCOME_NO_HOLD
+                        if lines is not None
+                        else SettledJob.OUTCOME_ALREADY_SETTLED
+                    )
+                    results.append(SettledJob(job_id=str(job_id), outcome=outcome))
+                    continue
+                if hold["status"] != "held" or job_id in settled:
+                    earlier = settled[job_id][1] if job_id in settled else hold["charged"] or 0
+                    results.append(
+                        SettledJob(
+                            job_id=str(job_id),
+                            outcome=SettledJob.OUTCOME_ALREADY_SETTLED,
+                            millicredits=earlier if lines is not None else 0,
+                        )
+                    )
+                    continue
+                account = accounts.setdefault(hold["account_id"], [0, 0])
+                account[1] += hold["amount"]
+                if lines is None:
+                    settled[job_id] = ("released", 0)
+                    ledger.append((hold["account_id"], job_id, "release", "base", hold["amount"]))
+                    amount = hold["amount"]
+                else:
+                    rows = _cut_to_hold(lines, hold["amount"])
+                    amount = sum(charged for _, charged in rows)
+                    settled[job_id] = ("committed", amount)
+                    ledger.extend(
+                        (hold["account_id"], job_id, "commit", line, -charged) for line, charged in rows
+                    )
+                    account[0] += amount
+                results.append(
+                    SettledJob(job_id=str(job_id), outcome=SettledJob.OUTCOME_SETTLED, millicredits=amount)
+                )
+            if settled:
+                await conn.execute(
+                    "UPDATE credit_holds h SET status = s.status, charged = s.charged, settled_at = now() "
+                    "FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS s(job_id, status, charged) "
+                    "WHERE h.job_id = s.job_id",
+                    list(settled),
+                    [status for status, _ in settled.values()],
+                    [charged for _, charged in settled.values()],
+                )
+                await conn.executemany(
+                    "INSERT INTO credit_ledger (account_id, job_id, kind, line, amount) VALUES ($1, $2, $3, $4, $5)",
+                    ledger,
+                )
+                await conn.executemany(
+                    "UPDATE credit_accounts SET balance = balance - $2, held = held - $3, updated_at = now() "
+                    "WHERE account_id = $1",
+                    [
+                        (account_id, charged, freed)
+                        for account_id, (charged, freed) in sorted(accounts.items())
+                    ],
+                )
+        committed = sum(charged for status, charged in settled.values() if status == "committed")
+        freed = sum(freed for _, freed in accounts.values())
+        metrics.CREDITS.labels("committed").inc(committed)
+        metrics.CREDITS.labels("released").inc(freed - committed)
+        return results
 
     async def GetBalance(
         self, request: credits_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext

@@ -426,6 +426,117 @@ async def test_release_of_an_unknown_job_is_already_settled(credits: Credits) ->
     assert (response.released_millicredits, response.already_settled) == (0, True)
 
 
+# -- settle: many jobs in one call ----------------------------------------------------------------
+
+SETTLED, ALREADY, NO_HOLD = (
+    credits_pb2.SettledJob.OUTCOME_SETTLED,
+    credits_pb2.SettledJob.OUTCOME_ALREADY_SETTLED,
+    credits_pb2.SettledJob.OUTCOME_NO_HOLD,
+)
+
+
+def _settle(
+    *commits: credits_pb2.CommitRequest, releases: tuple[uuid.UUID, ...] = ()
+) -> credits_pb2.SettleRequest:
+    return credits_pb2.SettleRequest(
+        commits=commits, releases=[credits_pb2.ReleaseRequest(job_id=str(j)) for j in releases]
+    )
+
+
+async def test_settle_commits_and_releases_jobs_of_two_accounts_in_one_call(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """A worker's batch: two accounts' commits (one with a line, one cut to its hold) and a
+    release, a commit of a job that holds nothing, a release named twice, a job settled before.
+    Each job is settled as Commit or Release would settle it, once."""
+    a, b = await seed.tenant(balance=10_000), await seed.tenant(balance=5000)
+    ocr, released, earlier = [await _held_job(credits, a, amount) for amount in (3000, 1200, 800)]
+    cut = await _held_job(credits, b, 1000)
+    await credits.service.Commit(_commit(earlier, 700), None)
+    unknown = uuid.uuid4()
+
+    response = await credits.stub.Settle(
+        _settle(
+            _commit(ocr, 2100, ocr_escalation=600),
+            _commit(cut, 1500),
+            _commit(unknown, 10),
+            _commit(earlier, 800),
+            releases=(released, released),
+        )
+    )
+
+    assert [(r.job_id, r.outcome, r.millicredits) for r in response.results] == [
+        (str(ocr), SETTLED, 2100),
+        (str(cut), SETTLED, 1000),
+        (str(unknown), NO_HOLD, 0),
+        (str(earlier), ALREADY, 700),
+        (str(released), SETTLED, 1200),
+        (str(released), ALREADY, 0),
+    ]
+    assert await _lines(fresh_pool, ocr) == {"base": -1500, "ocr_escalation": -600}
+    assert await _lines(fresh_pool, cut) == {"base": -1000}
+    assert await _ledger(fresh_pool, a) == [
+        ("hold", 3000), ("hold", 1200), ("hold", 800), ("commit", -700),
+        ("commit", -1500), ("commit", -600), ("release", 1200),
+    ]  # fmt: skip
+    assert await _account(fresh_pool, a) == (10_000 - 700 - 2100, 0)
+    assert await _account(fresh_pool, b) == (5000 - 1000, 0)
+
+
+async def test_settle_refuses_a_bad_commit_or_too_many_jobs_and_settles_nothing(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    tenant = await seed.tenant(balance=10_000)
+    good, bad = await _held_job(credits, tenant, 1000), await _held_job(credits, tenant, 1000)
+
+    with pytest.raises(InvalidArgument, match="distinct lowercase names"):
+        await credits.service.Settle(_settle(_commit(good, 500), _commit(bad, 500, base=100)), None)
+    with pytest.raises(InvalidArgument, match="not a valid id"):
+        await credits.service.Settle(
+            credits_pb2.SettleRequest(
+                commits=[_commit(good, 500)], releases=[credits_pb2.ReleaseRequest(job_id="nope")]
+            ),
+            None,
+        )
+    with pytest.raises(InvalidArgument, match="at most 1000 jobs"):
+        await credits.service.Settle(_settle(releases=(good,) * 1001), None)
+
+    assert await _account(fresh_pool, tenant) == (10_000, 2000)
+    assert await _ledger(fresh_pool, tenant) == [("hold", 1000), ("hold", 1000)]
+
+
+async def test_concurrent_settles_of_overlapping_jobs_charge_each_once_and_never_deadlock(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """Eight calls at once over the wire, each naming the same twelve jobs of two accounts in its
+    own order (a worker's batch racing the reaper's sweep and other workers): every job is
+    settled by exactly one of them, and the accounts add up."""
+    a, b = await seed.tenant(balance=100_000), await seed.tenant(balance=100_000)
+    jobs = [await _held_job(credits, tenant, 1000) for tenant in (a, b) for _ in range(6)]
+
+    async def one(k: int) -> list[credits_pb2.SettledJob]:
+        order = jobs[k:] + jobs[:k] if k % 2 else list(reversed(jobs))
+        request = _settle(*(_commit(j, 400) for j in order[:8]), releases=tuple(order[8:]))
+        return list((await call(credits.stub.Settle, request)).results)
+
+    results = await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(8))), 30)
+
+    settled = [r.job_id for rs in results for r in rs if r.outcome == SETTLED]
+    assert sorted(settled) == sorted(str(j) for j in jobs), "each job settled by one call"
+    holds = await fresh_pool.fetch("SELECT status FROM credit_holds WHERE job_id = ANY($1)", jobs)
+    assert {h["status"] for h in holds} <= {"committed", "released"}
+    for tenant in (a, b):
+        charged = await fresh_pool.fetchval(
+            "SELECT sum(charged) FROM credit_holds WHERE account_id = $1", tenant.account_id
+        )
+        ledger = await fresh_pool.fetchval(
+            "SELECT -sum(amount) FROM credit_ledger WHERE kind = 'commit' AND account_id = $1",
+            tenant.account_id,
+        )
+        assert charged == ledger > 0
+        assert await _account(fresh_pool, tenant) == (100_000 - charged, 0)
+
+
 # -- grant, balance -------------------------------------------------------------------------------
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#hypermedia/credits/v1/credits.proto\x12\x15hypermedia.credits.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"9\n\x0f\x45stimateRequest\x12\x12\n\noperations\x18\x01 \x03(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\"U\n\x11OperationEstimate\x12\x11\n\toperation\x18\x01 \x01(\t\x12\x14\n\x0cmillicredits\x18\x02 \x01(\x03\x12\x17\n\x0fprofile_version\x18\x03 \x01(\x05\"k\n\x10\x45stimateResponse\x12;\n\testimates\x18\x01 \x03(\x0b\x32(.hypermedia.credits.v1.OperationEstimate\x12\x1a\n\x12total_millicredits\x18\x02 \x01(\x03\"/\n\x07JobHold\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0cmillicredits\x18\x02 \x01(\x03\"P\n\x0bHoldRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12-\n\x05holds\x18\x02 \x03(\x0b\x32\x1e.hypermedia.credits.v1.JobHold\"G\n\x0cHoldResponse\x12\x1c\n\x14\x62\x61lance_millicredits\x18\x01 \x01(\x03\x12\x19\n\x11held_millicredits\x18\x02 \x01(\x03\"J\n\tJobToHold\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12\x1a\n\x12\x65xtra_millicredits\x18\x03 \x01(\x03\"\x91\x01\n\x16\x45stimateAndHoldRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12.\n\x04jobs\x18\x03 \x03(\x0b\x32 .hypermedia.credits.v1.JobToHold\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\r\n\x05paced\x18\x05 \x01(\x08\"\xab\x01\n\x17\x45stimateAndHoldResponse\x12;\n\testimates\x18\x01 \x03(\x0b\x32(.hypermedia.credits.v1.OperationEstimate\x12\x1a\n\x12total_millicredits\x18\x02 \x01(\x03\x12\x1c\n\x14\x62\x61lance_millicredits\x18\x03 \x01(\x03\x12\x19\n\x11held_millicredits\x18\x04 \x01(\x03\"n\n\rCommitRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1b\n\x13\x61\x63tual_millicredits\x18\x02 \x01(\x03\x12\x30\n\x05lines\x18\x03 \x03(\x0b\x32!.hypermedia.credits.v1.ChargeLine\"0\n\nChargeLine\x12\x0c\n\x04line\x18\x01 \x01(\t\x12\x14\n\x0cmillicredits\x18\x02 \x01(\x03\"G\n\x0e\x43ommitResponse\x12\x1c\n\x14\x63harged_millicredits\x18\x01 \x01(\x03\x12\x17\n\x0f\x61lready_settled\x18\x02 \x01(\x08\" \n\x0eReleaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"I\n\x0fReleaseResponse\x12\x1d\n\x15released_millicredits\x18\x01 \x01(\x03\x12\x17\n\x0f\x61lready_settled\x18\x02 \x01(\x08\"\'\n\x11GetBalanceRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\"M\n\x12GetBalanceResponse\x12\x1c\n\x14\x62\x61lance_millicredits\x18\x01 \x01(\x03\x12\x19\n\x11held_millicredits\x18\x02 \x01(\x03\"J\n\x0cGrantRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12\x14\n\x0cmillicredits\x18\x02 \x01(\x03\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"-\n\rGrantResponse\x12\x1c\n\x14\x62\x61lance_millicredits\x18\x01 \x01(\x03\"U\n\x10ListHoldsRequest\x12\x1a\n\x12older_than_seconds\x18\x01 \x01(\x01\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\\\n\x11ListHoldsResponse\x12.\n\x05holds\x18\x01 \x03(\x0b\x32\x1f.hypermedia.credits.v1.HeldHold\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"N\n\x11ListLedgerRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"b\n\x12ListLedgerResponse\x12\x33\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\".hypermedia.credits.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x91\x01\n\x0bLedgerEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\t\x12\x14\n\x0cmillicredits\x18\x04 \x01(\x03\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\x08HeldHold\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12.\n\ncreated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xdb\x06\n\x0e\x43reditsService\x12[\n\x08\x45stimate\x12&.hypermedia.credits.v1.EstimateRequest\x1a\'.hypermedia.credits.v1.EstimateResponse\x12O\n\x04Hold\x12\".hypermedia.credits.v1.HoldRequest\x1a#.hypermedia.credits.v1.HoldResponse\x12p\n\x0f\x45stimateAndHold\x12-.hypermedia.credits.v1.EstimateAndHoldRequest\x1a..hypermedia.credits.v1.EstimateAndHoldResponse\x12U\n\x06\x43ommit\x12$.hypermedia.credits.v1.CommitRequest\x1a%.hypermedia.credits.v1.CommitResponse\x12X\n\x07Release\x12%.hypermedia.credits.v1.ReleaseRequest\x1a&.hypermedia.credits.v1.ReleaseResponse\x12\x61\n\nGetBalance\x12(.hypermedia.credits.v1.GetBalanceRequest\x1a).hypermedia.credits.v1.GetBalanceResponse\x12R\n\x05Grant\x12#.hypermedia.credits.v1.GrantRequest\x1a$.hypermedia.credits.v1.GrantResponse\x12^\n\tListHolds\x12\'.hypermedia.credits.v1.ListHoldsRequest\x1a(.hypermedia.credits.v1.ListHoldsResponse\x12\x61\n\nListLedger\x12(.hypermedia.credits.v1.ListLedgerRequest\x1a).hypermedia.credits.v1.ListLedgerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#hypermedia/credits/v1/credits.proto\x12\x15hypermedia.credits.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"9\n\x0f\x45stimateRequest\x12\x12\n\noperations\x18\x01 \x03(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\"U\n\x11OperationEstimate\x12\x11\n\toperation\x18\x01 \x01(\t\x12\x14\n\x0cmillicredits\x18\x02 \x01(\x03\x12\x17\n\x0fprofile_version\x18\x03 \x01(\x05\"k\n\x10\x45stimateResponse\x12;\n\testimates\x18\x01 \x03(\x0b\x32(.hypermedia.credits.v1.OperationEstimate\x12\x1a\n\x12total_millicredits\x18\x02 \x01(\x03\"/\n\x07JobHold\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0cmillicredits\x18\x02 \x01(\x03\"P\n\x0bHoldRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12-\n\x05holds\x18\x02 \x03(\x0b\x32\x1e.hypermedia.credits.v1.JobHold\"G\n\x0cHoldResponse\x12\x1c\n\x14\x62\x61lance_millicredits\x18\x01 \x01(\x03\x12\x19\n\x11held_millicredits\x18\x02 \x01(\x03\"J\n\tJobToHold\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12\x1a\n\x12\x65xtra_millicredits\x18\x03 \x01(\x03\"\x91\x01\n\x16\x45stimateAndHoldRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12.\n\x04jobs\x18\x03 \x03(\x0b\x32 .hypermedia.credits.v1.JobToHold\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\r\n\x05paced\x18\x05 \x01(\x08\"\xab\x01\n\x17\x45stimateAndHoldResponse\x12;\n\testimates\x18\x01 \x03(\x0b\x32(.hypermedia.credits.v1.OperationEstimate\x12\x1a\n\x12total_millicredits\x18\x02 \x01(\x03\x12\x1c\n\x14\x62\x61lance_millicredits\x18\x03 \x01(\x03\x12\x19\n\x11held_millicredits\x18\x04 \x01(\x03\"n\n\rCommitRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1b\n\x13\x61\x63tual_millicredits\x18\x02 \x01(\x03\x12\x30\n\x05lines\x18\x03 \x03(\x0b\x32!.hypermedia.credits.v1.ChargeLine\"0\n\nChargeLine\x12\x0c\n\x04line\x18\x01 \x01(\t\x12\x14\n\x0cmillicredits\x18\x02 \x01(\x03\"G\n\x0e\x43ommitResponse\x12\x1c\n\x14\x63harged_millicredits\x18\x01 \x01(\x03\x12\x17\n\x0f\x61lready_settled\x18\x02 \x01(\x08\" \n\x0eReleaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x7f\n\rSettleRequest\x12\x35\n\x07\x63ommits\x18\x01 \x03(\x0b\x32$.hypermedia.credits.v1.CommitRequest\x12\x37\n\x08releases\x18\x02 \x03(\x0b\x32%.hypermedia.credits.v1.ReleaseRequest\"D\n\x0eSettleResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.hypermedia.credits.v1.SettledJob\"\xd9\x01\n\nSettledJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12:\n\x07outcome\x18\x02 \x01(\x0e\x32).hypermedia.credits.v1.SettledJob.Outcome\x12\x14\n\x0cmillicredits\x18\x03 \x01(\x03\"i\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fOUTCOME_SETTLED\x10\x01\x12\x1b\n\x17OUTCOME_ALREADY_SETTLED\x10\x02\x12\x13\n\x0fOUTCOME_NO_HOLD\x10\x03\"I\n\x0fReleaseResponse\x12\x1d\n\x15released_millicredits\x18\x01 \x01(\x03\x12\x17\n\x0f\x61lready_settled\x18\x02 \x01(\x08\"\'\n\x11GetBalanceRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\"M\n\x12GetBalanceResponse\x12\x1c\n\x14\x62\x61lance_millicredits\x18\x01 \x01(\x03\x12\x19\n\x11held_millicredits\x18\x02 \x01(\x03\"J\n\x0cGrantRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12\x14\n\x0cmillicredits\x18\x02 \x01(\x03\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"-\n\rGrantResponse\x12\x1c\n\x14\x62\x61lance_millicredits\x18\x01 \x01(\x03\"U\n\x10ListHoldsRequest\x12\x1a\n\x12older_than_seconds\x18\x01 \x01(\x01\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\\\n\x11ListHoldsResponse\x12.\n\x05holds\x18\x01 \x03(\x0b\x32\x1f.hypermedia.credits.v1.HeldHold\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"N\n\x11ListLedgerRequest\x12\x12\n\naccount_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"b\n\x12ListLedgerResponse\x12\x33\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\".hypermedia.credits.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x91\x01\n\x0bLedgerEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\t\x12\x14\n\x0cmillicredits\x18\x04 \x01(\x03\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\x08HeldHold\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12.\n\ncreated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xb2\x07\n\x0e\x43reditsService\x12[\n\x08\x45stimate\x12&.hypermedia.credits.v1.EstimateRequest\x1a\'.hypermedia.credits.v1.EstimateResponse\x12O\n\x04Hold\x12\".hypermedia.credits.v1.HoldRequest\x1a#.hypermedia.credits.v1.HoldResponse\x12p\n\x0f\x45stimateAndHold\x12-.hypermedia.credits.v1.EstimateAndHoldRequest\x1a..hypermedia.credits.v1.EstimateAndHoldResponse\x12U\n\x06\x43ommit\x12$.hypermedia.credits.v1.CommitRequest\x1a%.hypermedia.credits.v1.CommitResponse\x12X\n\x07Release\x12%.hypermedia.credits.v1.ReleaseRequest\x1a&.hypermedia.credits.v1.ReleaseResponse\x12U\n\x06Settle\x12$.hypermedia.credits.v1.SettleRequest\x1a%.hypermedia.credits.v1.SettleResponse\x12\x61\n\nGetBalance\x12(.hypermedia.credits.v1.GetBalanceRequest\x1a).hypermedia.credits.v1.GetBalanceResponse\x12R\n\x05Grant\x12#.hypermedia.credits.v1.GrantRequest\x1a$.hypermedia.credits.v1.GrantResponse\x12^\n\tListHolds\x12\'.hypermedia.credits.v1.ListHoldsRequest\x1a(.hypermedia.credits.v1.ListHoldsResponse\x12\x61\n\nListLedger\x12(.hypermedia.credits.v1.ListLedgerRequest\x1a).hypermedia.credits.v1.ListLedgerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -58,28 +58,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMMITRESPONSE']._serialized_end=1185
   _globals['_RELEASEREQUEST']._serialized_start=1187
   _globals['_RELEASEREQUEST']._serialized_end=1219
-  _globals['_RELEASERESPONSE']._serialized_start=1221
-  _globals['_RELEASERESPONSE']._serialized_end=1294
-  _globals['_GETBALANCEREQUEST']._serialized_start=1296
-  _globals['_GETBALANCEREQUEST']._serialized_end=1335
-  _globals['_GETBALANCERESPONSE']._serialized_start=1337
-  _globals['_GETBALANCERESPONSE']._serialized_end=1414
-  _globals['_GRANTREQUEST']._serialized_start=1416
-  _globals['_GRANTREQUEST']._serialized_end=1490
-  _globals['_GRANTRESPONSE']._serialized_start=1492
-  _globals['_GRANTRESPONSE']._serialized_end=1537
-  _globals['_LISTHOLDSREQUEST']._serialized_start=1539
-  _globals['_LISTHOLDSREQUEST']._serialized_end=1624
-  _globals['_LISTHOLDSRESPONSE']._serialized_start=1626
-  _globals['_LISTHOLDSRESPONSE']._serialized_end=1718
-  _globals['_LISTLEDGERREQUEST']._serialized_start=1720
-  _globals['_LISTLEDGERREQUEST']._serialized_end=1798
-  _globals['_LISTLEDGERRESPONSE']._serialized_start=1800
-  _globals['_LISTLEDGERRESPONSE']._serialized_end=1898
-  _globals['_LEDGERENTRY']._serialized_start=1901
-  _globals['_LEDGERENTRY']._serialized_end=2046
-  _globals['_HELDHOLD']._serialized_start=2048
-  _globals['_HELDHOLD']._serialized_end=2122
-  _globals['_CREDITSSERVICE']._serialized_start=2125
-  _globals['_CREDITSSERVICE']._serialized_end=2984
+  _globals['_SETTLEREQUEST']._serialized_start=1221
+  _globals['_SETTLEREQUEST']._serialized_end=1348
+  _globals['_SETTLERESPONSE']._serialized_start=1350
+  _globals['_SETTLERESPONSE']._serialized_end=1418
+  _globals['_SETTLEDJOB']._serialized_start=1421
+  _globals['_SETTLEDJOB']._serialized_end=1638
+  _globals['_SETTLEDJOB_OUTCOME']._serialized_start=1533
+  _globals['_SETTLEDJOB_OUTCOME']._serialized_end=1638
+  _globals['_RELEASERESPONSE']._serialized_start=1640
+  _globals['_RELEASERESPONSE']._serialized_end=1713
+  _globals['_GETBALANCEREQUEST']._serialized_start=1715
+  _globals['_GETBALANCEREQUEST']._serialized_end=1754
+  _globals['_GETBALANCERESPONSE']._serialized_start=1756
+  _globals['_GETBALANCERESPONSE']._serialized_end=1833
+  _globals['_GRANTREQUEST']._serialized_start=1835
+  _globals['_GRANTREQUEST']._serialized_end=1909
+  _globals['_GRANTRESPONSE']._serialized_start=1911
+  _globals['_GRANTRESPONSE']._serialized_end=1956
+  _globals['_LISTHOLDSREQUEST']._serialized_start=1958
+  _globals['_LISTHOLDSREQUEST']._serialized_end=2043
+  _globals['_LISTHOLDSRESPONSE']._serialized_start=2045
+  _globals['_LISTHOLDSRESPONSE']._serialized_end=2137
+  _globals['_LISTLEDGERREQUEST']._serialized_start=2139
+  _globals['_LISTLEDGERREQUEST']._serialized_end=2217
+  _globals['_LISTLEDGERRESPONSE']._serialized_start=2219
+  _globals['_LISTLEDGERRESPONSE']._serialized_end=2317
+  _globals['_LEDGERENTRY']._serialized_start=2320
+  _globals['_LEDGERENTRY']._serialized_end=2465
+  _globals['_HELDHOLD']._serialized_start=2467
+  _globals['_HELDHOLD']._serialized_end=2541
+  _globals['_CREDITSSERVICE']._serialized_start=2544
+  _globals['_CREDITSSERVICE']._serialized_end=3490
 # @@protoc_insertion_point(module_scope)

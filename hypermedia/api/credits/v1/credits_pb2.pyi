@@ -10,6 +10,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -354,6 +355,105 @@ class ReleaseRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseRequest: _TypeAlias = ReleaseRequest  # noqa: Y015
+
+@_typing.final
+class SettleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMITS_FIELD_NUMBER: _builtins.int
+    RELEASES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commits(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommitRequest]: ...
+    @_builtins.property
+    def releases(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReleaseRequest]: ...
+    def __init__(
+        self,
+        *,
+        commits: _abc.Iterable[Global___CommitRequest] | None = ...,
+        releases: _abc.Iterable[Global___ReleaseRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commits", b"commits", "releases", b"releases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleRequest: _TypeAlias = SettleRequest  # noqa: Y015
+
+@_typing.final
+class SettleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SettledJob]:
+        """One per job: the commits' results, then the releases', in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___SettledJob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleResponse: _TypeAlias = SettleResponse  # noqa: Y015
+
+@_typing.final
+class SettledJob(_message.Message):
+    """SettledJob is what Settle did with one job's hold."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Outcome:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[SettledJob._Outcome.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        OUTCOME_UNSPECIFIED: SettledJob._Outcome.ValueType  # 0
+        OUTCOME_SETTLED: SettledJob._Outcome.ValueType  # 1
+        """This call committed or released the hold."""
+        OUTCOME_ALREADY_SETTLED: SettledJob._Outcome.ValueType  # 2
+        """An earlier call (or an earlier entry of this one) had settled it; nothing changed."""
+        OUTCOME_NO_HOLD: SettledJob._Outcome.ValueType  # 3
+        """A commit of a job that holds nothing: nothing changed."""
+
+    class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper): ...
+    OUTCOME_UNSPECIFIED: SettledJob.Outcome.ValueType  # 0
+    OUTCOME_SETTLED: SettledJob.Outcome.ValueType  # 1
+    """This call committed or released the hold."""
+    OUTCOME_ALREADY_SETTLED: SettledJob.Outcome.ValueType  # 2
+    """An earlier call (or an earlier entry of this one) had settled it; nothing changed."""
+    OUTCOME_NO_HOLD: SettledJob.Outcome.ValueType  # 3
+    """A commit of a job that holds nothing: nothing changed."""
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    MILLICREDITS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    outcome: Global___SettledJob.Outcome.ValueType
+    millicredits: _builtins.int
+    """SETTLED: charged (a commit) or freed (a release). ALREADY_SETTLED: for a commit, what the
+    earlier settlement charged (as Commit answers); for a release, 0. NO_HOLD: 0.
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        outcome: Global___SettledJob.Outcome.ValueType = ...,
+        millicredits: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "millicredits", b"millicredits", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettledJob: _TypeAlias = SettledJob  # noqa: Y015
 
 @_typing.final
 class ReleaseResponse(_message.Message):

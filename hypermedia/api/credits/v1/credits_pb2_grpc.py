@@ -60,6 +60,11 @@ class CreditsServiceStub:
                 request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Settle = channel.unary_unary(
+                '/hypermedia.credits.v1.CreditsService/Settle',
+                request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.SettleRequest.SerializeToString,
+                response_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.SettleResponse.FromString,
+                _registered_method=True)
         self.GetBalance = channel.unary_unary(
                 '/hypermedia.credits.v1.CreditsService/GetBalance',
                 request_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.GetBalanceRequest.SerializeToString,
@@ -140,6 +145,20 @@ class CreditsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Settle(self, request, context):
+        """Settle is many Commits and Releases in one call and one transaction: a worker's settlements
+        of the jobs that ended while its previous call was in flight, or a page of the reaper's
+        sweep. Each job is settled as Commit or Release would settle it, and `results` answer the
+        commits, then the releases, in the request's order. A job named twice is settled by its
+        first entry; the later one reports `already_settled`. A commit of a job without a hold is
+        OUTCOME_NO_HOLD in its result (Commit's NOT_FOUND), and nothing else in the call is refused for it.
+        INVALID_ARGUMENT, and nothing settled, for a malformed job id, a commit Commit would refuse,
+        or more than 1000 jobs in one call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetBalance(self, request, context):
         """GetBalance returns the balance and the amount currently held.
         """
@@ -202,6 +221,11 @@ def add_CreditsServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ReleaseRequest.FromString,
                     response_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Settle': grpc.unary_unary_rpc_method_handler(
+                    servicer.Settle,
+                    request_deserializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.SettleRequest.FromString,
+                    response_serializer=hypermedia_dot_credits_dot_v1_dot_credits__pb2.SettleResponse.SerializeToString,
             ),
             'GetBalance': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBalance,
@@ -360,6 +384,33 @@ class CreditsService:
             '/hypermedia.credits.v1.CreditsService/Release',
             hypermedia_dot_credits_dot_v1_dot_credits__pb2.ReleaseRequest.SerializeToString,
             hypermedia_dot_credits_dot_v1_dot_credits__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Settle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypermedia.credits.v1.CreditsService/Settle',
+            hypermedia_dot_credits_dot_v1_dot_credits__pb2.SettleRequest.SerializeToString,
+            hypermedia_dot_credits_dot_v1_dot_credits__pb2.SettleResponse.FromString,
             options,
             channel_credentials,
             insecure,

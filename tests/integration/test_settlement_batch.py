@@ -1,0 +1,138 @@
+"""A worker's settlements sent in batches (:class:`hypermedia.jobs.settlement.SettlementBatch`)
+through a real credits service over gRPC: a busy worker's jobs share ``Settle`` calls, every job
+is settled once, a refused batch holds up no other job, and an unreachable service leaves the
+holds to the reaper."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import asyncpg
+import pytest
+from prometheus_client import REGISTRY
+
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.devtools.embedded import free_port
+from hypermedia.infra.rpc import channel
+from hypermedia.jobs.settlement import Settlement, SettlementBatch
+from tests.integration.conftest import Credits, Seeder, Tenant
+
+HOLD = 1_000
+SETTLE_CALLS = {
+    "grpc_service": "hypermedia.credits.v1.CreditsService",
+    "grpc_method": "Settle",
+    "grpc_code": "OK",
+}
+
+
+async def _held(credits: Credits, tenant: Tenant, count: int) -> list[str]:
+    request = credits_pb2.HoldRequest(account_id=str(tenant.account_id))
+    jobs = [str(uuid.uuid4()) for _ in range(count)]
+    for job_id in jobs:
+        request.holds.add(job_id=job_id, millicredits=HOLD)
+    await credits.service.Hold(request, None)
+    return jobs
+
+
+async def _holds(pool: asyncpg.Pool, jobs: list[str]) -> dict[str, tuple[str, int | None]]:
+    rows = await pool.fetch(
+        "SELECT job_id::text, status, charged FROM credit_holds WHERE job_id = ANY($1::uuid[])", jobs
+    )
+    return {r["job_id"]: (r["status"], r["charged"]) for r in rows}
+
+
+def _settle_calls() -> float:
+    return REGISTRY.get_sample_value("grpc_server_handled_total", SETTLE_CALLS) or 0.0
+
+
+async def test_jobs_ending_while_a_call_is_in_flight_share_the_next_call_and_each_is_settled_once(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """One job ends and its call goes out at once; 39 more end while it is in flight (a busy
+    worker) and go out together in one more call: two calls, forty settlements, the ledger exact."""
+    tenant = await seed.tenant(balance=100_000)
+    jobs = await _held(credits, tenant, 40)
+    batch = SettlementBatch(Settlement(credits.stub))
+    before = _settle_calls()
+
+    batch.submit(jobs[0], "completed", actual_millicredits=600)
+    await asyncio.sleep(0)  # the sender takes the first job and awaits its call
+    for k, job_id in enumerate(jobs[1:]):
+        if k % 3 == 0:
+            batch.submit(job_id, "cancelled")
+        else:
+            batch.submit(job_id, "completed", actual_millicredits=700, lines={"megapixels": 200})
+    assert await batch.flush(10)
+
+    assert _settle_calls() - before == 2
+    holds = await _holds(fresh_pool, jobs)
+    released = [j for k, j in enumerate(jobs[1:]) if k % 3 == 0]
+    assert {j: holds[j] for j in released} == {j: ("released", 0) for j in released}
+    assert holds[jobs[0]] == ("committed", 600)
+    committed = [j for j in jobs[1:] if j not in released]
+    assert {holds[j] for j in committed} == {("committed", 700)}
+    lines = await fresh_pool.fetch(
+        "SELECT line, count(*) AS n, sum(amount) AS total FROM credit_ledger "
+        "WHERE kind = 'commit' AND account_id = $1 GROUP BY line",
+        tenant.account_id,
+    )
+    assert {r["line"]: (r["n"], r["total"]) for r in lines} == {
+        "base": (1 + len(committed), -600 - 500 * len(committed)),
+        "megapixels": (len(committed), -200 * len(committed)),
+    }
+    balance, held = await fresh_pool.fetchrow(
+        "SELECT balance, held FROM credit_accounts WHERE account_id = $1", tenant.account_id
+    )
+    assert (balance, held) == (100_000 - 600 - 700 * len(committed), 0)
+
+
+async def test_a_refused_batch_is_sent_again_job_by_job_and_holds_up_no_other_job(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit the service refuses (a line named ``base``: a worker's bug) in a batch of three:
+    the batch is refused whole, then each job is sent alone; the other two are settled and the
+    refused one stays held for the reaper, logged."""
+    tenant = await seed.tenant(balance=100_000)
+    good, bad, released = await _held(credits, tenant, 3)
+    batch = SettlementBatch(Settlement(credits.stub))
+
+    with caplog.at_level(logging.WARNING, "hypermedia.jobs.settlement"):
+        batch.submit(good, "completed", actual_millicredits=800)
+        batch.submit(bad, "completed", actual_millicredits=800, lines={"base": 100})
+        batch.submit(released, "failed")
+        assert await batch.flush(10)
+
+    assert await _holds(fresh_pool, [good, bad, released]) == {
+        good: ("committed", 800),
+        bad: ("held", None),
+        released: ("released", 0),
+    }
+    assert [r.job_id for r in caplog.records if "left to the reaper" in r.getMessage()] == [bad]
+
+
+async def test_an_unreachable_credits_service_leaves_the_holds_held_for_the_reaper(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits, caplog: pytest.LogCaptureFixture
+) -> None:
+    tenant = await seed.tenant(balance=100_000)
+    jobs = await _held(credits, tenant, 2)
+    unreachable = channel(f"127.0.0.1:{free_port()}")
+    try:
+        batch = SettlementBatch(Settlement(credits_pb2_grpc.CreditsServiceStub(unreachable)))
+        with caplog.at_level(logging.WARNING, "hypermedia.jobs.settlement"):
+            for job_id in jobs:
+                batch.submit(job_id, "completed", actual_millicredits=500)
+            assert await batch.flush(20), "three tries, then given up"
+    finally:
+        await unreachable.close()
+
+    assert await _holds(fresh_pool, jobs) == {j: ("held", None) for j in jobs}
+    assert any("settlement of 2 jobs failed; left to the reaper" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_outcome_that_does_not_end_a_job_is_refused_at_once(credits: Credits) -> None:
+    batch = SettlementBatch(Settlement(credits.stub))
+    with pytest.raises(ValueError, match="'processing' does not end a job"):
+        batch.submit(str(uuid.uuid4()), "processing")
+    assert await batch.flush(1)
