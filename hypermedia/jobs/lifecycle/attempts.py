@@ -249,44 +249,49 @@ async def complete(
     attempt committed and its reply was lost (so the call can be retried). False when nothing was
     written: the lease was lost, or cancellation was requested (:func:`fenced_status` tells which).
     """
-    async with pool.acquire() as conn, conn.transaction():
-        status = await conn.fetchval(
-            """
+    # One statement (one round trip, its own transaction): the fenced update, the outputs and the
+    # attempt's end all happen, or none does. The UPDATE waits for a concurrent cancel's row lock
+    # and re-checks its WHERE on the row that cancel committed, as it would on its own.
+    completed = await pool.fetchval(
+        """
+        WITH done AS (
             UPDATE processing_jobs SET status = 'completed', completed_at = now(), actual_credits = $4,
-                   charge_lines = $5, visibility_timeout = NULL, error_code = NULL, error_message = NULL, updated_at = now()
+                   charge_lines = $5, visibility_timeout = NULL, error_code = NULL, error_message = NULL,
+                   updated_at = now()
             WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3 AND status = 'processing'
-            RETURNING status
-            """,
-            job.job_id,
-            worker_id,
-            job.attempt,
-            actual_credits,
-            charge_lines or {},
-        )
-        if status is None:
-            return await _fenced_status(conn, job, worker_id) == "completed"
-        await conn.executemany(
-            """
+            RETURNING job_id
+        ), outputs AS (
             INSERT INTO job_outputs (job_id, output_type, profile_version, object_id, key, mime_type,
                                      size_bytes, metadata)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            SELECT done.job_id, o.output_type, $6, o.object_id, o.key, o.mime_type, o.size_bytes, o.metadata
+            FROM done, unnest($7::text[], $8::uuid[], $9::text[], $10::text[], $11::bigint[], $12::jsonb[])
+                 AS o (output_type, object_id, key, mime_type, size_bytes, metadata)
             ON CONFLICT ON CONSTRAINT uk_job_type_profile DO NOTHING
-            """,
-            [
-                (
-                    job.job_id,
-                    o.output_type,
-                    job.profile_version,
-                    o.object_id,
-                    o.key,
-                    o.mime_type,
-                    o.size_bytes,
-                    o.metadata,
-                )
-                for o in outputs
-            ],
+        ), attempt AS (
+            UPDATE job_attempts SET status = 'completed', error_code = NULL, error_message = NULL,
+                   finished_at = now(), duration_ms = $13, peak_memory_mb = $14
+            WHERE job_id IN (SELECT job_id FROM done) AND attempt_number = $3
         )
-        await _finish_attempt(conn, job, "completed", None, None, duration_ms, peak_memory_mb)
+        SELECT count(*) FROM done
+        """,
+        job.job_id,
+        worker_id,
+        job.attempt,
+        actual_credits,
+        charge_lines or {},
+        job.profile_version,
+        [o.output_type for o in outputs],
+        [o.object_id for o in outputs],
+        [o.key for o in outputs],
+        [o.mime_type for o in outputs],
+        [o.size_bytes for o in outputs],
+        [o.metadata for o in outputs],
+        duration_ms,
+        peak_memory_mb,
+    )
+    if not completed:
+        async with pool.acquire() as conn:
+            return await _fenced_status(conn, job, worker_id) == "completed"
     _observe(job, "completed", duration_ms, peak_memory_mb)
     return True
 
