@@ -62,7 +62,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@scripts/ensure_debian_packages.sh $(DEBIAN_TEST_PACKAGES)
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=30
 	@$(MAKE) --no-print-directory test-unprivileged
 
 # The security suite a second time, as the unprivileged user hmtest (created when missing): a
