@@ -2,7 +2,8 @@
 the config file: :class:`~hypermedia.client.session.ClientSettings`):
 
 - ``hypermedia submit FILE --op thumbnail --op convert:format=avif [--watch] [--download DIR]``
-- ``hypermedia jobs ls|get|watch|cancel``, ``hypermedia objects ls|get|rm``, ``hypermedia operations``
+- ``hypermedia jobs ls|get|watch|cancel``, ``hypermedia objects ls|get|rm``, ``hypermedia operations``,
+  ``hypermedia credits [--ledger N]``
 - ``hypermedia schedules ls|add|runs|trigger|pause|resume|rm``
 
 Tables on stdout (rich), progress on stderr when it is a terminal, ``--json`` for scripts.
@@ -18,11 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import mimetypes
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Final, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -30,6 +30,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from hypermedia.client.session import TERMINAL, ApiError, ClientSettings, ConfigMissing, Session
+from hypermedia.client.views import jobs_table, outputs_table, saved_name
 from hypermedia.core.errors import InvalidArgument
 from hypermedia.core.rfc3339 import parse_rfc3339
 
@@ -44,24 +45,6 @@ EXIT_UNREACHABLE = 4
 # columns when the output is a pipe: ids and cursors must stay whole to be copied.
 out = Console(markup=False, highlight=False, width=None if sys.stdout.isatty() else 1000)
 err = Console(stderr=True, markup=False, highlight=False, width=None if sys.stderr.isatty() else 1000)
-
-EXTENSIONS: Final = {
-    "image/webp": ".webp",
-    "image/avif": ".avif",
-    "image/jpeg": ".jpg",
-    "image/png": ".png",
-    "application/pdf": ".pdf",
-    "application/json": ".json",
-    "text/plain": ".txt",
-    "text/vtt": ".vtt",
-    "application/vnd.apple.mpegurl": ".m3u8",
-    "video/mp4": ".mp4",
-    "audio/mp4": ".m4a",
-    "audio/mpeg": ".mp3",
-    "audio/ogg": ".ogg",
-    "text/csv": ".csv",
-}
-"""File extensions of the outputs' types (``mimetypes`` knows only what the host's tables say)."""
 
 jobs_app = typer.Typer(no_args_is_help=True, help="your jobs: ls, get, watch, cancel")
 objects_app = typer.Typer(no_args_is_help=True, help="your objects: ls, get, rm")
@@ -176,25 +159,6 @@ def _watch(session: Session, job_ids: list[str], quiet: bool) -> list[dict[str, 
     return ended
 
 
-def _jobs_table(jobs: list[dict[str, Any]]) -> Table:
-    table = Table("job_id", "operation", "status", "error", "credits", "created_at")
-    for j in jobs:
-        error = f"{j['error_code']}: {j['error_message']}" if j.get("error_code") else ""
-        credits = (
-            j.get("actual_credits") if j.get("actual_credits") is not None else j.get("estimated_credits")
-        )
-        table.add_row(j["job_id"], j["operation"], j["status"], error, str(credits), j["created_at"])
-    return table
-
-
-def _outputs_table(jobs: list[dict[str, Any]]) -> Table:
-    table = Table("job_id", "output", "type", "bytes", "link")
-    for j in jobs:
-        for o in j.get("outputs", []):
-            table.add_row(j["job_id"], o["output_type"], o["mime_type"], str(o["size_bytes"]), o["link"])
-    return table
-
-
 def _folder(download: Path | None) -> None:
     """Make the download folder before anything is uploaded or charged: exit 2 if it cannot be."""
     if download is not None:
@@ -210,11 +174,11 @@ def _download(session: Session, jobs: list[dict[str, Any]], folder: Path, stem: 
     written: list[str] = []
     for job in jobs:
         for output in job.get("outputs", []):
-            mime = output["mime_type"].split(";")[0].strip()
-            ext = EXTENSIONS.get(mime) or mimetypes.guess_extension(mime) or ".bin"
-            path = folder / f"{stem}.{output['output_type']}{ext}"
+            path = folder / saved_name(stem, output["output_type"], output["mime_type"])
             if str(path) in written:
-                path = folder / f"{stem}.{output['output_type']}.{job['job_id'][:8]}{ext}"
+                path = folder / saved_name(
+                    stem, f"{output['output_type']}.{job['job_id'][:8]}", output["mime_type"]
+                )
             session.download(job["job_id"], output["output_type"], path)
             written.append(str(path))
     return written
@@ -285,8 +249,8 @@ def submit(
     if as_json:
         out.print_json(data=result)
     elif "jobs" in result:
-        out.print(_jobs_table(result["jobs"]))
-        out.print(_outputs_table(result["jobs"]))
+        out.print(jobs_table(result["jobs"]))
+        out.print(outputs_table(result["jobs"]))
         for path in result.get("downloaded", []):
             out.print(f"saved {path}", highlight=False)
     else:
@@ -331,7 +295,7 @@ def jobs_ls(
     if as_json:
         out.print_json(data=page)
         return
-    out.print(_jobs_table(page["jobs"]))
+    out.print(jobs_table(page["jobs"]))
     if page.get("next_cursor"):
         out.print(f"more: --cursor {page['next_cursor']}", highlight=False)
 
@@ -343,9 +307,9 @@ def jobs_get(job_id: str, as_json: JsonFlag = False) -> None:
     if as_json:
         out.print_json(data=job)
     else:
-        out.print(_jobs_table([job]))
+        out.print(jobs_table([job]))
         if job["outputs"]:
-            out.print(_outputs_table([job]))
+            out.print(outputs_table([job]))
     if job["status"] in ("failed", "cancelled"):
         raise typer.Exit(EXIT_JOB_FAILED)
 
@@ -359,7 +323,7 @@ def jobs_watch(
     if as_json:
         out.print_json(data=jobs)
     else:
-        out.print(_jobs_table(jobs))
+        out.print(jobs_table(jobs))
     if any(j["status"] != "completed" for j in jobs):
         raise typer.Exit(EXIT_JOB_FAILED)
 
@@ -371,7 +335,7 @@ def jobs_cancel(job_id: str, as_json: JsonFlag = False) -> None:
     if as_json:
         out.print_json(data=job)
     else:
-        out.print(_jobs_table([job]))
+        out.print(jobs_table([job]))
 
 
 @objects_app.command("ls")
@@ -530,6 +494,33 @@ def schedules_rm(name: str) -> None:
     out.print(f"deleted schedule {name}", highlight=False)
 
 
+def credits(
+    ledger: Annotated[int, typer.Option(min=0, max=1000, help="also the newest N ledger entries")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Your balance, what unfinished jobs hold, and what new requests may still hold; with
+    ``--ledger N`` the newest N ledger entries, which explain every charge."""
+    shown = _ask(
+        lambda session: (
+            {"credits": session.credits()} | ({"ledger": session.ledger(ledger)} if ledger else {})
+        )
+    )
+    if as_json:
+        out.print_json(data=shown)
+        return
+    table = Table("balance", "held", "available")
+    table.add_row(*(str(shown["credits"][k]) for k in ("balance", "held", "available")))
+    out.print(table)
+    if ledger:
+        entries = Table("at", "kind", "line", "credits", "job_id", "operation", "job_status")
+        for e in shown["ledger"]["entries"]:
+            entries.add_row(
+                e["at"], e["kind"], e["line"], str(e["credits"]), e["job_id"] or "", e["operation"] or "",
+                e["job_status"] or "",
+            )  # fmt: skip
+        out.print(entries)
+
+
 def operations(as_json: JsonFlag = False) -> None:
     """The operations you may run, with their queue, price and params."""
     listed = _ask(lambda session: session.operations())
@@ -551,6 +542,7 @@ def register(app: typer.Typer) -> None:
     """Adds the client commands to the ``hypermedia`` command."""
     app.command("submit")(submit)
     app.command("operations")(operations)
+    app.command("credits")(credits)
     app.add_typer(jobs_app, name="jobs")
     app.add_typer(objects_app, name="objects")
     app.add_typer(schedules_app, name="schedules")

@@ -174,6 +174,15 @@ class Session:
         """``GET /v1/jobs`` with the filters that are not None (``status`` may be a list)."""
         return dict(self._call("GET", "/v1/jobs", params={k: v for k, v in filters.items() if v is not None}))
 
+    def credits(self) -> dict[str, Any]:
+        """``GET /v1/credits``: ``balance``, ``held``, ``available`` (credits)."""
+        return dict(self._call("GET", "/v1/credits"))
+
+    def ledger(self, limit: int, cursor: str | None = None) -> dict[str, Any]:
+        """``GET /v1/account/ledger``: ``entries`` newest first, ``next_cursor``."""
+        params: dict[str, Any] = {"limit": limit} | ({"cursor": cursor} if cursor else {})
+        return dict(self._call("GET", "/v1/account/ledger", params=params))
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/v1/jobs/{_segment(job_id)}:cancel"))
 

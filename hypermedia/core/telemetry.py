@@ -105,7 +105,9 @@ def setup(service: str, level: str = "INFO") -> trace.Tracer:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("nats", "uvicorn.access", "httpx", "botocore", "asyncio"):
+    # pgserver logs all of initdb and yoyo every step of every migration at INFO: `hypermedia up`
+    # says "migrations applied: N" once instead, and both still log their warnings and errors.
+    for noisy in ("nats", "uvicorn.access", "httpx", "botocore", "asyncio", "pgserver", "yoyo"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         exporters = span_exporters()

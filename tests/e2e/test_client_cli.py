@@ -70,6 +70,17 @@ def test_submit_watches_and_downloads_then_jobs_and_objects_read_and_delete(
     table = _run(user, "jobs", "get", result["job_ids"][0])
     assert table.returncode == 0 and "completed" in table.stdout and "thumbnail" in table.stdout
 
+    # The balance and the ledger that explains it, as GET /v1/credits and /v1/account/ledger say.
+    shown = _run(user, "credits", "--ledger", "1000", "--json")
+    assert shown.returncode == 0, shown.stderr
+    credits = json.loads(shown.stdout)
+    assert set(credits["credits"]) == {"balance", "held", "available"}
+    charged = {e["job_id"] for e in credits["ledger"]["entries"] if e["kind"] == "commit"}
+    assert set(result["job_ids"]) <= charged
+    table = _run(user, "credits")
+    assert table.returncode == 0 and "available" in table.stdout
+    assert str(credits["credits"]["available"]) in table.stdout
+
     originals = json.loads(_run(user, "objects", "ls", "--kind", "original", "--json").stdout)["objects"]
     assert object_id in [o["object_id"] for o in originals]
     outputs = json.loads(_run(user, "objects", "ls", "--kind", "output", "--limit", "1000", "--json").stdout)
@@ -105,7 +116,12 @@ def test_submit_with_a_delay_makes_scheduled_jobs_and_cancel_stops_them(user: di
     plain = _run(user, "submit", str(EXIF / "Landscape_4.jpg"), "--op", "thumbnail", "--delay", "3600")
     assert plain.returncode == 0 and "; scheduled for 20" in plain.stdout, plain.stdout
     job = plain.stdout.split("jobs ", 1)[1].split(";")[0].strip()
-    assert _run(user, "jobs", "cancel", job).returncode == 0
+    waiting = _run(user, "jobs", "get", job)
+    assert waiting.returncode == 0 and f"{shown['estimated_credits']} held" in waiting.stdout, waiting.stdout
+    stopped = _run(user, "jobs", "cancel", job)
+    assert stopped.returncode == 0
+    [row] = [line for line in stopped.stdout.splitlines() if job in line]
+    assert "cancelled" in row and " 0 " in row and "held" not in row, "released: nothing charged"
 
     # Flag mistakes are usage errors (2), found before anything is uploaded; the horizon is the
     # gateway's to refuse (3).
