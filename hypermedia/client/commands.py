@@ -295,7 +295,7 @@ def jobs_ls(
     if as_json:
         out.print_json(data=page)
         return
-    out.print(jobs_table(page["jobs"]))
+    out.print(jobs_table(page["jobs"]) if page["jobs"] else "no jobs")
     if page.get("next_cursor"):
         out.print(f"more: --cursor {page['next_cursor']}", highlight=False)
 
@@ -362,7 +362,7 @@ def objects_ls(
             o["source_object_id"] or "",
             o["created_at"],
         )
-    out.print(table)
+    out.print(table if page["objects"] else "no objects")
     if page.get("next_cursor"):
         out.print(f"more: --cursor {page['next_cursor']}", highlight=False)
 
@@ -394,7 +394,7 @@ def objects_rm(object_id: str, as_json: JsonFlag = False) -> None:
 
 
 def _schedules_table(schedules: list[dict[str, Any]]) -> Table:
-    table = Table("name", "kind", "cron", "time zone", "next run (UTC)", "last run", "state")
+    table = Table("name", "kind", "cron", "time zone", "next run (UTC)", "last run", "last run's state")
     for s in schedules:
         last = s.get("last_run") or {}
         table.add_row(
@@ -416,7 +416,7 @@ def schedules_ls(as_json: JsonFlag = False) -> None:
     if as_json:
         out.print_json(data=listed)
     else:
-        out.print(_schedules_table(listed["schedules"]))
+        out.print(_schedules_table(listed["schedules"]) if listed["schedules"] else "no schedules")
 
 
 @schedules_app.command("add")
