@@ -721,6 +721,7 @@ async def test_a_notice_mid_job_hands_it_back_preempted_and_another_worker_compl
     assert set(metadata.seen_tokens) == {metadata.token}, "IMDSv2: every read with the session token"
     assert woken == ["preempted"], "the scheduler is woken to replace the capacity at once"
     assert announced_status == "draining", "the scheduler counts it out of the live capacity at once"
+    await listener.remove_listener(scaling.WAKE_CHANNEL, wake)
     await spot.pool.release(listener)
     assert spot.sandbox.cancelled == [job_id]
     row = await spot.row(job_id)
