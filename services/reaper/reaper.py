@@ -8,6 +8,7 @@ requeue the same job twice:
    ``visibility_timeout`` passed, or whose worker is dead, go back to ``queued`` (published again),
    or to ``failed`` with ``WORKER_LOST`` once they lost :data:`lifecycle.MAX_LOST_ATTEMPTS`
    attempts (``cancelled`` when cancellation was requested). A dead worker's jobs are recovered at once, not when their leases run out;
+   the holds of the jobs this step ended are released together, in one ``Settle`` call;
 3. **retry promotion**: ``retry_wait`` jobs whose ``next_attempt_at`` passed go to ``queued``;
 4. **stale queued**: jobs ``queued`` longer than ``requeue_stale_seconds`` are published again, so
    a message the broker lost never strands a job (claims are idempotent, duplicates are dropped);
@@ -25,8 +26,9 @@ requeue the same job twice:
 
 The reaper decides; :mod:`hypermedia.jobs.lifecycle` writes every transition (steps 2–4, with the
 one rule for a lost attempt) and :mod:`hypermedia.jobs.settlement` settles credits (step 5 asks the
-credits service for its held holds over gRPC; Release and Commit are idempotent per job, so settling
-a hold someone else is settling at the same moment is harmless).
+credits service for its held holds over gRPC and settles each page of them in one ``Settle`` call;
+settling is idempotent per job, so settling a hold someone else is settling at the same moment is
+harmless).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import asyncpg
 from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.core.errors import DomainError
 from hypermedia.jobs import lifecycle
-from hypermedia.jobs.settlement import Settlement
+from hypermedia.jobs.settlement import MAX_SETTLE, Settlement, settle_request
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +106,14 @@ class Reaper:
         dead = await self._mark_dead_workers()
         expired = await lifecycle.expire_leases(self._pool, self._prefix, self._batch)
         requeued = sum(1 for _, status in expired if status == "queued")
-        for job_id, status in expired:
-            if status == "queued":
-                continue
+        ended = [settle_request(job_id, status) for job_id, status in expired if status != "queued"]
+        for start in range(0, len(ended), MAX_SETTLE):
+            batch = ended[start : start + MAX_SETTLE]
             try:
-                await self._settlement.settle(job_id, status)
+                await self._settlement.settle_many(batch)
             except DomainError:
-                # The hold stays held; step 5 of a later run settles it.
-                log.exception("could not release credits of a reaped job")
+                # The holds stay held; step 5 of a later run settles them.
+                log.exception("could not release the credits of %d reaped jobs", len(batch))
         promoted = await lifecycle.promote_retries(self._pool, self._prefix, self._batch)
         republished = await lifecycle.republish_stale(self._pool, self._prefix, self._batch, self._stale)
         try:
