@@ -28,7 +28,7 @@ from typing import Any, Final
 import asyncpg
 
 from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
-from hypermedia.core.errors import DomainError, InvalidArgument
+from hypermedia.core.errors import DomainError
 from hypermedia.infra.rpc import call, infra_retry
 from hypermedia.jobs import lifecycle
 from hypermedia.jobs.lifecycle.recovery import UNCREATED
@@ -122,12 +122,13 @@ class Settlement:
     async def settle_many(self, requests: list[SettleRequest], *, retry: bool = False) -> int:
         """Settles many jobs in one ``Settle`` call (one transaction), each request from
         :func:`settle_request`, at most :data:`MAX_SETTLE`. ``retry`` as :meth:`settle`.
-        Returns how many holds this call settled (the others were settled already, or a commit's
-        job held nothing: logged).
+        Returns how many holds this call settled: the others were settled already, or are
+        logged, each at WARNING (a commit of a job that held nothing; an entry the service
+        refused, which holds up no other and stays held).
 
         Raises:
-            DomainError: the credits service refused the call (a malformed request: nothing
-                settled) or could not be reached (the holds stay held for the reaper).
+            DomainError: the credits service could not be reached, or refused the call for more
+                than :data:`MAX_SETTLE` jobs (the holds stay held for the reaper).
         """
         batch = credits_pb2.SettleRequest(
             commits=[r for r in requests if isinstance(r, credits_pb2.CommitRequest)],
@@ -139,6 +140,8 @@ class Settlement:
         for result in response.results:
             if result.outcome == credits_pb2.SettledJob.OUTCOME_NO_HOLD:
                 log.warning("no hold to commit for an ended job", extra={"job_id": result.job_id})
+            elif result.outcome == credits_pb2.SettledJob.OUTCOME_REFUSED:
+                log.warning("settlement refused: %s", result.refusal, extra={"job_id": result.job_id})
         return sum(r.outcome == credits_pb2.SettledJob.OUTCOME_SETTLED for r in response.results)
 
     async def sweep(self, pool: asyncpg.Pool, grace_seconds: float, batch: int) -> int:
@@ -147,7 +150,8 @@ class Settlement:
         settled as :meth:`settle` would have. Reads at most :data:`SWEEP_PAGES` pages of ``batch``
         held holds, oldest first, going on where the previous sweep of this object stopped (and
         from the start again after the last page), so every hold is looked at however many jobs
-        hold credits. A failure to settle one is logged and left to a later sweep.
+        hold credits. A failure to settle one is logged and left to a later sweep; one the credits
+        service refuses (``Settle`` answers per job) holds up no other of its page.
 
         Returns how many holds this sweep settled.
 
@@ -182,12 +186,17 @@ class SettlementBatch:
     meanwhile in the next (group commit: a lone job is sent at once, a busy worker's jobs share
     calls). A call that fails after :func:`~hypermedia.infra.rpc.infra_retry`'s tries is logged
     and its holds are left to the reaper's sweep, as a worker that dies before its call leaves
-    them; a refused batch is sent again one job a call, so that one bad request holds up no other.
+    them; so are settlements past :data:`MAX_QUEUED` while the credits service does not answer.
+    One entry the service refuses holds up no other (``Settle`` answers it per job).
     :meth:`flush` waits for what is queued (a stopping worker).
 
     Args:
         settlement: how the calls are made.
     """
+
+    MAX_QUEUED: Final = 10 * MAX_SETTLE
+    """Most settlements waiting to be sent; more (credits unreachable for long, a worker ending
+    jobs fast) are left to the reaper's sweep, logged."""
 
     def __init__(self, settlement: Settlement) -> None:
         self._settlement = settlement
@@ -198,14 +207,20 @@ class SettlementBatch:
         self, job_id: str, outcome: str, *, actual_millicredits: int = 0, lines: dict[str, int] | None = None
     ) -> None:
         """Queues the settlement of ``job_id``, ended ``outcome`` (:func:`settle_request`; raises
-        its ValueError here, at once). Needs a running event loop."""
-        self._queued.append(settle_request(job_id, outcome, actual_millicredits, lines))
+        its ValueError here, at once). Needs a running event loop. The call is made in the
+        context of the job whose settlement starts the sender task (its trace shows the
+        ``Settle`` span; jobs that joined that call do not)."""
+        request = settle_request(job_id, outcome, actual_millicredits, lines)
+        if len(self._queued) >= self.MAX_QUEUED:
+            log.warning("settlement queue full; left to the reaper", extra={"job_id": job_id})
+            return
+        self._queued.append(request)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send())
 
     async def flush(self, timeout: float) -> bool:
-        """Waits up to ``timeout`` seconds for every queued settlement to be sent. Returns whether
-        they all were (False: some still queued or in flight; the reaper settles what is lost)."""
+        """Waits up to ``timeout`` seconds for every queued settlement to be sent or given up
+        (left to the reaper, logged). Returns whether nothing is queued or in flight any more."""
         if self._sender is not None:
             await asyncio.wait({self._sender}, timeout=timeout)
         return not self._queued and (self._sender is None or self._sender.done())
@@ -215,16 +230,9 @@ class SettlementBatch:
             batch, self._queued = self._queued[:MAX_SETTLE], self._queued[MAX_SETTLE:]
             try:
                 await self._settlement.settle_many(batch, retry=True)
-            except DomainError as exc:
-                if not isinstance(exc, InvalidArgument) or len(batch) == 1:
-                    log.warning("credits settlement of %d jobs failed; left to the reaper", len(batch))
-                    continue
-                for request in batch:
-                    try:
-                        await self._settlement.settle_many([request], retry=True)
-                    except DomainError:
-                        log.warning(
-                            "credits settlement failed; left to the reaper", extra={"job_id": request.job_id}
-                        )
-            except Exception:
-                log.exception("credits settlement of %d jobs failed; left to the reaper", len(batch))
+            except Exception as exc:  # never the sender's end: what is queued behind still goes
+                log.warning(
+                    "credits settlement of %d jobs failed (%s); left to the reaper",
+                    len(batch),
+                    getattr(exc, "error_code", type(exc).__name__),
+                )

@@ -69,9 +69,10 @@ ADMISSION_NOTICE_SECONDS = 0.05
 
 FSIZE_LIMIT_BYTES = 10 * 1024**3
 """RLIMIT_FSIZE of a sandboxed job: the seed's 10 GB of temp space."""
-SETTLE_FLUSH_SECONDS = 10.0
-"""How long a stopping worker waits for its queued settlements (three tries of a call fit in it);
-what is still unsent is settled by the reaper's sweep."""
+SETTLE_FLUSH_SECONDS = 12.0
+"""How long a stopping worker waits for its queued settlements. A call answers in milliseconds;
+one to a credits service that does not answer times out after 10 s (``rpc.call``), so this is
+one such try and no more. What is still unsent is settled by the reaper's sweep."""
 
 
 class _Stopped(Exception):

@@ -226,6 +226,8 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         self, request: credits_pb2.CommitRequest, context: grpc.aio.ServicerContext
     ) -> credits_pb2.CommitResponse:
         (result,) = await self._settle([request], [])
+        if result.outcome == SettledJob.OUTCOME_REFUSED:
+            raise InvalidArgument(result.refusal)
         if result.outcome == SettledJob.OUTCOME_NO_HOLD:
             raise NotFound("no hold for this job", "HOLD_NOT_FOUND")
         return credits_pb2.CommitResponse(
@@ -237,6 +239,8 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         self, request: credits_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> credits_pb2.ReleaseResponse:
         (result,) = await self._settle([], [request])
+        if result.outcome == SettledJob.OUTCOME_REFUSED:
+            raise InvalidArgument(result.refusal)
         settled = result.outcome == SettledJob.OUTCOME_SETTLED
         return credits_pb2.ReleaseResponse(
             released_millicredits=result.millicredits if settled else 0, already_settled=not settled
@@ -257,24 +261,41 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         """Commits and releases in one transaction (see the Settle RPC): the holds locked in job id
         order and the accounts updated in account id order, so that concurrent calls (workers,
         the reaper) wait for each other rather than deadlock. One ledger row per charge line of a
-        commit, one per release. Returns a result per job, commits first, in the request's order.
-        Raises InvalidArgument (nothing settled) for a malformed id or commit."""
-        wanted = [(_uuid(c.job_id, "job_id"), _charge_lines(c)) for c in commits] + [
-            (_uuid(r.job_id, "job_id"), None) for r in releases
-        ]
+        commit, one per release. Returns a result per job, commits first, in the request's order;
+        a malformed id or commit is its job's ``OUTCOME_REFUSED``, the rest settled all the same."""
+        entries: list[credits_pb2.CommitRequest | credits_pb2.ReleaseRequest] = [*commits, *releases]
+        refused: dict[int, str] = {}  # entry -> why
+        wanted: list[tuple[uuid.UUID, list[tuple[str, int]] | None]] = []
+        for k, entry in enumerate(entries):
+            try:
+                job_id = _uuid(entry.job_id, "job_id")
+                lines = _charge_lines(entry) if isinstance(entry, credits_pb2.CommitRequest) else None
+            except InvalidArgument as exc:
+                refused[k] = exc.public_message
+                job_id, lines = uuid.UUID(int=0), None
+            wanted.append((job_id, lines))
         results = []
         async with self._pool.acquire() as conn, conn.transaction():
             holds = {
                 row["job_id"]: row
                 for row in await conn.fetch(
                     "SELECT * FROM credit_holds WHERE job_id = ANY($1::uuid[]) ORDER BY job_id FOR UPDATE",
-                    sorted({job_id for job_id, _ in wanted}),
+                    sorted({job_id for k, (job_id, _) in enumerate(wanted) if k not in refused}),
                 )
             }
             settled: dict[uuid.UUID, tuple[str, int]] = {}  # job -> (new status, charged)
             ledger: list[tuple[uuid.UUID, uuid.UUID, str, str, int]] = []
             accounts: dict[uuid.UUID, list[int]] = {}  # account -> [charged, freed from held]
-            for job_id, lines in wanted:
+            for k, (job_id, lines) in enumerate(wanted):
+                if k in refused:
+                    results.append(
+                        SettledJob(
+                            job_id=entries[k].job_id[:64],
+                            outcome=SettledJob.OUTCOME_REFUSED,
+                            refusal=refused[k],
+                        )
+                    )
+                    continue
                 hold = holds.get(job_id)
                 if hold is None:
                     outcome = (

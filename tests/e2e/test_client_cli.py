@@ -70,7 +70,9 @@ def test_submit_watches_and_downloads_then_jobs_and_objects_read_and_delete(
     table = _run(user, "jobs", "get", result["job_ids"][0])
     assert table.returncode == 0 and "completed" in table.stdout and "thumbnail" in table.stdout
     none = _run(user, "jobs", "ls", "--object", "00000000-0000-4000-8000-000000000000")
-    assert (none.returncode, none.stdout.strip()) == (0, "no jobs"), "an empty page says so, not a bare header"
+    assert (none.returncode, none.stdout.strip()) == (0, "no jobs"), (
+        "an empty page says so, not a bare header"
+    )
 
     # The balance and the ledger that explains it, as GET /v1/credits and /v1/account/ledger say.
     shown = _run(user, "credits", "--ledger", "1000", "--json")

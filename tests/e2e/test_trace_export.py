@@ -109,7 +109,7 @@ def test_one_jobs_spans_arrive_at_the_receiver_in_one_trace(
         ("hypermedia.imageworker", "sandbox.setup"),  # timed by the job's child (no network), sent
         ("hypermedia.imageworker", "engine.thumbnail"),  # by the worker under sandbox.run
         ("hypermedia.imageworker", "storage.upload"),
-        ("hypermedia.credits", "/hypermedia.credits.v1.CreditsService/Commit"),  # settled
+        ("hypermedia.credits", "/hypermedia.credits.v1.CreditsService/Settle"),  # settled (a lone job)
     }
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not expected <= spans.of_trace(TRACE_ID):

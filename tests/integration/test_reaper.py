@@ -342,6 +342,35 @@ async def test_a_completed_jobs_charge_lines_are_committed_by_the_reaper(
     assert await _balance(fresh_pool, tenant) == (BALANCE - HOLD // 2, 0)
 
 
+async def test_a_hold_credits_refuses_holds_up_no_other_of_its_sweeps_page(
+    fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
+) -> None:
+    """Five completed jobs nobody charged, one of them with charge lines larger than its amount
+    (a row no worker of this release writes): the sweep's one ``Settle`` call for the page
+    charges the four, and the fifth stays held, refused again by each later sweep, alone. (A
+    hostile review found the whole page refused on every sweep when a refusal failed the call.)"""
+    tenant = await seed.tenant(balance=BALANCE)
+    jobs = [await seed.job(tenant, status="completed", attempt_count=1) for _ in range(5)]
+    await _hold(credits, tenant, *jobs)
+    for job_id in jobs:
+        await fresh_pool.execute(
+            "UPDATE processing_jobs SET actual_credits = $2, charge_lines = $3 WHERE job_id = $1",
+            job_id,
+            HOLD // 2,
+            {"pages": HOLD} if job_id == jobs[2] else {},
+        )
+        await _age(fresh_pool, job_id, SETTLE_GRACE_SECONDS + 1)
+    reaper = Reaper(fresh_pool, credits.stub, PREFIX)
+
+    assert await reaper.run_once() == ReapResult(settled_holds=4)
+    assert await reaper.run_once() == ReapResult()
+
+    assert [await _hold_status(fresh_pool, j) for j in jobs] == ["committed"] * 2 + ["held"] + [
+        "committed"
+    ] * 2
+    assert await _balance(fresh_pool, tenant) == (BALANCE - 4 * (HOLD // 2), HOLD)
+
+
 async def test_a_job_failed_by_its_input_is_charged_by_the_reaper_and_others_released(
     fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits
 ) -> None:

@@ -88,15 +88,15 @@ async def test_jobs_ending_while_a_call_is_in_flight_share_the_next_call_and_eac
     assert (balance, held) == (100_000 - 600 - 700 * len(committed), 0)
 
 
-async def test_a_refused_batch_is_sent_again_job_by_job_and_holds_up_no_other_job(
+async def test_an_entry_the_service_refuses_holds_up_no_other_job(
     fresh_pool: asyncpg.Pool, seed: Seeder, credits: Credits, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A commit the service refuses (a line named ``base``: a worker's bug) in a batch of three:
-    the batch is refused whole, then each job is sent alone; the other two are settled and the
-    refused one stays held for the reaper, logged."""
+    """A commit the service refuses (a line named ``base``: a worker's bug) in a call of three: the
+    other two are settled, the refused one stays held for the reaper, logged with its job."""
     tenant = await seed.tenant(balance=100_000)
     good, bad, released = await _held(credits, tenant, 3)
     batch = SettlementBatch(Settlement(credits.stub))
+    before = _settle_calls()
 
     with caplog.at_level(logging.WARNING, "hypermedia.jobs.settlement"):
         batch.submit(good, "completed", actual_millicredits=800)
@@ -104,12 +104,40 @@ async def test_a_refused_batch_is_sent_again_job_by_job_and_holds_up_no_other_jo
         batch.submit(released, "failed")
         assert await batch.flush(10)
 
+    assert _settle_calls() - before == 1
     assert await _holds(fresh_pool, [good, bad, released]) == {
         good: ("committed", 800),
         bad: ("held", None),
         released: ("released", 0),
     }
-    assert [r.job_id for r in caplog.records if "left to the reaper" in r.getMessage()] == [bad]
+    assert [(r.job_id, r.getMessage()) for r in caplog.records] == [
+        (bad, "settlement refused: charge lines need distinct lowercase names other than base")
+    ]
+
+
+async def test_settlements_past_the_queues_bound_are_left_to_the_reaper(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While its calls fail, a worker that goes on ending jobs keeps at most ``MAX_QUEUED``
+    settlements; the rest are logged, each with its job, for the reaper. A call that fails with
+    something other than a DomainError (gRPC's "Channel is closed") does not end the sender:
+    every batch behind it is still tried and logged."""
+    closed = channel(f"127.0.0.1:{free_port()}")
+    await closed.close()
+    batch = SettlementBatch(Settlement(credits_pb2_grpc.CreditsServiceStub(closed)))
+    jobs = [str(uuid.uuid4()) for _ in range(SettlementBatch.MAX_QUEUED + 1_002)]
+    with caplog.at_level(logging.WARNING, "hypermedia.jobs.settlement"):
+        for job_id in jobs:
+            batch.submit(job_id, "cancelled")
+        assert await batch.flush(30)
+
+    full = "settlement queue full; left to the reaper"
+    assert [r.job_id for r in caplog.records if r.getMessage() == full] == jobs[SettlementBatch.MAX_QUEUED :]
+    failed = [r.getMessage() for r in caplog.records if r.getMessage() != full]
+    assert len(failed) == 10 and len(set(failed)) == 1, failed
+    assert (
+        failed[0].startswith("credits settlement of 1000 jobs failed (") and "left to the reaper" in failed[0]
+    )
 
 
 async def test_an_unreachable_credits_service_leaves_the_holds_held_for_the_reaper(
@@ -128,7 +156,9 @@ async def test_an_unreachable_credits_service_leaves_the_holds_held_for_the_reap
         await unreachable.close()
 
     assert await _holds(fresh_pool, jobs) == {j: ("held", None) for j in jobs}
-    assert any("settlement of 2 jobs failed; left to the reaper" in r.getMessage() for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records] == [
+        "credits settlement of 2 jobs failed (TRANSIENT); left to the reaper"
+    ]
 
 
 async def test_an_outcome_that_does_not_end_a_job_is_refused_at_once(credits: Credits) -> None:

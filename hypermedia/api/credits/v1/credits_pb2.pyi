@@ -421,6 +421,8 @@ class SettledJob(_message.Message):
         """An earlier call (or an earlier entry of this one) had settled it; nothing changed."""
         OUTCOME_NO_HOLD: SettledJob._Outcome.ValueType  # 3
         """A commit of a job that holds nothing: nothing changed."""
+        OUTCOME_REFUSED: SettledJob._Outcome.ValueType  # 4
+        """What Commit or Release would refuse with INVALID_ARGUMENT (`refusal` says why): nothing changed."""
 
     class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper): ...
     OUTCOME_UNSPECIFIED: SettledJob.Outcome.ValueType  # 0
@@ -430,26 +432,32 @@ class SettledJob(_message.Message):
     """An earlier call (or an earlier entry of this one) had settled it; nothing changed."""
     OUTCOME_NO_HOLD: SettledJob.Outcome.ValueType  # 3
     """A commit of a job that holds nothing: nothing changed."""
+    OUTCOME_REFUSED: SettledJob.Outcome.ValueType  # 4
+    """What Commit or Release would refuse with INVALID_ARGUMENT (`refusal` says why): nothing changed."""
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     MILLICREDITS_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     outcome: Global___SettledJob.Outcome.ValueType
     millicredits: _builtins.int
     """SETTLED: charged (a commit) or freed (a release). ALREADY_SETTLED: for a commit, what the
-    earlier settlement charged (as Commit answers); for a release, 0. NO_HOLD: 0.
+    earlier settlement charged (as Commit answers); for a release, 0. NO_HOLD, REFUSED: 0.
     """
+    refusal: _builtins.str
+    """REFUSED: why, as Commit's or Release's INVALID_ARGUMENT would say it."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         outcome: Global___SettledJob.Outcome.ValueType = ...,
         millicredits: _builtins.int = ...,
+        refusal: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "millicredits", b"millicredits", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "millicredits", b"millicredits", "outcome", b"outcome", "refusal", b"refusal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -150,10 +150,11 @@ class CreditsServiceServicer:
         of the jobs that ended while its previous call was in flight, or a page of the reaper's
         sweep. Each job is settled as Commit or Release would settle it, and `results` answer the
         commits, then the releases, in the request's order. A job named twice is settled by its
-        first entry; the later one reports `already_settled`. A commit of a job without a hold is
-        OUTCOME_NO_HOLD in its result (Commit's NOT_FOUND), and nothing else in the call is refused for it.
-        INVALID_ARGUMENT, and nothing settled, for a malformed job id, a commit Commit would refuse,
-        or more than 1000 jobs in one call.
+        first entry; the later one reports `already_settled`. What Commit or Release would refuse (a
+        malformed job id, a commit's bad lines) or answer NOT_FOUND (a commit of a job without a hold)
+        is that job's result (OUTCOME_REFUSED, OUTCOME_NO_HOLD), and the other jobs are settled all
+        the same: one bad entry holds up no other. INVALID_ARGUMENT, nothing settled, only for more
+        than 1000 jobs in one call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
