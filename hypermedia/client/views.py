@@ -39,11 +39,18 @@ def credits_shown(job: dict[str, Any]) -> str:
     return f"{job.get('estimated_credits')} held"
 
 
+def status_shown(job: dict[str, Any]) -> str:
+    """A job's status, and for a delayed job still waiting when it will be queued."""
+    if job["status"] == "scheduled" and job.get("not_before"):
+        return f"scheduled for {job['not_before']}"
+    return str(job["status"])
+
+
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table("job_id", "operation", "status", "error", "credits", "created_at")
     for j in jobs:
         error = f"{j['error_code']}: {j['error_message']}" if j.get("error_code") else ""
-        table.add_row(j["job_id"], j["operation"], j["status"], error, credits_shown(j), j["created_at"])
+        table.add_row(j["job_id"], j["operation"], status_shown(j), error, credits_shown(j), j["created_at"])
     return table
 
 

@@ -122,6 +122,7 @@ def test_submit_with_a_delay_makes_scheduled_jobs_and_cancel_stops_them(user: di
     job = plain.stdout.split("jobs ", 1)[1].split(";")[0].strip()
     waiting = _run(user, "jobs", "get", job)
     assert waiting.returncode == 0 and f"{shown['estimated_credits']} held" in waiting.stdout, waiting.stdout
+    assert "scheduled for 20" in waiting.stdout, "when it will be queued"
     stopped = _run(user, "jobs", "cancel", job)
     assert stopped.returncode == 0
     [row] = [line for line in stopped.stdout.splitlines() if job in line]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypermedia.client.views import credits_shown, saved_name
+from hypermedia.client.views import credits_shown, saved_name, status_shown
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,9 @@ def test_an_output_is_saved_as_stem_type_and_extension_without_a_doubled_extensi
 )
 def test_a_jobs_credits_are_its_charge_once_it_ended_and_its_hold_before(job: dict, shown: str) -> None:
     assert credits_shown(job) == shown
+
+
+def test_a_delayed_job_says_when_it_will_be_queued() -> None:
+    waiting = {"status": "scheduled", "not_before": "2026-12-24T18:00:00+00:00"}
+    assert status_shown(waiting) == "scheduled for 2026-12-24T18:00:00+00:00"
+    assert status_shown({"status": "queued", "not_before": "2026-12-24T18:00:00+00:00"}) == "queued"
