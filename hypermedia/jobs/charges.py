@@ -91,16 +91,7 @@ def media_seconds(metadata: Iterable[Mapping[str, Any]]) -> float:
     rendition report none, so a rendition counts once). A duration past
     :data:`hypermedia.jobs.facts.MAX_MEDIA_SECONDS` is a hostile child's word and not counted (a
     sum of such would overflow to infinity)."""
-    total = 0.0
-    for meta in metadata:
-        seconds = meta.get("duration_seconds")
-        if (
-            isinstance(seconds, int | float)
-            and not isinstance(seconds, bool)
-            and 0 < seconds <= facts.MAX_MEDIA_SECONDS
-        ):
-            total += float(seconds)
-    return total
+    return sum(facts.duration(meta.get("duration_seconds")) or 0.0 for meta in metadata)
 
 
 def megapixels(metadata: Iterable[Mapping[str, Any]]) -> float:

@@ -45,10 +45,16 @@ def of(metadata: Iterable[Mapping[str, Any]]) -> dict[str, int | float]:
         pages = _integer(meta.get("page_count"), MAX_PAGES)
         if pages and pages > found.get("pages", 0):
             found["pages"] = pages
-        seconds = _number(meta.get("duration_seconds"), MAX_MEDIA_SECONDS)
+        seconds = duration(meta.get("duration_seconds"))
         if seconds and seconds > found.get("media_seconds", 0.0):
             found["media_seconds"] = round(seconds, 3)
     return found
+
+
+def duration(value: Any) -> float | None:
+    """A reported ``duration_seconds`` (a hostile child's word) as the facts keep it: a finite
+    number above 0 and at most :data:`MAX_MEDIA_SECONDS`, else None."""
+    return _number(value, MAX_MEDIA_SECONDS)
 
 
 def checked(facts: Mapping[str, Any]) -> dict[str, int | float]:

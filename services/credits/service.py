@@ -264,38 +264,34 @@ class CreditsService(credits_pb2_grpc.CreditsServiceServicer):
         commit, one per release. Returns a result per job, commits first, in the request's order;
         a malformed id or commit is its job's ``OUTCOME_REFUSED``, the rest settled all the same."""
         entries: list[credits_pb2.CommitRequest | credits_pb2.ReleaseRequest] = [*commits, *releases]
-        refused: dict[int, str] = {}  # entry -> why
-        wanted: list[tuple[uuid.UUID, list[tuple[str, int]] | None]] = []
-        for k, entry in enumerate(entries):
+        # Per entry: its job and charge lines (None: a release), or why it is refused.
+        wanted: list[tuple[uuid.UUID, list[tuple[str, int]] | None] | str] = []
+        for entry in entries:
             try:
                 job_id = _uuid(entry.job_id, "job_id")
                 lines = _charge_lines(entry) if isinstance(entry, credits_pb2.CommitRequest) else None
+                wanted.append((job_id, lines))
             except InvalidArgument as exc:
-                refused[k] = exc.public_message
-                job_id, lines = uuid.UUID(int=0), None
-            wanted.append((job_id, lines))
+                wanted.append(exc.public_message)
         results = []
         async with self._pool.acquire() as conn, conn.transaction():
             holds = {
                 row["job_id"]: row
                 for row in await conn.fetch(
                     "SELECT * FROM credit_holds WHERE job_id = ANY($1::uuid[]) ORDER BY job_id FOR UPDATE",
-                    sorted({job_id for k, (job_id, _) in enumerate(wanted) if k not in refused}),
+                    sorted({item[0] for item in wanted if not isinstance(item, str)}),
                 )
             }
             settled: dict[uuid.UUID, tuple[str, int]] = {}  # job -> (new status, charged)
             ledger: list[tuple[uuid.UUID, uuid.UUID, str, str, int]] = []
             accounts: dict[uuid.UUID, list[int]] = {}  # account -> [charged, freed from held]
-            for k, (job_id, lines) in enumerate(wanted):
-                if k in refused:
+            for entry, item in zip(entries, wanted, strict=True):
+                if isinstance(item, str):
                     results.append(
-                        SettledJob(
-                            job_id=entries[k].job_id[:64],
-                            outcome=SettledJob.OUTCOME_REFUSED,
-                            refusal=refused[k],
-                        )
+                        SettledJob(job_id=entry.job_id[:64], outcome=SettledJob.OUTCOME_REFUSED, refusal=item)
                     )
                     continue
+                job_id, lines = item
                 hold = holds.get(job_id)
                 if hold is None:
                     outcome = (

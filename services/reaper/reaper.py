@@ -76,7 +76,9 @@ class ReapResult:
 
 class Reaper:
     """Args: pool; credits stub; stream prefix; thresholds in seconds; ``work_dirs``: worker work
-    directories on this machine whose orphaned job directories step 6 removes (none: step off)."""
+    directories on this machine whose orphaned job directories step 6 removes (none: step off);
+    ``batch_size``: rows a step takes per run, 1 to :data:`MAX_SETTLE` (a step's holds are settled
+    in one ``Settle`` call). Raises ValueError for a batch size out of that range."""
 
     def __init__(
         self,
@@ -91,6 +93,8 @@ class Reaper:
         orphan_dir_seconds: float = ORPHAN_DIR_SECONDS,
         batch_size: int = 500,
     ) -> None:
+        if not 1 <= batch_size <= MAX_SETTLE:
+            raise ValueError(f"batch_size must be 1 to {MAX_SETTLE}, not {batch_size}")
         self._pool = pool
         self._settlement = Settlement(credits)
         self._prefix = prefix
@@ -106,14 +110,12 @@ class Reaper:
         dead = await self._mark_dead_workers()
         expired = await lifecycle.expire_leases(self._pool, self._prefix, self._batch)
         requeued = sum(1 for _, status in expired if status == "queued")
-        ended = [settle_request(job_id, status) for job_id, status in expired if status != "queued"]
-        for start in range(0, len(ended), MAX_SETTLE):
-            batch = ended[start : start + MAX_SETTLE]
-            try:
-                await self._settlement.settle_many(batch)
+        if ended := [settle_request(job_id, status) for job_id, status in expired if status != "queued"]:
+            try:  # at most batch_size ≤ MAX_SETTLE jobs: one call
+                await self._settlement.settle_many(ended)
             except DomainError:
                 # The holds stay held; step 5 of a later run settles them.
-                log.exception("could not release the credits of %d reaped jobs", len(batch))
+                log.exception("could not release the credits of %d reaped jobs", len(ended))
         promoted = await lifecycle.promote_retries(self._pool, self._prefix, self._batch)
         republished = await lifecycle.republish_stale(self._pool, self._prefix, self._batch, self._stale)
         try:

@@ -22,7 +22,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
-from hypermedia.api.credits.v1 import credits_pb2_grpc
+from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
 from hypermedia.core.config import QUEUES
 from hypermedia.infra import db
 from hypermedia.infra.rpc import GrpcServer, channel
@@ -112,6 +112,13 @@ class Credits:
 
     service: CreditsService
     stub: credits_pb2_grpc.CreditsServiceStub
+
+    async def hold(self, account_id: uuid.UUID, millicredits: int, *job_ids: uuid.UUID | str) -> None:
+        """Holds ``millicredits`` for each of ``job_ids`` on the account (``Hold``, called directly)."""
+        request = credits_pb2.HoldRequest(account_id=str(account_id))
+        for job_id in job_ids:
+            request.holds.add(job_id=str(job_id), millicredits=millicredits)
+        await self.service.Hold(request, None)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 from prometheus_client import REGISTRY
 
-from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.devtools.embedded import free_port
 from hypermedia.infra.rpc import channel
 from hypermedia.jobs import lifecycle
@@ -29,10 +29,7 @@ HOLD = 1_200
 
 
 async def _hold(credits: Credits, tenant: Tenant, *job_ids: uuid.UUID) -> None:
-    request = credits_pb2.HoldRequest(account_id=str(tenant.account_id))
-    for job_id in job_ids:
-        request.holds.add(job_id=str(job_id), millicredits=HOLD)
-    await credits.service.Hold(request, None)
+    await credits.hold(tenant.account_id, HOLD, *job_ids)
 
 
 async def _hold_status(pool: asyncpg.Pool, job_id: uuid.UUID) -> str:

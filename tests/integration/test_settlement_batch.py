@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from hypermedia.api.credits.v1 import credits_pb2, credits_pb2_grpc
+from hypermedia.api.credits.v1 import credits_pb2_grpc
 from hypermedia.devtools.embedded import free_port
 from hypermedia.infra.rpc import channel
 from hypermedia.jobs.settlement import Settlement, SettlementBatch
@@ -28,11 +28,8 @@ SETTLE_CALLS = {
 
 
 async def _held(credits: Credits, tenant: Tenant, count: int) -> list[str]:
-    request = credits_pb2.HoldRequest(account_id=str(tenant.account_id))
     jobs = [str(uuid.uuid4()) for _ in range(count)]
-    for job_id in jobs:
-        request.holds.add(job_id=job_id, millicredits=HOLD)
-    await credits.service.Hold(request, None)
+    await credits.hold(tenant.account_id, HOLD, *jobs)
     return jobs
 
 

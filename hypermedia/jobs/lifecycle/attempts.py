@@ -290,8 +290,7 @@ async def complete(
         peak_memory_mb,
     )
     if not completed:
-        async with pool.acquire() as conn:
-            return await _fenced_status(conn, job, worker_id) == "completed"
+        return await fenced_status(pool, job, worker_id) == "completed"
     _observe(job, "completed", duration_ms, peak_memory_mb)
     return True
 
