@@ -8,11 +8,11 @@ import shutil
 from collections.abc import Iterator
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
 
@@ -38,8 +38,23 @@ def follow(browser: WebDriver, element: WebElement) -> None:
     after a click may otherwise get the old page's element, stale a moment later)."""
     old = browser.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(old))
+    WebDriverWait(browser, 30).until(lambda _: _gone(old))
     WebDriverWait(browser, 30).until(lambda b: b.execute_script("return document.readyState") == "complete")
+
+
+def _gone(element: WebElement) -> bool:
+    """Whether ``element`` has left the document. Selenium's ``staleness_of`` knows only the stale
+    error; chromedriver asked mid-navigation may answer "Node with given id does not belong to the
+    document" instead (an unknown error, seen in CI), which says the same."""
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as error:
+        if "does not belong to the document" in str(error):
+            return True
+        raise
+    return False
 
 
 def sign_in(browser: WebDriver, base_url: str, api_key: str) -> None:
