@@ -78,8 +78,9 @@ class JobHandler(Protocol):
         ...
 
     def reproducible(self, job: lifecycle.ClaimedJob) -> bool:
-        """Whether a re-run of ``job`` writes the same bytes (libvips, PDFium, FFmpeg, tesseract:
-        yes; LibreOffice's PDFs carry their creation time and a random document id: no). The
+        """Whether a re-run of ``job`` writes the same bytes (libvips, PDFium, FFmpeg at one
+        thread, tesseract: yes; LibreOffice's PDFs carry their creation time and a random
+        document id, libx264 with frame threads varies: no). The
         outputs of a job that is not get keys of their own job and attempt
         (:func:`hypermedia.worker.transfer.rendition_name`, ADR 0050)."""
         ...

@@ -81,6 +81,15 @@ class MediaHandler(SandboxHandler):
             )
         }
 
+    def reproducible(self, job: ClaimedJob) -> bool:
+        """A ``transcode_video`` with more than one encoder thread is not: libx264 with frame
+        threads writes other bytes at each run (three 480p encodes of one 20 s clip at 2 threads,
+        three different files; at one thread, one), as the ``ffmpeg`` command line does with
+        ``-threads 2``. Its renditions then get keys of their own job and attempt (ADR 0050), or
+        a second transcode of one video overwrote the first one's registered bytes. Every other
+        media operation encodes with one thread and writes the same bytes each time."""
+        return not (job.operation == VIDEO_OPERATION and self.threads(job) > 1)
+
     def attach_control(self, link: peer.ControlLink) -> None:
         """Run as a unit's execution: the coordinator is control's, for the whole unit (asked
         over ``link`` with the attempt's identity), when control's evidence says it keeps one."""

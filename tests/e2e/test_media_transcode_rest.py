@@ -5,6 +5,7 @@ Every output is downloaded and decoded again with PyAV (issue 7)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from pathlib import Path
@@ -119,6 +120,23 @@ def test_hls_plays_through_the_resolved_playlists_without_a_key(client: httpx.Cl
             360,
         )
         assert sum(1 for _ in container.decode(video=0)) == 50
+
+
+def test_a_second_transcode_of_one_video_keeps_the_first_ones_bytes(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """libx264 with two frame threads (the platform's default) writes other bytes at each run, so
+    the renditions of two transcodes of one video get keys, and objects, of their own (ADR 0050):
+    one key for both let the second job overwrite the bytes the first one had registered, and
+    the first one's object then no longer hashed to its recorded SHA-256."""
+    obj = upload(client, write_video(tmp_path / "twice.mp4", seconds=3.0, width=640, height=360))
+    operation = {"name": "transcode_video", "params": {"heights": [360]}}
+    first, second = (_process(client, obj["object_id"], operation)["outputs"][0] for _ in range(2))
+    assert first["object_id"] != second["object_id"]
+    for output in (first, second):
+        described = client.get(f"/v1/objects/{output['object_id']}").json()
+        data = httpx.get(output["url"], timeout=60).content
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (described["size_bytes"], described["sha256"])
 
 
 def test_transcode_audio_normalises_an_mp3_to_ebu_r128(client: httpx.Client, tmp_path: Path) -> None:
