@@ -1,6 +1,6 @@
 """The engine contract: what a sandbox entry returns (:class:`OutputFile`), how it reports progress
 (:func:`report_progress`) and keeps finished parts beyond its attempt (:func:`keep_part`,
-:func:`resumed_part`), the shape every entry has (:class:`Entry`). Engines import this, never
+:func:`resumed_part`, :func:`resumed_files`), the shape every entry has (:class:`Entry`). Engines import this, never
 the sandbox; the sandbox and the worker import it to read what entries give back."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import contextlib
 import math
 import os
 import re
+import shutil
 import time
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -77,18 +79,21 @@ MAX_PART_BYTES: Final = 64 * 1024 * 1024
 MAX_RESUMED_PART_BYTES: Final = 2 * MAX_PART_BYTES
 """Most bytes all files of one resumed part may hold once unpacked: what the worker took is at
 most :data:`MAX_PART_BYTES` packed, and a part that unpacks to much more is a bomb, not pages."""
+_FILE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""A file name inside a part that :func:`resumed_files` unpacks: a plain name, never a path."""
 _PART_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,11}")
 """A part's name, at most 12 characters: its store key's last segment,
 ``checkpoint-{job_id}-{part}.zip``, is one output-type segment of at most 64
 (:func:`hypermedia.jobs.checkpoints.key_of`)."""
 
 
-def keep_part(out_dir: Path, part: str, files: dict[str, bytes]) -> None:
+def keep_part(out_dir: Path, part: str, files: Mapping[str, bytes | Path]) -> None:
     """Called by an entry: keeps the finished ``part`` (``page-00012``: lowercase letters,
     digits, ``._-``, at most 12 characters) as ``{job_dir}/checkpoints/{part}.zip`` of ``files``
-    (name → bytes), written under another name and renamed, so the worker only ever sees whole
-    parts. Best effort: an ``OSError`` (a full disk) is ignored, the part is then done again by a
-    later attempt. Raises ValueError for a bad part name."""
+    (name → bytes, deflated; or name → the path of a file the entry wrote, streamed in stored:
+    a transcode's rendition), written under another name and renamed, so the worker only ever
+    sees whole parts. Best effort: an ``OSError`` (a full disk) is ignored, the part is then done
+    again by a later attempt. Raises ValueError for a bad part name."""
     if not _PART_NAME.fullmatch(part):
         raise ValueError(f"bad part name {part!r}")
     folder = Path(out_dir).parent / CHECKPOINT_DIR
@@ -97,7 +102,13 @@ def keep_part(out_dir: Path, part: str, files: dict[str, bytes]) -> None:
         tmp = folder / f".{part}.tmp"
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
             for name, data in sorted(files.items()):
-                archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                if isinstance(data, bytes):
+                    archive.writestr(info, data)
+                    continue
+                info.compress_type = zipfile.ZIP_STORED  # encoded media does not deflate
+                with data.open("rb") as source, archive.open(info, "w", force_zip64=True) as target:
+                    shutil.copyfileobj(source, target, 1 << 20)
         os.replace(tmp, folder / f"{part}.zip")
 
 
@@ -127,6 +138,34 @@ def resumed_parts(out_dir: Path) -> list[str]:
     except OSError:
         return []
     return [name for name in names if _PART_NAME.fullmatch(name)]
+
+
+def resumed_files(out_dir: Path, part: str, into: Path, max_bytes: int) -> dict[str, Path] | None:
+    """Called by an entry whose parts hold large files (a transcode's renditions: see
+    :func:`keep_part`): unpacks ``part`` into the existing directory ``into``, streamed, and
+    returns its files (name → path); ``None``, with nothing left in ``into``, when there is no
+    such part or none it can unpack whole (a name that is not a plain file name, more than
+    ``max_bytes`` unpacked, a damaged archive, a full disk). The part is then done again."""
+    path = Path(out_dir).parent / RESUME_DIR / f"{part}.zip"
+    if not _PART_NAME.fullmatch(part) or not path.is_file():
+        return None
+    written: dict[str, Path] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            if sum(info.file_size for info in members) > max_bytes or any(
+                not _FILE_NAME.fullmatch(info.filename) for info in members
+            ):
+                return None
+            for info in members:
+                written[info.filename] = into / info.filename
+                with archive.open(info) as source, written[info.filename].open("xb") as target:
+                    shutil.copyfileobj(source, target, 1 << 20)
+        return written
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, MemoryError):
+        for file in written.values():
+            file.unlink(missing_ok=True)
+        return None
 
 
 class Entry(Protocol):

@@ -74,7 +74,7 @@ from hypermedia.sandbox.host import (
     SandboxLimits,
     SandboxResult,
 )
-from hypermedia.sandbox.outputs import read_output, read_progress
+from hypermedia.sandbox.outputs import open_output, read_output, read_progress
 
 __all__ = [
     "DEFAULT_CHILD_ENV",
@@ -90,6 +90,7 @@ __all__ = [
     "confined_exec_main",
     "kill_uid",
     "make_undumpable",
+    "open_output",
     "read_output",
     "read_progress",
     "report_progress",

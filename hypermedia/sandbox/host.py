@@ -29,7 +29,7 @@ from hypermedia.core import metrics
 from hypermedia.engines.contract import OutputFile
 from hypermedia.sandbox.cgroups import Cgroups, Unavailable, open_cgroups
 from hypermedia.sandbox.confine import _check_reachable, _primary_gid
-from hypermedia.sandbox.outputs import _open_output
+from hypermedia.sandbox.outputs import open_output
 from hypermedia.sandbox.results import SandboxLimits, SandboxResult
 from hypermedia.sandbox.spans import emit as emit_spans
 
@@ -562,7 +562,7 @@ class Sandbox:
         if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
             raise ValueError(f"output filename {name!r} is not a plain name")
         try:
-            fd, _ = _open_output(job.output_dir.parent, name)
+            fd, _ = open_output(job.output_dir.parent, name)
             os.close(fd)
         except OSError as exc:
             raise ValueError(f"output {name!r} is not a regular file inside output/: {exc}") from None

@@ -57,9 +57,9 @@ def read_output(
         refuse_over: a file larger than this many bytes is refused (``EFBIG``) before any is read.
 
     Raises:
-        OSError: see :func:`_open_output`.
+        OSError: see :func:`open_output`.
     """
-    fd, size = _open_output(job_dir, filename, subdir)
+    fd, size = open_output(job_dir, filename, subdir)
     try:
         if refuse_over is not None and size > refuse_over:
             raise OSError(errno.EFBIG, f"larger than {refuse_over} bytes")
@@ -76,7 +76,7 @@ def read_output(
         os.close(fd)
 
 
-def _open_output(job_dir: Path, filename: str, subdir: str = "output") -> tuple[int, int]:
+def open_output(job_dir: Path, filename: str, subdir: str = "output") -> tuple[int, int]:
     """``(fd, size in bytes)`` of ``{job_dir}/output/{filename}``: a read-only fd, opened as
     :func:`read_output` describes and checked to be a regular, singly linked file; the caller
     closes it.

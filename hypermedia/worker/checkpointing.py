@@ -1,22 +1,24 @@
 """The worker's side of checkpoints (ADR 0069): an earlier attempt's parts put where the entry
 finds them, and the parts this attempt finishes recorded and stored while it runs.
 
-Only for handlers that keep parts (:attr:`JobHandler.checkpoints`: the ocrworker's); bounded,
-because the job's child writes the directory the parts come from (at most :data:`MAX_PARTS`
-parts of :data:`~hypermedia.engines.contract.MAX_PART_BYTES` each and :data:`MAX_JOB_BYTES` in
-all per attempt, read without following a symlink); best effort: a part that cannot be restored
-is done again, a part that cannot be kept is lost with the attempt, and neither fails the job.
+Only for handlers that keep parts (:attr:`JobHandler.checkpoints`: the ocrworker's, the
+docworker's, the mediaworker's); bounded, because the job's child writes the directory the parts
+come from (at most :data:`MAX_PARTS` parts of the handler's ``checkpoint_part_bytes`` each and
+``checkpoint_job_bytes`` in all per attempt, opened without following a symlink, hashed and
+uploaded streamed, never held in memory whole); best effort: a part that cannot be restored is
+done again, a part that cannot be kept is lost with the attempt, and neither fails the job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
 import time
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import asyncpg
 import httpx
@@ -24,8 +26,11 @@ import httpx
 from hypermedia.api.storage.v1 import storage_pb2
 from hypermedia.engines.contract import CHECKPOINT_DIR, MAX_PART_BYTES, RESUME_DIR
 from hypermedia.jobs import checkpoints, lifecycle
-from hypermedia.sandbox import read_output
-from hypermedia.worker.transfer import GRANT_MARGIN_SECONDS, Transfers, send_output
+from hypermedia.sandbox import open_output
+from hypermedia.worker.transfer import GRANT_MARGIN_SECONDS, FileBody, Transfers, send_output
+
+if TYPE_CHECKING:
+    from hypermedia.worker.handler import JobHandler
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +39,8 @@ POLL_SECONDS: Final = 0.25
 MAX_PARTS: Final = 64
 """Parts one attempt keeps, and restores, at most (an OCR job has at most 20 pages)."""
 MAX_JOB_BYTES: Final = 256 * 1024 * 1024
-"""Bytes of parts one attempt keeps, and restores, at most."""
+"""Bytes of parts one attempt keeps, and restores, at most, unless the handler says otherwise
+(``JobHandler.checkpoint_job_bytes``)."""
 MAX_LISTED: Final = 1_000
 """Entries of a job's checkpoint directory looked at per listing (a job keeps at most
 :data:`MAX_PARTS` parts; the rest is the child's doing)."""
@@ -51,22 +57,56 @@ class Checkpointing:
         pool: the system of record (``job_checkpoints``).
         worker_id: the worker's id, the fence of :func:`checkpoints.record` with the attempt.
         enabled: whether the worker's handler keeps parts; without, both methods do nothing.
+        part_bytes: largest part kept or restored, in bytes (a larger one is done again).
+        job_bytes: most bytes of parts one attempt keeps, and restores.
     """
 
     def __init__(
-        self, transfers: Transfers, http: httpx.AsyncClient, pool: asyncpg.Pool, worker_id: str, enabled: bool
+        self,
+        transfers: Transfers,
+        http: httpx.AsyncClient,
+        pool: asyncpg.Pool,
+        worker_id: str,
+        enabled: bool,
+        *,
+        part_bytes: int = MAX_PART_BYTES,
+        job_bytes: int = MAX_JOB_BYTES,
     ) -> None:
         self._transfers = transfers
         self._http = http
         self._pool = pool
         self._worker_id = worker_id
         self._enabled = enabled
+        self._part_bytes = part_bytes
+        self._job_bytes = job_bytes
+
+    @classmethod
+    def of(
+        cls,
+        handler: JobHandler,
+        transfers: Transfers,
+        http: httpx.AsyncClient,
+        pool: asyncpg.Pool,
+        worker_id: str,
+    ) -> Checkpointing:
+        """The checkpointing of a worker whose jobs ``handler`` runs: on when it keeps parts
+        (:attr:`JobHandler.checkpoints`), within its bounds (``checkpoint_part_bytes``,
+        ``checkpoint_job_bytes``)."""
+        return cls(
+            transfers,
+            http,
+            pool,
+            worker_id,
+            handler.checkpoints,
+            part_bytes=handler.checkpoint_part_bytes,
+            job_bytes=handler.checkpoint_job_bytes,
+        )
 
     async def restore(
         self, job: lifecycle.ClaimedJob, granted: storage_pb2.GrantJobResponse, job_dir: Path
     ) -> int:
         """Downloads the parts earlier attempts of ``job`` kept (``granted.checkpoints``, at most
-        :data:`MAX_PARTS` and :data:`MAX_JOB_BYTES`) into ``{job_dir}/resume/``, readable by the
+        :data:`MAX_PARTS`, each at most ``part_bytes`` and ``job_bytes`` in all) into ``{job_dir}/resume/``, readable by the
         job's child; returns how many. A part that cannot be downloaded, or whose bytes are not
         the ones its row records (SHA-256: changed in the store, or an upload that never
         finished), is left out (the entry does it again)."""
@@ -75,13 +115,13 @@ class Checkpointing:
         recorded = {c.part: c.sha256 for c in await checkpoints.of_job(self._pool, job.job_id)}
         folder = job_dir / RESUME_DIR
         folder.mkdir(mode=0o755, exist_ok=True)
-        restored, budget = 0, MAX_JOB_BYTES
+        restored, budget = 0, self._job_bytes
         for part, url in sorted(granted.checkpoints.items())[:MAX_PARTS]:
             if not checkpoints.PART.fullmatch(part) or part not in recorded or budget <= 0:
                 continue
             dest = folder / f"{part}.zip"
             try:
-                await self._transfers.download(url, dest, min(MAX_PART_BYTES, budget))
+                await self._transfers.download(url, dest, min(self._part_bytes, budget))
                 digest = await asyncio.to_thread(_sha256, dest)
             except Exception:
                 log.warning("checkpoint %s not restored", part, exc_info=True, extra={"job_id": job.job_id})
@@ -118,7 +158,7 @@ class Checkpointing:
         grant = granted.outputs
         settled: set[str] = set()
         failures: dict[str, int] = {}
-        budget = MAX_JOB_BYTES
+        budget = self._job_bytes
         while True:
             done = finished.is_set()
             names = await asyncio.to_thread(_finished_parts, folder)
@@ -148,24 +188,30 @@ class Checkpointing:
     ) -> int:
         """Records one finished part (fenced by the attempt), then uploads it; returns its size.
         A part recorded by a fenced attempt is not uploaded at all, so nothing is stored that
-        no row names."""
-        data = await asyncio.to_thread(
-            read_output,
-            job_dir,
-            f"{part}.zip",
-            subdir=CHECKPOINT_DIR,
-            refuse_over=min(MAX_PART_BYTES, budget),
-        )
-        digest = hashlib.sha256(data).hexdigest()
-        key = checkpoints.key_of(grant.key_prefix, job.job_id, part)
-        checkpoint = checkpoints.Checkpoint(part, key, len(data), digest, job.attempt)
-        if not await checkpoints.record(self._pool, job, self._worker_id, checkpoint):
-            log.info("checkpoint %s not kept: the attempt is fenced", part, extra={"job_id": job.job_id})
-            return 0
-        response = await send_output(self._http, grant, key, data, "application/zip", digest)
+        no row names. The part is opened once (no symlink followed, a regular singly linked
+        file, refused over ``part_bytes`` or ``budget`` before it is read), hashed and uploaded
+        from that descriptor in blocks; bytes the child changed after the hash are refused by
+        the store, which checks the SHA-256 as it writes."""
+        fd, size = await asyncio.to_thread(open_output, job_dir, f"{part}.zip", CHECKPOINT_DIR)
+        try:
+            if size > min(self._part_bytes, budget):
+                raise OSError(
+                    errno.EFBIG, f"part {part} is {size} bytes, over {min(self._part_bytes, budget)}"
+                )
+            digest = await asyncio.to_thread(_sha256_fd, fd, size)
+            key = checkpoints.key_of(grant.key_prefix, job.job_id, part)
+            checkpoint = checkpoints.Checkpoint(part, key, size, digest, job.attempt)
+            if not await checkpoints.record(self._pool, job, self._worker_id, checkpoint):
+                log.info("checkpoint %s not kept: the attempt is fenced", part, extra={"job_id": job.job_id})
+                return 0
+            response = await send_output(
+                self._http, grant, key, FileBody(fd, size), "application/zip", digest
+            )
+        finally:
+            os.close(fd)
         if response.status_code >= 300:
             raise OSError(f"storage answered {response.status_code} to checkpoint {part}")
-        return len(data)
+        return size
 
 
 def _finished_parts(folder: Path) -> list[str]:
@@ -183,6 +229,20 @@ def _finished_parts(folder: Path) -> list[str]:
     except OSError:  # not there yet, or not a directory
         return []
     return sorted(names)
+
+
+def _sha256_fd(fd: int, size: int) -> str:
+    """The SHA-256 (hex) of the first ``size`` bytes of the open file ``fd``, read with
+    ``pread`` in 1 MiB blocks. Raises OSError when the file is shorter (shrunk meanwhile)."""
+    digest = hashlib.sha256()
+    offset = 0
+    while offset < size:
+        block = os.pread(fd, min(1 << 20, size - offset), offset)
+        if not block:
+            raise OSError(errno.EIO, f"the part ended at {offset} of {size} bytes")
+        digest.update(block)
+        offset += len(block)
+    return digest.hexdigest()
 
 
 def _sha256(path: Path) -> str:

@@ -11,8 +11,10 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from hypermedia.engines.contract import MAX_PART_BYTES
 from hypermedia.jobs import charges, lifecycle
 from hypermedia.sandbox import OutputFile, SandboxLimits
+from hypermedia.worker.checkpointing import MAX_JOB_BYTES
 from hypermedia.worker.unit import peer
 
 
@@ -39,6 +41,11 @@ class JobHandler(Protocol):
     checkpoints: bool
     """Whether the entry keeps finished parts (:func:`hypermedia.engines.contract.keep_part`) for
     the worker to store and restore beyond the attempt (:mod:`hypermedia.worker.checkpointing`)."""
+    checkpoint_part_bytes: int
+    """Largest part the worker keeps or restores, in bytes (64 MiB: an OCR page or a second of
+    preview pages; a transcode's rendition is far larger)."""
+    checkpoint_job_bytes: int
+    """Most bytes of parts one attempt keeps, and restores (256 MiB by default)."""
 
     def entry_kwargs(self, job: lifecycle.ClaimedJob) -> dict[str, Any]:
         """Extra keyword arguments of the entry for this job (picklable; limits from the profile)."""
@@ -100,6 +107,8 @@ class SandboxHandler:
     where it does more."""
 
     checkpoints = False
+    checkpoint_part_bytes = MAX_PART_BYTES
+    checkpoint_job_bytes = MAX_JOB_BYTES
 
     async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
         return job_input

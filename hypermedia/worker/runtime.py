@@ -122,7 +122,7 @@ class WorkerRuntime:
         """The progress events of each running job (held back in its first second)."""
         self._handler = handler
         self._transfers = Transfers(storage, http, settings.storage_handoff_socket)
-        self._checkpointing = Checkpointing(self._transfers, http, pool, self.worker_id, handler.checkpoints)
+        self._checkpointing = Checkpointing.of(handler, self._transfers, http, pool, self.worker_id)
         self.admission = Admission(
             settings.slots, settings.min_available_memory_mb, settings.min_pid_headroom
         )

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import hashlib
 import json
 import logging
+import os
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -203,28 +207,60 @@ def _input_facts(files: list[Any]) -> storage_pb2.InputFacts:
     return message
 
 
+@dataclass(frozen=True)
+class FileBody:
+    """An upload's bytes streamed from the open file ``fd`` (``size`` bytes from offset 0, read
+    with ``pread``, 1 MiB at a time off the event loop), for files too large to hold in memory
+    (a transcode's rendition kept as a checkpoint). The caller keeps ``fd`` open until the
+    upload ended, and closes it."""
+
+    fd: int
+    size: int
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The file's bytes. Raises OSError when it ends before ``size`` (shrunk meanwhile)."""
+        offset = 0
+        while offset < self.size:
+            chunk = await asyncio.to_thread(os.pread, self.fd, min(1 << 20, self.size - offset), offset)
+            if not chunk:
+                raise OSError(errno.EIO, f"the file ended at {offset} of {self.size} bytes")
+            offset += len(chunk)
+            yield chunk
+
+
 async def send_output(
     http: httpx.AsyncClient,
     grant: storage_pb2.OutputGrant,
     key: str,
-    data: bytes,
+    data: bytes | FileBody,
     mime_type: str,
     sha256: str,
 ) -> httpx.Response:
-    """Upload ``data`` to ``key`` (under ``grant.key_prefix``) through an output grant with its
-    SHA-256 (``sha256``, lowercase hex), the way ``grant.method`` says: ``PUT`` to the local
-    store, or the form ``POST`` of an S3 presigned POST policy (its fields, then the file).
-    Returns the store's answer unchecked (2xx: stored)."""
+    """Upload ``data`` (bytes, or a :class:`FileBody` streamed) to ``key`` (under
+    ``grant.key_prefix``) through an output grant with its SHA-256 (``sha256``, lowercase hex),
+    the way ``grant.method`` says: ``PUT`` to the local store, or the form ``POST`` of an S3
+    presigned POST policy (its fields, then the file). The store verifies the SHA-256 while it
+    writes, so bytes that changed since they were hashed are refused, not stored. Returns the
+    store's answer unchecked (2xx: stored)."""
     checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
     if grant.method == "POST":
         fields = {**grant.fields, "key": key, "Content-Type": mime_type, CHECKSUM_FIELD: checksum}
-        return await http.post(
-            grant.url, data=fields, files={"file": (key.rsplit("/", 1)[-1], data, mime_type)}
-        )
+        name = key.rsplit("/", 1)[-1]
+        if isinstance(data, bytes):
+            return await http.post(grant.url, data=fields, files={"file": (name, data, mime_type)})
+        # httpx streams a form's file object in blocks; a duplicate descriptor reads from offset 0.
+        with os.fdopen(os.dup(data.fd), "rb") as file:
+            file.seek(0)
+            return await http.post(grant.url, data=fields, files={"file": (name, file, mime_type)})
+    headers = {"Content-Type": mime_type, CHECKSUM_FIELD: checksum}
+    content: bytes | AsyncIterator[bytes]
+    if isinstance(data, FileBody):
+        headers["Content-Length"] = str(data.size)
+        content = data.chunks()
+    else:
+        content = data
     return await http.put(
-        f"{grant.url}{quote(key, safe='/')}?{urlencode(dict(grant.fields))}",
-        content=data,
-        headers={"Content-Type": mime_type, CHECKSUM_FIELD: checksum},
+        f"{grant.url}{quote(key, safe='/')}?{urlencode(dict(grant.fields))}", content=content, headers=headers
     )
 
 

@@ -31,7 +31,7 @@ from contextlib import AsyncExitStack
 from typing import Any, Final
 
 from hypermedia.core import config
-from hypermedia.engines.media import transcode
+from hypermedia.engines.media import rendition_parts, transcode
 from hypermedia.engines.media.sources import MediaLimits
 from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.jobs.lifecycle import ClaimedJob
@@ -59,6 +59,9 @@ class MediaHandler(SandboxHandler):
     (:meth:`sandbox_limits`)."""
 
     entry = "hypermedia.engines.media.engine:run"
+    checkpoints = True  # a long transcode's renditions (ADR 0079)
+    checkpoint_part_bytes = rendition_parts.MAX_PART_BYTES
+    checkpoint_job_bytes = 4 * rendition_parts.MAX_PART_BYTES
 
     def __init__(self, settings: MediaSettings) -> None:
         self.settings = settings
@@ -78,6 +81,7 @@ class MediaHandler(SandboxHandler):
                 max_input_bytes=job.max_input_bytes,
                 max_duration_seconds=float(job.max_duration_seconds),
                 threads=self.threads(job),
+                part_seconds=self.settings.checkpoint_seconds,
             )
         }
 

@@ -28,3 +28,10 @@ class MediaSettings(ComponentSettings):
     (``MediaLimits.threads``); its ``RLIMIT_NPROC`` is raised to match (measured up to 16:
     ``services.mediaworker.MediaHandler.sandbox_limits``). The other media operations run one
     thread each."""
+
+    checkpoint_seconds: float = Field(120.0, ge=0.0, validation_alias="HM_MEDIA_CHECKPOINT_SECONDS")
+    """A ``transcode_video`` of media at least this long (seconds) with more than one rendition
+    encodes them one at a time and keeps each finished one but the last as a checkpoint, so a
+    drain, a deploy or a crash costs at most the rendition under way (``MediaLimits.part_seconds``,
+    ADR 0079). Each rendition then pays a decode of its own; under two minutes of media, a
+    restart from zero costs less than that."""

@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import av
 import httpx
 import psycopg
 import pytest
 
 from hypermedia.devtools.embedded import free_port
-from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, wait_for, wait_job
+from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
+from tests.helpers.media import write_video
 from tests.helpers.pdf import text_pages_pdf
 
 PAGES = 20
@@ -52,7 +54,13 @@ def platform_without_workers(
 ) -> Iterator[RunningPlatform]:
     """Credits, storage, gateway and reaper; the ocrworkers are the test's."""
     running = start_platform(
-        tmp_root, checkpoints_database_url, nats_url, services="credits,storage,gateway,reaper"
+        tmp_root,
+        checkpoints_database_url,
+        nats_url,
+        services="credits,storage,gateway,reaper",
+        # A worker killed outright is declared dead after 12 s without a heartbeat (every 5 s
+        # here), not the default 120 s, and its job recovered then.
+        HM_REAPER_DEAD_WORKER_SECONDS="12",
     )
     try:
         yield running
@@ -60,7 +68,9 @@ def platform_without_workers(
         assert running.stop() == 0
 
 
-def _worker(platform: RunningPlatform, name: str, service: str = "ocrworker") -> subprocess.Popen[bytes]:
+def _worker(
+    platform: RunningPlatform, name: str, service: str = "ocrworker", **extra_env: str
+) -> subprocess.Popen[bytes]:
     """A worker of ``service`` (``ocrworker``) with one slot, whose drain hands a running job back
     after 0.2 s; returned once it has registered."""
     env = platform.service_env(service) | {
@@ -68,6 +78,7 @@ def _worker(platform: RunningPlatform, name: str, service: str = "ocrworker") ->
         "HM_WORK_DIR": str(platform.state_dir / f"work-{name}"),
         "HM_WORKER_STATUS_BIND": f"127.0.0.1:{free_port()}",
         "HM_DRAIN_SECONDS": "0.2",
+        **extra_env,
     }
     with (platform.state_dir / "logs" / f"{service}-{name}.log").open("ab") as log:
         proc = subprocess.Popen(
@@ -93,7 +104,7 @@ def _kept(conn: psycopg.Connection[Any], job_id: str) -> dict[str, int]:
     return {part: attempt for part, attempt in rows}
 
 
-def _drained_and_resumed(
+def _stopped_and_resumed(
     platform: RunningPlatform,
     client: httpx.Client,
     conn: psycopg.Connection[Any],
@@ -101,13 +112,17 @@ def _drained_and_resumed(
     operation: dict[str, Any],
     service: str,
     parts: int,
+    *,
+    kill: bool = False,
+    **worker_env: str,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
     """Runs ``operation`` on ``obj`` on a first one-slot ``service`` worker, drains that worker
-    once the job kept ``parts`` parts (the running job is handed back), checks that they are the
-    first attempt's and the job waits ``queued``, then follows the job on a second worker until
-    it completed. Returns the parts the first attempt kept and every part seen (part → attempt),
-    and the completed job."""
-    first = _worker(platform, "first", service)
+    once the job kept ``parts`` parts (the running job is handed back: it waits ``queued``), or
+    with ``kill`` kills it (SIGKILL: the reaper declares it dead later), checks that the parts
+    are the first attempt's, then follows the job on a second worker until it completed.
+    Returns the parts the first attempt kept and every part seen (part → attempt), and the
+    completed job."""
+    first = _worker(platform, "first", service, **worker_env)
     second: subprocess.Popen[bytes] | None = None
     try:
         created = client.post(
@@ -115,20 +130,25 @@ def _drained_and_resumed(
         )
         assert created.status_code == 202, created.text
         job_id = created.json()["job_ids"][0]
-        wait_for(f"{parts} parts kept", lambda: len(_kept(conn, job_id)) >= parts, 120)
-        first.terminate()  # the drain: the running job is handed back 0.2 s later
-        assert first.wait(60) == 0
+        wait_for(f"{parts} parts kept", lambda: len(_kept(conn, job_id)) >= parts, 180)
+        if kill:
+            first.kill()
+            first.wait(30)
+        else:
+            first.terminate()  # the drain: the running job is handed back 0.2 s later
+            assert first.wait(60) == 0
         kept_first = _kept(conn, job_id)
         assert set(kept_first.values()) == {1}
-        assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+        status = client.get(f"/v1/jobs/{job_id}").json()["status"]
+        assert status in (("claimed", "processing") if kill else ("queued",)), status
 
-        second = _worker(platform, "second", service)
+        second = _worker(platform, "second", service, **worker_env)
         seen = dict(kept_first)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240
         while (job := client.get(f"/v1/jobs/{job_id}").json())["status"] != "completed":
             seen |= _kept(conn, job_id)
             assert job["status"] in ("queued", "claimed", "processing"), job
-            assert time.monotonic() < deadline, "not completed within 120 s"
+            assert time.monotonic() < deadline, "not completed within 240 s"
             time.sleep(0.05)
     finally:
         first.kill()
@@ -184,7 +204,7 @@ def test_an_ocr_drained_after_page_8_resumes_after_its_last_kept_page_on_another
     ):
         obj = client.post("/v1/objects", files={"file": ("pages.pdf", text_pages_pdf(texts))}).json()
         operation = {"name": "ocr", "params": {"outputs": ["text", "words", "hocr", "searchable_pdf"]}}
-        kept_first, seen, job = _drained_and_resumed(
+        kept_first, seen, job = _stopped_and_resumed(
             platform, client, conn, obj, operation, "ocrworker", DRAIN_AFTER
         )
         last_kept = len(kept_first)
@@ -239,7 +259,7 @@ def test_a_preview_drained_after_two_kept_parts_resumes_after_them_on_another_wo
         psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
     ):
         obj = client.post("/v1/objects", files={"file": ("pages.pdf", document)}).json()
-        kept_first, seen, job = _drained_and_resumed(platform, client, conn, obj, operation, "docworker", 2)
+        kept_first, seen, job = _stopped_and_resumed(platform, client, conn, obj, operation, "docworker", 2)
         covered = sorted(p for part in kept_first for p in _positions(part))
         last_kept = covered[-1]
         assert covered == list(range(1, last_kept + 1)) and last_kept < PAGES - 1, kept_first
@@ -262,3 +282,66 @@ def test_a_preview_drained_after_two_kept_parts_resumes_after_them_on_another_wo
 
         # Once the job ended, storage's sweep deleted its checkpoints: rows and bytes.
         _assert_swept(platform, conn, job["job_id"])
+
+
+LADDER = ["360p", "288p", "240p", "144p"]
+
+
+def _decoded(path: Path) -> tuple[int, int, int, float]:
+    """Frames decoded, width, height and duration (s) of a downloaded rendition."""
+    with av.open(str(path)) as container:
+        frames = sum(1 for _ in container.decode(video=0))
+        video = container.streams.video[0]
+        duration = container.duration / av.time_base
+        return frames, video.codec_context.width, video.codec_context.height, round(duration, 1)
+
+
+def test_a_transcode_killed_after_its_second_rendition_resumes_at_the_third(
+    platform_without_workers: RunningPlatform, tmp_path: Path
+) -> None:
+    """A ladder of four renditions of 20 s of video, encoded one at a time (the worker's
+    ``HM_MEDIA_CHECKPOINT_SECONDS`` is 1 here); the worker is killed (SIGKILL: no drain, no
+    hand-back) once the first two are kept. The reaper declares it dead, and the next worker's
+    attempt takes the two kept renditions and encodes only the third and fourth, keeping the
+    third. Every rendition decodes to the source's 500 frames at its size and 20 s."""
+    platform = platform_without_workers
+    account = platform.admin("create-account", "--credits", "100")
+    source = write_video(tmp_path / "ladder.mp4", seconds=20.0, width=640, height=360)
+    operation = {"name": "transcode_video", "params": {"heights": [360, 288, 240, 144], "hls": True}}
+    with (
+        platform.client(account) as client,
+        psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
+    ):
+        obj = upload(client, source)
+        kept_first, seen, job = _stopped_and_resumed(
+            platform,
+            client,
+            conn,
+            obj,
+            operation,
+            "mediaworker",
+            2,
+            kill=True,
+            HM_MEDIA_CHECKPOINT_SECONDS="1",
+        )
+        assert kept_first == {"r-360p": 1, "r-288p": 1}, kept_first
+        [first_attempt, second_attempt] = job["attempts"]
+        assert (first_attempt["status"], second_attempt["status"]) == ("lost", "completed")
+
+        # The second attempt kept only the third rendition: the first two were taken, not
+        # encoded again (their rows are still the first attempt's), the last one is never kept.
+        assert seen == {"r-360p": 1, "r-288p": 1, "r-240p": 2}, seen
+        job_id = job["job_id"]
+        videos = {o["output_type"]: o for o in job["outputs"] if o["output_type"].startswith("video_")}
+        assert [videos[f"video_{n}"]["metadata"]["resumed"] for n in LADDER] == [True, True, False, False]
+        sizes = {"360p": (640, 360), "288p": (512, 288), "240p": (426, 240), "144p": (256, 144)}
+        for name in LADDER:
+            path = tmp_path / f"{name}.mp4"
+            path.write_bytes(httpx.get(videos[f"video_{name}"]["url"], timeout=60).content)
+            assert _decoded(path) == (500, *sizes[name], 20.0), name
+        assert videos["video_360p"]["metadata"]["frame_count"] == 500
+        master = client.get(f"/v1/jobs/{job_id}/outputs/hls_master/resolved")
+        assert master.status_code == 200 and master.text.count("#EXT-X-STREAM-INF") == 4
+
+        # Once the job ended, storage's sweep deleted its checkpoints: rows and bytes.
+        _assert_swept(platform, conn, job_id)

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer, channel
 from hypermedia.jobs import checkpoints
 from hypermedia.worker.checkpointing import Checkpointing
-from hypermedia.worker.transfer import Transfers, send_output
+from hypermedia.worker.transfer import FileBody, Transfers, send_output
 from services.storage.backends import ObjectBackend
 from services.storage.localstore import LocalStore, build_app
 from services.storage.s3store import S3Store
@@ -744,9 +745,25 @@ async def _check_checkpoint_flow(svc: Running, tenant: Tenant, pool: asyncpg.Poo
     key = checkpoints.key_of(granted.outputs.key_prefix, job_id, "page-00001")
     foreign_key = f"{granted.outputs.key_prefix}thumbnail-0123456789abcdef"
     async with httpx.AsyncClient() as http:
-        for k, data in ((key, part), (foreign_key, foreign)):
-            sent = await send_output(http, granted.outputs, k, data, "application/zip", _sha(data))
+        # The part streamed from a file, as the worker sends it (a transcode's rendition is too
+        # large to hold in memory). Bytes changed after they were hashed are refused by the
+        # local store; moto keeps no checksum of POST uploads (ADR 0036), S3 refuses them, and
+        # a restore checks the recorded SHA-256 either way.
+        with tempfile.TemporaryFile() as file:
+            file.write(b"page 0ne, kept")
+            file.flush()
+            body = FileBody(file.fileno(), len(part))
+            if granted.outputs.method == "PUT":
+                refused = await send_output(http, granted.outputs, key, body, "application/zip", _sha(part))
+                assert refused.status_code == 400, refused.text
+                assert await svc.backend.stat(key) is None
+            os.pwrite(file.fileno(), part, 0)
+            sent = await send_output(http, granted.outputs, key, body, "application/zip", _sha(part))
             assert sent.is_success, sent.text
+        sent = await send_output(
+            http, granted.outputs, foreign_key, foreign, "application/zip", _sha(foreign)
+        )
+        assert sent.is_success, sent.text
     # A row from before part names were bounded to 12 characters (the table's check takes 64):
     # neither presigned nor a stop to the sweep.
     long_name = "page-00003-of-an-older-worker"

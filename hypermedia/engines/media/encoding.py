@@ -37,6 +37,7 @@ __all__ = [
     "AUDIO_RATE",
     "CODECS",
     "Codec",
+    "Encoded",
     "EncoderFailure",
     "Output",
     "Rendition",
@@ -77,6 +78,24 @@ class Rendition:
     name: str
     width: int
     height: int
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One finished rendition file: what describing it and packaging it as HLS need."""
+
+    rendition: Rendition
+    path: Path
+    """The written file (``video_720p.mp4``) in the job's output directory."""
+    frames: int
+    """Video frames encoded."""
+    extradata: bytes
+    """The video encoder's global header (the H.264 SPS/PPS), for the HLS ``CODECS`` attribute."""
+    has_audio: bool
+    decode_errors: int
+    """Packets of the source skipped because they did not decode."""
+    resumed: bool = False
+    """Taken from an earlier attempt's checkpoint rather than encoded by this one."""
 
 
 def even(value: float) -> int:
@@ -182,6 +201,12 @@ class Output:
         self.extradata = bytes(self.video.codec_context.extradata or b"")
         with _writing():
             self.container.close()
+
+    def encoded(self, decode_errors: int) -> Encoded:
+        """What :meth:`close` finished, with the source's ``decode_errors``."""
+        return Encoded(
+            self.rendition, self.path, self.frames, self.extradata, self.audio is not None, decode_errors
+        )
 
 
 class EncoderFailure(Exception):

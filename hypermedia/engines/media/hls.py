@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import av
 
 from hypermedia.engines.contract import OutputFile
-from hypermedia.engines.media.encoding import Output
-
-if TYPE_CHECKING:
-    from hypermedia.engines.media.transcode import Transcode
+from hypermedia.engines.media.encoding import Encoded
 
 __all__ = ["HLS_MIME", "package_hls"]
 
@@ -34,16 +32,19 @@ _EXTINF: Final = re.compile(r"#EXTINF:([0-9.]+)")
 _BYTERANGE: Final = re.compile(r"#EXT-X-BYTERANGE:(\d+)@(\d+)")
 
 
-def package_hls(job: Transcode, segment_seconds: int) -> list[OutputFile]:
-    """Remuxes every rendition into single-file fragmented MP4 HLS and writes the master playlist
-    (module doc, step 5)."""
+def package_hls(
+    encoded: list[Encoded], out_dir: Path, frame_rate: Fraction | None, segment_seconds: int
+) -> list[OutputFile]:
+    """Remuxes every finished rendition (``encoded``, highest first) into single-file fragmented
+    MP4 HLS in ``out_dir`` and writes the master playlist, whose ``FRAME-RATE`` is the source's
+    ``frame_rate`` (module doc, step 5)."""
     outputs: list[OutputFile] = []
     variants = []
-    for output in job.outputs_:
+    for output in encoded:
         name = f"hls_{output.rendition.name}"
         media_name = f"{name}_media"
-        playlist_path = job.out_dir / f"{name}.m3u8"
-        media_path = job.out_dir / f"{media_name}.mp4"
+        playlist_path = out_dir / f"{name}.m3u8"
+        media_path = out_dir / f"{media_name}.mp4"
         _remux_hls(output.path, playlist_path, media_path, segment_seconds)
         text = playlist_path.read_text()
         text = text.replace(f'URI="{media_path.name}"', f'URI="{media_name}"')
@@ -77,7 +78,7 @@ def package_hls(job: Transcode, segment_seconds: int) -> list[OutputFile]:
                 },
             )
         )
-    rate = job.frame_rate
+    rate = frame_rate
     lines = ["#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-INDEPENDENT-SEGMENTS"]
     for name, output, bandwidth, average, codecs in variants:
         attributes = [
@@ -90,7 +91,7 @@ def package_hls(job: Transcode, segment_seconds: int) -> list[OutputFile]:
             attributes.append(f"FRAME-RATE={float(rate):.3f}")
         lines += ["#EXT-X-STREAM-INF:" + ",".join(attributes), name]
     master = "\n".join(lines) + "\n"
-    (job.out_dir / "hls_master.m3u8").write_text(master)
+    (out_dir / "hls_master.m3u8").write_text(master)
     outputs.append(
         OutputFile(
             "hls_master",
@@ -150,7 +151,7 @@ def _bandwidth(playlist: str) -> tuple[int, int, int]:
     return math.ceil(peak), math.ceil(average), segments
 
 
-def _codecs_attribute(output: Output) -> str:
+def _codecs_attribute(output: Encoded) -> str:
     """RFC 6381 codec strings: ``avc1.PPCCLL`` from the H.264 SPS (profile_idc, constraint flags,
     level_idc) and ``mp4a.40.2`` for AAC-LC."""
     extradata = output.extradata
@@ -162,4 +163,4 @@ def _codecs_attribute(output: Output) -> str:
     else:
         if len(extradata) >= 4 and extradata[0] == 1:  # avcC: version, profile, compat, level
             video = "avc1." + extradata[1:4].hex()
-    return video if output.audio is None else f"{video},mp4a.40.2"
+    return f"{video},mp4a.40.2" if output.has_audio else video

@@ -108,6 +108,11 @@ class MediaLimits:
     threads: int = 1
     """Threads an encoder (and the decoder feeding it) of a transcode may use; the worker counts
     them against the job's ``RLIMIT_NPROC``. The other operations decode with one thread."""
+    part_seconds: float | None = None
+    """A ``transcode_video`` of at least this many seconds (the header's, else the packets')
+    with more than one rendition encodes them one at a time and keeps each but the last as a
+    checkpoint (:mod:`hypermedia.engines.media.rendition_parts`); ``None``: in one pass, no
+    checkpoints."""
 
 
 # --- opening -------------------------------------------------------------------------------------

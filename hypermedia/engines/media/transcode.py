@@ -46,6 +46,16 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
    ``FRAME-RATE`` and ``CODECS`` (RFC 8216 §4.3.4.2). URIs inside the playlists are the sibling
    outputs' ``output_type`` names (``hls_720p``, ``hls_720p_media``); the gateway's resolved-output
    endpoint turns them into download URLs.
+6. **Checkpoints** (issue 23, ADR 0079): a video of at least
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.part_seconds` with more than one rendition
+   is encoded one rendition at a time, highest first, a pass over the input each (a decode per
+   rendition: 30 s of 1080p H.264 decodes in 2.6 s of CPU, and its 1080/720/480 ladder took 34 s of
+   CPU in parts against 29 s in one pass; docs/performance.md), and each rendition but the last
+   is kept as a checkpoint (:mod:`hypermedia.engines.media.rendition_parts`); a later attempt
+   takes the kept renditions and encodes only the rest. libx264 with frame threads does not write
+   the same bytes twice, so a resumed job's renditions are not an uninterrupted run's bytes: they
+   decode to the same frame count, sizes and duration. HLS is packaged from the finished files
+   either way.
 
 Progress is reported while decoding (:func:`hypermedia.sandbox.report_progress`). Runs FFmpeg on
 untrusted input: call :func:`run` in the sandbox child only. Importing this module is fork-safe.
@@ -53,6 +63,7 @@ untrusted input: call :func:`run` in the sandbox child only. Importing this modu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
@@ -68,12 +79,14 @@ from av.video.stream import VideoStream
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
+from hypermedia.engines.media import rendition_parts
 from hypermedia.engines.media.audio import AudioConverter
 from hypermedia.engines.media.decoding import DecodeErrors
 from hypermedia.engines.media.encoding import (
     AUDIO_LAYOUT,
     AUDIO_RATE,
     CODECS,
+    Encoded,
     EncoderFailure,
     Output,
     Rendition,
@@ -172,7 +185,8 @@ def run(
         file), ``rotation_applied`` (degrees, the source's display rotation as ``probe`` reports
         it when its display matrix was applied, else 0), ``mirror_applied`` (the matrix mirrored
         the picture and the flip was applied: a front camera's clip), ``decode_errors`` (packets
-        skipped: :class:`hypermedia.engines.media.decoding.DecodeErrors`), ``size_bytes``.
+        skipped: :class:`hypermedia.engines.media.decoding.DecodeErrors`), ``size_bytes``,
+        ``resumed`` (taken from an earlier attempt's checkpoint, module doc step 6).
         With ``hls``: then ``hls_{rung}p_media`` (the fragmented MP4, ``video/mp4``),
         ``hls_{rung}p`` (its media playlist, ``application/vnd.apple.mpegurl``, metadata
         ``segments``, ``bandwidth``, ``average_bandwidth``) per rendition, and ``hls_master``
@@ -191,7 +205,8 @@ def run(
     options = validate_params(operation, params)
     check_size(input_path, limits)
     with open_media(input_path) as container:
-        check_duration(header_seconds(container), limits)
+        seconds = header_seconds(container)
+        check_duration(seconds, limits)
         video = _video_stream(container)
         width, height = video.codec_context.width, video.codec_context.height
         if width * height > MAX_PIXELS:
@@ -200,17 +215,86 @@ def run(
                 "INPUT_TOO_LARGE_PIXELS",
             )
         orientation = first_frame_orientation(video)
+        ladder = plan_ladder(*_display_size(video, orientation), options["heights"])
+        frame_rate: Fraction | None = video.average_rate or video.guessed_rate
     with open_media(input_path) as container:
         # Every packet's timestamp, nothing decoded (about a second per million packets): a
         # header that understates the length is MEDIA_TOO_LONG here, before hours are encoded.
-        demux_span(container, limits)
-    with open_media(input_path) as container:
-        job = Transcode(container, options, out_dir, limits, orientation)
-        job.encode()
-    outputs = job.outputs()
+        span = demux_span(container, limits)
+    if seconds is None and span.start is not None and span.end is not None:
+        seconds = span.end - span.start
+    plan = _Plan(input_path, options, out_dir, limits, orientation)
+    if len(ladder) > 1 and limits.part_seconds is not None and (seconds or 0.0) >= limits.part_seconds:
+        encoded = _encode_in_parts(plan, ladder)
+    else:
+        encoded = _encode(plan, ladder, (0.0, 1.0))
+    outputs = [_describe(e, options, orientation) for e in encoded]
     if options["hls"]:
-        outputs += package_hls(job, options["hls_segment_seconds"])
+        outputs += package_hls(encoded, out_dir, frame_rate, options["hls_segment_seconds"])
     return outputs
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every pass over the input shares."""
+
+    input_path: Path
+    options: dict[str, Any]
+    out_dir: Path
+    limits: MediaLimits
+    orientation: Orientation
+
+
+def _encode(plan: _Plan, ladder: list[Rendition], progress: tuple[float, float]) -> list[Encoded]:
+    """One pass over the input into every rendition of ``ladder`` (:class:`Transcode`),
+    reporting progress from ``progress[0]`` over a share of ``progress[1]``."""
+    with open_media(plan.input_path) as container:
+        job = Transcode(
+            container, plan.options, plan.out_dir, plan.limits, plan.orientation, ladder, progress
+        )
+        job.encode()
+    return job.encoded()
+
+
+def _encode_in_parts(plan: _Plan, ladder: list[Rendition]) -> list[Encoded]:
+    """The ladder one rendition at a time, highest first (module doc, step 6): a rendition an
+    earlier attempt kept is taken (:func:`rendition_parts.restored`), any other is encoded by a
+    pass of its own, and kept (:func:`rendition_parts.keep`) unless it is the last."""
+    made = rendition_parts.made_by(plan.options)
+    extension = CODECS[plan.options["codec"]].extension
+    encoded = []
+    for n, rendition in enumerate(ladder):
+        dest = plan.out_dir / f"video_{rendition.name}.{extension}"
+        kept = rendition_parts.restored(plan.out_dir, rendition, made, dest)
+        if kept is None:
+            [kept] = _encode(plan, [rendition], (n / len(ladder), 1 / len(ladder)))
+            if n < len(ladder) - 1:
+                rendition_parts.keep(plan.out_dir, kept, made)
+        encoded.append(kept)
+        report_progress(plan.out_dir, (n + 1) / len(ladder))
+    return encoded
+
+
+def _describe(encoded: Encoded, options: dict[str, Any], orientation: Orientation) -> OutputFile:
+    size = encoded.path.stat().st_size
+    with av.open(str(encoded.path)) as written:
+        duration = written.duration / av.time_base if written.duration is not None else None
+    metadata = {
+        "width": encoded.rendition.width,
+        "height": encoded.rendition.height,
+        "codec": options["codec"],
+        "audio_codec": ("opus" if options["codec"] == "vp9" else "aac") if encoded.has_audio else None,
+        "duration_seconds": round(duration, 3) if duration is not None else None,
+        "frame_count": encoded.frames,
+        "bit_rate": round(size * 8 / duration) if duration else None,
+        "rotation_applied": orientation.rotation if orientation.applied else 0,
+        "mirror_applied": orientation.mirrored and orientation.applied,
+        "decode_errors": encoded.decode_errors,
+        "size_bytes": size,
+        "resumed": encoded.resumed,
+    }
+    mime_type = CODECS[options["codec"]].mime_type
+    return OutputFile(f"video_{encoded.rendition.name}", encoded.path.name, mime_type, metadata)
 
 
 # --- the source ----------------------------------------------------------------------------------
@@ -250,6 +334,8 @@ class Transcode:
         out_dir: Path,
         limits: MediaLimits,
         orientation: Orientation,
+        ladder: list[Rendition],
+        progress: tuple[float, float] = (0.0, 1.0),
     ) -> None:
         self.container = container
         self.options = options
@@ -262,11 +348,10 @@ class Transcode:
         context = self.video.codec_context
         context.thread_count = max(1, limits.threads)
         context.thread_type = "FRAME"  # type: ignore[assignment]  # PyAV takes the flag's name
-        display = _display_size(self.video, orientation)
-        self.ladder = plan_ladder(*display, options["heights"])
+        self.ladder = ladder
+        self.progress = progress
+        """Where this pass's progress starts, and its share of the job's (a pass per rendition)."""
         self.duration = header_seconds(container)
-        self.frame_rate: Fraction | None = self.video.average_rate or self.video.guessed_rate
-        """The source's frame rate, read while the input is open (the HLS master's FRAME-RATE)."""
         start = container.start_time
         self.origin = start / av.time_base if start is not None else 0.0
         self.last_video_pts: int | None = None
@@ -330,7 +415,7 @@ class Transcode:
                 output.close()
         except EncoderFailure as failure:
             raise encoder_error(failure) from failure.__cause__
-        report_progress(self.out_dir, 1.0)
+        report_progress(self.out_dir, sum(self.progress))
 
     def _video_frame(self, frame: VideoFrame) -> None:
         time_base = self.video.time_base
@@ -366,7 +451,8 @@ class Transcode:
             for filtered in output.filter(frame, self.orientation, sar):
                 output.encode_video(filtered)
         if self.duration:
-            report_progress(self.out_dir, 0.98 * seconds / self.duration)
+            start, share = self.progress
+            report_progress(self.out_dir, start + share * 0.98 * seconds / self.duration)
 
     def _audio_frame(self, frame: Any) -> None:
         """Audio is converted to stereo 48 kHz float (:class:`hypermedia.engines.media.audio.AudioConverter`:
@@ -390,26 +476,6 @@ class Transcode:
         for output in self.outputs_:
             output.encode_audio(frame)
 
-    def outputs(self) -> list[OutputFile]:
-        return [self._describe(output) for output in self.outputs_]
-
-    def _describe(self, output: Output) -> OutputFile:
-        size = output.path.stat().st_size
-        with av.open(str(output.path)) as written:
-            duration = written.duration / av.time_base if written.duration is not None else None
-        metadata = {
-            "width": output.rendition.width,
-            "height": output.rendition.height,
-            "codec": self.options["codec"],
-            "audio_codec": None
-            if output.audio is None
-            else ("opus" if self.options["codec"] == "vp9" else "aac"),
-            "duration_seconds": round(duration, 3) if duration is not None else None,
-            "frame_count": output.frames,
-            "bit_rate": round(size * 8 / duration) if duration else None,
-            "rotation_applied": self.orientation.rotation if self.orientation.applied else 0,
-            "mirror_applied": self.orientation.mirrored and self.orientation.applied,
-            "decode_errors": self.errors.count,
-            "size_bytes": size,
-        }
-        return OutputFile(f"video_{output.rendition.name}", output.path.name, self.codec.mime_type, metadata)
+    def encoded(self) -> list[Encoded]:
+        """The renditions :meth:`encode` finished, in the ladder's order."""
+        return [output.encoded(self.errors.count) for output in self.outputs_]
