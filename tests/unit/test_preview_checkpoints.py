@@ -7,8 +7,10 @@ libvips."""
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import shutil
 import zipfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,13 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _preview(job_dir: Path, source: Path, params: dict = PARAMS) -> dict[str, tuple[str, dict]]:
     (job_dir / "output").mkdir(parents=True)
-    outputs = pdf.run("pdf_preview", params, source, job_dir / "output", limits=LIMITS)
+    # In a process of its own, as the docworker's sandbox child: the engine forks its engine
+    # process, and a fork of this test process, where earlier tests (the OCR checkpoints') ran
+    # libvips and started its thread pool, waited for ever on a pool thread the fork had not copied.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
+        outputs = fresh.submit(
+            pdf.run, "pdf_preview", params, source, job_dir / "output", limits=LIMITS
+        ).result(120)
     return {
         o.filename: (hashlib.sha256((job_dir / "output" / o.filename).read_bytes()).hexdigest(), o.metadata)
         for o in outputs
