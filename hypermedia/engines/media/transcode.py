@@ -49,13 +49,12 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
 6. **Checkpoints** (issue 23, ADR 0079): a video of at least
    :attr:`~hypermedia.engines.media.sources.MediaLimits.part_seconds` with more than one rendition
    is encoded one rendition at a time, highest first, a pass over the input each (a decode per
-   rendition: 30 s of 1080p H.264 decodes in 2.6 s of CPU, and its 1080/720/480 ladder took 34 s of
-   CPU in parts against 29 s in one pass; docs/performance.md), and each rendition but the last
-   is kept as a checkpoint (:mod:`hypermedia.engines.media.rendition_parts`); a later attempt
-   takes the kept renditions and encodes only the rest. libx264 with frame threads does not write
-   the same bytes twice, so a resumed job's renditions are not an uninterrupted run's bytes: they
-   decode to the same frame count, sizes and duration. HLS is packaged from the finished files
-   either way.
+   rendition: a 1080/720/480 ladder of 1080p H.264 takes 1.24× the CPU of one pass,
+   ``bench/transcode_parts.py``), and each rendition but the last is kept as a checkpoint
+   (:mod:`hypermedia.engines.media.rendition_parts`); a later attempt takes the kept renditions
+   and encodes only the rest. libx264 with frame threads does not write the same bytes twice, so
+   a resumed job's renditions are not an uninterrupted run's bytes: they decode to the same frame
+   count, sizes and duration. HLS is packaged from the finished files either way.
 
 Progress is reported while decoding (:func:`hypermedia.sandbox.report_progress`). Runs FFmpeg on
 untrusted input: call :func:`run` in the sandbox child only. Importing this module is fork-safe.
