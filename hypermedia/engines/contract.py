@@ -10,6 +10,7 @@ import math
 import os
 import re
 import shutil
+import struct
 import time
 import zipfile
 from collections.abc import Mapping
@@ -100,16 +101,19 @@ def keep_part(out_dir: Path, part: str, files: Mapping[str, bytes | Path]) -> No
     with contextlib.suppress(OSError):
         folder.mkdir(exist_ok=True)
         tmp = folder / f".{part}.tmp"
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
-            for name, data in sorted(files.items()):
-                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-                if isinstance(data, bytes):
-                    archive.writestr(info, data)
-                    continue
-                info.compress_type = zipfile.ZIP_STORED  # encoded media does not deflate
-                with data.open("rb") as source, archive.open(info, "w", force_zip64=True) as target:
-                    shutil.copyfileobj(source, target, 1 << 20)
-        os.replace(tmp, folder / f"{part}.zip")
+        try:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+                for name, data in sorted(files.items()):
+                    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                    if isinstance(data, bytes):
+                        archive.writestr(info, data)
+                        continue
+                    info.compress_type = zipfile.ZIP_STORED  # encoded media does not deflate
+                    with data.open("rb") as source, archive.open(info, "w", force_zip64=True) as target:
+                        shutil.copyfileobj(source, target, 1 << 20)
+            os.replace(tmp, folder / f"{part}.zip")
+        finally:
+            tmp.unlink(missing_ok=True)  # a part half written (a full disk) takes no more space
 
 
 def resumed_part(out_dir: Path, part: str) -> dict[str, bytes] | None:
@@ -126,7 +130,7 @@ def resumed_part(out_dir: Path, part: str) -> dict[str, bytes] | None:
             if any(size > MAX_PART_BYTES for size in sizes) or sum(sizes) > MAX_RESUMED_PART_BYTES:
                 return None
             return {info.filename: archive.read(info) for info in archive.infolist()}
-    except (OSError, zipfile.BadZipFile, EOFError, ValueError, MemoryError):
+    except Exception:  # best effort: a damaged deflate stream raises zlib.error, and so on
         return None
 
 
@@ -140,32 +144,58 @@ def resumed_parts(out_dir: Path) -> list[str]:
     return [name for name in names if _PART_NAME.fullmatch(name)]
 
 
-def resumed_files(out_dir: Path, part: str, into: Path, max_bytes: int) -> dict[str, Path] | None:
+def resumed_files(out_dir: Path, part: str, into: Path, members: Mapping[str, int]) -> dict[str, Path] | None:
     """Called by an entry whose parts hold large files (a transcode's renditions: see
-    :func:`keep_part`): unpacks ``part`` into the existing directory ``into``, streamed, and
-    returns its files (name → path); ``None``, with nothing left in ``into``, when there is no
-    such part or none it can unpack whole (a name that is not a plain file name, more than
-    ``max_bytes`` unpacked, a damaged archive, a full disk). The part is then done again."""
+    :func:`keep_part`): unpacks ``part`` into the existing, empty directory ``into``, streamed,
+    and returns its files (name → path); ``None``, with nothing left in ``into``, when there is
+    no such part or none it can take whole. The part must hold exactly ``members`` (name → most
+    bytes unpacked), each stored or deflated and not encrypted; its end record is read first, so
+    an archive of a million entries is refused before its directory is parsed. Anything else —
+    a damaged or foreign archive, a full disk — is ``None`` too: the part is then done again."""
     path = Path(out_dir).parent / RESUME_DIR / f"{part}.zip"
     if not _PART_NAME.fullmatch(part) or not path.is_file():
         return None
     written: dict[str, Path] = {}
     try:
+        if _entries(path) != len(members):
+            return None
         with zipfile.ZipFile(path) as archive:
-            members = archive.infolist()
-            if sum(info.file_size for info in members) > max_bytes or any(
-                not _FILE_NAME.fullmatch(info.filename) for info in members
+            infos = archive.infolist()
+            if sorted(info.filename for info in infos) != sorted(members) or any(
+                info.file_size > members[info.filename]
+                or info.flag_bits & 0x1  # encrypted
+                or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+                for info in infos
             ):
                 return None
-            for info in members:
+            for info in infos:
                 written[info.filename] = into / info.filename
                 with archive.open(info) as source, written[info.filename].open("xb") as target:
                     shutil.copyfileobj(source, target, 1 << 20)
         return written
-    except (OSError, zipfile.BadZipFile, EOFError, ValueError, MemoryError):
+    except Exception:  # best effort: whatever a damaged or hostile part raises, it is done again
         for file in written.values():
             file.unlink(missing_ok=True)
         return None
+
+
+_END_RECORD: Final = struct.Struct("<4s4H2LH")
+"""A zip's end of central directory record (APPNOTE 4.3.16): signature, disk numbers, the
+entries on this disk and in all, the directory's size and offset, the comment's length."""
+
+
+def _entries(path: Path) -> int:
+    """The number of entries the end record of the zip at ``path`` states (a zip64 archive's
+    record states at most 65,535), or -1 without one in its last 64 KiB + 22 bytes."""
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - (1 << 16) - _END_RECORD.size))
+        tail = f.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < _END_RECORD.size:
+        return -1
+    return int(_END_RECORD.unpack_from(tail, at)[4])
 
 
 class Entry(Protocol):

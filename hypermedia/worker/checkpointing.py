@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -58,7 +59,9 @@ class Checkpointing:
         worker_id: the worker's id, the fence of :func:`checkpoints.record` with the attempt.
         enabled: whether the worker's handler keeps parts; without, both methods do nothing.
         part_bytes: largest part kept or restored, in bytes (a larger one is done again).
-        job_bytes: most bytes of parts one attempt keeps, and restores.
+        job_bytes: most bytes of parts one attempt keeps (each try counted, a failed one too),
+            and restores.
+        operations: the operations whose jobs keep parts (``None``: every one the handler runs).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class Checkpointing:
         *,
         part_bytes: int = MAX_PART_BYTES,
         job_bytes: int = MAX_JOB_BYTES,
+        operations: frozenset[str] | None = None,
     ) -> None:
         self._transfers = transfers
         self._http = http
@@ -79,6 +83,7 @@ class Checkpointing:
         self._enabled = enabled
         self._part_bytes = part_bytes
         self._job_bytes = job_bytes
+        self._operations = operations
 
     @classmethod
     def of(
@@ -90,8 +95,8 @@ class Checkpointing:
         worker_id: str,
     ) -> Checkpointing:
         """The checkpointing of a worker whose jobs ``handler`` runs: on when it keeps parts
-        (:attr:`JobHandler.checkpoints`), within its bounds (``checkpoint_part_bytes``,
-        ``checkpoint_job_bytes``)."""
+        (:attr:`JobHandler.checkpoints`) for the operations it names (``checkpoint_operations``),
+        within its bounds (``checkpoint_part_bytes``, ``checkpoint_job_bytes``)."""
         return cls(
             transfers,
             http,
@@ -100,7 +105,12 @@ class Checkpointing:
             handler.checkpoints,
             part_bytes=handler.checkpoint_part_bytes,
             job_bytes=handler.checkpoint_job_bytes,
+            operations=handler.checkpoint_operations,
         )
+
+    def _keeps(self, job: lifecycle.ClaimedJob) -> bool:
+        """Whether ``job`` keeps parts: its handler's do, for its operation."""
+        return self._enabled and (self._operations is None or job.operation in self._operations)
 
     async def restore(
         self, job: lifecycle.ClaimedJob, granted: storage_pb2.GrantJobResponse, job_dir: Path
@@ -110,7 +120,7 @@ class Checkpointing:
         job's child; returns how many. A part that cannot be downloaded, or whose bytes are not
         the ones its row records (SHA-256: changed in the store, or an upload that never
         finished), is left out (the entry does it again)."""
-        if not self._enabled or not granted.checkpoints:
+        if not self._keeps(job) or not granted.checkpoints:
             return 0
         recorded = {c.part: c.sha256 for c in await checkpoints.of_job(self._pool, job.job_id)}
         folder = job_dir / RESUME_DIR
@@ -152,13 +162,13 @@ class Checkpointing:
         entry finished (``{job_dir}/checkpoints/{part}.zip``) is recorded with this attempt and
         uploaded under the job's prefix; a part that fails :data:`TRIES` times is given up.
         Never raises."""
-        if not self._enabled:
+        if not self._keeps(job):
             return
         folder = job_dir / CHECKPOINT_DIR
         grant = granted.outputs
         settled: set[str] = set()
         failures: dict[str, int] = {}
-        budget = self._job_bytes
+        budget = _Budget(self._job_bytes)
         while True:
             done = finished.is_set()
             names = await asyncio.to_thread(_finished_parts, folder)
@@ -169,7 +179,7 @@ class Checkpointing:
                 try:
                     if grant.expires_at.ToSeconds() - time.time() < GRANT_MARGIN_SECONDS:
                         grant = (await self._transfers.grant(job)).outputs
-                    budget -= await self._keep_one(job, grant, job_dir, part, budget)
+                    await self._keep_one(job, grant, job_dir, part, budget)
                     settled.add(part)
                 except Exception:
                     failures[part] = failures.get(part, 0) + 1
@@ -184,26 +194,30 @@ class Checkpointing:
                 pass
 
     async def _keep_one(
-        self, job: lifecycle.ClaimedJob, grant: storage_pb2.OutputGrant, job_dir: Path, part: str, budget: int
-    ) -> int:
-        """Records one finished part (fenced by the attempt), then uploads it; returns its size.
-        A part recorded by a fenced attempt is not uploaded at all, so nothing is stored that
-        no row names. The part is opened once (no symlink followed, a regular singly linked
-        file, refused over ``part_bytes`` or ``budget`` before it is read), hashed and uploaded
-        from that descriptor in blocks; bytes the child changed after the hash are refused by
-        the store, which checks the SHA-256 as it writes."""
+        self,
+        job: lifecycle.ClaimedJob,
+        grant: storage_pb2.OutputGrant,
+        job_dir: Path,
+        part: str,
+        budget: _Budget,
+    ) -> None:
+        """Records one finished part (fenced by the attempt), then uploads it. A part recorded
+        by a fenced attempt is not uploaded at all, so nothing is stored that no row names. The
+        part is opened once (no symlink followed, a regular singly linked file), its size taken
+        from ``budget`` before it is read (refused over ``part_bytes``, over the largest upload
+        the grant accepts — storage's ``HM_STORAGE_MAX_PUT_BYTES`` — or over what is left: a child
+        that makes every try fail cannot have the worker hash more than the attempt's bytes),
+        hashed and uploaded from that descriptor in blocks; bytes the child changed after the
+        hash are refused by the store, which checks the SHA-256 as it writes."""
         fd, size = await asyncio.to_thread(open_output, job_dir, f"{part}.zip", CHECKPOINT_DIR)
         try:
-            if size > min(self._part_bytes, budget):
-                raise OSError(
-                    errno.EFBIG, f"part {part} is {size} bytes, over {min(self._part_bytes, budget)}"
-                )
+            budget.take(part, size, min(self._part_bytes, grant.max_bytes or self._part_bytes))
             digest = await asyncio.to_thread(_sha256_fd, fd, size)
             key = checkpoints.key_of(grant.key_prefix, job.job_id, part)
             checkpoint = checkpoints.Checkpoint(part, key, size, digest, job.attempt)
             if not await checkpoints.record(self._pool, job, self._worker_id, checkpoint):
                 log.info("checkpoint %s not kept: the attempt is fenced", part, extra={"job_id": job.job_id})
-                return 0
+                return
             response = await send_output(
                 self._http, grant, key, FileBody(fd, size), "application/zip", digest
             )
@@ -211,7 +225,19 @@ class Checkpointing:
             os.close(fd)
         if response.status_code >= 300:
             raise OSError(f"storage answered {response.status_code} to checkpoint {part}")
-        return size
+
+
+@dataclass
+class _Budget:
+    """Bytes of parts an attempt may still read: each try takes its part's size, kept or not."""
+
+    left: int
+
+    def take(self, part: str, size: int, part_bytes: int) -> None:
+        """Takes ``size`` bytes. Raises OSError ``EFBIG`` over ``part_bytes`` or what is left."""
+        if size > min(part_bytes, self.left):
+            raise OSError(errno.EFBIG, f"part {part} is {size} bytes, over {min(part_bytes, self.left)}")
+        self.left -= size
 
 
 def _finished_parts(folder: Path) -> list[str]:
@@ -233,15 +259,21 @@ def _finished_parts(folder: Path) -> list[str]:
 
 def _sha256_fd(fd: int, size: int) -> str:
     """The SHA-256 (hex) of the first ``size`` bytes of the open file ``fd``, read with
-    ``pread`` in 1 MiB blocks. Raises OSError when the file is shorter (shrunk meanwhile)."""
+    ``pread`` in 1 MiB blocks through a descriptor of its own (the caller may close ``fd`` while
+    this runs in a thread: a task cancelled at a drain). Raises OSError when the file is shorter
+    (shrunk meanwhile)."""
     digest = hashlib.sha256()
     offset = 0
-    while offset < size:
-        block = os.pread(fd, min(1 << 20, size - offset), offset)
-        if not block:
-            raise OSError(errno.EIO, f"the part ended at {offset} of {size} bytes")
-        digest.update(block)
-        offset += len(block)
+    own = os.dup(fd)
+    try:
+        while offset < size:
+            block = os.pread(own, min(1 << 20, size - offset), offset)
+            if not block:
+                raise OSError(errno.EIO, f"the part ended at {offset} of {size} bytes")
+            digest.update(block)
+            offset += len(block)
+    finally:
+        os.close(own)
     return digest.hexdigest()
 
 

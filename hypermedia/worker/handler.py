@@ -46,6 +46,9 @@ class JobHandler(Protocol):
     preview pages; a transcode's rendition is far larger)."""
     checkpoint_job_bytes: int
     """Most bytes of parts one attempt keeps, and restores (256 MiB by default)."""
+    checkpoint_operations: frozenset[str] | None
+    """The operations whose jobs keep parts (``None``: every one; the mediaworker's:
+    ``transcode_video`` only), so that another operation's child cannot have parts stored."""
 
     def entry_kwargs(self, job: lifecycle.ClaimedJob) -> dict[str, Any]:
         """Extra keyword arguments of the entry for this job (picklable; limits from the profile)."""
@@ -109,6 +112,7 @@ class SandboxHandler:
     checkpoints = False
     checkpoint_part_bytes = MAX_PART_BYTES
     checkpoint_job_bytes = MAX_JOB_BYTES
+    checkpoint_operations: frozenset[str] | None = None
 
     async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:
         return job_input

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -248,10 +249,8 @@ async def send_output(
         name = key.rsplit("/", 1)[-1]
         if isinstance(data, bytes):
             return await http.post(grant.url, data=fields, files={"file": (name, data, mime_type)})
-        # httpx streams a form's file object in blocks; a duplicate descriptor reads from offset 0.
-        with os.fdopen(os.dup(data.fd), "rb") as file:
-            file.seek(0)
-            return await http.post(grant.url, data=fields, files={"file": (name, file, mime_type)})
+        headers, body = _streamed_form(fields, name, mime_type, data)
+        return await http.post(grant.url, content=body, headers=headers)
     headers = {"Content-Type": mime_type, CHECKSUM_FIELD: checksum}
     content: bytes | AsyncIterator[bytes]
     if isinstance(data, FileBody):
@@ -262,6 +261,37 @@ async def send_output(
     return await http.put(
         f"{grant.url}{quote(key, safe='/')}?{urlencode(dict(grant.fields))}", content=content, headers=headers
     )
+
+
+def _streamed_form(
+    fields: dict[str, str], filename: str, mime_type: str, body: FileBody
+) -> tuple[dict[str, str], AsyncIterator[bytes]]:
+    """A ``multipart/form-data`` POST of ``fields`` then the file ``body`` (exactly its ``size``
+    bytes, read off the event loop), as headers with its length and the body's blocks: httpx's
+    own form would read a file object on the event loop, and take its length from the file as it
+    is when sent (a job's child may have grown it since it was hashed)."""
+    boundary = secrets.token_hex(16)
+    head = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields.items()
+    )
+    head += (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+        f"Content-Type: {mime_type}\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+
+    async def blocks() -> AsyncIterator[bytes]:
+        yield head
+        async for chunk in body.chunks():
+            yield chunk
+        yield tail
+
+    headers = {
+        "Content-Type": f"multipart/form-data; boundary={boundary}",
+        "Content-Length": str(len(head) + body.size + len(tail)),
+    }
+    return headers, blocks()
 
 
 def _read_and_hash(path: Path) -> tuple[bytes, str]:

@@ -62,6 +62,7 @@ class MediaHandler(SandboxHandler):
     checkpoints = True  # a long transcode's renditions (ADR 0079)
     checkpoint_part_bytes = rendition_parts.MAX_PART_BYTES
     checkpoint_job_bytes = 4 * rendition_parts.MAX_PART_BYTES
+    checkpoint_operations: frozenset[str] | None = frozenset({VIDEO_OPERATION})
 
     def __init__(self, settings: MediaSettings) -> None:
         self.settings = settings

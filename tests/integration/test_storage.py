@@ -758,8 +758,10 @@ async def _check_checkpoint_flow(svc: Running, tenant: Tenant, pool: asyncpg.Poo
                 assert refused.status_code == 400, refused.text
                 assert await svc.backend.stat(key) is None
             os.pwrite(file.fileno(), part, 0)
+            os.pwrite(file.fileno(), b" and bytes the child added after the hash", len(part))
             sent = await send_output(http, granted.outputs, key, body, "application/zip", _sha(part))
             assert sent.is_success, sent.text
+            assert await svc.backend.stat(key) == len(part), "only the bytes that were hashed"
         sent = await send_output(
             http, granted.outputs, foreign_key, foreign, "application/zip", _sha(foreign)
         )
@@ -1157,3 +1159,17 @@ async def test_whole_parts_are_kept_once_and_nothing_the_child_planted_is_read(
         # A handler that keeps no parts does neither.
         off = Checkpointing(Transfers(local.stub, http), http, pool, CHECKPOINT_WORKER, enabled=False)
         assert await off.restore(second, regranted, tmp_path / "off") == 0
+        # Nor does one whose parts are another operation's (the mediaworker's: transcode_video
+        # only): a part the child of this ocr job planted is neither stored nor restored.
+        others = Checkpointing(
+            Transfers(local.stub, http),
+            http,
+            pool,
+            CHECKPOINT_WORKER,
+            enabled=True,
+            operations=frozenset({"transcode_video"}),
+        )
+        (parts / "page-00006.zip").write_bytes(b"page six")
+        await _keep_once(others, second, regranted, job_dir)
+        assert "page-00006" not in [c.part for c in await checkpoints.of_job(pool, job_id)]
+        assert await others.restore(second, regranted, tmp_path / "others") == 0

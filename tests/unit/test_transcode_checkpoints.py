@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import shutil
+import struct
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,8 +21,8 @@ from typing import Any
 import av
 import pytest
 
-from hypermedia.engines.contract import CHECKPOINT_DIR, RESUME_DIR, report_progress
-from hypermedia.engines.media import rendition_parts, transcode
+from hypermedia.engines.contract import CHECKPOINT_DIR, RESUME_DIR, keep_part, report_progress, resumed_files
+from hypermedia.engines.media import transcode
 from hypermedia.engines.media.sources import MediaLimits
 from tests.helpers.media import write_video
 
@@ -79,7 +82,7 @@ def test_every_rendition_but_the_last_is_kept_as_a_part(whole: tuple[Path, dict]
         assert media.compress_type == zipfile.ZIP_STORED
         assert hashlib.sha256(part.read("media")).hexdigest() == outputs["video_360p"][0]
         record = json.loads(part.read("rendition.json"))
-    assert record["rendition"] == ["360p", 640, 360] and record["frames"] == 75 and record["has_audio"]
+    assert record["rendition"] == ["360p", 640, 360] and record["decode_errors"] == 0
     assert record["made_by"]["params"]["heights"] == [360, 240, 144]
     assert [outputs[f"video_{name}"][1]["resumed"] for name in LADDER] == [False] * 3
 
@@ -134,19 +137,113 @@ def test_a_part_of_other_params_or_damaged_is_encoded_again(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("restored-")]
 
 
-def test_a_part_of_another_rendition_or_with_a_path_for_a_name_is_not_taken(tmp_path: Path) -> None:
-    """The part's record must name the rendition asked for; a member name that is a path is
-    never written (the part is ignored whole)."""
+def _zip(members: list[tuple[str, bytes]], method: int = zipfile.ZIP_STORED) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in members:
+            archive.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data, compress_type=method)
+    return buffer.getvalue()
+
+
+def _flagged(blob: bytes, offset_local: int, offset_central: int, value: int) -> bytes:
+    """``blob`` with a 16-bit field of every local and central header or-ed with ``value``."""
+    data = bytearray(blob)
+    for signature, offset in ((b"PK\x03\x04", offset_local), (b"PK\x01\x02", offset_central)):
+        at = 0
+        while (at := data.find(signature, at)) >= 0:
+            field = struct.unpack_from("<H", data, at + offset)[0]
+            struct.pack_into("<H", data, at + offset, field | value)
+            at += 4
+    return bytes(data)
+
+
+def _matroska_rawvideo(path: Path) -> bytes:
+    """Three raw 640×360 frames in Matroska: a video of the rendition's size, not what the
+    transcode writes (HLS packaging cannot even remux it)."""
+    with av.open(str(path), "w", format="matroska") as container:
+        stream = container.add_stream("rawvideo", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 640, 360, "yuv420p"
+        for n in range(3):
+            frame = av.VideoFrame(640, 360, "yuv420p")
+            frame.pts = n
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return path.read_bytes()
+
+
+def _hostile_parts(kept: Path, scratch: Path) -> dict[str, bytes]:
+    """Parts an earlier attempt's child could have left for ``r-360p``, built from the genuine
+    one: none of them may be taken, and none may fail the job."""
+    with zipfile.ZipFile(kept) as archive:
+        record, media = archive.read("rendition.json"), archive.read("media")
+    genuine = json.loads(record)
+    deflated = bytearray(_zip([("media", media), ("rendition.json", record)], zipfile.ZIP_DEFLATED))
+    at = deflated.rfind(b"PK\x03\x04")  # rendition.json's local header: spoil its deflate stream
+    deflated[at + 30 + len("rendition.json")] = 0xFF
+    return {
+        "a path for a name": _zip([("../media", media), ("rendition.json", record)]),
+        "a member twice": _zip([("media", media), ("media", media), ("rendition.json", record)]),
+        "a third member": _zip([("media", media), ("rendition.json", record), ("extra", b"x")]),
+        "a damaged deflate stream": bytes(deflated),
+        "encrypted": _flagged(_zip([("media", media), ("rendition.json", record)]), 6, 8, 0x1),
+        "an unknown compression method": _flagged(
+            _zip([("media", media), ("rendition.json", record)]), 8, 10, 99
+        ),
+        "a record nested 60,000 deep": _zip([("media", media), ("rendition.json", b"[" * 60_000)]),
+        "a record of another rendition": _zip(
+            [
+                ("media", media),
+                ("rendition.json", json.dumps(genuine | {"rendition": ["240p", 426, 240]}).encode()),
+            ]
+        ),
+        "decode errors below zero": _zip(
+            [("media", media), ("rendition.json", json.dumps(genuine | {"decode_errors": -7}).encode())]
+        ),
+        "decode errors a float": _zip(
+            [("media", media), ("rendition.json", json.dumps(genuine | {"decode_errors": 1e308}).encode())]
+        ),
+        "media cut short": _zip([("media", media[:100]), ("rendition.json", record)]),
+        "media not the transcode's": _zip(
+            [("media", _matroska_rawvideo(scratch / "raw.mkv")), ("rendition.json", record)]
+        ),
+        "a record over 64 KiB": _zip([("media", media), ("rendition.json", record + b" " * 70_000)]),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Duplicate name:UserWarning")
+def test_a_hostile_part_is_encoded_again_and_never_fails_the_job(
+    whole: tuple[Path, dict], source: Path, tmp_path: Path
+) -> None:
+    first, _ = whole
+    for name, blob in _hostile_parts(first / CHECKPOINT_DIR / "r-360p.zip", tmp_path).items():
+        job_dir = tmp_path / name.replace(" ", "-")
+        (job_dir / RESUME_DIR).mkdir(parents=True)
+        (job_dir / RESUME_DIR / "r-360p.zip").write_bytes(blob)
+        resumed = _transcode(job_dir, source)
+        assert [resumed[f"video_{n}"][1]["resumed"] for n in LADDER] == [False] * 3, name
+        assert resumed["video_360p"][1]["frame_count"] == 75, name
+        assert not [p for p in job_dir.iterdir() if p.name.startswith("restored-")], name
+
+
+def test_a_part_with_a_million_entries_is_refused_before_its_directory_is_read(tmp_path: Path) -> None:
+    """The end record says how many entries there are: anything but the part's two is refused
+    without parsing the central directory (a million entries took 3.8 s and 363 MiB to parse)."""
     job_dir = tmp_path / "job"
     (job_dir / "output").mkdir(parents=True)
     (job_dir / RESUME_DIR).mkdir()
-    with zipfile.ZipFile(job_dir / RESUME_DIR / "r-360p.zip", "w") as part:
-        part.writestr("rendition.json", "{}")
-        part.writestr("../media", b"x")
-    made = rendition_parts.made_by(transcode.validate_params("transcode_video", PARAMS))
-    rendition = transcode.plan_ladder(640, 360, [360])[0]
-    assert rendition_parts.restored(job_dir / "output", rendition, made, job_dir / "output" / "v.mp4") is None
-    assert not (tmp_path / "media").exists() and not (job_dir / "media").exists()
+    with zipfile.ZipFile(job_dir / RESUME_DIR / "r-360p.zip", "w") as archive:
+        for n in range(70_000):
+            archive.writestr(f"m{n}", b"")
+    into = tmp_path / "into"
+    into.mkdir()
+    started = time.perf_counter()
+    assert (
+        resumed_files(job_dir / "output", "r-360p", into, {"media": 1 << 20, "rendition.json": 1 << 16})
+        is None
+    )
+    assert time.perf_counter() - started < 0.5 and not list(into.iterdir())
 
 
 def test_a_shorter_video_or_a_single_rendition_is_encoded_in_one_pass(source: Path, tmp_path: Path) -> None:
@@ -172,3 +269,12 @@ def test_progress_goes_on_over_the_renditions(
     _transcode(tmp_path, source)
     assert seen == sorted(seen) and seen[-1] == 1.0
     assert any(1 / 3 < f < 2 / 3 for f in seen) and any(2 / 3 < f < 1 for f in seen)
+
+
+def test_a_part_that_cannot_be_written_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A part whose writing fails (here a file that cannot be read; a full disk in life) is not
+    kept, and its half-written temporary file does not stay to fill the disk."""
+    job_dir = tmp_path / "job"
+    (job_dir / "output").mkdir(parents=True)
+    keep_part(job_dir / "output", "r-360p", {"rendition.json": b"{}", "media": tmp_path})  # a directory
+    assert list((job_dir / CHECKPOINT_DIR).iterdir()) == []

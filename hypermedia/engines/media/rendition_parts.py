@@ -2,11 +2,10 @@
 ``transcode_video`` (:attr:`~hypermedia.engines.media.sources.MediaLimits.part_seconds`) encodes
 its ladder one rendition at a time (:func:`hypermedia.engines.media.transcode.run`), and each
 finished rendition but the last becomes a part, ``r-720p``: the file as written, stored (encoded
-media does not deflate), and ``rendition.json`` with what describing it needs (frames, the
-encoder's parameter sets, sound, decode errors) and what made it (:func:`made_by`). The next
-attempt takes a kept rendition (:func:`restored`) instead of encoding it again, when it was made
-from the same params by the same libraries and opens as that rendition; anything else is encoded
-again. Call in the sandbox child only (it opens files an earlier attempt wrote with FFmpeg).
+media does not deflate), and ``rendition.json`` with the source's decode errors and what made it
+(:func:`made_by`). The next attempt takes a kept rendition (:func:`restored`) instead of encoding
+it again, when it was made from the same params by the same libraries and is what the transcode
+writes for that rendition; anything else is encoded again. Call in the sandbox child only (it opens files an earlier attempt wrote with FFmpeg).
 """
 
 from __future__ import annotations
@@ -19,12 +18,11 @@ from pathlib import Path
 from typing import Any, Final
 
 import av
-import av.error
 
 from hypermedia.engines.contract import keep_part, resumed_files
 from hypermedia.engines.media.encoding import Encoded, Rendition
 
-__all__ = ["MAX_PART_BYTES", "PART_FORMAT", "keep", "made_by", "part_name", "restored"]
+__all__ = ["MAX_PART_BYTES", "OPEN_OPTIONS", "PART_FORMAT", "keep", "made_by", "part_name", "restored"]
 
 PART_FORMAT: Final = 1
 """Version of a rendition part's layout; a part of another version is encoded again."""
@@ -36,11 +34,20 @@ MAX_RECORD_BYTES: Final = 64 * 1024
 """Largest ``rendition.json`` read back (a few hundred bytes written)."""
 MEDIA: Final = "media"
 RECORD: Final = "rendition.json"
-_OPEN_OPTIONS: Final = {
+OPEN_OPTIONS: Final = {
     "protocol_whitelist": "file",
     "format_whitelist": "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm",
 }
 """A kept rendition is read as the MP4 or WebM the transcode writes, and as nothing else."""
+MAX_DECODE_ERRORS: Final = 1 << 31
+"""Most decode errors a kept record may state (a count of the source's packets)."""
+_EXPECTED: Final = {
+    "h264": ("mov,mp4,m4a,3gp,3g2,mj2", {"h264"}, "aac"),
+    "vp9": ("matroska,webm", {"vp9", "libvpx-vp9"}, "opus"),
+    "av1": ("mov,mp4,m4a,3gp,3g2,mj2", {"av1", "libdav1d", "libaom-av1"}, "aac"),
+}
+"""Per ``codec`` param: the demuxer a kept rendition opens with, its video decoders' names and
+its audio decoder's (what :data:`~hypermedia.engines.media.encoding.CODECS` writes)."""
 
 
 def part_name(rendition: Rendition) -> str:
@@ -69,57 +76,72 @@ def keep(out_dir: Path, encoded: Encoded, made: dict[str, Any]) -> None:
     record = {
         "made_by": made,
         "rendition": [rendition.name, rendition.width, rendition.height],
-        "frames": encoded.frames,
-        "extradata": encoded.extradata.hex(),
-        "has_audio": encoded.has_audio,
         "decode_errors": encoded.decode_errors,
     }
     keep_part(out_dir, part_name(rendition), {RECORD: json.dumps(record).encode(), MEDIA: encoded.path})
 
 
-def restored(out_dir: Path, rendition: Rendition, made: dict[str, Any], dest: Path) -> Encoded | None:
-    """The kept part of ``rendition`` moved to ``dest`` (its file name in ``out_dir``), or
-    ``None`` — nothing written — when there is none the job can take: none kept, damaged, made
-    with another ``made``, of another rendition, or a file that does not open as a video of the
-    rendition's size."""
-    unpacked = Path(tempfile.mkdtemp(prefix="restored-", dir=Path(out_dir).parent))
+def restored(
+    out_dir: Path, rendition: Rendition, codec: str, made: dict[str, Any], dest: Path
+) -> Encoded | None:
+    """The kept part of ``rendition`` (encoded with the ``codec`` param) moved to ``dest`` (its
+    file name in ``out_dir``), or ``None`` — nothing written — when there is none the job can
+    take. The part was written by an earlier attempt's child, on the same hostile input, so
+    nothing of it is trusted: it must hold exactly the record and the media (the record at most
+    :data:`MAX_RECORD_BYTES`), the record must name ``rendition`` and ``made``, and the media
+    must be what the transcode writes (:func:`_described`); what describing it needs (frames,
+    parameter sets, sound) is read from the media, not from the record. Anything else, whatever
+    it raises, is ``None``: the rendition is encoded again."""
+    unpacked: Path | None = None
     try:
-        files = resumed_files(out_dir, part_name(rendition), unpacked, MAX_PART_BYTES)
-        if files is None or set(files) != {MEDIA, RECORD} or files[RECORD].stat().st_size > MAX_RECORD_BYTES:
+        unpacked = Path(tempfile.mkdtemp(prefix="restored-", dir=Path(out_dir).parent))
+        members = {RECORD: MAX_RECORD_BYTES, MEDIA: MAX_PART_BYTES}
+        files = resumed_files(out_dir, part_name(rendition), unpacked, members)
+        if files is None:
             return None
         record = json.loads(files[RECORD].read_bytes())
+        errors = record.get("decode_errors") if isinstance(record, dict) else None
         if (
             not isinstance(record, dict)
             or record.get("made_by") != made
             or record.get("rendition") != [rendition.name, rendition.width, rendition.height]
-            or not _opens_as(files[MEDIA], rendition)
+            or type(errors) is not int
+            or not 0 <= errors <= MAX_DECODE_ERRORS
         ):
             return None
-        kept = Encoded(
-            rendition,
-            dest,
-            int(record["frames"]),
-            bytes.fromhex(record["extradata"]),
-            bool(record["has_audio"]),
-            int(record["decode_errors"]),
-            resumed=True,
-        )
+        described = _described(files[MEDIA], rendition, codec)
+        if described is None:
+            return None
+        frames, extradata, has_audio = described
         os.replace(files[MEDIA], dest)
-        return kept
-    except (OSError, ValueError, KeyError, TypeError):
+        return Encoded(rendition, dest, frames, extradata, has_audio, errors, resumed=True)
+    except Exception:  # best effort: a part that cannot be taken is encoded again
         return None
     finally:
-        shutil.rmtree(unpacked, ignore_errors=True)
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
 
 
-def _opens_as(path: Path, rendition: Rendition) -> bool:
-    """Whether ``path`` opens as a video of the rendition's size."""
-    try:
-        with av.open(str(path), options=_OPEN_OPTIONS) as container:
-            video = container.streams.video[0]
-            return (video.codec_context.width, video.codec_context.height) == (
-                rendition.width,
-                rendition.height,
-            )
-    except (av.error.FFmpegError, IndexError, OSError):
-        return False
+def _described(path: Path, rendition: Rendition, codec: str) -> tuple[int, bytes, bool] | None:
+    """``(frames, the video's parameter sets, has sound)`` of a kept rendition when it is what
+    the transcode writes for ``codec`` (:data:`~hypermedia.engines.media.encoding.CODECS`): its
+    container, one video stream of that codec at the rendition's size with at least one packet,
+    at most one audio stream of that codec, nothing else. Frames are its video packets, counted
+    without decoding. ``None`` otherwise."""
+    container_name, video_codecs, audio_codec = _EXPECTED[codec]
+    with av.open(str(path), options=OPEN_OPTIONS) as container:
+        video, audio = container.streams.video, container.streams.audio
+        if (
+            container.format.name != container_name
+            or len(video) != 1
+            or len(audio) > 1
+            or len(container.streams) != len(video) + len(audio)
+            or video[0].codec_context.name not in video_codecs
+            or (video[0].codec_context.width, video[0].codec_context.height)
+            != (rendition.width, rendition.height)
+            or (audio and audio[0].codec_context.name != audio_codec)
+        ):
+            return None
+        extradata = bytes(video[0].codec_context.extradata or b"")
+        frames = sum(1 for packet in container.demux(video[0]) if packet.size)
+    return (frames, extradata, bool(audio)) if frames else None

@@ -264,7 +264,7 @@ def _encode_in_parts(plan: _Plan, ladder: list[Rendition]) -> list[Encoded]:
     encoded = []
     for n, rendition in enumerate(ladder):
         dest = plan.out_dir / f"video_{rendition.name}.{extension}"
-        kept = rendition_parts.restored(plan.out_dir, rendition, made, dest)
+        kept = rendition_parts.restored(plan.out_dir, rendition, plan.options["codec"], made, dest)
         if kept is None:
             [kept] = _encode(plan, [rendition], (n / len(ladder), 1 / len(ladder)))
             if n < len(ladder) - 1:
@@ -276,7 +276,7 @@ def _encode_in_parts(plan: _Plan, ladder: list[Rendition]) -> list[Encoded]:
 
 def _describe(encoded: Encoded, options: dict[str, Any], orientation: Orientation) -> OutputFile:
     size = encoded.path.stat().st_size
-    with av.open(str(encoded.path)) as written:
+    with av.open(str(encoded.path), options=rendition_parts.OPEN_OPTIONS) as written:
         duration = written.duration / av.time_base if written.duration is not None else None
     metadata = {
         "width": encoded.rendition.width,
