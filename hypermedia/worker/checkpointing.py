@@ -28,7 +28,7 @@ from hypermedia.api.storage.v1 import storage_pb2
 from hypermedia.engines.contract import CHECKPOINT_DIR, MAX_PART_BYTES, RESUME_DIR
 from hypermedia.jobs import checkpoints, lifecycle
 from hypermedia.sandbox import open_output
-from hypermedia.worker.transfer import GRANT_MARGIN_SECONDS, FileBody, Transfers, send_output
+from hypermedia.worker.transfer import GRANT_MARGIN_SECONDS, FileBody, Transfers, send_output, sha256_fd
 
 if TYPE_CHECKING:
     from hypermedia.worker.handler import JobHandler
@@ -212,7 +212,7 @@ class Checkpointing:
         fd, size = await asyncio.to_thread(open_output, job_dir, f"{part}.zip", CHECKPOINT_DIR)
         try:
             budget.take(part, size, min(self._part_bytes, grant.max_bytes or self._part_bytes))
-            digest = await asyncio.to_thread(_sha256_fd, fd, size)
+            digest = await asyncio.to_thread(sha256_fd, fd, size)
             key = checkpoints.key_of(grant.key_prefix, job.job_id, part)
             checkpoint = checkpoints.Checkpoint(part, key, size, digest, job.attempt)
             if not await checkpoints.record(self._pool, job, self._worker_id, checkpoint):
@@ -255,26 +255,6 @@ def _finished_parts(folder: Path) -> list[str]:
     except OSError:  # not there yet, or not a directory
         return []
     return sorted(names)
-
-
-def _sha256_fd(fd: int, size: int) -> str:
-    """The SHA-256 (hex) of the first ``size`` bytes of the open file ``fd``, read with
-    ``pread`` in 1 MiB blocks through a descriptor of its own (the caller may close ``fd`` while
-    this runs in a thread: a task cancelled at a drain). Raises OSError when the file is shorter
-    (shrunk meanwhile)."""
-    digest = hashlib.sha256()
-    offset = 0
-    own = os.dup(fd)
-    try:
-        while offset < size:
-            block = os.pread(own, min(1 << 20, size - offset), offset)
-            if not block:
-                raise OSError(errno.EIO, f"the part ended at {offset} of {size} bytes")
-            digest.update(block)
-            offset += len(block)
-    finally:
-        os.close(own)
-    return digest.hexdigest()
 
 
 def _sha256(path: Path) -> str:

@@ -27,7 +27,7 @@ from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
 from hypermedia.infra.rpc import call, infra_retry
 from hypermedia.jobs import facts, lifecycle
-from hypermedia.sandbox import read_output
+from hypermedia.sandbox import open_output
 from hypermedia.worker import handoff
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,10 @@ UPLOAD_CONCURRENCY = 4
 mostly waiting on storage, so a few overlap well on 2 cores."""
 GRANT_MARGIN_SECONDS = 60
 """An output grant with less than this left (seconds) is renewed before the uploads start."""
+INLINE_BYTES = 8 * 1024 * 1024
+"""Outputs of at most this many bytes are read whole and sent from memory; larger ones are
+streamed from their file (:class:`FileBody`), so a worker's memory does not grow with its
+renditions' sizes."""
 CHECKSUM_FIELD = "x-amz-checksum-sha256"
 """Header (PUT) or form field (POST) carrying an upload's base64 SHA-256, which the store verifies."""
 
@@ -188,16 +192,30 @@ class Transfers:
         out: Any,
         reproducible: bool,
     ) -> storage_pb2.OutputUpload:
-        """Upload one output under the grant's prefix with its SHA-256; returns what to register."""
-        # Never path.read_bytes(): the job could have swapped output/ or the file for a symlink.
-        data, digest = await asyncio.to_thread(_read_and_hash, path)
-        key = grant.key_prefix + rendition_name(job, out.output_type, reproducible=reproducible)
-        async for attempt in infra_retry():
-            with attempt:
-                response = await send_output(self._http, grant, key, data, out.mime_type, digest)
-                if response.status_code >= 300:
-                    raise TransientError(f"storage answered {response.status_code}", "STORAGE_UNAVAILABLE")
-        return storage_pb2.OutputUpload(key=key, mime_type=out.mime_type, size_bytes=len(data), sha256=digest)
+        """Upload one output under the grant's prefix with its SHA-256; returns what to register.
+        The file is opened once as :func:`hypermedia.sandbox.read_output` opens it (never
+        ``path.read_bytes()``: the job could have swapped ``output/`` or the file for a symlink);
+        one of at most :data:`INLINE_BYTES` is read whole, a larger one (a transcode's rendition)
+        is hashed and then streamed from that descriptor, never held in memory."""
+        fd, size = await asyncio.to_thread(open_output, path.parent.parent, path.name)
+        try:
+            body: bytes | FileBody
+            if size <= INLINE_BYTES:
+                body = await asyncio.to_thread(_read_fd, fd, size)
+                digest = hashlib.sha256(body).hexdigest()
+            else:
+                body, digest = FileBody(fd, size), await asyncio.to_thread(sha256_fd, fd, size)
+            key = grant.key_prefix + rendition_name(job, out.output_type, reproducible=reproducible)
+            async for attempt in infra_retry():
+                with attempt:
+                    response = await send_output(self._http, grant, key, body, out.mime_type, digest)
+                    if response.status_code >= 300:
+                        raise TransientError(
+                            f"storage answered {response.status_code}", "STORAGE_UNAVAILABLE"
+                        )
+        finally:
+            os.close(fd)
+        return storage_pb2.OutputUpload(key=key, mime_type=out.mime_type, size_bytes=size, sha256=digest)
 
 
 def _input_facts(files: list[Any]) -> storage_pb2.InputFacts:
@@ -294,10 +312,35 @@ def _streamed_form(
     return headers, blocks()
 
 
-def _read_and_hash(path: Path) -> tuple[bytes, str]:
-    """An output's bytes (read as :func:`read_output` does) and their SHA-256, hex: off the event loop."""
-    data = read_output(path.parent.parent, path.name)
-    return data, hashlib.sha256(data).hexdigest()
+def _read_fd(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of the open file ``fd``. Raises OSError when it is shorter."""
+    data = os.pread(fd, size, 0)
+    while len(data) < size:
+        more = os.pread(fd, size - len(data), len(data))
+        if not more:
+            raise OSError(errno.EIO, f"the file ended at {len(data)} of {size} bytes")
+        data += more
+    return data
+
+
+def sha256_fd(fd: int, size: int) -> str:
+    """The SHA-256 (hex) of the first ``size`` bytes of the open file ``fd``, read with
+    ``pread`` in 1 MiB blocks through a descriptor of its own (the caller may close ``fd`` while
+    this runs in a thread: a task cancelled at a drain). Raises OSError when the file is shorter
+    (shrunk meanwhile)."""
+    digest = hashlib.sha256()
+    offset = 0
+    own = os.dup(fd)
+    try:
+        while offset < size:
+            block = os.pread(own, min(1 << 20, size - offset), offset)
+            if not block:
+                raise OSError(errno.EIO, f"the file ended at {offset} of {size} bytes")
+            digest.update(block)
+            offset += len(block)
+    finally:
+        os.close(own)
+    return digest.hexdigest()
 
 
 def rendition_name(job: lifecycle.ClaimedJob, output_type: str, *, reproducible: bool = True) -> str:

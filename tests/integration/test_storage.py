@@ -33,11 +33,12 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import ERROR_CODE_METADATA_KEY
 from hypermedia.devtools.embedded import free_port
-from hypermedia.engines.contract import CHECKPOINT_DIR, MAX_PART_BYTES, RESUME_DIR
+from hypermedia.engines.contract import CHECKPOINT_DIR, MAX_PART_BYTES, RESUME_DIR, OutputFile
 from hypermedia.infra import mtls
 from hypermedia.infra.httpserver import HttpServer
 from hypermedia.infra.rpc import GrpcServer, channel
 from hypermedia.jobs import checkpoints
+from hypermedia.worker import transfer
 from hypermedia.worker.checkpointing import Checkpointing
 from hypermedia.worker.transfer import FileBody, Transfers, send_output
 from services.storage.backends import ObjectBackend
@@ -1173,3 +1174,59 @@ async def test_whole_parts_are_kept_once_and_nothing_the_child_planted_is_read(
         await _keep_once(others, second, regranted, job_dir)
         assert "page-00006" not in [c.part for c in await checkpoints.of_job(pool, job_id)]
         assert await others.restore(second, regranted, tmp_path / "others") == 0
+
+
+async def _check_outputs_streamed(
+    svc: Running, tenant: Tenant, pool: asyncpg.Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's outputs through ``Transfers.upload_all``: one small enough to read whole and one
+    over ``INLINE_BYTES``, streamed from its file (a transcode's rendition is far larger than a
+    worker should hold in memory); both stored and registered with the bytes' SHA-256 and size.
+    An output the job swapped for a symlink is refused. The threshold
+    is lowered to 64 KiB here: these stores take at most ``MAX_PUT_BYTES`` (1 MiB)."""
+    monkeypatch.setattr(transfer, "INLINE_BYTES", 64 * 1024)
+    source = await _upload(svc, tenant, b"a video")
+    job_id = await _job(pool, tenant, source)
+    job = claimed_job("thumbnail", "images", job_id=job_id, object_id=source.object_id)
+    granted = await svc.stub.GrantJob(storage_pb2.GrantJobRequest(job_id=job_id, attempt=1))
+    output = tmp_path / "job" / "output"
+    output.mkdir(parents=True)
+    small, large = b"a small output", os.urandom(transfer.INLINE_BYTES + 12_345)
+    (output / "small.bin").write_bytes(small)
+    (output / "large.bin").write_bytes(large)
+    files = [
+        OutputFile("small", "small.bin", "application/octet-stream", {}),
+        OutputFile("large", "large.bin", "application/octet-stream", {}),
+    ]
+    async with httpx.AsyncClient() as http:
+        transfers = Transfers(svc.stub, http)
+        registered = await transfers.upload_all(job, granted, tmp_path / "job", files)
+        assert [(o.output_type, o.size_bytes) for o in registered] == [
+            ("small", len(small)),
+            ("large", len(large)),
+        ]
+        for out, data in zip(registered, (small, large), strict=True):
+            described = await svc.stub.GetObject(
+                storage_pb2.GetObjectRequest(object_id=out.object_id, account_id=tenant.account_id)
+            )
+            assert described.object.sha256 == _sha(data)
+            url = (await svc.stub.PresignGet(storage_pb2.PresignGetRequest(key=out.key))).url
+            assert (await http.get(url)).content == data
+
+        (output / "large.bin").unlink()
+        (output / "large.bin").symlink_to(output / "small.bin")
+        with pytest.raises(ExceptionGroup) as refused:  # the uploads' task group
+            await transfers.upload_all(job, granted, tmp_path / "job", files)
+        assert refused.group_contains(OSError, match="symbolic link")
+
+
+async def test_local_outputs_streamed(
+    local: Running, tenant: Tenant, pool: asyncpg.Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _check_outputs_streamed(local, tenant, pool, tmp_path, monkeypatch)
+
+
+async def test_s3_outputs_streamed(
+    s3: Running, tenant: Tenant, pool: asyncpg.Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _check_outputs_streamed(s3, tenant, pool, tmp_path, monkeypatch)
