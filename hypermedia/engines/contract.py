@@ -1,7 +1,8 @@
 """The engine contract: what a sandbox entry returns (:class:`OutputFile`), how it reports progress
 (:func:`report_progress`) and keeps finished parts beyond its attempt (:func:`keep_part`,
-:func:`resumed_part`, :func:`resumed_files`), the shape every entry has (:class:`Entry`). Engines import this, never
-the sandbox; the sandbox and the worker import it to read what entries give back."""
+:func:`resumed_part`, :func:`resumed_files`), the shape every entry has (:class:`Entry`).
+Engines import this, never the sandbox; the sandbox and the worker import it to read what
+entries give back."""
 
 from __future__ import annotations
 
@@ -169,8 +170,9 @@ def resumed_files(out_dir: Path, part: str, into: Path, members: Mapping[str, in
             ):
                 return None
             for info in infos:
-                written[info.filename] = into / info.filename
-                with archive.open(info) as source, written[info.filename].open("xb") as target:
+                unpacked = into / info.filename
+                with archive.open(info) as source, unpacked.open("xb") as target:
+                    written[info.filename] = unpacked  # created here: removed again on failure
                     shutil.copyfileobj(source, target, 1 << 20)
         return written
     except Exception:  # best effort: whatever a damaged or hostile part raises, it is done again

@@ -116,10 +116,10 @@ class Checkpointing:
         self, job: lifecycle.ClaimedJob, granted: storage_pb2.GrantJobResponse, job_dir: Path
     ) -> int:
         """Downloads the parts earlier attempts of ``job`` kept (``granted.checkpoints``, at most
-        :data:`MAX_PARTS`, each at most ``part_bytes`` and ``job_bytes`` in all) into ``{job_dir}/resume/``, readable by the
-        job's child; returns how many. A part that cannot be downloaded, or whose bytes are not
-        the ones its row records (SHA-256: changed in the store, or an upload that never
-        finished), is left out (the entry does it again)."""
+        :data:`MAX_PARTS`, each at most ``part_bytes`` and ``job_bytes`` in all) into
+        ``{job_dir}/resume/``, readable by the job's child; returns how many. A part that cannot
+        be downloaded, or whose bytes are not the ones its row records (SHA-256: changed in the
+        store, or an upload that never finished), is left out (the entry does it again)."""
         if not self._keeps(job) or not granted.checkpoints:
             return 0
         recorded = {c.part: c.sha256 for c in await checkpoints.of_job(self._pool, job.job_id)}

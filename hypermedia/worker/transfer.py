@@ -230,8 +230,8 @@ def _input_facts(files: list[Any]) -> storage_pb2.InputFacts:
 class FileBody:
     """An upload's bytes streamed from the open file ``fd`` (``size`` bytes from offset 0, read
     with ``pread``, 1 MiB at a time off the event loop), for files too large to hold in memory
-    (a transcode's rendition kept as a checkpoint). The caller keeps ``fd`` open until the
-    upload ended, and closes it."""
+    (a transcode's rendition, as an output or kept as a checkpoint). The caller keeps ``fd``
+    open until the upload ended, and closes it; a retry sends it again from the start."""
 
     fd: int
     size: int

@@ -5,7 +5,8 @@ finished rendition but the last becomes a part, ``r-720p``: the file as written,
 media does not deflate), and ``rendition.json`` with the source's decode errors and what made it
 (:func:`made_by`). The next attempt takes a kept rendition (:func:`restored`) instead of encoding
 it again, when it was made from the same params by the same libraries and is what the transcode
-writes for that rendition; anything else is encoded again. Call in the sandbox child only (it opens files an earlier attempt wrote with FFmpeg).
+writes for that rendition; anything else is encoded again. Call in the sandbox child only (it
+opens files an earlier attempt wrote with FFmpeg).
 """
 
 from __future__ import annotations
