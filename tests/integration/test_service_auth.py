@@ -11,7 +11,6 @@ import asyncio
 import datetime
 import logging
 import os
-import statistics
 import sys
 import time
 import uuid
@@ -371,57 +370,6 @@ def test_issued_files_are_private_and_short_lived(pki: Pki) -> None:
     assert lifetime <= mtls.CERT_VALIDITY + datetime.timedelta(minutes=5)
     assert mtls.cert_identity((pki.directory / "storage.pem").read_bytes()) == "storage"
     assert cert.not_valid_after_utc.timestamp() > time.time()
-
-
-async def test_mtls_cost_per_grantjob_call(
-    fresh_pool: asyncpg.Pool, pki: Pki, seed: Seeder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """What mutual TLS costs a worker per job: GrantJob (its one storage call before the engine)
-    against the same servicer on a plaintext and an mTLS port, 300 sequential calls each on a
-    warm channel, and the handshake of a new channel. Prints the medians; fails when mTLS adds
-    more than 2 ms a call (a job's claim-to-done overhead is tens of ms, docs/performance.md)."""
-    tenant = await seed.tenant()
-    job = await seed.job(tenant, status="processing", attempt_count=1, claimed_by="w1", lease_in=600)
-    store = LocalStore(tmp_path / "objects", b"k" * 32, "http://127.0.0.1:9")
-    servicer = StorageServicer(fresh_pool, store, url_ttl_seconds=300, max_put_bytes=1 << 20)
-    add = storage_pb2_grpc.add_StorageServiceServicer_to_server
-    plain = GrpcServer("127.0.0.1:0", [(add, servicer)], [SERVICE_NAME])
-    secure = GrpcServer("127.0.0.1:0", [(add, servicer)], [SERVICE_NAME], tls=pki.tls("storage"))
-    await plain.start()
-    await secure.start()
-    request = storage_pb2.GrantJobRequest(job_id=str(job), attempt=1)
-    medians: dict[str, float] = {}
-    try:
-        for name, port, tls in (
-            ("plaintext", plain.port, None),
-            ("mtls", secure.port, pki.tls("imageworker")),
-        ):
-            async with channel(f"127.0.0.1:{port}", tls, "storage") as chan:
-                stub = storage_pb2_grpc.StorageServiceStub(chan)
-                for _ in range(30):  # warm: connection, pool, caches
-                    await stub.GrantJob(request, timeout=5)
-                times = []
-                for _ in range(300):
-                    start = time.perf_counter()
-                    await stub.GrantJob(request, timeout=5)
-                    times.append(time.perf_counter() - start)
-            medians[name] = statistics.median(times) * 1000
-        handshakes = []
-        for _ in range(20):
-            start = time.perf_counter()
-            async with channel(f"127.0.0.1:{secure.port}", pki.tls("imageworker"), "storage") as chan:
-                await storage_pb2_grpc.StorageServiceStub(chan).GrantJob(request, timeout=5)
-            handshakes.append((time.perf_counter() - start) * 1000)
-    finally:
-        await plain.stop(0)
-        await secure.stop(0)
-    with capsys.disabled():
-        print(
-            f"\nGrantJob p50: plaintext {medians['plaintext']:.3f} ms, mTLS {medians['mtls']:.3f} ms "
-            f"(+{medians['mtls'] - medians['plaintext']:.3f} ms); new mTLS channel + first call "
-            f"p50 {statistics.median(handshakes):.2f} ms"
-        )
-    assert medians["mtls"] - medians["plaintext"] < 2.0
 
 
 async def test_container_healthcheck_speaks_mtls(servers: Servers, pki: Pki) -> None:
