@@ -99,6 +99,16 @@ def _worker(
     return proc
 
 
+def _status_and_kept(conn: psycopg.Connection[Any], job_id: str) -> tuple[str, dict[str, int]]:
+    """The job's status and its checkpoint rows (part → attempt), read in one statement."""
+    rows = conn.execute(
+        """SELECT j.status, c.part, c.attempt FROM processing_jobs j
+           LEFT JOIN job_checkpoints c ON c.job_id = j.job_id WHERE j.job_id = %s""",
+        (job_id,),
+    ).fetchall()
+    return rows[0][0], {part: attempt for _, part, attempt in rows if part is not None}
+
+
 def _kept(conn: psycopg.Connection[Any], job_id: str) -> dict[str, int]:
     rows = conn.execute("SELECT part, attempt FROM job_checkpoints WHERE job_id = %s", (job_id,)).fetchall()
     return {part: attempt for part, attempt in rows}
@@ -145,11 +155,18 @@ def _stopped_and_resumed(
         second = _worker(platform, "second", service, **worker_env)
         seen = dict(kept_first)
         deadline = time.monotonic() + 240
-        while (job := client.get(f"/v1/jobs/{job_id}").json())["status"] != "completed":
-            seen |= _kept(conn, job_id)
-            assert job["status"] in ("queued", "claimed", "processing"), job
+        while True:
+            # The status and the rows in one snapshot: a part recorded just before the job
+            # completed is seen (reading the rows, then the status, missed the last one when the
+            # job completed in between; storage's sweep deletes the rows of ended jobs).
+            status, kept = _status_and_kept(conn, job_id)
+            seen |= kept
+            if status == "completed":
+                break
+            assert status in ("queued", "claimed", "processing"), status
             assert time.monotonic() < deadline, "not completed within 240 s"
-            time.sleep(0.05)
+            time.sleep(0.01)
+        job = client.get(f"/v1/jobs/{job_id}").json()
     finally:
         first.kill()
         if second is not None:
@@ -292,7 +309,7 @@ def _decoded(path: Path) -> tuple[int, int, int, float]:
     with av.open(str(path)) as container:
         frames = sum(1 for _ in container.decode(video=0))
         video = container.streams.video[0]
-        duration = container.duration / av.time_base
+        duration = (container.duration or 0) / av.time_base
         return frames, video.codec_context.width, video.codec_context.height, round(duration, 1)
 
 

@@ -63,7 +63,7 @@ def _decoded(path: Path) -> tuple[int, int, int, float]:
             frames,
             video.codec_context.width,
             video.codec_context.height,
-            round(container.duration / av.time_base, 2),
+            round((container.duration or 0) / av.time_base, 2),
         )
 
 
