@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import logging
 import os
 import time
@@ -258,9 +257,9 @@ def _finished_parts(folder: Path) -> list[str]:
 
 
 def _sha256(path: Path) -> str:
-    """The SHA-256 (hex) of the file at ``path``, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+    """The SHA-256 (hex) of the file at ``path`` (:func:`sha256_fd`, as parts are hashed when kept)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return sha256_fd(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
