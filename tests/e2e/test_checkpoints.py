@@ -302,6 +302,7 @@ def test_a_preview_drained_after_two_kept_parts_resumes_after_them_on_another_wo
 
 
 LADDER = ["360p", "288p", "240p", "144p"]
+LADDER_HEIGHTS = [360, 288, 240, 144]
 
 
 def _decoded(path: Path) -> tuple[int, int, int, float]:
@@ -313,18 +314,18 @@ def _decoded(path: Path) -> tuple[int, int, int, float]:
         return frames, video.codec_context.width, video.codec_context.height, round(duration, 1)
 
 
-def test_a_transcode_killed_after_its_second_rendition_resumes_at_the_third(
-    platform_without_workers: RunningPlatform, tmp_path: Path
-) -> None:
-    """A ladder of four renditions of 20 s of video, encoded one at a time (the worker's
-    ``HM_MEDIA_CHECKPOINT_SECONDS`` is 1 here); the worker is killed (SIGKILL: no drain, no
-    hand-back) once the first two are kept. The reaper declares it dead, and the next worker's
-    attempt takes the two kept renditions and encodes only the third and fourth, keeping the
-    third. Every rendition decodes to the source's 500 frames at its size and 20 s."""
-    platform = platform_without_workers
+def _killed_transcode(
+    platform: RunningPlatform, tmp_path: Path, source: Path, params: dict[str, Any], checkpoint_seconds: str
+) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
+    """A ``transcode_video`` of the 20 s ``source`` into :data:`LADDER` with HLS on a worker
+    killed (SIGKILL: no drain, no hand-back) once two parts are kept, then completed by the next
+    worker once the reaper declared the first dead (:func:`_stopped_and_resumed`). Checks what
+    both ways of keeping parts promise: two attempts, lost then completed; every rendition
+    decodes to the source's 500 frames at its size and 20 s; the HLS master lists all four; the
+    checkpoints are swept. Returns the parts the first attempt kept, every part seen (part →
+    attempt) and the job."""
     account = platform.admin("create-account", "--credits", "100")
-    source = write_video(tmp_path / "ladder.mp4", seconds=20.0, width=640, height=360)
-    operation = {"name": "transcode_video", "params": {"heights": [360, 288, 240, 144], "hls": True}}
+    operation = {"name": "transcode_video", "params": {"heights": LADDER_HEIGHTS, "hls": True, **params}}
     with (
         platform.client(account) as client,
         psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
@@ -339,26 +340,63 @@ def test_a_transcode_killed_after_its_second_rendition_resumes_at_the_third(
             "mediaworker",
             2,
             kill=True,
-            HM_MEDIA_CHECKPOINT_SECONDS="1",
+            HM_MEDIA_CHECKPOINT_SECONDS=checkpoint_seconds,
         )
-        assert kept_first == {"r-360p": 1, "r-288p": 1}, kept_first
         [first_attempt, second_attempt] = job["attempts"]
         assert (first_attempt["status"], second_attempt["status"]) == ("lost", "completed")
-
-        # The second attempt kept only the third rendition: the first two were taken, not
-        # encoded again (their rows are still the first attempt's), the last one is never kept.
-        assert seen == {"r-360p": 1, "r-288p": 1, "r-240p": 2}, seen
-        job_id = job["job_id"]
         videos = {o["output_type"]: o for o in job["outputs"] if o["output_type"].startswith("video_")}
-        assert [videos[f"video_{n}"]["metadata"]["resumed"] for n in LADDER] == [True, True, False, False]
         sizes = {"360p": (640, 360), "288p": (512, 288), "240p": (426, 240), "144p": (256, 144)}
         for name in LADDER:
             path = tmp_path / f"{name}.mp4"
             path.write_bytes(httpx.get(videos[f"video_{name}"]["url"], timeout=60).content)
             assert _decoded(path) == (500, *sizes[name], 20.0), name
-        assert videos["video_360p"]["metadata"]["frame_count"] == 500
-        master = client.get(f"/v1/jobs/{job_id}/outputs/hls_master/resolved")
+            assert videos[f"video_{name}"]["metadata"]["frame_count"] == 500
+        master = client.get(f"/v1/jobs/{job['job_id']}/outputs/hls_master/resolved")
         assert master.status_code == 200 and master.text.count("#EXT-X-STREAM-INF") == 4
-
         # Once the job ended, storage's sweep deleted its checkpoints: rows and bytes.
-        _assert_swept(platform, conn, job_id)
+        _assert_swept(platform, conn, job["job_id"])
+    return kept_first, seen, job
+
+
+def _resumed(job: dict[str, Any]) -> list[bool]:
+    """Each rendition's ``resumed``, highest first."""
+    videos = {o["output_type"]: o for o in job["outputs"]}
+    return [videos[f"video_{name}"]["metadata"]["resumed"] for name in LADDER]
+
+
+def test_a_transcode_killed_after_its_second_rendition_resumes_at_the_third(
+    platform_without_workers: RunningPlatform, tmp_path: Path
+) -> None:
+    """A ladder of four renditions of 20 s of video, encoded one at a time (the worker's
+    ``HM_MEDIA_CHECKPOINT_SECONDS`` is 1 here); the worker is killed once the first two are
+    kept. The next worker's attempt takes the two kept renditions and encodes only the third and
+    fourth, keeping the third. The video has one keyframe, so it cannot be cut into chunks (the
+    next test)."""
+    source = write_video(tmp_path / "ladder.mp4", seconds=20.0, width=640, height=360, gop=1000)
+    kept_first, seen, job = _killed_transcode(platform_without_workers, tmp_path, source, {}, "1")
+    assert kept_first == {"r-360p": 1, "r-288p": 1}, kept_first
+    # The second attempt kept only the third rendition: the first two were taken, not encoded
+    # again (their rows are still the first attempt's), the last one is never kept.
+    assert seen == {"r-360p": 1, "r-288p": 1, "r-240p": 2}, seen
+    assert _resumed(job) == [True, True, False, False]
+
+
+def test_a_transcode_killed_after_its_second_chunk_resumes_at_the_third(
+    platform_without_workers: RunningPlatform, tmp_path: Path
+) -> None:
+    """20 s of video with a keyframe every second, cut into five chunks of 4 s (the worker's
+    ``HM_MEDIA_CHECKPOINT_SECONDS`` is 4 here; HLS segments of 2 s), each chunk of all four
+    renditions from one decode (ADR 0080). The worker is killed once two chunks are kept; the
+    next worker's attempt takes every kept chunk and encodes only the rest, keeping each but the
+    last."""
+    source = write_video(tmp_path / "chunks.mp4", seconds=20.0, width=640, height=360, gop=25)
+    kept_first, seen, job = _killed_transcode(
+        platform_without_workers, tmp_path, source, {"hls_segment_seconds": 2}, "4"
+    )
+    # The first attempt kept the first chunks in order (at least two; the kill may come after a
+    # third); the second took them, not encoding them again (their rows are still the first
+    # attempt's), and kept the others but the last.
+    chunks = [f"c-{n:04d}" for n in range(4)]
+    assert 2 <= len(kept_first) <= 4 and set(kept_first) == set(chunks[: len(kept_first)]), kept_first
+    assert seen == kept_first | {part: 2 for part in chunks[len(kept_first) :]}, seen
+    assert _resumed(job) == [True] * 4

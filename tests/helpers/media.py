@@ -1,10 +1,11 @@
-"""Media clips the tests write with PyAV."""
+"""Media clips the tests write with PyAV (and FFmpeg's command line, :func:`write_testsrc`)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import secrets
+import subprocess
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -15,11 +16,40 @@ import av.error
 import numpy as np
 from av.stream import Disposition
 
+from hypermedia.engines.contract import report_progress
 from hypermedia.engines.media.params import validate_params
 from hypermedia.jobs.lifecycle import ClaimedJob
 from tests.helpers.jobs import claimed_job
 
 RATE = 48000
+
+
+def write_testsrc(path: Path, *extra: str, seconds: int = 24, fps: int = 25, gop: int = 25) -> Path:
+    """``seconds`` of FFmpeg's moving ``testsrc2`` at ``fps``, 320×240, H.264 (``veryfast``: with
+    B-frames) with a keyframe every ``gop`` frames, and a 440 Hz sine in AAC at 44.1 kHz; ``extra``
+    are more output options of ``ffmpeg`` (``-f matroska``). For transcodes cut into chunks."""
+    picture = ["-f", "lavfi", "-i", f"testsrc2=size=320x240:rate={fps}"]
+    sound = ["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=44100"]
+    video = ["-c:v", "libx264", "-preset", "veryfast", "-g", str(gop), "-pix_fmt", "yuv420p"]
+    subprocess.run(
+        [
+            "ffmpeg",
+            "-v",
+            "error",
+            "-y",
+            *picture,
+            *sound,
+            "-t",
+            str(seconds),
+            *video,
+            "-c:a",
+            "aac",
+            *extra,
+            str(path),
+        ],
+        check=True,
+    )
+    return path
 
 
 def _pattern(i: int, width: int, height: int) -> np.ndarray:
@@ -66,14 +96,17 @@ def write_video(
     fill: int | None = None,
     first_pts: int = 0,
     sar: Fraction | None = None,
+    gop: int | None = None,
 ) -> Path:
     """H.264 (libx264) test pattern, or a flat grey ``fill`` picture, with an AAC sine at 48 kHz
     stereo when ``audio``; frames stamped from ``first_pts`` (in frames), the sample aspect ratio
-    ``sar`` in the SPS."""
+    ``sar`` in the SPS; a keyframe every ``gop`` frames (x264's default: 250)."""
     with av.open(str(path), "w", format=container_format, options=options or {}) as container:
         video = container.add_stream("libx264", rate=fps)
         video.width, video.height, video.pix_fmt = width, height, pix_fmt
         video.options = {"preset": "ultrafast"}
+        if gop is not None:
+            video.codec_context.gop_size = gop
         if rotation is not None:
             video.set_display_rotation(rotation)
         if sar is not None:
@@ -267,3 +300,17 @@ async def admitted_by(handler: Any, operation: str, within: float = 0.2) -> bool
                 return True
     except TimeoutError:
         return False
+
+
+def progress_seen(monkeypatch: Any, *modules: Any) -> list[float]:
+    """The fractions the ``modules`` report (each module's ``report_progress``, watched: the
+    real one still writes them), in order."""
+    seen: list[float] = []
+
+    def record(out_dir: Path, fraction: float) -> None:
+        seen.append(fraction)
+        report_progress(out_dir, fraction)
+
+    for module in modules:
+        monkeypatch.setattr(module, "report_progress", record)
+    return seen

@@ -21,10 +21,10 @@ import av
 import pytest
 
 from hypermedia.engines import contract
-from hypermedia.engines.contract import CHECKPOINT_DIR, RESUME_DIR, keep_part, report_progress, resumed_files
-from hypermedia.engines.media import transcode
+from hypermedia.engines.contract import CHECKPOINT_DIR, RESUME_DIR, keep_part, resumed_files
+from hypermedia.engines.media import passes, transcode
 from hypermedia.engines.media.sources import MediaLimits
-from tests.helpers.media import write_video
+from tests.helpers.media import progress_seen, write_video
 
 LIMITS = MediaLimits(max_input_bytes=1 << 30, threads=2, part_seconds=1.0)
 PARAMS: dict[str, Any] = {"heights": [360, 240, 144], "hls": True, "hls_segment_seconds": 2}
@@ -269,13 +269,7 @@ def test_progress_goes_on_over_the_renditions(
     source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each rendition's pass reports within its share of the job; the job ends at 1."""
-    seen: list[float] = []
-
-    def record(out_dir: Path, fraction: float) -> None:
-        seen.append(fraction)
-        report_progress(out_dir, fraction)
-
-    monkeypatch.setattr(transcode, "report_progress", record)
+    seen = progress_seen(monkeypatch, transcode, passes)  # between and within the passes
     _transcode(tmp_path, source)
     assert seen == sorted(seen) and seen[-1] == 1.0
     assert any(1 / 3 < f < 2 / 3 for f in seen) and any(2 / 3 < f < 1 for f in seen)

@@ -44,6 +44,7 @@ __all__ = [
     "encoder_error",
     "even",
     "fit_inside",
+    "writing",
 ]
 
 
@@ -180,7 +181,7 @@ class Output:
             # keyframe (libx264 does), which would put the source's GOPs, scene cuts included,
             # into every rendition and break the HLS segment grid. FFmpeg's CLI resets it too.
             frame.pict_type = PictureType.NONE
-        with _writing():
+        with writing():
             for packet in self.video.encode(frame):
                 self.container.mux(packet)
         if frame is not None:
@@ -188,7 +189,7 @@ class Output:
 
     def encode_audio(self, frame: Any) -> None:
         assert self.audio is not None
-        with _writing():
+        with writing():
             for packet in self.audio.encode(frame):
                 self.container.mux(packet)
 
@@ -199,7 +200,7 @@ class Output:
         if self.audio is not None:
             self.encode_audio(None)
         self.extradata = bytes(self.video.codec_context.extradata or b"")
-        with _writing():
+        with writing():
             self.container.close()
 
     def encoded(self, decode_errors: int) -> Encoded:
@@ -215,7 +216,8 @@ class EncoderFailure(Exception):
 
 
 @contextmanager
-def _writing() -> Iterator[None]:
+def writing() -> Iterator[None]:
+    """Turns an FFmpeg error on the writing side (an encoder or a muxer) into :class:`EncoderFailure`."""
     try:
         yield
     except MemoryError:

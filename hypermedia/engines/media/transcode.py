@@ -46,8 +46,12 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
    ``FRAME-RATE`` and ``CODECS`` (RFC 8216 §4.3.4.2). URIs inside the playlists are the sibling
    outputs' ``output_type`` names (``hls_720p``, ``hls_720p_media``); the gateway's resolved-output
    endpoint turns them into download URLs.
-6. **Checkpoints** (issue 23, ADR 0079): a video of at least
-   :attr:`~hypermedia.engines.media.sources.MediaLimits.part_seconds` with more than one rendition
+6. **Checkpoints** (issue 23, ADRs 0079 and 0080): a video of at least
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.part_seconds` that can be cut at its
+   keyframes (:func:`hypermedia.engines.media.chunks.plan_chunks`) is encoded in chunks, each a
+   pass over its part of the input into every rendition, each chunk but the last kept, and then
+   joined without a second encode (:mod:`hypermedia.engines.media.chunk_parts`). Any other
+   video of that length with more than one rendition
    is encoded one rendition at a time, highest first, a pass over the input each (a decode per
    rendition: a 1080/720/480 ladder of 1080p H.264 takes 1.24× the CPU of one pass,
    ``bench/transcode_parts.py``), and each rendition but the last is kept as a checkpoint
@@ -62,7 +66,6 @@ untrusted input: call :func:`run` in the sandbox child only. Importing this modu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
@@ -70,35 +73,24 @@ from typing import Any, Final
 import av
 import av.error
 import av.filter
-from av.audio.stream import AudioStream
-from av.container import InputContainer
-from av.stream import Disposition
-from av.video.frame import VideoFrame
 from av.video.stream import VideoStream
 
 from hypermedia.core.errors import InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile, report_progress
-from hypermedia.engines.media import rendition_parts
-from hypermedia.engines.media.audio import AudioConverter
-from hypermedia.engines.media.decoding import DecodeErrors
+from hypermedia.engines.media import chunk_parts, chunks, rendition_parts
 from hypermedia.engines.media.encoding import (
-    AUDIO_LAYOUT,
-    AUDIO_RATE,
     CODECS,
     Encoded,
-    EncoderFailure,
-    Output,
     Rendition,
-    encoder_error,
     even,
 )
 from hypermedia.engines.media.frames import display_size
 from hypermedia.engines.media.hls import package_hls
 from hypermedia.engines.media.orientation import Orientation
 from hypermedia.engines.media.params import validate_params
+from hypermedia.engines.media.passes import MAX_PIXELS, Plan, Transcode, video_stream
 from hypermedia.engines.media.sources import (
     MediaLimits,
-    audio_stream,
     check_duration,
     check_size,
     demux_span,
@@ -107,10 +99,18 @@ from hypermedia.engines.media.sources import (
     open_media,
 )
 
-__all__ = ["MAX_PIXELS", "MAX_SIDE", "Transcode", "plan_ladder", "run", "thread_need"]
+__all__ = [
+    "MAX_PIXELS",
+    "MAX_SIDE",
+    "Plan",
+    "Transcode",
+    "describe",
+    "plan_ladder",
+    "prepare",
+    "run",
+    "thread_need",
+]
 
-MAX_PIXELS: Final = 8192 * 4320
-"""Largest coded frame transcoded (``INPUT_TOO_LARGE_PIXELS``): 8K UHD-2 (35.4 MP)."""
 MAX_SIDE: Final = 8192
 """Longest side of a rendition, in pixels: a picture of an extreme aspect ratio is scaled down to
 it (H.264 level 6.2 allows 8,192 × 4,320; x264 refuses far larger frames)."""
@@ -185,7 +185,8 @@ def run(
         it when its display matrix was applied, else 0), ``mirror_applied`` (the matrix mirrored
         the picture and the flip was applied: a front camera's clip), ``decode_errors`` (packets
         skipped: :class:`hypermedia.engines.media.decoding.DecodeErrors`), ``size_bytes``,
-        ``resumed`` (taken from an earlier attempt's checkpoint, module doc step 6).
+        ``resumed`` (taken, or a chunk of it taken, from an earlier attempt's checkpoint, module
+        doc step 6).
         With ``hls``: then ``hls_{rung}p_media`` (the fragmented MP4, ``video/mp4``),
         ``hls_{rung}p`` (its media playlist, ``application/vnd.apple.mpegurl``, metadata
         ``segments``, ``bandwidth``, ``average_bandwidth``) per rendition, and ``hls_master``
@@ -199,6 +200,32 @@ def run(
             encoder could not start or run within the job's thread and memory limits).
         MemoryError: FFmpeg or an encoder hit the sandbox's memory limit.
     """
+    plan = prepare(operation, params, input_path, out_dir, limits)
+    long = limits.part_seconds is not None and (plan.seconds or 0.0) >= limits.part_seconds
+    planned: list[Any] = []
+    if long:
+        assert limits.part_seconds is not None and plan.seconds is not None
+        planned = chunks.plan_chunks(plan, chunk_parts.chunk_seconds(plan.seconds, limits.part_seconds))
+    if len(planned) > 1:
+        encoded = chunk_parts.encode_in_chunks(plan, planned)
+    elif long and len(plan.ladder) > 1:
+        encoded = _encode_in_parts(plan, plan.ladder)
+    else:
+        encoded = _encode(plan, plan.ladder, (0.0, 1.0))
+    outputs = [describe(e, plan.options, plan.orientation) for e in encoded]
+    if plan.options["hls"]:
+        outputs += package_hls(encoded, out_dir, plan.frame_rate, plan.options["hls_segment_seconds"])
+    return outputs
+
+
+def prepare(operation: str, params: dict, input_path: Path, out_dir: Path, limits: MediaLimits) -> Plan:
+    """Steps 1 and 2 of the module doc: the checks made before anything is encoded, and the
+    ladder. Every pass over the input (and every chunk of a fanned-out job,
+    :mod:`hypermedia.engines.media.chunks`) starts from the same plan of the same file.
+
+    Raises:
+        InvalidArgument, PermanentJobError: as :func:`run`.
+    """
     if operation != "transcode_video":
         raise InvalidArgument(f"unknown operation {operation!r}", "UNKNOWN_OPERATION")
     options = validate_params(operation, params)
@@ -206,7 +233,7 @@ def run(
     with open_media(input_path) as container:
         seconds = header_seconds(container)
         check_duration(seconds, limits)
-        video = _video_stream(container)
+        video = video_stream(container)
         width, height = video.codec_context.width, video.codec_context.height
         if width * height > MAX_PIXELS:
             raise PermanentJobError(
@@ -222,29 +249,10 @@ def run(
         span = demux_span(container, limits)
     if seconds is None and span.start is not None and span.end is not None:
         seconds = span.end - span.start
-    plan = _Plan(input_path, options, out_dir, limits, orientation)
-    if len(ladder) > 1 and limits.part_seconds is not None and (seconds or 0.0) >= limits.part_seconds:
-        encoded = _encode_in_parts(plan, ladder)
-    else:
-        encoded = _encode(plan, ladder, (0.0, 1.0))
-    outputs = [_describe(e, options, orientation) for e in encoded]
-    if options["hls"]:
-        outputs += package_hls(encoded, out_dir, frame_rate, options["hls_segment_seconds"])
-    return outputs
+    return Plan(input_path, options, out_dir, limits, orientation, ladder, frame_rate, seconds)
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What every pass over the input shares."""
-
-    input_path: Path
-    options: dict[str, Any]
-    out_dir: Path
-    limits: MediaLimits
-    orientation: Orientation
-
-
-def _encode(plan: _Plan, ladder: list[Rendition], progress: tuple[float, float]) -> list[Encoded]:
+def _encode(plan: Plan, ladder: list[Rendition], progress: tuple[float, float]) -> list[Encoded]:
     """One pass over the input into every rendition of ``ladder`` (:class:`Transcode`),
     reporting progress from ``progress[0]`` over a share of ``progress[1]``."""
     with open_media(plan.input_path) as container:
@@ -255,7 +263,7 @@ def _encode(plan: _Plan, ladder: list[Rendition], progress: tuple[float, float])
     return job.encoded()
 
 
-def _encode_in_parts(plan: _Plan, ladder: list[Rendition]) -> list[Encoded]:
+def _encode_in_parts(plan: Plan, ladder: list[Rendition]) -> list[Encoded]:
     """The ladder one rendition at a time, highest first (module doc, step 6): a rendition an
     earlier attempt kept is taken (:func:`rendition_parts.restored`), any other is encoded by a
     pass of its own, and kept (:func:`rendition_parts.keep`) unless it is the last."""
@@ -274,7 +282,7 @@ def _encode_in_parts(plan: _Plan, ladder: list[Rendition]) -> list[Encoded]:
     return encoded
 
 
-def _describe(encoded: Encoded, options: dict[str, Any], orientation: Orientation) -> OutputFile:
+def describe(encoded: Encoded, options: dict[str, Any], orientation: Orientation) -> OutputFile:
     size = encoded.path.stat().st_size
     with av.open(str(encoded.path), options=rendition_parts.OPEN_OPTIONS) as written:
         duration = written.duration / av.time_base if written.duration is not None else None
@@ -299,182 +307,8 @@ def _describe(encoded: Encoded, options: dict[str, Any], orientation: Orientatio
 # --- the source ----------------------------------------------------------------------------------
 
 
-def _video_stream(container: InputContainer) -> VideoStream:
-    for stream in container.streams.video:
-        if stream.codec_context is not None and not stream.disposition & Disposition.attached_pic:
-            return stream
-    raise PermanentJobError("The input has no video stream to transcode.", "NO_VIDEO_STREAM")
-
-
-def _sound(container: InputContainer) -> AudioStream | None:
-    """The audio stream to encode; ``None`` for a silent video (an undecodable one still fails)."""
-    try:
-        return audio_stream(container, "")
-    except PermanentJobError as exc:
-        if exc.error_code == "NO_AUDIO_STREAM":
-            return None
-        raise
-
-
 def _display_size(stream: VideoStream, orientation: Orientation) -> tuple[int, int]:
     """The upright display size in whole pixels (:func:`hypermedia.engines.media.frames.display_size`)."""
     context = stream.codec_context
     width, height = display_size(context.width, context.height, context.sample_aspect_ratio, orientation)
     return max(1, round(width)), max(1, round(height))
-
-
-class Transcode:
-    """One pass over the input feeding every rendition (module doc, step 3)."""
-
-    def __init__(
-        self,
-        container: InputContainer,
-        options: dict[str, Any],
-        out_dir: Path,
-        limits: MediaLimits,
-        orientation: Orientation,
-        ladder: list[Rendition],
-        progress: tuple[float, float] = (0.0, 1.0),
-    ) -> None:
-        self.container = container
-        self.options = options
-        self.out_dir = out_dir
-        self.limits = limits
-        self.orientation = orientation
-        self.codec = CODECS[options["codec"]]
-        self.video = _video_stream(container)
-        self.audio = _sound(container)
-        context = self.video.codec_context
-        context.thread_count = max(1, limits.threads)
-        context.thread_type = "FRAME"  # type: ignore[assignment]  # PyAV takes the flag's name
-        self.ladder = ladder
-        self.progress = progress
-        """Where this pass's progress starts, and its share of the job's (a pass per rendition)."""
-        self.duration = header_seconds(container)
-        start = container.start_time
-        self.origin = start / av.time_base if start is not None else 0.0
-        self.last_video_pts: int | None = None
-        self.errors = DecodeErrors()
-        """Packets skipped because they did not decode (and a demuxer that gave up early)."""
-        self.converter = AudioConverter("fltp", AUDIO_LAYOUT, 0.0) if self.audio is not None else None
-        self.audio_samples: int | None = None
-        """Samples per channel written so far at 48 kHz, from the first audio frame's start."""
-        self.outputs_: list[Output] = [
-            Output(
-                rendition,
-                self.codec,
-                options,
-                out_dir / f"video_{rendition.name}.{self.codec.extension}",
-                self.video,
-                self.audio,
-                max(1, limits.threads),
-                options["hls"],
-            )
-            for rendition in self.ladder
-        ]
-
-    def encode(self) -> None:
-        """Demuxes and decodes the whole input into every rendition. A packet that does not
-        decode is skipped and counted (:attr:`errors`: :class:`hypermedia.engines.media.decoding.DecodeErrors`,
-        whose bound fails a stream that mostly does not decode), as FFmpeg's command line goes on
-        past a damaged packet; a demuxer that cannot go on ends the input there. A packet the
-        demuxer flags corrupt is decoded all the same, as FFmpeg's command line does unless
-        told ``-fflags discardcorrupt``: MPEG-TS flags the first packet after a continuity-counter
-        jump, which every ``cat a.ts b.ts`` join has, and its frame is usually whole.
-
-        Raises:
-            PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all or a stream
-                mostly does not decode, and see :func:`run`.
-        """
-        streams: list[Any] = [self.video] + ([self.audio] if self.audio is not None else [])
-        try:
-            for frame in self.errors.decode(self.container, streams):
-                if isinstance(frame, VideoFrame):
-                    self._video_frame(frame)
-                else:
-                    self._audio_frame(frame)
-            if self.converter is not None:
-                for converted in self.converter.convert(None):
-                    self._encode_audio(converted)
-        except MemoryError:  # av.error.MemoryError is one, and an FFmpegError: not CORRUPT_INPUT
-            raise
-        except EncoderFailure as failure:
-            raise encoder_error(failure) from failure.__cause__
-        except av.error.FFmpegError as exc:  # a filter graph: what was encoded before stands
-            if self.outputs_[0].frames == 0:
-                raise PermanentJobError(
-                    "The video cannot be decoded: the file is truncated or damaged.", "CORRUPT_INPUT"
-                ) from exc
-            self.errors.ended_early = True
-        self.errors.check()
-        if self.outputs_[0].frames == 0:
-            raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
-        try:
-            for output in self.outputs_:
-                output.close()
-        except EncoderFailure as failure:
-            raise encoder_error(failure) from failure.__cause__
-        report_progress(self.out_dir, sum(self.progress))
-
-    def _video_frame(self, frame: VideoFrame) -> None:
-        time_base = self.video.time_base
-        shift = round(self.origin / time_base) if time_base else 0
-        if (
-            frame.pts is not None
-            and self.last_video_pts is not None
-            and frame.pts - shift <= self.last_video_pts
-        ):
-            # Presentation timestamps out of order (H.264 with B-frames in AVI carries decode
-            # order): the decode timestamp, when it goes on, as FFmpeg's best-effort timestamp.
-            if frame.dts is not None and frame.dts - shift > self.last_video_pts:
-                frame.pts = frame.dts
-        if frame.pts is None:
-            # No timestamp (some raw streams): the previous one plus a frame at the nominal rate.
-            rate = self.video.average_rate or Fraction(25)
-            step = max(1, round(1 / (rate * time_base))) if time_base else 1
-            frame.pts = (self.last_video_pts if self.last_video_pts is not None else -step) + step
-        else:
-            frame.pts -= shift
-        if frame.pts < 0 or (self.last_video_pts is not None and frame.pts <= self.last_video_pts):
-            return  # before the file's start, or a repeated timestamp: the muxer would refuse it
-        self.last_video_pts = frame.pts
-        if frame.width * frame.height > MAX_PIXELS:
-            raise PermanentJobError(
-                f"A frame is {frame.width}×{frame.height} pixels; at most {MAX_PIXELS} pixels are accepted.",
-                "INPUT_TOO_LARGE_PIXELS",
-            )
-        seconds = float(frame.pts * time_base) if time_base else 0.0
-        check_duration(seconds, self.limits)
-        sar = self.video.codec_context.sample_aspect_ratio
-        for output in self.outputs_:
-            for filtered in output.filter(frame, self.orientation, sar):
-                output.encode_video(filtered)
-        if self.duration:
-            start, share = self.progress
-            report_progress(self.out_dir, start + share * 0.98 * seconds / self.duration)
-
-    def _audio_frame(self, frame: Any) -> None:
-        """Audio is converted to stereo 48 kHz float (:class:`hypermedia.engines.media.audio.AudioConverter`:
-        a layout or rate change mid-stream rebuilds its graph; NaN and infinite samples are
-        zeroed) and stamped by a sample count from where the first audio frame starts, so
-        timestamps that go back or jump do not reach the muxer."""
-        assert self.audio is not None and self.converter is not None
-        if self.audio_samples is None:
-            start = 0.0
-            if frame.pts is not None and self.audio.time_base:
-                start = max(0.0, float(frame.pts * self.audio.time_base) - self.origin)
-            self.audio_samples = round(start * AUDIO_RATE)
-        for converted in self.converter.convert(frame):
-            self._encode_audio(converted)
-
-    def _encode_audio(self, frame: Any) -> None:
-        assert self.audio_samples is not None
-        frame.pts, frame.time_base = self.audio_samples, Fraction(1, AUDIO_RATE)
-        self.audio_samples += frame.samples
-        check_duration(self.audio_samples / AUDIO_RATE, self.limits)
-        for output in self.outputs_:
-            output.encode_audio(frame)
-
-    def encoded(self) -> list[Encoded]:
-        """The renditions :meth:`encode` finished, in the ladder's order."""
-        return [output.encoded(self.errors.count) for output in self.outputs_]

@@ -1,0 +1,166 @@
+"""A long transcode's chunks kept beyond the attempt (issue 23 items 1 and 2, ADR 0080): a
+``transcode_video`` of at least :attr:`~hypermedia.engines.media.sources.MediaLimits.part_seconds`
+that :func:`hypermedia.engines.media.chunks.plan_chunks` can cut is encoded chunk by chunk, every
+rendition of a chunk from one decode of it (:func:`encode_in_chunks`), and each finished chunk but
+the last becomes a part, ``c-0003``: every rendition's chunk file as written, stored (encoded
+media does not deflate), and ``chunk.json`` with the chunk, the ladder, the source's decode
+errors and what made it. The next attempt takes a kept chunk instead of encoding it again, when
+it was made for the same chunk and ladder, from the same params by the same libraries, and every
+file is what a chunk encode writes for its place; anything else is encoded again. The chunks are
+then joined (:func:`hypermedia.engines.media.chunks.join`). Call in the sandbox child only (it
+opens files an earlier attempt wrote with FFmpeg).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Final
+
+from hypermedia.engines.contract import keep_part, report_progress, resumed_files
+from hypermedia.engines.media import rendition_parts
+from hypermedia.engines.media.chunks import (
+    Chunk,
+    ChunkRefused,
+    check_chunk,
+    chunk_name,
+    encode_chunk,
+    join,
+)
+from hypermedia.engines.media.encoding import Encoded
+from hypermedia.engines.media.passes import Plan
+
+__all__ = ["CHUNK_PART_FORMAT", "MAX_CHUNKS", "chunk_seconds", "encode_in_chunks", "part_name"]
+
+MAX_CHUNKS: Final = 60
+"""Most chunks of one video (:func:`chunk_seconds`): each is a checkpoint part, and a worker
+keeps at most 64 parts an attempt (:data:`hypermedia.worker.checkpointing.MAX_PARTS`)."""
+CHUNK_PART_FORMAT: Final = 1
+"""Version of a chunk part's layout; a part of another version is encoded again."""
+RECORD: Final = "chunk.json"
+
+
+def chunk_seconds(seconds: float, part_seconds: float) -> float:
+    """The chunk length of a video of ``seconds``: ``part_seconds``, longer where the video would
+    have more than :data:`MAX_CHUNKS` chunks."""
+    return max(part_seconds, seconds / MAX_CHUNKS)
+
+
+def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded]:
+    """The whole transcode in ``planned`` chunks, one after the other, then joined (module doc):
+    a chunk an earlier attempt kept is taken (:func:`_restored`), any other encoded and
+    kept unless it is the last. A taken chunk the join refuses is encoded again.
+
+    Returns:
+        The joined renditions, highest first; ``resumed`` when a chunk of them was taken.
+
+    Raises:
+        As :func:`encode_chunk` and :func:`join`; RuntimeError when the join refuses a chunk this
+        attempt encoded (a fault of ours).
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="chunks-", dir=plan.out_dir.parent))
+    try:
+        work = replace(plan, out_dir=scratch)
+        made = {**rendition_parts.made_by(plan.options), "format": f"chunk-{CHUNK_PART_FORMAT}"}
+        files: dict[str, list[Path]] = {r.name: [] for r in plan.ladder}
+        errors: list[int] = []
+        taken: set[int] = set()
+        for chunk in planned:
+            share = 0.95 / len(planned)
+            kept = _restored(plan, work, planned, chunk, made)
+            if kept is None:
+                encoded = encode_chunk(work, chunk, (chunk.index * share, share))
+                kept = {e.rendition.name: e.path for e in encoded}, encoded[0].decode_errors
+                if chunk.index < len(planned) - 1:
+                    _keep(plan, chunk, kept, made)
+            else:
+                taken.add(chunk.index)
+            for name, path in kept[0].items():
+                files[name].append(path)
+            errors.append(kept[1])
+            report_progress(plan.out_dir, (chunk.index + 1) * share)
+        while True:
+            try:
+                reference = min(set(range(len(planned))) - taken)  # the last chunk is never taken
+                joined = join(plan, planned, files, sum(errors), reference)
+                break
+            except ChunkRefused as refused:
+                if refused.index not in taken:
+                    raise RuntimeError(f"a chunk this attempt encoded was refused: {refused}") from refused
+                taken.discard(refused.index)
+                chunk = planned[refused.index]
+                encoded = encode_chunk(work, chunk)
+                for e in encoded:
+                    files[e.rendition.name][chunk.index] = e.path
+                errors[chunk.index] = encoded[0].decode_errors
+        report_progress(plan.out_dir, 1.0)
+        return [replace(e, resumed=bool(taken)) for e in joined]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def part_name(chunk: Chunk) -> str:
+    """The part of ``chunk``: ``c-0003`` (at most 12 characters)."""
+    return f"c-{chunk.index:04d}"
+
+
+def _keep(plan: Plan, chunk: Chunk, kept: tuple[dict[str, Path], int], made: dict[str, Any]) -> None:
+    """Keeps a finished chunk as its part: every rendition's chunk file (stored) and
+    ``chunk.json`` (best effort: :func:`hypermedia.engines.contract.keep_part`)."""
+    record = {
+        "made_by": made,
+        "chunk": chunk.as_json(),
+        "ladder": [[r.name, r.width, r.height] for r in plan.ladder],
+        "decode_errors": kept[1],
+    }
+    keep_part(plan.out_dir, part_name(chunk), {RECORD: json.dumps(record).encode(), **kept[0]})
+
+
+def _restored(
+    plan: Plan, work: Plan, planned: list[Chunk], chunk: Chunk, made: dict[str, Any]
+) -> tuple[dict[str, Path], int] | None:
+    """The kept part of ``chunk``: its files moved into ``work.out_dir`` as :func:`encode_chunk`
+    names them, and its decode errors; ``None`` — nothing left — when there is none the job can
+    take. Nothing of it is trusted (an earlier attempt's child wrote it, on the same hostile
+    input): exactly the record and one file per rendition, the record naming this chunk, this
+    ladder and ``made``, and each file passing :func:`check_chunk` for its place. Anything else,
+    whatever it raises, is ``None``: the chunk is encoded again."""
+    unpacked: Path | None = None
+    try:
+        unpacked = Path(tempfile.mkdtemp(prefix="restored-", dir=work.out_dir))
+        members = {RECORD: rendition_parts.MAX_RECORD_BYTES} | {
+            r.name: rendition_parts.MAX_PART_BYTES for r in plan.ladder
+        }
+        files = resumed_files(plan.out_dir, part_name(chunk), unpacked, members)
+        if files is None:
+            return None
+        record = json.loads(files[RECORD].read_bytes())
+        errors = record.get("decode_errors") if isinstance(record, dict) else None
+        if (
+            not isinstance(record, dict)
+            or record.get("made_by") != made
+            or record.get("chunk") != chunk.as_json()
+            or record.get("ladder") != [[r.name, r.width, r.height] for r in plan.ladder]
+            or type(errors) is not int
+            or not 0 <= errors <= rendition_parts.MAX_DECODE_ERRORS
+        ):
+            return None
+        starts = [c.start_seconds if c.index else None for c in planned] + [None]
+        window = (starts[chunk.index], starts[chunk.index + 1])
+        slack = 1 / (2 * float(plan.frame_rate or 25))
+        taken = {}
+        for rendition in plan.ladder:
+            check_chunk(files[rendition.name], chunk.index, rendition, None, window, slack)
+            dest = work.out_dir / f"{chunk_name(chunk.index, rendition.name)}.mp4"
+            os.replace(files[rendition.name], dest)
+            taken[rendition.name] = dest
+        return taken, errors
+    except Exception:  # best effort: a part that cannot be taken is encoded again
+        return None
+    finally:
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)

@@ -1,0 +1,473 @@
+"""A long ``transcode_video`` in chunks (issue 23, item 2; ADR 0080): the video cut at its own
+keyframes into chunks, each chunk's frames encoded into every rendition apart from the others (on
+any media unit), then joined into the renditions one pass would have written, without a second
+encode.
+
+1. **Plan** (:func:`plan_chunks`): the video stream's packets are demuxed (nothing decoded) and a
+   chunk starts at the first keyframe at least ``chunk_seconds`` after the previous chunk's start;
+   a last chunk shorter than half of that joins the one before. With HLS, a chunk starts on the
+   segment grid (a multiple of ``hls_segment_seconds`` from the first frame, within half a frame)
+   when a keyframe there comes within twice ``chunk_seconds``, so that every segment keeps its
+   length. Only a file whose timestamps can be
+   trusted is cut: an MP4/MOV or Matroska/WebM whose every video packet has a presentation timestamp
+   (Matroska keeps no decode timestamps), whose first packet is a keyframe and whose keyframes go forward. Anything else
+   (an AVI carrying decode order, a stream that starts mid-GOP) gets no plan and is transcoded in
+   one pass.
+2. **Chunks** (:func:`encode_chunk`): each chunk is a :class:`~hypermedia.engines.media.passes.Transcode`
+   pass with a window: a seek to the chunk's keyframe, the frames presented from it up to before
+   the next chunk's keyframe (the pictures that follow a keyframe in decoding order but are shown
+   before it belong to the chunk before, which decodes them), the same filters and encoder
+   settings as one pass, and the same timeline (the source's timestamps, shifted so the file starts
+   at 0). No sound: it is encoded once, in the join. Every chunk of one rendition starts with an
+   IDR picture and libx264 writes the same parameter sets for the same settings and size, so the
+   chunks' packets follow each other as one stream's.
+3. **Join** (:func:`join`): per rendition, the chunks' packets are copied in order into one MP4
+   (fast start), and the source's sound is decoded once, converted and stamped as in one pass
+   (:class:`~hypermedia.engines.media.passes.Sound`) and encoded into every rendition,
+   interleaved with the video by time. The chunks are files another process wrote from a hostile
+   input, so nothing in them is trusted (:func:`check_chunk`): a chunk must be an MP4 of exactly
+   one H.264 stream of the rendition's size with the first chunk's parameter sets, start with a
+   keyframe, and its timestamps must go on from the chunk before (presentation times after every
+   one before it, decode times increasing); otherwise :class:`ChunkRefused` names the chunk, to be
+   encoded again. HLS is packaged from the joined files as after one pass.
+
+What it keeps: the same frames, frame count, sizes and duration as one pass; with HLS, segments
+align across renditions (every rendition's keyframes are at the same chunk starts); a chunk that
+could not start on the segment grid (a source without a keyframe there) makes one segment
+shorter and the next longer. Not the same bytes: libx264 with frame
+threads never writes the same bytes twice (ADR 0050 addendum). H.264 only for now (VP9's and
+AV1's joins are not verified): :func:`plan_chunks` returns no plan for the other codecs.
+
+Runs FFmpeg on untrusted input: call it in the sandbox child only. Importing this module is
+fork-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import av
+import av.error
+from av.container import InputContainer, OutputContainer
+from av.packet import Packet
+
+from hypermedia.engines.media.decoding import DecodeErrors
+from hypermedia.engines.media.encoding import (
+    AUDIO_LAYOUT,
+    AUDIO_RATE,
+    CODECS,
+    Encoded,
+    EncoderFailure,
+    Rendition,
+    encoder_error,
+    writing,
+)
+from hypermedia.engines.media.passes import Plan, Sound, Transcode, sound_stream, video_stream
+from hypermedia.engines.media.sources import open_media
+
+__all__ = [
+    "CHUNK_FORMATS",
+    "CheckedChunk",
+    "Chunk",
+    "ChunkRefused",
+    "check_chunk",
+    "chunk_name",
+    "encode_chunk",
+    "join",
+    "plan_chunks",
+]
+
+CHUNK_FORMATS: Final = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm")
+"""Demuxers (FFmpeg's names) of the files cut into chunks: their timestamps are the frames'."""
+CHUNK_OPEN_OPTIONS: Final = {"protocol_whitelist": "file", "format_whitelist": "mov,mp4,m4a,3gp,3g2,mj2"}
+"""A chunk is read as the MP4 :func:`encode_chunk` writes, and as nothing else."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of the source's video: the frames presented from the keyframe at ``first_pts``
+    up to before ``end_pts`` (the next chunk's keyframe), in the video stream's time base; the
+    first chunk has no ``first_pts`` (from the start), the last no ``end_pts`` (to the end).
+    ``start_seconds`` is ``first_pts`` on the source's timeline (0 for the first)."""
+
+    index: int
+    first_pts: int | None
+    end_pts: int | None
+    start_seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        """The chunk as a child job's params carry it."""
+        return {
+            "index": self.index,
+            "first_pts": self.first_pts,
+            "end_pts": self.end_pts,
+            "start_seconds": self.start_seconds,
+        }
+
+
+class ChunkRefused(Exception):
+    """A chunk file is not what :func:`encode_chunk` writes for its place (:func:`check_chunk`):
+    encode that chunk again. ``index`` is the chunk's."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"chunk {index}: {reason}")
+        self.index = index
+        self.reason = reason
+
+
+def chunk_name(index: int, rung: str) -> str:
+    """A chunk file's stem: ``chunk_0003_720p``."""
+    return f"chunk_{index:04d}_{rung}"
+
+
+def plan_chunks(plan: Plan, chunk_seconds: float) -> list[Chunk]:
+    """The chunks of the planned transcode (module doc, step 1); at most one (no fan-out) for a
+    codec other than H.264, a file whose timestamps cannot be trusted, or a video shorter than
+    two chunks. Demuxes at most ``plan.limits.max_probe_packets`` packets (none over it: one
+    chunk).
+
+    Raises:
+        PermanentJobError: ``UNSUPPORTED_FORMAT``, ``CORRUPT_INPUT`` (from opening the file).
+    """
+    whole = [Chunk(0, None, None, 0.0)]
+    if plan.options["codec"] != "h264" or chunk_seconds <= 0:
+        return whole
+    with open_media(plan.input_path) as container:
+        if container.format.name not in CHUNK_FORMATS:
+            return whole
+        video = video_stream(container)
+        if not video.time_base:
+            return whole
+        start = container.start_time
+        keyframes, end = _keyframes(container, video, plan.limits.max_probe_packets)
+    if len(keyframes) < 2:
+        return whole
+    step = round(chunk_seconds / video.time_base)
+    segment = plan.options["hls_segment_seconds"]
+    grid = round(segment / video.time_base) if plan.options["hls"] else None
+    slack = round(1 / (2 * (plan.frame_rate or 25) * video.time_base))  # half a frame
+    starts = [keyframes[0]]
+    for pts in keyframes[1:]:
+        since = pts - starts[-1]
+        if grid is not None and since < 2 * step:
+            offset = (pts - keyframes[0]) % grid
+            if min(offset, grid - offset) > slack:
+                continue  # off the HLS segment grid: a later keyframe may be on it
+        if since >= step:
+            starts.append(pts)
+    if len(starts) > 1 and end - starts[-1] < step // 2:
+        del starts[-1]  # a short tail is not worth a job
+    origin = start / av.time_base if start is not None else 0.0
+    chunks = []
+    for n, first in enumerate(starts):
+        following = starts[n + 1] if n + 1 < len(starts) else None
+        seconds = max(0.0, float(first * video.time_base) - origin) if n else 0.0
+        chunks.append(Chunk(n, first if n else None, following, round(seconds, 6)))
+    return chunks
+
+
+def _keyframes(container: InputContainer, video: Any, max_packets: int) -> tuple[list[int], int]:
+    """The presentation timestamps of the video's keyframes in decoding order, and the end of
+    the last frame (in the stream's time base); no keyframes when the timestamps cannot be
+    trusted (module doc, step 1) or there are more than ``max_packets``."""
+    keyframes: list[int] = []
+    end = 0
+    packets = 0
+    try:
+        for packet in container.demux(video):
+            if packet.size == 0:
+                continue
+            packets += 1
+            if packets > max_packets or packet.pts is None or (packets == 1 and not packet.is_keyframe):
+                return [], 0
+            if packet.is_keyframe:
+                if keyframes and packet.pts <= keyframes[-1]:
+                    return [], 0
+                keyframes.append(packet.pts)
+            end = max(end, packet.pts + (packet.duration or 0))
+    except MemoryError:
+        raise
+    except av.error.FFmpegError:
+        return [], 0  # a damaged file: one pass decodes what it can
+    return keyframes, end
+
+
+def encode_chunk(plan: Plan, chunk: Chunk, progress: tuple[float, float] = (0.0, 1.0)) -> list[Encoded]:
+    """Encodes one chunk into every rendition of ``plan.ladder`` (module doc, step 2), as MP4
+    files ``chunk_0003_720p.mp4`` in ``plan.out_dir``, highest first; video only. Progress is
+    reported from ``progress[0]`` over a share of ``progress[1]``.
+
+    Raises:
+        PermanentJobError: ``CORRUPT_INPUT``, ``MEDIA_TOO_LONG``, ``RESOURCE_LIMIT``, and as
+            :meth:`~hypermedia.engines.media.passes.Transcode.encode`.
+        MemoryError: FFmpeg or an encoder hit the sandbox's memory limit.
+    """
+    with open_media(plan.input_path) as container:
+        job = Transcode(
+            container,
+            plan.options,
+            plan.out_dir,
+            plan.limits,
+            plan.orientation,
+            plan.ladder,
+            progress,
+            window=(chunk.first_pts, chunk.end_pts),
+            names=chunk_name(chunk.index, "{rung}"),
+        )
+        job.encode()
+    return job.encoded()
+
+
+@dataclass(frozen=True)
+class CheckedChunk:
+    """What :func:`check_chunk` read of a chunk file."""
+
+    extradata: bytes
+    """Its H.264 parameter sets."""
+    frames: int
+    first_dts: float
+    last_dts: float
+    """Its first and last decode times, in seconds."""
+
+
+def check_chunk(
+    path: Path,
+    index: int,
+    rendition: Rendition,
+    extradata: bytes | None,
+    window: tuple[float | None, float | None],
+    slack: float,
+) -> CheckedChunk:
+    """Checks a chunk file (module doc, step 3) without decoding it: an MP4 of exactly one H.264
+    stream of ``rendition``'s size whose parameter sets are ``extradata`` (``None``: any, the
+    chunk's own are returned), every packet stamped, decode times increasing, the first
+    packet a keyframe presented at the window's start and none at or past its end (``window``:
+    the chunk's and the next chunk's :attr:`Chunk.start_seconds`, ``None`` for none), each
+    within ``slack`` seconds (half a frame: the muxer rounds).
+
+    Raises:
+        ChunkRefused: anything else (the reason says what).
+    """
+    first, end = window
+    try:
+        with av.open(str(path), options=dict(CHUNK_OPEN_OPTIONS)) as container:
+            streams = container.streams
+            if container.format.name != CHUNK_FORMATS[0] or len(streams) != 1 or len(streams.video) != 1:
+                raise ChunkRefused(index, "not an MP4 of one video stream")
+            context = streams.video[0].codec_context
+            if context.name != "h264" or (context.width, context.height) != (
+                rendition.width,
+                rendition.height,
+            ):
+                raise ChunkRefused(index, f"not H.264 at {rendition.width}×{rendition.height}")
+            own = bytes(context.extradata or b"")
+            if not own or (extradata is not None and own != extradata):
+                raise ChunkRefused(index, "its parameter sets differ from the other chunks'")
+            frames, dts = 0, [0.0, 0.0]
+            for packet in container.demux(streams.video[0]):
+                if packet.size == 0:
+                    continue
+                if packet.pts is None or packet.dts is None or packet.time_base is None:
+                    raise ChunkRefused(index, "a packet without timestamps")
+                shown, decoded = float(packet.pts * packet.time_base), float(packet.dts * packet.time_base)
+                if frames == 0:
+                    if not packet.is_keyframe or (first is not None and abs(shown - first) > slack):
+                        raise ChunkRefused(index, "it does not start with a keyframe at its chunk's start")
+                    dts[0] = decoded
+                elif decoded <= dts[1]:
+                    raise ChunkRefused(index, "its decode times do not increase")
+                if end is not None and shown >= end - slack:
+                    raise ChunkRefused(index, "it has frames of the next chunk")
+                frames, dts[1] = frames + 1, decoded
+    except ChunkRefused:
+        raise
+    except MemoryError:
+        raise
+    except (av.error.FFmpegError, OSError) as exc:
+        raise ChunkRefused(index, f"unreadable ({exc})") from exc
+    if frames == 0:
+        raise ChunkRefused(index, "no frame")
+    return CheckedChunk(own, frames, dts[0], dts[1])
+
+
+def join(
+    plan: Plan,
+    planned: list[Chunk],
+    chunk_files: dict[str, list[Path]],
+    decode_errors: int,
+    reference: int = 0,
+) -> list[Encoded]:
+    """Joins every rendition's chunks, in order, into ``video_{rung}.mp4`` in ``plan.out_dir``
+    with the source's sound (module doc, step 3). ``planned`` is :func:`plan_chunks`'s plan,
+    ``chunk_files`` maps each rendition's name to its chunk files in the plan's order,
+    ``decode_errors`` is the chunks' sum; every chunk must have the parameter sets of chunk
+    ``reference`` (one this attempt encoded: a kept chunk of an earlier attempt is not trusted).
+
+    Returns:
+        The finished renditions, highest first, as one pass returns them.
+
+    Raises:
+        ChunkRefused: a chunk file is not what :func:`encode_chunk` writes for its place
+            (:func:`check_chunk`), or the decode times do not increase from one chunk to the next.
+        PermanentJobError: ``CORRUPT_INPUT`` (the sound), ``MEDIA_TOO_LONG``, ``RESOURCE_LIMIT``.
+        MemoryError: FFmpeg or an encoder hit the sandbox's memory limit.
+    """
+    codec = CODECS[plan.options["codec"]]
+    starts: list[float | None] = [c.start_seconds if c.index else None for c in planned] + [None]
+    slack = 1 / (2 * float(plan.frame_rate or 25))
+    joins = []
+    try:
+        with open_media(plan.input_path) as source:
+            audio = sound_stream(source)
+            for rendition in plan.ladder:
+                files = chunk_files.get(rendition.name, [])
+                if len(files) != len(planned):
+                    raise ChunkRefused(min(len(files), len(planned) - 1), "chunks missing or too many")
+                windows = [(starts[n], starts[n + 1]) for n in range(len(files))]
+                extradata = check_chunk(
+                    files[reference], reference, rendition, None, windows[reference], slack
+                ).extradata
+                last_dts = None
+                for n, path in enumerate(files):
+                    checked = check_chunk(path, n, rendition, extradata, windows[n], slack)
+                    if last_dts is not None and checked.first_dts <= last_dts:
+                        raise ChunkRefused(n, "its decode times do not go on from the chunk before")
+                    last_dts = checked.last_dts
+                dest = plan.out_dir / f"video_{rendition.name}.{codec.extension}"
+                joins.append(_Joined(rendition, files, dest, extradata, audio is not None, plan.options))
+            if audio is not None:
+                start = source.start_time
+                origin = start / av.time_base if start is not None else 0.0
+
+                def sink(frame: Any) -> None:
+                    for joined in joins:
+                        joined.audio(frame)
+
+                sound = Sound(audio, origin, plan.limits, sink)
+                errors = DecodeErrors()
+                for frame in errors.decode(source, [audio]):
+                    sound.push(frame)
+                sound.push(None)
+                errors.check()
+                decode_errors += errors.count
+        for joined in joins:
+            joined.close()
+    except EncoderFailure as failure:
+        raise encoder_error(failure) from failure.__cause__
+    finally:
+        for joined in joins:
+            joined.abort()
+    return [j.encoded(decode_errors) for j in joins]
+
+
+class _Joined:
+    """One rendition being joined: its chunks' packets copied in order, the sound encoded in."""
+
+    def __init__(
+        self,
+        rendition: Rendition,
+        files: list[Path],
+        dest: Path,
+        extradata: bytes,
+        sound: bool,
+        options: dict,
+    ) -> None:
+        self.rendition = rendition
+        self.dest = dest
+        self.extradata = extradata
+        self.frames = 0
+        codec = CODECS[options["codec"]]
+        with av.open(str(files[0]), options=dict(CHUNK_OPEN_OPTIONS)) as first:
+            template = first.streams.video[0]
+            # The movie's time scale is the video track's: at MP4's default of 1000, the edit
+            # list that starts the video after the sound (a source whose video starts later)
+            # is cut to whole milliseconds when packets are copied, moving every frame by up
+            # to 1 ms against one pass.
+            scale = template.time_base.denominator if template.time_base else 1000
+            self.container: OutputContainer | None = av.open(
+                str(dest),
+                mode="w",
+                format=codec.muxer,
+                options={**codec.mux_options, "movie_timescale": str(scale)},
+            )
+            self.video = self.container.add_stream_from_template(template)
+        self.packets = self._packets(files)
+        self.pending: Packet | None = None
+        self.audio_stream: Any = None
+        self.sound_muxed = False
+        if sound:
+            self.audio_stream = self.container.add_stream(codec.audio_encoder, rate=AUDIO_RATE)
+            self.audio_stream.layout = AUDIO_LAYOUT
+            self.audio_stream.bit_rate = options["audio_bitrate"] * 1000
+            self.audio_stream.codec_context.thread_count = 1
+
+    def _packets(self, files: list[Path]) -> Iterator[Packet]:
+        """The chunks' packets in order (checked by :func:`check_chunk`)."""
+        for path in files:
+            with av.open(str(path), options=dict(CHUNK_OPEN_OPTIONS)) as chunk:
+                for packet in chunk.demux(chunk.streams.video[0]):
+                    if packet.size:
+                        yield packet
+
+    def _copy_until(self, seconds: float | None) -> None:
+        """Copies the video packets whose decode time is before ``seconds`` (all: ``None``)."""
+        assert self.container is not None
+        while True:
+            if self.pending is None:
+                self.pending = next(self.packets, None)
+                if self.pending is None:
+                    return
+            assert self.pending.dts is not None and self.pending.time_base is not None
+            if seconds is not None and float(self.pending.dts * self.pending.time_base) >= seconds:
+                return
+            self.pending.stream = self.video
+            with writing():
+                self.container.mux(self.pending)
+            self.frames += 1
+            self.pending = None
+
+    def audio(self, frame: Any) -> None:
+        """Encodes one converted, stamped sound frame, then copies the video before it. No video
+        goes before the first sound packet, as in one pass, where the video encoder's delay
+        lets the sound's first packet reach the muxer first: the muxer shifts every stream by
+        the first packet's negative decode time (FFmpeg's ``avoid_negative_ts``), and the
+        same first packet gives the same timeline."""
+        assert self.container is not None
+        with writing():
+            for packet in self.audio_stream.encode(frame):
+                self.container.mux(packet)
+                self.sound_muxed = True
+        if self.sound_muxed:
+            self._copy_until(frame.pts / AUDIO_RATE)
+
+    def close(self) -> None:
+        assert self.container is not None
+        self._copy_until(None)
+        with writing():
+            if self.audio_stream is not None:
+                for packet in self.audio_stream.encode(None):
+                    self.container.mux(packet)
+            self.container.close()
+        self.container = None
+
+    def abort(self) -> None:
+        """Closes what :meth:`close` did not (a failed join); the partial file is the caller's."""
+        if self.container is not None:
+            container, self.container = self.container, None
+            try:
+                container.close()
+            except av.error.FFmpegError:
+                pass
+
+    def encoded(self, decode_errors: int) -> Encoded:
+        return Encoded(
+            self.rendition,
+            self.dest,
+            self.frames,
+            self.extradata,
+            self.audio_stream is not None,
+            decode_errors,
+        )
