@@ -187,6 +187,10 @@ def test_a_taken_chunk_the_join_refuses_is_encoded_again(
             part.writestr(name, data)
     resumed = _transcode(tmp_path, source)
     assert encoded_chunks == [1, 2, 0]  # taken first, refused by the join, then encoded
+    # ... and kept again, so that a later attempt does not take the refused part.
+    assert sorted(p.name for p in (tmp_path / CHECKPOINT_DIR).iterdir()) == ["c-0000.zip", "c-0001.zip"]
+    [(_, again)] = _members(tmp_path / CHECKPOINT_DIR / "c-0000.zip", ["240p"])
+    assert again != members["240p"]
     assert resumed["video_240p"]["frame_count"] == FRAMES and not resumed["video_240p"]["resumed"]
     assert len(_times(tmp_path / "output" / "video_240p.mp4")) == FRAMES
 

@@ -28,6 +28,7 @@ from hypermedia.engines.media.chunks import (
     ChunkRefused,
     check_chunk,
     chunk_name,
+    chunk_windows,
     encode_chunk,
     join,
 )
@@ -93,10 +94,12 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded]:
                     raise RuntimeError(f"a chunk this attempt encoded was refused: {refused}") from refused
                 taken.discard(refused.index)
                 chunk = planned[refused.index]
-                encoded = encode_chunk(work, chunk)
+                encoded = encode_chunk(work, chunk, (0.95, 0.0))
                 for e in encoded:
                     files[e.rendition.name][chunk.index] = e.path
                 errors[chunk.index] = encoded[0].decode_errors
+                # Kept again, so that a later attempt does not take the refused part.
+                _keep(plan, chunk, ({e.rendition.name: e.path for e in encoded}, errors[chunk.index]), made)
         report_progress(plan.out_dir, 1.0)
         return [replace(e, resumed=bool(taken)) for e in joined]
     finally:
@@ -149,12 +152,10 @@ def _restored(
             or not 0 <= errors <= rendition_parts.MAX_DECODE_ERRORS
         ):
             return None
-        starts = [c.start_seconds if c.index else None for c in planned] + [None]
-        window = (starts[chunk.index], starts[chunk.index + 1])
-        slack = 1 / (2 * float(plan.frame_rate or 25))
+        windows, slack = chunk_windows(plan, planned)
         taken = {}
         for rendition in plan.ladder:
-            check_chunk(files[rendition.name], chunk.index, rendition, None, window, slack)
+            check_chunk(files[rendition.name], chunk.index, rendition, None, windows[chunk.index], slack)
             dest = work.out_dir / f"{chunk_name(chunk.index, rendition.name)}.mp4"
             os.replace(files[rendition.name], dest)
             taken[rendition.name] = dest

@@ -44,7 +44,7 @@ fork-safe.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -75,6 +75,7 @@ __all__ = [
     "ChunkRefused",
     "check_chunk",
     "chunk_name",
+    "chunk_windows",
     "encode_chunk",
     "join",
     "plan_chunks",
@@ -293,6 +294,13 @@ def check_chunk(
     return CheckedChunk(own, frames, dts[0], dts[1])
 
 
+def chunk_windows(plan: Plan, planned: list[Chunk]) -> tuple[list[tuple[float | None, float | None]], float]:
+    """Each planned chunk's window as :func:`check_chunk` takes it (its start and the next
+    chunk's, in seconds; ``None`` for none), and the slack: half a frame at the video's rate."""
+    starts: list[float | None] = [c.start_seconds if c.index else None for c in planned] + [None]
+    return [(starts[n], starts[n + 1]) for n in range(len(planned))], 1 / (2 * float(plan.frame_rate or 25))
+
+
 def join(
     plan: Plan,
     planned: list[Chunk],
@@ -316,8 +324,7 @@ def join(
         MemoryError: FFmpeg or an encoder hit the sandbox's memory limit.
     """
     codec = CODECS[plan.options["codec"]]
-    starts: list[float | None] = [c.start_seconds if c.index else None for c in planned] + [None]
-    slack = 1 / (2 * float(plan.frame_rate or 25))
+    windows, slack = chunk_windows(plan, planned)
     joins = []
     try:
         with open_media(plan.input_path) as source:
@@ -326,7 +333,6 @@ def join(
                 files = chunk_files.get(rendition.name, [])
                 if len(files) != len(planned):
                     raise ChunkRefused(min(len(files), len(planned) - 1), "chunks missing or too many")
-                windows = [(starts[n], starts[n + 1]) for n in range(len(files))]
                 extradata = check_chunk(
                     files[reference], reference, rendition, None, windows[reference], slack
                 ).extradata
@@ -404,7 +410,7 @@ class _Joined:
             self.audio_stream.bit_rate = options["audio_bitrate"] * 1000
             self.audio_stream.codec_context.thread_count = 1
 
-    def _packets(self, files: list[Path]) -> Iterator[Packet]:
+    def _packets(self, files: list[Path]) -> Generator[Packet, None, None]:
         """The chunks' packets in order (checked by :func:`check_chunk`)."""
         for path in files:
             with av.open(str(path), options=dict(CHUNK_OPEN_OPTIONS)) as chunk:
@@ -432,9 +438,7 @@ class _Joined:
     def audio(self, frame: Any) -> None:
         """Encodes one converted, stamped sound frame, then copies the video before it. No video
         goes before the first sound packet, as in one pass, where the video encoder's delay
-        lets the sound's first packet reach the muxer first: the muxer shifts every stream by
-        the first packet's negative decode time (FFmpeg's ``avoid_negative_ts``), and the
-        same first packet gives the same timeline."""
+        lets the sound's first packet reach the muxer first."""
         assert self.container is not None
         with writing():
             for packet in self.audio_stream.encode(frame):
@@ -455,6 +459,7 @@ class _Joined:
 
     def abort(self) -> None:
         """Closes what :meth:`close` did not (a failed join); the partial file is the caller's."""
+        self.packets.close()  # the chunk file being read
         if self.container is not None:
             container, self.container = self.container, None
             try:
