@@ -71,6 +71,13 @@ def up(
             raise typer.BadParameter(f"--scale takes SERVICE=N, not {item!r}")
         replicas[name.strip()] = int(count)
     try:
+        for name in ("HM_DATABASE_URL", "HM_DATABASE_SESSION_URL"):
+            if os.environ.get(name):
+                db.check_url(name, os.environ[name])
+    except ValueError as exc:
+        print(f"hypermedia up: {exc}", file=sys.stderr)
+        raise typer.Exit(config.ConfigError.exit_code) from None
+    try:
         plat = platform.Platform(platform.state_dir(), chosen, scale=replicas)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -152,7 +159,11 @@ def certs(
 def migrate() -> None:
     """Apply pending database migrations (HM_DATABASE_URL, or the platform in this directory)."""
     try:
-        applied = db.migrate(_database_url())
+        url = _database_url()
+        db.check_url(
+            "HM_DATABASE_SESSION_URL" if os.environ.get("HM_DATABASE_SESSION_URL") else "HM_DATABASE_URL", url
+        )
+        applied = db.migrate(url)
     except (FileNotFoundError, ValueError) as exc:
         print(f"hypermedia migrate: {exc}", file=sys.stderr)
         raise typer.Exit(config.ConfigError.exit_code) from None

@@ -133,6 +133,23 @@ async def connect(
     return conn
 
 
+def check_url(name: str, dsn: str) -> None:
+    """Checks that the setting ``name`` holds a PostgreSQL URL the platform can connect with
+    (``postgresql://user:password@host:port/database``; several ``host:port`` separated by
+    commas, as libpq and asyncpg take them), before anything starts.
+
+    Raises:
+        ValueError: ``NAME: what is wrong``, never the value (it holds a password).
+    """
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ValueError(f"{name}: not a PostgreSQL URL (postgresql://user:password@host:port/database)")
+    for host in parts.netloc.rpartition("@")[2].split(","):
+        port = host.rpartition("]")[2].partition(":")[2] if host.startswith("[") else host.partition(":")[2]
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"{name}: a host's port is not a number from 1 to 65535")
+
+
 def _yoyo_url(dsn: str) -> str:
     parts = urlsplit(dsn)
     if "," in parts.netloc.rpartition("@")[2]:
