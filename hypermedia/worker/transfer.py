@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -43,6 +44,9 @@ streamed from their file (:class:`FileBody`), so a worker's memory does not grow
 renditions' sizes."""
 CHECKSUM_FIELD = "x-amz-checksum-sha256"
 """Header (PUT) or form field (POST) carrying an upload's base64 SHA-256, which the store verifies."""
+_EXTENSION = re.compile(r"\.[a-z0-9]{1,5}")
+MAX_NAME = 64
+"""Longest last segment of an output key storage takes (``services.storage.backends.OUTPUT_TYPE``)."""
 
 
 class Transfers:
@@ -205,7 +209,9 @@ class Transfers:
                 digest = hashlib.sha256(body).hexdigest()
             else:
                 body, digest = FileBody(fd, size), await asyncio.to_thread(sha256_fd, fd, size)
-            key = grant.key_prefix + rendition_name(job, out.output_type, reproducible=reproducible)
+            key = grant.key_prefix + rendition_name(
+                job, out.output_type, reproducible=reproducible, filename=out.filename
+            )
             async for attempt in infra_retry():
                 with attempt:
                     response = await send_output(self._http, grant, key, body, out.mime_type, digest)
@@ -343,11 +349,19 @@ def sha256_fd(fd: int, size: int) -> str:
     return digest.hexdigest()
 
 
-def rendition_name(job: lifecycle.ClaimedJob, output_type: str, *, reproducible: bool = True) -> str:
-    """The last segment of an output's key: ``{output_type}-{digest}``, the digest being the first
-    16 hex digits of SHA-256 over the operation and its normalised params. Deterministic (a re-run
-    writes the same key), and two renditions of one object with different params (two resize
-    widths) never share a key.
+def rendition_name(
+    job: lifecycle.ClaimedJob, output_type: str, *, reproducible: bool = True, filename: str = ""
+) -> str:
+    """The last segment of an output's key: ``{output_type}-{digest}{extension}``, the digest being
+    the first 16 hex digits of SHA-256 over the operation and its normalised params. Deterministic
+    (a re-run writes the same key), and two renditions of one object with different params (two
+    resize widths) never share a key.
+
+    The extension is ``filename``'s (``.mp4``, ``.webp``: lowercase letters and digits, at most 5
+    after the dot; none otherwise, or when the segment would pass storage's 64 characters). Players
+    look at the URL's path: FFmpeg's HLS demuxer (since 5.1.4 and 6.1) refuses a segment whose URL
+    has no media extension (``allowed_segment_extensions``), so an HLS rendition presigned without
+    one did not play in ``ffplay``.
 
     When the engine's bytes are not ``reproducible`` (LibreOffice's PDFs carry a creation time and
     a random document id: :meth:`JobHandler.reproducible`), the digest covers the job id and the
@@ -357,4 +371,8 @@ def rendition_name(job: lifecycle.ClaimedJob, output_type: str, *, reproducible:
     if not reproducible:
         identity += [job.job_id, job.attempt]
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
-    return f"{output_type}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+    name = f"{output_type}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+    extension = os.path.splitext(filename)[1].lower()
+    if _EXTENSION.fullmatch(extension) and len(name) + len(extension) <= MAX_NAME:
+        name += extension
+    return name

@@ -6,8 +6,10 @@ Every output is downloaded and decoded again with PyAV (issue 7)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,21 @@ def test_hls_plays_through_the_resolved_playlists_without_a_key(client: httpx.Cl
             360,
         )
         assert sum(1 for _ in container.decode(video=0)) == 50
+    # A real player: FFmpeg's HLS demuxer fetches the variant and every byte range over HTTP. It
+    # refuses a segment whose URL has no media extension (allowed_segment_extensions, FFmpeg
+    # 5.1.4 and later), which the output keys lacked: the resolved HLS did not play in ffplay.
+    (tmp_path / "master.m3u8").write_text(master.text)
+    count = ["-count_frames", "-show_entries", "stream=width,nb_read_frames", "-of", "json"]
+    player = ["ffprobe", "-v", "error", "-protocol_whitelist", "file,http,tcp", "-select_streams", "v:0"]
+    probe = subprocess.run(
+        [*player, *count, str(tmp_path / "master.m3u8")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert probe.returncode == 0, probe.stderr
+    [stream] = json.loads(probe.stdout)["streams"]
+    assert (stream["width"], stream["nb_read_frames"]) == (640, "100")
 
 
 def test_a_second_transcode_of_one_video_keeps_the_first_ones_bytes(

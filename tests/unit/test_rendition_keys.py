@@ -42,6 +42,23 @@ def test_an_unreproducible_rendition_has_a_key_per_job_and_per_attempt() -> None
     )
 
 
+def test_a_key_ends_with_its_files_extension_for_players_that_look_at_the_url() -> None:
+    """FFmpeg's HLS demuxer refuses a segment URL without a media extension: the key carries the
+    file's (lowercased); nothing else of the file name, and no extension that storage's 64
+    characters or its character set would refuse."""
+    job = _job("transcode_video", {"heights": [360]})
+    name = rendition_name(job, "hls_360p_media")
+    assert rendition_name(job, "hls_360p_media", filename="hls_360p_media.mp4") == f"{name}.mp4"
+    assert rendition_name(job, "hls_360p", filename="hls_360p.M3U8").endswith("-" + name[-16:] + ".m3u8")
+    assert rendition_name(job, "hls_360p_media", filename="../x/evil name.mp4") == f"{name}.mp4"
+    for odd in ("noextension", "a.tar.gz/", "x.mp4 ", "x.ünï", "x.toolong", "x."):
+        assert rendition_name(job, "hls_360p_media", filename=odd) == name, odd
+    long_type = "t" * 43
+    assert rendition_name(job, long_type, filename="x.webp") == rendition_name(job, long_type)  # 60 + 5
+    longest = rendition_name(job, "t" * 42, filename="x.webp")
+    assert longest.endswith(".webp") and re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", longest)
+
+
 def test_only_libreoffices_pdfs_are_unreproducible() -> None:
     documents = DocumentHandler.__new__(DocumentHandler)  # the hook reads nothing of the pool
     assert documents.reproducible(_job("office_to_pdf", {})) is False
