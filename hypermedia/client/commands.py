@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -31,6 +32,7 @@ from rich.table import Table
 
 from hypermedia.client.session import TERMINAL, ApiError, ClientSettings, ConfigMissing, Session
 from hypermedia.client.views import jobs_table, outputs_table, saved_name
+from hypermedia.core import manifests
 from hypermedia.core.errors import InvalidArgument
 from hypermedia.core.rfc3339 import parse_rfc3339
 
@@ -170,9 +172,13 @@ def _folder(download: Path | None) -> None:
 
 def _download(session: Session, jobs: list[dict[str, Any]], folder: Path, stem: str) -> list[str]:
     """Each completed job's outputs into ``folder`` as ``{stem}.{output_type}{ext}``; a second
-    output of one type (two thumbnails) gets its job's id too, never overwrites the first."""
+    output of one type (two thumbnails) gets its job's id too, never overwrites the first. An
+    output that names its siblings (an HLS playlist, a WebVTT thumbnail track) is rewritten to
+    name the files saved beside it, so that the folder plays as it is
+    (:func:`hypermedia.core.manifests.rewrite`)."""
     written: list[str] = []
     for job in jobs:
+        saved: dict[str, Path] = {}
         for output in job.get("outputs", []):
             path = folder / saved_name(stem, output["output_type"], output["mime_type"])
             if str(path) in written:
@@ -181,7 +187,25 @@ def _download(session: Session, jobs: list[dict[str, Any]], folder: Path, stem: 
                 )
             session.download(job["job_id"], output["output_type"], path)
             written.append(str(path))
+            saved[output["output_type"]] = path
+        _name_saved_siblings(job, saved)
     return written
+
+
+def _name_saved_siblings(job: dict[str, Any], saved: dict[str, Path]) -> None:
+    """Rewrites each saved HLS playlist or WebVTT track of ``job`` so that its references to
+    sibling outputs (``hls_720p_media``) name the files saved for them (``saved``: output type
+    → path), relative to the folder, URL-encoded."""
+
+    def link(name: str) -> str | None:
+        return quote(saved[name].name) if name in saved else None
+
+    for output in job.get("outputs", []):
+        kind = manifests.kind_of(output["mime_type"])
+        if kind is not None:
+            path = saved[output["output_type"]]
+            text = path.read_text(encoding="utf-8", errors="replace")
+            path.write_text(manifests.rewrite(kind, text, link), encoding="utf-8")
 
 
 def submit(

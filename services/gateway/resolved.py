@@ -1,7 +1,7 @@
 """Resolved outputs: an HLS playlist or WebVTT output of a completed job, served with every
 reference to a sibling output replaced by a URL a player can fetch
 (``GET /v1/jobs/{job_id}/outputs/{output_type}/resolved``; the text rules are in
-:mod:`services.gateway.manifests`).
+:mod:`hypermedia.core.manifests`).
 
 A reference becomes:
 
@@ -15,7 +15,7 @@ A reference becomes:
 
 Lifetimes: ``TTL + presentation``, where TTL is the storage URL lifetime (what a plain
 ``PresignGet`` gives, ``HM_STORAGE_URL_TTL_SECONDS``) and presentation the playing time of the
-text (:func:`~services.gateway.manifests.presentation_seconds`; for a master playlist that of its
+text (:func:`~hypermedia.core.manifests.presentation_seconds`; for a master playlist that of its
 longest variant), at most a week. A player that starts within the TTL and plays through then never
 meets an expired URL mid-stream: a VOD media playlist is read once and its segments are fetched
 with Range requests until the end, and a master's variants are fetched when the player first
@@ -39,6 +39,7 @@ import grpc
 import httpx
 
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
+from hypermedia.core import manifests
 from hypermedia.core.errors import (
     Conflict,
     DomainError,
@@ -49,7 +50,6 @@ from hypermedia.core.errors import (
 )
 from hypermedia.infra.rpc import call
 from hypermedia.jobs import secrets as jobsecrets
-from services.gateway import manifests
 from services.gateway.ids import parse_uuid
 
 log = logging.getLogger(__name__)

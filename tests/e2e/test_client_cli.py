@@ -16,6 +16,7 @@ from PIL import Image
 
 from hypermedia.devtools.embedded import free_port
 from tests.e2e.conftest import REPO, RunningPlatform
+from tests.helpers.media import write_video
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
 
@@ -35,6 +36,30 @@ def _run(env: dict[str, str], *args: str, cwd: Path = REPO) -> subprocess.Comple
 @pytest.fixture
 def user(platform: RunningPlatform, account: dict[str, Any]) -> dict[str, str]:
     return {"HM_API_URL": platform.rest_url, "HM_API_KEY": account["api_key"]}
+
+
+def test_a_downloaded_hls_set_plays_from_its_folder(user: dict[str, str], tmp_path: Path) -> None:
+    """The playlists name their sibling outputs by output type; saved, they name the files saved
+    beside them, so that FFmpeg plays the folder's master (a fresh user's trial found them
+    pointing at ``hls_240p``, which no file is called)."""
+    clip = write_video(tmp_path / "clip.mp4", seconds=2.0, width=320, height=240)
+    out = tmp_path / "out"
+    op = "transcode_video:heights=[240],hls=true,hls_segment_seconds=2"
+    done = _run(user, "submit", str(clip), "--op", op, "--download", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    master = out / "clip.hls_master.m3u8"
+    assert "clip.hls_240p.m3u8" in master.read_text()
+    assert 'URI="clip.hls_240p_media.mp4"' in (out / "clip.hls_240p.m3u8").read_text()
+    count = ["-count_frames", "-show_entries", "stream=width,nb_read_frames", "-of", "json"]
+    probe = subprocess.run(
+        ["ffprobe", "-v", "error", "-protocol_whitelist", "file", *count, str(master)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode == 0, probe.stderr
+    [stream] = [s for s in json.loads(probe.stdout)["streams"] if "width" in s]
+    assert (stream["width"], stream["nb_read_frames"]) == (320, "50")
 
 
 def test_submit_watches_and_downloads_then_jobs_and_objects_read_and_delete(

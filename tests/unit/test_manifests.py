@@ -1,4 +1,4 @@
-"""The text rules of resolved outputs (services.gateway.manifests): which lines of an HLS playlist
+"""The text rules of resolved outputs (hypermedia.core.manifests): which lines of an HLS playlist
 or a WebVTT thumbnail track are references to sibling outputs, what replaces them, what is left
 alone; and the signature of resolved-output URLs (services.gateway.resolved.LinkSigner)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from services.gateway import manifests
-from services.gateway.manifests import ManifestKind
+from hypermedia.core import manifests
+from hypermedia.core.manifests import ManifestKind
 from services.gateway.resolved import SIGNATURE_LABEL, LinkSigner
 
 URLS = {

@@ -1,6 +1,8 @@
 """Text outputs that name sibling outputs of their job — HLS playlists (RFC 8216) and WebVTT
 thumbnail tracks — and their references rewritten into URLs. Pure text: no I/O here; the use case
-that reads outputs and signs URLs is :mod:`services.gateway.resolved`.
+that reads outputs and signs URLs is :mod:`services.gateway.resolved`, and the client's
+``submit --download`` rewrites them into the names of the files it saved
+(:mod:`hypermedia.client.commands`).
 
 A reference is a sibling's ``output_type`` written as it is (``hls_720p``, ``sprite``), never a
 path or a URL: a worker stores every output under a key of its own
