@@ -488,6 +488,24 @@ class JobCreation:
         valid = [o for o in known or () if o != noop.OPERATION or self._noop_enabled]
         return InvalidArgument(f"unknown operation {name!r}: one of {', '.join(valid)}", "UNKNOWN_OPERATION")
 
+    async def _unaccepted_input(self, name: str, mime_type: str, input_kind: str) -> UnsupportedInput:
+        """The ``UNSUPPORTED_FORMAT`` error for operation ``name`` on an object of ``mime_type``,
+        naming the operations that do take its kind (a video's ``poster`` for a ``thumbnail``)."""
+        explained = contenttype.KIND_OTHER_EXPLAINED.get(mime_type)
+        accepting = await self._pool.fetchval(
+            "SELECT array_agg(DISTINCT operation ORDER BY operation) FROM processing_profiles"
+            " WHERE active AND $1 = ANY(input_kinds) AND operation <> $2",
+            input_kind,
+            noop.OPERATION,
+        )
+        hint = f"; for {input_kind} input: {', '.join(accepting)}" if accepting else ""
+        return UnsupportedInput(
+            f"operation {name!r} does not accept {mime_type} input"
+            + (f" ({explained})" if explained else "")
+            + hint,
+            "UNSUPPORTED_FORMAT",
+        )
+
     async def _resolve_profiles(
         self, caller: Caller, request: _Request, obj: storage_pb2.Object
     ) -> list[_Operation]:
@@ -521,12 +539,7 @@ class JobCreation:
                     "INVALID_PARAMS",
                 )
             if input_kind not in profile["input_kinds"]:
-                explained = contenttype.KIND_OTHER_EXPLAINED.get(obj.mime_type)
-                raise UnsupportedInput(
-                    f"operation {op.name!r} does not accept {obj.mime_type} input"
-                    + (f" ({explained})" if explained else ""),
-                    "UNSUPPORTED_FORMAT",
-                )
+                raise await self._unaccepted_input(op.name, obj.mime_type, input_kind)
             if obj.size_bytes > profile["max_input_bytes"]:
                 raise PayloadTooLarge(
                     f"operation {op.name!r} accepts at most {profile['max_input_bytes']} bytes",

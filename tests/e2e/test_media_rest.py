@@ -82,6 +82,24 @@ def test_a_playlist_disguised_as_media_is_refused(client: httpx.Client) -> None:
     assert refused.status_code == 415 and refused.json()["error_code"] == "UNSUPPORTED_FORMAT"
 
 
+def test_an_image_operation_on_a_video_names_the_operations_that_take_video(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """A fresh user asked for a ``thumbnail`` of a video: 415, and the message names ``poster``
+    among the operations that do take video. The request is refused whole: no job was made."""
+    obj = upload(client, write_video(tmp_path / "clip.mp4", seconds=1.0))
+    refused = client.post(
+        "/v1/hypermedia/process",
+        json={"object_id": obj["object_id"], "operations": ["thumbnail", "poster"]},
+    )
+    assert refused.status_code == 415 and refused.json()["error_code"] == "UNSUPPORTED_FORMAT"
+    detail = refused.json()["detail"]
+    assert "'thumbnail' does not accept video/mp4 input; for video input: " in detail, detail
+    named = detail.rpartition(": ")[2].split(", ")
+    assert {"poster", "probe", "transcode_video"} <= set(named) and "thumbnail" not in named
+    assert client.get("/v1/jobs", params={"object_id": obj["object_id"]}).json()["jobs"] == []
+
+
 def test_media_longer_than_the_profile_allows_is_refused_at_probe_time(
     platform: RunningPlatform, client: httpx.Client, tmp_path: Path
 ) -> None:
