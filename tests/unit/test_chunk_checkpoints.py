@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,43 @@ def test_a_chunk_part_not_of_its_place_is_encoded_again(
         assert not resumed["video_240p"]["resumed"], name
         assert resumed["video_240p"]["frame_count"] == FRAMES, name
         assert not list((job_dir).glob("chunks-*")), name
+
+
+def _last_moved(media: bytes, seconds: float) -> bytes:
+    """A chunk file with its last packet's presentation and decode times both at ``seconds``."""
+    with tempfile.TemporaryDirectory() as scratch:
+        given, moved = Path(scratch) / "given.mp4", Path(scratch) / "moved.mp4"
+        given.write_bytes(media)
+        with av.open(str(given)) as chunk, av.open(str(moved), "w", format="mp4") as out:
+            stream = out.add_stream_from_template(chunk.streams.video[0])
+            packets = [p for p in chunk.demux(chunk.streams.video[0]) if p.size]
+            assert packets[-1].time_base is not None
+            packets[-1].pts = packets[-1].dts = round(seconds / packets[-1].time_base)
+            for packet in packets:
+                packet.stream = stream
+                out.mux(packet)
+        return moved.read_bytes()
+
+
+def test_a_kept_chunk_whose_last_decode_time_crowds_the_next_one_still_joins(
+    whole: tuple[Path, dict[str, Any]], source: Path, tmp_path: Path, encoded_chunks: list[int]
+) -> None:
+    """A kept chunk whose last packet is stamped 7.96 s for both times, a decode time later than
+    x264 puts one: the next chunk, this attempt's, starts its decode times before that. The join
+    moves them up (presentation times kept) instead of failing the job, as a hostile review
+    found it did."""
+    first, _ = whole
+    (tmp_path / RESUME_DIR).mkdir(parents=True)
+    _rezip(
+        first / CHECKPOINT_DIR / "c-0000.zip",
+        tmp_path / RESUME_DIR / "c-0000.zip",
+        lambda m: m | {n: _last_moved(m[n], 7.96) for n in LADDER},
+    )
+    resumed = _transcode(tmp_path, source)
+    assert encoded_chunks == [1, 2] and resumed["video_240p"]["resumed"]
+    # Every frame is there; the moved one is shown where the kept part says (its content is
+    # the earlier attempt's, as any kept chunk's: ADR 0080).
+    assert len(_times(tmp_path / "output" / "video_240p.mp4")) == FRAMES
 
 
 def _members(path: Path, names: list[str]) -> list[tuple[str, bytes]]:

@@ -213,3 +213,109 @@ def test_chunks_out_of_place_are_refused(
     assert refused(high[0], other, high[2]) == (1, "its parameter sets differ from the other chunks'")
     # And the chunks in their places join.
     assert [e.frames for e in chunks.join(plan, planned, files, 0)] == [SECONDS * FPS] * 2
+
+
+# --- files a hostile review found (each once broke the contract: made in chunks, a file gives
+# --- what one pass gives, or is made without chunks) ---------------------------------------
+
+
+def _one_pass_and_chunked(source: Path, tmp_path: Path, params: dict[str, Any] | None = None) -> list[Any]:
+    """The file's outputs in one pass and through ``run`` with chunks of 4 s (or without chunks,
+    where it cannot be cut): the same frame times, sound samples and decode errors."""
+    params = params or {"heights": [240]}
+    results = []
+    for name, seconds in (("one", None), ("chunked", 4.0)):
+        out = tmp_path / name / "output"
+        out.mkdir(parents=True)
+        limits = MediaLimits(max_input_bytes=1 << 30, threads=2, part_seconds=seconds)
+        [video] = [
+            o
+            for o in transcode.run("transcode_video", params, source, out, limits=limits)
+            if o.output_type == "video_240p"
+        ]
+        times, _, samples, _ = pictures(out / video.filename)
+        results.append((times, samples, video.metadata["decode_errors"], video.metadata["frame_count"]))
+    assert results[0] == results[1]
+    return sorted(p.name for p in (tmp_path / "chunked" / "checkpoints").glob("*.zip"))
+
+
+def test_a_frame_rate_that_drops_at_a_chunks_start_joins(tmp_path: Path) -> None:
+    """30, 20 then 30 fps, keyframes where the rate changes: x264 starts the 20 fps chunk's
+    decode times further before its first frame than the chunk before ends them; the join
+    moves them up (a phone in low light)."""
+    source = tmp_path / "vfr.mp4"
+    parts = "testsrc2=s=320x240:r=30:d=8[a];testsrc2=s=320x240:r=20:d=8[b];testsrc2=s=320x240:r=30:d=8[c]"
+    picture = ["-f", "lavfi", "-i", f"{parts};[a][b][c]concat=n=3"]
+    video = [
+        "-c:v",
+        "libx264",
+        "-preset",
+        "veryfast",
+        "-g",
+        "250",
+        "-force_key_frames",
+        "8,16",
+        "-fps_mode",
+        "vfr",
+    ]
+    sound = ["-f", "lavfi", "-i", "sine=sample_rate=44100"]
+    video += ["-video_track_timescale", "90000", "-c:a", "aac"]
+    subprocess.run(["ffmpeg", "-v", "error", *picture, *sound, "-t", "24", *video, str(source)], check=True)
+    assert _one_pass_and_chunked(source, tmp_path) == ["c-0000.zip", "c-0001.zip"]
+
+
+def test_recovery_points_flagged_as_keyframes_are_no_chunk_starts(tmp_path: Path) -> None:
+    """x264's periodic intra refresh: FFmpeg flags its recovery points as keyframes, but
+    decoding from one shows nothing until the refresh is complete. Only the first frame is an
+    IDR picture: no chunks (the ladder of one rendition is then made in one pass)."""
+    source = write_source(tmp_path / "refresh.mp4", "-x264-params", "intra-refresh=1:keyint=25")
+    plan = transcode.prepare("transcode_video", {"heights": [240]}, source, tmp_path, LIMITS)
+    assert chunks.plan_chunks(plan, 4.0) == [Chunk(0, None, None, 0.0)]
+    assert _one_pass_and_chunked(source, tmp_path) == []
+
+
+def _remux(source: Path, target: Path, change: Any) -> Path:
+    """``source``'s packets into ``target`` (MP4), each video packet through ``change``."""
+    with av.open(str(source)) as given, av.open(str(target), "w", format="mp4") as out:
+        streams = {s.index: out.add_stream_from_template(s) for s in given.streams}
+        for packet in given.demux():
+            if packet.dts is None:
+                continue
+            index = packet.stream.index
+            if packet.stream.type == "video":
+                packet = change(packet)
+            packet.stream = streams[index]
+            out.mux(packet)
+    return target
+
+
+def test_damage_bunched_in_one_chunk_is_judged_over_the_whole_file(tmp_path: Path) -> None:
+    """Non-key packets between 8 s and 11.2 s made undecodable: 76 of 600 attempts fail, within
+    one pass's bound; within their chunk they would pass it. Counted once, not again by the
+    chunk before (which decodes a few packets past its end)."""
+    source = write_source(tmp_path / "in.mp4")
+
+    def damaged(packet: Any) -> Any:
+        if packet.is_keyframe or not 8.0 <= float(packet.pts * packet.time_base) < 11.2:
+            return packet
+        broken = av.Packet(b"\x7f\xff\xff\xff" + bytes(packet)[4:])
+        broken.pts, broken.dts, broken.time_base = packet.pts, packet.dts, packet.time_base
+        return broken
+
+    target = _remux(source, tmp_path / "damaged.mp4", damaged)
+    assert len(_one_pass_and_chunked(target, tmp_path)) == 5
+
+
+def test_an_index_listing_only_the_first_keyframe_is_made_without_chunks(tmp_path: Path) -> None:
+    """Every sync-sample entry of the MP4 index points at the first frame, though an IDR picture
+    starts every second: each chunk's seek would land at 0 and decode the file again up to its
+    window (60 chunks: 30 times the decoding). A seek that lands more than a chunk before its
+    window gives the file up to one pass."""
+    data = bytearray(write_source(tmp_path / "in.mp4").read_bytes())
+    at = data.find(b"stss")
+    count = int.from_bytes(data[at + 8 : at + 12], "big")
+    data[at + 12 : at + 12 + 4 * count] = (1).to_bytes(4, "big") * count
+    (tmp_path / "one_sync_sample.mp4").write_bytes(bytes(data))
+    parts = _one_pass_and_chunked(tmp_path / "one_sync_sample.mp4", tmp_path)
+    # Chunk 1's seek landed 4 s before it, its own length; chunk 2's 8 s: given up there.
+    assert parts == ["c-0000.zip", "c-0001.zip"]

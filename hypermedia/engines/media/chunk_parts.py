@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
+from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import keep_part, report_progress, resumed_files
 from hypermedia.engines.media import rendition_parts
 from hypermedia.engines.media.chunks import (
@@ -32,8 +33,9 @@ from hypermedia.engines.media.chunks import (
     encode_chunk,
     join,
 )
+from hypermedia.engines.media.decoding import MAX_ERROR_RATE
 from hypermedia.engines.media.encoding import Encoded
-from hypermedia.engines.media.passes import Plan
+from hypermedia.engines.media.passes import Plan, WindowUnreachable
 
 __all__ = ["CHUNK_PART_FORMAT", "MAX_CHUNKS", "chunk_seconds", "encode_in_chunks", "part_name"]
 
@@ -51,17 +53,23 @@ def chunk_seconds(seconds: float, part_seconds: float) -> float:
     return max(part_seconds, seconds / MAX_CHUNKS)
 
 
-def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded]:
+def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded] | None:
     """The whole transcode in ``planned`` chunks, one after the other, then joined (module doc):
     a chunk an earlier attempt kept is taken (:func:`_restored`), any other encoded and
-    kept unless it is the last. A taken chunk the join refuses is encoded again.
+    kept unless it is the last. A taken chunk the join refuses is encoded again. The decode
+    errors of all chunks are judged together, as one pass judges the whole file
+    (:data:`~hypermedia.engines.media.decoding.MAX_ERROR_RATE`).
 
     Returns:
         The joined renditions, highest first; ``resumed`` when a chunk of them was taken.
+        ``None`` when the file cannot be made in chunks after all — a chunk's seek landed far
+        before it, or the join refuses a chunk this attempt encoded (a frame rate that drops at
+        a chunk's start leaves decode times that do not follow; a frame whose timestamp jumps
+        past its chunk's end): the caller then makes it without chunks, as one pass would.
 
     Raises:
-        As :func:`encode_chunk` and :func:`join`; RuntimeError when the join refuses a chunk this
-        attempt encoded (a fault of ours).
+        PermanentJobError: ``CORRUPT_INPUT`` when the chunks' decode errors together pass the
+            bound or no frame decoded, and as :func:`encode_chunk` and :func:`join`.
     """
     scratch = Path(tempfile.mkdtemp(prefix="chunks-", dir=plan.out_dir.parent))
     try:
@@ -69,32 +77,45 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded]:
         made = {**rendition_parts.made_by(plan.options), "format": f"chunk-{CHUNK_PART_FORMAT}"}
         files: dict[str, list[Path]] = {r.name: [] for r in plan.ladder}
         errors: list[int] = []
+        frames = 0
         taken: set[int] = set()
         for chunk in planned:
             share = 0.95 / len(planned)
             kept = _restored(plan, work, planned, chunk, made)
             if kept is None:
-                encoded = encode_chunk(work, chunk, (chunk.index * share, share))
-                kept = {e.rendition.name: e.path for e in encoded}, encoded[0].decode_errors
-                if chunk.index < len(planned) - 1:
-                    _keep(plan, chunk, kept, made)
+                try:
+                    encoded = encode_chunk(work, chunk, (chunk.index * share, share))
+                except WindowUnreachable:
+                    return None
+                kept = (
+                    {e.rendition.name: e.path for e in encoded},
+                    encoded[0].decode_errors,
+                    encoded[0].frames,
+                )
+                if chunk.index < len(planned) - 1 and encoded[0].frames:
+                    _keep(plan, chunk, kept[:2], made)
             else:
                 taken.add(chunk.index)
             for name, path in kept[0].items():
                 files[name].append(path)
             errors.append(kept[1])
+            frames += kept[2]
             report_progress(plan.out_dir, (chunk.index + 1) * share)
+        _judge(sum(errors), frames)
         while True:
             try:
-                reference = min(set(range(len(planned))) - taken)  # the last chunk is never taken
-                joined = join(plan, planned, files, sum(errors), reference)
+                trusted = set(range(len(planned))) - taken  # the last chunk is never taken
+                joined = join(plan, planned, files, sum(errors), trusted)
                 break
             except ChunkRefused as refused:
                 if refused.index not in taken:
-                    raise RuntimeError(f"a chunk this attempt encoded was refused: {refused}") from refused
+                    return None  # a chunk of this attempt: the file is made without chunks
                 taken.discard(refused.index)
                 chunk = planned[refused.index]
-                encoded = encode_chunk(work, chunk, (0.95, 0.0))
+                try:
+                    encoded = encode_chunk(work, chunk, (0.95, 0.0))
+                except WindowUnreachable:
+                    return None
                 for e in encoded:
                     files[e.rendition.name][chunk.index] = e.path
                 errors[chunk.index] = encoded[0].decode_errors
@@ -104,6 +125,20 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded]:
         return [replace(e, resumed=bool(taken)) for e in joined]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _judge(errors: int, frames: int) -> None:
+    """The bound one pass applies to its decode errors (:class:`~hypermedia.engines.media.decoding.DecodeErrors`),
+    over every chunk's errors and frames together: a burst of damage in one chunk does not fail
+    a file that one pass would take."""
+    if frames == 0:
+        raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
+    if errors / (errors + frames) > MAX_ERROR_RATE:
+        raise PermanentJobError(
+            f"The video stream is damaged: {errors} of its packets do not decode, against {frames} "
+            f"decoded frames (more than {MAX_ERROR_RATE:.3g} of the attempts failed).",
+            "CORRUPT_INPUT",
+        )
 
 
 def part_name(chunk: Chunk) -> str:
@@ -125,9 +160,9 @@ def _keep(plan: Plan, chunk: Chunk, kept: tuple[dict[str, Path], int], made: dic
 
 def _restored(
     plan: Plan, work: Plan, planned: list[Chunk], chunk: Chunk, made: dict[str, Any]
-) -> tuple[dict[str, Path], int] | None:
+) -> tuple[dict[str, Path], int, int] | None:
     """The kept part of ``chunk``: its files moved into ``work.out_dir`` as :func:`encode_chunk`
-    names them, and its decode errors; ``None`` — nothing left — when there is none the job can
+    names them, its decode errors and its frames (the highest rendition's packets); ``None`` — nothing left — when there is none the job can
     take. Nothing of it is trusted (an earlier attempt's child wrote it, on the same hostile
     input): exactly the record and one file per rendition, the record naming this chunk, this
     ladder and ``made``, and each file passing :func:`check_chunk` for its place. Anything else,
@@ -153,13 +188,16 @@ def _restored(
         ):
             return None
         windows, slack = chunk_windows(plan, planned)
-        taken = {}
+        taken, frames = {}, []
         for rendition in plan.ladder:
-            check_chunk(files[rendition.name], chunk.index, rendition, None, windows[chunk.index], slack)
+            checked = check_chunk(
+                files[rendition.name], chunk.index, rendition, None, windows[chunk.index], slack
+            )
             dest = work.out_dir / f"{chunk_name(chunk.index, rendition.name)}.mp4"
             os.replace(files[rendition.name], dest)
             taken[rendition.name] = dest
-        return taken, errors
+            frames.append(checked.frames)
+        return taken, errors, frames[0]
     except Exception:  # best effort: a part that cannot be taken is encoded again
         return None
     finally:

@@ -5,7 +5,9 @@ encode.
 
 1. **Plan** (:func:`plan_chunks`): the video stream's packets are demuxed (nothing decoded) and a
    chunk starts at the first keyframe at least ``chunk_seconds`` after the previous chunk's start;
-   a last chunk shorter than half of that joins the one before. With HLS, a chunk starts on the
+   a last chunk shorter than half of that joins the one before. Only a keyframe decoding can start
+   from cleanly counts (an H.264 IDR or an HEVC IRAP picture, read in the packet: a keyframe flag
+   alone is not proof, :func:`_clean_start`), so only H.264 and HEVC sources are cut. With HLS, a chunk starts on the
    segment grid (a multiple of ``hls_segment_seconds`` from the first frame, within half a frame)
    when a keyframe there comes within twice ``chunk_seconds``, so that every segment keeps its
    length. Only a file whose timestamps can be
@@ -44,8 +46,9 @@ fork-safe.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
 
@@ -143,7 +146,10 @@ def plan_chunks(plan: Plan, chunk_seconds: float) -> list[Chunk]:
         if not video.time_base:
             return whole
         start = container.start_time
-        keyframes, end = _keyframes(container, video, plan.limits.max_probe_packets)
+        starts_cleanly = _clean_start(video)
+        if starts_cleanly is None:
+            return whole
+        keyframes, end = _keyframes(container, video, plan.limits.max_probe_packets, starts_cleanly)
     if len(keyframes) < 2:
         return whole
     step = round(chunk_seconds / video.time_base)
@@ -170,10 +176,42 @@ def plan_chunks(plan: Plan, chunk_seconds: float) -> list[Chunk]:
     return chunks
 
 
-def _keyframes(container: InputContainer, video: Any, max_packets: int) -> tuple[list[int], int]:
-    """The presentation timestamps of the video's keyframes in decoding order, and the end of
-    the last frame (in the stream's time base); no keyframes when the timestamps cannot be
-    trusted (module doc, step 1) or there are more than ``max_packets``."""
+def _clean_start(video: Any) -> Callable[[bytes], bool] | None:
+    """For an H.264 or HEVC stream stored with length-prefixed NAL units (``avcC``/``hvcC``: MP4
+    and Matroska), a test of whether a packet holds a picture decoding can start from: an IDR
+    picture (H.264 NAL type 5), an IRAP picture (HEVC types 16–21: BLA, IDR, CRA; a CRA's
+    leading pictures belong to the chunk before, which decodes them). A keyframe flag is not
+    proof of one: FFmpeg flags recovery points (x264's periodic intra refresh, a recovery-point
+    SEI) as keyframes, and decoding from such a frame gives other pictures, or none until the
+    recovery is complete. ``None`` for other codecs and forms: no chunks."""
+    extradata = bytes(video.codec_context.extradata or b"")
+    name = video.codec_context.name
+    if name == "h264" and len(extradata) > 4 and extradata[0] == 1:
+        size, starts = (extradata[4] & 3) + 1, lambda header: header & 0x1F == 5
+    elif name == "hevc" and len(extradata) > 21 and extradata[0] == 1:
+        size, starts = (extradata[21] & 3) + 1, lambda header: 16 <= (header >> 1) & 0x3F <= 21
+    else:
+        return None
+
+    def clean(data: bytes) -> bool:
+        at = 0
+        while at + size < len(data):
+            length = int.from_bytes(data[at : at + size], "big")
+            if starts(data[at + size]):
+                return True
+            at += size + length
+        return False
+
+    return clean
+
+
+def _keyframes(
+    container: InputContainer, video: Any, max_packets: int, clean: Callable[[bytes], bool]
+) -> tuple[list[int], int]:
+    """The presentation timestamps of the video's keyframes that ``clean`` takes for a clean
+    start (:func:`_clean_start`), in decoding order, and the end of the last frame (in the
+    stream's time base); no keyframes when the timestamps cannot be trusted (module doc, step 1)
+    or there are more than ``max_packets``."""
     keyframes: list[int] = []
     end = 0
     packets = 0
@@ -182,9 +220,9 @@ def _keyframes(container: InputContainer, video: Any, max_packets: int) -> tuple
             if packet.size == 0:
                 continue
             packets += 1
-            if packets > max_packets or packet.pts is None or (packets == 1 and not packet.is_keyframe):
+            if packets > max_packets or packet.pts is None or (packets == 1 and not clean(bytes(packet))):
                 return [], 0
-            if packet.is_keyframe:
+            if packet.is_keyframe and clean(bytes(packet)):
                 if keyframes and packet.pts <= keyframes[-1]:
                     return [], 0
                 keyframes.append(packet.pts)
@@ -228,10 +266,10 @@ class CheckedChunk:
 
     extradata: bytes
     """Its H.264 parameter sets."""
+    time_base: Fraction | None
+    """Its video track's time base."""
     frames: int
-    first_dts: float
-    last_dts: float
-    """Its first and last decode times, in seconds."""
+    """Its video packets."""
 
 
 def check_chunk(
@@ -264,10 +302,10 @@ def check_chunk(
                 rendition.height,
             ):
                 raise ChunkRefused(index, f"not H.264 at {rendition.width}×{rendition.height}")
-            own = bytes(context.extradata or b"")
+            own, time_base = bytes(context.extradata or b""), streams.video[0].time_base
             if not own or (extradata is not None and own != extradata):
                 raise ChunkRefused(index, "its parameter sets differ from the other chunks'")
-            frames, dts = 0, [0.0, 0.0]
+            frames, last_decoded = 0, 0.0
             for packet in container.demux(streams.video[0]):
                 if packet.size == 0:
                     continue
@@ -277,12 +315,11 @@ def check_chunk(
                 if frames == 0:
                     if not packet.is_keyframe or (first is not None and abs(shown - first) > slack):
                         raise ChunkRefused(index, "it does not start with a keyframe at its chunk's start")
-                    dts[0] = decoded
-                elif decoded <= dts[1]:
+                elif decoded <= last_decoded:
                     raise ChunkRefused(index, "its decode times do not increase")
                 if end is not None and shown >= end - slack:
                     raise ChunkRefused(index, "it has frames of the next chunk")
-                frames, dts[1] = frames + 1, decoded
+                frames, last_decoded = frames + 1, decoded
     except ChunkRefused:
         raise
     except MemoryError:
@@ -291,7 +328,7 @@ def check_chunk(
         raise ChunkRefused(index, f"unreadable ({exc})") from exc
     if frames == 0:
         raise ChunkRefused(index, "no frame")
-    return CheckedChunk(own, frames, dts[0], dts[1])
+    return CheckedChunk(own, time_base, frames)
 
 
 def chunk_windows(plan: Plan, planned: list[Chunk]) -> tuple[list[tuple[float | None, float | None]], float]:
@@ -306,13 +343,15 @@ def join(
     planned: list[Chunk],
     chunk_files: dict[str, list[Path]],
     decode_errors: int,
-    reference: int = 0,
+    trusted: set[int] | None = None,
 ) -> list[Encoded]:
     """Joins every rendition's chunks, in order, into ``video_{rung}.mp4`` in ``plan.out_dir``
     with the source's sound (module doc, step 3). ``planned`` is :func:`plan_chunks`'s plan,
     ``chunk_files`` maps each rendition's name to its chunk files in the plan's order,
-    ``decode_errors`` is the chunks' sum; every chunk must have the parameter sets of chunk
-    ``reference`` (one this attempt encoded: a kept chunk of an earlier attempt is not trusted).
+    ``decode_errors`` is the chunks' sum. ``trusted`` are the chunks this attempt encoded (all,
+    when ``None``): every chunk must have the parameter sets and time base of the first of them,
+    whose stream is the joined one's template, and when two chunks' decode times do not follow,
+    the one refused is the untrusted one (a kept chunk of an earlier attempt is not trusted).
 
     Returns:
         The finished renditions, highest first, as one pass returns them.
@@ -325,6 +364,8 @@ def join(
     """
     codec = CODECS[plan.options["codec"]]
     windows, slack = chunk_windows(plan, planned)
+    trusted = set(range(len(planned))) if trusted is None else trusted
+    reference = min(trusted)
     joins = []
     try:
         with open_media(plan.input_path) as source:
@@ -333,17 +374,15 @@ def join(
                 files = chunk_files.get(rendition.name, [])
                 if len(files) != len(planned):
                     raise ChunkRefused(min(len(files), len(planned) - 1), "chunks missing or too many")
-                extradata = check_chunk(
-                    files[reference], reference, rendition, None, windows[reference], slack
-                ).extradata
-                last_dts = None
+                model = check_chunk(files[reference], reference, rendition, None, windows[reference], slack)
                 for n, path in enumerate(files):
-                    checked = check_chunk(path, n, rendition, extradata, windows[n], slack)
-                    if last_dts is not None and checked.first_dts <= last_dts:
-                        raise ChunkRefused(n, "its decode times do not go on from the chunk before")
-                    last_dts = checked.last_dts
+                    checked = check_chunk(path, n, rendition, model.extradata, windows[n], slack)
+                    if checked.time_base != model.time_base:
+                        raise ChunkRefused(n, "its time base differs from the other chunks'")
                 dest = plan.out_dir / f"video_{rendition.name}.{codec.extension}"
-                joins.append(_Joined(rendition, files, dest, extradata, audio is not None, plan.options))
+                joins.append(
+                    _Joined(rendition, files, trusted, dest, model.extradata, audio is not None, plan.options)
+                )
             if audio is not None:
                 start = source.start_time
                 origin = start / av.time_base if start is not None else 0.0
@@ -376,6 +415,7 @@ class _Joined:
         self,
         rendition: Rendition,
         files: list[Path],
+        trusted: set[int],
         dest: Path,
         extradata: bytes,
         sound: bool,
@@ -386,12 +426,12 @@ class _Joined:
         self.extradata = extradata
         self.frames = 0
         codec = CODECS[options["codec"]]
-        with av.open(str(files[0]), options=dict(CHUNK_OPEN_OPTIONS)) as first:
-            template = first.streams.video[0]
-            # The movie's time scale is the video track's: at MP4's default of 1000, the edit
-            # list that starts the video after the sound (a source whose video starts later)
-            # is cut to whole milliseconds when packets are copied, moving every frame by up
-            # to 1 ms against one pass.
+        self.trusted = trusted
+        with av.open(str(files[min(trusted)]), options=dict(CHUNK_OPEN_OPTIONS)) as model:
+            template = model.streams.video[0]
+            # The movie's time scale is the video track's, as the pass writes its files
+            # (passes.py): at MP4's default of 1000 the edit list that starts the video after
+            # the sound is cut to whole milliseconds, moving every frame by up to 1 ms.
             scale = template.time_base.denominator if template.time_base else 1000
             self.container: OutputContainer | None = av.open(
                 str(dest),
@@ -401,7 +441,8 @@ class _Joined:
             )
             self.video = self.container.add_stream_from_template(template)
         self.packets = self._packets(files)
-        self.pending: Packet | None = None
+        self.pending: tuple[int, Packet] | None = None
+        self.last_dts: int | None = None
         self.audio_stream: Any = None
         self.sound_muxed = False
         if sound:
@@ -410,28 +451,44 @@ class _Joined:
             self.audio_stream.bit_rate = options["audio_bitrate"] * 1000
             self.audio_stream.codec_context.thread_count = 1
 
-    def _packets(self, files: list[Path]) -> Generator[Packet, None, None]:
-        """The chunks' packets in order (checked by :func:`check_chunk`)."""
-        for path in files:
+    def _packets(self, files: list[Path]) -> Generator[tuple[int, Packet], None, None]:
+        """The chunks' packets in order, each with its chunk's index (checked by :func:`check_chunk`)."""
+        for n, path in enumerate(files):
             with av.open(str(path), options=dict(CHUNK_OPEN_OPTIONS)) as chunk:
                 for packet in chunk.demux(chunk.streams.video[0]):
                     if packet.size:
-                        yield packet
+                        yield n, packet
 
     def _copy_until(self, seconds: float | None) -> None:
-        """Copies the video packets whose decode time is before ``seconds`` (all: ``None``)."""
+        """Copies the video packets whose decode time is before ``seconds`` (all: ``None``).
+
+        x264 starts a chunk's decode times before its first frame by the span of its first few
+        frames, and the chunk before ends its decode times a few of its own frames before its
+        last; where the frame rate drops at a chunk's start (a phone in low light) or frames
+        are missing there (damaged packets), the first decode times of a chunk fall at or before
+        the last of the chunk before. They are moved up to one tick after it, as long as each
+        stays at or before its presentation time (a decode time stamps only the order of
+        decoding; when a frame is shown is its presentation time, kept); otherwise the chunk is
+        refused (:class:`ChunkRefused`: the untrusted one of the two)."""
         assert self.container is not None
         while True:
             if self.pending is None:
                 self.pending = next(self.packets, None)
                 if self.pending is None:
                     return
-            assert self.pending.dts is not None and self.pending.time_base is not None
-            if seconds is not None and float(self.pending.dts * self.pending.time_base) >= seconds:
+            index, packet = self.pending
+            assert packet.dts is not None and packet.pts is not None and packet.time_base is not None
+            if seconds is not None and float(packet.dts * packet.time_base) >= seconds:
                 return
-            self.pending.stream = self.video
+            if self.last_dts is not None and packet.dts <= self.last_dts:
+                if self.last_dts + 1 > packet.pts:
+                    blamed = index if index not in self.trusted or index - 1 in self.trusted else index - 1
+                    raise ChunkRefused(blamed, "its decode times cannot follow the chunk before's")
+                packet.dts = self.last_dts + 1
+            self.last_dts = packet.dts
+            packet.stream = self.video
             with writing():
-                self.container.mux(self.pending)
+                self.container.mux(packet)
             self.frames += 1
             self.pending = None
 

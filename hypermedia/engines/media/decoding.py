@@ -19,7 +19,7 @@ fork-safe.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import av
@@ -42,7 +42,11 @@ class DecodeErrors:
     """The decoded frames of some streams of one open container, damaged packets skipped and
     counted per stream (module doc). One instance per pass over the file."""
 
-    def __init__(self) -> None:
+    def __init__(self, counted: Callable[[Any], bool] | None = None) -> None:
+        self.counted = counted
+        """Which packets that do not decode are counted (every one: ``None``). A chunk of a
+        transcode decodes a few packets of the next chunk to finish its own frames, and counts
+        only the errors of its own (:class:`hypermedia.engines.media.passes.Transcode`)."""
         self.errors: dict[int, int] = {}
         """Packets that did not decode, per stream index."""
         self.frames: dict[int, int] = {}
@@ -93,7 +97,8 @@ class DecodeErrors:
         except MemoryError:  # av.error.MemoryError is one, and an FFmpegError
             raise
         except av.error.FFmpegError:
-            self.errors[index] = self.errors.get(index, 0) + 1
+            if self.counted is None or packet is None or self.counted(packet):
+                self.errors[index] = self.errors.get(index, 0) + 1
             return []
         self.frames[index] = self.frames.get(index, 0) + len(frames)
         return frames

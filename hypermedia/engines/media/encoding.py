@@ -119,12 +119,13 @@ class Output:
         audio: AudioStream | None,
         threads: int,
         hls: bool,
+        mux_options: dict[str, str] | None = None,
     ) -> None:
         self.rendition = rendition
         self.path = path
         self.frames = 0
         self.container: OutputContainer = av.open(
-            str(path), mode="w", format=codec.muxer, options=dict(codec.mux_options)
+            str(path), mode="w", format=codec.muxer, options={**codec.mux_options, **(mux_options or {})}
         )
         rate = source.average_rate or source.guessed_rate or Fraction(25)
         if codec.video_encoder == "libsvtav1":

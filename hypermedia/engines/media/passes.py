@@ -41,7 +41,7 @@ from hypermedia.engines.media.encoding import (
 from hypermedia.engines.media.orientation import Orientation
 from hypermedia.engines.media.sources import MediaLimits, audio_stream, check_duration, header_seconds
 
-__all__ = ["MAX_PIXELS", "Plan", "Sound", "Transcode", "sound_stream", "video_stream"]
+__all__ = ["MAX_PIXELS", "Plan", "Sound", "Transcode", "WindowUnreachable", "sound_stream", "video_stream"]
 
 MAX_PIXELS: Final = 8192 * 4320
 """Largest coded frame transcoded (``INPUT_TOO_LARGE_PIXELS``): 8K UHD-2 (35.4 MP)."""
@@ -134,11 +134,16 @@ class Transcode:
             end = end if end is not None else self.duration
             self.duration = end - self.progress_from if end is not None else None
         self.last_video_pts: int | None = None
-        self.errors = DecodeErrors()
+        self.errors = DecodeErrors(None if window is None else self._of_window)
         """Packets skipped because they did not decode (and a demuxer that gave up early)."""
         self.sound = (
             Sound(self.audio, self.origin, limits, self._encode_audio) if self.audio is not None else None
         )
+        # The file keeps the source's timestamps exactly: the video track and the movie in the
+        # source's time scale, or MP4 rounds the edit list that starts a video later than its
+        # sound (and a chunk: chunks.py) to whole milliseconds, moving every frame by up to 1 ms.
+        scale = str(self.video.time_base.denominator) if self.video.time_base else None
+        exact = {"movie_timescale": scale, "video_track_timescale": scale} if scale else {}
         self.outputs_: list[Output] = [
             Output(
                 rendition,
@@ -149,6 +154,7 @@ class Transcode:
                 self.audio,
                 max(1, limits.threads),
                 options["hls"],
+                exact,
             )
             for rendition in self.ladder
         ]
@@ -162,9 +168,14 @@ class Transcode:
         told ``-fflags discardcorrupt``: MPEG-TS flags the first packet after a continuity-counter
         jump, which every ``cat a.ts b.ts`` join has, and its frame is usually whole.
 
+        With a window (a chunk), the bound on decode errors and the failure of a chunk without
+        a frame are left to the caller, which judges the chunks together as one pass judges the
+        whole (:mod:`hypermedia.engines.media.chunk_parts`).
+
         Raises:
             PermanentJobError: ``CORRUPT_INPUT`` when no video frame decodes at all or a stream
-                mostly does not decode, and see :func:`run`.
+                mostly does not decode, and see :func:`hypermedia.engines.media.transcode.run`.
+            WindowUnreachable: a chunk's seek landed more than the chunk's own length before it.
         """
         streams: list[Any] = [self.video] + ([self.audio] if self.audio is not None else [])
         if self.window is not None and self.window[0] is not None:
@@ -175,6 +186,7 @@ class Transcode:
                     if not self._in_window(frame):
                         if self._past_window(frame):
                             break  # the next chunk's first frame: presentation order goes on from it
+                        self._before_window(frame)
                         continue
                     self._video_frame(frame)
                 elif self.sound is not None:
@@ -186,20 +198,29 @@ class Transcode:
         except EncoderFailure as failure:
             raise encoder_error(failure) from failure.__cause__
         except av.error.FFmpegError as exc:  # a filter graph: what was encoded before stands
-            if self.outputs_[0].frames == 0:
+            if self.outputs_[0].frames == 0 and self.window is None:
                 raise PermanentJobError(
                     "The video cannot be decoded: the file is truncated or damaged.", "CORRUPT_INPUT"
                 ) from exc
             self.errors.ended_early = True
-        self.errors.check()
-        if self.outputs_[0].frames == 0:
-            raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
+        if self.window is None:
+            self.errors.check()
+            if self.outputs_[0].frames == 0:
+                raise PermanentJobError("No frame of the video can be decoded.", "CORRUPT_INPUT")
         try:
             for output in self.outputs_:
                 output.close()
         except EncoderFailure as failure:
             raise encoder_error(failure) from failure.__cause__
         report_progress(self.out_dir, sum(self.progress))
+
+    def _of_window(self, packet: Any) -> bool:
+        """Whether a packet is presented within this pass's window (one without a timestamp is)."""
+        assert self.window is not None
+        first, end = self.window
+        if packet.pts is None or packet.stream.index != self.video.index:
+            return True
+        return (first is None or packet.pts >= first) and (end is None or packet.pts < end)
 
     def _in_window(self, frame: VideoFrame) -> bool:
         """Whether ``frame`` is of this pass's chunk (every frame, without a window). A chunk's
@@ -213,6 +234,18 @@ class Transcode:
             and (first is None or frame.pts >= first)
             and (end is None or frame.pts < end)
         )
+
+    def _before_window(self, frame: VideoFrame) -> None:
+        """A frame decoded before the chunk's window: the seek landed on an earlier keyframe than
+        the chunk's own (an index listing few keyframes, Matroska cues pointing elsewhere). Up to
+        the chunk's length is decoded to reach it; more would make the chunks cost a multiple of
+        one pass (WindowUnreachable: the transcode is then made in one pass)."""
+        first, end = self.window if self.window is not None else (None, None)
+        if first is None or frame.pts is None or not self.video.time_base:
+            return
+        length = (end - first) if end is not None else round((self.duration or 0.0) / self.video.time_base)
+        if first - frame.pts > max(length, round(1 / self.video.time_base)):
+            raise WindowUnreachable(f"the seek to {first} landed at {frame.pts}")
 
     def _past_window(self, frame: VideoFrame) -> bool:
         end = self.window[1] if self.window is not None else None
@@ -263,6 +296,10 @@ class Transcode:
     def encoded(self) -> list[Encoded]:
         """The renditions :meth:`encode` finished, in the ladder's order."""
         return [output.encoded(self.errors.count) for output in self.outputs_]
+
+
+class WindowUnreachable(Exception):
+    """A chunk's window cannot be reached for its share of the work (:meth:`Transcode._before_window`)."""
 
 
 class Sound:

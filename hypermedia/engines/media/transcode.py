@@ -206,11 +206,11 @@ def run(
     if long:
         assert limits.part_seconds is not None and plan.seconds is not None
         planned = chunks.plan_chunks(plan, chunk_parts.chunk_seconds(plan.seconds, limits.part_seconds))
-    if len(planned) > 1:
-        encoded = chunk_parts.encode_in_chunks(plan, planned)
-    elif long and len(plan.ladder) > 1:
+    # Chunks when the video can be cut (None: it could not after all, chunk_parts says why).
+    encoded = chunk_parts.encode_in_chunks(plan, planned) if len(planned) > 1 else None
+    if encoded is None and long and len(plan.ladder) > 1:
         encoded = _encode_in_parts(plan, plan.ladder)
-    else:
+    elif encoded is None:
         encoded = _encode(plan, plan.ladder, (0.0, 1.0))
     outputs = [describe(e, plan.options, plan.orientation) for e in encoded]
     if plan.options["hls"]:
