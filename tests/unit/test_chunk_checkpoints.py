@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import av
 import pytest
 
 from hypermedia.engines.contract import CHECKPOINT_DIR, RESUME_DIR
-from hypermedia.engines.media import chunk_parts, passes, transcode
+from hypermedia.engines.media import chunk_parts, chunks, passes, rendition_parts, transcode
 from hypermedia.engines.media.sources import MediaLimits
 from tests.helpers.media import progress_seen, write_testsrc
 
@@ -185,6 +186,27 @@ def test_a_kept_chunk_whose_last_decode_time_crowds_the_next_one_still_joins(
     # Every frame is there; the moved one is shown where the kept part says (its content is
     # the earlier attempt's, as any kept chunk's: ADR 0080).
     assert len(_times(tmp_path / "output" / "video_240p.mp4")) == FRAMES
+
+
+def test_a_part_of_the_last_chunk_is_never_taken(
+    whole: tuple[Path, dict[str, Any]], source: Path, tmp_path: Path, encoded_chunks: list[int]
+) -> None:
+    """The last chunk is never kept, so a part of it in ``resume/`` is none this job made (a
+    child an exploit took over could write one): it is encoded again, and the join keeps a
+    chunk of this attempt's to measure the kept ones by."""
+    first, _ = whole
+    made = tmp_path / "made"
+    (made / "output").mkdir(parents=True)
+    plan = transcode.prepare("transcode_video", PARAMS, source, made / "output", LIMITS)
+    planned = chunks.plan_chunks(plan, 8.0)
+    (made / "scratch").mkdir()
+    encoded = chunks.encode_chunk(replace(plan, out_dir=made / "scratch"), planned[2])
+    record = {**rendition_parts.made_by(plan.options), "format": f"chunk-{chunk_parts.CHUNK_PART_FORMAT}"}
+    chunk_parts._keep(plan, planned[2], ({e.rendition.name: e.path for e in encoded}, 0), record)
+    shutil.copytree(first / CHECKPOINT_DIR, tmp_path / "job" / RESUME_DIR)
+    shutil.copy(made / CHECKPOINT_DIR / "c-0002.zip", tmp_path / "job" / RESUME_DIR)
+    resumed = _transcode(tmp_path / "job", source)
+    assert encoded_chunks == [2] and resumed["video_240p"]["frame_count"] == FRAMES
 
 
 def _members(path: Path, names: list[str]) -> list[tuple[str, bytes]]:

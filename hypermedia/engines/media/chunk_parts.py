@@ -81,7 +81,10 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded] | None:
         taken: set[int] = set()
         for chunk in planned:
             share = 0.95 / len(planned)
-            kept = _restored(plan, work, planned, chunk, made)
+            # The last chunk is never kept, so never taken: a part of it is none this job made,
+            # and the join needs one chunk of this attempt's to measure the others by.
+            last = chunk.index == len(planned) - 1
+            kept = None if last else _restored(plan, work, planned, chunk, made)
             if kept is None:
                 try:
                     encoded = encode_chunk(work, chunk, (chunk.index * share, share))
@@ -92,7 +95,7 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded] | None:
                     encoded[0].decode_errors,
                     encoded[0].frames,
                 )
-                if chunk.index < len(planned) - 1 and encoded[0].frames:
+                if not last and encoded[0].frames:
                     _keep(plan, chunk, kept[:2], made)
             else:
                 taken.add(chunk.index)
@@ -104,7 +107,7 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded] | None:
         _judge(sum(errors), frames)
         while True:
             try:
-                trusted = set(range(len(planned))) - taken  # the last chunk is never taken
+                trusted = set(range(len(planned))) - taken
                 joined = join(plan, planned, files, sum(errors), trusted)
                 break
             except ChunkRefused as refused:
