@@ -1,44 +1,46 @@
-"""A long ``transcode_video`` in chunks (issue 23, item 2; ADR 0080): the video cut at its own
-keyframes into chunks, each chunk's frames encoded into every rendition apart from the others (on
-any media unit), then joined into the renditions one pass would have written, without a second
-encode.
+"""A long ``transcode_video`` in chunks (issue 23, items 1 and 2; ADR 0080): the video cut at its
+own keyframes into chunks, each chunk's frames encoded into every rendition apart from the
+others, then joined into the renditions one pass would have written, without a second encode.
 
 1. **Plan** (:func:`plan_chunks`): the video stream's packets are demuxed (nothing decoded) and a
-   chunk starts at the first keyframe at least ``chunk_seconds`` after the previous chunk's start;
-   a last chunk shorter than half of that joins the one before. Only a keyframe decoding can start
-   from cleanly counts (an H.264 IDR or an HEVC IRAP picture, read in the packet: a keyframe flag
-   alone is not proof, :func:`_clean_start`), so only H.264 and HEVC sources are cut. With HLS, a chunk starts on the
-   segment grid (a multiple of ``hls_segment_seconds`` from the first frame, within half a frame)
-   when a keyframe there comes within twice ``chunk_seconds``, so that every segment keeps its
-   length. Only a file whose timestamps can be
-   trusted is cut: an MP4/MOV or Matroska/WebM whose every video packet has a presentation timestamp
-   (Matroska keeps no decode timestamps), whose first packet is a keyframe and whose keyframes go forward. Anything else
-   (an AVI carrying decode order, a stream that starts mid-GOP) gets no plan and is transcoded in
-   one pass.
+   chunk starts at the first clean keyframe at least ``chunk_seconds`` after the previous chunk's
+   start; a last chunk shorter than half of that joins the one before. A clean keyframe is one
+   decoding can start from, read in the packet (an H.264 IDR or an HEVC IRAP picture): FFmpeg
+   flags recovery points as keyframes too (:func:`_clean_start`), so only H.264 and HEVC sources
+   are cut. With HLS, a chunk starts on the segment grid (a multiple of ``hls_segment_seconds``
+   from the first frame, within half a frame) when a clean keyframe there comes within twice
+   ``chunk_seconds``, so that every segment keeps its length. Only a file whose timestamps can be
+   trusted is cut: an MP4/MOV or Matroska/WebM whose every video packet has a presentation
+   timestamp (Matroska keeps no decode timestamps), whose first packet is a clean keyframe and
+   whose keyframes go forward. Anything else (an AVI carrying decode order, a stream that starts
+   mid-GOP, a VP9 source) gets no plan and is transcoded without chunks.
 2. **Chunks** (:func:`encode_chunk`): each chunk is a :class:`~hypermedia.engines.media.passes.Transcode`
    pass with a window: a seek to the chunk's keyframe, the frames presented from it up to before
    the next chunk's keyframe (the pictures that follow a keyframe in decoding order but are shown
    before it belong to the chunk before, which decodes them), the same filters and encoder
-   settings as one pass, and the same timeline (the source's timestamps, shifted so the file starts
-   at 0). No sound: it is encoded once, in the join. Every chunk of one rendition starts with an
-   IDR picture and libx264 writes the same parameter sets for the same settings and size, so the
-   chunks' packets follow each other as one stream's.
+   settings as one pass, and the same timeline (the source's timestamps and time scale, shifted
+   so the file starts at 0). No sound: it is encoded once, in the join. Every chunk of one
+   rendition starts with an IDR picture and libx264 writes the same parameter sets for the same
+   settings and size, so the chunks' packets follow each other as one stream's.
 3. **Join** (:func:`join`): per rendition, the chunks' packets are copied in order into one MP4
-   (fast start), and the source's sound is decoded once, converted and stamped as in one pass
-   (:class:`~hypermedia.engines.media.passes.Sound`) and encoded into every rendition,
-   interleaved with the video by time. The chunks are files another process wrote from a hostile
-   input, so nothing in them is trusted (:func:`check_chunk`): a chunk must be an MP4 of exactly
-   one H.264 stream of the rendition's size with the first chunk's parameter sets, start with a
-   keyframe, and its timestamps must go on from the chunk before (presentation times after every
-   one before it, decode times increasing); otherwise :class:`ChunkRefused` names the chunk, to be
-   encoded again. HLS is packaged from the joined files as after one pass.
+   (fast start; decode times that crowd the chunk before are moved up, presentation times kept:
+   :meth:`_Joined._copy_until`), and the source's sound is decoded once, converted and stamped as
+   in one pass (:class:`~hypermedia.engines.media.passes.Sound`) and encoded into every
+   rendition, interleaved with the video by time. The chunks are files another process wrote
+   from a hostile input, so nothing in them is trusted (:func:`check_chunk`): a chunk must be an
+   MP4 of exactly one H.264 stream of the rendition's size with the parameter sets and time base
+   of a chunk this attempt encoded, start with a keyframe at its chunk's start, hold no frame of
+   the next chunk, and have rising decode times; otherwise :class:`ChunkRefused` names the chunk,
+   to be encoded again (a chunk of this attempt refused: the file is made without chunks,
+   :mod:`hypermedia.engines.media.chunk_parts`). HLS is packaged from the joined files as after
+   one pass.
 
-What it keeps: the same frames, frame count, sizes and duration as one pass; with HLS, segments
-align across renditions (every rendition's keyframes are at the same chunk starts); a chunk that
-could not start on the segment grid (a source without a keyframe there) makes one segment
-shorter and the next longer. Not the same bytes: libx264 with frame
-threads never writes the same bytes twice (ADR 0050 addendum). H.264 only for now (VP9's and
-AV1's joins are not verified): :func:`plan_chunks` returns no plan for the other codecs.
+What it keeps: the same frames, frame times, sound samples and sizes as one pass; with HLS,
+segments align across renditions (every rendition's keyframes are at the same chunk starts); a
+chunk that could not start on the segment grid makes one segment shorter and the next longer.
+Not the same bytes: x264's rate control restarts at each chunk, and with frame threads it never
+writes the same bytes twice (ADR 0050 addendum). H.264 output only for now (VP9's and AV1's
+joins are not verified): :func:`plan_chunks` returns no plan for the other codecs.
 
 Runs FFmpeg on untrusted input: call it in the sandbox child only. Importing this module is
 fork-safe.
