@@ -114,6 +114,21 @@ def _kept(conn: psycopg.Connection[Any], job_id: str) -> dict[str, int]:
     return {part: attempt for part, attempt in rows}
 
 
+def _stored(platform: RunningPlatform, conn: psycopg.Connection[Any], job_id: str) -> dict[str, int]:
+    """The parts whose bytes the store holds whole (part → attempt). A worker records a part
+    before it uploads it: a worker killed in between leaves a row whose bytes never came, and
+    the next attempt makes that part again."""
+    rows = conn.execute(
+        "SELECT part, attempt, key, size_bytes FROM job_checkpoints WHERE job_id = %s", (job_id,)
+    ).fetchall()
+    objects = Path(platform.info["objects_dir"])
+    return {
+        part: attempt
+        for part, attempt, key, size in rows
+        if (objects / key).is_file() and (objects / key).stat().st_size == size
+    }
+
+
 def _stopped_and_resumed(
     platform: RunningPlatform,
     client: httpx.Client,
@@ -140,14 +155,16 @@ def _stopped_and_resumed(
         )
         assert created.status_code == 202, created.text
         job_id = created.json()["job_ids"][0]
-        wait_for(f"{parts} parts kept", lambda: len(_kept(conn, job_id)) >= parts, 180)
         if kill:
+            wait_for(f"{parts} parts stored", lambda: len(_stored(platform, conn, job_id)) >= parts, 180)
             first.kill()
             first.wait(30)
+            kept_first = _stored(platform, conn, job_id)  # what a part recorded at the kill lacks
         else:
+            wait_for(f"{parts} parts kept", lambda: len(_kept(conn, job_id)) >= parts, 180)
             first.terminate()  # the drain: the running job is handed back 0.2 s later
             assert first.wait(60) == 0
-        kept_first = _kept(conn, job_id)
+            kept_first = _kept(conn, job_id)
         assert set(kept_first.values()) == {1}
         status = client.get(f"/v1/jobs/{job_id}").json()["status"]
         assert status in (("claimed", "processing") if kill else ("queued",)), status
