@@ -11,6 +11,7 @@ import unicodedata
 from datetime import UTC
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from hypermedia.api.storage.v1 import storage_pb2, storage_pb2_grpc
 from hypermedia.core.errors import DomainError, InvalidArgument, PayloadTooLarge, TransientError
@@ -166,7 +167,7 @@ class Uploads:
         """PUT ``content`` to the reserved original's URL and complete it. Raises TransientError
         (STORAGE_UNAVAILABLE) when the store fails, or the storage service's errors."""
         try:
-            response = await self._http.put(created.put_url, content=content, headers={"Content-Type": mime})
+            response = await put_original(self._http, created.put_url, content, mime)
         except httpx.HTTPError as exc:
             raise TransientError("object storage is unavailable", "STORAGE_UNAVAILABLE") from exc
         if response.status_code >= 300:
@@ -279,3 +280,30 @@ class Uploads:
             used_objects=usage.used_objects,
             limit_objects=usage.limit_objects,
         )
+
+
+STALE_CONNECTION_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""What a kept-alive connection the store closed meanwhile gives (the store closes connections
+idle past its head deadline, and evicts idle ones at its per-address cap: every service on one
+host shares an address), and a store restarting: tried once more on a new connection. Not
+timeouts: a store that is slow stays slow."""
+
+
+async def put_original(http: httpx.AsyncClient, url: str, content: bytes, mime: str) -> httpx.Response:
+    """PUTs an original's bytes to its presigned ``url``, a second time after a connection-level
+    failure (:data:`STALE_CONNECTION_ERRORS`): the PUT of one key with the same bytes and
+    checksum is idempotent. A CI run failed an upload with ``503 STORAGE_UNAVAILABLE`` right
+    after a test whose worker uploads had filled the store's connections from 127.0.0.1.
+
+    Raises:
+        httpx.HTTPError: the second try's failure, or the first's when it was no connection failure.
+    """
+    async for attempt in AsyncRetrying(
+        stop=stop_after_attempt(2),
+        wait=wait_fixed(0.1),
+        retry=retry_if_exception_type(STALE_CONNECTION_ERRORS),
+        reraise=True,
+    ):
+        with attempt:
+            return await http.put(url, content=content, headers={"Content-Type": mime})
+    raise AssertionError("unreachable: tenacity re-raises the last failure")
