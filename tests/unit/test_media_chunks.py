@@ -319,3 +319,29 @@ def test_an_index_listing_only_the_first_keyframe_is_made_without_chunks(tmp_pat
     parts = _one_pass_and_chunked(tmp_path / "one_sync_sample.mp4", tmp_path)
     # Chunk 1's seek landed 4 s before it, its own length; chunk 2's 8 s: given up there.
     assert parts == ["c-0000.zip", "c-0001.zip"]
+
+
+def test_a_frame_stamped_into_the_next_chunk_is_no_file_to_cut(tmp_path: Path) -> None:
+    """No B-frames, the 61st packet of every 100 stamped 2 s later than it is: one pass drops the
+    frames shown before that time until time passes it; a chunk's window would keep them (361
+    frames against one pass's 316, found at the end of a review). A packet decoded before a
+    clean keyframe but shown at or after it makes the plan untrusted: no chunks."""
+    source = write_source(tmp_path / "in.mp4", "-bf", "0")
+    moved = tmp_path / "moved.mp4"
+    with av.open(str(source)) as given, av.open(str(moved), "w", format="mp4") as out:
+        streams = {s.index: out.add_stream_from_template(s) for s in given.streams}
+        video_packets = 0
+        for packet in given.demux():
+            if packet.dts is None:
+                continue
+            index = packet.stream.index
+            if packet.stream.type == "video":
+                if video_packets % 100 == 60:
+                    assert packet.pts is not None and packet.time_base is not None
+                    packet.pts += round(2.0 / packet.time_base)
+                video_packets += 1
+            packet.stream = streams[index]
+            out.mux(packet)
+    plan = transcode.prepare("transcode_video", {"heights": [240]}, moved, tmp_path, LIMITS)
+    assert chunks.plan_chunks(plan, 4.0) == [Chunk(0, None, None, 0.0)]
+    assert _one_pass_and_chunked(moved, tmp_path) == []

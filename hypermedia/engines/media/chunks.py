@@ -212,10 +212,11 @@ def _keyframes(
 ) -> tuple[list[int], int]:
     """The presentation timestamps of the video's keyframes that ``clean`` takes for a clean
     start (:func:`_clean_start`), in decoding order, and the end of the last frame (in the
-    stream's time base); no keyframes when the timestamps cannot be trusted (module doc, step 1)
-    or there are more than ``max_packets``."""
+    stream's time base); no keyframes when the timestamps cannot be trusted (module doc, step 1:
+    also a packet decoded before a clean keyframe but shown at or after it, which one pass drops
+    and a chunk would keep) or there are more than ``max_packets``."""
     keyframes: list[int] = []
-    end = 0
+    end = latest = 0
     packets = 0
     try:
         for packet in container.demux(video):
@@ -225,9 +226,10 @@ def _keyframes(
             if packets > max_packets or packet.pts is None or (packets == 1 and not clean(bytes(packet))):
                 return [], 0
             if packet.is_keyframe and clean(bytes(packet)):
-                if keyframes and packet.pts <= keyframes[-1]:
-                    return [], 0
+                if packets > 1 and packet.pts <= latest:
+                    return [], 0  # a packet decoded before it is shown at or after it
                 keyframes.append(packet.pts)
+            latest = packet.pts if packets == 1 else max(latest, packet.pts)
             end = max(end, packet.pts + (packet.duration or 0))
     except MemoryError:
         raise
