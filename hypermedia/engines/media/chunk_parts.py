@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hypermedia.core.errors import PermanentJobError
-from hypermedia.engines.contract import keep_part, report_progress, resumed_files
+from hypermedia.engines.contract import keep_part, report_progress
 from hypermedia.engines.media import rendition_parts
 from hypermedia.engines.media.chunks import (
     Chunk,
@@ -170,39 +170,25 @@ def _restored(
     input): exactly the record and one file per rendition, the record naming this chunk, this
     ladder and ``made``, and each file passing :func:`check_chunk` for its place. Anything else,
     whatever it raises, is ``None``: the chunk is encoded again."""
-    unpacked: Path | None = None
+    expected = {"chunk": chunk.as_json(), "ladder": [[r.name, r.width, r.height] for r in plan.ladder]}
+    media = {r.name: rendition_parts.MAX_PART_BYTES for r in plan.ladder}
     try:
-        unpacked = Path(tempfile.mkdtemp(prefix="restored-", dir=work.out_dir))
-        members = {RECORD: rendition_parts.MAX_RECORD_BYTES} | {
-            r.name: rendition_parts.MAX_PART_BYTES for r in plan.ladder
-        }
-        files = resumed_files(plan.out_dir, part_name(chunk), unpacked, members)
-        if files is None:
-            return None
-        record = json.loads(files[RECORD].read_bytes())
-        errors = record.get("decode_errors") if isinstance(record, dict) else None
-        if (
-            not isinstance(record, dict)
-            or record.get("made_by") != made
-            or record.get("chunk") != chunk.as_json()
-            or record.get("ladder") != [[r.name, r.width, r.height] for r in plan.ladder]
-            or type(errors) is not int
-            or not 0 <= errors <= rendition_parts.MAX_DECODE_ERRORS
-        ):
-            return None
-        windows, slack = chunk_windows(plan, planned)
-        taken, frames = {}, []
-        for rendition in plan.ladder:
-            checked = check_chunk(
-                files[rendition.name], chunk.index, rendition, None, windows[chunk.index], slack
-            )
-            dest = work.out_dir / f"{chunk_name(chunk.index, rendition.name)}.mp4"
-            os.replace(files[rendition.name], dest)
-            taken[rendition.name] = dest
-            frames.append(checked.frames)
-        return taken, errors, frames[0]
+        with rendition_parts.opened_part(
+            plan.out_dir, part_name(chunk), work.out_dir, RECORD, media, made, expected
+        ) as opened:
+            if opened is None:
+                return None
+            files, errors = opened
+            windows, slack = chunk_windows(plan, planned)
+            taken, frames = {}, []
+            for rendition in plan.ladder:
+                checked = check_chunk(
+                    files[rendition.name], chunk.index, rendition, None, windows[chunk.index], slack
+                )
+                dest = work.out_dir / f"{chunk_name(chunk.index, rendition.name)}.mp4"
+                os.replace(files[rendition.name], dest)
+                taken[rendition.name] = dest
+                frames.append(checked.frames)
+            return taken, errors, frames[0]
     except Exception:  # best effort: a part that cannot be taken is encoded again
         return None
-    finally:
-        if unpacked is not None:
-            shutil.rmtree(unpacked, ignore_errors=True)

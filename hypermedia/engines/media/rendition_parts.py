@@ -15,6 +15,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,7 +25,16 @@ import av
 from hypermedia.engines.contract import keep_part, resumed_files
 from hypermedia.engines.media.encoding import Encoded, Rendition
 
-__all__ = ["MAX_PART_BYTES", "OPEN_OPTIONS", "PART_FORMAT", "keep", "made_by", "part_name", "restored"]
+__all__ = [
+    "MAX_PART_BYTES",
+    "OPEN_OPTIONS",
+    "PART_FORMAT",
+    "keep",
+    "made_by",
+    "opened_part",
+    "part_name",
+    "restored",
+]
 
 PART_FORMAT: Final = 1
 """Version of a rendition part's layout; a part of another version is encoded again."""
@@ -93,34 +104,67 @@ def restored(
     must be what the transcode writes (:func:`_described`); what describing it needs (frames,
     parameter sets, sound) is read from the media, not from the record. Anything else, whatever
     it raises, is ``None``: the rendition is encoded again."""
-    unpacked: Path | None = None
     try:
-        unpacked = Path(tempfile.mkdtemp(prefix="restored-", dir=Path(out_dir).parent))
-        members = {RECORD: MAX_RECORD_BYTES, MEDIA: MAX_PART_BYTES}
-        files = resumed_files(out_dir, part_name(rendition), unpacked, members)
+        expected = {"rendition": [rendition.name, rendition.width, rendition.height]}
+        with opened_part(
+            out_dir,
+            part_name(rendition),
+            Path(out_dir).parent,
+            RECORD,
+            {MEDIA: MAX_PART_BYTES},
+            made,
+            expected,
+        ) as opened:
+            if opened is None:
+                return None
+            files, errors = opened
+            described = _described(files[MEDIA], rendition, codec)
+            if described is None:
+                return None
+            frames, extradata, has_audio = described
+            os.replace(files[MEDIA], dest)
+            return Encoded(rendition, dest, frames, extradata, has_audio, errors, resumed=True)
+    except Exception:  # best effort: a part that cannot be taken is encoded again
+        return None
+
+
+@contextmanager
+def opened_part(
+    out_dir: Path,
+    part: str,
+    scratch: Path,
+    record: str,
+    media: dict[str, int],
+    made: dict[str, Any],
+    expected: dict[str, Any],
+) -> Iterator[tuple[dict[str, Path], int] | None]:
+    """An earlier attempt's kept ``part`` unpacked into a directory of its own under ``scratch``
+    (removed on exit): yields its files (name → path) and the decode errors its record states,
+    or ``None`` when the part is not one to take. It must hold exactly the ``record`` member (at
+    most :data:`MAX_RECORD_BYTES`) and the ``media`` members (name → most bytes), and the record
+    must be a JSON object whose ``made_by`` is ``made``, whose other keys equal ``expected``'s and
+    whose ``decode_errors`` is an integer from 0 to :data:`MAX_DECODE_ERRORS`. Nothing else of
+    the part is checked here; what the caller reads of it may raise."""
+    unpacked = Path(tempfile.mkdtemp(prefix="restored-", dir=scratch))
+    try:
+        files = resumed_files(out_dir, part, unpacked, {record: MAX_RECORD_BYTES} | media)
         if files is None:
-            return None
-        record = json.loads(files[RECORD].read_bytes())
-        errors = record.get("decode_errors") if isinstance(record, dict) else None
+            yield None
+            return
+        kept = json.loads(files[record].read_bytes())
+        errors = kept.get("decode_errors") if isinstance(kept, dict) else None
         if (
-            not isinstance(record, dict)
-            or record.get("made_by") != made
-            or record.get("rendition") != [rendition.name, rendition.width, rendition.height]
+            not isinstance(kept, dict)
+            or kept.get("made_by") != made
+            or any(kept.get(key) != value for key, value in expected.items())
             or type(errors) is not int
             or not 0 <= errors <= MAX_DECODE_ERRORS
         ):
-            return None
-        described = _described(files[MEDIA], rendition, codec)
-        if described is None:
-            return None
-        frames, extradata, has_audio = described
-        os.replace(files[MEDIA], dest)
-        return Encoded(rendition, dest, frames, extradata, has_audio, errors, resumed=True)
-    except Exception:  # best effort: a part that cannot be taken is encoded again
-        return None
+            yield None
+            return
+        yield files, errors
     finally:
-        if unpacked is not None:
-            shutil.rmtree(unpacked, ignore_errors=True)
+        shutil.rmtree(unpacked, ignore_errors=True)
 
 
 def _described(path: Path, rendition: Rendition, codec: str) -> tuple[int, bytes, bool] | None:

@@ -202,7 +202,7 @@ def run(
     """
     plan = prepare(operation, params, input_path, out_dir, limits)
     long = limits.part_seconds is not None and (plan.seconds or 0.0) >= limits.part_seconds
-    planned: list[Any] = []
+    planned: list[chunks.Chunk] = []
     if long:
         assert limits.part_seconds is not None and plan.seconds is not None
         planned = chunks.plan_chunks(plan, chunk_parts.chunk_seconds(plan.seconds, limits.part_seconds))
