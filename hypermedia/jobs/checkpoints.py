@@ -58,15 +58,22 @@ async def record(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, checkpoint
     """Records ``checkpoint`` of ``job`` as made by this attempt, before its bytes are uploaded,
     if the attempt is still the live one (``claimed_by`` and ``attempt_count`` match, the job
     running); a part an earlier attempt recorded is taken over (its bytes are replaced by the
-    upload that follows). Returns False when fenced: the caller then uploads nothing."""
+    upload that follows). A child job's part (:mod:`hypermedia.jobs.lifecycle.children`) is its
+    parent's — ``checkpoint.key`` must be the parent's (:func:`owner_of`) — recorded with the
+    parent's attempt and ``made_by_job`` the child, and only while the parent runs too. Returns
+    False when fenced: the caller then uploads nothing."""
     recorded = await pool.fetchval(
         """
-        INSERT INTO job_checkpoints (job_id, part, key, size_bytes, sha256, attempt)
-        SELECT job_id, $4, $5, $6, $7, attempt_count FROM processing_jobs
-        WHERE job_id = $1 AND claimed_by = $2 AND attempt_count = $3
-          AND status IN ('claimed', 'processing', 'cancel_requested')
+        INSERT INTO job_checkpoints (job_id, part, key, size_bytes, sha256, attempt, made_by_job)
+        SELECT coalesce(j.parent_job_id, j.job_id), $4, $5, $6, $7, coalesce(p.attempt_count, j.attempt_count),
+               CASE WHEN j.parent_job_id IS NOT NULL THEN j.job_id END
+        FROM processing_jobs j LEFT JOIN processing_jobs p ON p.job_id = j.parent_job_id
+        WHERE j.job_id = $1 AND j.claimed_by = $2 AND j.attempt_count = $3
+          AND j.status IN ('claimed', 'processing', 'cancel_requested')
+          AND (j.parent_job_id IS NULL OR p.status IN ('claimed', 'processing'))
         ON CONFLICT (job_id, part) DO UPDATE SET key = EXCLUDED.key, size_bytes = EXCLUDED.size_bytes,
-            sha256 = EXCLUDED.sha256, attempt = EXCLUDED.attempt, created_at = now()
+            sha256 = EXCLUDED.sha256, attempt = EXCLUDED.attempt, made_by_job = EXCLUDED.made_by_job,
+            created_at = now()
         RETURNING part
         """,
         job.job_id,
@@ -78,6 +85,11 @@ async def record(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, checkpoint
         checkpoint.sha256,
     )
     return recorded is not None
+
+
+def owner_of(job: ClaimedJob) -> str:
+    """The job whose parts ``job`` keeps: its parent's for a child job, else its own."""
+    return job.parent_job_id or job.job_id
 
 
 async def of_job(pool: asyncpg.Pool | asyncpg.Connection, job_id: str) -> list[Checkpoint]:

@@ -143,7 +143,8 @@ async def check(
             max(row["now"], row["refilled_at"] or row["now"]),
         )
     waiting = await conn.fetchval(
-        "SELECT count(*) FROM processing_jobs WHERE account_id = $1 AND status IN ('queued', 'retry_wait')",
+        "SELECT count(*) FROM processing_jobs WHERE account_id = $1 AND status IN ('queued', 'retry_wait') "
+        "AND parent_job_id IS NULL",  # a fanned-out job's children are the platform's, not the caller's
         account_id,
     )
     if waiting + new_jobs > quota.max_queued_jobs:

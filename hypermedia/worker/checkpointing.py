@@ -212,7 +212,7 @@ class Checkpointing:
         try:
             budget.take(part, size, min(self._part_bytes, grant.max_bytes or self._part_bytes))
             digest = await asyncio.to_thread(sha256_fd, fd, size)
-            key = checkpoints.key_of(grant.key_prefix, job.job_id, part)
+            key = checkpoints.key_of(grant.key_prefix, checkpoints.owner_of(job), part)
             checkpoint = checkpoints.Checkpoint(part, key, size, digest, job.attempt)
             if not await checkpoints.record(self._pool, job, self._worker_id, checkpoint):
                 log.info("checkpoint %s not kept: the attempt is fenced", part, extra={"job_id": job.job_id})

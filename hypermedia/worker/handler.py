@@ -71,7 +71,7 @@ class JobHandler(Protocol):
         """The job's admission beyond the worker's slots, such as the mediaworker's coordinator
         (at most N video transcodes at once): the runtime enters it after the download, holds it
         through the stage and the sandbox run, and leaves it before the upload. Entering may wait;
-        a job not admitted within :data:`ADMISSION_NOTICE_SECONDS` records one ``waiting``
+        a job not admitted within :data:`hypermedia.worker.runtime.ADMISSION_NOTICE_SECONDS` records one ``waiting``
         progress event, and stays running meanwhile (its lease is extended, a cancel request
         stops the wait and the job ends ``cancelled`` without running).
 
@@ -131,6 +131,22 @@ class SandboxHandler:
 
     def sandbox_limits(self, job: lifecycle.ClaimedJob, limits: SandboxLimits) -> SandboxLimits:
         return limits
+
+
+FSIZE_LIMIT_BYTES = 10 * 1024**3
+"""RLIMIT_FSIZE of a sandboxed job: the seed's 10 GB of temp space."""
+
+
+def profile_limits(job: lifecycle.ClaimedJob) -> SandboxLimits:
+    """The rlimits the job's profile gives its sandbox child, before its handler's
+    (:meth:`JobHandler.sandbox_limits`): CPU = timeout, wall = timeout × 1.5 (seconds),
+    ``RLIMIT_AS`` = ``memory_limit_mb``, ``RLIMIT_FSIZE`` :data:`FSIZE_LIMIT_BYTES`."""
+    return SandboxLimits(
+        cpu_seconds=job.timeout_seconds,
+        wall_seconds=job.timeout_seconds * 1.5,
+        memory_bytes=job.memory_limit_mb * 1024 * 1024,
+        fsize_bytes=FSIZE_LIMIT_BYTES,
+    )
 
 
 def completion_charge(

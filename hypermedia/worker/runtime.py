@@ -14,7 +14,8 @@
   the handler's admission (a ``waiting`` progress event while the job waits) → its stage →
   pipeline in the sandboxed child, whose progress reports become progress events and whose
   finished parts are kept (:mod:`hypermedia.worker.checkpointing`) → presigned PUT → register
-  outputs → complete (atomically) → charge the work done → clean up;
+  outputs → complete (atomically) → charge the work done → clean up; a job whose entry asks to
+  fan out parks between two runs of its entry while its children run (:mod:`hypermedia.worker.fanout`);
 - **outcomes**: success, retry later (transient), failed at once (permanent), each settled in one
   place (:meth:`_settle_failure` / :meth:`_execute`);
 - **heartbeat** every 30 s (leases, cancellations), cancellation polled every second,
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -46,12 +48,13 @@ from hypermedia.core.errors import DomainError, PermanentJobError, TransientErro
 from hypermedia.infra import db
 from hypermedia.infra.service import every, wait_any
 from hypermedia.jobs import charges, lifecycle, noop, queues
+from hypermedia.jobs.lifecycle import children
 from hypermedia.jobs.settlement import Settlement, SettlementBatch
-from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
-from hypermedia.worker import registry
+from hypermedia.sandbox import Sandbox, SandboxResult
+from hypermedia.worker import fanout, registry
 from hypermedia.worker.admission import Admission
 from hypermedia.worker.checkpointing import Checkpointing
-from hypermedia.worker.handler import JobHandler, JobInput, completion_charge
+from hypermedia.worker.handler import JobHandler, JobInput, completion_charge, profile_limits
 from hypermedia.worker.progress import PROCESSING_PROGRESS, JobProgress, relay_sandbox_progress
 from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.transfer import Transfers
@@ -67,8 +70,6 @@ ADMISSION_NOTICE_SECONDS = 0.05
 """A job its handler has not admitted (:meth:`JobHandler.admit`) within this long records one
 ``waiting`` progress event; a free admission is entered within a loop turn or two."""
 
-FSIZE_LIMIT_BYTES = 10 * 1024**3
-"""RLIMIT_FSIZE of a sandboxed job: the seed's 10 GB of temp space."""
 SETTLE_FLUSH_SECONDS = 12.0
 """How long a stopping worker waits for its queued settlements. A call answers in milliseconds;
 one to a credits service that does not answer times out after 10 s (``rpc.call``), so this is
@@ -129,6 +130,7 @@ class WorkerRuntime:
         self.running: dict[str, lifecycle.ClaimedJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_free = asyncio.Event()
+        self._parked = fanout.Parked(pool, self.admission, self._slot_free, self._progress)
         self.jobs_completed = 0
         self.jobs_failed = 0
         self.started_at = time.time()
@@ -364,34 +366,25 @@ class WorkerRuntime:
         result: SandboxResult | None = None
         try:
             granted = await self._transfers.grant(job)
-            source = granted.source
-            input_path = job_dir / "input" / "source"
+            job_input = JobInput(job_dir / "input" / "source", granted.source.mime_type, job_dir)
             with _tracer.start_as_current_span("storage.download"):
-                await self._transfers.download(granted.get_url, input_path, job.max_input_bytes)
+                await self._transfers.download(granted.get_url, job_input.path, job.max_input_bytes)
             await self._checkpointing.restore(job, granted, job_dir)
             await self._progress(job, PROCESSING_PROGRESS[0], "downloaded")
-            async with contextlib.AsyncExitStack() as admitted:
-                await self._interruptibly(job, started, "waiting", self._admit(job, admitted))
-                job_input = await self._interruptibly(
-                    job,
-                    started,
-                    "staging",
-                    self._handler.stage(
-                        job,
-                        JobInput(input_path, source.mime_type, job_dir, self._handler.entry_kwargs(job)),
-                        self._pool,
-                    ),
-                )
-                limits = self._handler.sandbox_limits(
-                    job,
-                    SandboxLimits(
-                        cpu_seconds=job.timeout_seconds,
-                        wall_seconds=job.timeout_seconds * 1.5,
-                        memory_bytes=job.memory_limit_mb * 1024 * 1024,
-                        fsize_bytes=FSIZE_LIMIT_BYTES,
-                    ),
-                )
-                result = await self._run_sandbox(job, granted, job_input, limits)
+            if job.fanned_out:  # a later attempt: the children still running finish first
+                await self._interruptibly(job, started, "children", self._parked.wait(job))
+            result = await self._process(job, granted, job_input, started)
+            if (chunks := fanout.requested(result)) is not None:
+                if await self._db(children.spawn, job, self.worker_id, self._prefix, chunks - 1) is None:
+                    if await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
+                        await self._cancelled(job, started)
+                    return  # else the lease is lost
+                job = self.running[job.job_id] = dataclasses.replace(job, fanned_out=True)
+                await self._interruptibly(job, started, "children", self._parked.wait(job))
+                granted = await self._transfers.grant(job)  # with the parts the children kept
+                fanout.clear_outputs(job_dir)
+                await self._checkpointing.restore(job, granted, job_dir)
+                result = await self._process(job, granted, job_input, started)
             if result.error_code == "CANCELLED" or job.job_id in await self._db(
                 lifecycle.cancel_requested, [job.job_id]
             ):
@@ -445,6 +438,42 @@ class WorkerRuntime:
             self.running.pop(job.job_id, None)
             self.admission.busy -= 1
             self._slot_free.set()
+
+    async def _process(
+        self,
+        job: lifecycle.ClaimedJob,
+        granted: storage_pb2.GrantJobResponse,
+        job_input: JobInput,
+        started: float,
+    ) -> SandboxResult:
+        """One run of the job's entry: its admission, its handler's stage, then its sandbox run
+        with the progress its entry reports relayed meanwhile (:func:`relay_sandbox_progress`)
+        and the parts it finishes kept (:class:`Checkpointing`)."""
+        async with contextlib.AsyncExitStack() as admitted:
+            await self._interruptibly(job, started, "waiting", self._admit(job, admitted))
+            job_input = dataclasses.replace(job_input, entry_kwargs=self._handler.entry_kwargs(job))
+            job_input = await self._interruptibly(
+                job, started, "staging", self._handler.stage(job, job_input, self._pool)
+            )
+            finished, job_dir = asyncio.Event(), job_input.job_dir
+            relay = asyncio.create_task(
+                relay_sandbox_progress(job_dir, finished, lambda f, stage: self._progress(job, f, stage))
+            )
+            kept = asyncio.create_task(self._checkpointing.keep(job, granted, job_dir, finished))
+            try:
+                return await self._sandbox.run(
+                    job.job_id,
+                    self._handler.entry,
+                    job.operation,
+                    job.params,
+                    job_input.path,
+                    self._handler.sandbox_limits(job, profile_limits(job)),
+                    entry_kwargs=job_input.entry_kwargs,
+                )
+            finally:
+                finished.set()
+                await relay  # ends at once: no event of the run is recorded after it
+                await kept  # after one last look: a part finished at the end is kept too
 
     async def _run_noop(self, job: lifecycle.ClaimedJob) -> None:
         """A ``noop`` job (:mod:`hypermedia.jobs.noop`, ADR 0038): no object, sandbox or output;
@@ -519,35 +548,6 @@ class WorkerRuntime:
         finally:
             self._waiting.discard(job.job_id)
 
-    async def _run_sandbox(
-        self,
-        job: lifecycle.ClaimedJob,
-        granted: storage_pb2.GrantJobResponse,
-        job_input: JobInput,
-        limits: SandboxLimits,
-    ) -> SandboxResult:
-        """The job's sandbox run, with the progress its entry reports relayed meanwhile
-        (:func:`relay_sandbox_progress`) and the parts it finishes kept (:class:`Checkpointing`)."""
-        finished, job_dir = asyncio.Event(), job_input.job_dir
-        relay = asyncio.create_task(
-            relay_sandbox_progress(job_dir, finished, lambda f, stage: self._progress(job, f, stage))
-        )
-        kept = asyncio.create_task(self._checkpointing.keep(job, granted, job_dir, finished))
-        try:
-            return await self._sandbox.run(
-                job.job_id,
-                self._handler.entry,
-                job.operation,
-                job.params,
-                job_input.path,
-                limits,
-                entry_kwargs=job_input.entry_kwargs,
-            )
-        finally:
-            finished.set()
-            await relay  # ends at once: no event of the run is recorded after it
-            await kept  # after one last look: a part finished at the end is kept too
-
     async def _cancelled(self, job: lifecycle.ClaimedJob, started: float) -> None:
         """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only
         this path (not a drain's hand-back, which queues the job again) releases the hold."""
@@ -590,6 +590,8 @@ class WorkerRuntime:
     def _settle(self, job: lifecycle.ClaimedJob, outcome: str, charge: charges.Charge | None) -> None:
         """Queues the settlement of ``job``, ended ``outcome`` (:class:`SettlementBatch`: the slot
         does not wait for it): ``charge`` committed, or released without one."""
+        if job.parent_job_id is not None:
+            return  # a child job holds no credits: its parent's charge covers its work
         charge = charge or charges.Charge(0)
         self._settlements.submit(job.job_id, outcome, actual_millicredits=charge.actual, lines=charge.lines)
 

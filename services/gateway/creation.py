@@ -437,7 +437,8 @@ class JobCreation:
         if row["request_hash"] != request_hash:
             raise Conflict("this Idempotency-Key was used with a different request", "IDEMPOTENCY_KEY_REUSED")
         jobs = await reader.fetch(
-            "SELECT job_id, estimated_credits, not_before FROM processing_jobs WHERE request_id = $1"
+            "SELECT job_id, estimated_credits, not_before FROM processing_jobs"
+            " WHERE request_id = $1 AND parent_job_id IS NULL"
             " ORDER BY created_at, job_id",
             row["request_id"],
         )

@@ -226,7 +226,7 @@ class JobStatus:
         rows = await self._pool.fetch(
             """
             SELECT * FROM processing_jobs
-            WHERE account_id = $1
+            WHERE account_id = $1 AND parent_job_id IS NULL  -- a job's children are its own
               AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
               AND ($3::text IS NULL OR operation = $3)
               AND ($4::uuid IS NULL OR object_id = $4)

@@ -83,6 +83,10 @@ class MediaHandler(SandboxHandler):
                 max_duration_seconds=float(job.max_duration_seconds),
                 threads=self.threads(job),
                 part_seconds=self.settings.checkpoint_seconds,
+                fan_out_seconds=self.settings.fan_out_seconds or None,
+                fan_out_chunk_seconds=self.settings.fan_out_chunk_seconds,
+                fan_out=not job.fanned_out and job.parent_job_id is None,
+                chunk=job.chunk_index,
             )
         }
 

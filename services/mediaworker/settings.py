@@ -36,3 +36,13 @@ class MediaSettings(ComponentSettings):
     ADR 0079). Each rendition then pays a decode of its own: a 1080/720/480 ladder of 1080p
     H.264 takes 1.24× the CPU and wall clock of one pass (``bench/transcode_parts.py``), so
     shorter media keeps the one pass and starts over when interrupted."""
+
+    fan_out_seconds: float = Field(300.0, ge=0.0, validation_alias="HM_MEDIA_FAN_OUT_SECONDS")
+    """A ``transcode_video`` of media at least this long (seconds; 0: never) that can be cut
+    into at least three chunks fans out: child jobs on any media unit encode its chunks but the
+    last, and the job joins them (``MediaLimits.fan_out_seconds``, ADR 0081)."""
+    fan_out_chunk_seconds: float = Field(
+        30.0, ge=1.0, le=600.0, validation_alias="HM_MEDIA_FAN_OUT_CHUNK_SECONDS"
+    )
+    """Length of a fanned-out job's chunks (seconds; longer where a video would have more than
+    60): each is a child job, cut at the keyframe at or after its start."""

@@ -8,6 +8,7 @@ one uninterrupted run, and the checkpoints are deleted once the job ended; a 20-
 from __future__ import annotations
 
 import hashlib
+import itertools
 import subprocess
 import sys
 import time
@@ -361,18 +362,28 @@ def _killed_transcode(
         )
         [first_attempt, second_attempt] = job["attempts"]
         assert (first_attempt["status"], second_attempt["status"]) == ("lost", "completed")
-        videos = {o["output_type"]: o for o in job["outputs"] if o["output_type"].startswith("video_")}
-        sizes = {"360p": (640, 360), "288p": (512, 288), "240p": (426, 240), "144p": (256, 144)}
-        for name in LADDER:
-            path = tmp_path / f"{name}.mp4"
-            path.write_bytes(httpx.get(videos[f"video_{name}"]["url"], timeout=60).content)
-            assert _decoded(path) == (500, *sizes[name], 20.0), name
-            assert videos[f"video_{name}"]["metadata"]["frame_count"] == 500
-        master = client.get(f"/v1/jobs/{job['job_id']}/outputs/hls_master/resolved")
-        assert master.status_code == 200 and master.text.count("#EXT-X-STREAM-INF") == 4
+        _assert_ladder(client, tmp_path, job)
         # Once the job ended, storage's sweep deleted its checkpoints: rows and bytes.
         _assert_swept(platform, conn, job["job_id"])
     return kept_first, seen, job
+
+
+def _assert_ladder(client: httpx.Client, tmp_path: Path, job: dict[str, Any]) -> None:
+    """Every rendition of ``job`` (a transcode of the 20 s test video into :data:`LADDER` with
+    HLS) decodes to the source's 500 frames, 40 ms apart, at its size and 20 s, and the resolved
+    HLS master lists all four."""
+    videos = {o["output_type"]: o for o in job["outputs"] if o["output_type"].startswith("video_")}
+    sizes = {"360p": (640, 360), "288p": (512, 288), "240p": (426, 240), "144p": (256, 144)}
+    for name in LADDER:
+        path = tmp_path / f"{name}.mp4"
+        path.write_bytes(httpx.get(videos[f"video_{name}"]["url"], timeout=60).content)
+        assert _decoded(path) == (500, *sizes[name], 20.0), name
+        assert videos[f"video_{name}"]["metadata"]["frame_count"] == 500
+        with av.open(str(path)) as container:
+            times = [float(frame.time) for frame in container.decode(video=0)]
+        assert all(abs(b - a - 0.04) < 1e-6 for a, b in itertools.pairwise(times)), name
+    master = client.get(f"/v1/jobs/{job['job_id']}/outputs/hls_master/resolved")
+    assert master.status_code == 200 and master.text.count("#EXT-X-STREAM-INF") == 4
 
 
 def _resumed(job: dict[str, Any]) -> list[bool]:
@@ -417,3 +428,161 @@ def test_a_transcode_killed_after_its_second_chunk_resumes_at_the_third(
     assert 2 <= len(kept_first) <= 4 and set(kept_first) == set(chunks[: len(kept_first)]), kept_first
     assert seen == kept_first | {part: 2 for part in chunks[len(kept_first) :]}, seen
     assert _resumed(job) == [True] * 4
+
+
+# -- fan-out (issue 23 item 2, ADR 0081) -----------------------------------------------------------
+
+FAN_OUT_ENV = {"HM_MEDIA_FAN_OUT_SECONDS": "10", "HM_MEDIA_FAN_OUT_CHUNK_SECONDS": "4"}
+"""20 s of video fans out into five chunks of 4 s: four children and the parent's own last."""
+
+
+@pytest.fixture(scope="module")
+def fan_out_workers(platform_without_workers: RunningPlatform) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Two one-slot mediaworkers that fan out videos of at least 10 s (:data:`FAN_OUT_ENV`)."""
+    workers = [_worker(platform_without_workers, f"fan-{n}", "mediaworker", **FAN_OUT_ENV) for n in (1, 2)]
+    try:
+        yield workers
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(60)
+
+
+def _children(conn: psycopg.Connection[Any], job_id: str) -> list[tuple[str, int, str, int]]:
+    """The children of ``job_id``: (job id, chunk, status, estimated credits), by chunk."""
+    rows = conn.execute(
+        "SELECT job_id::text, chunk_index, status, estimated_credits FROM processing_jobs "
+        "WHERE parent_job_id = %s ORDER BY chunk_index",
+        (job_id,),
+    ).fetchall()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+def _fan_out_job(client: httpx.Client, tmp_path: Path, params: dict[str, Any]) -> str:
+    """The id of a ``transcode_video`` into :data:`LADDER` with ``params`` of 20 s of 640 × 360
+    video with a keyframe every second, uploaded by ``client``'s account."""
+    source = write_video(tmp_path / "fan.mp4", seconds=20.0, width=640, height=360, gop=25)
+    obj = upload(client, source)
+    operation = {"name": "transcode_video", "params": {"heights": LADDER_HEIGHTS, **params}}
+    created = client.post(
+        "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": [operation]}
+    )
+    assert created.status_code == 202, created.text
+    return str(created.json()["job_ids"][0])
+
+
+def test_a_long_transcode_fans_out_to_children_on_both_workers_and_joins_their_chunks(
+    platform_without_workers: RunningPlatform, fan_out_workers: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """20 s of video, a keyframe every second: the job fans out into four children (chunks of
+    4 s), which both one-slot workers run while the parent is parked without its slot; the
+    parent then takes their kept chunks, encodes the last and joins. Every rendition has every
+    frame at continuous timestamps and the source's duration, the HLS master plays all four, the
+    children hold and are charged nothing, and the job is charged once."""
+    platform = platform_without_workers
+    with (
+        platform.client(platform.admin("create-account", "--credits", "100")) as client,
+        psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
+    ):
+        job_id = _fan_out_job(client, tmp_path, {"hls": True, "hls_segment_seconds": 2})
+        made_by: dict[str, str] = {}
+        deadline = time.monotonic() + 240
+        while (status := client.get(f"/v1/jobs/{job_id}").json()["status"]) != "completed":
+            assert status in ("queued", "claimed", "processing"), status
+            assert time.monotonic() < deadline, "not completed within 240 s"
+            made_by |= dict(
+                conn.execute(
+                    "SELECT part, made_by_job::text FROM job_checkpoints WHERE job_id = %s", (job_id,)
+                ).fetchall()
+            )
+            time.sleep(0.05)
+        job = client.get(f"/v1/jobs/{job_id}").json()
+
+        kids = _children(conn, job_id)
+        assert [(chunk, status, credits) for _, chunk, status, credits in kids] == [
+            (n, "completed", 0) for n in range(4)
+        ]
+        # Each chunk part was made by its own child, never by the parent (seen before the sweep).
+        assert made_by == {f"c-{n:04d}": kids[n][0] for n in range(4)}, made_by
+        workers = {
+            row[0]
+            for row in conn.execute(
+                "SELECT DISTINCT worker_id FROM job_attempts WHERE job_id = ANY(%s::uuid[])",
+                ([k[0] for k in kids],),
+            ).fetchall()
+        }
+        assert len(workers) == 2, workers
+        # The parent's one attempt, parked while its children ran, its progress theirs summed.
+        assert [a["status"] for a in job["attempts"]] == ["completed"]
+        stages = conn.execute(
+            "SELECT progress FROM job_events WHERE job_id = %s AND kind = 'progress' "
+            "AND detail->>'stage' = 'children' ORDER BY event_id",
+            (job_id,),
+        ).fetchall()
+        fractions = [row[0] for row in stages]
+        assert fractions == sorted(fractions) and len(fractions) >= 2 and fractions[-1] == 0.25 + 0.5 * 4 / 5
+        _assert_ladder(client, tmp_path, job)
+        assert _resumed(job) == [True] * 4  # every rendition took the children's chunks
+        # The children are no one's to list, hold nothing and are charged nothing; the job once.
+        listed = client.get("/v1/jobs").json()["jobs"]
+        assert [j["job_id"] for j in listed] == [job_id]
+        wait_for(
+            "the job's hold committed",
+            lambda: (
+                conn.execute("SELECT status FROM credit_holds WHERE job_id = %s", (job_id,)).fetchone()
+                == ("committed",)
+            ),
+            30,
+        )
+        holds = conn.execute(
+            "SELECT job_id::text, charged FROM credit_holds WHERE job_id = ANY(%s::uuid[])",
+            ([job_id, *(k[0] for k in kids)],),
+        ).fetchall()
+        assert holds == [(job_id, round(job["actual_credits"] * 1000))]
+        assert conn.execute(
+            "SELECT count(*) FROM credit_ledger WHERE job_id = ANY(%s::uuid[])", ([k[0] for k in kids],)
+        ).fetchone() == (0,)
+        _assert_swept(platform, conn, job_id)
+
+
+def test_cancelling_a_fanned_out_job_stops_every_child(
+    platform_without_workers: RunningPlatform, fan_out_workers: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """The job is cancelled as soon as its children exist: the children still queued end
+    ``cancelled`` without running, a running one is stopped and ends ``cancelled``, the parent
+    ends ``cancelled`` and its hold is released whole."""
+    platform = platform_without_workers
+    with (
+        platform.client(platform.admin("create-account", "--credits", "100")) as client,
+        psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
+    ):
+        job_id = _fan_out_job(client, tmp_path, {})
+        wait_for("children created", lambda: len(_children(conn, job_id)) == 4, 120)
+
+        cancelled = client.post(f"/v1/jobs/{job_id}:cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        at_cancel = {kid: status for kid, _, status, _ in _children(conn, job_id)}
+
+        job = wait_job(client, job_id, timeout=60)
+        assert job["status"] == "cancelled", job
+        wait_for(
+            "every child ended",
+            lambda: all(status in ("completed", "cancelled") for _, _, status, _ in _children(conn, job_id)),
+            60,
+        )
+        ended = {kid: status for kid, _, status, _ in _children(conn, job_id)}
+        # Only a child that had completed before the cancel stays completed.
+        assert all(ended[kid] == "cancelled" for kid, status in at_cancel.items() if status != "completed"), (
+            at_cancel,
+            ended,
+        )
+        assert list(ended.values()).count("cancelled") >= 3, ended
+        wait_for(
+            "hold released",
+            lambda: (
+                conn.execute("SELECT status FROM credit_holds WHERE job_id = %s", (job_id,)).fetchone()
+                == ("released",)
+            ),
+            30,
+        )

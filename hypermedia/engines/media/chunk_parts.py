@@ -7,8 +7,10 @@ media does not deflate), and ``chunk.json`` with the chunk, the ladder, the sour
 errors and what made it. The next attempt takes a kept chunk instead of encoding it again, when
 it was made for the same chunk and ladder, from the same params by the same libraries, and every
 file is what a chunk encode writes for its place; anything else is encoded again. The chunks are
-then joined (:func:`hypermedia.engines.media.chunks.join`). Call in the sandbox child only (it
-opens files an earlier attempt wrote with FFmpeg).
+then joined (:func:`hypermedia.engines.media.chunks.join`). A job that fans out (ADR 0081) asks
+for children instead (:func:`ask_fan_out`); each child encodes one chunk and keeps it as a part
+of its parent (:func:`encode_for_parent`), and the parent's next run takes them here as any kept
+chunk. Call in the sandbox child only (it opens files an earlier attempt wrote with FFmpeg).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hypermedia.core.errors import PermanentJobError
-from hypermedia.engines.contract import keep_part, report_progress
+from hypermedia.engines.contract import OutputFile, keep_part, report_progress
 from hypermedia.engines.media import rendition_parts
 from hypermedia.engines.media.chunks import (
     Chunk,
@@ -37,11 +39,24 @@ from hypermedia.engines.media.decoding import MAX_ERROR_RATE
 from hypermedia.engines.media.encoding import Encoded
 from hypermedia.engines.media.passes import Plan, WindowUnreachable
 
-__all__ = ["CHUNK_PART_FORMAT", "MAX_CHUNKS", "chunk_seconds", "encode_in_chunks", "part_name"]
+__all__ = [
+    "CHUNK_PART_FORMAT",
+    "MAX_CHUNKS",
+    "MIN_FAN_OUT",
+    "ask_fan_out",
+    "chunk_seconds",
+    "encode_for_parent",
+    "encode_in_chunks",
+    "part_name",
+]
 
 MAX_CHUNKS: Final = 60
 """Most chunks of one video (:func:`chunk_seconds`): each is a checkpoint part, and a worker
 keeps at most 64 parts an attempt (:data:`hypermedia.worker.checkpointing.MAX_PARTS`)."""
+MIN_FAN_OUT: Final = 3
+"""Fewest chunks a job fans out into: two children beside the parent's own last chunk
+(:data:`hypermedia.worker.fanout.MIN_CHUNKS`)."""
+FAN_OUT_FILE: Final = "fanout.json"
 CHUNK_PART_FORMAT: Final = 1
 """Version of a chunk part's layout; a part of another version is encoded again."""
 RECORD: Final = "chunk.json"
@@ -74,7 +89,7 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded] | None:
     scratch = Path(tempfile.mkdtemp(prefix="chunks-", dir=plan.out_dir.parent))
     try:
         work = replace(plan, out_dir=scratch)
-        made = {**rendition_parts.made_by(plan.options), "format": f"chunk-{CHUNK_PART_FORMAT}"}
+        made = _made(plan)
         files: dict[str, list[Path]] = {r.name: [] for r in plan.ladder}
         errors: list[int] = []
         frames = 0
@@ -128,6 +143,46 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded] | None:
         return [replace(e, resumed=bool(taken)) for e in joined]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def ask_fan_out(plan: Plan, planned: list[Chunk]) -> OutputFile:
+    """A run's request to fan out ``planned`` (:mod:`hypermedia.worker.fanout`): the only output
+    of the run, ``fan_out`` (``fanout.json``: the count and each chunk), metadata ``chunks``."""
+    record = {"chunks": [chunk.as_json() for chunk in planned]}
+    (plan.out_dir / FAN_OUT_FILE).write_text(json.dumps(record))
+    return OutputFile("fan_out", FAN_OUT_FILE, "application/json", {"chunks": len(planned)})
+
+
+def encode_for_parent(plan: Plan, planned: list[Chunk], index: int) -> None:
+    """A child job's run: chunk ``index`` of ``planned`` (the plan its parent made of the same file
+    with the same limits) into every rendition, kept as the parent's part of it, as
+    :func:`encode_in_chunks` keeps a chunk. Nothing is kept — the parent's next run encodes the
+    chunk itself — for the last chunk, an index the plan does not have, a chunk whose seek lands
+    far before it, or one without a frame.
+
+    Raises:
+        PermanentJobError: as :func:`encode_chunk`.
+    """
+    if not 0 <= index < len(planned) - 1:
+        return
+    chunk = planned[index]
+    scratch = Path(tempfile.mkdtemp(prefix="chunk-", dir=plan.out_dir.parent))
+    try:
+        try:
+            encoded = encode_chunk(replace(plan, out_dir=scratch), chunk, (0.0, 0.95))
+        except WindowUnreachable:
+            return
+        if encoded[0].frames:
+            files = {e.rendition.name: e.path for e in encoded}
+            _keep(plan, chunk, (files, encoded[0].decode_errors), _made(plan))
+        report_progress(plan.out_dir, 1.0)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _made(plan: Plan) -> dict[str, Any]:
+    """What makes a chunk part (:func:`rendition_parts.made_by`, and this layout's version)."""
+    return {**rendition_parts.made_by(plan.options), "format": f"chunk-{CHUNK_PART_FORMAT}"}
 
 
 def _judge(errors: int, frames: int) -> None:

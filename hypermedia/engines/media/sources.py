@@ -113,6 +113,16 @@ class MediaLimits:
     with more than one rendition encodes them one at a time and keeps each but the last as a
     checkpoint (:mod:`hypermedia.engines.media.rendition_parts`); ``None``: in one pass, no
     checkpoints."""
+    fan_out_seconds: float | None = None
+    """A ``transcode_video`` of at least this many seconds is cut into chunks of
+    :attr:`fan_out_chunk_seconds` and, with at least three, fanned out: each chunk but the last
+    is encoded by a child job (ADR 0081, :mod:`hypermedia.worker.fanout`); ``None``: never."""
+    fan_out_chunk_seconds: float = 30.0
+    """Length of a fanned-out job's chunks, in seconds (longer beyond 60 chunks)."""
+    fan_out: bool = True
+    """Whether this run may ask to fan out: False for the run of a job whose children ran."""
+    chunk: int | None = None
+    """A child job's chunk of its parent's plan: the run encodes and keeps that chunk only."""
 
 
 # --- opening -------------------------------------------------------------------------------------

@@ -56,7 +56,11 @@ with stereo 48 kHz sound, optionally packaged as HLS (issue 7).
    rendition: a 1080/720/480 ladder of 1080p H.264 takes 1.24× the CPU of one pass,
    ``bench/transcode_parts.py``), and each rendition but the last is kept as a checkpoint
    (:mod:`hypermedia.engines.media.rendition_parts`); a later attempt takes the kept renditions
-   and encodes only the rest. libx264 with frame threads does not write the same bytes twice, so
+   and encodes only the rest. A video of at least
+   :attr:`~hypermedia.engines.media.sources.MediaLimits.fan_out_seconds` is cut into shorter
+   chunks and fans out (ADR 0081, :mod:`hypermedia.worker.fanout`): child jobs encode every chunk
+   but the last, each kept as a part of the parent, and the parent's next run takes them,
+   encodes the last and joins them. libx264 with frame threads does not write the same bytes twice, so
    a resumed job's renditions are not an uninterrupted run's bytes: they decode to the same frame
    count, sizes and duration. HLS is packaged from the finished files either way.
 
@@ -187,6 +191,9 @@ def run(
         skipped: :class:`hypermedia.engines.media.decoding.DecodeErrors`), ``size_bytes``,
         ``resumed`` (taken, or a chunk of it taken, from an earlier attempt's checkpoint, module
         doc step 6).
+        A run that fans out (:attr:`MediaLimits.fan_out_seconds`, ADR 0081) returns one
+        ``fan_out`` output instead (``fanout.json``, metadata ``chunks``: the plan's count), and a
+        child job's run (:attr:`MediaLimits.chunk`) none: it keeps its chunk as a part.
         With ``hls``: then ``hls_{rung}p_media`` (the fragmented MP4, ``video/mp4``),
         ``hls_{rung}p`` (its media playlist, ``application/vnd.apple.mpegurl``, metadata
         ``segments``, ``bandwidth``, ``average_bandwidth``) per rendition, and ``hls_master``
@@ -201,11 +208,19 @@ def run(
         MemoryError: FFmpeg or an encoder hit the sandbox's memory limit.
     """
     plan = prepare(operation, params, input_path, out_dir, limits)
-    long = limits.part_seconds is not None and (plan.seconds or 0.0) >= limits.part_seconds
+    seconds = plan.seconds or 0.0
+    fanned = limits.fan_out_seconds is not None and seconds >= limits.fan_out_seconds
+    long = fanned or (limits.part_seconds is not None and seconds >= limits.part_seconds)
     planned: list[chunks.Chunk] = []
     if long:
-        assert limits.part_seconds is not None and plan.seconds is not None
-        planned = chunks.plan_chunks(plan, chunk_parts.chunk_seconds(plan.seconds, limits.part_seconds))
+        length = limits.fan_out_chunk_seconds if fanned else limits.part_seconds
+        assert length is not None
+        planned = chunks.plan_chunks(plan, chunk_parts.chunk_seconds(seconds, length))
+    if limits.chunk is not None:  # a child job: its chunk, kept for the parent
+        chunk_parts.encode_for_parent(plan, planned, limits.chunk)
+        return []
+    if fanned and limits.fan_out and len(planned) >= chunk_parts.MIN_FAN_OUT:
+        return [chunk_parts.ask_fan_out(plan, planned)]
     # Chunks when the video can be cut (None: it could not after all, chunk_parts says why).
     encoded = chunk_parts.encode_in_chunks(plan, planned) if len(planned) > 1 else None
     if encoded is None and long and len(plan.ladder) > 1:

@@ -53,6 +53,12 @@ class ClaimedJob:
     """What the profile charges by when the job completes (``page``, ``media_second``), or None: by size."""
     per_unit: int = 0
     """Millicredits per :attr:`work_unit`."""
+    parent_job_id: str | None = None
+    """The job this one is a chunk of (:mod:`~hypermedia.jobs.lifecycle.children`), or None."""
+    chunk_index: int | None = None
+    """A child's chunk of its parent's plan (0-based); None for any other job."""
+    fanned_out: bool = False
+    """Whether the job has created its children (it fans out once, whatever its attempts)."""
 
 
 def job_key(job_id: str) -> str | None:
@@ -187,7 +193,8 @@ async def claim_retrying(
 _CLAIMED_COLUMNS = """j.job_id, j.account_id, j.object_id, j.operation, j.profile_version, j.queue,
     j.params, j.priority, j.attempt_count, j.max_attempts, j.estimated_credits, p.timeout_seconds,
     p.max_input_bytes, p.max_pixels, p.memory_limit_mb, p.backoff_base_seconds, p.escalation_per_page,
-    p.max_duration_seconds, p.base_cost, p.work_unit, p.per_unit"""
+    p.max_duration_seconds, p.base_cost, p.work_unit, p.per_unit, j.parent_job_id, j.chunk_index,
+    j.fanned_out_at IS NOT NULL AS fanned_out"""
 """What :func:`claim` and :func:`reclaim` read (``j``: the job, ``p``: its profile) for :func:`_claimed_job`."""
 
 
@@ -214,6 +221,9 @@ def _claimed_job(row: asyncpg.Record) -> ClaimedJob:
         base_cost=row["base_cost"],
         work_unit=row["work_unit"],
         per_unit=row["per_unit"],
+        parent_job_id=None if row["parent_job_id"] is None else str(row["parent_job_id"]),
+        chunk_index=row["chunk_index"],
+        fanned_out=row["fanned_out"],
     )
 
 

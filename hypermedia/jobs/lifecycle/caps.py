@@ -9,6 +9,8 @@ accounts' (account, queue) pairs of the batch's jobs, whatever their status, are
 (:func:`lock_capped`, a transaction-scoped advisory lock each, in order), so two workers claiming
 one account's jobs count one after the other; then :func:`over_cap` decides, under the lock, which
 of those pairs' jobs the claim may take: the queued ones within the room left, most urgent first.
+A child job (:mod:`~hypermedia.jobs.lifecycle.children`) is neither counted nor held: its parent,
+running, holds the account's place, and a child held behind its own parent would never run.
 The others it must not take; the queued ones among them are **held**: they stay ``queued``, the
 worker gives their messages back with a delay of :data:`HELD_REDELIVERY_SECONDS` and JetStream
 redelivers them, until a running job of the account ends and a claim finds room.
@@ -45,12 +47,12 @@ HELD = f"""
                    row_number() OVER (PARTITION BY j.account_id, j.queue ORDER BY {_TAKEN_FIRST}) AS n
             FROM processing_jobs j
             JOIN account_quotas q ON q.account_id = j.account_id AND q.max_running_jobs IS NOT NULL
-            WHERE j.status = 'queued'
+            WHERE j.status = 'queued' AND j.parent_job_id IS NULL
         ) w
         LEFT JOIN (
             SELECT r.account_id, r.queue, count(*) AS running FROM processing_jobs r
             JOIN account_quotas q ON q.account_id = r.account_id AND q.max_running_jobs IS NOT NULL
-            WHERE r.{RUNNING} GROUP BY r.account_id, r.queue
+            WHERE r.{RUNNING} AND r.parent_job_id IS NULL GROUP BY r.account_id, r.queue
         ) c ON c.account_id = w.account_id AND c.queue = w.queue
         WHERE w.n > w.cap - coalesce(c.running, 0)
     )"""
@@ -83,7 +85,7 @@ async def lock_capped(conn: db.Connection, job_ids: Sequence[str]) -> list[tuple
         FROM (SELECT DISTINCT j.account_id, j.queue, q.max_running_jobs AS cap
               FROM processing_jobs j
               JOIN account_quotas q ON q.account_id = j.account_id AND q.max_running_jobs IS NOT NULL
-              WHERE j.job_id = ANY($1::uuid[])
+              WHERE j.job_id = ANY($1::uuid[]) AND j.parent_job_id IS NULL
               ORDER BY j.account_id, j.queue) k
         """,
         list(job_ids),
@@ -105,14 +107,14 @@ async def over_cap(
         WITH room AS (
             SELECT c.account_id, c.queue, c.cap - (
                 SELECT count(*) FROM processing_jobs r
-                WHERE r.account_id = c.account_id AND r.queue = c.queue AND r.{RUNNING}) AS room
+                WHERE r.account_id = c.account_id AND r.queue = c.queue AND r.{RUNNING} AND r.parent_job_id IS NULL) AS room
             FROM unnest($2::uuid[], $3::text[], $4::int[]) AS c (account_id, queue, cap)
         )
         SELECT j.job_id, j.status = 'queued' AS queued, row_number() OVER (
                    PARTITION BY j.account_id, j.queue
                    ORDER BY j.status <> 'queued', {_TAKEN_FIRST}) <= r.room AS fits
         FROM processing_jobs j JOIN room r ON r.account_id = j.account_id AND r.queue = j.queue
-        WHERE j.job_id = ANY($1::uuid[])
+        WHERE j.job_id = ANY($1::uuid[]) AND j.parent_job_id IS NULL
         """,
         list(job_ids),
         [account for account, _, _ in capped],

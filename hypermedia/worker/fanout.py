@@ -1,0 +1,128 @@
+"""The worker's side of a job that fans out (issue 23 item 2, ADR 0081).
+
+A ``transcode_video`` entry that finds its video long enough
+(:attr:`~hypermedia.engines.media.sources.MediaLimits.fan_out_seconds`) and cut into at least
+:data:`MIN_CHUNKS` chunks encodes nothing: it returns one output, :data:`OUTPUT` ("fan out into
+this many chunks", :func:`requested`). The runtime then, in the same attempt:
+
+1. creates one child job per chunk but the last (:func:`hypermedia.jobs.lifecycle.children.spawn`,
+   fenced by the attempt; any worker of the queue claims them, this one included);
+2. parks the job (:meth:`Parked.wait`): its slot is given up meanwhile, so the children can run
+   here too; its lease is still extended; the job's progress is its children's, summed; a cancel
+   of the job (which cancels its children) or a drain stops the wait as it stops any step;
+3. once every child ended, however, takes its slot again, gets a fresh grant (every chunk a
+   child kept is now a checkpoint part of the job) and runs the entry a second time without
+   fanning out: it takes the kept chunks, encodes the last one and any a child did not keep, and
+   joins them (:func:`hypermedia.engines.media.chunk_parts.encode_in_chunks`).
+
+A later attempt of a job that fanned out (a hand-back, a lost lease) waits for the children
+still running before its entry runs, and never fans out again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Final
+
+import asyncpg
+
+from hypermedia.core.errors import TransientError
+from hypermedia.jobs.lifecycle import ClaimedJob, children
+from hypermedia.sandbox import SandboxResult
+from hypermedia.worker.admission import Admission
+from hypermedia.worker.progress import PROCESSING_PROGRESS
+
+OUTPUT: Final = "fan_out"
+"""The output type of an entry's request to fan out; its metadata ``chunks`` is the plan's count."""
+MIN_CHUNKS: Final = 3
+"""Fewest chunks worth fanning out: two children beside the parent's own last chunk."""
+MAX_CHUNKS: Final = 60
+"""Most chunks of a plan (:data:`hypermedia.engines.media.chunk_parts.MAX_CHUNKS`)."""
+POLL_SECONDS: Final = 1.0
+"""How often a parked job looks at its children."""
+
+
+def requested(result: SandboxResult) -> int | None:
+    """The chunks the entry's plan has when ``result`` asks to fan out, else None. The entry ran
+    on a hostile file: the count is checked, and a request beside other outputs or out of
+    bounds is an internal error (retried), never children made from it.
+
+    Raises:
+        TransientError: ``INTERNAL`` for a malformed request.
+    """
+    asks = [o for o in result.outputs if o.output_type == OUTPUT]
+    if not asks:
+        return None
+    count = asks[0].metadata.get("chunks")
+    if len(result.outputs) != 1 or type(count) is not int or not MIN_CHUNKS <= count <= MAX_CHUNKS:
+        raise TransientError("the entry asked to fan out with a malformed request", "INTERNAL")
+    return count
+
+
+def clear_outputs(job_dir: Path) -> None:
+    """Empties the job's ``output/`` (the first run's request) for the entry's second run."""
+    for entry in (job_dir / "output").iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+class Parked:
+    """A worker's parked jobs (step 2 of the module doc).
+
+    Args:
+        pool: the system of record.
+        admission: the worker's slots; a parked job gives its slot back.
+        slot_free: set when a slot is given back, to wake the fetch loop.
+        report: records a progress event of a job, ``(job, fraction, stage)``.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        admission: Admission,
+        slot_free: asyncio.Event,
+        report: Callable[[ClaimedJob, float, str], Awaitable[None]],
+    ) -> None:
+        self._pool = pool
+        self._admission = admission
+        self._slot_free = slot_free
+        self._report = report
+
+    async def wait(self, job: ClaimedJob) -> None:
+        """Until every child of ``job`` ended: the job's slot is free meanwhile, and its progress
+        is ``(children's work done) / (children + 1)`` of the entry's span (the parent's own
+        last chunk and the join being the one more), stage ``children``. Then the slot is taken
+        back at once, so the fetch loop takes no other job in its place, and the job waits until
+        the jobs that took it meanwhile leave it room within the worker's limit. The slot is
+        taken back whatever stops the wait (a cancel, a drain), so that the runtime's release
+        at the job's end stays balanced."""
+        low, high = PROCESSING_PROGRESS
+        self._admission.busy -= 1
+        self._slot_free.set()
+        taken = False
+        try:
+            last = -1.0
+            while True:
+                state = await children.state(self._pool, job.job_id)
+                fraction = state.done / (state.total + 1)
+                if fraction > last:
+                    await self._report(job, low + (high - low) * fraction, "children")
+                    last = fraction
+                if state.all_ended:
+                    break
+                await asyncio.sleep(POLL_SECONDS)
+            self._admission.busy += 1
+            taken = True
+            while self._admission.busy > self._admission.limit:  # woken when a job ends
+                self._slot_free.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_free.wait(), POLL_SECONDS)
+        finally:
+            if not taken:
+                self._admission.busy += 1

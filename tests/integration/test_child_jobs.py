@@ -1,0 +1,200 @@
+"""A job's children (issue 23 item 2, ADR 0081) against a real Postgres: created once by the live
+attempt, queued with outbox rows and unbilled; cancelled with their parent; neither held nor
+counted by the account's cap; their progress summed; their parts recorded as the parent's."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from hypermedia.jobs import checkpoints, lifecycle, quotas
+from hypermedia.jobs.lifecycle import children
+from tests.integration.conftest import Seeder
+
+PREFIX = "TCHILD"
+
+
+async def _fanned_out(
+    pool: asyncpg.Pool, seed: Seeder, count: int = 3
+) -> tuple[lifecycle.ClaimedJob, list[str]]:
+    """A job claimed by ``w-a`` that fanned out into ``count`` children."""
+    tenant = await seed.tenant()
+    job_id = await seed.job(tenant)
+    job = await lifecycle.claim(pool, str(job_id), "w-a")
+    assert job is not None
+    kids = await children.spawn(pool, job, "w-a", PREFIX, count)
+    assert kids is not None
+    return job, kids
+
+
+async def _statuses(pool: asyncpg.Pool, job_ids: list[str]) -> list[str]:
+    rows = await pool.fetch(
+        "SELECT job_id::text, status FROM processing_jobs WHERE job_id = ANY($1::uuid[])", job_ids
+    )
+    by_id = {r["job_id"]: r["status"] for r in rows}
+    return [by_id[j] for j in job_ids]
+
+
+async def test_the_live_attempt_creates_queued_unbilled_children_once(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    job, kids = await _fanned_out(fresh_pool, seed, 3)
+
+    rows = await fresh_pool.fetch(
+        "SELECT * FROM processing_jobs WHERE parent_job_id = $1 ORDER BY chunk_index", uuid.UUID(job.job_id)
+    )
+    assert [str(r["job_id"]) for r in rows] == kids
+    assert [r["chunk_index"] for r in rows] == [0, 1, 2]
+    for row in rows:
+        assert row["status"] == "queued"
+        assert row["estimated_credits"] == 0
+        assert (row["operation"], row["profile_version"], row["queue"], row["priority"]) == (
+            job.operation,
+            job.profile_version,
+            job.queue,
+            job.priority,
+        )
+        assert str(row["object_id"]) == job.object_id and str(row["account_id"]) == job.account_id
+        assert row["params"] == job.params
+    outbox = await fresh_pool.fetchval(
+        "SELECT count(*) FROM outbox WHERE job_id = ANY($1::uuid[])", [uuid.UUID(k) for k in kids]
+    )
+    assert outbox == 3
+    # Once: neither a second call, another worker nor a child fans out again.
+    assert await children.spawn(fresh_pool, job, "w-a", PREFIX, 3) is None
+    assert await children.spawn(fresh_pool, job, "w-b", PREFIX, 3) is None
+    child = await lifecycle.claim(fresh_pool, kids[0], "w-b")
+    assert child is not None
+    assert (child.parent_job_id, child.chunk_index, child.fanned_out) == (job.job_id, 0, False)
+    assert await children.spawn(fresh_pool, child, "w-b", PREFIX, 3) is None
+    assert (
+        await fresh_pool.fetchval(
+            "SELECT count(*) FROM processing_jobs WHERE parent_job_id = $1", uuid.UUID(job.job_id)
+        )
+        == 3
+    )
+    # A later attempt of the parent knows it fanned out.
+    await lifecycle.hand_back(fresh_pool, job, "w-a", PREFIX)
+    again = await lifecycle.claim(fresh_pool, job.job_id, "w-c")
+    assert again is not None and again.fanned_out and again.parent_job_id is None
+
+
+async def test_a_fenced_attempt_creates_no_children(fresh_pool: asyncpg.Pool, seed: Seeder) -> None:
+    tenant = await seed.tenant()
+    job_id = await seed.job(tenant)
+    job = await lifecycle.claim(fresh_pool, str(job_id), "w-a")
+    assert job is not None
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET status = 'cancel_requested' WHERE job_id = $1", job_id
+    )
+
+    assert await children.spawn(fresh_pool, job, "w-a", PREFIX, 2) is None
+    assert (
+        await fresh_pool.fetchval("SELECT count(*) FROM processing_jobs WHERE parent_job_id = $1", job_id)
+        == 0
+    )
+
+
+async def test_cancelling_the_parent_cancels_every_child(fresh_pool: asyncpg.Pool, seed: Seeder) -> None:
+    job, kids = await _fanned_out(fresh_pool, seed, 3)
+    running = await lifecycle.claim(fresh_pool, kids[0], "w-b")
+    assert running is not None
+    done = await lifecycle.claim(fresh_pool, kids[1], "w-b")
+    assert done is not None
+    assert await lifecycle.complete(fresh_pool, done, "w-b", [], 0, 10, 1)
+
+    assert await lifecycle.request_cancel(fresh_pool, job.job_id, job.account_id) == "cancel_requested"
+
+    # The running child is asked to stop, the queued one never runs, the completed one stays so.
+    assert await _statuses(fresh_pool, kids) == ["cancel_requested", "completed", "cancelled"]
+    assert await lifecycle.cancel_requested(fresh_pool, [kids[0]]) == [kids[0]]
+
+
+async def test_cancelling_a_queued_parent_cancels_its_children(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """A parent handed back (a drain) while its children run is queued: a cancel ends it at
+    once, and its children with it."""
+    job, kids = await _fanned_out(fresh_pool, seed, 2)
+    assert await lifecycle.claim(fresh_pool, kids[0], "w-b") is not None
+    assert await lifecycle.hand_back(fresh_pool, job, "w-a", PREFIX)
+
+    assert await lifecycle.cancel_if_waiting(fresh_pool, job.job_id, job.account_id)
+
+    assert await _statuses(fresh_pool, [job.job_id, *kids]) == ["cancelled", "cancel_requested", "cancelled"]
+
+
+async def test_children_progress_is_summed(fresh_pool: asyncpg.Pool, seed: Seeder) -> None:
+    job, kids = await _fanned_out(fresh_pool, seed, 3)
+    assert await children.state(fresh_pool, job.job_id) == children.Children(3, 0, 0.0)
+    first = await lifecycle.claim(fresh_pool, kids[0], "w-b")
+    second = await lifecycle.claim(fresh_pool, kids[1], "w-b")
+    assert first is not None and second is not None
+    assert await lifecycle.complete(fresh_pool, first, "w-b", [], 0, 10, 1)
+    assert await lifecycle.progress(fresh_pool, second, "w-b", 0.25, "processing")
+    assert await lifecycle.progress(fresh_pool, second, "w-b", 0.5, "processing")
+
+    state = await children.state(fresh_pool, job.job_id)
+
+    assert state == children.Children(3, 1, 1.5)
+    assert not state.all_ended
+
+
+async def test_a_childs_part_is_recorded_as_its_parents_while_the_parent_runs(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    job, kids = await _fanned_out(fresh_pool, seed, 2)
+    child = await lifecycle.claim(fresh_pool, kids[0], "w-b")
+    assert child is not None
+    prefix = "derived/p/o/1/"
+    owner = checkpoints.owner_of(child)
+    part = checkpoints.Checkpoint("c-0000", checkpoints.key_of(prefix, owner, "c-0000"), 10, "0" * 64, 0)
+
+    assert owner == job.job_id
+    assert await checkpoints.record(fresh_pool, child, "w-b", part)
+
+    [kept] = await checkpoints.of_job(fresh_pool, job.job_id)
+    assert (kept.part, kept.attempt, kept.key) == (
+        "c-0000",
+        job.attempt,
+        f"{prefix}checkpoint-{job.job_id}-c-0000.zip",
+    )
+    assert (
+        str(
+            await fresh_pool.fetchval(
+                "SELECT made_by_job FROM job_checkpoints WHERE job_id = $1", uuid.UUID(job.job_id)
+            )
+        )
+        == kids[0]
+    )
+    assert await checkpoints.of_job(fresh_pool, kids[0]) == []
+    # Once the parent no longer runs, its child's parts are refused (fenced).
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET status = 'failed' WHERE job_id = $1", uuid.UUID(job.job_id)
+    )
+    other = checkpoints.Checkpoint("c-0001", checkpoints.key_of(prefix, owner, "c-0001"), 10, "0" * 64, 0)
+    assert not await checkpoints.record(fresh_pool, child, "w-b", other)
+
+
+async def test_children_are_neither_held_nor_counted_by_the_accounts_cap(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """With a cap of one running job, the running parent fills the account's room: its children
+    must still run (held behind their own parent they never would), and they leave room for
+    nothing more of the account."""
+    job, kids = await _fanned_out(fresh_pool, seed, 2)
+    async with fresh_pool.acquire() as conn:
+        await quotas.set_quota(conn, job.account_id, max_running_jobs=1)
+    other = await fresh_pool.fetchval(
+        "INSERT INTO processing_jobs (job_id, account_id, object_id, request_id, operation, profile_version,"
+        " queue, priority, status, max_attempts, estimated_credits, queued_at)"
+        " SELECT gen_random_uuid(), account_id, object_id, gen_random_uuid(), operation, profile_version, queue,"
+        " priority, 'queued', 3, 100, now() FROM processing_jobs WHERE job_id = $1 RETURNING job_id::text",
+        uuid.UUID(job.job_id),
+    )
+
+    claimed, held = await lifecycle.claim_held(fresh_pool, [*kids, other], "w-b")
+
+    assert sorted(c.job_id for c in claimed) == sorted(kids)
+    assert held == {other}
