@@ -33,6 +33,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,12 +85,16 @@ def _units(bench: BenchPlatform, count: int, env: dict[str, str]) -> Iterator[li
             while True:
                 pids = [w.pid for w in workers]
                 row = conn.execute(
-                    "SELECT count(*) FROM workers WHERE pid = ANY(%s) AND status = 'running'", (pids,)
+                    "SELECT count(DISTINCT pid) FROM workers WHERE pid = ANY(%s) AND status = 'running'",
+                    (pids,),
                 ).fetchone()
                 if row is not None and row[0] == count:
                     break
                 if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
-                    raise RuntimeError("the media units did not start (see their logs)")
+                    seen = conn.execute("SELECT pid, status FROM workers").fetchall()
+                    raise RuntimeError(
+                        f"the media units {pids} did not start (see {bench.logs_dir()}): {seen}"
+                    )
                 time.sleep(0.2)
         yield workers
     finally:
@@ -105,7 +110,7 @@ def _row(
     """One job on ``units`` fresh media units: its wall and busy CPU seconds, its children and
     the workers that ran them, and the frames of each rendition."""
     env = {
-        "HM_MEDIA_FAN_OUT_SECONDS": "60" if fan_out else "0",
+        "HM_MEDIA_FAN_OUT_SECONDS": "1" if fan_out else "0",  # fanned out by its chunk count
         "HM_MEDIA_FAN_OUT_CHUNK_SECONDS": str(chunk_seconds),
     }
     with _units(bench, units, env), bench.client(timeout=120) as client:
@@ -132,7 +137,7 @@ def _row(
             (job_id,),
         ).fetchone()
         children = conn.execute(
-            "SELECT count(*), count(DISTINCT a.worker_id) FROM processing_jobs c "
+            "SELECT count(DISTINCT c.job_id), count(DISTINCT a.worker_id) FROM processing_jobs c "
             "LEFT JOIN job_attempts a USING (job_id) WHERE c.parent_job_id = %s",
             (job_id,),
         ).fetchone()
@@ -156,12 +161,16 @@ def main() -> None:
     counts = [int(n) for n in args.units.split(",")]
     cores = os.cpu_count() or 1
     root = temp_root("hm-bench-fanout-")
-    source = root / "input.mp4"
-    print(f"making {args.seconds:.0f} s of 1080p25 H.264 + AAC ...", flush=True)
-    frames = make_video(source, args.seconds)
-    print(f"input: {source.stat().st_size / 1e6:.0f} MB, {frames} frames; {cores} cores", flush=True)
+    # Made once and kept: 5 minutes of 1080p take this machine about 6 minutes to make.
+    source = Path(tempfile.gettempdir()) / f"hm-bench-fanout-{args.seconds:g}s.mp4"
+    if not source.is_file():
+        print(f"making {args.seconds:g} s of 1080p25 H.264 + AAC into {source} ...", flush=True)
+        make_video(source.with_suffix(".part.mp4"), args.seconds)
+        source.with_suffix(".part.mp4").rename(source)
+    print(f"input: {source} ({source.stat().st_size / 1e6:.0f} MB); {cores} cores", flush=True)
     env = {"HM_MAX_UPLOAD_BYTES": str(4 << 30)}
-    with running_platform(root, env=env, services="credits,storage,gateway,reaper") as bench:
+    logs = Path(tempfile.gettempdir()) / "hm-bench-fanout-logs"
+    with running_platform(root, env=env, services="credits,storage,gateway,reaper", keep_logs=logs) as bench:
         with bench.client(timeout=600) as client:
             object_id = upload(client, source)["object_id"]
         rows = [("one job, 1 unit", 1, _row(bench, object_id, 1, False, args.chunk_seconds))]
@@ -182,7 +191,7 @@ def main() -> None:
             [
                 (
                     name,
-                    f"{cores / units:.2g} cores each",
+                    f"{cores / units:.2g} core(s) each",
                     f"{row['wall']:.1f}",
                     f"{base['wall'] / row['wall']:.2f}×",
                     f"{row['cpu']:.0f}",

@@ -31,6 +31,7 @@ from typing import Final
 import asyncpg
 
 from hypermedia.core.errors import TransientError
+from hypermedia.infra import db
 from hypermedia.jobs.lifecycle import ClaimedJob, children
 from hypermedia.sandbox import SandboxResult
 from hypermedia.worker.admission import Admission
@@ -109,7 +110,9 @@ class Parked:
         try:
             last = -1.0
             while True:
-                state = await children.state(self._pool, job.job_id)
+                async for attempt in db.retrying():  # across a Postgres restart, as every lifecycle read
+                    with attempt:
+                        state = await children.state(self._pool, job.job_id)
                 fraction = state.done / (state.total + 1)
                 if fraction > last:
                     await self._report(job, low + (high - low) * fraction, "children")

@@ -153,6 +153,7 @@ async def minute_series(pool: asyncpg.Pool, caller: Caller) -> list[dict[str, An
                    completed_at - coalesce(queued_at, created_at) AS took
             FROM processing_jobs
             WHERE created_at > now() - interval '1 day' AND status IN ('completed', 'failed')
+              AND parent_job_id IS NULL  -- a fanned-out job's children are parts of it
               AND completed_at >= date_trunc('minute', now()) - make_interval(mins => $3 - 1)
               AND ($1::boolean OR account_id = $2::uuid)
         )

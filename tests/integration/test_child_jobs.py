@@ -8,7 +8,7 @@ import uuid
 
 import asyncpg
 
-from hypermedia.jobs import checkpoints, lifecycle, quotas
+from hypermedia.jobs import charges, checkpoints, lifecycle, quotas
 from hypermedia.jobs.lifecycle import children
 from tests.integration.conftest import Seeder
 
@@ -198,3 +198,55 @@ async def test_children_are_neither_held_nor_counted_by_the_accounts_cap(
 
     assert sorted(c.job_id for c in claimed) == sorted(kids)
     assert held == {other}
+
+
+async def test_a_parent_failed_by_its_input_is_charged_its_childrens_run_too(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """Children are unbilled; when their parent fails because of its input, their completed
+    attempts and those failed by the input count in the parent's run time (a hostile file that
+    fans out does not get the children's work for nothing). A child's lost attempt does not."""
+    job, kids = await _fanned_out(fresh_pool, seed, 3)
+    done = await lifecycle.claim(fresh_pool, kids[0], "w-b")
+    assert done is not None
+    assert await lifecycle.complete(fresh_pool, done, "w-b", [], 0, 2_000, 1)
+    bad = await lifecycle.claim(fresh_pool, kids[1], "w-b")
+    assert bad is not None
+    assert (
+        await lifecycle.fail(
+            fresh_pool,
+            bad,
+            "w-b",
+            "CORRUPT_INPUT",
+            "x",
+            retryable=False,
+            prefix=PREFIX,
+            duration_ms=1_000,
+            input_fault=True,
+        )
+        == "failed"
+    )
+    lost = await lifecycle.claim(fresh_pool, kids[2], "w-b")
+    assert lost is not None
+    await fresh_pool.execute(
+        "UPDATE job_attempts SET duration_ms = 9000 WHERE job_id = $1", uuid.UUID(kids[2])
+    )
+    assert await lifecycle.hand_back(fresh_pool, lost, "w-b", PREFIX)
+
+    status = await lifecycle.fail(
+        fresh_pool,
+        job,
+        "w-a",
+        "CORRUPT_INPUT",
+        "x",
+        retryable=False,
+        prefix=PREFIX,
+        duration_ms=500,
+        input_fault=True,
+    )
+
+    assert status == "failed"
+    charged = await lifecycle.failure_charge(fresh_pool, job.job_id)
+    expected = charges.for_failure(price=job.estimated_credits, base_cost=job.base_cost, run_ms=3_500)
+    assert charged == expected
+    assert charged != charges.for_failure(price=job.estimated_credits, base_cost=job.base_cost, run_ms=500)

@@ -272,3 +272,51 @@ def test_progress_goes_on_over_the_chunks(
     assert seen == sorted(seen) and seen[-1] == 1.0
     for low, high in ((0.0, 0.95 / 3), (0.95 / 3, 2 * 0.95 / 3), (2 * 0.95 / 3, 0.95)):
         assert any(low < f < high for f in seen), (low, high)
+
+
+def test_a_fanned_out_transcode_asks_for_children_whose_chunks_its_next_run_joins(
+    whole: tuple[Path, dict[str, Any]], source: Path, tmp_path: Path, encoded_chunks: list[int]
+) -> None:
+    """ADR 0081 through the engine: 24 s over ``fan_out_seconds`` asks to fan out into three
+    chunks and encodes nothing; each child's run encodes its own chunk and keeps it (the last
+    chunk's child keeps nothing: it is the parent's); the parent's next run, fan-out off, takes
+    the children's parts, encodes only the last chunk and joins one pass's frames."""
+    fanned = replace(LIMITS, fan_out_seconds=10.0, fan_out_chunk_seconds=8.0)
+    parent = tmp_path / "parent"
+    (parent / "output").mkdir(parents=True)
+
+    [request] = transcode.run("transcode_video", PARAMS, source, parent / "output", limits=fanned)
+
+    assert (request.output_type, request.filename, request.metadata) == (
+        "fan_out",
+        "fanout.json",
+        {"chunks": 3},
+    )
+    asked = json.loads((parent / "output" / "fanout.json").read_text())["chunks"]
+    assert [c["start_seconds"] for c in asked] == [0.0, 8.0, 16.0]
+    assert encoded_chunks == []
+    (parent / "output" / "fanout.json").unlink()
+    for index in (0, 1, 2):
+        child = tmp_path / f"child-{index}"
+        (child / "output").mkdir(parents=True)
+        limits = replace(fanned, chunk=index)
+        assert transcode.run("transcode_video", PARAMS, source, child / "output", limits=limits) == []
+        kept = sorted(p.name for p in (child / CHECKPOINT_DIR).glob("*.zip"))
+        assert kept == ([f"c-{index:04d}.zip"] if index < 2 else []), kept
+        for name in kept:
+            (parent / RESUME_DIR).mkdir(exist_ok=True)
+            shutil.copy(child / CHECKPOINT_DIR / name, parent / RESUME_DIR / name)
+    assert encoded_chunks == [0, 1]  # the last chunk's child encoded nothing
+
+    joined = transcode.run(
+        "transcode_video", PARAMS, source, parent / "output", limits=replace(fanned, fan_out=False)
+    )
+
+    assert encoded_chunks == [0, 1, 2]  # the parent encoded only its own last chunk
+    first, _outputs = whole
+    metadata = {o.output_type: o.metadata for o in joined}
+    for name in LADDER:
+        assert metadata[f"video_{name}"]["resumed"] and metadata[f"video_{name}"]["frame_count"] == FRAMES
+        assert _times(parent / "output" / f"video_{name}.mp4") == _times(
+            first / "output" / f"video_{name}.mp4"
+        )

@@ -380,10 +380,15 @@ async def fail(
 
 async def _record_failure_charge(conn: db.Connection, job: ClaimedJob) -> None:
     """The charge of ``job``, failed because of its input: its attempts that failed so, this one
-    included (just recorded), ran for the sum of their ``duration_ms``."""
+    included (just recorded), ran for the sum of their ``duration_ms``, and so did its children's
+    (:mod:`~hypermedia.jobs.lifecycle.children`: unbilled themselves) that completed or failed
+    so — a hostile file that fans out does not get its children's work for nothing."""
     run_ms = await conn.fetchval(
-        "SELECT coalesce(sum(duration_ms), 0) FROM job_attempts "
-        "WHERE job_id = $1 AND status = 'failed' AND error_code = ANY($2::text[])",
+        """
+        SELECT coalesce(sum(a.duration_ms), 0) FROM job_attempts a
+        WHERE (a.job_id = $1 OR a.job_id IN (SELECT c.job_id FROM processing_jobs c WHERE c.parent_job_id = $1))
+          AND (a.status = 'failed' AND a.error_code = ANY($2::text[]) OR a.status = 'completed' AND a.job_id <> $1)
+        """,
         job.job_id,
         sorted(charges.INPUT_FAULTS),
     )
