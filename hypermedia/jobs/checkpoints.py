@@ -60,8 +60,9 @@ async def record(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, checkpoint
     running); a part an earlier attempt recorded is taken over (its bytes are replaced by the
     upload that follows). A child job's part (:mod:`hypermedia.jobs.lifecycle.children`) is its
     parent's — ``checkpoint.key`` must be the parent's (:func:`owner_of`) — recorded with the
-    parent's attempt and ``made_by_job`` the child, and only while the parent runs too. Returns
-    False when fenced: the caller then uploads nothing."""
+    parent's last attempt and ``made_by_job`` the child, and only while the parent has not ended
+    and no cancel was asked of it (a parent handed back by a drain, queued again, takes the parts
+    its children keep meanwhile). Returns False when fenced: the caller then uploads nothing."""
     recorded = await pool.fetchval(
         """
         INSERT INTO job_checkpoints (job_id, part, key, size_bytes, sha256, attempt, made_by_job)
@@ -70,7 +71,7 @@ async def record(pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, checkpoint
         FROM processing_jobs j LEFT JOIN processing_jobs p ON p.job_id = j.parent_job_id
         WHERE j.job_id = $1 AND j.claimed_by = $2 AND j.attempt_count = $3
           AND j.status IN ('claimed', 'processing', 'cancel_requested')
-          AND (j.parent_job_id IS NULL OR p.status IN ('claimed', 'processing'))
+          AND (j.parent_job_id IS NULL OR p.status IN ('queued', 'retry_wait', 'claimed', 'processing'))
         ON CONFLICT (job_id, part) DO UPDATE SET key = EXCLUDED.key, size_bytes = EXCLUDED.size_bytes,
             sha256 = EXCLUDED.sha256, attempt = EXCLUDED.attempt, made_by_job = EXCLUDED.made_by_job,
             created_at = now()

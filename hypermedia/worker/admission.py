@@ -68,6 +68,9 @@ class Admission:
     """Memory available at the last sample (MiB)."""
     pids_free: int = 0
     """PID headroom at the last sample (:func:`pid_headroom`)."""
+    unparking: int = 0
+    """Parked jobs whose children ended, waiting for a slot (:mod:`hypermedia.worker.fanout`):
+    each holds a slot's place, so that no new job takes the slot they wait for."""
     peer: str = "none"
     """A worker unit's peer evidence: ``none`` (no control: a worker on its own), ``awaiting``
     (nothing is admitted before control's matching evidence) or ``matched``."""
@@ -97,9 +100,9 @@ class Admission:
             self.reason = "memory_pressure"
         elif self.pids_free < self.min_pid_headroom:
             self.reason = "pid_pressure"
-        elif self.busy >= self.slots:
+        elif self.busy + self.unparking >= self.slots:
             self.reason = "slots_full"
-        elif self.busy >= self.limit:
+        elif self.busy + self.unparking >= self.limit:
             self.reason = "parked"
         else:
             self.reason = "ok"
@@ -107,6 +110,12 @@ class Admission:
     @property
     def open(self) -> bool:
         return self.reason == "ok"
+
+    @property
+    def room(self) -> int:
+        """Jobs that may be admitted now beside the running ones and those coming back from a
+        park (:attr:`unparking`); 0 or less when none."""
+        return self.limit - self.busy - self.unparking
 
     @property
     def limit(self) -> int:

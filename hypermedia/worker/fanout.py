@@ -10,13 +10,15 @@ this many chunks", :func:`requested`). The runtime then, in the same attempt:
 2. parks the job (:meth:`Parked.wait`): its slot is given up meanwhile, so the children can run
    here too; its lease is still extended; the job's progress is its children's, summed; a cancel
    of the job (which cancels its children) or a drain stops the wait as it stops any step;
-3. once every child ended, however, takes its slot again, gets a fresh grant (every chunk a
+3. once every child ended, however, takes a slot again as soon as one is free (none is given
+   to a new job meanwhile), gets a fresh grant (every chunk a
    child kept is now a checkpoint part of the job) and runs the entry a second time without
    fanning out: it takes the kept chunks, encodes the last one and any a child did not keep, and
    joins them (:func:`hypermedia.engines.media.chunk_parts.encode_in_chunks`).
 
-A later attempt of a job that fanned out (a hand-back, a lost lease) waits for the children
-still running before its entry runs, and never fans out again.
+A later attempt of a job that fanned out (a drain hands a parked job back at once; a lost lease)
+waits for the children still running before it is granted and downloads anything, so that it
+restores every part they kept, and never fans out again.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ POLL_SECONDS: Final = 1.0
 """How often a parked job looks at its children."""
 
 
-def requested(result: SandboxResult) -> int | None:
-    """The chunks the entry's plan has when ``result`` asks to fan out, else None. The entry ran
-    on a hostile file: the count is checked, and a request beside other outputs or out of
-    bounds is an internal error (retried), never children made from it.
+def requested(result: SandboxResult, job: ClaimedJob) -> int | None:
+    """The chunks the entry's plan has when ``result`` asks to fan out ``job``, else None. The
+    entry ran on a hostile file: the count is checked, and a request beside other outputs, out
+    of bounds, or from a job that may not fan out (a child, a job that fanned out before: its
+    entry was told not to) is an internal error (retried), never children made from it.
 
     Raises:
-        TransientError: ``INTERNAL`` for a malformed request.
+        TransientError: ``INTERNAL`` for a malformed or forbidden request.
     """
     asks = [o for o in result.outputs if o.output_type == OUTPUT]
     if not asks:
@@ -61,6 +64,8 @@ def requested(result: SandboxResult) -> int | None:
     count = asks[0].metadata.get("chunks")
     if len(result.outputs) != 1 or type(count) is not int or not MIN_CHUNKS <= count <= MAX_CHUNKS:
         raise TransientError("the entry asked to fan out with a malformed request", "INTERNAL")
+    if job.fanned_out or job.parent_job_id is not None:
+        raise TransientError("the entry asked to fan out a job that may not", "INTERNAL")
     return count
 
 
@@ -94,25 +99,28 @@ class Parked:
         self._admission = admission
         self._slot_free = slot_free
         self._report = report
+        self.jobs: set[str] = set()
+        """The jobs parked now, waiting for their children."""
 
     async def wait(self, job: ClaimedJob) -> None:
-        """Until every child of ``job`` ended: the job's slot is free meanwhile, and its progress
-        is ``(children's work done) / (children + 1)`` of the entry's span (the parent's own
-        last chunk and the join being the one more), stage ``children``. Then the slot is taken
-        back at once, so the fetch loop takes no other job in its place, and the job waits until
-        the jobs that took it meanwhile leave it room within the worker's limit. The slot is
-        taken back whatever stops the wait (a cancel, a drain), so that the runtime's release
-        at the job's end stays balanced."""
+        """Until every child of ``job`` ended: the job's slot is free meanwhile (the job is in
+        :attr:`jobs`, which a drain hands back at once), and its progress is ``(children's work
+        done) / (children + 1)`` of the entry's span (the parent's own last chunk and the join
+        being the one more), stage ``children``. Then the job holds a slot's place
+        (:attr:`Admission.unparking`: the fetch loop takes no job in its place) until a slot is
+        free within the worker's limit, and takes it. The slot is taken back whatever stops the
+        wait (a cancel, a drain), so that the runtime's release at the job's end stays balanced."""
         low, high = PROCESSING_PROGRESS
+        if (await self._state(job)).all_ended:  # a later attempt after they ended: keep the slot
+            return
         self._admission.busy -= 1
         self._slot_free.set()
-        taken = False
+        self.jobs.add(job.job_id)
+        reserved = taken = False
         try:
             last = -1.0
             while True:
-                async for attempt in db.retrying():  # across a Postgres restart, as every lifecycle read
-                    with attempt:
-                        state = await children.state(self._pool, job.job_id)
+                state = await self._state(job)
                 fraction = state.done / (state.total + 1)
                 if fraction > last:
                     await self._report(job, low + (high - low) * fraction, "children")
@@ -120,12 +128,24 @@ class Parked:
                 if state.all_ended:
                     break
                 await asyncio.sleep(POLL_SECONDS)
-            self._admission.busy += 1
-            taken = True
-            while self._admission.busy > self._admission.limit:  # woken when a job ends
+            self._admission.unparking += 1
+            reserved = True
+            while self._admission.busy >= self._admission.limit:  # woken when a job ends
                 self._slot_free.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._slot_free.wait(), POLL_SECONDS)
+            self._admission.busy += 1  # no await since the check: the slot is this job's
+            taken = True
         finally:
+            self.jobs.discard(job.job_id)  # parked until it has its slot: a drain hands it back
+            if reserved:
+                self._admission.unparking -= 1
             if not taken:
                 self._admission.busy += 1
+
+    async def _state(self, job: ClaimedJob) -> children.Children:
+        """Where ``job``'s children are, read across a Postgres restart (as every lifecycle read)."""
+        async for attempt in db.retrying():
+            with attempt:
+                return await children.state(self._pool, job.job_id)
+        raise AssertionError("unreachable: retrying() re-raises")

@@ -60,12 +60,17 @@ class JobProgress:
         self._lock = asyncio.Lock()
         """Keeps the held event's write and a later one in their order."""
         self._closed = False
+        self._reached = 0.0
+        """The highest fraction reported: an attempt's progress never goes back."""
 
     async def report(self, fraction: float, stage: str) -> None:
         """Write ``(fraction, stage)`` now if the job is old enough; otherwise hold it until it
-        is (replacing an event held before). Nothing after :meth:`close`."""
+        is (replacing an event held before). Nothing after :meth:`close`. A fraction below one
+        reported before is raised to it (a fanned-out job's second run starts its own count
+        after its children's, :mod:`hypermedia.worker.fanout`)."""
         if self._closed:
             return
+        fraction = self._reached = max(fraction, self._reached)
         if time.monotonic() < self._due:
             self._held = (fraction, stage)
             if self._flush is None:

@@ -55,6 +55,7 @@ from hypermedia.worker import fanout, registry
 from hypermedia.worker.admission import Admission
 from hypermedia.worker.checkpointing import Checkpointing
 from hypermedia.worker.handler import JobHandler, JobInput, completion_charge, profile_limits
+from hypermedia.worker.outcomes import Outcomes
 from hypermedia.worker.progress import PROCESSING_PROGRESS, JobProgress, relay_sandbox_progress
 from hypermedia.worker.settings import WorkerSettings
 from hypermedia.worker.transfer import Transfers
@@ -113,7 +114,7 @@ class WorkerRuntime:
         self._nc = nc
         self._prefix = prefix
         self._storage = storage
-        self._settlements = SettlementBatch(Settlement(credits))
+        self._outcomes = Outcomes(pool, self.worker_id, prefix, SettlementBatch(Settlement(credits)))
         self._sandbox = sandbox
         self._interruptible: dict[str, asyncio.Task[Any]] = {}
         """A job's work before its sandbox (admission, stage), by job id: :meth:`_stop_job` cancels it."""
@@ -229,7 +230,7 @@ class WorkerRuntime:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(wait_any(self._slot_free, stop), 1.0)
                     continue
-                free = max(1, self.admission.limit - self.admission.busy)
+                free = max(1, self.admission.room)
                 msgs = await fetcher.next_batch(stop, free)
                 if not msgs:
                     break
@@ -237,7 +238,7 @@ class WorkerRuntime:
         finally:
             await fetcher.stop()
             await self.drain()
-            if not await self._settlements.flush(SETTLE_FLUSH_SECONDS):
+            if not await self._outcomes.settlements.flush(SETTLE_FLUSH_SECONDS):
                 log.warning("settlements still unsent at exit; left to the reaper")
             loops_stop.set()
             await asyncio.gather(*loops, return_exceptions=True)
@@ -256,8 +257,22 @@ class WorkerRuntime:
             except ValueError:
                 log.warning("dropping a malformed queue message")
                 await msg.term()
-        if not batch:
+        room = max(0, self.admission.room)  # less than the pull asked for when a parked job came back
+        for msg, _message, _parent in batch[room:]:
+            await msg.nak()
+        if not (batch := batch[:room]):
             return
+        # Their slots are taken while they are claimed: a parked job coming back waits for them.
+        self.admission.busy += len(batch)
+        unstarted = len(batch)
+        try:
+            unstarted -= await self._claim_and_start(batch)
+        finally:
+            self.admission.busy -= unstarted
+
+    async def _claim_and_start(self, batch: list[tuple[Any, queues.JobMessage, Context]]) -> int:
+        """:meth:`_dispatch`'s claim of ``batch``, whose slots it took; returns how many jobs started."""
+        started = 0
         spans = [
             _tracer.start_span("job.claim", context=parent, attributes={"job.id": message.job_id})
             for _msg, message, parent in batch
@@ -274,7 +289,7 @@ class WorkerRuntime:
             log.warning("could not claim (Postgres unreachable); messages returned", exc_info=True)
             for msg, _message, _parent in batch:
                 await msg.nak(delay=5)
-            return
+            return 0
         finally:
             for span in spans:
                 span.end()
@@ -286,10 +301,11 @@ class WorkerRuntime:
                 continue
             await msg.ack()
             self.running[job.job_id] = job
-            self.admission.busy += 1
+            started += 1  # its slot, taken above, is the job's: its task gives it back
             task = asyncio.create_task(self._execute(job, parent))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        return started
 
     async def _db(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``fn(pool, *args)`` retried across a Postgres restart (:func:`db.retrying`): for the
@@ -322,7 +338,7 @@ class WorkerRuntime:
         self.admission.sample()
         if self._tasks:
             log.info("draining %d running jobs", len(self._tasks))
-            for job_id in list(self._waiting):
+            for job_id in [*self._waiting, *self._parked.jobs]:  # not started, or parked: nothing lost
                 await self._hand_back(job_id)
             drain = min(self.settings.drain_seconds, self.preempted_within or self.settings.drain_seconds)
             _done, pending = await asyncio.wait(set(self._tasks), timeout=drain)
@@ -365,26 +381,32 @@ class WorkerRuntime:
         )
         result: SandboxResult | None = None
         try:
+            if job.fanned_out:  # a later attempt: the children still running finish first
+                await self._interruptibly(job, started, "children", self._parked.wait(job))
             granted = await self._transfers.grant(job)
             job_input = JobInput(job_dir / "input" / "source", granted.source.mime_type, job_dir)
             with _tracer.start_as_current_span("storage.download"):
                 await self._transfers.download(granted.get_url, job_input.path, job.max_input_bytes)
             await self._checkpointing.restore(job, granted, job_dir)
             await self._progress(job, PROCESSING_PROGRESS[0], "downloaded")
-            if job.fanned_out:  # a later attempt: the children still running finish first
-                await self._interruptibly(job, started, "children", self._parked.wait(job))
             result = await self._process(job, granted, job_input, started)
-            if (chunks := fanout.requested(result)) is not None:
-                if await self._db(children.spawn, job, self.worker_id, self._prefix, chunks - 1) is None:
-                    if await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
-                        await self._cancelled(job, started)
-                    return  # else the lease is lost
+            if (chunks := fanout.requested(result, job)) is not None:
+                spawned = await self._db(children.spawn, job, self.worker_id, self._prefix, chunks - 1)
+                # None while this attempt still holds the job: an earlier try of the call committed.
+                status = (
+                    "processing" if spawned else await self._db(lifecycle.fenced_status, job, self.worker_id)
+                )
+                if status == "cancel_requested":
+                    await self._cancelled(job, started)
+                if status != "processing":
+                    return  # cancelled, or the lease is lost
                 job = self.running[job.job_id] = dataclasses.replace(job, fanned_out=True)
                 await self._interruptibly(job, started, "children", self._parked.wait(job))
                 granted = await self._transfers.grant(job)  # with the parts the children kept
                 fanout.clear_outputs(job_dir)
                 await self._checkpointing.restore(job, granted, job_dir)
                 result = await self._process(job, granted, job_input, started)
+                fanout.requested(result, job)  # a second request is refused
             if result.error_code == "CANCELLED" or job.job_id in await self._db(
                 lifecycle.cancel_requested, [job.job_id]
             ):
@@ -419,7 +441,7 @@ class WorkerRuntime:
                     log.warning("lease lost before completion", extra={"job_id": job.job_id})
                 return
             self.jobs_completed += 1
-            self._settle(job, "completed", charge)
+            self._outcomes.settle(job, "completed", charge)
         except _Stopped:
             pass  # settled where it was stopped (_interruptibly)
         except DomainError as exc:
@@ -488,7 +510,7 @@ class WorkerRuntime:
             )
             if completed:
                 self.jobs_completed += 1
-                self._settle(job, "completed", charges.Charge(job.estimated_credits))
+                self._outcomes.settle(job, "completed", charges.Charge(job.estimated_credits))
             elif await self._db(lifecycle.fenced_status, job, self.worker_id) == "cancel_requested":
                 await self._cancelled(job, started)
         except DomainError as exc:
@@ -552,48 +574,16 @@ class WorkerRuntime:
         """Finish a cancellation this worker carried out: ``cancelled`` and the hold released. Only
         this path (not a drain's hand-back, which queues the job again) releases the hold."""
         if await self._db(lifecycle.mark_cancelled, job, self.worker_id, _ms(started)):
-            self._settle(job, "cancelled", None)
+            self._outcomes.settle(job, "cancelled", None)
 
     async def _settle_failure(
         self, job: lifecycle.ClaimedJob, exc: DomainError, started: float, result: SandboxResult | None
     ) -> None:
-        """The one place a failed attempt is settled: job row, attempt row, credits."""
+        """The one place a failed attempt is settled (:meth:`Outcomes.failed`)."""
         self.jobs_failed += 1
-        try:
-            status = await self._db(
-                lambda pool: lifecycle.fail(
-                    pool,
-                    job,
-                    self.worker_id,
-                    exc.error_code,
-                    exc.public_message,
-                    retryable=exc.retryable,
-                    prefix=self._prefix,
-                    duration_ms=result.duration_ms if result else _ms(started),
-                    peak_memory_mb=result.peak_memory_mb if result else 0,
-                    input_fault=result is not None and charges.input_fault(result.error_code, result.killed),
-                )
-            )
-        except Exception as db_exc:
-            if not db.is_transient(db_exc):
-                raise
-            # The lease runs out and the reaper takes the job back; nothing is lost.
-            log.error(
-                "could not record the failed attempt (Postgres unreachable)", extra={"job_id": job.job_id}
-            )
-            return
-        log.info("job attempt failed: %s → %s", exc.error_code, status, extra={"job_id": job.job_id})
-        if status == "failed":
-            # Charged when it failed because of its input (charges.for_failure), else released.
-            self._settle(job, "failed", await self._db(lifecycle.failure_charge, job.job_id))
-
-    def _settle(self, job: lifecycle.ClaimedJob, outcome: str, charge: charges.Charge | None) -> None:
-        """Queues the settlement of ``job``, ended ``outcome`` (:class:`SettlementBatch`: the slot
-        does not wait for it): ``charge`` committed, or released without one."""
-        if job.parent_job_id is not None:
-            return  # a child job holds no credits: its parent's charge covers its work
-        charge = charge or charges.Charge(0)
-        self._settlements.submit(job.job_id, outcome, actual_millicredits=charge.actual, lines=charge.lines)
+        duration_ms, peak = (result.duration_ms, result.peak_memory_mb) if result else (_ms(started), 0)
+        input_fault = result is not None and charges.input_fault(result.error_code, result.killed)
+        await self._outcomes.failed(job, exc, duration_ms, peak, input_fault)
 
 
 def _ms(started: float) -> int:

@@ -65,6 +65,8 @@ class WorkEstimates:
             SELECT j.operation, a.duration_ms, a.finished_at, {MB} AS mb
             FROM job_attempts a JOIN processing_jobs j USING (job_id) JOIN objects o ON o.object_id = j.object_id
             WHERE a.status = 'completed' AND a.finished_at > $1 AND a.duration_ms IS NOT NULL
+              -- a fanned-out job's attempts and its children's are parts of one job's work
+              AND j.parent_job_id IS NULL AND j.fanned_out_at IS NULL
             ORDER BY a.finished_at LIMIT $2
             """,
             since,

@@ -4,12 +4,17 @@ counted by the account's cap; their progress summed; their parts recorded as the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
+from collections.abc import Callable
 
 import asyncpg
 
 from hypermedia.jobs import charges, checkpoints, lifecycle, quotas
 from hypermedia.jobs.lifecycle import children
+from hypermedia.worker import fanout
+from hypermedia.worker.admission import Admission
 from tests.integration.conftest import Seeder
 
 PREFIX = "TCHILD"
@@ -26,6 +31,12 @@ async def _fanned_out(
     kids = await children.spawn(pool, job, "w-a", PREFIX, count)
     assert kids is not None
     return job, kids
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Returns once ``condition()`` holds (a worker-side state the test cannot await)."""
+    while not condition():  # noqa: ASYNC110 - the state is a counter, not an event
+        await asyncio.sleep(0.05)
 
 
 async def _statuses(pool: asyncpg.Pool, job_ids: list[str]) -> list[str]:
@@ -48,12 +59,12 @@ async def test_the_live_attempt_creates_queued_unbilled_children_once(
     assert [r["chunk_index"] for r in rows] == [0, 1, 2]
     for row in rows:
         assert row["status"] == "queued"
-        assert row["estimated_credits"] == 0
-        assert (row["operation"], row["profile_version"], row["queue"], row["priority"]) == (
+        # Unbilled, one attempt, in the most urgent band of the parent's queue.
+        assert (row["estimated_credits"], row["max_attempts"], row["priority"]) == (0, 1, 1)
+        assert (row["operation"], row["profile_version"], row["queue"]) == (
             job.operation,
             job.profile_version,
             job.queue,
-            job.priority,
         )
         assert str(row["object_id"]) == job.object_id and str(row["account_id"]) == job.account_id
         assert row["params"] == job.params
@@ -169,23 +180,27 @@ async def test_a_childs_part_is_recorded_as_its_parents_while_the_parent_runs(
         == kids[0]
     )
     assert await checkpoints.of_job(fresh_pool, kids[0]) == []
-    # Once the parent no longer runs, its child's parts are refused (fenced).
-    await fresh_pool.execute(
-        "UPDATE processing_jobs SET status = 'failed' WHERE job_id = $1", uuid.UUID(job.job_id)
-    )
+    # A parent handed back (a drain) and queued again takes its children's parts all the same.
+    assert await lifecycle.hand_back(fresh_pool, job, "w-a", PREFIX)
     other = checkpoints.Checkpoint("c-0001", checkpoints.key_of(prefix, owner, "c-0001"), 10, "0" * 64, 0)
-    assert not await checkpoints.record(fresh_pool, child, "w-b", other)
+    assert await checkpoints.record(fresh_pool, child, "w-b", other)
+    # Once a cancel was asked of the parent, its children's parts are refused (fenced).
+    await fresh_pool.execute(
+        "UPDATE processing_jobs SET status = 'cancel_requested' WHERE job_id = $1", uuid.UUID(job.job_id)
+    )
+    last = checkpoints.Checkpoint("c-0002", checkpoints.key_of(prefix, owner, "c-0002"), 10, "0" * 64, 0)
+    assert not await checkpoints.record(fresh_pool, child, "w-b", last)
 
 
 async def test_children_are_neither_held_nor_counted_by_the_accounts_cap(
     fresh_pool: asyncpg.Pool, seed: Seeder
 ) -> None:
-    """With a cap of one running job, the running parent fills the account's room: its children
-    must still run (held behind their own parent they never would), and they leave room for
-    nothing more of the account."""
+    """With a cap of two running jobs, the running parent takes one place: its two children run
+    all the same (held behind their own parent they never would), and take none: one more job
+    of the account still runs."""
     job, kids = await _fanned_out(fresh_pool, seed, 2)
     async with fresh_pool.acquire() as conn:
-        await quotas.set_quota(conn, job.account_id, max_running_jobs=1)
+        await quotas.set_quota(conn, uuid.UUID(job.account_id), max_running_jobs=2)
     other = await fresh_pool.fetchval(
         "INSERT INTO processing_jobs (job_id, account_id, object_id, request_id, operation, profile_version,"
         " queue, priority, status, max_attempts, estimated_credits, queued_at)"
@@ -194,10 +209,12 @@ async def test_children_are_neither_held_nor_counted_by_the_accounts_cap(
         uuid.UUID(job.job_id),
     )
 
-    claimed, held = await lifecycle.claim_held(fresh_pool, [*kids, other], "w-b")
+    claimed, held = await lifecycle.claim_held(fresh_pool, kids, "w-b")
+    assert sorted(c.job_id for c in claimed) == sorted(kids) and held == set()
 
-    assert sorted(c.job_id for c in claimed) == sorted(kids)
-    assert held == {other}
+    # The parent and its two running children leave room for one more job of the account.
+    claimed, held = await lifecycle.claim_held(fresh_pool, [other], "w-c")
+    assert [c.job_id for c in claimed] == [other] and held == set()
 
 
 async def test_a_parent_failed_by_its_input_is_charged_its_childrens_run_too(
@@ -228,10 +245,10 @@ async def test_a_parent_failed_by_its_input_is_charged_its_childrens_run_too(
     )
     lost = await lifecycle.claim(fresh_pool, kids[2], "w-b")
     assert lost is not None
+    assert await lifecycle.hand_back(fresh_pool, lost, "w-b", PREFIX)
     await fresh_pool.execute(
         "UPDATE job_attempts SET duration_ms = 9000 WHERE job_id = $1", uuid.UUID(kids[2])
     )
-    assert await lifecycle.hand_back(fresh_pool, lost, "w-b", PREFIX)
 
     status = await lifecycle.fail(
         fresh_pool,
@@ -250,3 +267,115 @@ async def test_a_parent_failed_by_its_input_is_charged_its_childrens_run_too(
     expected = charges.for_failure(price=job.estimated_credits, base_cost=job.base_cost, run_ms=3_500)
     assert charged == expected
     assert charged != charges.for_failure(price=job.estimated_credits, base_cost=job.base_cost, run_ms=500)
+
+
+async def test_a_parent_that_fails_takes_its_children_with_it(fresh_pool: asyncpg.Pool, seed: Seeder) -> None:
+    """Whatever ends the parent (here a permanent failure; a cancel, lost attempts, the reaper
+    alike), the children not yet held are cancelled and the running ones asked to stop."""
+    job, kids = await _fanned_out(fresh_pool, seed, 2)
+    assert await lifecycle.claim(fresh_pool, kids[0], "w-b") is not None
+
+    assert (
+        await lifecycle.fail(fresh_pool, job, "w-a", "INTERNAL", "x", retryable=False, prefix=PREFIX)
+        == "failed"
+    )
+
+    assert await _statuses(fresh_pool, kids) == ["cancel_requested", "cancelled"]
+
+
+async def test_children_are_published_past_their_accounts_fair_window(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """An account's window of 32 queued jobs in a band is full (ADR 0059): its children are
+    published all the same."""
+    tenant = await seed.tenant()
+    for _ in range(lifecycle.FAIR_WINDOW):
+        await seed.job(tenant, priority=1)
+    parent_id = await seed.job(tenant, priority=5)
+    job = await lifecycle.claim(fresh_pool, str(parent_id), "w-a")
+    assert job is not None
+
+    kids = await children.spawn(fresh_pool, job, "w-a", PREFIX, 3)
+
+    assert kids is not None
+    deferred = await fresh_pool.fetch(
+        "SELECT deferred FROM outbox WHERE job_id = ANY($1::uuid[])", [uuid.UUID(k) for k in kids]
+    )
+    assert [r["deferred"] for r in deferred] == [False] * 3
+
+
+async def test_a_parked_job_frees_its_slot_and_takes_the_next_free_one_before_any_new_job(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """The worker side (:class:`hypermedia.worker.fanout.Parked`) on a one-slot worker: parked,
+    the job gives its slot back; once its children ended while another job holds the slot, it
+    keeps the slot's place (admission closed to new jobs) and takes the slot when that job ends."""
+    job, kids = await _fanned_out(fresh_pool, seed, 2)
+    admission = Admission(slots=1, min_available_mb=0)
+    admission.busy = 1
+    slot_free = asyncio.Event()
+    events: list[tuple[float, str]] = []
+
+    async def report(_job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
+        events.append((fraction, stage))
+
+    parked = fanout.Parked(fresh_pool, admission, slot_free, report)
+    waiting = asyncio.create_task(parked.wait(job))
+    await asyncio.sleep(0.2)
+    assert (admission.busy, admission.room, parked.jobs) == (0, 1, {job.job_id})
+    admission.busy += 1  # another job takes the free slot
+    for kid in kids:
+        child = await lifecycle.claim(fresh_pool, kid, "w-b")
+        assert child is not None and await lifecycle.complete(fresh_pool, child, "w-b", [], 0, 10, 1)
+    await asyncio.wait_for(_until(lambda: admission.unparking == 1), 10)
+    admission.sample()
+    assert not waiting.done() and not admission.open and admission.room == -1
+
+    admission.busy -= 1  # the other job ends
+    slot_free.set()
+    await asyncio.wait_for(waiting, 5)
+
+    assert (admission.busy, admission.unparking, parked.jobs) == (1, 0, set())
+    assert [stage for _, stage in events] == ["children"] * len(events)
+    assert events[0][0] == 0.25 and events[-1][0] == 0.25 + 0.5 * 2 / 3
+
+
+async def test_a_parked_job_stopped_while_waiting_keeps_the_slots_balanced(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    job, _kids = await _fanned_out(fresh_pool, seed, 2)
+    admission = Admission(slots=1, min_available_mb=0)
+    admission.busy = 1
+
+    async def report(_job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
+        return None
+
+    parked = fanout.Parked(fresh_pool, admission, asyncio.Event(), report)
+    waiting = asyncio.create_task(parked.wait(job))
+    await asyncio.sleep(0.2)
+    waiting.cancel()  # a cancel or a drain
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+
+    assert (admission.busy, admission.unparking, parked.jobs) == (1, 0, set())
+
+
+async def test_a_later_attempt_whose_children_ended_keeps_its_slot(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """A retry of a fanned-out job after its children ended does not give its slot away (a new
+    job would take it, and the job would wait for that one to end)."""
+    job, kids = await _fanned_out(fresh_pool, seed, 2)
+    for kid in kids:
+        child = await lifecycle.claim(fresh_pool, kid, "w-b")
+        assert child is not None and await lifecycle.complete(fresh_pool, child, "w-b", [], 0, 10, 1)
+    admission = Admission(slots=1, min_available_mb=0)
+    admission.busy = 1
+    slot_free = asyncio.Event()
+
+    async def report(_job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
+        return None
+
+    await asyncio.wait_for(fanout.Parked(fresh_pool, admission, slot_free, report).wait(job), 5)
+
+    assert (admission.busy, admission.unparking, slot_free.is_set()) == (1, 0, False)

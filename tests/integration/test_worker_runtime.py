@@ -356,7 +356,7 @@ async def test_lease_lost_while_running_writes_nothing_and_settles_nothing(
     rig.sandbox.during = reaped_and_reclaimed
     await rig.publish(job_id)
 
-    with caplog.at_level(logging.INFO, logger="hypermedia.worker.runtime"):
+    with caplog.at_level(logging.INFO, logger="hypermedia.worker"):  # runtime and outcomes
         await rig.run_until(lambda: _true(bool(rig.sandbox.cleaned)))
 
     fenced = [r for r in caplog.records if r.getMessage().startswith("job attempt failed: ATTEMPT_FENCED")]

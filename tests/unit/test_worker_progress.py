@@ -73,3 +73,16 @@ async def test_a_failing_write_of_the_held_event_is_logged_not_raised(
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "progress event not recorded"
     ]
+
+
+async def test_an_attempts_progress_never_goes_back() -> None:
+    """A fanned-out job's second run reports its own fraction from 0 after its children's 0.65
+    (ADR 0081): the events stay at the highest fraction reached until the run passes it."""
+    recorder = _Recorder()
+    loop = asyncio.get_running_loop()
+    progress = JobProgress(recorder.write, after_seconds=AFTER, started=loop.time() - AFTER)
+    await progress.report(0.65, "children")
+    await progress.report(0.3, "processing")
+    await progress.report(0.7, "processing")
+    progress.close()
+    assert recorder.events == [(0.65, "children"), (0.65, "processing"), (0.7, "processing")]

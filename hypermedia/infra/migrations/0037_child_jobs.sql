@@ -18,3 +18,27 @@ CREATE INDEX processing_jobs_parent_idx ON processing_jobs(parent_job_id) WHERE 
 
 -- The child job that made a part of its parent; NULL: an attempt of the job itself.
 ALTER TABLE job_checkpoints ADD COLUMN made_by_job uuid;
+
+-- A job that ends, or whose cancellation is requested, takes its children with it, whatever
+-- ended it (a caller's cancel, a permanent failure, its lost attempts, the reaper): the children
+-- not yet held by a worker are cancelled, the others asked to stop. A trigger, so that no path
+-- is missed, and one whose UPDATE reads a fresh snapshot: a child created by a fan-out that
+-- committed while the cancel waited on the parent's row is seen.
+CREATE FUNCTION end_children() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE processing_jobs SET
+        status = CASE WHEN status IN ('created', 'scheduled', 'queued', 'retry_wait') THEN 'cancelled'
+                      ELSE 'cancel_requested' END,
+        completed_at = CASE WHEN status IN ('created', 'scheduled', 'queued', 'retry_wait') THEN now() END,
+        updated_at = now()
+    WHERE parent_job_id = NEW.job_id
+      AND status IN ('created', 'scheduled', 'queued', 'retry_wait', 'claimed', 'processing');
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER processing_jobs_end_children AFTER UPDATE OF status ON processing_jobs
+    FOR EACH ROW
+    WHEN (NEW.fanned_out_at IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
+          AND NEW.status IN ('completed', 'failed', 'cancelled', 'cancel_requested'))
+    EXECUTE FUNCTION end_children();

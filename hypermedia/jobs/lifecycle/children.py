@@ -1,14 +1,20 @@
 """A job's children (issue 23 item 2, ADR 0081): a long transcode fans out into one child job per
 chunk of its plan but the last, which the parent's attempt encodes itself after them.
 
-A child is a job of the same operation, profile version, object, account, queue and priority as
-its parent, with ``parent_job_id`` and ``chunk_index`` set and its params the parent's: any
-worker of the queue claims it, as any job, and it is retried, handed back and recovered as any
-job. It is unbilled (``estimated_credits`` 0, no hold: the parent's charge covers the work), not
-counted by its account's cap of running jobs (:mod:`~hypermedia.jobs.lifecycle.caps`: the parent
-is), and not listed among the account's jobs. Its result is a checkpoint part of the parent
-(:func:`hypermedia.jobs.checkpoints.record`), not an output. A cancel of the parent cancels its
-children (:func:`~hypermedia.jobs.lifecycle.requests.request_cancel`).
+A child is a job of the same operation, profile version, object, account and queue as its
+parent, with ``parent_job_id`` and ``chunk_index`` set and its params the parent's: any worker
+of the queue claims it, as any job, and it is handed back and recovered as any job. It differs
+in four ways. It runs in the most urgent band of its queue, never deferred by its account's
+fair window (ADR 0059): work a running job waits for goes before any job not yet started, so
+that a worker whose parked parent freed a slot takes a child, not another long video that would
+park too. It has one attempt (``max_attempts`` 1): a chunk a child did not keep is encoded by
+the parent, so a retry would only double the work a hostile file gets. It is unbilled
+(``estimated_credits`` 0, no hold: the parent's charge covers the work, and its run counts in the
+parent's charge when the parent fails because of its input). And it is not counted by its
+account's cap of running jobs (:mod:`~hypermedia.jobs.lifecycle.caps`: the parent is) nor
+listed among the account's jobs. Its result is a checkpoint part of the parent
+(:func:`hypermedia.jobs.checkpoints.record`), not an output. A parent that ends, or whose
+cancellation is requested, ends its children with it (migration 0037's trigger).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Final
 
 import asyncpg
 
+from hypermedia.jobs import queues
 from hypermedia.jobs.lifecycle.attempts import ClaimedJob
 from hypermedia.jobs.lifecycle.rules import enqueue_outbox_many
 
@@ -43,8 +50,9 @@ class Children:
 async def spawn(
     pool: asyncpg.Pool, job: ClaimedJob, worker_id: str, prefix: str, count: int
 ) -> list[str] | None:
-    """Creates ``count`` children of ``job`` (chunks ``0 … count − 1``), ``queued`` with their
-    outbox rows, and marks ``job`` as fanned out, in one transaction, if this attempt is the
+    """Creates ``count`` children of ``job`` (chunks ``0 … count − 1``; see the module doc for how
+    they differ from their parent), ``queued`` with their outbox rows, and marks ``job`` as
+    fanned out, in one transaction, if this attempt is the
     live one of a ``processing`` job that has not fanned out before. Returns the children's ids
     in chunk order; None when fenced (the lease lost, a cancel requested, fanned out already).
 
@@ -66,8 +74,7 @@ async def spawn(
                 profile_version, queue, params, priority, status, max_attempts, estimated_credits,
                 parent_job_id, chunk_index, queued_at)
             SELECT gen_random_uuid(), p.account_id, p.object_id, p.request_id, p.operation,
-                   p.profile_version, p.queue, p.params, p.priority, 'queued', p.max_attempts, 0,
-                   p.job_id, i, now()
+                   p.profile_version, p.queue, p.params, $5, 'queued', 1, 0, p.job_id, i, now()
             FROM parent p, generate_series(0, $4 - 1) AS i
             RETURNING job_id, queue, priority, chunk_index
             """,
@@ -75,6 +82,7 @@ async def spawn(
             worker_id,
             job.attempt,
             count,
+            queues.bands(job.queue)[0],
         )
         if not rows:
             return None

@@ -81,21 +81,19 @@ async def create_queued(conn: db.Connection, prefix: str, jobs: Iterable[NewJob]
 async def request_cancel(pool: asyncpg.Pool, job_id: str, account_id: str) -> str | None:
     """A caller's cancellation: ``created``/``scheduled``/``queued``/``retry_wait`` → ``cancelled``
     at once (never executed; the caller settles its credits), ``claimed``/``processing`` →
-    ``cancel_requested`` (its worker stops it and settles). The job's children
-    (:mod:`~hypermedia.jobs.lifecycle.children`) are cancelled with it, by the same rule, in the
-    same statement. Returns the new status, or None when the account has no such job in a
-    cancellable status (:func:`job_status` tells which)."""
+    ``cancel_requested`` (its worker stops it and settles); its children, if it fanned out, with it
+    (migration 0037's trigger). Returns the new status, or None when the account has no such job
+    in a cancellable status (:func:`job_status` tells which)."""
     status = await pool.fetchval(
-        f"""
-        WITH job AS (
-            UPDATE processing_jobs SET {_CANCEL}
-            WHERE job_id = $1 AND account_id = $2 AND status IN ({_WAITING}, 'claimed', 'processing')
-            RETURNING job_id, status AS new_status  -- apart from the children's own status
-        ), children AS (
-            UPDATE processing_jobs c SET {_CANCEL}
-            FROM job WHERE c.parent_job_id = job.job_id AND c.status IN ({_WAITING}, 'claimed', 'processing')
-        )
-        SELECT new_status FROM job
+        """
+        UPDATE processing_jobs SET
+            status = CASE WHEN status IN ('created', 'scheduled', 'queued', 'retry_wait') THEN 'cancelled'
+                          ELSE 'cancel_requested' END,
+            completed_at = CASE WHEN status IN ('created', 'scheduled', 'queued', 'retry_wait') THEN now() END,
+            updated_at = now()
+        WHERE job_id = $1 AND account_id = $2
+          AND status IN ('created', 'scheduled', 'queued', 'retry_wait', 'claimed', 'processing')
+        RETURNING status
         """,
         job_id,
         account_id,
@@ -105,32 +103,18 @@ async def request_cancel(pool: asyncpg.Pool, job_id: str, account_id: str) -> st
 
 async def cancel_if_waiting(pool: asyncpg.Pool, job_id: str, account_id: str) -> bool:
     """Cancels the account's job only if it has not started (``created``/``scheduled``/``queued``/
-    ``retry_wait`` → ``cancelled``; the caller settles its credits), its children with it as
-    :func:`request_cancel` does; a job a worker holds is left to finish. Returns whether it was
-    cancelled (a backfill run's cancellation)."""
+    ``retry_wait`` → ``cancelled``; the caller settles its credits); a job a worker holds is left
+    to finish. Returns whether it was cancelled (a backfill run's cancellation)."""
     status = await pool.fetchval(
-        f"""
-        WITH job AS (
-            UPDATE processing_jobs SET status = 'cancelled', completed_at = now(), updated_at = now()
-            WHERE job_id = $1 AND account_id = $2 AND status IN ({_WAITING})
-            RETURNING job_id, status AS new_status  -- apart from the children's own status
-        ), children AS (
-            UPDATE processing_jobs c SET {_CANCEL}
-            FROM job WHERE c.parent_job_id = job.job_id AND c.status IN ({_WAITING}, 'claimed', 'processing')
-        )
-        SELECT new_status FROM job
+        """
+        UPDATE processing_jobs SET status = 'cancelled', completed_at = now(), updated_at = now()
+        WHERE job_id = $1 AND account_id = $2 AND status IN ('created', 'scheduled', 'queued', 'retry_wait')
+        RETURNING status
         """,
         job_id,
         account_id,
     )
     return status is not None
-
-
-_WAITING = "'created', 'scheduled', 'queued', 'retry_wait'"
-"""A job's statuses before a worker holds it, as SQL: a cancel ends it at once."""
-_CANCEL = f"""status = CASE WHEN status IN ({_WAITING}) THEN 'cancelled' ELSE 'cancel_requested' END,
-            completed_at = CASE WHEN status IN ({_WAITING}) THEN now() END, updated_at = now()"""
-"""The SET of a cancel: ``cancelled`` before a worker holds the job, else ``cancel_requested``."""
 
 
 async def job_status(pool: asyncpg.Pool, job_id: str, account_id: str) -> str | None:

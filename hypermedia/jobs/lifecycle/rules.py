@@ -41,7 +41,8 @@ async def enqueue_outbox_many(
     """:func:`enqueue_outbox` for several ``(job_id, queue, priority)`` in one round trip. Each row
     is **deferred** (kept in Postgres, not published) when its account already has
     :data:`FAIR_WINDOW` jobs of that queue and priority queued and not deferred, or has deferred
-    rows there already (so its jobs keep their order): ADR 0059. :func:`release_deferred` and the
+    rows there already (so its jobs keep their order): ADR 0059. A child job
+    (:mod:`~hypermedia.jobs.lifecycle.children`) is never deferred, nor counted in a window. :func:`release_deferred` and the
     relay's sweep publish them as the account's jobs are claimed."""
     trace = telemetry.inject()
     jobs = list(jobs)
@@ -50,7 +51,7 @@ async def enqueue_outbox_many(
         """
         INSERT INTO outbox (subject, msg_id, payload, job_id, account_id, job_queue, priority, deferred)
         SELECT $1, $2, $3, x.job_id, j.account_id, $4, $5,
-               j.account_id IS NOT NULL AND (
+               j.account_id IS NOT NULL AND j.parent_job_id IS NULL AND (
                    EXISTS (SELECT 1 FROM outbox d
                            WHERE d.published_at IS NULL AND d.deferred AND d.account_id = j.account_id
                              AND d.job_queue = $4 AND d.priority = $5)
@@ -59,7 +60,7 @@ async def enqueue_outbox_many(
                            -- a row (a batch of retries becomes queued before its rows are written)
                            SELECT 1 FROM processing_jobs q
                            WHERE q.account_id = j.account_id AND q.queue = $4 AND q.priority = $5
-                             AND q.status = 'queued' AND q.job_id <> x.job_id
+                             AND q.status = 'queued' AND q.job_id <> x.job_id AND q.parent_job_id IS NULL
                              AND (q.job_id <> ALL($8::uuid[]) OR EXISTS (
                                  SELECT 1 FROM outbox r WHERE r.job_id = q.job_id AND r.published_at IS NULL))
                            LIMIT $7) w) >= $7)
@@ -110,7 +111,8 @@ async def release_deferred(conn: db.Connection, claimed: Iterable[object]) -> in
         """
         WITH wanted AS (
             SELECT account_id, queue AS job_queue, priority, count(*) AS n FROM processing_jobs
-            WHERE job_id = ANY($1::uuid[]) GROUP BY account_id, queue, priority
+            WHERE job_id = ANY($1::uuid[]) AND parent_job_id IS NULL  -- a child moves no window
+            GROUP BY account_id, queue, priority
         ),"""
         + _MAKE_READY,
         [str(j) for j in claimed],
@@ -134,7 +136,7 @@ async def sweep_deferred(conn: db.Connection | asyncpg.Pool) -> int:
             SELECT k.*, $1 - (
                 (SELECT count(*) FROM processing_jobs q
                  WHERE q.account_id = k.account_id AND q.queue = k.job_queue AND q.priority = k.priority
-                   AND q.status = 'queued')
+                   AND q.status = 'queued' AND q.parent_job_id IS NULL)
                 - (SELECT count(*) FROM outbox d
                    WHERE d.published_at IS NULL AND d.deferred AND d.account_id = k.account_id
                      AND d.job_queue = k.job_queue AND d.priority = k.priority)
