@@ -28,7 +28,7 @@ class Outcomes:
         self._pool = pool
         self._worker_id = worker_id
         self._prefix = prefix
-        self.settlements = settlements
+        self._settlements = settlements
 
     async def failed(
         self,
@@ -78,4 +78,9 @@ class Outcomes:
         if job.parent_job_id is not None:
             return
         charge = charge or charges.Charge(0)
-        self.settlements.submit(job.job_id, outcome, actual_millicredits=charge.actual, lines=charge.lines)
+        self._settlements.submit(job.job_id, outcome, actual_millicredits=charge.actual, lines=charge.lines)
+
+    async def flush(self, seconds: float) -> bool:
+        """Waits up to ``seconds`` for the queued settlements to be sent; False when some are
+        still unsent (the reaper's sweep settles them)."""
+        return await self._settlements.flush(seconds)

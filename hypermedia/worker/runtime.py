@@ -238,7 +238,7 @@ class WorkerRuntime:
         finally:
             await fetcher.stop()
             await self.drain()
-            if not await self._outcomes.settlements.flush(SETTLE_FLUSH_SECONDS):
+            if not await self._outcomes.flush(SETTLE_FLUSH_SECONDS):
                 log.warning("settlements still unsent at exit; left to the reaper")
             loops_stop.set()
             await asyncio.gather(*loops, return_exceptions=True)
