@@ -1,12 +1,14 @@
 """The engine contract: what a sandbox entry returns (:class:`OutputFile`), how it reports progress
 (:func:`report_progress`) and keeps finished parts beyond its attempt (:func:`keep_part`,
-:func:`resumed_part`, :func:`resumed_files`), the shape every entry has (:class:`Entry`).
+:func:`resumed_part`, :func:`resumed_files`), asks to fan its job out (:func:`fan_out_request`),
+the shape every entry has (:class:`Entry`).
 Engines import this, never the sandbox; the sandbox and the worker import it to read what
 entries give back."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -67,6 +69,21 @@ def report_progress(out_dir: Path, fraction: float) -> None:
     with contextlib.suppress(OSError):
         tmp.write_text(f"{fraction:.4f}")
         os.replace(tmp, job_dir / PROGRESS_FILE)
+
+
+FAN_OUT: Final = "fan_out"
+"""The output type of an entry's request to fan out (:func:`fan_out_request`)."""
+FAN_OUT_FILE: Final = "fanout.json"
+
+
+def fan_out_request(out_dir: Path, chunks: list[Any]) -> OutputFile:
+    """An entry's request to fan its job out into ``len(chunks)`` chunks (ADR 0081, 0082;
+    :mod:`hypermedia.worker.fanout`): the run's only output, ``fan_out`` (``fanout.json``: each
+    chunk as JSON, for whoever debugs the job), metadata ``chunks`` = the count. The worker makes
+    one child job per chunk but the last (its ``chunk_index`` the chunk's), which the job's next
+    run does itself."""
+    (out_dir / FAN_OUT_FILE).write_text(json.dumps({"chunks": chunks}))
+    return OutputFile(FAN_OUT, FAN_OUT_FILE, "application/json", {"chunks": len(chunks)})
 
 
 CHECKPOINT_DIR: Final = "checkpoints"

@@ -3,7 +3,7 @@ finds them, and the parts this attempt finishes recorded and stored while it run
 
 Only for handlers that keep parts (:attr:`JobHandler.checkpoints`: the ocrworker's, the
 docworker's, the mediaworker's); bounded, because the job's child writes the directory the parts
-come from (at most :data:`MAX_PARTS` parts of the handler's ``checkpoint_part_bytes`` each and
+come from (at most the handler's ``checkpoint_max_parts`` parts, of its ``checkpoint_part_bytes`` each and
 ``checkpoint_job_bytes`` in all per attempt, opened without following a symlink, hashed and
 uploaded streamed, never held in memory whole); best effort: a part that cannot be restored is
 done again, a part that cannot be kept is lost with the attempt, and neither fails the job.
@@ -37,13 +37,14 @@ log = logging.getLogger(__name__)
 POLL_SECONDS: Final = 0.25
 """How often the checkpoint directory of a running job is looked at for finished parts."""
 MAX_PARTS: Final = 64
-"""Parts one attempt keeps, and restores, at most (an OCR job has at most 20 pages)."""
+"""Parts one attempt keeps, and restores, at most, unless the handler says otherwise
+(``JobHandler.checkpoint_max_parts``: the ocrworker's restores the pages of a fanned-out job)."""
 MAX_JOB_BYTES: Final = 256 * 1024 * 1024
 """Bytes of parts one attempt keeps, and restores, at most, unless the handler says otherwise
 (``JobHandler.checkpoint_job_bytes``)."""
 MAX_LISTED: Final = 1_000
-"""Entries of a job's checkpoint directory looked at per listing (a job keeps at most
-:data:`MAX_PARTS` parts; the rest is the child's doing)."""
+"""Entries of a job's checkpoint directory looked at per listing (a job keeps at most its
+handler's ``checkpoint_max_parts`` parts; the rest is the child's doing)."""
 TRIES: Final = 3
 """Tries to keep one part before it is given up (its page is then done again by a later attempt)."""
 
@@ -61,6 +62,7 @@ class Checkpointing:
         job_bytes: most bytes of parts one attempt keeps (each try counted, a failed one too),
             and restores.
         operations: the operations whose jobs keep parts (``None``: every one the handler runs).
+        max_parts: most parts one attempt keeps, and restores.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class Checkpointing:
         part_bytes: int = MAX_PART_BYTES,
         job_bytes: int = MAX_JOB_BYTES,
         operations: frozenset[str] | None = None,
+        max_parts: int = MAX_PARTS,
     ) -> None:
         self._transfers = transfers
         self._http = http
@@ -82,6 +85,7 @@ class Checkpointing:
         self._enabled = enabled
         self._part_bytes = part_bytes
         self._job_bytes = job_bytes
+        self._max_parts = max_parts
         self._operations = operations
 
     @classmethod
@@ -95,7 +99,8 @@ class Checkpointing:
     ) -> Checkpointing:
         """The checkpointing of a worker whose jobs ``handler`` runs: on when it keeps parts
         (:attr:`JobHandler.checkpoints`) for the operations it names (``checkpoint_operations``),
-        within its bounds (``checkpoint_part_bytes``, ``checkpoint_job_bytes``)."""
+        within its bounds (``checkpoint_part_bytes``, ``checkpoint_job_bytes``,
+        ``checkpoint_max_parts``)."""
         return cls(
             transfers,
             http,
@@ -105,6 +110,7 @@ class Checkpointing:
             part_bytes=handler.checkpoint_part_bytes,
             job_bytes=handler.checkpoint_job_bytes,
             operations=handler.checkpoint_operations,
+            max_parts=handler.checkpoint_max_parts,
         )
 
     def _keeps(self, job: lifecycle.ClaimedJob) -> bool:
@@ -115,7 +121,7 @@ class Checkpointing:
         self, job: lifecycle.ClaimedJob, granted: storage_pb2.GrantJobResponse, job_dir: Path
     ) -> int:
         """Downloads the parts earlier attempts of ``job`` kept (``granted.checkpoints``, at most
-        :data:`MAX_PARTS`, each at most ``part_bytes`` and ``job_bytes`` in all) into
+        ``max_parts``, each at most ``part_bytes`` and ``job_bytes`` in all) into
         ``{job_dir}/resume/``, readable by the job's child; returns how many. A part that cannot
         be downloaded, or whose bytes are not the ones its row records (SHA-256: changed in the
         store, or an upload that never finished), is left out (the entry does it again)."""
@@ -125,7 +131,7 @@ class Checkpointing:
         folder = job_dir / RESUME_DIR
         folder.mkdir(mode=0o755, exist_ok=True)
         restored, budget = 0, self._job_bytes
-        for part, url in sorted(granted.checkpoints.items())[:MAX_PARTS]:
+        for part, url in sorted(granted.checkpoints.items())[: self._max_parts]:
             if not checkpoints.PART.fullmatch(part) or part not in recorded or budget <= 0:
                 continue
             dest = folder / f"{part}.zip"
@@ -173,7 +179,7 @@ class Checkpointing:
             names = await asyncio.to_thread(_finished_parts, folder)
             for name in names:
                 part = name.removesuffix(".zip")
-                if part in settled or len(settled) >= MAX_PARTS or not checkpoints.PART.fullmatch(part):
+                if part in settled or len(settled) >= self._max_parts or not checkpoints.PART.fullmatch(part):
                     continue
                 try:
                     if grant.expires_at.ToSeconds() - time.time() < GRANT_MARGIN_SECONDS:

@@ -33,14 +33,16 @@ from typing import Final
 import asyncpg
 
 from hypermedia.core.errors import TransientError
+from hypermedia.engines.contract import FAN_OUT
 from hypermedia.infra import db
 from hypermedia.jobs.lifecycle import ClaimedJob, children
 from hypermedia.sandbox import SandboxResult
 from hypermedia.worker.admission import Admission
 from hypermedia.worker.progress import PROCESSING_PROGRESS
 
-OUTPUT: Final = "fan_out"
-"""The output type of an entry's request to fan out; its metadata ``chunks`` is the plan's count."""
+OUTPUT: Final = FAN_OUT
+"""The output type of an entry's request to fan out; its metadata ``chunks`` is the plan's count
+(:func:`hypermedia.engines.contract.fan_out_request`)."""
 MIN_CHUNKS: Final = 3
 """Fewest chunks worth fanning out: two children beside the parent's own last chunk."""
 MAX_CHUNKS: Final = 60

@@ -14,7 +14,7 @@ import asyncpg
 from hypermedia.engines.contract import MAX_PART_BYTES
 from hypermedia.jobs import charges, lifecycle
 from hypermedia.sandbox import OutputFile, SandboxLimits
-from hypermedia.worker.checkpointing import MAX_JOB_BYTES
+from hypermedia.worker.checkpointing import MAX_JOB_BYTES, MAX_PARTS
 from hypermedia.worker.unit import peer
 
 
@@ -46,6 +46,9 @@ class JobHandler(Protocol):
     preview pages; a transcode's rendition is far larger)."""
     checkpoint_job_bytes: int
     """Most bytes of parts one attempt keeps, and restores (256 MiB by default)."""
+    checkpoint_max_parts: int
+    """Most parts one attempt keeps, and restores (64 by default; the ocrworker's: 500, the pages
+    of a fanned-out job, ADR 0082)."""
     checkpoint_operations: frozenset[str] | None
     """The operations whose jobs keep parts (``None``: every one; the mediaworker's:
     ``transcode_video`` only), so that another operation's child cannot have parts stored."""
@@ -112,6 +115,7 @@ class SandboxHandler:
     checkpoints = False
     checkpoint_part_bytes = MAX_PART_BYTES
     checkpoint_job_bytes = MAX_JOB_BYTES
+    checkpoint_max_parts = MAX_PARTS
     checkpoint_operations: frozenset[str] | None = None
 
     async def stage(self, job: lifecycle.ClaimedJob, job_input: JobInput, pool: asyncpg.Pool) -> JobInput:

@@ -15,6 +15,11 @@ The worker reports the recognition languages its tesseract has (``tesseract --li
 refuses an ``ocr`` job asking for another one (422) and lists them (``ListOcrLanguages``,
 ``GET /v1/ocr/languages``). A worker without tesseract reports nothing and fails its jobs with
 ``OCR_ENGINE_UNAVAILABLE`` (transient: another replica may have it).
+
+A job selecting more than ``HM_OCR_FAN_OUT_PAGES`` pages fans out (ADR 0082,
+:class:`services.ocrworker.settings.OcrSettings`): its first run asks for child jobs, each
+reading a group of pages and keeping them as the job's checkpoint parts; the job then reads its
+last group and assembles every page's reading into its outputs.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
+from hypermedia.core import config
 from hypermedia.core.errors import DomainError
 from hypermedia.engines.ocr import tesseract
 from hypermedia.engines.ocr.engine import OcrLimits
+from hypermedia.engines.ocr.params import MAX_FANNED_OCR_PAGES
 from hypermedia.infra.service import Lifetime, run_service
 from hypermedia.jobs.lifecycle import ClaimedJob
 from hypermedia.sandbox import DEFAULT_CHILD_ENV, OutputFile
@@ -37,6 +44,7 @@ from hypermedia.worker.handler import SandboxHandler
 from hypermedia.worker.runtime import WorkerRuntime
 from hypermedia.worker.serve import Lane, queue_worker_settings, serve_lanes
 from hypermedia.worker.settings import WorkerSettings
+from services.ocrworker.settings import OcrSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +58,30 @@ ESCALATION_LINE: Final = "ocr_escalation"
 
 
 class OcrHandler(SandboxHandler):
-    """Runs :func:`hypermedia.engines.ocr.engine.run` with the profile's size and per-page pixel limits,
-    and charges escalated pages as a line of their own."""
+    """Runs :func:`hypermedia.engines.ocr.engine.run` with the profile's size and per-page pixel
+    limits and ``settings``' fan-out (its defaults without), and charges escalated pages as a
+    line of their own."""
 
     entry = "hypermedia.engines.ocr.engine:run"
     checkpoints = True  # a page at a time (ADR 0069)
+    checkpoint_max_parts = MAX_FANNED_OCR_PAGES  # the pages of a fanned-out job (ADR 0082)
+    checkpoint_job_bytes = 1024 * 1024 * 1024
+    """A page's part is its record, text, hOCR and PDF page: 0.2–2 MB (a grey A4 page at 300 dpi)."""
+
+    def __init__(self, settings: OcrSettings | None = None) -> None:
+        self.settings = settings or config.load(OcrSettings)
 
     def entry_kwargs(self, job: ClaimedJob) -> dict[str, Any]:
-        return {"limits": OcrLimits(max_input_bytes=job.max_input_bytes, max_page_pixels=job.max_pixels)}
+        return {
+            "limits": OcrLimits(
+                max_input_bytes=job.max_input_bytes,
+                max_page_pixels=job.max_pixels,
+                fan_out_pages=self.settings.fan_out_pages or None,
+                fan_out_group_pages=self.settings.fan_out_group_pages,
+                fan_out=not job.fanned_out and job.parent_job_id is None,
+                group=job.chunk_index,
+            )
+        }
 
     def charge_lines(self, job: ClaimedJob, outputs: list[OutputFile]) -> dict[str, int]:
         """``{"ocr_escalation": escalated_pages × the profile's escalation_per_page}`` when pages
@@ -101,7 +125,7 @@ async def lane(stack: AsyncExitStack, settings: WorkerSettings) -> Lane:
     return Lane(
         "ocrworker",
         settings,
-        OcrHandler(),
+        OcrHandler(config.load(OcrSettings)),
         ("pyvips", "pypdfium2", "hypermedia.engines.ocr.engine"),
         periodic=(LANGUAGE_REPORT_SECONDS, report_languages),
         child_env=child_env(os.environ),

@@ -19,6 +19,7 @@ from typing import Any
 import av
 import httpx
 import psycopg
+import pypdfium2 as pdfium
 import pytest
 
 from hypermedia.devtools.embedded import free_port
@@ -459,6 +460,50 @@ def _children(conn: psycopg.Connection[Any], job_id: str) -> list[tuple[str, int
     return [(r[0], r[1], r[2], r[3]) for r in rows]
 
 
+def _completed_with_makers(
+    client: httpx.Client, conn: psycopg.Connection[Any], job_id: str
+) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """``job_id`` once completed (within 240 s), and who made each of its checkpoint parts
+    (part → the child job's id, None for the job itself), read while it ran: storage's sweep
+    deletes the rows once it ended."""
+    made_by: dict[str, str | None] = {}
+    deadline = time.monotonic() + 240
+    while (status := client.get(f"/v1/jobs/{job_id}").json()["status"]) != "completed":
+        assert status in ("queued", "claimed", "processing"), status
+        assert time.monotonic() < deadline, "not completed within 240 s"
+        made_by |= dict(
+            conn.execute(
+                "SELECT part, made_by_job::text FROM job_checkpoints WHERE job_id = %s", (job_id,)
+            ).fetchall()
+        )
+        time.sleep(0.05)
+    return client.get(f"/v1/jobs/{job_id}").json(), made_by
+
+
+def _assert_children_unlisted_and_unbilled(
+    client: httpx.Client, conn: psycopg.Connection[Any], job: dict[str, Any], kids: list[str]
+) -> None:
+    """The children of the completed ``job`` are no one's to list, hold nothing and are charged
+    nothing; the job's hold is committed once, at its charge."""
+    job_id = job["job_id"]
+    assert [j["job_id"] for j in client.get("/v1/jobs").json()["jobs"]] == [job_id]
+    wait_for(
+        "the job's hold committed",
+        lambda: (
+            conn.execute("SELECT status FROM credit_holds WHERE job_id = %s", (job_id,)).fetchone()
+            == ("committed",)
+        ),
+        30,
+    )
+    holds = conn.execute(
+        "SELECT job_id::text, charged FROM credit_holds WHERE job_id = ANY(%s::uuid[])", ([job_id, *kids],)
+    ).fetchall()
+    assert holds == [(job_id, round(job["actual_credits"] * 1000))]
+    assert conn.execute(
+        "SELECT count(*) FROM credit_ledger WHERE job_id = ANY(%s::uuid[])", (kids,)
+    ).fetchone() == (0,)
+
+
 def _fan_out_job(client: httpx.Client, tmp_path: Path, params: dict[str, Any]) -> str:
     """The id of a ``transcode_video`` into :data:`LADDER` with ``params`` of 20 s of 640 × 360
     video with a keyframe every second, uploaded by ``client``'s account."""
@@ -486,18 +531,7 @@ def test_a_long_transcode_fans_out_to_children_on_both_workers_and_joins_their_c
         psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
     ):
         job_id = _fan_out_job(client, tmp_path, {"hls": True, "hls_segment_seconds": 2})
-        made_by: dict[str, str] = {}
-        deadline = time.monotonic() + 240
-        while (status := client.get(f"/v1/jobs/{job_id}").json()["status"]) != "completed":
-            assert status in ("queued", "claimed", "processing"), status
-            assert time.monotonic() < deadline, "not completed within 240 s"
-            made_by |= dict(
-                conn.execute(
-                    "SELECT part, made_by_job::text FROM job_checkpoints WHERE job_id = %s", (job_id,)
-                ).fetchall()
-            )
-            time.sleep(0.05)
-        job = client.get(f"/v1/jobs/{job_id}").json()
+        job, made_by = _completed_with_makers(client, conn, job_id)
 
         kids = _children(conn, job_id)
         assert [(chunk, status, credits) for _, chunk, status, credits in kids] == [
@@ -524,25 +558,7 @@ def test_a_long_transcode_fans_out_to_children_on_both_workers_and_joins_their_c
         assert fractions == sorted(fractions) and len(fractions) >= 2 and fractions[-1] == 0.25 + 0.5 * 4 / 5
         _assert_ladder(client, tmp_path, job)
         assert _resumed(job) == [True] * 4  # every rendition took the children's chunks
-        # The children are no one's to list, hold nothing and are charged nothing; the job once.
-        listed = client.get("/v1/jobs").json()["jobs"]
-        assert [j["job_id"] for j in listed] == [job_id]
-        wait_for(
-            "the job's hold committed",
-            lambda: (
-                conn.execute("SELECT status FROM credit_holds WHERE job_id = %s", (job_id,)).fetchone()
-                == ("committed",)
-            ),
-            30,
-        )
-        holds = conn.execute(
-            "SELECT job_id::text, charged FROM credit_holds WHERE job_id = ANY(%s::uuid[])",
-            ([job_id, *(k[0] for k in kids)],),
-        ).fetchall()
-        assert holds == [(job_id, round(job["actual_credits"] * 1000))]
-        assert conn.execute(
-            "SELECT count(*) FROM credit_ledger WHERE job_id = ANY(%s::uuid[])", ([k[0] for k in kids],)
-        ).fetchone() == (0,)
+        _assert_children_unlisted_and_unbilled(client, conn, job, [k[0] for k in kids])
         _assert_swept(platform, conn, job_id)
 
 
@@ -586,3 +602,81 @@ def test_cancelling_a_fanned_out_job_stops_every_child(
             ),
             30,
         )
+
+
+OCR_FAN_OUT_PAGES = 25
+"""Over the ocrworker's default ``HM_OCR_FAN_OUT_PAGES`` (20): groups of 10, 10 and 5 pages."""
+
+
+def test_a_long_ocr_fans_out_to_children_on_both_workers_and_assembles_their_pages(
+    platform_without_workers: RunningPlatform,
+) -> None:
+    """25 pages on two one-slot ocrworkers with the default fan-out (ADR 0082): two children read
+    pages 1–10 and 11–20, on both workers, each page kept as the job's part made by its child;
+    the job reads 21–25 and writes every page, in order, in each output; the children hold and
+    are charged nothing, the job once, for its 25 pages."""
+    platform = platform_without_workers
+    texts = [f"Page {n} {WORDS[n % len(WORDS)]} {WORDS[(3 * n) % len(WORDS)]}" for n in range(1, 26)]
+    workers = [_worker(platform, f"ocr-fan-{n}") for n in (1, 2)]
+    try:
+        with (
+            platform.client(platform.admin("create-account", "--credits", "100")) as client,
+            psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn,
+        ):
+            obj = client.post("/v1/objects", files={"file": ("long.pdf", text_pages_pdf(texts))}).json()
+            created = client.post(
+                "/v1/hypermedia/process",
+                json={
+                    "object_id": obj["object_id"],
+                    "operations": [{"name": "ocr", "params": {"outputs": ["text", "searchable_pdf"]}}],
+                },
+            )
+            assert created.status_code == 202, created.text
+            job_id = created.json()["job_ids"][0]
+            job, made_by = _completed_with_makers(client, conn, job_id)
+
+            kids = _children(conn, job_id)
+            assert [(chunk, status, credits) for _, chunk, status, credits in kids] == [
+                (0, "completed", 0),
+                (1, "completed", 0),
+            ]
+            # Pages 1–20 kept by their children; 21–24 by the job itself, as any attempt keeps
+            # every page it reads but the last (ADR 0069).
+            assert made_by == {f"page-{n:05d}": kids[(n - 1) // 10][0] for n in range(1, 21)} | {
+                f"page-{n:05d}": None for n in range(21, 25)
+            }, made_by
+            ran_on = conn.execute(
+                "SELECT DISTINCT worker_id FROM job_attempts WHERE job_id = ANY(%s::uuid[])",
+                ([k[0] for k in kids],),
+            ).fetchall()
+            assert len(ran_on) == 2, ran_on
+            assert [a["status"] for a in job["attempts"]] == ["completed"]
+            outputs = {o["output_type"]: o for o in job["outputs"]}
+            meta = outputs["text"]["metadata"]
+            assert meta["pages"] == list(range(1, 26)) and meta["resumed_pages"] == list(range(1, 21))
+            pages = _texts(client, job)["text"].decode().split("\f")
+            assert [page.split()[:2] for page in pages] == [["Page", str(n)] for n in range(1, 26)], pages
+            searchable = pdfium.PdfDocument(_texts(client, job)["searchable_pdf"])
+            try:
+                assert len(searchable) == 25
+            finally:
+                searchable.close()
+
+            _assert_children_unlisted_and_unbilled(client, conn, job, [k[0] for k in kids])
+            # Charged for its 25 pages (ADR 0068), within its hold.
+            priced = conn.execute(
+                "SELECT p.base_cost, p.per_unit, j.estimated_credits FROM processing_jobs j JOIN "
+                "processing_profiles p ON (p.operation, p.version) = (j.operation, j.profile_version) "
+                "WHERE j.job_id = %s",
+                (job_id,),
+            ).fetchone()
+            assert priced is not None
+            base, per_unit, price = priced
+            work = min(per_unit * 25, price - min(base, price))
+            assert work > 0 and job["actual_credits"] == round((min(base, price) + work) / 1000, 3), job
+            _assert_swept(platform, conn, job_id)
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(60)

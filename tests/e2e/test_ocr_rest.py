@@ -25,6 +25,7 @@ import pyvips
 from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.metrics import cer
+from hypermedia.engines.ocr.params import MAX_FANNED_OCR_PAGES
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.helpers.ocr import (
     EUROTEXT_LANGUAGES,
@@ -318,9 +319,9 @@ def test_a_256_megapixel_image_is_refused_before_tesseract(client: httpx.Client)
     assert client.get("/v1/credits").json()["balance"] == balance["balance"]
 
 
-def test_a_500_page_pdf_fails_with_a_clear_page_limit(client: httpx.Client) -> None:
-    """500 pages, each an image: OCR of every page is refused (the job's page cap) before a page
-    is rendered; asking for two of them works."""
+def test_a_501_page_pdf_fails_with_a_clear_page_limit(client: httpx.Client) -> None:
+    """501 pages, each an image: OCR of every page is refused (the page cap of a job that fans
+    out, ADR 0082) before a page is rendered; asking for two of them works."""
     pdf = pdfium.PdfDocument.new()
     page_image = pdfium.PdfImage.new(pdf)
     bitmap = pdfium.PdfBitmap.from_pil(_pil_page())
@@ -329,7 +330,7 @@ def test_a_500_page_pdf_fails_with_a_clear_page_limit(client: httpx.Client) -> N
     page_image.set_matrix(pdfium.PdfMatrix().scale(595, 842))
     first.insert_obj(page_image)
     first.gen_content()
-    for _ in range(499):
+    for _ in range(MAX_FANNED_OCR_PAGES):
         pdf.import_pages(pdf, [0])
     buffer = io.BytesIO()
     pdf.save(buffer)
@@ -337,13 +338,13 @@ def test_a_500_page_pdf_fails_with_a_clear_page_limit(client: httpx.Client) -> N
     obj = _upload_bytes(client, "scans.pdf", buffer.getvalue())
     job = _ocr(client, obj["object_id"])
     assert job["status"] == "failed" and job["error_code"] == "OCR_PAGE_LIMIT", job["error_message"]
-    assert "500" in job["error_message"] and "pages" in job["error_message"]
+    assert f"501 pages; one job OCRs at most {MAX_FANNED_OCR_PAGES}" in job["error_message"]
     assert job["attempt_count"] == 1
     outputs = _outputs(
-        _ocr(client, obj["object_id"], pages="1,500", outputs=["text"], escalate=False, skip_text_pages=True)
+        _ocr(client, obj["object_id"], pages="1,501", outputs=["text"], escalate=False, skip_text_pages=True)
     )
-    assert outputs["text"]["metadata"]["page_count"] == 500
-    assert outputs["text"]["metadata"]["pages"] == [1, 500]
+    assert outputs["text"]["metadata"]["page_count"] == 501
+    assert outputs["text"]["metadata"]["pages"] == [1, 501]
 
 
 def _pil_page() -> Any:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hypermedia.core.errors import PermanentJobError
-from hypermedia.engines.contract import OutputFile, keep_part, report_progress
+from hypermedia.engines.contract import OutputFile, fan_out_request, keep_part, report_progress
 from hypermedia.engines.media import rendition_parts
 from hypermedia.engines.media.chunks import (
     Chunk,
@@ -56,7 +56,6 @@ keeps at most 64 parts an attempt (:data:`hypermedia.worker.checkpointing.MAX_PA
 MIN_FAN_OUT: Final = 3
 """Fewest chunks a job fans out into: two children beside the parent's own last chunk
 (:data:`hypermedia.worker.fanout.MIN_CHUNKS`)."""
-FAN_OUT_FILE: Final = "fanout.json"
 CHUNK_PART_FORMAT: Final = 1
 """Version of a chunk part's layout; a part of another version is encoded again."""
 RECORD: Final = "chunk.json"
@@ -146,11 +145,9 @@ def encode_in_chunks(plan: Plan, planned: list[Chunk]) -> list[Encoded] | None:
 
 
 def ask_fan_out(plan: Plan, planned: list[Chunk]) -> OutputFile:
-    """A run's request to fan out ``planned`` (:mod:`hypermedia.worker.fanout`): the only output
-    of the run, ``fan_out`` (``fanout.json``: the count and each chunk), metadata ``chunks``."""
-    record = {"chunks": [chunk.as_json() for chunk in planned]}
-    (plan.out_dir / FAN_OUT_FILE).write_text(json.dumps(record))
-    return OutputFile("fan_out", FAN_OUT_FILE, "application/json", {"chunks": len(planned)})
+    """A run's request to fan out ``planned`` (:func:`hypermedia.engines.contract.fan_out_request`,
+    each chunk as :meth:`Chunk.as_json`)."""
+    return fan_out_request(plan.out_dir, [chunk.as_json() for chunk in planned])
 
 
 def encode_for_parent(plan: Plan, planned: list[Chunk], index: int) -> None:

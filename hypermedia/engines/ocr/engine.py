@@ -75,7 +75,7 @@ import pyvips
 from hypermedia.core.errors import DomainError, PermanentJobError
 from hypermedia.engines.contract import OutputFile, keep_part, resumed_part
 from hypermedia.engines.imaging.sources import heif_decoder, reraise_vips_error
-from hypermedia.engines.ocr import escalation, gate, preprocess, rapid_ocr, tables, tesseract
+from hypermedia.engines.ocr import escalation, fanning, gate, preprocess, rapid_ocr, tables, tesseract
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.outputs import job_summary, write_outputs
 from hypermedia.engines.ocr.pages import (
@@ -198,11 +198,28 @@ def run(
     )
     with tempfile.TemporaryDirectory(prefix="ocr-") as work:
         work_dir = Path(work)
+        fingerprint = _fingerprint(params)
+
+        def kept_page(number: int) -> fanning.KeptPage | None:
+            return _kept_page(resumed_part(out_dir, f"page-{number:05d}"), number, work_dir, fingerprint)
+
+        fanned: fanning.FannedRun | None = None
         if head.startswith(_PDF_MAGIC):
             source_format = "pdf"
-            page_count, pages = pdf_sources(
-                input_path, work_dir, params["pages"], limits, skip_text=params["skip_text_pages"]
+            skip_text = params["skip_text_pages"]
+            # A selection that fans out is planned from the page sizes before any page is rendered.
+            page_count, selected, pages = pdf_sources(
+                input_path, work_dir, params["pages"], limits, skip_text=skip_text, most=limits.fan_out_pages
             )
+            if limits.fans_out(len(selected)) or limits.group is not None:
+                fanned = fanning.fanned_run(selected, limits, out_dir, kept_page)
+                if fanned is not None and fanned.request is not None:
+                    return [fanned.request]
+                if not pages:
+                    only = None if fanned is None else fanned.read
+                    page_count, selected, pages = pdf_sources(
+                        input_path, work_dir, params["pages"], limits, skip_text=skip_text, only=only
+                    )
         else:
             mime = contenttype.image_mime(head)
             if mime not in LOADERS:
@@ -214,35 +231,50 @@ def run(
                 page_count, pages = hevc_sources(data, params["pages"], limits)
             else:
                 page_count, pages = image_sources(input_path, LOADERS[mime], params["pages"], limits)
+            selected = [page.number for page in pages]
+            if limits.fans_out(len(selected)) or limits.group is not None:  # pages load when read
+                fanned = fanning.fanned_run(selected, limits, out_dir, kept_page)
+                if fanned is not None and fanned.request is not None:
+                    return [fanned.request]
+                if fanned is not None:
+                    reads = set(fanned.read)
+                    pages = [page for page in pages if page.number in reads]
+        by_number = {page.number: page for page in pages}
+        order = selected if fanned is None or not fanned.child else fanned.read
         records: list[dict[str, Any]] = []
         texts: list[str] = []
         hocr_pages: list[tuple[int, Path]] = []
         pdf_pages: list[Path] = []
         failed_before = False
         resumed: list[int] = []
-        fingerprint = _fingerprint(params)
-        for page in pages:
-            if page.text_layer is not None:
+        for number in order:
+            page = by_number.get(number)
+            if page is not None and page.text_layer is not None:
                 records.append(_text_layer_record(page.number, page.text_layer))
                 texts.append(page.text_layer)
                 if page.original_pdf is not None:
                     pdf_pages.append(page.original_pdf)
                 continue
-            part = f"page-{page.number:05d}"
-            kept = _kept_page(resumed_part(out_dir, part), page.number, work_dir, fingerprint)
+            part = f"page-{number:05d}"
+            if fanned is not None:
+                kept = fanned.kept.get(number)
+            else:
+                kept = kept_page(number)
             if kept is None:
+                assert page is not None, "a page neither kept nor read"
                 result, record = _ocr_page(page, engine, second, work_dir, params, limits, preprocessing)
                 text, hocr_path, pdf_path = result.text, result.hocr_path, result.pdf_path
             else:  # read by an earlier attempt of this job (ADR 0069)
                 record, text, hocr_path, pdf_path = kept
-                resumed.append(page.number)
+                resumed.append(number)
             if failed_before and record["escalation"]["reason"] == "disabled":
                 record["escalation"]["reason"] = "failed_earlier"
             if record["escalation"]["reason"].startswith("failed_"):
                 # Not tried again in this job: what ran out (memory, time) has not come back.
                 second, failed_before = None, True
-            if kept is None and page is not pages[-1]:
-                # A later attempt takes it from here (ADR 0069); after the last page there is nothing to resume.
+            if kept is None and (number != order[-1] or (fanned is not None and fanned.child)):
+                # A later attempt takes it from here (ADR 0069); after the last page there is
+                # nothing to resume, except for a child, which reads pages for its parent (ADR 0082).
                 keep_part(
                     out_dir,
                     part,
@@ -251,9 +283,11 @@ def run(
             records.append(record)
             texts.append(text)
             if hocr_path is not None:
-                hocr_pages.append((page.number, hocr_path))
+                hocr_pages.append((number, hocr_path))
             if pdf_path is not None:
                 pdf_pages.append(pdf_path)
+        if fanned is not None and fanned.child:
+            return []  # its pages are its parent's parts
         summary = job_summary(records, page_count, params["languages"], source_format, resumed_pages=resumed)
         return list(write_outputs(params["outputs"], out_dir, summary, records, texts, hocr_pages, pdf_pages))
 

@@ -26,6 +26,7 @@ from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.params import (
     MAX_DOCUMENT_PAGES,
+    MAX_FANNED_OCR_PAGES,
     MAX_OCR_PAGES,
     TEXT_LAYER_MIN_CHARS,
 )
@@ -77,6 +78,27 @@ class OcrLimits:
     escalation_threshold: float = ESCALATION_THRESHOLD
     """Mean tesseract word confidence (0–100) under which a page is escalated (when the job's
     ``escalate`` param is true)."""
+    fan_out_pages: int | None = None
+    """A job selecting more pages than this is read in groups by child jobs (ADR 0082,
+    :func:`~hypermedia.engines.ocr.fanning.page_groups`), and may select up to
+    :attr:`max_fanned_pages`; None: never (the cap is :attr:`max_pages`)."""
+    fan_out_group_pages: int = 10
+    """Pages of a group (more where a document would have more than 60 groups)."""
+    max_fanned_pages: int = MAX_FANNED_OCR_PAGES
+    """Most pages a job that fans out selects (``OCR_PAGE_LIMIT``)."""
+    fan_out: bool = False
+    """Whether this run may ask to fan out (not a child, not a job that fanned out before)."""
+    group: int | None = None
+    """A child job's run: the index of the group it reads (its ``chunk_index``)."""
+
+    def fans_out(self, selected: int) -> bool:
+        """Whether a job selecting ``selected`` pages is read in groups by children."""
+        return self.fan_out_pages is not None and selected > self.fan_out_pages
+
+    def page_cap(self, selected: int) -> int:
+        """Most pages a job selecting ``selected`` pages may OCR: :attr:`max_fanned_pages` when it
+        fans out, else :attr:`max_pages`."""
+        return self.max_fanned_pages if self.fans_out(selected) else self.max_pages
 
 
 @dataclass(frozen=True)
@@ -96,11 +118,11 @@ class Page:
 
 
 def _select(requested: list[int] | None, count: int, limits: OcrLimits, unit: str) -> list[int]:
-    """The page numbers to OCR: checks they exist and are not too many."""
+    """The page numbers to OCR: checks they exist and are not too many (:meth:`OcrLimits.page_cap`)."""
     if requested is None:
-        if count > limits.max_pages:
+        if count > (cap := limits.page_cap(count)):
             raise PermanentJobError(
-                f"The {unit} has {count} pages; one job OCRs at most {limits.max_pages}. "
+                f"The {unit} has {count} pages; one job OCRs at most {cap}. "
                 "Choose pages with the pages param.",
                 "OCR_PAGE_LIMIT",
             )
@@ -111,9 +133,9 @@ def _select(requested: list[int] | None, count: int, limits: OcrLimits, unit: st
             f"The {unit} has {count} page{'s' if count != 1 else ''}; page {missing[0]} does not exist.",
             "INVALID_PARAMS",
         )
-    if len(requested) > limits.max_pages:
+    if len(requested) > (cap := limits.page_cap(len(requested))):
         raise PermanentJobError(
-            f"{len(requested)} pages selected; one job OCRs at most {limits.max_pages}.", "OCR_PAGE_LIMIT"
+            f"{len(requested)} pages selected; one job OCRs at most {cap}.", "OCR_PAGE_LIMIT"
         )
     return requested
 
@@ -216,10 +238,17 @@ def pdf_sources(
     limits: OcrLimits,
     *,
     skip_text: bool = False,
-) -> tuple[int, list[Page]]:
+    only: list[int] | None = None,
+    most: int | None = None,
+) -> tuple[int, list[int], list[Page]]:
     """Renders the selected pages of a PDF in an engine process (see the module docstring); with
-    ``skip_text``, a page with a text layer is not rendered but comes with its text."""
-    rendered = engine_process.call(_render_pdf, str(input_path), str(work_dir), requested, limits, skip_text)
+    ``skip_text``, a page with a text layer is not rendered but comes with its text. Every
+    selected page is checked, but only those of ``only`` are rendered (a fanned-out job's:
+    :func:`~hypermedia.engines.ocr.fanning.page_groups`), and none when more than ``most`` are selected (the caller plans first).
+    Returns the page count, the selected numbers and the pages."""
+    rendered = engine_process.call(
+        _render_pdf, str(input_path), str(work_dir), requested, limits, skip_text, only, most
+    )
 
     def load(path: str, width: int, height: int) -> pyvips.Image:
         data = Path(path).read_bytes()
@@ -241,7 +270,7 @@ def pdf_sources(
         )
         for entry in rendered["pages"]
     ]
-    return rendered["page_count"], pages
+    return rendered["page_count"], rendered["selected"], pages
 
 
 def _not_rendered() -> pyvips.Image:
@@ -259,16 +288,24 @@ def _pdf_error(exc: pdfium.PdfiumError) -> PermanentJobError:
 
 
 def _render_pdf(
-    input_path: str, work_dir: str, requested: list[int] | None, limits: OcrLimits, skip_text: bool = False
+    input_path: str,
+    work_dir: str,
+    requested: list[int] | None,
+    limits: OcrLimits,
+    skip_text: bool = False,
+    only: list[int] | None = None,
+    most: int | None = None,
 ) -> dict:
-    """Engine process: renders the selected pages to raw 8-bit grey files (no libvips here). With
+    """Engine process: renders the selected pages (of those, ``only``'s when given; none when more
+    than ``most`` are selected; every selected page's size is checked all the same) to raw 8-bit
+    grey files (no libvips here). With
     ``skip_text``, a page whose text layer has at least
     :data:`~hypermedia.engines.ocr.params.TEXT_LAYER_MIN_CHARS` characters other than whitespace is not
     rendered: its text is returned, and the page copied into a one-page PDF of its own.
 
     Returns:
-        ``{"page_count": n, "pages": [{"page", "path", "width", "height", "dpi"} |
-        {"page", "text", "pdf"}]}``: ``text`` the path of a UTF-8 file with the page's layer.
+        ``{"page_count": n, "selected": [numbers], "pages": [{"page", "path", "width", "height",
+        "dpi"} | {"page", "text", "pdf"}]}``: ``text`` the path of a UTF-8 file with the page's layer.
     """
     try:
         document = pdfium.PdfDocument(input_path)
@@ -285,7 +322,9 @@ def _render_pdf(
             raise PermanentJobError("The PDF is damaged and cannot be read.", "PARSE_ERROR")
         numbers = _select(requested, count, limits, "PDF")
         document.init_forms()  # before any page is loaded: form fields are drawn
-        layers = {number: _text_layer(document, number) for number in numbers} if skip_text else {}
+        chosen = set() if most is not None and len(numbers) > most else set(numbers if only is None else only)
+        wanted = [number for number in numbers if number in chosen]
+        layers = {number: _text_layer(document, number) for number in wanted} if skip_text else {}
         plan = []
         pages: list[dict[str, Any]] = []
         for number in numbers:  # every page's size is checked before the first is rendered
@@ -299,6 +338,7 @@ def _render_pdf(
             if width * height > limits.max_page_pixels or max(width, height) > MAX_SIDE:
                 raise _too_many_pixels(f"Page {number} at {dpi} dpi", width, height, limits)
             plan.append((number, dpi))
+        plan = [(number, dpi) for number, dpi in plan if number in chosen]
         for number, layer in layers.items():
             if layer is not None:
                 pdf_path = os.path.join(work_dir, f"original-{number:05d}.pdf")
@@ -328,7 +368,11 @@ def _render_pdf(
                     bitmap.close()
             finally:
                 page.close()
-        return {"page_count": count, "pages": sorted(pages, key=lambda entry: entry["page"])}
+        return {
+            "page_count": count,
+            "selected": numbers,
+            "pages": sorted(pages, key=lambda entry: entry["page"]),
+        }
     except pdfium.PdfiumError as exc:
         raise _pdf_error(exc) from None
     finally:

@@ -35,6 +35,7 @@ __all__ = [
     "INPUT_MIME_TYPES",
     "LANGUAGE_CODE",
     "MAX_DOCUMENT_PAGES",
+    "MAX_FANNED_OCR_PAGES",
     "MAX_LANGUAGES",
     "MAX_OCR_PAGES",
     "NOT_RECOGNITION_MODELS",
@@ -69,6 +70,12 @@ the orientation detection, :mod:`hypermedia.engines.ocr.gate`). The worst page i
 page upside down: read, detected, turned and read again, about 7.5 s (the sum of its steps'
 times), so 20 such pages take about 150 s, within the ``ocr`` profile's 300 s timeout with room for escalation (migration 0010); a
 longer document is several jobs."""
+
+MAX_FANNED_OCR_PAGES: Final = 500
+"""Most pages one job OCRs when it fans out (ADR 0082: more than the ocrworker's
+``HM_OCR_FAN_OUT_PAGES`` selected): child jobs on any OCR worker read its pages in groups of at
+most :data:`MAX_OCR_PAGES`, and each page is a checkpoint part the job restores (at most 500:
+``services.ocrworker.OcrHandler.checkpoint_max_parts``)."""
 
 LANGUAGE_CODE: Final = re.compile(r"(?:script/)?[A-Za-z][A-Za-z0-9_]{1,31}")
 """Form of a tesseract language: the name of a ``.traineddata`` file without its suffix (``eng``,
