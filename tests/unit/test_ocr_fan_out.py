@@ -218,3 +218,30 @@ def test_the_ocrworker_gives_each_run_its_part_in_the_fan_out(monkeypatch: pytes
     monkeypatch.setenv("HM_OCR_FAN_OUT_PAGES", "21")
     with pytest.raises(config.ConfigError, match="HM_OCR_FAN_OUT_PAGES"):
         config.load(OcrSettings)
+
+
+def test_a_multi_page_tiff_fans_out_as_a_pdf_does(source: Path, tmp_path: Path) -> None:
+    """The pages of an image are loaded only when read: a child of a seven-page TIFF reads its
+    group, and the job's last run takes the kept pages and reads the rest."""
+    pdf = pdfium.PdfDocument(source)
+    try:
+        frames = [pdf[i].render(scale=300 / 72, grayscale=True).to_pil() for i in range(len(pdf))]
+    finally:
+        pdf.close()
+    tiff = tmp_path / "seven.tif"
+    frames[0].save(tiff, save_all=True, append_images=frames[1:], compression="tiff_lzw", dpi=(300, 300))
+    first = _job_dir(tmp_path / "first")
+    [request] = _run(first, tiff, fan_out=True)
+    assert request.metadata == {"chunks": 4}
+    child = _job_dir(tmp_path / "child")
+    assert _run(child, tiff, group=2) == []
+    assert sorted(p.stem for p in (child / CHECKPOINT_DIR).glob("*.zip")) == ["page-00005", "page-00006"]
+    parent = _job_dir(tmp_path / "parent")
+    (parent / RESUME_DIR).mkdir()
+    for part in (child / CHECKPOINT_DIR).glob("*.zip"):
+        shutil.copy(part, parent / RESUME_DIR / part.name)
+    outputs = {o.output_type: o for o in _run(parent, tiff)}
+    assert outputs["text"].metadata["resumed_pages"] == [5, 6]
+    assert outputs["text"].metadata["source_format"] == "tiff"
+    pages = (parent / "output" / "text.txt").read_text().split("\f")
+    assert [page.split()[:2] for page in pages] == [["Page", str(n)] for n in range(1, 8)], pages
