@@ -605,18 +605,21 @@ def test_cancelling_a_fanned_out_job_stops_every_child(
 
 
 OCR_FAN_OUT_PAGES = 25
-"""Over the ocrworker's default ``HM_OCR_FAN_OUT_PAGES`` (20): groups of 10, 10 and 5 pages."""
+"""Over the ocrworker's default ``HM_OCR_FAN_OUT_PAGES`` (20): three groups, of 9, 9 and 7 pages."""
 
 
 def test_a_long_ocr_fans_out_to_children_on_both_workers_and_assembles_their_pages(
     platform_without_workers: RunningPlatform,
 ) -> None:
     """25 pages on two one-slot ocrworkers with the default fan-out (ADR 0082): two children read
-    pages 1–10 and 11–20, on both workers, each page kept as the job's part made by its child;
-    the job reads 21–25 and writes every page, in order, in each output; the children hold and
+    pages 1–9 and 10–18, on both workers, each page kept as the job's part made by its child;
+    the job reads 19–25 and writes every page, in order, in each output; the children hold and
     are charged nothing, the job once, for its 25 pages."""
     platform = platform_without_workers
-    texts = [f"Page {n} {WORDS[n % len(WORDS)]} {WORDS[(3 * n) % len(WORDS)]}" for n in range(1, 26)]
+    texts = [
+        f"Page {n} {WORDS[n % len(WORDS)]} {WORDS[(3 * n) % len(WORDS)]}"
+        for n in range(1, OCR_FAN_OUT_PAGES + 1)
+    ]
     workers = [_worker(platform, f"ocr-fan-{n}") for n in (1, 2)]
     try:
         with (
@@ -640,10 +643,10 @@ def test_a_long_ocr_fans_out_to_children_on_both_workers_and_assembles_their_pag
                 (0, "completed", 0),
                 (1, "completed", 0),
             ]
-            # Pages 1–20 kept by their children; 21–24 by the job itself, as any attempt keeps
+            # Pages 1–18 kept by their children; 19–24 by the job itself, as any attempt keeps
             # every page it reads but the last (ADR 0069).
-            assert made_by == {f"page-{n:05d}": kids[(n - 1) // 10][0] for n in range(1, 21)} | {
-                f"page-{n:05d}": None for n in range(21, 25)
+            assert made_by == {f"page-{n:05d}": kids[(n - 1) // 9][0] for n in range(1, 19)} | {
+                f"page-{n:05d}": None for n in range(19, OCR_FAN_OUT_PAGES)
             }, made_by
             ran_on = conn.execute(
                 "SELECT DISTINCT worker_id FROM job_attempts WHERE job_id = ANY(%s::uuid[])",
@@ -653,12 +656,16 @@ def test_a_long_ocr_fans_out_to_children_on_both_workers_and_assembles_their_pag
             assert [a["status"] for a in job["attempts"]] == ["completed"]
             outputs = {o["output_type"]: o for o in job["outputs"]}
             meta = outputs["text"]["metadata"]
-            assert meta["pages"] == list(range(1, 26)) and meta["resumed_pages"] == list(range(1, 21))
+            assert meta["pages"] == list(range(1, OCR_FAN_OUT_PAGES + 1)) and meta["resumed_pages"] == list(
+                range(1, 19)
+            )
             pages = _texts(client, job)["text"].decode().split("\f")
-            assert [page.split()[:2] for page in pages] == [["Page", str(n)] for n in range(1, 26)], pages
+            assert [page.split()[:2] for page in pages] == [
+                ["Page", str(n)] for n in range(1, OCR_FAN_OUT_PAGES + 1)
+            ], pages
             searchable = pdfium.PdfDocument(_texts(client, job)["searchable_pdf"])
             try:
-                assert len(searchable) == 25
+                assert len(searchable) == OCR_FAN_OUT_PAGES
             finally:
                 searchable.close()
 
@@ -672,7 +679,7 @@ def test_a_long_ocr_fans_out_to_children_on_both_workers_and_assembles_their_pag
             ).fetchone()
             assert priced is not None
             base, per_unit, price = priced
-            work = min(per_unit * 25, price - min(base, price))
+            work = min(per_unit * OCR_FAN_OUT_PAGES, price - min(base, price))
             assert work > 0 and job["actual_credits"] == round((min(base, price) + work) / 1000, 3), job
             _assert_swept(platform, conn, job_id)
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -140,20 +141,31 @@ def test_a_child_outside_the_plan_reads_nothing(source: Path, tmp_path: Path) ->
         child = _job_dir(tmp_path / f"child-{group}")
         assert _run(child, source, group=group) == []
         assert not (child / CHECKPOINT_DIR).exists()
-    short = _job_dir(tmp_path / "short")  # a plan of fewer than three groups makes no children
-    assert _run(short, source, group=0, fan_out_group_pages=4) == []
+    short = _job_dir(tmp_path / "short")  # a plan that makes no children: seven pages, none fans out
+    assert _run(short, source, group=0, fan_out_pages=7) == []
     assert not (short / CHECKPOINT_DIR).exists()
 
 
-def test_too_few_pages_or_groups_are_read_by_the_job_itself(source: Path, tmp_path: Path) -> None:
-    for name, limits in {
-        "seven pages, fan-out above seven": {"fan_out_pages": 7},
-        "two groups only": {"fan_out_group_pages": 4},
-    }.items():
-        job = _job_dir(tmp_path / name.replace(" ", "-").replace(",", ""))
-        outputs = {o.output_type: o for o in _run(job, source, fan_out=True, **limits)}
-        assert FAN_OUT not in outputs, name
-        assert outputs["text"].metadata["pages"] == list(range(1, 8)), name
+def test_too_few_pages_are_read_by_the_job_itself(source: Path, tmp_path: Path) -> None:
+    job = _job_dir(tmp_path / "job")
+    outputs = {o.output_type: o for o in _run(job, source, fan_out=True, fan_out_pages=7)}
+    assert FAN_OUT not in outputs
+    assert outputs["text"].metadata["pages"] == list(range(1, 8))
+
+
+def test_groups_shrink_so_that_the_job_never_reads_more_than_one(tmp_path: Path) -> None:
+    """Groups of 11 of 22 pages would be two, and the job would read 22 pages itself: they
+    shrink to three groups instead (found by a hostile review)."""
+    limits = dataclasses.replace(FANNED, fan_out_pages=20, fan_out_group_pages=11)
+    assert [len(g) for g in page_groups(list(range(1, 23)), limits)] == [8, 8, 6]
+    assert [
+        len(g) for g in page_groups(list(range(1, 26)), dataclasses.replace(limits, fan_out_group_pages=10))
+    ] == [
+        9,
+        9,
+        7,
+    ]
+    assert [len(g) for g in page_groups(list(range(1, 8)), FANNED)] == [2, 2, 2, 1]
 
 
 def test_the_page_cap_of_a_job_that_fans_out(tmp_path: Path) -> None:
@@ -245,3 +257,97 @@ def test_a_multi_page_tiff_fans_out_as_a_pdf_does(source: Path, tmp_path: Path) 
     assert outputs["text"].metadata["source_format"] == "tiff"
     pages = (parent / "output" / "text.txt").read_text().split("\f")
     assert [page.split()[:2] for page in pages] == [["Page", str(n)] for n in range(1, 8)], pages
+
+
+def _forged(files: dict[str, bytes], change: str, three_pages: bytes) -> dict[str, bytes]:
+    """A child's part for page 3 changed as a child an exploit took over could change it: its
+    fingerprint (``made_by.json``) kept, since a child knows the params and tesseract's version."""
+    record = json.loads(files["record.json"])
+    if change == "a record without its word count":
+        del record["word_count"]
+    elif change == "a word count that is text":
+        record["word_count"] = "x"
+    elif change == "a PDF page that is no PDF":
+        return files | {"page.pdf": b"%PDF-1.4 garbage"}
+    elif change == "three PDF pages for one":
+        return files | {"page.pdf": three_pages}
+    elif change == "an hOCR page without a body":
+        return files | {"page.hocr": b"<html>nothing</html>"}
+    elif change == "no PDF page":
+        return {name: data for name, data in files.items() if name != "page.pdf"}
+    return files | {"record.json": json.dumps(record).encode()}
+
+
+def test_a_forged_part_is_read_again_never_assembled(source: Path, tmp_path: Path) -> None:
+    """Parts come from children that ran the same hostile file: one whose shape would crash the
+    assembly or change the number of pages of an output is refused, and its page read again."""
+    import zipfile
+
+    from hypermedia.engines.contract import keep_part
+
+    params = {"outputs": ["text", "words", "hocr", "searchable_pdf"], "escalate": False}
+    child = _job_dir(tmp_path / "child")
+    run("ocr", params, source, child / "output", limits=dataclasses.replace(FANNED, group=1))
+    with zipfile.ZipFile(child / CHECKPOINT_DIR / "page-00003.zip") as part:
+        files = {name: part.read(name) for name in part.namelist()}
+    three = tmp_path / "three.pdf"
+    three.write_bytes(text_pages_pdf(TEXTS[:3]))
+    for change in (
+        "a record without its word count",
+        "a word count that is text",
+        "a PDF page that is no PDF",
+        "three PDF pages for one",
+        "an hOCR page without a body",
+        "no PDF page",
+    ):
+        parent = _job_dir(tmp_path / change.replace(" ", "-"))
+        keep_part(parent / "output", "page-00003", _forged(files, change, three.read_bytes()))
+        (parent / RESUME_DIR).mkdir()
+        (parent / CHECKPOINT_DIR / "page-00003.zip").rename(parent / RESUME_DIR / "page-00003.zip")
+        shutil.copy(child / CHECKPOINT_DIR / "page-00004.zip", parent / RESUME_DIR / "page-00004.zip")
+        outputs = {o.output_type: o for o in run("ocr", params, source, parent / "output", limits=FANNED)}
+        assert outputs["text"].metadata["resumed_pages"] == [4], change
+        assert len(_pdf_words(parent / "output" / "searchable.pdf")) == 7, change
+        hocr = (parent / "output" / "text.hocr").read_text()
+        assert len(re.findall(r"class=['\"]ocr_page['\"]", hocr)) == 7, change
+
+
+def test_a_huge_page_with_a_text_layer_fans_out_as_one_run_takes_it(tmp_path: Path) -> None:
+    """With ``skip_text_pages``, a page too large to render that has a text layer is taken by its
+    layer in one run; the first run, a child and the job's last run take it too (found by a
+    hostile review: they checked its pixels, as they did not read its layer)."""
+    layers = [f"{text} beside the {word} road" for text, word in zip(TEXTS, reversed(WORDS), strict=True)]
+    document = pdfium.PdfDocument(text_pages_pdf(layers))  # 16 characters or more: a text layer each
+    huge = pdfium.PdfDocument(text_pages_pdf([layers[3]], media=b"[0 0 14400 14400]"))
+    document.del_page(3)
+    document.import_pages(huge, [0], index=3)
+    path = tmp_path / "huge.pdf"
+    document.save(str(path))
+    document.close()
+    huge.close()
+    params = {"outputs": ["text"], "escalate": False, "skip_text_pages": True}
+    alone = run("ocr", params, path, _job_dir(tmp_path / "alone") / "output", limits=LIMITS)
+    assert alone[0].metadata["skipped_pages"] == list(range(1, 8))
+    [request] = run(
+        "ocr",
+        params,
+        path,
+        _job_dir(tmp_path / "first") / "output",
+        limits=dataclasses.replace(FANNED, fan_out=True),
+    )
+    assert request.output_type == FAN_OUT
+    assert (
+        run(
+            "ocr",
+            params,
+            path,
+            _job_dir(tmp_path / "child") / "output",
+            limits=dataclasses.replace(FANNED, group=0),
+        )
+        == []
+    )
+    last = run("ocr", params, path, _job_dir(tmp_path / "last") / "output", limits=FANNED)
+    assert last[0].metadata["skipped_pages"] == list(range(1, 8))
+    assert (tmp_path / "last" / "output" / "text.txt").read_text() == (
+        tmp_path / "alone" / "output" / "text.txt"
+    ).read_text()

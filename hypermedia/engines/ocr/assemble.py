@@ -127,6 +127,15 @@ def reproducible_pdf(data: bytes) -> bytes:
     return data[: cut[0][0]] + digest + data[cut[0][1] : cut[1][0]] + digest + data[cut[1][1] :]
 
 
+def pdf_pages(path: Path) -> int:
+    """The pages of the PDF at ``path``. Raises pypdfium2.PdfiumError for one PDFium cannot read."""
+    document = pdfium.PdfDocument(str(path))
+    try:
+        return len(document)
+    finally:
+        document.close()
+
+
 def merge_pdfs(paths: Sequence[Path], target: Path) -> int:
     """Writes the pages of ``paths``, in order, into one PDF at ``target``, the same bytes for the
     same pages (:func:`reproducible_pdf`).

@@ -51,8 +51,13 @@ PDF and writes the outputs the params ask for (:mod:`hypermedia.engines.ocr.para
 6. **Checkpoints** (ADR 0069): every page read but the last is kept as a part
    (:func:`hypermedia.engines.contract.keep_part`: its record, text, hOCR and PDF page), which the
    worker stores beyond the attempt; a page an earlier attempt of the job kept is taken from its
-   part (:func:`~hypermedia.engines.contract.resumed_part`) instead of being read again, so the
+   part (:func:`~hypermedia.engines.contract.resumed_part`, checked by
+   :func:`hypermedia.engines.ocr.kept_pages.kept_page`) instead of being read again, so the
    outputs are those of one uninterrupted run.
+7. **Fan-out** (ADR 0082, :mod:`hypermedia.engines.ocr.fanning`): a job selecting more than
+   :attr:`OcrLimits.fan_out_pages` pages asks for child jobs before rendering any page; a
+   child reads its group of pages and keeps each; the job's last run takes them, reads the rest
+   and writes the outputs.
 
 Runs libvips and PDFium: call :func:`run` in the sandbox child only; it forks (the PDF engine
 process) before libvips has done any work. Importing this module is fork-safe.
@@ -60,7 +65,6 @@ process) before libvips has done any work. Importing this module is fork-safe.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import resource
@@ -75,7 +79,16 @@ import pyvips
 from hypermedia.core.errors import DomainError, PermanentJobError
 from hypermedia.engines.contract import OutputFile, keep_part, resumed_part
 from hypermedia.engines.imaging.sources import heif_decoder, reraise_vips_error
-from hypermedia.engines.ocr import escalation, fanning, gate, preprocess, rapid_ocr, tables, tesseract
+from hypermedia.engines.ocr import (
+    escalation,
+    fanning,
+    gate,
+    kept_pages,
+    preprocess,
+    rapid_ocr,
+    tables,
+    tesseract,
+)
 from hypermedia.engines.ocr.escalation import ESCALATION_THRESHOLD
 from hypermedia.engines.ocr.outputs import job_summary, write_outputs
 from hypermedia.engines.ocr.pages import (
@@ -124,9 +137,6 @@ escalated: RapidOCR took up to 38 s of CPU on one dense, blurred A4 page at 300 
 the hostile review). Below it the page keeps tesseract's reading (``cpu_budget``) rather than the
 whole job failing with ``TIMEOUT``."""
 
-CHECKPOINT_FORMAT: Final = 1
-"""The version of a kept page's part (ADR 0069); raise it with any change to a page's record or
-to how a page is read, so that pages kept by the old code are read again, not mixed in."""
 _PDF_MAGIC: Final = b"%PDF-"
 
 # libvips loads and encodes here; every untrusted loader stays blocked. The operation cache is
@@ -198,10 +208,12 @@ def run(
     )
     with tempfile.TemporaryDirectory(prefix="ocr-") as work:
         work_dir = Path(work)
-        fingerprint = _fingerprint(params)
+        fingerprint = kept_pages.fingerprint(params)
 
         def kept_page(number: int) -> fanning.KeptPage | None:
-            return _kept_page(resumed_part(out_dir, f"page-{number:05d}"), number, work_dir, fingerprint)
+            return kept_pages.kept_page(
+                resumed_part(out_dir, f"page-{number:05d}"), number, work_dir, fingerprint, params
+            )
 
         fanned: fanning.FannedRun | None = None
         if head.startswith(_PDF_MAGIC):
@@ -278,7 +290,7 @@ def run(
                 keep_part(
                     out_dir,
                     part,
-                    _page_files(record, text, hocr_path, pdf_path) | {"made_by.json": fingerprint},
+                    kept_pages.page_files(record, text, hocr_path, pdf_path) | {"made_by.json": fingerprint},
                 )
             records.append(record)
             texts.append(text)
@@ -362,56 +374,6 @@ def _ocr_page(
         words=[word.as_json() for word in result.words],
     )
     return result, record
-
-
-def _fingerprint(params: dict) -> bytes:
-    """What a kept page must have been made by to be taken (``made_by.json`` of its part): this
-    part format (:data:`CHECKPOINT_FORMAT`), the same tesseract and the same params. A page kept
-    by another version (a drain in a deploy) is read again rather than mixed in."""
-    made_by = {"format": CHECKPOINT_FORMAT, "tesseract": tesseract.version(), "params": params}
-    return json.dumps(made_by, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _page_files(
-    record: dict[str, Any], text: str, hocr_path: Path | None, pdf_path: Path | None
-) -> dict[str, bytes]:
-    """What a page's checkpoint keeps: its record, its text, and its hOCR and PDF page when made."""
-    files = {"record.json": json.dumps(record).encode(), "text.txt": text.encode()}
-    if hocr_path is not None:
-        files["page.hocr"] = hocr_path.read_bytes()
-    if pdf_path is not None:
-        files["page.pdf"] = pdf_path.read_bytes()
-    return files
-
-
-def _kept_page(
-    kept: dict[str, bytes] | None, number: int, work_dir: Path, fingerprint: bytes
-) -> tuple[dict[str, Any], str, Path | None, Path | None] | None:
-    """A page an earlier attempt read, from its checkpoint (:func:`_page_files`): its record,
-    text, and hOCR and PDF page written back into ``work_dir``; None without one, for one made
-    by another version or params (:func:`_fingerprint`), or for one that is not whole (the page
-    is read again)."""
-    if kept is None or kept.get("made_by.json") != fingerprint:
-        return None
-    try:
-        record, text = json.loads(kept["record.json"]), kept["text.txt"].decode()
-    except (KeyError, ValueError):
-        return None
-    escalated = record.get("escalation") if isinstance(record, dict) else None
-    if (
-        not isinstance(escalated, dict)
-        or not isinstance(escalated.get("reason"), str)
-        or record.get("page") != number
-    ):
-        return None
-    paths: list[Path | None] = []
-    for name, suffix in (("page.hocr", "hocr"), ("page.pdf", "pdf")):
-        path = None
-        if name in kept:
-            path = work_dir / f"kept-{number}.{suffix}"
-            path.write_bytes(kept[name])
-        paths.append(path)
-    return record, text, paths[0], paths[1]
 
 
 def _text_layer_record(number: int, text: str) -> dict[str, Any]:

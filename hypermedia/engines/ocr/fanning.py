@@ -34,9 +34,12 @@ MAX_GROUPS: Final = 60
 
 def page_groups(numbers: list[int], limits: OcrLimits) -> list[list[int]]:
     """The selected pages of a job that fans out, in order, in groups of
-    :attr:`OcrLimits.fan_out_group_pages` (more when that would make more than
-    :data:`MAX_GROUPS`); the last group is the job's own (its children read the others)."""
-    size = max(limits.fan_out_group_pages, math.ceil(len(numbers) / MAX_GROUPS))
+    :attr:`OcrLimits.fan_out_group_pages` — fewer pages where that would make fewer than
+    :data:`MIN_GROUPS` (a job never reads more than a group itself, however the settings are
+    set), more where it would make more than :data:`MAX_GROUPS`; the last group is the job's
+    own (its children read the others)."""
+    size = min(limits.fan_out_group_pages, math.ceil(len(numbers) / MIN_GROUPS))
+    size = max(1, size, math.ceil(len(numbers) / MAX_GROUPS))
     return [numbers[i : i + size] for i in range(0, len(numbers), size)]
 
 

@@ -336,7 +336,9 @@ def _render_pdf(
             dpi = _render_dpi(width_pt, height_pt, limits.max_page_pixels)
             width, height = _pixel_size(width_pt, height_pt, dpi)
             if width * height > limits.max_page_pixels or max(width, height) > MAX_SIDE:
-                raise _too_many_pixels(f"Page {number} at {dpi} dpi", width, height, limits)
+                # A page not rendered here that has a text layer is never rendered: one run takes it too.
+                if not (skip_text and number not in chosen and _text_layer(document, number) is not None):
+                    raise _too_many_pixels(f"Page {number} at {dpi} dpi", width, height, limits)
             plan.append((number, dpi))
         plan = [(number, dpi) for number, dpi in plan if number in chosen]
         for number, layer in layers.items():
