@@ -22,5 +22,5 @@ class OcrSettings(ComponentSettings):
     fan_out_group_pages: int = Field(
         10, ge=1, le=MAX_OCR_PAGES, validation_alias="HM_OCR_FAN_OUT_GROUP_PAGES"
     )
-    """Pages one child reads (more where a document would have more than 60 groups); a job fans
-    out only into three groups or more."""
+    """Pages one child reads (fewer where a job would have fewer than three groups, more where it
+    would have more than 60: :func:`hypermedia.engines.ocr.fanning.page_groups`)."""
