@@ -127,7 +127,9 @@ class RunningPlatform:
         env: dict[str, str | None] = {**self.env, "HM_DATABASE_URL": None, "HM_CREDITS_ADDR": None}
         with ThreadPoolExecutor(1) as thread:
             result = thread.submit(CliRunner().invoke, app, ["admin", *args], env=env).result(timeout=60)
-        assert result.exit_code == 0, f"hypermedia admin {' '.join(args)}: {result.output}{result.exception!r}"
+        assert result.exit_code == 0, (
+            f"hypermedia admin {' '.join(args)}: {result.output}{result.exception!r}"
+        )
         return dict(json.loads(result.stdout))
 
     def stop(self) -> int:
