@@ -276,7 +276,7 @@ def run(
                 assert page is not None, "a page neither kept nor read"
                 result, record = _ocr_page(page, engine, second, work_dir, params, limits, preprocessing)
                 text, hocr_path, pdf_path = result.text, result.hocr_path, result.pdf_path
-            else:  # read by an earlier attempt of this job (ADR 0069)
+            else:  # read by an earlier attempt of this job (ADR 0069) or by a child (ADR 0082)
                 record, text, hocr_path, pdf_path = kept
                 resumed.append(number)
             if failed_before and record["escalation"]["reason"] == "disabled":

@@ -83,7 +83,8 @@ class OcrLimits:
     :func:`~hypermedia.engines.ocr.fanning.page_groups`), and may select up to
     :attr:`max_fanned_pages`; None: never (the cap is :attr:`max_pages`)."""
     fan_out_group_pages: int = 10
-    """Pages of a group (more where a document would have more than 60 groups)."""
+    """Pages of a group (fewer where a job would have fewer than three groups, more where it would
+    have more than 60)."""
     max_fanned_pages: int = MAX_FANNED_OCR_PAGES
     """Most pages a job that fans out selects (``OCR_PAGE_LIMIT``)."""
     fan_out: bool = False
@@ -244,8 +245,8 @@ def pdf_sources(
     """Renders the selected pages of a PDF in an engine process (see the module docstring); with
     ``skip_text``, a page with a text layer is not rendered but comes with its text. Every
     selected page is checked, but only those of ``only`` are rendered (a fanned-out job's:
-    :func:`~hypermedia.engines.ocr.fanning.page_groups`), and none when more than ``most`` are selected (the caller plans first).
-    Returns the page count, the selected numbers and the pages."""
+    :func:`~hypermedia.engines.ocr.fanning.page_groups`), and none when more than ``most`` are
+    selected (the caller plans first). Returns the page count, the selected numbers and the pages."""
     rendered = engine_process.call(
         _render_pdf, str(input_path), str(work_dir), requested, limits, skip_text, only, most
     )

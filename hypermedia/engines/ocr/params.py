@@ -69,7 +69,7 @@ on one core here and preprocessing 0.03–0.9 s more (measured on the corpus pag
 the orientation detection, :mod:`hypermedia.engines.ocr.gate`). The worst page is the 3312 × 2550
 page upside down: read, detected, turned and read again, about 7.5 s (the sum of its steps'
 times), so 20 such pages take about 150 s, within the ``ocr`` profile's 300 s timeout with room for escalation (migration 0010); a
-longer document is several jobs."""
+longer document fans out to child jobs, each reading at most this many (:data:`MAX_FANNED_OCR_PAGES`)."""
 
 MAX_FANNED_OCR_PAGES: Final = 500
 """Most pages one job OCRs when it fans out (ADR 0082: more than the ocrworker's
