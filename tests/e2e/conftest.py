@@ -112,8 +112,8 @@ class RunningPlatform:
     def admin(self, *args: str) -> dict[str, Any]:
         """``hypermedia admin *args`` against this platform (through its ``platform.json``), and
         the JSON it prints. The command runs in this process (``typer.testing.CliRunner``: the
-        same code, without the 3–4 s a Python start with the CLI's imports costs, which hundreds
-        of calls made a quarter of the suite's time), in a thread of its own (it runs an event
+        same code, without the 3–4 s a Python start with the CLI's imports costs on this machine,
+        once for each of the suite's hundreds of calls), in a thread of its own (it runs an event
         loop; the calling test may have one running). ``tests/e2e/test_client_cli.py`` runs the
         command line itself.
 
