@@ -65,6 +65,7 @@ process) before libvips has done any work. Importing this module is fork-safe.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import resource
@@ -210,7 +211,7 @@ def run(
         work_dir = Path(work)
         fingerprint = kept_pages.fingerprint(params)
 
-        def kept_page(number: int) -> fanning.KeptPage | None:
+        def kept_page(number: int) -> kept_pages.KeptPage | None:
             return kept_pages.kept_page(
                 resumed_part(out_dir, f"page-{number:05d}"), number, work_dir, fingerprint, params
             )
@@ -218,20 +219,16 @@ def run(
         fanned: fanning.FannedRun | None = None
         if head.startswith(_PDF_MAGIC):
             source_format = "pdf"
-            skip_text = params["skip_text_pages"]
-            # A selection that fans out is planned from the page sizes before any page is rendered.
-            page_count, selected, pages = pdf_sources(
-                input_path, work_dir, params["pages"], limits, skip_text=skip_text, most=limits.fan_out_pages
+            render = functools.partial(
+                pdf_sources,
+                input_path,
+                work_dir,
+                params["pages"],
+                limits,
+                skip_text=params["skip_text_pages"],
             )
-            if limits.fans_out(len(selected)) or limits.group is not None:
-                fanned = fanning.fanned_run(selected, limits, out_dir, kept_page)
-                if fanned is not None and fanned.request is not None:
-                    return [fanned.request]
-                if not pages:
-                    only = None if fanned is None else fanned.read
-                    page_count, selected, pages = pdf_sources(
-                        input_path, work_dir, params["pages"], limits, skip_text=skip_text, only=only
-                    )
+            # A selection that fans out is planned from the page sizes before any page is rendered.
+            page_count, selected, pages = render(most=limits.fan_out_pages)
         else:
             mime = contenttype.image_mime(head)
             if mime not in LOADERS:
@@ -243,14 +240,17 @@ def run(
                 page_count, pages = hevc_sources(data, params["pages"], limits)
             else:
                 page_count, pages = image_sources(input_path, LOADERS[mime], params["pages"], limits)
-            selected = [page.number for page in pages]
-            if limits.fans_out(len(selected)) or limits.group is not None:  # pages load when read
-                fanned = fanning.fanned_run(selected, limits, out_dir, kept_page)
-                if fanned is not None and fanned.request is not None:
-                    return [fanned.request]
-                if fanned is not None:
-                    reads = set(fanned.read)
-                    pages = [page for page in pages if page.number in reads]
+            selected = [page.number for page in pages]  # none decoded yet: pages load when read
+        if limits.fans_out(len(selected)) or limits.group is not None:
+            fanned = fanning.fanned_run(selected, limits, out_dir, kept_page)
+            if fanned is not None and fanned.request is not None:
+                return [fanned.request]
+            reads = None if fanned is None else fanned.read
+            if source_format == "pdf" and not pages:  # nothing rendered yet: render what is read
+                page_count, selected, pages = render(only=reads)
+            elif reads is not None:
+                read = frozenset(reads)
+                pages = [page for page in pages if page.number in read]
         by_number = {page.number: page for page in pages}
         order = selected if fanned is None or not fanned.child else fanned.read
         records: list[dict[str, Any]] = []

@@ -17,13 +17,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from hypermedia.engines.contract import OutputFile, fan_out_request
+from hypermedia.engines.ocr.kept_pages import KeptPage
 from hypermedia.engines.ocr.pages import OcrLimits
-
-KeptPage = tuple[dict[str, Any], str, Path | None, Path | None]
-"""A page taken from its part: its record, text, hOCR and PDF page."""
 
 MIN_GROUPS: Final = 3
 """Fewest groups a job fans out into: two children beside the job's own last group

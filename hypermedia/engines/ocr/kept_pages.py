@@ -14,6 +14,9 @@ from typing import Any, Final
 from hypermedia.engines.ocr import assemble, tesseract
 from hypermedia.engines.ocr.outputs import job_summary, write_outputs
 
+KeptPage = tuple[dict[str, Any], str, Path | None, Path | None]
+"""A page taken from its part: its record, text, hOCR and PDF page."""
+
 CHECKPOINT_FORMAT: Final = 1
 """The version of a kept page's part (ADR 0069); raise it with any change to a page's record or
 to how a page is read, so that pages kept by the old code are read again, not mixed in."""
@@ -41,7 +44,7 @@ def page_files(
 
 def kept_page(
     kept: dict[str, bytes] | None, number: int, work_dir: Path, fingerprint: bytes, params: dict
-) -> tuple[dict[str, Any], str, Path | None, Path | None] | None:
+) -> KeptPage | None:
     """A page an earlier attempt (or a child job, ADR 0082) read, from its checkpoint
     (:func:`page_files`): its record, text, and hOCR and PDF page written back into
     ``work_dir``; None without one, for one made by another version or params
@@ -77,9 +80,7 @@ def kept_page(
     return page
 
 
-def _assembles(
-    page: tuple[dict[str, Any], str, Path | None, Path | None], params: dict, work_dir: Path
-) -> bool:
+def _assembles(page: KeptPage, params: dict, work_dir: Path) -> bool:
     """Whether a kept ``page`` makes every output ``params`` ask for as a page read now makes
     it: its hOCR and PDF page there exactly when asked, the outputs written from it alone (in a
     scratch directory, whatever that raises), and its PDF page one page."""
