@@ -64,7 +64,10 @@ SERVICES = (
     "bulkworker",
     "reaper",
 )
-"""Start order; stop order is the reverse."""
+"""Start order. :meth:`Platform.stop` stops everything after :data:`CORE_SERVICES` at once, then
+those one at a time in reverse order."""
+CORE_SERVICES = ("credits", "storage", "gateway")
+"""The services the others call: stopped last, after every worker has drained."""
 OPTIONAL_SERVICES = ("scheduler",)
 """Services run only when named (``--scheduler`` or ``--services``); after :data:`SERVICES` in
 start order, so the scheduler stops (and drains its burst workers) first."""
@@ -448,9 +451,11 @@ class Platform:
             )
             proc.start()
             self.procs.append(proc)
-            if proc_name in ("credits", "storage"):
-                port = credits_port if name == "credits" else storage_port
-                self._wait_port(proc, port)
+        # Every process starts at once, its imports beside the others' (gRPC channels connect when
+        # first used; the gateway's /readyz answers 200 only once credits and storage answer).
+        for proc in self.procs:
+            if proc.name in ("credits", "storage"):
+                self._wait_port(proc, credits_port if proc.name == "credits" else storage_port)
         if "gateway" in self.services:
             gateway = next(p for p in self.procs if p.name == "gateway")
             self._wait_port(gateway, http_port, timeout=60)
@@ -578,21 +583,30 @@ class Platform:
         return f"hypermedia up: ready: {where}; {workers}; logs in {self.root / 'logs'}; metrics URLs in {self.root / 'platform.json'}; {account}"
 
     def stop(self) -> None:
-        """Stop services one at a time in reverse start order — workers and the reaper drain while
-        gateway, storage and credits still answer — each with SIGTERM, then SIGKILL after
-        :data:`STOP_GRACE_SECONDS`; then NATS and Postgres."""
+        """Stop the services in stages, the last started first: the worker units, the reaper and
+        the scheduler together (each drains on its own), then the gateway, then storage, then
+        credits — so gateway, storage and credits still answer while the workers drain. Each
+        process gets SIGTERM, then SIGKILL after :data:`STOP_GRACE_SECONDS`; then NATS and
+        Postgres stop."""
         self.stop_requested = True
-        for proc in reversed(self.procs):
-            if proc.process is None or proc.process.poll() is not None:
-                continue
-            proc.process.send_signal(signal.SIGTERM)
-            try:
-                proc.process.wait(STOP_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                log.error("service %s did not stop in %.0fs; killing it", proc.name, STOP_GRACE_SECONDS)
-                proc.process.kill()
-                proc.process.wait()
-            proc.pid_path.unlink(missing_ok=True)
+        core = [proc for proc in self.procs if proc.module in CORE_SERVICES]
+        stages = [[proc for proc in self.procs if proc.module not in CORE_SERVICES]]
+        stages += [[proc] for proc in reversed(core)]
+        for stage in stages:
+            running = [proc for proc in stage if proc.process is not None and proc.process.poll() is None]
+            for proc in running:
+                assert proc.process is not None
+                proc.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_SECONDS
+            for proc in running:
+                assert proc.process is not None
+                try:
+                    proc.process.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.error("service %s did not stop in %.0fs; killing it", proc.name, STOP_GRACE_SECONDS)
+                    proc.process.kill()
+                    proc.process.wait()
+                proc.pid_path.unlink(missing_ok=True)
         if self.nats is not None:
             self.nats.stop()
         if self.postgres is not None:

@@ -79,7 +79,9 @@ def pdf_fonts(data: bytes) -> set[tuple[str, bool]]:
 
 @pytest.fixture(scope="module")
 def office_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
-    with isolated_platform(tmp_root, database_url, nats_url, "office") as running:
+    with isolated_platform(
+        tmp_root, database_url, nats_url, "office", "credits,storage,gateway,docworker"
+    ) as running:
         yield running
 
 
@@ -363,7 +365,9 @@ def test_a_document_libreoffice_cannot_open_fails_with_parse_error(office_client
 
 @pytest.fixture(scope="module")
 def short_timeout_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
-    with isolated_platform(tmp_root, database_url, nats_url, "officeslow") as running:
+    with isolated_platform(
+        tmp_root, database_url, nats_url, "officeslow", "credits,storage,gateway,docworker"
+    ) as running:
         with psycopg.connect(running.env["HM_DATABASE_URL"], autocommit=True) as conn:
             conn.execute(
                 "UPDATE processing_profiles SET timeout_seconds = 5 WHERE operation = 'office_to_pdf'"

@@ -60,7 +60,9 @@ def corpus(listener: Listener) -> list[tuple[str, bytes, str]]:
 
 @pytest.fixture(scope="module")
 def docs_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
-    with isolated_platform(tmp_root, database_url, nats_url, "docmedia") as running:
+    with isolated_platform(
+        tmp_root, database_url, nats_url, "docmedia", "credits,storage,gateway,imageworker"
+    ) as running:
         yield running
 
 

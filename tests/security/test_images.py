@@ -388,7 +388,9 @@ def assert_no_metadata(data: bytes, label: object) -> None:
 def hostile_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
     """A platform of this module's own, on its own database (no other platform's reaper shares
     its jobs)."""
-    with isolated_platform(tmp_root, database_url, nats_url, "hostile") as running:
+    with isolated_platform(
+        tmp_root, database_url, nats_url, "hostile", "credits,storage,gateway,imageworker"
+    ) as running:
         yield running
 
 

@@ -59,7 +59,9 @@ def pdf_reaching_out(listener: Listener) -> bytes:
 
 @pytest.fixture(scope="module")
 def pdf_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
-    with isolated_platform(tmp_root, database_url, nats_url, "pdfcorpus") as running:
+    with isolated_platform(
+        tmp_root, database_url, nats_url, "pdfcorpus", "credits,storage,gateway,docworker"
+    ) as running:
         yield running
 
 

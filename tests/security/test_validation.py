@@ -603,7 +603,9 @@ def test_claimed_types_are_normalised_and_compared() -> None:
 @pytest.fixture(scope="module")
 def validation_platform(tmp_root: Path, database_url: str, nats_url: str) -> Iterator[RunningPlatform]:
     """A platform on a database of its own (its jobs meet no other platform's reaper)."""
-    with isolated_platform(tmp_root, database_url, nats_url, "validation") as running:
+    with isolated_platform(
+        tmp_root, database_url, nats_url, "validation", "credits,storage,gateway,imageworker"
+    ) as running:
         yield running
 
 

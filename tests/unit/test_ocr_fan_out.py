@@ -287,7 +287,8 @@ def test_a_forged_part_is_read_again_never_assembled(source: Path, tmp_path: Pat
 
     params = {"outputs": ["text", "words", "hocr", "searchable_pdf"], "escalate": False}
     child = _job_dir(tmp_path / "child")
-    run("ocr", params, source, child / "output", limits=dataclasses.replace(FANNED, group=1))
+    for group in range(3):  # every child, so that each job below reads only pages 3 and 7
+        run("ocr", params, source, child / "output", limits=dataclasses.replace(FANNED, group=group))
     with zipfile.ZipFile(child / CHECKPOINT_DIR / "page-00003.zip") as part:
         files = {name: part.read(name) for name in part.namelist()}
     three = tmp_path / "three.pdf"
@@ -304,9 +305,11 @@ def test_a_forged_part_is_read_again_never_assembled(source: Path, tmp_path: Pat
         keep_part(parent / "output", "page-00003", _forged(files, change, three.read_bytes()))
         (parent / RESUME_DIR).mkdir()
         (parent / CHECKPOINT_DIR / "page-00003.zip").rename(parent / RESUME_DIR / "page-00003.zip")
-        shutil.copy(child / CHECKPOINT_DIR / "page-00004.zip", parent / RESUME_DIR / "page-00004.zip")
+        for kept in (1, 2, 4, 5, 6):
+            name = f"page-{kept:05d}.zip"
+            shutil.copy(child / CHECKPOINT_DIR / name, parent / RESUME_DIR / name)
         outputs = {o.output_type: o for o in run("ocr", params, source, parent / "output", limits=FANNED)}
-        assert outputs["text"].metadata["resumed_pages"] == [4], change
+        assert outputs["text"].metadata["resumed_pages"] == [1, 2, 4, 5, 6], change
         assert len(_pdf_words(parent / "output" / "searchable.pdf")) == 7, change
         hocr = (parent / "output" / "text.hocr").read_text()
         assert len(re.findall(r"class=['\"]ocr_page['\"]", hocr)) == 7, change

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -166,3 +167,56 @@ def test_the_scheduler_runs_last_on_the_state_directory_with_valid_default_pools
         mine["HM_SCHEDULER_POOLS"] == '[{"name": "ocr", "queues": ["ocr"]}]'
         and mine["HM_SCHEDULER_LOCAL_TLS_DIR"] == ""
     )
+
+
+class _Recording(ServiceProcess):
+    """A process that appends ``term NAME`` to ``journal`` on SIGTERM, sleeps a while (a drain),
+    then appends ``exit NAME`` and exits."""
+
+    journal: Path = Path()
+
+    def command(self) -> list[str]:
+        script = (
+            "import signal, sys, time\n"
+            "def stop(*_):\n"
+            f"    with open({str(self.journal)!r}, 'a') as f: f.write('term {self.name}\\n')\n"
+            "    time.sleep(0.3)\n"
+            f"    with open({str(self.journal)!r}, 'a') as f: f.write('exit {self.name}\\n')\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            f"open({str(self.journal)!r} + '.{self.name}', 'w').close()\n"
+            "while True: time.sleep(1)\n"
+        )
+        return [sys.executable, "-c", script]
+
+
+def test_workers_drain_together_while_gateway_storage_and_credits_still_answer(tmp_path: Path) -> None:
+    """``Platform.stop``: every worker unit and the reaper get SIGTERM at once; the gateway only
+    once they have exited, then storage, then credits."""
+    journal = tmp_path / "journal"
+    plat = Platform(tmp_path, services=())
+    for name in ("credits", "storage", "gateway", "imageworker", "docworker", "reaper"):
+        proc = _Recording(name, name, dict(os.environ), tmp_path / f"{name}.log", tmp_path / f"{name}.pid")
+        proc.journal = journal
+        proc.start()
+        plat.procs.append(proc)
+    for name in ("credits", "storage", "gateway", "imageworker", "docworker", "reaper"):
+        deadline = time.monotonic() + 30
+        while not (tmp_path / f"journal.{name}").exists():  # its handler is installed
+            assert time.monotonic() < deadline, f"{name} did not start"
+            time.sleep(0.02)
+    plat.stop()
+    lines = journal.read_text().splitlines()
+    workers = {"imageworker", "docworker", "reaper"}
+    assert {line.split()[1] for line in lines[:3]} == workers and all(
+        line.startswith("term") for line in lines[:3]
+    ), lines
+    assert {line.split()[1] for line in lines[3:6]} == workers, lines
+    assert lines[6:] == [
+        "term gateway",
+        "exit gateway",
+        "term storage",
+        "exit storage",
+        "term credits",
+        "exit credits",
+    ]
