@@ -16,6 +16,10 @@ this many chunks", :func:`requested`). The runtime then, in the same attempt:
    fanning out: it takes the kept chunks, encodes the last one and any a child did not keep, and
    joins them (:func:`hypermedia.engines.media.chunk_parts.encode_in_chunks`).
 
+As soon as a child fails because of its input (:class:`ChildFailed`), the job fails with the
+child's error instead, charged as a job that failed because of its input; its trigger stops the
+other children.
+
 A later attempt of a job that fanned out (a drain hands a parked job back at once; a lost lease)
 waits for the children still running before it is granted and downloads anything, so that it
 restores every part they kept, and never fans out again.
@@ -32,7 +36,7 @@ from typing import Final
 
 import asyncpg
 
-from hypermedia.core.errors import TransientError
+from hypermedia.core.errors import PermanentJobError, TransientError
 from hypermedia.engines.contract import FAN_OUT
 from hypermedia.infra import db
 from hypermedia.jobs.lifecycle import ClaimedJob, children
@@ -49,6 +53,19 @@ MAX_CHUNKS: Final = 60
 """Most chunks of a plan (:data:`hypermedia.engines.media.chunk_parts.MAX_CHUNKS`)."""
 POLL_SECONDS: Final = 1.0
 """How often a parked job looks at its children."""
+
+
+class ChildFailed(PermanentJobError):
+    """A child of the job failed because of its input (:attr:`children.Children.failure`): the
+    job fails at once with the child's error code, and is charged as a job that failed because
+    of its input (its trigger stops the children still running). Doing the child's part itself
+    would meet the same input, after up to its whole timeout."""
+
+    def __init__(self, failure: children.Failure) -> None:
+        super().__init__(
+            f"part {failure.chunk_index + 1}, done by a child job, failed: {failure.error_message}",
+            failure.error_code,
+        )
 
 
 def requested(result: SandboxResult, job: ClaimedJob) -> int | None:
@@ -111,9 +128,16 @@ class Parked:
         being the one more), stage ``children``. Then the job holds a slot's place
         (:attr:`Admission.unparking`: the fetch loop takes no job in its place) until a slot is
         free within the worker's limit, and takes it. The slot is taken back whatever stops the
-        wait (a cancel, a drain), so that the runtime's release at the job's end stays balanced."""
+        wait (a cancel, a drain), so that the runtime's release at the job's end stays balanced.
+
+        Raises:
+            ChildFailed: a child failed because of its input (as soon as one has).
+        """
         low, high = PROCESSING_PROGRESS
-        if (await self._state(job)).all_ended:  # a later attempt after they ended: keep the slot
+        state = await self._state(job)
+        if state.failure:
+            raise ChildFailed(state.failure)
+        if state.all_ended:  # a later attempt after they ended: keep the slot
             return
         self._admission.busy -= 1
         self._slot_free.set()
@@ -123,6 +147,8 @@ class Parked:
             last = -1.0
             while True:
                 state = await self._state(job)
+                if state.failure:
+                    raise ChildFailed(state.failure)
                 fraction = state.done / (state.total + 1)
                 if fraction > last:
                     await self._report(job, low + (high - low) * fraction, "children")

@@ -582,7 +582,9 @@ class WorkerRuntime:
         """The one place a failed attempt is settled (:meth:`Outcomes.failed`)."""
         self.jobs_failed += 1
         duration_ms, peak = (result.duration_ms, result.peak_memory_mb) if result else (_ms(started), 0)
-        input_fault = result is not None and charges.input_fault(result.error_code, result.killed)
+        input_fault = isinstance(exc, fanout.ChildFailed) or (
+            result is not None and charges.input_fault(result.error_code, result.killed)
+        )
         await self._outcomes.failed(job, exc, duration_ms, peak, input_fault)
 
 

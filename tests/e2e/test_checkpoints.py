@@ -23,6 +23,7 @@ import pypdfium2 as pdfium
 import pytest
 
 from hypermedia.devtools.embedded import free_port
+from hypermedia.jobs import charges
 from tests.e2e.conftest import REPO, RunningPlatform, own_database, start_platform, upload, wait_for, wait_job
 from tests.helpers.media import write_video
 from tests.helpers.pdf import text_pages_pdf
@@ -686,4 +687,82 @@ def test_a_long_ocr_fans_out_to_children_on_both_workers_and_assembles_their_pag
         for worker in workers:
             worker.terminate()
         for worker in workers:
+            worker.wait(60)
+
+
+def test_a_child_out_of_memory_fails_its_long_ocr_at_once_and_the_job_is_charged_its_run(
+    platform_without_workers: RunningPlatform,
+) -> None:
+    """A 25-page OCR whose pages need more memory than the operation's profile allows (lowered to
+    160 MB here, which the first run, reading only the page sizes, stays under): the first child's
+    ``RESOURCE_LIMIT`` fails the job at once with that code, naming the part, instead of the job
+    reading every page again itself; the other child is stopped or fails alike; the job is
+    charged as one failed because of its input, its children's runs included (ADR 0081), and its
+    hold committed at that."""
+    platform = platform_without_workers
+    texts = [f"Page {n} {WORDS[n % len(WORDS)]}" for n in range(1, OCR_FAN_OUT_PAGES + 1)]
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
+        [(memory,)] = conn.execute(
+            "SELECT DISTINCT memory_limit_mb FROM processing_profiles WHERE operation = 'ocr'"
+        ).fetchall()
+        conn.execute("UPDATE processing_profiles SET memory_limit_mb = 160 WHERE operation = 'ocr'")
+        worker = _worker(platform, "ocr-small")
+        try:
+            with platform.client(platform.admin("create-account", "--credits", "100")) as client:
+                obj = client.post(
+                    "/v1/objects", files={"file": ("slow.pdf", text_pages_pdf(texts, media=b"[0 0 612 792]"))}
+                ).json()
+                created = client.post(
+                    "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["ocr"]}
+                )
+                assert created.status_code == 202, created.text
+                job_id = created.json()["job_ids"][0]
+                job = wait_job(client, job_id, timeout=120)
+
+                assert (job["status"], job["error_code"]) == ("failed", "RESOURCE_LIMIT"), job
+                assert job["error_message"] == (
+                    "part 1, done by a child job, failed: The job exceeded its memory limit."
+                ), job
+                assert [a["status"] for a in job["attempts"]] == ["failed"]
+
+                def ended() -> list[tuple[str, int, str, int]] | None:
+                    kids = _children(conn, job_id)
+                    return (
+                        kids if all(status in ("failed", "cancelled") for _, _, status, _ in kids) else None
+                    )
+
+                kids = wait_for("both children ended", ended, 60)
+                assert kids[0][1:3] == (0, "failed") and kids[1][1:3] in ((1, "failed"), (1, "cancelled")), (
+                    kids
+                )
+                run_ms, price, base = conn.execute(
+                    # The attempts failed by the input: the job's and its children's; not a
+                    # stopped child's.
+                    """SELECT (SELECT sum(a.duration_ms) FROM job_attempts a JOIN processing_jobs c USING (job_id)
+                               WHERE (c.job_id = j.job_id OR c.parent_job_id = j.job_id)
+                                 AND a.status = 'failed' AND a.error_code = 'RESOURCE_LIMIT'),
+                              j.estimated_credits, p.base_cost
+                       FROM processing_jobs j JOIN processing_profiles p
+                         ON (p.operation, p.version) = (j.operation, j.profile_version)
+                       WHERE j.job_id = %s""",
+                    (job_id,),
+                ).fetchone()
+                charged = charges.for_failure(price=price, base_cost=base, run_ms=int(run_ms))
+                assert round(charged.actual / 1000, 3) == job["actual_credits"], (charged, job)
+                assert charged.lines.get("run_seconds", 0) > 0, charged
+                wait_for(
+                    "the job's hold committed",
+                    lambda: (
+                        conn.execute(
+                            "SELECT status, charged FROM credit_holds WHERE job_id = %s", (job_id,)
+                        ).fetchone()
+                        == ("committed", charged.actual)
+                    ),
+                    30,
+                )
+        finally:
+            conn.execute(
+                "UPDATE processing_profiles SET memory_limit_mb = %s WHERE operation = 'ocr'", (memory,)
+            )
+            worker.terminate()
             worker.wait(60)

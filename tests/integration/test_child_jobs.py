@@ -379,3 +379,71 @@ async def test_a_later_attempt_whose_children_ended_keeps_its_slot(
     await asyncio.wait_for(fanout.Parked(fresh_pool, admission, slot_free, report).wait(job), 5)
 
     assert (admission.busy, admission.unparking, slot_free.is_set()) == (1, 0, False)
+
+
+async def _fail_child(pool: asyncpg.Pool, kid: str, code: str, *, input_fault: bool) -> None:
+    child = await lifecycle.claim(pool, kid, "w-b")
+    assert child is not None
+    status = await lifecycle.fail(
+        pool,
+        child,
+        "w-b",
+        code,
+        f"{code} in page 12",
+        retryable=False,
+        prefix=PREFIX,
+        input_fault=input_fault,
+    )
+    assert status == "failed"
+
+
+async def test_a_child_failed_by_its_input_fails_its_parked_parent_at_once(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    """A child failed for the platform (``INTERNAL``) leaves its part to the parent; one failed
+    because of its input ends the parent's wait with :class:`fanout.ChildFailed`, its code, while
+    another child is still queued, and the slots stay balanced."""
+    job, kids = await _fanned_out(fresh_pool, seed, 3)
+    admission = Admission(slots=1, min_available_mb=0)
+    admission.busy = 1
+
+    async def report(_job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
+        return None
+
+    waiting = asyncio.create_task(fanout.Parked(fresh_pool, admission, asyncio.Event(), report).wait(job))
+    await _fail_child(fresh_pool, kids[0], "INTERNAL", input_fault=False)
+    await asyncio.sleep(2 * fanout.POLL_SECONDS)
+    assert not waiting.done()
+    await _fail_child(fresh_pool, kids[2], "TIMEOUT", input_fault=True)
+
+    try:
+        await asyncio.wait_for(waiting, 10)
+    except fanout.ChildFailed as exc:
+        failed = exc
+    else:
+        raise AssertionError("the wait ended without ChildFailed")
+    assert failed.error_code == "TIMEOUT" and not failed.retryable
+    assert failed.public_message == "part 3, done by a child job, failed: TIMEOUT in page 12"
+    assert admission.busy == 1
+    assert await _statuses(fresh_pool, kids) == ["failed", "queued", "failed"]
+
+
+async def test_a_later_attempt_whose_child_failed_by_its_input_fails_before_its_grant(
+    fresh_pool: asyncpg.Pool, seed: Seeder
+) -> None:
+    job, kids = await _fanned_out(fresh_pool, seed, 2)
+    await _fail_child(fresh_pool, kids[1], "CORRUPT_INPUT", input_fault=True)
+    admission = Admission(slots=1, min_available_mb=0)
+    admission.busy = 1
+
+    async def report(_job: lifecycle.ClaimedJob, fraction: float, stage: str) -> None:
+        return None
+
+    parked = fanout.Parked(fresh_pool, admission, asyncio.Event(), report)
+    try:
+        await asyncio.wait_for(parked.wait(job), 5)
+    except fanout.ChildFailed as exc:
+        assert exc.error_code == "CORRUPT_INPUT"
+    else:
+        raise AssertionError("the wait ended without ChildFailed")
+    assert (admission.busy, admission.unparking, parked.jobs) == (1, 0, set())

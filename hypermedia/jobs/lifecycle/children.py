@@ -33,6 +33,15 @@ ENDED: Final = ("completed", "failed", "cancelled")
 
 
 @dataclass(frozen=True)
+class Failure:
+    """A child that failed because of its input (:func:`state`)."""
+
+    chunk_index: int
+    error_code: str
+    error_message: str
+
+
+@dataclass(frozen=True)
 class Children:
     """Where a parent's children are (:func:`state`)."""
 
@@ -41,6 +50,12 @@ class Children:
     done: float
     """Their work done, in children: each ended child counts 1, each other its last progress
     event's fraction (0–1)."""
+    failure: Failure | None = None
+    """The child of the lowest chunk that failed because of its input, if any: one whose failure
+    charge :func:`~hypermedia.jobs.lifecycle.attempts.fail` recorded (``actual_credits`` set on
+    a ``failed`` job, which it does only for :data:`~hypermedia.jobs.charges.INPUT_FAULTS` the
+    sandbox child reported, a ``TIMEOUT`` only by CPU time). The parent would meet the same
+    input doing that chunk itself."""
 
     @property
     def all_ended(self) -> bool:
@@ -98,11 +113,17 @@ async def state(pool: asyncpg.Pool, parent_job_id: str) -> Children:
         SELECT count(*) AS total, count(*) FILTER (WHERE c.status = ANY($2::text[])) AS ended,
                coalesce(sum(CASE WHEN c.status = ANY($2::text[]) THEN 1 ELSE coalesce(
                    (SELECT e.progress FROM job_events e WHERE e.job_id = c.job_id AND e.kind = 'progress'
-                    ORDER BY e.event_id DESC LIMIT 1), 0) END), 0) AS done
+                    ORDER BY e.event_id DESC LIMIT 1), 0) END), 0) AS done,
+               (SELECT ROW(f.chunk_index, f.error_code, f.error_message) FROM processing_jobs f
+                WHERE f.parent_job_id = $1 AND f.status = 'failed' AND f.actual_credits IS NOT NULL
+                ORDER BY f.chunk_index LIMIT 1) AS failure
         FROM processing_jobs c WHERE c.parent_job_id = $1
         """,
         parent_job_id,
         list(ENDED),
     )
     assert row is not None
-    return Children(int(row["total"]), int(row["ended"]), float(row["done"]))
+    failure = row["failure"] and Failure(
+        int(row["failure"][0]), str(row["failure"][1]), str(row["failure"][2])
+    )
+    return Children(int(row["total"]), int(row["ended"]), float(row["done"]), failure or None)
