@@ -25,8 +25,9 @@ lease has expired; any other exit is restarted with exponential backoff over its
 doubling to 30 s; a process that had run for ``STABLE_SECONDS`` counts as started, as supervisord's
 ``startsecs``, and is restarted after 1 s); a service that dies five times within a minute is
 reported as crash-looping, once per loop. Once every worker unit is ready (or after a minute) one
-plain summary line goes to stderr. Ctrl-C (SIGINT) or SIGTERM stops the services one by one in
-reverse start order (each gets 60 s after SIGTERM), then NATS and Postgres.
+plain summary line goes to stderr. Ctrl-C (SIGINT) or SIGTERM stops the workers, the reaper and
+the scheduler at once, then the gateway, storage and credits one by one (each process gets 60 s
+after SIGTERM; :meth:`Platform.stop`), then NATS and Postgres.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ SERVICES = (
 """Start order. :meth:`Platform.stop` stops everything after :data:`CORE_SERVICES` at once, then
 those one at a time in reverse order."""
 CORE_SERVICES = ("credits", "storage", "gateway")
-"""The services the others call: stopped last, after every worker has drained."""
+"""The services the others call: stopped last, once every worker has drained."""
 OPTIONAL_SERVICES = ("scheduler",)
 """Services run only when named (``--scheduler`` or ``--services``); after :data:`SERVICES` in
 start order, so the scheduler stops (and drains its burst workers) first."""
@@ -144,16 +145,6 @@ def worker_work_dir(base: str, service: str, replica: int) -> str:
     services. Never shared: a worker removes the job directories it does not run when it starts."""
     suffix = "" if service == "imageworker" else f"-{service}"
     return f"{base}{suffix}" if replica == 1 else f"{base}{suffix}-{replica}"
-
-
-def sandbox_layers_line(require: str, uid_base: int) -> str:
-    """The one line ``hypermedia up`` prints about the workers' isolation: the
-    ``HM_SANDBOX_REQUIRE`` they run with and which layers hold for this process's uid (the
-    workers' own), probed as a worker probes them (:func:`hypermedia.sandbox.layers.probe_layers`)."""
-    found = layers.probe_layers_fresh(uid_base)
-    held = ", ".join(layer.name for layer in found if layer.available) or "none"
-    missing = ", ".join(layer.name for layer in found if not layer.available) or "none"
-    return f"hypermedia up: workers run with HM_SANDBOX_REQUIRE={require}; layers that hold: {held}; missing: {missing}"
 
 
 @dataclass
@@ -369,7 +360,7 @@ class Platform:
         ]
         workers = [(name, i, proc_name) for name, i, proc_name in replicas if name in SCALABLE]
         if workers:
-            print(sandbox_layers_line(env["HM_SANDBOX_REQUIRE"], uid_base), file=sys.stderr, flush=True)
+            print(layers.summary_line(env["HM_SANDBOX_REQUIRE"], uid_base), file=sys.stderr, flush=True)
         worker_env = {
             proc_name: {
                 "HM_WORK_DIR": worker_work_dir(work_dir, name, i),
@@ -451,8 +442,7 @@ class Platform:
             )
             proc.start()
             self.procs.append(proc)
-        # Every process starts at once, its imports beside the others' (gRPC channels connect when
-        # first used; the gateway's /readyz answers 200 only once credits and storage answer).
+        # All start at once: channels connect when first used; /readyz waits for credits and storage.
         for proc in self.procs:
             if proc.name in ("credits", "storage"):
                 self._wait_port(proc, credits_port if proc.name == "credits" else storage_port)
@@ -583,29 +573,23 @@ class Platform:
         return f"hypermedia up: ready: {where}; {workers}; logs in {self.root / 'logs'}; metrics URLs in {self.root / 'platform.json'}; {account}"
 
     def stop(self) -> None:
-        """Stop the services in stages, the last started first: the worker units, the reaper and
-        the scheduler together (each drains on its own), then the gateway, then storage, then
-        credits — so gateway, storage and credits still answer while the workers drain. Each
-        process gets SIGTERM, then SIGKILL after :data:`STOP_GRACE_SECONDS`; then NATS and
-        Postgres stop."""
+        """Stop the worker units, the reaper and the scheduler at once, then gateway, storage and
+        credits one at a time (they answer while the workers drain): each process SIGTERM, then
+        SIGKILL after :data:`STOP_GRACE_SECONDS`. Then NATS and Postgres."""
         self.stop_requested = True
-        core = [proc for proc in self.procs if proc.module in CORE_SERVICES]
-        stages = [[proc for proc in self.procs if proc.module not in CORE_SERVICES]]
-        stages += [[proc] for proc in reversed(core)]
-        for stage in stages:
-            running = [proc for proc in stage if proc.process is not None and proc.process.poll() is None]
-            for proc in running:
-                assert proc.process is not None
-                proc.process.send_signal(signal.SIGTERM)
+        core = [[proc] for proc in reversed(self.procs) if proc.module in CORE_SERVICES]
+        for stage in [[proc for proc in self.procs if proc.module not in CORE_SERVICES], *core]:
+            running = [(p, q) for p in stage if (q := p.process) is not None and q.poll() is None]
+            for _proc, process in running:
+                process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_SECONDS
-            for proc in running:
-                assert proc.process is not None
+            for proc, process in running:
                 try:
-                    proc.process.wait(max(0.0, deadline - time.monotonic()))
+                    process.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     log.error("service %s did not stop in %.0fs; killing it", proc.name, STOP_GRACE_SECONDS)
-                    proc.process.kill()
-                    proc.process.wait()
+                    process.kill()
+                    process.wait()
                 proc.pid_path.unlink(missing_ok=True)
         if self.nats is not None:
             self.nats.stop()

@@ -525,3 +525,13 @@ def _package_root() -> str:
 
 if __name__ == "__main__":
     print(json.dumps([layer.__dict__ for layer in probe_layers(int(sys.argv[1]))]))
+
+
+def summary_line(require: str, uid_base: int) -> str:
+    """The one line ``hypermedia up`` prints about the workers' isolation: the
+    ``HM_SANDBOX_REQUIRE`` they run with and which layers hold for this process's uid (the
+    workers' own), probed as a worker probes them (:func:`probe_layers_fresh`)."""
+    found = probe_layers_fresh(uid_base)
+    held = ", ".join(layer.name for layer in found if layer.available) or "none"
+    missing = ", ".join(layer.name for layer in found if not layer.available) or "none"
+    return f"hypermedia up: workers run with HM_SANDBOX_REQUIRE={require}; layers that hold: {held}; missing: {missing}"

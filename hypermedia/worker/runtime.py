@@ -582,6 +582,8 @@ class WorkerRuntime:
         """The one place a failed attempt is settled (:meth:`Outcomes.failed`)."""
         self.jobs_failed += 1
         duration_ms, peak = (result.duration_ms, result.peak_memory_mb) if result else (_ms(started), 0)
+        if isinstance(exc, fanout.ChildFailed) and result is None:
+            duration_ms = 0  # a later attempt that only waited, parked: its run is its children's
         input_fault = isinstance(exc, fanout.ChildFailed) or (
             result is not None and charges.input_fault(result.error_code, result.killed)
         )

@@ -400,7 +400,8 @@ async def _fail_child(pool: asyncpg.Pool, kid: str, code: str, *, input_fault: b
 async def test_a_child_failed_by_its_input_fails_its_parked_parent_at_once(
     fresh_pool: asyncpg.Pool, seed: Seeder
 ) -> None:
-    """A child failed for the platform (``INTERNAL``) leaves its part to the parent; one failed
+    """A child failed for the platform (``INTERNAL``, even with a failure charge recorded) leaves
+    its part to the parent; one failed
     because of its input ends the parent's wait with :class:`fanout.ChildFailed`, its code, while
     another child is still queued, and the slots stay balanced."""
     job, kids = await _fanned_out(fresh_pool, seed, 3)
@@ -411,7 +412,9 @@ async def test_a_child_failed_by_its_input_fails_its_parked_parent_at_once(
         return None
 
     waiting = asyncio.create_task(fanout.Parked(fresh_pool, admission, asyncio.Event(), report).wait(job))
-    await _fail_child(fresh_pool, kids[0], "INTERNAL", input_fault=False)
+    # Its sandbox child reported an input fault, then a later step failed the attempt INTERNAL:
+    # the recorded code is the platform's.
+    await _fail_child(fresh_pool, kids[0], "INTERNAL", input_fault=True)
     await asyncio.sleep(2 * fanout.POLL_SECONDS)
     assert not waiting.done()
     await _fail_child(fresh_pool, kids[2], "TIMEOUT", input_fault=True)

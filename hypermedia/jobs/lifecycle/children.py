@@ -24,7 +24,7 @@ from typing import Final
 
 import asyncpg
 
-from hypermedia.jobs import queues
+from hypermedia.jobs import charges, queues
 from hypermedia.jobs.lifecycle.attempts import ClaimedJob
 from hypermedia.jobs.lifecycle.rules import enqueue_outbox_many
 
@@ -54,8 +54,9 @@ class Children:
     """The child of the lowest chunk that failed because of its input, if any: one whose failure
     charge :func:`~hypermedia.jobs.lifecycle.attempts.fail` recorded (``actual_credits`` set on
     a ``failed`` job, which it does only for :data:`~hypermedia.jobs.charges.INPUT_FAULTS` the
-    sandbox child reported, a ``TIMEOUT`` only by CPU time). The parent would meet the same
-    input doing that chunk itself."""
+    sandbox child reported, a ``TIMEOUT`` only by CPU time) and whose recorded code is one of
+    them (a later step of its attempt may have failed it otherwise: ``INTERNAL`` is the
+    platform's). The parent would meet the same input doing that chunk itself."""
 
     @property
     def all_ended(self) -> bool:
@@ -116,14 +117,16 @@ async def state(pool: asyncpg.Pool, parent_job_id: str) -> Children:
                     ORDER BY e.event_id DESC LIMIT 1), 0) END), 0) AS done,
                (SELECT ROW(f.chunk_index, f.error_code, f.error_message) FROM processing_jobs f
                 WHERE f.parent_job_id = $1 AND f.status = 'failed' AND f.actual_credits IS NOT NULL
+                  AND f.error_code = ANY($3::text[])
                 ORDER BY f.chunk_index LIMIT 1) AS failure
         FROM processing_jobs c WHERE c.parent_job_id = $1
         """,
         parent_job_id,
         list(ENDED),
+        sorted(charges.INPUT_FAULTS),
     )
     assert row is not None
     failure = row["failure"] and Failure(
-        int(row["failure"][0]), str(row["failure"][1]), str(row["failure"][2])
+        int(row["failure"][0]), str(row["failure"][1]), str(row["failure"][2] or "")
     )
     return Children(int(row["total"]), int(row["ended"]), float(row["done"]), failure or None)
