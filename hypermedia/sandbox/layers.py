@@ -523,10 +523,6 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-if __name__ == "__main__":
-    print(json.dumps([layer.__dict__ for layer in probe_layers(int(sys.argv[1]))]))
-
-
 def summary_line(require: str, uid_base: int) -> str:
     """The one line ``hypermedia up`` prints about the workers' isolation: the
     ``HM_SANDBOX_REQUIRE`` they run with and which layers hold for this process's uid (the
@@ -535,3 +531,7 @@ def summary_line(require: str, uid_base: int) -> str:
     held = ", ".join(layer.name for layer in found if layer.available) or "none"
     missing = ", ".join(layer.name for layer in found if not layer.available) or "none"
     return f"hypermedia up: workers run with HM_SANDBOX_REQUIRE={require}; layers that hold: {held}; missing: {missing}"
+
+
+if __name__ == "__main__":
+    print(json.dumps([layer.__dict__ for layer in probe_layers(int(sys.argv[1]))]))
