@@ -710,7 +710,8 @@ def test_a_child_out_of_memory_fails_its_long_ocr_at_once_and_the_job_is_charged
         try:
             with platform.client(platform.admin("create-account", "--credits", "100")) as client:
                 obj = client.post(
-                    "/v1/objects", files={"file": ("slow.pdf", text_pages_pdf(texts, media=b"[0 0 612 792]"))}
+                    "/v1/objects",
+                    files={"file": ("letter.pdf", text_pages_pdf(texts, media=b"[0 0 612 792]"))},
                 ).json()
                 created = client.post(
                     "/v1/hypermedia/process", json={"object_id": obj["object_id"], "operations": ["ocr"]}
