@@ -110,7 +110,8 @@ def read_platform(path: Path | None = None) -> dict[str, Any]:
     """The ``platform.json`` of a running platform. Raises FileNotFoundError with a hint."""
     file = (path or state_dir()) / "platform.json"
     if not file.exists():
-        raise FileNotFoundError(f"no platform found at {file}: run `hypermedia up` in this directory first")
+        hint = "run `hypermedia up` in this directory first, or set HM_STATE_DIR to the running one's"
+        raise FileNotFoundError(f"no platform found at {file}: {hint}")
     return dict(json.loads(file.read_text()))
 
 
