@@ -134,10 +134,7 @@ class Parked:
             ChildFailed: a child failed because of its input (as soon as one has).
         """
         low, high = PROCESSING_PROGRESS
-        state = await self._state(job)
-        if state.failure:
-            raise ChildFailed(state.failure)
-        if state.all_ended:  # a later attempt after they ended: keep the slot
+        if (await self._state(job)).all_ended:  # a later attempt after they ended: keep the slot
             return
         self._admission.busy -= 1
         self._slot_free.set()
@@ -147,8 +144,6 @@ class Parked:
             last = -1.0
             while True:
                 state = await self._state(job)
-                if state.failure:
-                    raise ChildFailed(state.failure)
                 fraction = state.done / (state.total + 1)
                 if fraction > last:
                     await self._report(job, low + (high - low) * fraction, "children")
@@ -172,8 +167,15 @@ class Parked:
                 self._admission.busy += 1
 
     async def _state(self, job: ClaimedJob) -> children.Children:
-        """Where ``job``'s children are, read across a Postgres restart (as every lifecycle read)."""
+        """Where ``job``'s children are, read across a Postgres restart (as every lifecycle read).
+
+        Raises:
+            ChildFailed: one of them failed because of its input.
+        """
         async for attempt in db.retrying():
-            with attempt:
-                return await children.state(self._pool, job.job_id)
+            with attempt:  # ChildFailed is not transient: raised at once, never retried
+                state = await children.state(self._pool, job.job_id)
+                if state.failure:
+                    raise ChildFailed(state.failure)
+                return state
         raise AssertionError("unreachable: retrying() re-raises")

@@ -582,9 +582,10 @@ class WorkerRuntime:
         """The one place a failed attempt is settled (:meth:`Outcomes.failed`)."""
         self.jobs_failed += 1
         duration_ms, peak = (result.duration_ms, result.peak_memory_mb) if result else (_ms(started), 0)
-        if isinstance(exc, fanout.ChildFailed) and result is None:
+        child_failed = isinstance(exc, fanout.ChildFailed)
+        if child_failed and result is None:
             duration_ms = 0  # a later attempt that only waited, parked: its run is its children's
-        input_fault = isinstance(exc, fanout.ChildFailed) or (
+        input_fault = child_failed or (
             result is not None and charges.input_fault(result.error_code, result.killed)
         )
         await self._outcomes.failed(job, exc, duration_ms, peak, input_fault)

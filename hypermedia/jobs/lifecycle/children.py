@@ -126,7 +126,6 @@ async def state(pool: asyncpg.Pool, parent_job_id: str) -> Children:
         sorted(charges.INPUT_FAULTS),
     )
     assert row is not None
-    failure = row["failure"] and Failure(
-        int(row["failure"][0]), str(row["failure"][1]), str(row["failure"][2] or "")
-    )
-    return Children(int(row["total"]), int(row["ended"]), float(row["done"]), failure or None)
+    failed = row["failure"]
+    failure = Failure(int(failed[0]), str(failed[1]), str(failed[2] or "")) if failed else None
+    return Children(int(row["total"]), int(row["ended"]), float(row["done"]), failure)
