@@ -150,6 +150,18 @@ class TransientError(DomainError):
     default_code = "TRANSIENT"
 
 
+class CpuTimeExceeded(TransientError):
+    """A process the job's engine started and waited for (tesseract, LibreOffice) was stopped by
+    the ``RLIMIT_CPU`` it inherits from the job: ``TIMEOUT``, and, as when the job's own process
+    is stopped by it, the input's fault (the sandbox reports it with ``killed="cpu_time"``, which
+    :func:`hypermedia.jobs.charges.input_fault` charges)."""
+
+    default_code = "TIMEOUT"
+
+    def __init__(self) -> None:
+        super().__init__("The job exceeded its CPU time limit.")
+
+
 _BY_GRPC_CODE: dict[grpc.StatusCode, type[DomainError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,

@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 INPUT_FAULTS: Final = frozenset({"TIMEOUT", "RESOURCE_LIMIT", "CORRUPT_INPUT"})
 """Error codes that are the input's fault when the sandbox child reports them: the job that
 fails with one (after its last attempt) is charged :func:`for_failure`. A ``TIMEOUT`` counts
-only when the child used up its CPU time (:func:`input_fault`): a wall-clock kill may be a
-starved host's, not the input's."""
+only when the child used up its CPU time (:func:`input_fault`), counted over its processes (ADR
+0084): a wall-clock kill before that may be a starved host's, not the input's."""
 RUN_SECOND_MILLICREDITS: Final = 10
 """Millicredits per second (rounded up) a failed job's sandbox child ran: the ``run_seconds``
 line of :func:`for_failure` (one credit per 100 s of a slot)."""

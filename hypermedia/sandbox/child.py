@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
-from hypermedia.core.errors import DomainError
+from hypermedia.core.errors import CpuTimeExceeded, DomainError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.sandbox import cgroups, landlock, seccomp, spans
 from hypermedia.sandbox.confine import (
@@ -191,6 +191,8 @@ def _child_main(request: dict[str, Any], report_fd: int) -> NoReturn:
             "message": exc.public_message,
             "retryable": exc.retryable,
         }
+        if isinstance(exc, CpuTimeExceeded):
+            report["limit"] = "cpu_time"
     except MemoryError:
         report = {
             "ok": False,

@@ -30,7 +30,7 @@ from hypermedia.engines.contract import OutputFile
 from hypermedia.sandbox.cgroups import Cgroups, Unavailable, open_cgroups
 from hypermedia.sandbox.confine import _check_reachable, _primary_gid
 from hypermedia.sandbox.outputs import open_output
-from hypermedia.sandbox.results import SandboxLimits, SandboxResult
+from hypermedia.sandbox.results import ChildExit, SandboxLimits, SandboxResult
 from hypermedia.sandbox.spans import emit as emit_spans
 
 log = logging.getLogger(__name__)
@@ -84,20 +84,6 @@ class _Job:
     pid: int | None = None
     cancelled: bool = False
     timed_out: bool = False
-
-
-@dataclass
-class _Exit:
-    """What the zygote reports about a finished child (also the 'exited' JSON line)."""
-
-    status: int | None
-    maxrss_kib: int = 0
-    cpu_seconds: float = 0.0
-    duration_ms: int = 0
-    report: str | None = None
-    failure: str | None = None
-    cgroup_peak_bytes: int | None = None
-    oom_killed: bool = False
 
 
 class Sandbox:
@@ -360,7 +346,7 @@ class Sandbox:
                     break
                 job, event = await self._submit(request, (operation, params), Path(input_path), limits)
                 if event.get("failure") != "zygote lost" or job.pid is not None or job.cancelled:
-                    result = self._result(job, _exit_from_event(event))
+                    result = self._result(job, ChildExit.from_event(event))
                     break
                 # The zygote died before it forked this job's child (no "started" event): the job
                 # has not run. Wait for a new zygote instead of failing an attempt that never began.
@@ -475,7 +461,7 @@ class Sandbox:
                 if not job.done.done():
                     job.done.set_result({"status": None, "failure": "zygote lost"})
 
-    def _result(self, job: _Job, exit_: _Exit) -> SandboxResult:
+    def _result(self, job: _Job, exit_: ChildExit) -> SandboxResult:
         def failed(code: str, message: str, retryable: bool, killed: str = "") -> SandboxResult:
             if killed:  # a limit or fence stopped the child: metrics.SANDBOX_KILLS' reasons
                 metrics.SANDBOX_KILLS.labels(killed).inc()
@@ -521,17 +507,20 @@ class Sandbox:
                 str(report.get("error_code") or "INTERNAL"),
                 str(report.get("message") or "Internal error."),
                 bool(report.get("retryable", False)),
-                # RLIMIT_AS's MemoryError, RLIMIT_FSIZE's EFBIG; anything else a child says is not a
-                # label value (a compromised child must not grow the metric's series).
-                {"memory": "memory", "file_size": "file_size"}.get(str(report.get("limit")), ""),
+                # MemoryError, EFBIG, CpuTimeExceeded; no other word of a child's (a compromised
+                # child must not grow the metric's series).
+                str(report.get("limit")) if report.get("limit") in _REPORTED_LIMITS else "",
             )
         signum = -1
         if os.WIFSIGNALED(exit_.status):
             signum = os.WTERMSIG(exit_.status)
-        if job.timed_out:
+        if job.timed_out and (exit_.cpu_seconds or 0) < job.limits.cpu_seconds:
             return failed("TIMEOUT", "The job exceeded its time limit.", True, "wall_time")
-        if signum == signal.SIGXCPU or (
-            signum == signal.SIGKILL and (exit_.cpu_seconds or 0) >= job.limits.cpu_seconds
+        # At its wall-clock limit with its CPU time used up over its processes (RLIMIT_CPU's is each's)
+        if (
+            job.timed_out
+            or signum == signal.SIGXCPU
+            or (signum == signal.SIGKILL and (exit_.cpu_seconds or 0) >= job.limits.cpu_seconds)
         ):
             return failed("TIMEOUT", "The job exceeded its CPU time limit.", True, "cpu_time")
         if signum == signal.SIGSYS:
@@ -571,22 +560,12 @@ class Sandbox:
         return output
 
 
+_REPORTED_LIMITS: Final = ("memory", "file_size", "cpu_time")
+
+
 def _unavailable(message: str) -> SandboxResult:
     """The result of a job whose sandbox could not be had: retryable, nothing ran."""
     return SandboxResult([], "SANDBOX_UNAVAILABLE", message, True, 0, 0)
-
-
-def _exit_from_event(event: dict[str, Any]) -> _Exit:
-    return _Exit(
-        status=event.get("status"),
-        maxrss_kib=int(event.get("maxrss_kib") or 0),
-        cpu_seconds=float(event.get("cpu_seconds") or 0.0),
-        duration_ms=int(event.get("duration_ms") or 0),
-        report=event.get("report"),
-        failure=event.get("failure"),
-        cgroup_peak_bytes=event.get("cgroup_peak_bytes"),
-        oom_killed=bool(event.get("oom_killed")),
-    )
 
 
 def _parse_report(report: str | None) -> dict[str, Any] | None:

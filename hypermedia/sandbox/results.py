@@ -1,12 +1,14 @@
 """What a sandboxed job is given and what it ends with: :class:`SandboxLimits` (its rlimits and
-cgroup bounds) and :class:`SandboxResult` (outputs or a bounded error code, peak memory, the
-layers that held). Shared by :mod:`hypermedia.sandbox.host` and the workers."""
+cgroup bounds), :class:`SandboxResult` (outputs or a bounded error code, peak memory, the layers
+that held) and :class:`ChildExit` (the zygote's word on a finished child). Shared by
+:mod:`hypermedia.sandbox.host` and the workers."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from hypermedia.engines.contract import OutputFile
 
@@ -63,3 +65,36 @@ class SandboxResult:
     killed: str = ""
     """Which limit or fence stopped the child (``memory``, ``wall_time``, ``cpu_time``,
     ``file_size``, …: the reasons of ``hypermedia_sandbox_kills_total``); empty otherwise."""
+
+
+@dataclass
+class ChildExit:
+    """What the zygote reports about a finished child: its ``exited`` JSON line."""
+
+    status: int | None
+    """``wait4``'s status; None when the child was lost with the zygote (see ``failure``)."""
+    maxrss_kib: int = 0
+    cpu_seconds: float = 0.0
+    """User + system CPU seconds of the child and the descendants it waited for (``wait4``); for a
+    child the zygote killed, at least what its process group had used at the kill, waited for or
+    not (:func:`hypermedia.sandbox.zygote._group_cpu_seconds`)."""
+    duration_ms: int = 0
+    report: str | None = None
+    """The child's JSON report, if it wrote one."""
+    failure: str | None = None
+    cgroup_peak_bytes: int | None = None
+    oom_killed: bool = False
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> ChildExit:
+        """The exit an ``exited`` event (or a ``{"status": None, "failure": …}`` of a lost zygote) describes."""
+        return cls(
+            status=event.get("status"),
+            maxrss_kib=int(event.get("maxrss_kib") or 0),
+            cpu_seconds=float(event.get("cpu_seconds") or 0.0),
+            duration_ms=int(event.get("duration_ms") or 0),
+            report=event.get("report"),
+            failure=event.get("failure"),
+            cgroup_peak_bytes=event.get("cgroup_peak_bytes"),
+            oom_killed=bool(event.get("oom_killed")),
+        )

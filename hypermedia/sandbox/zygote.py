@@ -40,6 +40,9 @@ class _Child:
     uid: int | None = None
     cgroup: cgroups.JobCgroup | None = None
     oom_seen: bool = False
+    cpu_at_kill: float = 0.0
+    """The CPU seconds its process group had used when the zygote killed it (:func:`_group_cpu_seconds`):
+    a killed child's ``wait4`` rusage lacks what its own children used and never waited for."""
 
 
 @dataclass
@@ -153,7 +156,9 @@ class _Zygote:
                 # The leader is not reaped yet (reap() drops it from by_job first), so its pid
                 # still names this job's group; the leader itself too, for a kill that comes
                 # before its setsid() (a child still taking its request).
-                pid = self.by_job[message["job_id"]].pid
+                child = self.by_job[message["job_id"]]
+                pid = child.pid
+                child.cpu_at_kill = _group_cpu_seconds(pid)
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
                 with contextlib.suppress(OSError):
@@ -415,7 +420,7 @@ class _Zygote:
                     "job_id": child.job_id,
                     "status": status,
                     "maxrss_kib": usage.ru_maxrss,
-                    "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                    "cpu_seconds": max(usage.ru_utime + usage.ru_stime, child.cpu_at_kill),
                     "duration_ms": round((time.monotonic() - child.started) * 1000),
                     "report": report,
                     "failure": "report too large" if child.overflow else None,
@@ -423,3 +428,32 @@ class _Zygote:
                     "oom_killed": oom,
                 }
             )
+
+
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
+
+
+def _group_cpu_seconds(pgid: int) -> float:
+    """The CPU seconds (user + system) used by the processes of group ``pgid`` and by the children
+    they have waited for, from ``/proc/<pid>/stat`` (proc(5): ``utime``, ``stime``, ``cutime``,
+    ``cstime``, in clock ticks). A job whose engine runs each page in a process of its own (OCR's
+    tesseract) keeps its finished pages' CPU in its own ``cutime``, which its parent's ``wait4``
+    reports only when the parent reaps it, and a kill leaves no time for that. 0.0 when ``/proc``
+    cannot be read."""
+    ticks = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0.0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        # fields[0] is the state (field 3 of proc(5)): pgrp is field 5, utime..cstime 14..17.
+        if len(fields) > 14 and int(fields[2]) == pgid:
+            ticks += sum(int(value) for value in fields[11:15])
+    return ticks / _CLOCK_TICKS

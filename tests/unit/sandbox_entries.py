@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.documents import engine_process
 from hypermedia.engines.imaging import ops
 
 
@@ -58,6 +59,30 @@ def sleep_forever(operation: str, params: dict, input_path: Path, out_dir: Path)
 
 
 def spin(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    while True:
+        pass
+
+
+def spin_in_processes(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Forks one process after another, each spinning for 0.2 s of CPU time and waited for, as an
+    engine running a process per page does: no process comes near the job's RLIMIT_CPU."""
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            started = time.process_time()
+            while time.process_time() - started < 0.2:
+                pass
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+
+def spin_in_engine_process(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
+    """Spins in an engine process (:func:`engine_process.call`, as PDFium runs) until the job's
+    RLIMIT_CPU, which it inherits, stops it."""
+    return engine_process.call(_spin_forever)
+
+
+def _spin_forever() -> None:
     while True:
         pass
 

@@ -27,6 +27,7 @@ from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.ocr import assemble, geometry, params, preprocess, tesseract
 from hypermedia.engines.ocr.engine import OcrLimits
 from hypermedia.engines.ocr.metrics import cer, levenshtein, normalise_whitespace
+from hypermedia.jobs import charges
 from hypermedia.sandbox import Sandbox, SandboxLimits
 from tests.helpers.jobs import claimed_job
 from tests.helpers.ocr import (
@@ -641,6 +642,49 @@ async def test_ocr_in_a_sandbox_child(sandbox: Sandbox, tmp_path: Path, make_pdf
     assert set(files) == set(ALL_OUTPUTS)
     assert cer(files["text"].decode(), GOLD) < 0.02
     assert json.loads(files["words"])["pages"][0]["word_count"] > 50
+
+
+@needs_tesseract
+@pytest.mark.parametrize(
+    ("pages", "cpu_seconds", "wall_seconds"),
+    [(1, 1, 30), (16, 2, 5)],
+    ids=["one-page-over-the-jobs-cpu", "pages-that-together-use-it-up"],
+)
+async def test_ocr_that_uses_up_the_jobs_cpu_time_is_a_cpu_timeout(
+    sandbox: Sandbox, tmp_path: Path, pages: int, cpu_seconds: int, wall_seconds: float
+) -> None:
+    """tesseract runs in a process of its own per page. One page needing more CPU than the job has
+    (the 8071 page, about 3.7 s, against 1 s) dies of the job's RLIMIT_CPU it inherits; phototest
+    pages (about 0.3 s each) never do, but together they use up the job's 2 s before the wall
+    clock's 5 s (on a core at least 40 % theirs). Either way the job ends ``TIMEOUT`` stopped by ``cpu_time``: the input's fault,
+    charged (``charges.input_fault``), not a wall-clock kill a starved host could have caused."""
+    page = pyvips.Image.new_from_file(str(OCR_DIR / "8071_093.3B.tif" if pages == 1 else PHOTOTEST))
+    job_id = f"job-{secrets.token_hex(6)}"
+    job_dir = sandbox.prepare(job_id)
+    input_path = job_dir / "input" / "source"
+    pyvips.Image.arrayjoin([page] * pages, across=1).tiffsave(
+        str(tmp_path / "pages.tif"), page_height=page.height, compression="lzw"
+    )
+    shutil.copy(tmp_path / "pages.tif", input_path)
+    os.chmod(input_path, 0o600)
+    limits = SandboxLimits(
+        cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_bytes=2 << 30, fsize_bytes=1 << 30
+    )
+    try:
+        result = await sandbox.run(
+            job_id,
+            "hypermedia.engines.ocr.engine:run",
+            "ocr",
+            {"outputs": ["text"], "escalate": False},
+            input_path,
+            limits,
+            entry_kwargs={"limits": LIMITS},
+        )
+    finally:
+        sandbox.cleanup(job_id)
+    assert (result.error_code, result.killed) == ("TIMEOUT", "cpu_time"), result
+    assert result.error_message == "The job exceeded its CPU time limit."
+    assert charges.input_fault(result.error_code, result.killed)
 
 
 def test_asking_for_tables_either_way_gives_both() -> None:

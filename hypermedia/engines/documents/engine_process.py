@@ -14,7 +14,7 @@ specific code.
 | returned | its return value | – |
 | raised a ``DomainError`` | the same code, message and retryability | that code |
 | raised ``MemoryError`` / ``OSError(EFBIG)`` | the same | ``RESOURCE_LIMIT`` |
-| died of SIGXCPU (``RLIMIT_CPU``, inherited) | ``TransientError`` | ``TIMEOUT`` (retried) |
+| died of SIGXCPU (``RLIMIT_CPU``, inherited) | ``CpuTimeExceeded`` | ``TIMEOUT`` (retried; charged as the input's) |
 | died of SIGXFSZ | ``OSError(EFBIG)`` | ``RESOURCE_LIMIT`` |
 | died of SIGABRT, SIGSEGV, SIGBUS, SIGILL or SIGTRAP with a peak RSS of at least :data:`MEMORY_ABORT_FRACTION` of ``RLIMIT_AS`` | ``MemoryError`` | ``RESOURCE_LIMIT`` |
 | died of any other signal | the sandbox child kills itself with that signal | ``SANDBOX_CRASHED`` (as without this module) |
@@ -38,7 +38,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Final
 
-from hypermedia.core.errors import DomainError, PermanentJobError, TransientError
+from hypermedia.core.errors import CpuTimeExceeded, DomainError, PermanentJobError, TransientError
 
 __all__ = ["MAX_RESULT_BYTES", "MEMORY_ABORT_FRACTION", "EngineFailure", "call"]
 
@@ -137,7 +137,7 @@ def _engine_main(write_fd: int, fn: Callable[..., Any], args: tuple[Any, ...]) -
 
 def _raise_for_signal(signum: int, peak_bytes: int) -> None:
     if signum == signal.SIGXCPU:
-        raise TransientError("The job exceeded its CPU time limit.", "TIMEOUT")
+        raise CpuTimeExceeded()
     if signum == signal.SIGXFSZ:
         raise OSError(errno.EFBIG, "the engine exceeded the file size limit")
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]

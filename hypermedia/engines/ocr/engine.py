@@ -67,8 +67,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-import resource
 import tempfile
 import time
 from dataclasses import replace
@@ -132,11 +130,11 @@ installed_languages = tesseract.installed_languages
 """The languages an ``ocr`` job may ask for on this worker (for the RPC that lists them)."""
 
 ESCALATION_CPU_RESERVE: Final = 60.0
-
-"""CPU seconds the job's process must have left under its ``RLIMIT_CPU`` for a page to be
-escalated: RapidOCR took up to 38 s of CPU on one dense, blurred A4 page at 300 dpi (measured by
-the hostile review). Below it the page keeps tesseract's reading (``cpu_budget``) rather than the
-whole job failing with ``TIMEOUT``."""
+"""CPU seconds the job must have left (:func:`tesseract.job_cpu_seconds_left`: its ``RLIMIT_CPU``
+less what it and its tesseract processes used) for a page to be escalated: RapidOCR took up to
+38 s of CPU on one dense, blurred A4 page at 300 dpi (measured by the hostile review). Below it
+the page keeps tesseract's reading (``cpu_budget``) rather than the whole job failing with
+``TIMEOUT``."""
 
 _PDF_MAGIC: Final = b"%PDF-"
 
@@ -324,7 +322,7 @@ def _ocr_page(
     if second is None:
         reason = "disabled"
     elif escalation.needs_escalation(result, limits.escalation_threshold):
-        if _cpu_seconds_left() < ESCALATION_CPU_RESERVE:
+        if tesseract.job_cpu_seconds_left() < ESCALATION_CPU_RESERVE:
             reason = "cpu_budget"
         else:
             started = time.process_time()
@@ -393,14 +391,6 @@ def _text_layer_record(number: int, text: str) -> dict[str, Any]:
         "word_count": 0,
         "words": [],
     }
-
-
-def _cpu_seconds_left() -> float:
-    """CPU seconds this process may still use under its soft ``RLIMIT_CPU`` (infinite without one)."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_CPU)
-    if soft == resource.RLIM_INFINITY:
-        return math.inf
-    return soft - time.process_time()
 
 
 def _rounded(value: float | None) -> float | None:

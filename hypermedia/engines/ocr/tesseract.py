@@ -45,7 +45,7 @@ from typing import Final
 
 from opentelemetry import trace
 
-from hypermedia.core.errors import PermanentJobError, TransientError
+from hypermedia.core.errors import CpuTimeExceeded, PermanentJobError, TransientError
 from hypermedia.engines.ocr.params import NOT_RECOGNITION_MODELS
 from hypermedia.engines.ocr.recognition import PageText, Word
 
@@ -144,15 +144,16 @@ def _executable() -> str:
 def _run(
     argv: list[str], *, cwd: Path | None, timeout: float, what: str, check: bool = True
 ) -> subprocess.CompletedProcess[bytes]:
-    """Runs tesseract with ``timeout`` seconds of CPU time (its own ``RLIMIT_CPU``, set with
-    ``prlimit`` as it starts) and :data:`WALL_FACTOR` times that of wall time; maps its death to
-    the job's error. CPU time does not depend on how busy the machine is, so a page that runs out
-    of it would again: permanent; only an overloaded machine makes the wall limit the first.
+    """Runs tesseract with ``timeout`` seconds of CPU time, or what is left of the job's when
+    that is less (:func:`job_cpu_seconds_left`; its own ``RLIMIT_CPU``, set with ``prlimit`` as it
+    starts), and :data:`WALL_FACTOR` times ``timeout`` of wall time; maps its death to the job's
+    error. CPU time does not depend on how busy the machine is, so a page that runs out of it
+    would again: permanent; only an overloaded machine makes the wall limit the first.
 
     Raises:
         PermanentJobError: ``OCR_PAGE_TIMEOUT`` when the page used ``timeout`` CPU seconds.
-        TransientError: ``TIMEOUT`` when the job's own ``RLIMIT_CPU`` (inherited) is the lower
-            and tesseract hit it.
+        CpuTimeExceeded: ``TIMEOUT`` when what was left of the job's CPU time was the lower and
+            tesseract used it up, or nothing was left.
         TransientError: ``TIMEOUT`` after ``WALL_FACTOR × timeout`` seconds of wall time (the
             process is killed; the worker was overloaded).
         MemoryError: tesseract was killed by SIGKILL (the kernel's or the cgroup's OOM killer),
@@ -161,9 +162,13 @@ def _run(
         TesseractFailure: another non-zero exit while ``check``.
     """
     executable = _executable()
-    inherited_soft, inherited_hard = resource.getrlimit(resource.RLIMIT_CPU)  # the job's, per process
+    inherited_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     cpu_seconds = max(1, math.ceil(timeout))
-    page_limit = inherited_soft == resource.RLIM_INFINITY or cpu_seconds < inherited_soft
+    left = job_cpu_seconds_left()
+    if left <= 0:
+        raise CpuTimeExceeded()
+    page_limit = cpu_seconds < left
+    limit = cpu_seconds if page_limit else max(1, math.ceil(left))
     process = subprocess.Popen(
         [executable, *argv],
         cwd=cwd,
@@ -173,12 +178,9 @@ def _run(
         stderr=subprocess.PIPE,
     )
     with process:
-        if page_limit:
-            hard = cpu_seconds + 1
-            if inherited_hard != resource.RLIM_INFINITY:
-                hard = min(hard, inherited_hard)
-            with contextlib.suppress(ProcessLookupError):  # it may be done already
-                resource.prlimit(process.pid, resource.RLIMIT_CPU, (cpu_seconds, hard))
+        hard = limit + 1 if inherited_hard == resource.RLIM_INFINITY else min(limit + 1, inherited_hard)
+        with contextlib.suppress(ProcessLookupError):  # it may be done already
+            resource.prlimit(process.pid, resource.RLIMIT_CPU, (limit, hard))
         try:
             stdout, stderr = process.communicate(timeout=WALL_FACTOR * timeout)
         except subprocess.TimeoutExpired:
@@ -194,8 +196,8 @@ def _run(
             raise PermanentJobError(
                 f"OCR of {what} took longer than {cpu_seconds} s of CPU time.", "OCR_PAGE_TIMEOUT"
             )
-        if signum == signal.SIGXCPU:  # the job's own CPU limit, lower than the page's
-            raise TransientError("The job exceeded its CPU time limit.", "TIMEOUT")
+        if signum == signal.SIGXCPU:  # what was left of the job's CPU time, less than the page's
+            raise CpuTimeExceeded()
         text = done.stderr.decode("utf-8", "replace").lower()
         if signum == signal.SIGKILL or (signum == signal.SIGABRT and _ALLOCATION_FAILED.search(text)):
             raise MemoryError(f"tesseract died of signal {signum} on {what} (memory limit)")
@@ -205,6 +207,19 @@ def _run(
             f"{done.stderr[-_STDERR_TAIL:].decode('utf-8', 'replace')}"
         )
     return done
+
+
+def job_cpu_seconds_left() -> float:
+    """CPU seconds the job may still use: its ``RLIMIT_CPU`` (the sandbox sets the profile's
+    timeout; this process and each it starts inherit it, counted apart by the kernel) less what
+    this process and the children it waited for used (``getrusage``); infinite without a limit.
+    The sandbox counts the job's CPU time over its processes the same way
+    (:func:`hypermedia.sandbox.zygote._group_cpu_seconds`)."""
+    soft = resource.getrlimit(resource.RLIMIT_CPU)[0]
+    if soft == resource.RLIM_INFINITY:
+        return math.inf
+    used = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return soft - sum(usage.ru_utime + usage.ru_stime for usage in used)
 
 
 @functools.cache
@@ -374,7 +389,7 @@ class Tesseract:
 
         Raises:
             PermanentJobError: ``OCR_PAGE_TIMEOUT``.
-            TransientError: ``TIMEOUT`` (``RLIMIT_CPU``).
+            CpuTimeExceeded: ``TIMEOUT`` (the job's ``RLIMIT_CPU``).
             MemoryError: tesseract was killed (see :func:`_run`).
             TesseractFailure: another failure.
         """
