@@ -26,6 +26,7 @@ from hypermedia.api.jobs.v1 import jobs_pb2, jobs_pb2_grpc
 from hypermedia.engines.ocr import preprocess
 from hypermedia.engines.ocr.metrics import cer
 from hypermedia.engines.ocr.params import MAX_FANNED_OCR_PAGES
+from hypermedia.jobs import charges
 from tests.e2e.conftest import REPO, RunningPlatform, isolated_platform, upload, wait_for, wait_job
 from tests.helpers.ocr import (
     EUROTEXT_LANGUAGES,
@@ -253,6 +254,58 @@ def test_a_blurred_page_is_escalated_and_charged_as_its_own_line(
     after = client.get("/v1/credits").json()
     assert round((before["balance"] - after["balance"]) * 1000) == base_cost + page + per_page
     assert after["held"] == before["held"]
+
+
+def test_an_ocr_page_over_the_jobs_cpu_time_is_charged_every_attempts_run(
+    platform: RunningPlatform, client: httpx.Client
+) -> None:
+    """The 8071 scan (about 3.7 s of tesseract CPU) against the OCR profile's timeout lowered to
+    2 s: tesseract, a process of its own, gets what is left of the job's 2 s of CPU rather than
+    its page's 60 s (ADR 0084) and uses it up. Each attempt ends ``TIMEOUT`` by CPU time, not
+    as a plain retryable error, so the job, out of attempts, is charged as one failed because of
+    its input: ``base`` + ``run_seconds`` over every attempt, committed from its hold."""
+    obj = upload(client, OCR_DIR / "8071_093.3B.tif")
+    before = client.get("/v1/credits").json()
+    with psycopg.connect(platform.env["HM_DATABASE_URL"], autocommit=True) as conn:
+        [(timeout, backoff)] = conn.execute(
+            "SELECT timeout_seconds, backoff_base_seconds FROM processing_profiles WHERE operation = 'ocr' AND active"
+        ).fetchall()
+        conn.execute(
+            "UPDATE processing_profiles SET timeout_seconds = 2, backoff_base_seconds = 1 "
+            "WHERE operation = 'ocr' AND active"
+        )
+        try:
+            job = _ocr(client, obj["object_id"], outputs=["text"], escalate=False)
+        finally:
+            conn.execute(
+                "UPDATE processing_profiles SET timeout_seconds = %s, backoff_base_seconds = %s "
+                "WHERE operation = 'ocr' AND active",
+                (timeout, backoff),
+            )
+        assert (job["status"], job["error_code"]) == ("failed", "TIMEOUT"), job
+        assert job["error_message"] == "The job exceeded its CPU time limit.", job
+        attempts = conn.execute(
+            "SELECT status, error_code, duration_ms FROM job_attempts WHERE job_id = %s ORDER BY attempt_number",
+            (job["job_id"],),
+        ).fetchall()
+        price, base = conn.execute(
+            """SELECT j.estimated_credits, p.base_cost FROM processing_jobs j JOIN processing_profiles p
+                 ON (p.operation, p.version) = (j.operation, j.profile_version) WHERE j.job_id = %s""",
+            (job["job_id"],),
+        ).fetchone()
+    assert len(attempts) == job["max_attempts"] and {a[:2] for a in attempts} == {("failed", "TIMEOUT")}, (
+        attempts
+    )
+    charged = charges.for_failure(price=price, base_cost=base, run_ms=sum(a[2] for a in attempts))
+    assert charged.lines.get("run_seconds", 0) > 0, charged
+    assert round(charged.actual / 1000, 3) == job["actual_credits"], (charged, job)
+    wait_for(
+        "the charge committed",
+        lambda: (
+            round((before["balance"] - client.get("/v1/credits").json()["balance"]) * 1000) == charged.actual
+        ),
+        30,
+    )
 
 
 def test_languages_are_listed_and_an_uninstalled_one_is_422(
