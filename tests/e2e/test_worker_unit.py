@@ -240,6 +240,7 @@ def test_an_invalid_configuration_exits_78_naming_each_variable_before_anything_
         HM_WORKER_SLOTS="0",
         HM_UNIT_RUN_DIR="/nonexistent/run",
         HM_UNIT_CGROUP="/elsewhere/../other",
+        HM_UNIT_STATUS_SILENCE_SECONDS="1",
     )
     assert unit.wait_exit(30) == 78
     text = unit.text()
@@ -252,6 +253,7 @@ def test_an_invalid_configuration_exits_78_naming_each_variable_before_anything_
         "HM_WORKER_SLOTS",
         "HM_UNIT_RUN_DIR: Value error, must be an absolute path of an existing directory control can write",
         "HM_UNIT_CGROUP: Value error, a cgroup path must not have . or .. components",
+        "HM_UNIT_STATUS_SILENCE_SECONDS",
     ):
         assert said in text, text
     assert "topsecret" not in text
@@ -417,19 +419,19 @@ def test_a_lost_lease_contains_execution_and_exits_75(units: Any, pg: psycopg.Co
     assert status.unit.epoch >= 1
 
 
-def test_a_stopped_execution_is_contained_after_30_s_of_silence_and_relaunched(
+def test_a_stopped_execution_is_contained_after_its_silence_and_relaunched(
     units: Any, tmp_path: Path
 ) -> None:
-    """SIGSTOP: execution neither exits nor reports. After ``STATUS_SILENCE_SECONDS`` control
-    treats it as dead (SIGKILL reaches a stopped process too) and launches generation 1. The run
-    directory given here also held a socket directory of a control killed before it cleaned up:
-    removed at start."""
+    """SIGSTOP: execution neither exits nor reports. After ``HM_UNIT_STATUS_SILENCE_SECONDS`` (5 s
+    here; 30 by default, ``test_unit_lanes.py``) control treats it as dead (SIGKILL reaches a
+    stopped process too) and launches generation 1. The run directory given here also held a
+    socket directory of a control killed before it cleaned up: removed at start."""
     gone = subprocess.Popen(["true"])
     gone.wait()
     stale = tmp_path / f"hm-unit-{gone.pid}-leftover"
     stale.mkdir()
     (stale / "control.sock").write_text("")
-    unit = units("frozen", HM_UNIT_RUN_DIR=str(tmp_path))
+    unit = units("frozen", HM_UNIT_RUN_DIR=str(tmp_path), HM_UNIT_STATUS_SILENCE_SECONDS="5")
     _ready(unit)
     assert not stale.exists()
     left = [p.name for p in tmp_path.iterdir()]
@@ -438,7 +440,7 @@ def test_a_stopped_execution_is_contained_after_30_s_of_silence_and_relaunched(
     assert execution is not None
     _signal_and_wait_for_generation_1(unit, execution, signal.SIGSTOP)
     text = unit.text()
-    assert "execution generation 0 sent no status for 30 s (stopped or stuck); containing it" in text
+    assert "execution generation 0 sent no status for 5 s (stopped or stuck); containing it" in text
     assert "execution generation 0 fell silent; contained, 0 jobs handed back; launching generation 1" in text
     assert unit.stop() == 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypermedia.worker.unit.settings import UID_RANGE, lanes_spec, plan_lanes
+from hypermedia.worker.unit.settings import UID_RANGE, UnitSettings, lanes_spec, plan_lanes
 
 
 def test_each_queue_gets_its_role_its_slots_and_uids_after_the_lanes_before_it() -> None:
@@ -70,3 +70,16 @@ def test_with_root_the_lanes_uids_must_fit_in_one_workers_range() -> None:
     with pytest.raises(ValueError, match="HM_WORKER_QUEUES: the lanes take 70 sandbox uids with root"):
         plan_lanes("images=63,documents", variable="HM_WORKER_QUEUES", as_root=True)
     assert len(plan_lanes("images=64,documents", variable="HM_WORKER_QUEUES", as_root=False)) == 2
+
+
+def test_controls_deadlines_default_to_the_documented_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The e2e tests run a unit with a shorter silence; what a deployment gets unless it says
+    otherwise is docs/operations.md's: a 15 s lease, a sample a second, 30 s of silence."""
+    for variable in ("HM_UNIT_LEASE_SECONDS", "HM_UNIT_SAMPLE_SECONDS", "HM_UNIT_STATUS_SILENCE_SECONDS"):
+        monkeypatch.delenv(variable, raising=False)
+    settings = UnitSettings()
+    assert (settings.lease_seconds, settings.sample_seconds, settings.status_silence_seconds) == (
+        15.0,
+        1.0,
+        30.0,
+    )

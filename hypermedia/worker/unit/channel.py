@@ -64,7 +64,7 @@ class Execution:
     status_at: float = 0.0
     """``time.monotonic()`` of the last status (0: none yet)."""
     silent: bool = False
-    """Contained because it fell silent (no status for ``STATUS_SILENCE_SECONDS``)."""
+    """Contained because it fell silent (no status for ``HM_UNIT_STATUS_SILENCE_SECONDS``)."""
 
     def busy_on(self, queue: str, slots: int) -> int:
         """The jobs running on ``queue`` by the last status (its ``queues``; a status without

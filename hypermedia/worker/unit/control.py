@@ -69,10 +69,6 @@ RELAUNCH_BACKOFF_SECONDS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 """Wait before the n-th relaunch within the window (the first at once): a crash loop is slowed
 before it ends the unit."""
 
-STATUS_SILENCE_SECONDS = 30.0
-"""A ready execution reports status every second; silent this long (stopped with SIGSTOP, or its
-event loop stuck) it is treated as dead: contained, its jobs handed back, relaunched."""
-
 STOP_GRACE_SECONDS = 10.0
 """What control adds to execution's drain (``HM_DRAIN_SECONDS``) before it kills what is left."""
 
@@ -318,7 +314,7 @@ class Control:
 
     async def _first(self, ex: Execution, renewing: asyncio.Task[None]) -> None:
         """Until execution exits, a stop is asked, the lease is lost or a ready execution falls
-        silent (:data:`STATUS_SILENCE_SECONDS`)."""
+        silent (``HM_UNIT_STATUS_SILENCE_SECONDS``)."""
         waiters = [
             asyncio.ensure_future(ex.exited.wait()),
             asyncio.ensure_future(self._stop.wait()),
@@ -333,15 +329,16 @@ class Control:
 
     async def _silence(self, ex: Execution) -> None:
         """Return when ``ex`` is ready and its last status is older than
-        :data:`STATUS_SILENCE_SECONDS`."""
+        ``HM_UNIT_STATUS_SILENCE_SECONDS`` (:attr:`UnitSettings.status_silence_seconds`)."""
+        silence = self.cfg.unit.status_silence_seconds
         while True:
             await asyncio.sleep(1.0)
-            if ex.ready.is_set() and time.monotonic() - ex.status_at > STATUS_SILENCE_SECONDS:
+            if ex.ready.is_set() and time.monotonic() - ex.status_at > silence:
                 ex.silent = True
                 log.error(
                     "execution generation %d sent no status for %.0f s (stopped or stuck); containing it",
                     ex.identity.generation,
-                    STATUS_SILENCE_SECONDS,
+                    silence,
                 )
                 return
 

@@ -190,6 +190,11 @@ class UnitSettings(ComponentSettings):
     """``pids.max`` of execution's cgroup (0: none of its own)."""
     sample_seconds: float = Field(1.0, ge=0.1, le=10, validation_alias="HM_UNIT_SAMPLE_SECONDS")
     """How often control samples execution's cgroup and the backlog, and decides admission."""
+    status_silence_seconds: float = Field(
+        30.0, ge=3, le=600, validation_alias="HM_UNIT_STATUS_SILENCE_SECONDS"
+    )
+    """A ready execution reports status every second; silent this long (stopped with SIGSTOP, or
+    its event loop stuck) it is treated as dead: contained, its jobs handed back, relaunched."""
     run_dir: str = Field("", validation_alias="HM_UNIT_RUN_DIR")
     """Where the private socket's directory is made (mode 0700): default ``$XDG_RUNTIME_DIR``, else
     the system's temporary directory."""
