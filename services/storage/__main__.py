@@ -21,7 +21,6 @@ from hypermedia.infra.service import Lifetime, every, open_postgres, run_service
 from services.storage.backends import ObjectBackend
 from services.storage.handoff import HandoffServer
 from services.storage.localstore import LocalStore, build_app
-from services.storage.s3store import S3Store
 from services.storage.service import CHECKPOINT_SWEEP_SECONDS, SERVICE_NAME, StorageQuota, StorageServicer
 from services.storage.settings import StorageSettings
 
@@ -55,6 +54,8 @@ async def serve(stack: AsyncExitStack, stop: Lifetime) -> None:
             stack.push_async_callback(handoff.stop)
         backend = local
     else:
+        from services.storage.s3store import S3Store  # boto3 costs 0.45 s of start a local store need not pay
+
         backend = S3Store(settings.s3_bucket, settings.s3_region, settings.s3_endpoint_url)
 
     servicer = StorageServicer(
