@@ -26,7 +26,7 @@ from typing import Any, Final
 from opentelemetry import trace
 
 from hypermedia.core import metrics
-from hypermedia.engines.contract import OutputFile
+from hypermedia.engines.contract import JOB_CPU_VARIABLE, OutputFile
 from hypermedia.sandbox.cgroups import Cgroups, Unavailable, open_cgroups
 from hypermedia.sandbox.confine import _check_reachable, _primary_gid
 from hypermedia.sandbox.outputs import open_output
@@ -334,7 +334,12 @@ class Sandbox:
                 "job_dir": str(job_dir),
                 "limits": dataclasses.asdict(limits),
                 "isolate_network": self.isolate_network,
-                "env": {**self.env, "HOME": str(job_dir), "TMPDIR": str(job_dir)},
+                "env": {
+                    **self.env,
+                    "HOME": str(job_dir),
+                    "TMPDIR": str(job_dir),
+                    JOB_CPU_VARIABLE: str(limits.cpu_seconds),
+                },
             }
             result = _unavailable("The job's sandbox kept failing to start; it will be retried.")
             for restarts in range(ZYGOTE_RESTARTS_PER_RUN + 1):

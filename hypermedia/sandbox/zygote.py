@@ -158,6 +158,8 @@ class _Zygote:
                 # before its setsid() (a child still taking its request).
                 child = self.by_job[message["job_id"]]
                 pid = child.pid
+                with contextlib.suppress(OSError):  # held still while counted: nothing runs or reaps
+                    os.killpg(pid, signal.SIGSTOP)
                 child.cpu_at_kill = _group_cpu_seconds(pid)
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
@@ -438,22 +440,22 @@ def _group_cpu_seconds(pgid: int) -> float:
     they have waited for, from ``/proc/<pid>/stat`` (proc(5): ``utime``, ``stime``, ``cutime``,
     ``cstime``, in clock ticks). A job whose engine runs each page in a process of its own (OCR's
     tesseract) keeps its finished pages' CPU in its own ``cutime``, which its parent's ``wait4``
-    reports only when the parent reaps it, and a kill leaves no time for that. 0.0 when ``/proc``
-    cannot be read."""
+    reports only when the parent reaps it, and a kill leaves no time for that. A process that
+    left the group (``setsid``, ``setpgid``) is not counted: it can only make the job cheaper.
+    0.0 when ``/proc`` cannot be read or says something unexpected: never an error of the zygote's."""
     ticks = 0
     try:
-        entries = os.listdir("/proc")
-    except OSError:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            # fields[0] is the state (field 3 of proc(5)): pgrp is field 5, utime..cstime 14..17.
+            if len(fields) > 14 and int(fields[2]) == pgid:
+                ticks += sum(int(value) for value in fields[11:15])
+    except Exception:  # an emulated /proc (gVisor) must not stop the kill
         return 0.0
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        # fields[0] is the state (field 3 of proc(5)): pgrp is field 5, utime..cstime 14..17.
-        if len(fields) > 14 and int(fields[2]) == pgid:
-            ticks += sum(int(value) for value in fields[11:15])
     return ticks / _CLOCK_TICKS

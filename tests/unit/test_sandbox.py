@@ -8,6 +8,9 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +23,7 @@ from prometheus_client import REGISTRY
 from hypermedia.engines.imaging import ops
 from hypermedia.sandbox import Sandbox, SandboxLimits, SandboxResult
 from hypermedia.sandbox import host as sandbox_module
+from hypermedia.sandbox import zygote as zygote_module
 
 EXIF = Path(__file__).resolve().parents[1] / "data" / "exif-orientation"
 ENTRIES = "tests.unit.sandbox_entries"
@@ -188,7 +192,8 @@ async def test_child_is_confined(sandbox: Sandbox) -> None:
     # outside (one session per job), has no id in there.
     assert (seen["pid"], seen["pgid"]) == (2, 0)
     assert seen["no_new_privs"] == "1"
-    assert set(seen["env"]) == {"PATH", "LANG", "VIPS_CONCURRENCY", "HOME", "TMPDIR"}
+    assert set(seen["env"]) == {"PATH", "LANG", "VIPS_CONCURRENCY", "HOME", "TMPDIR", "HM_JOB_CPU_SECONDS"}
+    assert seen["env"]["HM_JOB_CPU_SECONDS"] == str(LIMITS.cpu_seconds)
     assert seen["env"]["VIPS_CONCURRENCY"] == "1"
     assert {0, 1, 2, 3} <= set(seen["open_fds"]) <= {0, 1, 2, 3, 4}  # 4: listdir's own fd
     if IS_ROOT:
@@ -248,6 +253,48 @@ async def test_cpu_time_used_up_in_processes_of_the_job_is_a_cpu_timeout(
     assert result.error_message == "The job exceeded its CPU time limit."
     assert _kills("cpu_time") == kills + 1
     sandbox.cleanup(job)
+
+
+def test_a_process_groups_cpu_seconds_count_its_processes_and_the_children_they_waited_for(
+    tmp_path: Path,
+) -> None:
+    """What the zygote counts before a wall-clock kill (ADR 0084): a group whose leader, named
+    with ``)`` and spaces as a hostile file could not but a process may be, used 0.2 s itself,
+    waited for a child that used 0.4 s (its ``cutime``) and has a live child that used 0.3 s."""
+    named = tmp_path / "a) b c) d"
+    named.symlink_to(sys.executable)
+    script = textwrap.dedent(
+        """
+        import os, time
+        def spin(seconds):
+            started = time.process_time()
+            while time.process_time() - started < seconds:
+                pass
+        pid = os.fork()
+        if pid == 0:
+            spin(0.4)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        if os.fork() == 0:
+            spin(0.3)
+            time.sleep(600)
+        spin(0.2)
+        print("ready", flush=True)
+        time.sleep(600)
+        """
+    )
+    leader = subprocess.Popen([str(named), "-c", script], start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        assert leader.stdout is not None and leader.stdout.readline() == b"ready\n"
+        assert Path(f"/proc/{leader.pid}/comm").read_text() == "a) b c) d\n"
+        deadline = time.monotonic() + 10
+        while (seconds := zygote_module._group_cpu_seconds(leader.pid)) < 0.9 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 0.9 <= seconds < 1.5, seconds
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+    assert zygote_module._group_cpu_seconds(1 << 23) == 0.0  # past any pid_max (at most 2^22): no such group
 
 
 async def test_memory_limit_is_a_resource_limit(sandbox: Sandbox) -> None:

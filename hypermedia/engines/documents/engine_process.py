@@ -71,8 +71,8 @@ def call(fn: Callable[..., Any], *args: Any) -> Any:
     starts none; libvips must not have run an operation in this process).
 
     Raises:
-        DomainError: what ``fn`` raised (rebuilt with its code, public message and retryability),
-            or ``TIMEOUT`` when the engine hit ``RLIMIT_CPU``.
+        DomainError: what ``fn`` raised (rebuilt with its code, public message and retryability;
+            a ``CpuTimeExceeded`` as itself), or ``CpuTimeExceeded`` when the engine hit ``RLIMIT_CPU``.
         MemoryError: the engine raised it, or aborted near its memory limit (see the module table).
         OSError: ``EFBIG``, the file size limit.
         EngineFailure: anything else.
@@ -107,6 +107,8 @@ def _engine_main(write_fd: int, fn: Callable[..., Any], args: tuple[Any, ...]) -
     try:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         report: dict[str, Any] = {"ok": True, "value": fn(*args)}
+    except CpuTimeExceeded:
+        report = {"ok": False, "kind": "cpu_time"}
     except DomainError as exc:
         report = {
             "ok": False,
@@ -159,6 +161,8 @@ def _unpack(report: Any) -> Any:
     if kind == "domain":
         cls = TransientError if report.get("retryable") else PermanentJobError
         raise cls(str(report.get("message") or "processing failed"), str(report.get("error_code")))
+    if kind == "cpu_time":
+        raise CpuTimeExceeded()
     if kind == "memory":
         raise MemoryError("the engine ran out of memory")
     if kind == "fsize":

@@ -46,6 +46,7 @@ from typing import Final
 from opentelemetry import trace
 
 from hypermedia.core.errors import CpuTimeExceeded, PermanentJobError, TransientError
+from hypermedia.engines.contract import JOB_CPU_VARIABLE
 from hypermedia.engines.ocr.params import NOT_RECOGNITION_MODELS
 from hypermedia.engines.ocr.recognition import PageText, Word
 
@@ -165,10 +166,10 @@ def _run(
     inherited_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     cpu_seconds = max(1, math.ceil(timeout))
     left = job_cpu_seconds_left()
-    if left <= 0:
+    if left < 1:  # RLIMIT_CPU is in whole seconds: less than one cannot be given
         raise CpuTimeExceeded()
     page_limit = cpu_seconds < left
-    limit = cpu_seconds if page_limit else max(1, math.ceil(left))
+    limit = cpu_seconds if page_limit else math.floor(left)  # never past the job's
     process = subprocess.Popen(
         [executable, *argv],
         cwd=cwd,
@@ -210,16 +211,16 @@ def _run(
 
 
 def job_cpu_seconds_left() -> float:
-    """CPU seconds the job may still use: its ``RLIMIT_CPU`` (the sandbox sets the profile's
-    timeout; this process and each it starts inherit it, counted apart by the kernel) less what
-    this process and the children it waited for used (``getrusage``); infinite without a limit.
-    The sandbox counts the job's CPU time over its processes the same way
-    (:func:`hypermedia.sandbox.zygote._group_cpu_seconds`)."""
-    soft = resource.getrlimit(resource.RLIMIT_CPU)[0]
-    if soft == resource.RLIM_INFINITY:
+    """CPU seconds the sandboxed job this process runs may still use: its CPU time
+    (``HM_JOB_CPU_SECONDS``, which the sandbox gives its child, the profile's timeout and its
+    ``RLIMIT_CPU``) less what this process and the children it waited for used (``getrusage``).
+    Infinite outside a sandbox child (no such variable), whatever this process's own limit. The
+    sandbox counts a job killed at the wall clock over its processes too (ADR 0084)."""
+    budget = os.environ.get(JOB_CPU_VARIABLE)
+    if not budget:
         return math.inf
     used = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return soft - sum(usage.ru_utime + usage.ru_stime for usage in used)
+    return float(budget) - sum(usage.ru_utime + usage.ru_stime for usage in used)
 
 
 @functools.cache
