@@ -12,7 +12,6 @@ from pathlib import Path
 
 from hypermedia.core.errors import PermanentJobError
 from hypermedia.engines.contract import OutputFile
-from hypermedia.engines.documents import engine_process
 from hypermedia.engines.imaging import ops
 
 
@@ -74,17 +73,6 @@ def spin_in_processes(operation: str, params: dict, input_path: Path, out_dir: P
                 pass
             os._exit(0)
         os.waitpid(pid, 0)
-
-
-def spin_in_engine_process(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:
-    """Spins in an engine process (:func:`engine_process.call`, as PDFium runs) until the job's
-    RLIMIT_CPU, which it inherits, stops it."""
-    return engine_process.call(_spin_forever)
-
-
-def _spin_forever() -> None:
-    while True:
-        pass
 
 
 def allocate(operation: str, params: dict, input_path: Path, out_dir: Path) -> list[OutputFile]:

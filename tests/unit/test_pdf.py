@@ -23,7 +23,7 @@ import pypdfium2 as pdfium
 import pytest
 import pyvips
 
-from hypermedia.core.errors import InvalidArgument, PermanentJobError
+from hypermedia.core.errors import CpuTimeExceeded, InvalidArgument, PermanentJobError
 from hypermedia.engines.contract import OutputFile
 from hypermedia.engines.documents import engine_process
 from hypermedia.engines.documents.params import MAX_PREVIEW_PAGES, parse_pages, validate_params
@@ -547,6 +547,11 @@ def _engine_domain(params: dict) -> Any:
     raise PermanentJobError("Specific failure.", "SPECIFIC_CODE")
 
 
+def _engine_out_of_time(params: dict) -> Any:
+    """As an engine whose own process (a tesseract) ran out of the job's CPU time."""
+    raise CpuTimeExceeded()
+
+
 def _engine_abort(params: dict) -> Any:
     held = b"\x01" * (params["mib"] << 20)  # resident, not just reserved
     os.abort()
@@ -598,8 +603,11 @@ async def test_engine_process_turns_deaths_into_specific_codes(sandbox: Sandbox)
         {},
         SandboxLimits(cpu_seconds=1, wall_seconds=10, memory_bytes=2 << 30, fsize_bytes=1 << 20),
     )
-    assert (spin.error_code, spin.retryable) == ("TIMEOUT", True), spin
+    # The job's CPU limit, met in its engine process: charged as the input's (ADR 0084).
+    assert (spin.error_code, spin.retryable, spin.killed) == ("TIMEOUT", True, "cpu_time"), spin
     assert spin.duration_ms < 5000
+    out_of_time, _ = await _run_engine_entry(sandbox, "out_of_time", {})
+    assert (out_of_time.error_code, out_of_time.killed) == ("TIMEOUT", "cpu_time"), out_of_time
     bug, _ = await _run_engine_entry(sandbox, "fail", {})
     assert (bug.error_code, bug.error_message) == ("INTERNAL", "Internal error.")
 
