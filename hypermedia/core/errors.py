@@ -153,9 +153,9 @@ class TransientError(DomainError):
 class CpuTimeExceeded(TransientError):
     """A process the job's engine started and waited for (a page's tesseract, PDFium's engine
     process) was stopped by the ``RLIMIT_CPU`` it inherits from the job, or by what was left of
-    the job's CPU time: ``TIMEOUT``, and, as when the job's own process
-    is stopped by it, the input's fault (the sandbox reports it with ``killed="cpu_time"``, which
-    :func:`hypermedia.jobs.charges.input_fault` charges)."""
+    the job's CPU time: ``TIMEOUT``, and, as when the job's own process is stopped by it, the
+    input's fault (the sandbox reports it with ``killed="cpu_time"``, which
+    :func:`hypermedia.jobs.charges.input_fault` charges; ADR 0084)."""
 
     default_code = "TIMEOUT"
 

@@ -43,6 +43,7 @@ JOB_CPU_VARIABLE: Final = "HM_JOB_CPU_SECONDS"
 """The environment variable that gives a sandboxed entry its job's CPU time in seconds (its
 ``RLIMIT_CPU``, which the kernel counts per process): what an engine running processes of its
 own hands them (ADR 0084)."""
+
 PROGRESS_FILE: Final = "progress"
 """File in the job dir where an entry reports how far it is (:func:`report_progress`)."""
 
