@@ -288,11 +288,13 @@ def test_an_ocr_page_over_the_jobs_cpu_time_is_charged_every_attempts_run(
             "SELECT status, error_code, duration_ms FROM job_attempts WHERE job_id = %s ORDER BY attempt_number",
             (job["job_id"],),
         ).fetchall()
-        price, base = conn.execute(
+        row = conn.execute(
             """SELECT j.estimated_credits, p.base_cost FROM processing_jobs j JOIN processing_profiles p
                  ON (p.operation, p.version) = (j.operation, j.profile_version) WHERE j.job_id = %s""",
             (job["job_id"],),
         ).fetchone()
+    assert row is not None
+    price, base = row
     assert len(attempts) == job["max_attempts"] and {a[:2] for a in attempts} == {("failed", "TIMEOUT")}, (
         attempts
     )
