@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import struct
 import time
@@ -42,7 +43,21 @@ class OutputFile:
 JOB_CPU_VARIABLE: Final = "HM_JOB_CPU_SECONDS"
 """The environment variable that gives a sandboxed entry its job's CPU time in seconds (its
 ``RLIMIT_CPU``, which the kernel counts per process): what an engine running processes of its
-own hands them (ADR 0084)."""
+own hands them (ADR 0084): :func:`job_cpu_seconds_left`."""
+
+
+def job_cpu_seconds_left() -> float:
+    """CPU seconds the sandboxed job this process runs may still use: its CPU time
+    (:data:`JOB_CPU_VARIABLE`, which the sandbox gives its child: the profile's timeout and its
+    ``RLIMIT_CPU``) less what this process and the children it waited for used (``getrusage``).
+    Infinite outside a sandbox child (no such variable), whatever this process's own limit. The
+    sandbox counts a job killed at the wall clock over its processes too (ADR 0084)."""
+    budget = os.environ.get(JOB_CPU_VARIABLE)
+    if not budget:
+        return math.inf
+    used = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return float(budget) - sum(usage.ru_utime + usage.ru_stime for usage in used)
+
 
 PROGRESS_FILE: Final = "progress"
 """File in the job dir where an entry reports how far it is (:func:`report_progress`)."""

@@ -519,14 +519,11 @@ class Sandbox:
         signum = -1
         if os.WIFSIGNALED(exit_.status):
             signum = os.WTERMSIG(exit_.status)
-        if job.timed_out and (exit_.cpu_seconds or 0) < job.limits.cpu_seconds:
+        # Over its processes (RLIMIT_CPU counts each alone), killed at the wall clock or not.
+        cpu_used_up = exit_.cpu_seconds >= job.limits.cpu_seconds
+        if job.timed_out and not cpu_used_up:
             return failed("TIMEOUT", "The job exceeded its time limit.", True, "wall_time")
-        # At its wall-clock limit with its CPU time used up over its processes (RLIMIT_CPU's is each's)
-        if (
-            job.timed_out
-            or signum == signal.SIGXCPU
-            or (signum == signal.SIGKILL and (exit_.cpu_seconds or 0) >= job.limits.cpu_seconds)
-        ):
+        if job.timed_out or signum == signal.SIGXCPU or (signum == signal.SIGKILL and cpu_used_up):
             return failed("TIMEOUT", "The job exceeded its CPU time limit.", True, "cpu_time")
         if signum == signal.SIGSYS:
             log.warning("sandbox job %s was killed by the seccomp filter (a refused system call)", job.job_id)

@@ -432,30 +432,27 @@ class _Zygote:
             )
 
 
-_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
-
-
 def _group_cpu_seconds(pgid: int) -> float:
     """The CPU seconds (user + system) used by the processes of group ``pgid`` and by the children
-    they have waited for, from ``/proc/<pid>/stat`` (proc(5): ``utime``, ``stime``, ``cutime``,
-    ``cstime``, in clock ticks). A job whose engine runs each page in a process of its own (OCR's
+    they have waited for (psutil's ``cpu_times``: ``/proc/<pid>/stat``'s ``utime``, ``stime``,
+    ``cutime``, ``cstime``). A job whose engine runs each page in a process of its own (OCR's
     tesseract) keeps its finished pages' CPU in its own ``cutime``, which its parent's ``wait4``
     reports only when the parent reaps it, and a kill leaves no time for that. A process that
     left the group (``setsid``, ``setpgid``) is not counted: it can only make the job cheaper.
-    0.0 when ``/proc`` cannot be read or says something unexpected: never an error of the zygote's."""
-    ticks = 0
+    0.0 when ``/proc`` cannot be read: never an error of the zygote's. psutil is imported here,
+    at the first kill, not into the zygote every child is forked from."""
+    import psutil
+
+    seconds = 0.0
     try:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
+        for process in psutil.process_iter():
             try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rpartition(b")")[2].split()
-            except OSError:  # gone meanwhile, or not ours to read
+                if os.getpgid(process.pid) != pgid:
+                    continue
+                times = process.cpu_times()
+            except (psutil.Error, OSError):  # gone meanwhile, or not ours to read
                 continue
-            # fields[0] is the state (field 3 of proc(5)): pgrp is field 5, utime..cstime 14..17.
-            if len(fields) > 14 and int(fields[2]) == pgid:
-                ticks += sum(int(value) for value in fields[11:15])
-    except Exception:  # an emulated /proc (gVisor) must not stop the kill
+            seconds += times.user + times.system + times.children_user + times.children_system
+    except (psutil.Error, OSError):  # an emulated /proc (gVisor) must not stop the kill
         return 0.0
-    return ticks / _CLOCK_TICKS
+    return seconds

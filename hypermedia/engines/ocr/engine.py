@@ -76,7 +76,7 @@ from typing import Any, Final
 import pyvips
 
 from hypermedia.core.errors import DomainError, PermanentJobError
-from hypermedia.engines.contract import OutputFile, keep_part, resumed_part
+from hypermedia.engines.contract import OutputFile, job_cpu_seconds_left, keep_part, resumed_part
 from hypermedia.engines.imaging.sources import heif_decoder, reraise_vips_error
 from hypermedia.engines.ocr import (
     escalation,
@@ -130,8 +130,8 @@ installed_languages = tesseract.installed_languages
 """The languages an ``ocr`` job may ask for on this worker (for the RPC that lists them)."""
 
 ESCALATION_CPU_RESERVE: Final = 60.0
-"""CPU seconds the job must have left (:func:`tesseract.job_cpu_seconds_left`: its ``RLIMIT_CPU``
-less what it and its tesseract processes used) for a page to be escalated: RapidOCR took up to
+"""CPU seconds the job must have left (:func:`~hypermedia.engines.contract.job_cpu_seconds_left`:
+its CPU time less what it and its tesseract processes used) for a page to be escalated: RapidOCR took up to
 38 s of CPU on one dense, blurred A4 page at 300 dpi (measured by the hostile review). Below it
 the page keeps tesseract's reading (``cpu_budget``) rather than the whole job failing with
 ``TIMEOUT``."""
@@ -322,7 +322,7 @@ def _ocr_page(
     if second is None:
         reason = "disabled"
     elif escalation.needs_escalation(result, limits.escalation_threshold):
-        if tesseract.job_cpu_seconds_left() < ESCALATION_CPU_RESERVE:
+        if job_cpu_seconds_left() < ESCALATION_CPU_RESERVE:
             reason = "cpu_budget"
         else:
             started = time.process_time()

@@ -46,7 +46,7 @@ from typing import Final
 from opentelemetry import trace
 
 from hypermedia.core.errors import CpuTimeExceeded, PermanentJobError, TransientError
-from hypermedia.engines.contract import JOB_CPU_VARIABLE
+from hypermedia.engines.contract import job_cpu_seconds_left
 from hypermedia.engines.ocr.params import NOT_RECOGNITION_MODELS
 from hypermedia.engines.ocr.recognition import PageText, Word
 
@@ -208,19 +208,6 @@ def _run(
             f"{done.stderr[-_STDERR_TAIL:].decode('utf-8', 'replace')}"
         )
     return done
-
-
-def job_cpu_seconds_left() -> float:
-    """CPU seconds the sandboxed job this process runs may still use: its CPU time
-    (``HM_JOB_CPU_SECONDS``, which the sandbox gives its child, the profile's timeout and its
-    ``RLIMIT_CPU``) less what this process and the children it waited for used (``getrusage``).
-    Infinite outside a sandbox child (no such variable), whatever this process's own limit. The
-    sandbox counts a job killed at the wall clock over its processes too (ADR 0084)."""
-    budget = os.environ.get(JOB_CPU_VARIABLE)
-    if not budget:
-        return math.inf
-    used = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return float(budget) - sum(usage.ru_utime + usage.ru_stime for usage in used)
 
 
 @functools.cache
