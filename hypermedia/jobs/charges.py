@@ -16,9 +16,9 @@ bound. What the job is charged when it ends:
   thumbnail of a 12 MP photo of 4 MB, held 1.8 credits, is charged 1.6 (``base`` 1,
   ``megapixels`` 0.6 at 50 millicredits each); one of a 0.5 MP PNG of 2 MB 1.025, held 1.4.
 * **completed**, operation without one: its price; the bytes it read are its measure.
-* **failed because of its input** (:data:`INPUT_FAULTS`: it used up its CPU time or ran out of
-  memory, or the input turned out corrupt while the engine decoded it), once its sandbox child ran: the
-  documented minimum for the resources it used, ``base_cost`` plus :data:`RUN_SECOND_MILLICREDITS`
+* **failed because of its input** (:data:`INPUT_FAULTS`: it used up its CPU time, or an OCR
+  page its own, or ran out of memory, or the input turned out corrupt while the engine decoded
+  it), once its sandbox child ran: the documented minimum for the resources it used, ``base_cost`` plus :data:`RUN_SECOND_MILLICREDITS`
   per second its child ran (over every attempt that failed so), never more than the price held.
   A thumbnail of a hostile file that uses up its 30 s of CPU three times is charged 1 + 0.9
   credits, cut to its price.
@@ -41,9 +41,10 @@ from hypermedia.jobs import facts
 
 log = logging.getLogger(__name__)
 
-INPUT_FAULTS: Final = frozenset({"TIMEOUT", "RESOURCE_LIMIT", "CORRUPT_INPUT"})
+INPUT_FAULTS: Final = frozenset({"TIMEOUT", "RESOURCE_LIMIT", "CORRUPT_INPUT", "OCR_PAGE_TIMEOUT"})
 """Error codes that are the input's fault when the sandbox child reports them: the job that
-fails with one (after its last attempt) is charged :func:`for_failure`. A ``TIMEOUT`` counts
+fails with one (after its last attempt) is charged :func:`for_failure`. ``OCR_PAGE_TIMEOUT`` is
+a page's own 60 s of tesseract CPU time used up (ADR 0084), which load does not change. A ``TIMEOUT`` counts
 only when the child used up its CPU time (:func:`input_fault`), counted over its processes (ADR
 0084): a wall-clock kill before that may be a starved host's, not the input's."""
 RUN_SECOND_MILLICREDITS: Final = 10

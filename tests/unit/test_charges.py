@@ -162,3 +162,19 @@ def test_a_failure_of_the_input_is_charged_base_and_run_seconds_within_the_price
     run_ms: int, price: int, expected: charges.Charge
 ) -> None:
     assert charges.for_failure(price=price, base_cost=1000, run_ms=run_ms) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "killed", "charged"),
+    [
+        ("TIMEOUT", "cpu_time", True),
+        ("TIMEOUT", "wall_time", False),
+        ("OCR_PAGE_TIMEOUT", "", True),  # a page's own CPU time: load does not change it
+        ("RESOURCE_LIMIT", "memory", True),
+        ("CORRUPT_INPUT", "", True),
+        ("OCR_PAGE_LIMIT", "", False),  # refused before any work
+        ("INTERNAL", "", False),
+    ],
+)
+def test_which_failures_are_the_inputs(code: str, killed: str, charged: bool) -> None:
+    assert charges.input_fault(code, killed) is charged
