@@ -281,9 +281,11 @@ def test_a_process_groups_cpu_seconds_count_its_processes_and_the_children_they_
         assert leader.stdout is not None and leader.stdout.readline() == b"ready\n"
         assert Path(f"/proc/{leader.pid}/comm").read_text() == "a) b c) d\n"
         deadline = time.monotonic() + 10
-        while (seconds := zygote_module._group_cpu_seconds(leader.pid)) < 0.9 and time.monotonic() < deadline:
+        while (
+            seconds := zygote_module._group_cpu_seconds(leader.pid)
+        ) < 0.87 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert 0.9 <= seconds < 1.5, seconds
+        assert 0.87 <= seconds < 1.5, seconds  # 0.9 s less a clock tick (10 ms) per process at most
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
